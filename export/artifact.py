@@ -1,0 +1,122 @@
+"""`specmemo export`: HF model → artifact folder (decoder graph + weights + tokenizer + manifest)."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import specmemo
+from specmemo.errors import ConfigError
+from specmemo.export.decoder import Decoder
+from specmemo.export.dims import dims_from_config
+from specmemo.export.load import load_hf, resolve_model
+from specmemo.export.trace import OPSET, export_decoder
+from specmemo.runtime import io_spec
+from specmemo.runtime.manifest import FORMAT_VERSION, Manifest, ModelDims, TokenizerInfo, save_manifest
+
+DECODER_FILE = "decoder.onnx"
+TOKENIZER_FILE = "tokenizer.json"
+DEFAULT_CAPACITY = 2048
+
+
+@dataclass(frozen=True)
+class ExportOptions:
+    model: str
+    out: Path
+    capacity: int = DEFAULT_CAPACITY
+    dtype: str = "float32"
+
+    def __post_init__(self) -> None:
+        if self.capacity < 2:
+            raise ConfigError(f"--capacity must be at least 2, got {self.capacity}")
+        if self.dtype != "float32":
+            raise ConfigError(f"--dtype {self.dtype!r} is not supported yet; use float32")
+
+
+def check_capacity(capacity: int, dims: ModelDims) -> None:
+    if capacity > dims.max_position_embeddings:
+        raise ConfigError(
+            f"--capacity {capacity} exceeds the model's {dims.max_position_embeddings} positions: "
+            f"use --capacity {dims.max_position_embeddings} or less"
+        )
+
+
+def export_artifact(options: ExportOptions, *, log=print) -> Manifest:
+    """Export into a temp folder beside `out`, then move it into place: a failed export loses nothing."""
+    from transformers import AutoConfig
+
+    started = time.perf_counter()
+    resolved = resolve_model(options.model)
+    dims = dims_from_config(AutoConfig.from_pretrained(resolved.hf_folder, local_files_only=True))
+    check_capacity(options.capacity, dims)
+    log(f"model {options.model}: {dims.architecture}, {dims.num_layers} layers, h={dims.hidden_size}, "
+        f"heads {dims.num_heads}/{dims.num_kv_heads} kv, V={dims.vocab_size}, capacity C={options.capacity}")
+    hf_model, tokenizer = load_hf(resolved.hf_folder)
+
+    out = options.out.resolve()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    staging.chmod(0o755)
+    try:
+        io_names = io_spec.decoder_io(dims, options.dtype)
+        log("tracing the decoder step to ONNX ...")
+        decoder = Decoder(dims, hf_model, options.capacity).eval()
+        export_decoder(decoder, io_names, staging / DECODER_FILE)
+        tokenizer_info = write_tokenizer(tokenizer, hf_model.generation_config, staging)
+        manifest = Manifest(
+            format_version=FORMAT_VERSION,
+            specmemo_version=specmemo.__version__,
+            source_model=options.model,
+            source_sha256=resolved.sha256,
+            dims=dims,
+            dtype=options.dtype,
+            opset=OPSET,
+            capacity=options.capacity,
+            decoder_file=DECODER_FILE,
+            decoder_data_file=DECODER_FILE + ".data",
+            io=io_names,
+            tokenizer=tokenizer_info,
+        )
+        save_manifest(manifest, staging)
+        _replace(staging, out)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    log(f"wrote {out} in {time.perf_counter() - started:.0f} s")
+    return manifest
+
+
+def write_tokenizer(tokenizer, generation_config, folder: Path) -> TokenizerInfo:
+    """Save the fast tokenizer's tokenizer.json and record what generation needs from it.
+
+    Stop ids are those HF `generate` stops on: the generation config's, plus the tokenizer's EOS."""
+    tokenizer.backend_tokenizer.save(str(folder / TOKENIZER_FILE))
+    eos_ids = tuple(sorted(_ids(generation_config.eos_token_id) | _ids(tokenizer.eos_token_id)))
+    template = tokenizer.chat_template if isinstance(tokenizer.chat_template, str) else None
+    return TokenizerInfo(
+        file=TOKENIZER_FILE,
+        eos_token_ids=eos_ids,
+        bos_token_id=tokenizer.bos_token_id,
+        chat_template=template,
+        add_bos_token=bool(getattr(tokenizer, "add_bos_token", False)),
+    )
+
+
+def _replace(staging: Path, out: Path) -> None:
+    if out.exists():
+        old = out.with_name(f".{out.name}.old")
+        shutil.rmtree(old, ignore_errors=True)
+        out.rename(old)
+        staging.rename(out)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        staging.rename(out)
+
+
+def _ids(value) -> set[int]:
+    if value is None:
+        return set()
+    return {value} if isinstance(value, int) else set(value)

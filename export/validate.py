@@ -1,0 +1,194 @@
+"""`specmemo validate`: run the exported graph in ONNX Runtime against the Hugging Face model.
+
+Checks, each compared with HF run causally on the same token sequence:
+  prefill  – the prompt as one chunk: logits and final hidden states at every position;
+  decode   – T=1 steps on the in-place KV buffer;
+  tree     – a hand-made tree: node i's logits must equal HF's on prompt + path(root → i);
+  commit   – keep a non-contiguous root-to-leaf path, then step: the moved KV rows must be right.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from specmemo.errors import SpecMemoError
+
+from specmemo.runtime import tree
+from specmemo.runtime.backend import OrtBackend
+from specmemo.runtime.session import DecoderSession, SessionConfig
+
+# fp32 tolerance, allclose-style: |Δ| ≤ ATOL + RTOL·|reference|, element by element. The absolute
+# part is the 1e-4 the project aims at; the relative part covers rounding on large logits: on
+# SmolLM2 (|logits| up to ~38) HF's own fp32 is 9e-5 away from its float64 result, and its two
+# attention kernels (sdpa, eager) differ by 6e-5, so a pure 1e-4 absolute bound is at the noise floor.
+FP32_TOLERANCE = 1e-4
+FP32_RTOL = 1e-5
+VALIDATION_PROMPT = "Write a haiku about speculative decoding on a small phone."
+# A hand-drawn tree: two roots, depth 3; listed parents-first.
+#      0 ── 1 ── 3
+#      │    └─── 4 ── 6
+#      └─── 2 ── 5
+#      7
+TREE_PARENTS = [-1, 0, 0, 1, 1, 2, 4, -1]
+
+
+@dataclass
+class Check:
+    name: str
+    tokens: int  # T
+    logits_diff: float  # max |Δ|
+    hidden_diff: float
+    excess: float  # max over elements of |Δ| / (atol + rtol·|ref|): ≤ 1 passes
+    argmax_agree: bool
+
+    def passed(self) -> bool:
+        return self.excess <= 1.0 and self.argmax_agree
+
+
+@dataclass
+class ValidationReport:
+    tolerance: float
+    checks: list[Check] = field(default_factory=list)
+
+    rtol: float = FP32_RTOL
+
+    @property
+    def passed(self) -> bool:
+        return all(check.passed() for check in self.checks)
+
+    @property
+    def max_logits_diff(self) -> float:
+        return max(check.logits_diff for check in self.checks)
+
+    def table(self) -> str:
+        lines = [f"{'check':<8} {'T':>3} {'max|Δ logits|':>14} {'max|Δ hidden|':>14} {'Δ/tol':>6} {'argmax':>7}  ok",
+                 "-" * 63]
+        for c in self.checks:
+            agree = "same" if c.argmax_agree else "differ"
+            lines.append(f"{c.name:<8} {c.tokens:>3} {c.logits_diff:>14.2e} {c.hidden_diff:>14.2e} "
+                         f"{c.excess:>6.2f} {agree:>7}  {'yes' if c.passed() else 'NO'}")
+        lines.append(f"tolerance |Δ| <= {self.tolerance:.0e} + {self.rtol:.0e}·|ref| (fp32): "
+                     f"{'PASS' if self.passed else 'FAIL'}; max |Δ logits| = {self.max_logits_diff:.2e}")
+        return "\n".join(lines)
+
+
+class HFReference:
+    """HF model run causally on a full token sequence: the ground truth."""
+
+    def __init__(self, hf_model):
+        self.model = hf_model
+
+    @torch.no_grad()
+    def run(self, ids: list[int]) -> tuple[np.ndarray, np.ndarray]:
+        """→ (logits [N, V], final hidden [N, h]) for every position of `ids`."""
+        hidden = self.model.model(torch.tensor([ids])).last_hidden_state
+        return self.model.lm_head(hidden)[0].numpy(), hidden[0].numpy()
+
+
+def _diff(a: np.ndarray, b: np.ndarray) -> float:
+    return float(np.abs(a - b).max())
+
+
+def _excess(out: np.ndarray, ref: np.ndarray, atol: float, rtol: float) -> float:
+    return float((np.abs(out - ref) / (atol + rtol * np.abs(ref))).max())
+
+
+def _check(name, report, out_logits, out_hidden, ref_logits, ref_hidden) -> Check:
+    atol, rtol = report.tolerance, report.rtol
+    return Check(
+        name=name,
+        tokens=len(out_logits),
+        logits_diff=_diff(out_logits, ref_logits),
+        hidden_diff=_diff(out_hidden, ref_hidden),
+        excess=max(_excess(out_logits, ref_logits, atol, rtol), _excess(out_hidden, ref_hidden, atol, rtol)),
+        argmax_agree=bool((out_logits.argmax(-1) == ref_logits.argmax(-1)).all()),
+    )
+
+
+def validate(artifact: Path, hf_model, prompt_ids: list[int], *, tolerance: float = FP32_TOLERANCE,
+             threads: int = 2) -> ValidationReport:
+    ref = HFReference(hf_model)
+    backend = OrtBackend(DecoderSession(artifact, SessionConfig(threads=threads)))
+    report = ValidationReport(tolerance=tolerance)
+    seq = list(prompt_ids)
+
+    # prefill: the whole prompt in one chunk
+    out = backend.forward(seq, tree.chain(len(seq)))
+    backend.commit(list(range(len(seq))))
+    report.checks.append(_check("prefill", report, out.logits, out.hidden_states, *ref.run(seq)))
+
+    # decode: T=1 steps feeding the greedy token
+    token = int(out.next_token_ids[-1])
+    for _ in range(3):
+        out = backend.forward([token], [-1])
+        backend.commit([0])
+        seq.append(token)
+        ref_logits, ref_hidden = ref.run(seq)
+        report.checks.append(_check("decode", report, out.logits, out.hidden_states, ref_logits[-1:], ref_hidden[-1:]))
+        token = int(out.next_token_ids[0])
+
+    # tree: every node against HF on prompt + its root-to-node path
+    tokens = tree_tokens(ref, seq, TREE_PARENTS)
+    out = backend.forward(tokens, TREE_PARENTS)
+    ref_rows = [ref.run(seq + [tokens[n] for n in tree.path_to(TREE_PARENTS, i)]) for i in range(len(tokens))]
+    report.checks.append(_check("tree", report, out.logits, out.hidden_states,
+                                np.stack([logits[-1] for logits, _ in ref_rows]),
+                                np.stack([hidden[-1] for _, hidden in ref_rows])))
+
+    # commit: keep the non-contiguous path 0 → 1 → 4 → 6, then one more step on top of it
+    path = tree.path_to(TREE_PARENTS, 6)
+    next_token = int(out.next_token_ids[6])
+    backend.commit(path)
+    seq += [tokens[n] for n in path]
+    out = backend.forward([next_token], [-1])
+    backend.commit([0])
+    seq.append(next_token)
+    ref_logits, ref_hidden = ref.run(seq)
+    report.checks.append(_check("commit", report, out.logits, out.hidden_states, ref_logits[-1:], ref_hidden[-1:]))
+    return report
+
+
+def tree_tokens(ref: HFReference, seq: list[int], parents: list[int]) -> list[int]:
+    """Plausible tokens for each node: the k-th best continuation of its parent's path (k = sibling rank)."""
+    tokens: list[int] = []
+    for i, parent in enumerate(parents):
+        rank = sum(1 for j in range(i) if parents[j] == parent)
+        context = seq + [tokens[n] for n in tree.path_to(parents, parent)] if parent >= 0 else seq
+        logits, _ = ref.run(context)
+        tokens.append(int(np.argsort(-logits[-1])[rank]))
+    return tokens
+
+
+class SourceMismatchError(SpecMemoError, ValueError):
+    """The model found for validation is not the one the artifact was exported from."""
+
+
+def validate_artifact(artifact: Path, *, model: str | None = None, threads: int = 2,
+                      tolerance: float = FP32_TOLERANCE) -> ValidationReport:
+    """Load the artifact's source model (or `model`), check it is the same weights, and validate."""
+    from specmemo.export.load import load_hf, resolve_model
+    from specmemo.runtime.manifest import load_manifest
+
+    manifest = load_manifest(artifact)
+    resolved = resolve_model(model or manifest.source_model)
+    if manifest.source_sha256 and resolved.sha256 != manifest.source_sha256:
+        raise SourceMismatchError(
+            f"{resolved.spec} is not the model {artifact} was exported from (sha256 differs): "
+            f"pass --model with the original, or re-export"
+        )
+    hf_model, tokenizer = load_hf(resolved.hf_folder)
+    prompt_ids = chat_prompt_ids(tokenizer, VALIDATION_PROMPT)
+    return validate(artifact, hf_model, prompt_ids, tolerance=tolerance, threads=threads)
+
+
+def chat_prompt_ids(tokenizer, text: str) -> list[int]:
+    """HF's own rendering of a one-turn chat (the reference our runtime's template must match)."""
+    if tokenizer.chat_template:
+        rendered = tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
+                                                 add_generation_prompt=True)
+        return tokenizer(rendered, add_special_tokens=False)["input_ids"]
+    return tokenizer(text)["input_ids"]

@@ -1,0 +1,131 @@
+"""`specmemo bench step`: ms per decoder step for T new tokens, interleaved with a peer, in rounds.
+
+Every round runs each T once (a burst of steps on the same committed context, no commit) and
+then the ONNX Runtime GenAI peer's greedy decode steps on the same context. Medians per round;
+the table reports the median over rounds and the range, and ratios taken within the run.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from specmemo.runtime import tree
+from specmemo.runtime.backend import OrtBackend
+from specmemo.runtime.session import DecoderSession, SessionConfig
+
+DEFAULT_TREE_SIZES = (1, 2, 4, 8, 16, 32)
+
+
+@dataclass(frozen=True)
+class StepBenchConfig:
+    artifact: Path
+    tree_sizes: tuple[int, ...] = DEFAULT_TREE_SIZES
+    context: int = 256  # committed tokens before the measured steps
+    rounds: int = 5
+    steps_per_round: int = 16
+    threads: int = 2
+    genai_dir: Path | None = None  # ONNX Runtime GenAI model for the peer row
+
+    def __post_init__(self) -> None:
+        from specmemo.errors import ConfigError
+
+        if self.rounds < 1 or self.steps_per_round < 3:
+            raise ConfigError("--rounds must be >= 1 and --steps >= 3")
+        if min(self.tree_sizes) < 1:
+            raise ConfigError("tree sizes must be >= 1")
+
+
+@dataclass
+class Row:
+    engine: str
+    tokens: int  # T
+    round_medians_ms: list[float] = field(default_factory=list)
+
+    @property
+    def median_ms(self) -> float:
+        return statistics.median(self.round_medians_ms)
+
+
+def _median_ms(times: list[float]) -> float:
+    return 1e3 * statistics.median(times[1:])  # the first step of a burst warms caches
+
+
+def _burst(backend: OrtBackend, tokens: list[int], steps: int) -> list[float]:
+    parents = tree.chain(len(tokens))
+    times = []
+    for _ in range(steps):
+        started = time.perf_counter()
+        backend.forward(tokens, parents)
+        times.append(time.perf_counter() - started)
+    return times
+
+
+def run_step_bench(config: StepBenchConfig, *, log=print) -> dict:
+    session = DecoderSession(config.artifact, SessionConfig(threads=config.threads))
+    backend = OrtBackend(session)
+    rng = np.random.default_rng(0)
+    vocab = session.manifest.dims.vocab_size
+    prompt = rng.integers(0, vocab, config.context).tolist()
+    backend.forward(prompt, tree.chain(len(prompt)))
+    backend.commit(list(range(len(prompt))))
+
+    peer = None
+    if config.genai_dir is not None:
+        from specmemo.runtime.peers import GenAIEngine
+
+        peer = GenAIEngine(config.genai_dir, threads=config.threads)
+
+    rows = {t: Row("specmemo", t) for t in config.tree_sizes}
+    peer_row = Row("onnxruntime-genai", 1)
+    for round_index in range(config.rounds):
+        for t in config.tree_sizes:
+            tokens = rng.integers(0, vocab, t).tolist()
+            rows[t].round_medians_ms.append(_median_ms(_burst(backend, tokens, config.steps_per_round)))
+        if peer is not None:
+            peer_row.round_medians_ms.append(_median_ms(peer.decode_step_times(prompt, config.steps_per_round)))
+        log(f"round {round_index + 1}/{config.rounds}: T=1 {rows[config.tree_sizes[0]].round_medians_ms[-1]:.2f} ms"
+            + (f", genai {peer_row.round_medians_ms[-1]:.2f} ms" if peer is not None else ""))
+
+    all_rows = list(rows.values()) + ([peer_row] if peer is not None else [])
+    base = rows[config.tree_sizes[0]].median_ms
+    result = {
+        "benchmark": "step",
+        "artifact": str(config.artifact),
+        "model": session.manifest.source_model,
+        "machine": {"platform": platform.platform(), "processor": platform.processor(), "threads": config.threads},
+        "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(config).items()},
+        "rows": [
+            {"engine": r.engine, "T": r.tokens, "median_ms": round(r.median_ms, 3),
+             "min_ms": round(min(r.round_medians_ms), 3), "max_ms": round(max(r.round_medians_ms), 3),
+             "vs_specmemo_T1": round(r.median_ms / base, 3), "round_medians_ms": [round(x, 3) for x in r.round_medians_ms]}
+            for r in all_rows
+        ],
+    }
+    if peer is not None:
+        # Per-round ratios (side by side in time), then their median: robust to drifting machine speed.
+        ratios = [a / b for a, b in zip(rows[1].round_medians_ms, peer_row.round_medians_ms)] if 1 in rows else []
+        result["specmemo_T1_over_genai"] = round(statistics.median(ratios), 3) if ratios else None
+    return result
+
+
+def format_table(result: dict) -> str:
+    lines = [f"{'engine':<18} {'T':>3} {'ms/step':>9} {'range':>15} {'× T=1':>7}", "-" * 56]
+    for r in result["rows"]:
+        lines.append(f"{r['engine']:<18} {r['T']:>3} {r['median_ms']:>9.2f} "
+                     f"{r['min_ms']:>7.2f}-{r['max_ms']:<7.2f} {r['vs_specmemo_T1']:>7.2f}")
+    if result.get("specmemo_T1_over_genai") is not None:
+        lines.append(f"specmemo T=1 / genai (median of per-round ratios): {result['specmemo_T1_over_genai']:.3f}")
+    return "\n".join(lines)
+
+
+def write_json(result: dict, path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=2) + "\n")
+    return path

@@ -1,0 +1,75 @@
+"""Names and shapes of the decoder graph's inputs and outputs: the single source of truth.
+
+The exporter names the graph from these functions and writes them into the manifest; runtimes
+(Python, Android) read the names from the manifest. Symbolic axes: B batch, T new tokens this step,
+S attended length (past + T), C KV capacity; H_kv, D, V, h are fixed numbers from the dims.
+"""
+
+from __future__ import annotations
+
+from specmemo.runtime.manifest import DecoderIO, ModelDims, TensorSpec
+
+INPUT_IDS = "input_ids"  # [B, T] int64
+POSITION_IDS = "position_ids"  # [B, T] int64, depth-based for tree nodes
+ATTENTION_BIAS = "attention_bias"  # [B, 1, T, S] float, 0 = attend, -inf = masked
+LOGITS = "logits"  # [B, T, V] float
+NEXT_TOKEN_IDS = "next_token_ids"  # [B, T] int64, argmax of logits (in-graph)
+HIDDEN_STATES = "hidden_states"  # [B, T, h] float, after the final norm (Medusa heads read it)
+
+
+def past_key(layer: int) -> str:  # [B, H_kv, C, D], shares its buffer with present_key(layer)
+    return f"past_key_values.{layer}.key"
+
+
+def past_value(layer: int) -> str:
+    return f"past_key_values.{layer}.value"
+
+
+def present_key(layer: int) -> str:
+    return f"present.{layer}.key"
+
+
+def present_value(layer: int) -> str:
+    return f"present.{layer}.value"
+
+
+def decoder_inputs(dims: ModelDims, dtype: str) -> list[TensorSpec]:
+    kv_shape = ("B", dims.num_kv_heads, "C", dims.head_dim)
+    specs = [
+        TensorSpec(INPUT_IDS, "int64", ("B", "T")),
+        TensorSpec(POSITION_IDS, "int64", ("B", "T")),
+        TensorSpec(ATTENTION_BIAS, dtype, ("B", 1, "T", "S")),
+    ]
+    for layer in range(dims.num_layers):
+        specs += [TensorSpec(past_key(layer), dtype, kv_shape), TensorSpec(past_value(layer), dtype, kv_shape)]
+    return specs
+
+
+def decoder_outputs(dims: ModelDims, dtype: str) -> list[TensorSpec]:
+    kv_shape = ("B", dims.num_kv_heads, "C", dims.head_dim)
+    specs = [
+        TensorSpec(LOGITS, dtype, ("B", "T", dims.vocab_size)),
+        TensorSpec(NEXT_TOKEN_IDS, "int64", ("B", "T")),
+        TensorSpec(HIDDEN_STATES, dtype, ("B", "T", dims.hidden_size)),
+    ]
+    for layer in range(dims.num_layers):
+        specs += [TensorSpec(present_key(layer), dtype, kv_shape), TensorSpec(present_value(layer), dtype, kv_shape)]
+    return specs
+
+
+def decoder_io(dims: ModelDims, dtype: str) -> DecoderIO:
+    """What the exporter names and the manifest records; runtimes read it back from the manifest."""
+    kv = []
+    for layer in range(dims.num_layers):
+        kv += [(past_key(layer), present_key(layer)), (past_value(layer), present_value(layer))]
+    return DecoderIO(
+        inputs=tuple(decoder_inputs(dims, dtype)),
+        outputs=tuple(decoder_outputs(dims, dtype)),
+        input_ids=INPUT_IDS,
+        position_ids=POSITION_IDS,
+        attention_bias=ATTENTION_BIAS,
+        logits=LOGITS,
+        next_token_ids=NEXT_TOKEN_IDS,
+        hidden_states=HIDDEN_STATES,
+        kv_pairs=tuple(kv),
+    )

@@ -1,0 +1,181 @@
+"""The artifact's manifest: what the exporter wrote and every runtime reads. Nothing is re-derived.
+
+An artifact folder holds `manifest.json`, the ONNX graph(s) with external weights, and the
+tokenizer. The manifest carries the model dims, the graph I/O names, the KV capacity, the dtype,
+the tokenizer and chat template, and where the weights came from.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import MISSING, asdict, dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from specmemo.errors import SpecMemoError
+
+MANIFEST_FILE = "manifest.json"
+FORMAT_VERSION = 1
+
+
+class ManifestError(SpecMemoError, ValueError):
+    """The artifact folder or its manifest is missing, malformed or inconsistent."""
+
+
+@dataclass(frozen=True)
+class ModelDims:
+    architecture: str
+    vocab_size: int  # V
+    hidden_size: int  # h
+    intermediate_size: int
+    num_layers: int  # L
+    num_heads: int  # H
+    num_kv_heads: int  # H_kv
+    head_dim: int  # D
+    rms_norm_eps: float
+    rope_theta: float
+    qkv_bias: bool
+    tie_word_embeddings: bool
+    max_position_embeddings: int
+
+    def __post_init__(self) -> None:
+        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
+                     "num_kv_heads", "head_dim", "max_position_embeddings"):
+            if getattr(self, name) <= 0:
+                raise ManifestError(f"dims.{name} must be positive, got {getattr(self, name)}")
+        if self.num_heads % self.num_kv_heads:
+            raise ManifestError(f"num_heads {self.num_heads} is not a multiple of num_kv_heads {self.num_kv_heads}")
+        if self.head_dim % 2:
+            raise ManifestError(f"head_dim {self.head_dim} must be even for rotary embeddings")
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    name: str
+    dtype: str  # numpy dtype name
+    shape: tuple[int | str, ...]  # ints are fixed, strings are symbolic axes (B, T, S, C)
+
+
+@dataclass(frozen=True)
+class DecoderIO:
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+    input_ids: str
+    position_ids: str
+    attention_bias: str
+    logits: str
+    next_token_ids: str
+    hidden_states: str
+    kv_pairs: tuple[tuple[str, str], ...]  # (past input, present output) bound to one buffer
+
+
+@dataclass(frozen=True)
+class TokenizerInfo:
+    file: str  # tokenizer.json, relative to the artifact folder
+    eos_token_ids: tuple[int, ...]
+    bos_token_id: int | None
+    chat_template: str | None
+    add_bos_token: bool = False
+
+
+@dataclass(frozen=True)
+class Manifest:
+    format_version: int
+    specmemo_version: str
+    source_model: str  # what --model named
+    source_sha256: str  # of the weights file the model was read from
+    dims: ModelDims
+    dtype: str  # "float32"
+    opset: int
+    capacity: int  # C: the largest KV capacity the graph's rotary table covers
+    decoder_file: str
+    decoder_data_file: str
+    io: DecoderIO
+    tokenizer: TokenizerInfo
+
+    def __post_init__(self) -> None:
+        if self.format_version != FORMAT_VERSION:
+            raise ManifestError(
+                f"manifest format {self.format_version} is not {FORMAT_VERSION}: re-export with this version of specmemo"
+            )
+        if self.capacity <= 0:
+            raise ManifestError(f"capacity must be positive, got {self.capacity}")
+        if len(self.io.kv_pairs) != 2 * self.dims.num_layers:
+            raise ManifestError(f"io.kv_pairs has {len(self.io.kv_pairs)} pairs, expected 2 x {self.dims.num_layers} layers")
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2)
+
+
+def _build(cls: type, data: Any, where: str) -> Any:
+    """Rebuild a (nested) frozen dataclass from JSON data, with one-line errors naming the key."""
+    if not isinstance(data, dict):
+        raise ManifestError(f"{where}: expected an object, got {type(data).__name__}")
+    known = {f.name: f for f in fields(cls)}
+    unknown = sorted(set(data) - set(known))
+    if unknown:
+        raise ManifestError(f"{where}: unknown key {unknown[0]!r}")
+    kwargs = {}
+    for name, f in known.items():
+        if name not in data:
+            if f.default is not MISSING:
+                continue
+            raise ManifestError(f"{where}: missing key {name!r}")
+        kwargs[name] = _convert(f.type, data[name], f"{where}.{name}")
+    try:
+        return cls(**kwargs)
+    except TypeError as err:
+        raise ManifestError(f"{where}: {err}") from None
+
+
+_NESTED = {"ModelDims": ModelDims, "DecoderIO": DecoderIO, "TokenizerInfo": TokenizerInfo}
+
+
+def _convert(type_name: Any, value: Any, where: str) -> Any:
+    type_name = str(type_name)
+    if type_name in _NESTED:
+        return _build(_NESTED[type_name], value, where)
+    if type_name.startswith("tuple[TensorSpec"):
+        return tuple(
+            TensorSpec(name=v["name"], dtype=v["dtype"], shape=tuple(v["shape"])) for v in _list(value, where)
+        )
+    if type_name.startswith("tuple[tuple[str, str]"):
+        return tuple((str(a), str(b)) for a, b in _list(value, where))
+    if type_name.startswith("tuple"):
+        return tuple(_list(value, where))
+    return value
+
+
+def _list(value: Any, where: str) -> list:
+    if not isinstance(value, list):
+        raise ManifestError(f"{where}: expected a list, got {type(value).__name__}")
+    return value
+
+
+def manifest_from_dict(data: dict) -> Manifest:
+    return _build(Manifest, data, "manifest")
+
+
+def load_manifest(artifact: str | Path) -> Manifest:
+    """Read and validate `DIR/manifest.json`; every failure is a one-line ManifestError naming the fix."""
+    folder = Path(artifact)
+    path = folder / MANIFEST_FILE
+    if not folder.is_dir():
+        raise ManifestError(f"artifact folder {folder} does not exist: run `specmemo export --out {folder}` first")
+    if not path.is_file():
+        raise ManifestError(f"no {MANIFEST_FILE} in {folder}: run `specmemo export --out {folder}` to create the artifact")
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise ManifestError(f"{path} is not valid JSON ({err.msg} at line {err.lineno}): re-export the artifact") from None
+    manifest = manifest_from_dict(data)
+    for name in (manifest.decoder_file, manifest.decoder_data_file, manifest.tokenizer.file):
+        if not (folder / name).is_file():
+            raise ManifestError(f"{folder / name} named by the manifest is missing: re-export the artifact")
+    return manifest
+
+
+def save_manifest(manifest: Manifest, artifact: str | Path) -> Path:
+    path = Path(artifact) / MANIFEST_FILE
+    path.write_text(manifest.to_json() + "\n")
+    return path

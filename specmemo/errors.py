@@ -1,0 +1,9 @@
+"""The base of every error SpecMemo reports as one line (the CLI prints it and exits 1)."""
+
+
+class SpecMemoError(Exception):
+    """An input or environment problem with a known fix; the message names the fix."""
+
+
+class ConfigError(SpecMemoError, ValueError):
+    """An option or configuration value is out of range."""
