@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 MODEL ?= smollm2-135m
 ARTIFACT ?= artifacts/$(MODEL)
-PROMPT ?= In two sentences, why does speculative decoding make a small model answer faster?
+PROMPT ?= Give me three short tips for staying focused while studying.
 
 .PHONY: setup demo test bench lock clean
 

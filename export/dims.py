@@ -35,6 +35,8 @@ def dims_from_config(config: Any) -> ModelDims:
     heads = int(config.num_attention_heads)
     kv_heads = int(getattr(config, "num_key_value_heads", None) or heads)
     head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // heads)
+    if head_dim % 16:
+        raise UnsupportedModelError(f"head_dim {head_dim} is not a multiple of 16, which ORT GroupQueryAttention requires")
     if getattr(config, "hidden_act", "silu") != "silu":
         raise UnsupportedModelError(f"hidden_act {config.hidden_act!r} is not supported (only silu)")
     if getattr(config, "mlp_bias", False):

@@ -1,8 +1,11 @@
 """`specmemo bench step`: ms per decoder step for T new tokens, interleaved with a peer, in rounds.
 
-Every round runs each T once (a burst of steps on the same committed context, no commit) and
-then the ONNX Runtime GenAI peer's greedy decode steps on the same context. Medians per round;
-the table reports the median over rounds and the range, and ratios taken within the run.
+The machine's speed drifts by ±20% within seconds, and the first step after switching engines is
+~2x slow (cold state), so each round runs a short burst per (engine, T): our decoder on the same
+committed context (nothing committed), then ONNX Runtime GenAI's greedy decode steps on the same
+context. A burst's first WARMUP steps are dropped and the rest give a median. The table shows the
+median over rounds and their range; ratios are taken per round, then their median, so both sides
+of a ratio saw nearly the same machine.
 """
 
 from __future__ import annotations
@@ -28,16 +31,16 @@ class StepBenchConfig:
     artifact: Path
     tree_sizes: tuple[int, ...] = DEFAULT_TREE_SIZES
     context: int = 256  # committed tokens before the measured steps
-    rounds: int = 5
-    steps_per_round: int = 16
+    rounds: int = 10
+    steps_per_round: int = 12
     threads: int = 2
     genai_dir: Path | None = None  # ONNX Runtime GenAI model for the peer row
 
     def __post_init__(self) -> None:
         from specmemo.errors import ConfigError
 
-        if self.rounds < 1 or self.steps_per_round < 3:
-            raise ConfigError("--rounds must be >= 1 and --steps >= 3")
+        if self.rounds < 1 or self.steps_per_round < 5:
+            raise ConfigError("--rounds must be >= 1 and --steps >= 5")
         if min(self.tree_sizes) < 1:
             raise ConfigError("tree sizes must be >= 1")
 
@@ -53,18 +56,17 @@ class Row:
         return statistics.median(self.round_medians_ms)
 
 
+WARMUP = 2
+
+
 def _median_ms(times: list[float]) -> float:
-    return 1e3 * statistics.median(times[1:])  # the first step of a burst warms caches
+    return 1e3 * statistics.median(times[WARMUP:])
 
 
-def _burst(backend: OrtBackend, tokens: list[int], steps: int) -> list[float]:
-    parents = tree.chain(len(tokens))
-    times = []
-    for _ in range(steps):
-        started = time.perf_counter()
-        backend.forward(tokens, parents)
-        times.append(time.perf_counter() - started)
-    return times
+def _timed_forward(backend: OrtBackend, tokens: list[int]) -> float:
+    started = time.perf_counter()
+    backend.forward(tokens, tree.chain(len(tokens)))
+    return time.perf_counter() - started
 
 
 def run_step_bench(config: StepBenchConfig, *, log=print) -> dict:
@@ -87,9 +89,12 @@ def run_step_bench(config: StepBenchConfig, *, log=print) -> dict:
     for round_index in range(config.rounds):
         for t in config.tree_sizes:
             tokens = rng.integers(0, vocab, t).tolist()
-            rows[t].round_medians_ms.append(_median_ms(_burst(backend, tokens, config.steps_per_round)))
+            burst = [_timed_forward(backend, tokens) for _ in range(config.steps_per_round)]
+            rows[t].round_medians_ms.append(_median_ms(burst))
         if peer is not None:
-            peer_row.round_medians_ms.append(_median_ms(peer.decode_step_times(prompt, config.steps_per_round)))
+            generator = peer.start(prompt, config.steps_per_round)
+            burst = [peer.timed_step(generator) for _ in range(config.steps_per_round)]
+            peer_row.round_medians_ms.append(_median_ms(burst))
         log(f"round {round_index + 1}/{config.rounds}: T=1 {rows[config.tree_sizes[0]].round_medians_ms[-1]:.2f} ms"
             + (f", genai {peer_row.round_medians_ms[-1]:.2f} ms" if peer is not None else ""))
 
@@ -112,6 +117,11 @@ def run_step_bench(config: StepBenchConfig, *, log=print) -> dict:
         # Per-round ratios (side by side in time), then their median: robust to drifting machine speed.
         ratios = [a / b for a, b in zip(rows[1].round_medians_ms, peer_row.round_medians_ms)] if 1 in rows else []
         result["specmemo_T1_over_genai"] = round(statistics.median(ratios), 3) if ratios else None
+    if 1 in rows:
+        result["T_over_T1"] = {
+            str(t): round(statistics.median(a / b for a, b in zip(rows[t].round_medians_ms, rows[1].round_medians_ms)), 3)
+            for t in config.tree_sizes
+        }
     return result
 
 
@@ -120,6 +130,9 @@ def format_table(result: dict) -> str:
     for r in result["rows"]:
         lines.append(f"{r['engine']:<18} {r['T']:>3} {r['median_ms']:>9.2f} "
                      f"{r['min_ms']:>7.2f}-{r['max_ms']:<7.2f} {r['vs_specmemo_T1']:>7.2f}")
+    if result.get("T_over_T1"):
+        lines.append("specmemo T / T=1 (median of per-round ratios): "
+                     + ", ".join(f"T={t}: {r:.2f}" for t, r in result["T_over_T1"].items()))
     if result.get("specmemo_T1_over_genai") is not None:
         lines.append(f"specmemo T=1 / genai (median of per-round ratios): {result['specmemo_T1_over_genai']:.3f}")
     return "\n".join(lines)

@@ -20,16 +20,18 @@ class GenAIEngine:
         config.overlay(json.dumps(overlay))
         self.model = og.Model(config)
 
-    def decode_step_times(self, prompt: list[int], steps: int) -> list[float]:
-        """Seconds per generated token for `steps` greedy tokens after `prompt` (prefill excluded)."""
+    def start(self, prompt: list[int], max_new_tokens: int):
+        """A greedy generator with `prompt` prefilled; call `timed_step` on it."""
         og = self._og
         params = og.GeneratorParams(self.model)
-        params.set_search_options(max_length=len(prompt) + steps + 1, do_sample=False)
+        params.set_search_options(max_length=len(prompt) + max_new_tokens + 1, do_sample=False)
         generator = og.Generator(self.model, params)
-        generator.append_tokens(prompt)  # prefill
-        times = []
-        for _ in range(steps):
-            started = time.perf_counter()
-            generator.generate_next_token()
-            times.append(time.perf_counter() - started)
-        return times
+        generator.append_tokens(prompt)
+        return generator
+
+    @staticmethod
+    def timed_step(generator) -> float:
+        """Seconds for one greedy decode step (one token)."""
+        started = time.perf_counter()
+        generator.generate_next_token()
+        return time.perf_counter() - started

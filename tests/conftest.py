@@ -1,0 +1,97 @@
+"""Shared fixtures: tiny random Llama/Qwen2 models built locally (config + a word-level tokenizer)."""
+
+from __future__ import annotations
+
+import os
+import random
+from pathlib import Path
+
+import pytest
+
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|{{ m['role'] }}|> {{ m['content'] }} <|end|> {% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|> {% endif %}"
+)
+SPECIAL = ["<unk>", "<|end|>", "<|system|>", "<|user|>", "<|assistant|>"]
+
+
+def make_tokenizer(vocab_size: int):
+    """A word-level fast tokenizer: the special tokens, then w0, w1, ... up to vocab_size."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {token: i for i, token in enumerate(SPECIAL)}
+    vocab.update({f"w{i}": i for i in range(len(SPECIAL), vocab_size)})
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>", eos_token="<|end|>")
+    tokenizer.chat_template = CHAT_TEMPLATE
+    return tokenizer
+
+
+def tiny_config(architecture: str, *, seed: int | None = None, **overrides):
+    """A small random config. With a seed, the dims themselves are drawn at random (GQA kept valid)."""
+    from transformers import LlamaConfig, Qwen2Config
+
+    rng = random.Random(seed)
+    kv_heads = rng.choice([1, 2, 3]) if seed is not None else 2
+    group = rng.choice([1, 2, 3]) if seed is not None else 2
+    head_dim = rng.choice([16, 32, 48, 64]) if seed is not None else 16  # GQA needs a multiple of 16
+    heads = kv_heads * group
+    dims = dict(
+        vocab_size=rng.randint(64, 512) if seed is not None else 256,
+        hidden_size=heads * head_dim,
+        head_dim=head_dim,
+        intermediate_size=rng.choice([32, 64, 96, 128]) if seed is not None else 128,
+        num_hidden_layers=rng.randint(1, 3) if seed is not None else 2,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        max_position_embeddings=256,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=rng.choice([True, False]) if seed is not None else True,
+        eos_token_id=1,
+    )
+    dims.update(overrides)
+    if architecture == "LlamaForCausalLM":
+        return LlamaConfig(architectures=[architecture], rope_theta=rng.choice([1e4, 1e5]), **dims)
+    if architecture == "Qwen2ForCausalLM":
+        return Qwen2Config(architectures=[architecture], rope_theta=rng.choice([1e4, 1e6]), **dims)
+    raise ValueError(architecture)
+
+
+def save_tiny_model(config, folder: Path, *, seed: int = 0) -> Path:
+    """Random weights (scaled up so logits are not all ~0) + tokenizer, as a local HF folder."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config).eval()
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "norm" not in name:
+                param.normal_(0.0, 0.08)
+    model.save_pretrained(folder)
+    make_tokenizer(config.vocab_size).save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="session")
+def random_seed() -> int:
+    """A seed nobody chose in advance (printed so a failure can be replayed with SPECMEMO_TEST_SEED)."""
+    seed = int(os.environ.get("SPECMEMO_TEST_SEED", random.SystemRandom().randrange(1 << 30)))
+    print(f"\nSPECMEMO_TEST_SEED={seed}")
+    return seed
+
+
+@pytest.fixture(scope="session")
+def tiny_llama(tmp_path_factory) -> Path:
+    """Tiny Llama, GQA 4/2, tied embeddings, exported (capacity 64)."""
+    return export_tiny(tiny_config("LlamaForCausalLM"), tmp_path_factory.mktemp("llama"))
+
+
+def export_tiny(config, root: Path, capacity: int = 64) -> Path:
+    from specmemo.export.artifact import ExportOptions, export_artifact
+
+    folder = save_tiny_model(config, root / "hf")
+    export_artifact(ExportOptions(model=str(folder), out=root / "artifact", capacity=capacity), log=lambda *_: None)
+    return root / "artifact"

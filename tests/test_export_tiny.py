@@ -1,0 +1,119 @@
+"""Export tiny random Llama/Qwen2 models and compare ONNX Runtime with the Hugging Face model."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+import torch
+from conftest import export_tiny, tiny_config
+from transformers import AutoModelForCausalLM
+
+from specmemo.export.validate import HFReference, validate
+from specmemo.runtime import tree
+from specmemo.runtime.backend import OrtBackend
+from specmemo.runtime.manifest import load_manifest
+from specmemo.runtime.session import DecoderSession, SessionConfig
+
+TOLERANCE = 1e-4
+
+
+def hf_model(artifact):
+    return AutoModelForCausalLM.from_pretrained(artifact.parent / "hf", dtype="float32").eval()
+
+
+def prompt(vocab: int, length: int = 12, seed: int = 0) -> list[int]:
+    return np.random.default_rng(seed).integers(5, vocab, length).tolist()
+
+
+def test_llama_tied_gqa_matches_hf(tiny_llama):
+    manifest = load_manifest(tiny_llama)
+    assert manifest.dims.tie_word_embeddings and manifest.dims.num_kv_heads < manifest.dims.num_heads
+    report = validate(tiny_llama, hf_model(tiny_llama), prompt(manifest.dims.vocab_size), tolerance=TOLERANCE)
+    print(report.table())
+    assert report.passed
+    assert report.max_logits_diff <= TOLERANCE
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_qwen2_with_qkv_bias_matches_hf(tmp_path, tied):
+    artifact = export_tiny(tiny_config("Qwen2ForCausalLM", tie_word_embeddings=tied), tmp_path)
+    manifest = load_manifest(artifact)
+    assert manifest.dims.qkv_bias and manifest.dims.tie_word_embeddings == tied
+    report = validate(artifact, hf_model(artifact), prompt(manifest.dims.vocab_size), tolerance=TOLERANCE)
+    print(report.table())
+    assert report.passed and report.max_logits_diff <= TOLERANCE
+
+
+@pytest.mark.parametrize("architecture", ["Qwen2ForCausalLM", "LlamaForCausalLM"])
+def test_random_config_nobody_chose(tmp_path, random_seed, architecture):
+    config = tiny_config(architecture, seed=random_seed)
+    artifact = export_tiny(config, tmp_path)
+    report = validate(artifact, hf_model(artifact), prompt(config.vocab_size, seed=random_seed), tolerance=TOLERANCE)
+    print(config, report.table())
+    assert report.passed and report.max_logits_diff <= TOLERANCE
+
+
+def test_tree_step_equals_causal_paths(tiny_llama):
+    """One tree step over a random tree: node i's logits = HF on prompt + path(root → i)."""
+    rng = np.random.default_rng(1)
+    parents = [-1] + [int(rng.integers(-1, i)) for i in range(1, 12)]  # random tree, parents first
+    ref = HFReference(hf_model(tiny_llama))
+    backend = OrtBackend(DecoderSession(tiny_llama))
+    vocab = backend.session.manifest.dims.vocab_size
+    context = prompt(vocab, 9)
+    backend.forward(context, tree.chain(len(context)))
+    backend.commit(list(range(len(context))))
+    tokens = rng.integers(5, vocab, len(parents)).tolist()
+    out = backend.forward(tokens, parents)
+    for node in range(len(parents)):
+        path_tokens = [tokens[n] for n in tree.path_to(parents, node)]
+        expected, _ = ref.run(context + path_tokens)
+        np.testing.assert_allclose(out.logits[node], expected[-1], atol=TOLERANCE, rtol=0)
+
+
+def test_kv_buffer_is_updated_in_place(tiny_llama):
+    """The bound numpy buffer itself holds the new rows: no copy of the cache was returned instead."""
+    session = DecoderSession(tiny_llama, SessionConfig(capacity=32))
+    before = [buffer.copy() for buffer in session.kv.buffers]
+    session.step(np.array([[7, 8, 9]]), tree.position_ids(tree.chain(3), 0), tree.attention_bias(tree.chain(3), 0))
+    for old, new in zip(before, session.kv.buffers):
+        assert np.abs(new[:, :, :3]).sum() > 0 and not np.array_equal(old[:, :, :3], new[:, :, :3])
+        assert np.array_equal(new[:, :, 3:], old[:, :, 3:])  # rows past the step untouched
+
+
+def test_graph_has_no_whole_cache_copies(tiny_llama):
+    """No Concat/Split/Slice of a KV input inside the graph: GroupQueryAttention reads it directly
+    (a Shape node may read its dims, which touches no data)."""
+    manifest = load_manifest(tiny_llama)
+    graph = onnx.load(str(tiny_llama / manifest.decoder_file), load_external_data=False).graph
+    kv_inputs = {past for past, _ in manifest.io.kv_pairs}
+    for node in graph.node:
+        if kv_inputs & set(node.input):
+            assert node.op_type in ("GroupQueryAttention", "Shape"), node.op_type
+    assert sum(node.op_type == "GroupQueryAttention" for node in graph.node) == manifest.dims.num_layers
+
+
+def test_tied_embedding_stored_once(tiny_llama):
+    manifest = load_manifest(tiny_llama)
+    graph = onnx.load(str(tiny_llama / manifest.decoder_file), load_external_data=False).graph
+    d = manifest.dims
+    big = [init.name for init in graph.initializer if d.vocab_size in init.dims and d.hidden_size in init.dims]
+    assert len(big) == 1, big
+
+
+def test_torch_twin_of_the_attention_op_matches_hf(tiny_llama):
+    """The traced torch module (same op as the graph) equals HF too: both sides implement one operation."""
+    from specmemo.export.decoder import Decoder
+
+    model = hf_model(tiny_llama)
+    manifest = load_manifest(tiny_llama)
+    decoder = Decoder(manifest.dims, model, 32).eval()
+    ids = torch.tensor([prompt(manifest.dims.vocab_size, 10)])
+    d = manifest.dims
+    past = [torch.zeros(1, d.num_kv_heads, 32, d.head_dim) for _ in range(2 * d.num_layers)]
+    bias = torch.from_numpy(tree.attention_bias(tree.chain(10), 0))
+    with torch.no_grad():
+        logits = decoder(ids, torch.arange(10)[None], bias, *past)[0]
+        expected = model(ids).logits
+    torch.testing.assert_close(logits, expected, atol=1e-5, rtol=1e-5)

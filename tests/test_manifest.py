@@ -1,0 +1,50 @@
+"""Manifest round trip and one-line errors for a missing, malformed or inconsistent manifest."""
+
+import json
+
+import pytest
+
+from specmemo.runtime.manifest import ManifestError, load_manifest, manifest_from_dict
+
+
+def test_round_trip(tiny_llama):
+    manifest = load_manifest(tiny_llama)
+    assert manifest_from_dict(json.loads(manifest.to_json())) == manifest
+    assert manifest.io.kv_pairs[0] == ("past_key_values.0.key", "present.0.key")
+    assert manifest.tokenizer.chat_template and manifest.tokenizer.eos_token_ids
+
+
+def _broken(tiny_llama, tmp_path, edit):
+    data = json.loads((tiny_llama / "manifest.json").read_text())
+    edit(data)
+    folder = tmp_path / "art"
+    folder.mkdir()
+    for name in ("decoder.onnx", "decoder.onnx.data", "tokenizer.json"):
+        (folder / name).symlink_to(tiny_llama / name)
+    (folder / "manifest.json").write_text(json.dumps(data))
+    return folder
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda d: d.pop("capacity"), "missing key 'capacity'"),
+    (lambda d: d.update(colour="red"), "unknown key 'colour'"),
+    (lambda d: d["dims"].update(num_heads=5), "not a multiple of num_kv_heads"),
+    (lambda d: d.update(format_version=99), "re-export"),
+    (lambda d: d["io"].update(kv_pairs=[]), "kv_pairs"),
+    (lambda d: d.update(decoder_file="gone.onnx"), "missing"),
+])
+def test_malformed_manifest_is_one_line(tiny_llama, tmp_path, edit, message):
+    with pytest.raises(ManifestError, match=message) as err:
+        load_manifest(_broken(tiny_llama, tmp_path, edit))
+    assert "\n" not in str(err.value)
+
+
+def test_missing_manifest(tmp_path):
+    with pytest.raises(ManifestError, match="specmemo export"):
+        load_manifest(tmp_path)
+
+
+def test_not_json(tmp_path):
+    (tmp_path / "manifest.json").write_text("{not json")
+    with pytest.raises(ManifestError, match="not valid JSON"):
+        load_manifest(tmp_path)
