@@ -73,8 +73,12 @@ class DecoderLayer(nn.Module):
 
 
 class Decoder(nn.Module):
-    """forward(input_ids [B,T], position_ids [B,T], attention_bias [B,1,T,S], *past [2L x [B,H_kv,C,D]])
-    → (logits [B,T,V], next_token_ids [B,T], hidden_states [B,T,h], *present [2L x [B,H_kv,C,D]])."""
+    """forward(input_ids [B,T], position_ids [B,T], attention_bias [B,1,T,S], logits_indices [B,N],
+               *past [2L x [B,H_kv,C,D]])
+    → (logits [B,N,V], next_token_ids [B,N], hidden_states [B,T,h], *present [2L x [B,H_kv,C,D]]).
+
+    Logits are computed only at `logits_indices` (N of the T positions): every node for tree
+    verification, the last position for prefill, so a long prompt never makes a [T, V] matrix."""
 
     def __init__(self, dims: ModelDims, hf_model: Any, capacity: int):
         super().__init__()
@@ -97,7 +101,7 @@ class Decoder(nn.Module):
         rows = torch.index_select(self.lm_head_t, 1, input_ids.reshape(-1))  # [h, B*T]
         return rows.t().reshape(batch, steps, self.dims.hidden_size)
 
-    def forward(self, input_ids, position_ids, attention_bias, *past):
+    def forward(self, input_ids, position_ids, attention_bias, logits_indices, *past):
         total = attention_bias.shape[-1]  # S
         seqlens_k = torch.full((input_ids.shape[0],), total - 1, dtype=torch.int32)  # [B]
         total_len = torch.full((), total, dtype=torch.int32)
@@ -108,7 +112,8 @@ class Decoder(nn.Module):
                             self.cos_cache, self.sin_cache, position_ids, attention_bias)
             presents += [k, v]
         hidden = self.norm(x)  # [B, T, h]
-        logits = hidden @ self.lm_head_t  # [B, T, V]
+        rows = logits_indices.unsqueeze(-1).expand(-1, -1, hidden.shape[-1])  # [B, N, h]
+        logits = torch.gather(hidden, 1, rows) @ self.lm_head_t  # [B, N, V]
         return (logits, logits.argmax(dim=-1), hidden, *presents)
 
 

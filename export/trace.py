@@ -27,14 +27,15 @@ def example_inputs(decoder: Decoder) -> tuple:
         torch.zeros(batch, steps, dtype=torch.long),  # input_ids [B, T]
         torch.arange(past, past + steps).repeat(batch, 1),  # position_ids [B, T]
         torch.zeros(batch, 1, steps, past + steps),  # attention_bias [B, 1, T, S]
+        torch.tensor([[0, 2]] * batch),  # logits_indices [B, N]
         kv,
     )
 
 
 def dynamic_axes(num_layers: int) -> tuple:
-    batch, steps, attended, capacity = Dim("B"), Dim("T"), Dim("S"), Dim("C")
+    batch, steps, attended, capacity, kept = Dim("B"), Dim("T"), Dim("S"), Dim("C"), Dim("N")
     kv = tuple({0: batch, 2: capacity} for _ in range(2 * num_layers))
-    return ({0: batch, 1: steps}, {0: batch, 1: steps}, {0: batch, 2: steps, 3: attended}, kv)
+    return ({0: batch, 1: steps}, {0: batch, 1: steps}, {0: batch, 2: steps, 3: attended}, {0: batch, 1: kept}, kv)
 
 
 def export_decoder(decoder: Decoder, io_names: DecoderIO, path: Path, *, verbose: bool = False) -> Path:

@@ -26,8 +26,8 @@ class ContextOverflowError(SpecMemoError, OverflowError):
 
 @dataclass
 class Forward:
-    next_token_ids: np.ndarray  # [T] greedy next token after each node
-    logits: np.ndarray  # [T, V]
+    next_token_ids: np.ndarray  # [N] greedy next token after each node (N = T, or 1 with last_only)
+    logits: np.ndarray  # [N, V]
     hidden_states: np.ndarray  # [T, h]
 
 
@@ -38,7 +38,7 @@ class Backend(Protocol):
     @property
     def length(self) -> int: ...
 
-    def forward(self, tokens: list[int], parents: list[int]) -> Forward: ...
+    def forward(self, tokens: list[int], parents: list[int], *, last_only: bool = False) -> Forward: ...
 
     def commit(self, nodes: list[int]) -> None: ...
 
@@ -67,13 +67,16 @@ class OrtBackend:
     def length(self) -> int:
         return self.session.kv.length
 
-    def forward(self, tokens: list[int], parents: list[int]) -> Forward:
+    def forward(self, tokens: list[int], parents: list[int], *, last_only: bool = False) -> Forward:
+        """Logits for every node, or with `last_only` for the last one (prefill)."""
         check_fits(self.length, len(tokens), self.capacity)
-        past = self.length
+        past, size = self.length, len(tokens)
+        rows = np.array([[size - 1]] if last_only else [np.arange(size)], dtype=np.int64)
         out = self.session.step(
             np.asarray([tokens], dtype=np.int64),
             tree.position_ids(parents, past),
             tree.attention_bias(parents, past),
+            rows,
         )
         return Forward(out.next_token_ids[0], out.logits[0], out.hidden_states[0])
 

@@ -37,7 +37,7 @@ class Generation:
 def prefill(backend: Backend, prompt: list[int]) -> int:
     """Run the prompt as one causal chunk; return the first generated token."""
     check_fits(backend.length, len(prompt), backend.capacity)
-    out = backend.forward(prompt, tree.chain(len(prompt)))
+    out = backend.forward(prompt, tree.chain(len(prompt)), last_only=True)
     backend.commit(list(range(len(prompt))))
     return int(out.next_token_ids[-1])
 

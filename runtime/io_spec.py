@@ -2,7 +2,7 @@
 
 The exporter names the graph from these functions and writes them into the manifest; runtimes
 (Python, Android) read the names from the manifest. Symbolic axes: B batch, T new tokens this step,
-S attended length (past + T), C KV capacity; H_kv, D, V, h are fixed numbers from the dims.
+S attended length (past + T), N positions that get logits, C KV capacity; H_kv, D, V, h are fixed numbers from the dims.
 """
 
 from __future__ import annotations
@@ -12,8 +12,9 @@ from specmemo.runtime.manifest import DecoderIO, ModelDims, TensorSpec
 INPUT_IDS = "input_ids"  # [B, T] int64
 POSITION_IDS = "position_ids"  # [B, T] int64, depth-based for tree nodes
 ATTENTION_BIAS = "attention_bias"  # [B, 1, T, S] float, 0 = attend, -inf = masked
-LOGITS = "logits"  # [B, T, V] float
-NEXT_TOKEN_IDS = "next_token_ids"  # [B, T] int64, argmax of logits (in-graph)
+LOGITS_INDICES = "logits_indices"  # [B, N] int64, which of the T positions get logits
+LOGITS = "logits"  # [B, N, V] float
+NEXT_TOKEN_IDS = "next_token_ids"  # [B, N] int64, argmax of logits (in-graph)
 HIDDEN_STATES = "hidden_states"  # [B, T, h] float, after the final norm (Medusa heads read it)
 
 
@@ -39,6 +40,7 @@ def decoder_inputs(dims: ModelDims, dtype: str) -> list[TensorSpec]:
         TensorSpec(INPUT_IDS, "int64", ("B", "T")),
         TensorSpec(POSITION_IDS, "int64", ("B", "T")),
         TensorSpec(ATTENTION_BIAS, dtype, ("B", 1, "T", "S")),
+        TensorSpec(LOGITS_INDICES, "int64", ("B", "N")),
     ]
     for layer in range(dims.num_layers):
         specs += [TensorSpec(past_key(layer), dtype, kv_shape), TensorSpec(past_value(layer), dtype, kv_shape)]
@@ -48,8 +50,8 @@ def decoder_inputs(dims: ModelDims, dtype: str) -> list[TensorSpec]:
 def decoder_outputs(dims: ModelDims, dtype: str) -> list[TensorSpec]:
     kv_shape = ("B", dims.num_kv_heads, "C", dims.head_dim)
     specs = [
-        TensorSpec(LOGITS, dtype, ("B", "T", dims.vocab_size)),
-        TensorSpec(NEXT_TOKEN_IDS, "int64", ("B", "T")),
+        TensorSpec(LOGITS, dtype, ("B", "N", dims.vocab_size)),
+        TensorSpec(NEXT_TOKEN_IDS, "int64", ("B", "N")),
         TensorSpec(HIDDEN_STATES, dtype, ("B", "T", dims.hidden_size)),
     ]
     for layer in range(dims.num_layers):
@@ -68,6 +70,7 @@ def decoder_io(dims: ModelDims, dtype: str) -> DecoderIO:
         input_ids=INPUT_IDS,
         position_ids=POSITION_IDS,
         attention_bias=ATTENTION_BIAS,
+        logits_indices=LOGITS_INDICES,
         logits=LOGITS,
         next_token_ids=NEXT_TOKEN_IDS,
         hidden_states=HIDDEN_STATES,

@@ -63,6 +63,7 @@ class DecoderIO:
     input_ids: str
     position_ids: str
     attention_bias: str
+    logits_indices: str
     logits: str
     next_token_ids: str
     hidden_states: str

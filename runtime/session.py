@@ -42,8 +42,8 @@ class SessionConfig:
 
 @dataclass
 class StepOutput:
-    logits: np.ndarray  # [B, T, V]
-    next_token_ids: np.ndarray  # [B, T]
+    logits: np.ndarray  # [B, N, V], at the requested positions
+    next_token_ids: np.ndarray  # [B, N]
     hidden_states: np.ndarray  # [B, T, h]
 
 
@@ -131,8 +131,10 @@ class DecoderSession:
         io = self.manifest.io
         self._outputs = (io.logits, io.next_token_ids, io.hidden_states)
 
-    def step(self, input_ids: np.ndarray, position_ids: np.ndarray, attention_bias: np.ndarray) -> StepOutput:
-        """input_ids/position_ids [B, T] int64, attention_bias [B, 1, T, S] with S = kv.length + T.
+    def step(self, input_ids: np.ndarray, position_ids: np.ndarray, attention_bias: np.ndarray,
+             logits_indices: np.ndarray) -> StepOutput:
+        """input_ids/position_ids [B, T] int64, attention_bias [B, 1, T, S] with S = kv.length + T,
+        logits_indices [B, N] int64 (positions among the T that get logits).
 
         Writes the T new K/V rows at [kv.length, S); does not advance kv.length (see `commit`)."""
         steps, attended = input_ids.shape[1], attention_bias.shape[-1]
@@ -144,6 +146,7 @@ class DecoderSession:
         self.binding.bind_cpu_input(io.input_ids, input_ids)
         self.binding.bind_cpu_input(io.position_ids, position_ids)
         self.binding.bind_cpu_input(io.attention_bias, attention_bias)
+        self.binding.bind_cpu_input(io.logits_indices, logits_indices)
         for name in self._outputs:  # T changes per step: let ORT size these (rebinding is per run)
             self.binding.bind_output(name, "cpu")
         self.session.run_with_iobinding(self.binding)

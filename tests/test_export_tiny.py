@@ -76,7 +76,8 @@ def test_kv_buffer_is_updated_in_place(tiny_llama):
     """The bound numpy buffer itself holds the new rows: no copy of the cache was returned instead."""
     session = DecoderSession(tiny_llama, SessionConfig(capacity=32))
     before = [buffer.copy() for buffer in session.kv.buffers]
-    session.step(np.array([[7, 8, 9]]), tree.position_ids(tree.chain(3), 0), tree.attention_bias(tree.chain(3), 0))
+    session.step(np.array([[7, 8, 9]]), tree.position_ids(tree.chain(3), 0), tree.attention_bias(tree.chain(3), 0),
+                 np.array([[2]]))
     for old, new in zip(before, session.kv.buffers):
         assert np.abs(new[:, :, :3]).sum() > 0 and not np.array_equal(old[:, :, :3], new[:, :, :3])
         assert np.array_equal(new[:, :, 3:], old[:, :, 3:])  # rows past the step untouched
@@ -114,6 +115,16 @@ def test_torch_twin_of_the_attention_op_matches_hf(tiny_llama):
     past = [torch.zeros(1, d.num_kv_heads, 32, d.head_dim) for _ in range(2 * d.num_layers)]
     bias = torch.from_numpy(tree.attention_bias(tree.chain(10), 0))
     with torch.no_grad():
-        logits = decoder(ids, torch.arange(10)[None], bias, *past)[0]
+        logits = decoder(ids, torch.arange(10)[None], bias, torch.arange(10)[None], *past)[0]
         expected = model(ids).logits
     torch.testing.assert_close(logits, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_prefill_logits_for_last_position_only(tiny_llama):
+    session = DecoderSession(tiny_llama)
+    backend = OrtBackend(session)
+    ids = prompt(session.manifest.dims.vocab_size, 7)
+    last = backend.forward(ids, tree.chain(7), last_only=True)
+    full = OrtBackend(DecoderSession(tiny_llama)).forward(ids, tree.chain(7))
+    assert last.logits.shape == (1, session.manifest.dims.vocab_size) and full.logits.shape[0] == 7
+    np.testing.assert_allclose(last.logits[0], full.logits[-1], atol=1e-5)
