@@ -8,7 +8,6 @@ over the S = past + T attended rows, and returns logits, argmax ids and final hi
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -167,7 +166,3 @@ class DecoderSession:
 
     def reset(self) -> None:
         self.kv.length = 0
-
-
-def default_threads() -> int:
-    return min(2, os.cpu_count() or 1)

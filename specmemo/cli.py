@@ -10,8 +10,7 @@ from pathlib import Path
 
 import specmemo
 from specmemo.errors import SpecMemoError
-
-DEFAULT_MODEL = "smollm2-135m"
+from specmemo.export.load import DEFAULT_MODEL  # a light module: torch is imported only when converting
 DEFAULT_ARTIFACT = Path("artifacts") / DEFAULT_MODEL
 
 EPILOG = """\
