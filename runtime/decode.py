@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from specmemo.runtime import tree
-from specmemo.runtime.backend import Backend, check_fits
+from specmemo.runtime.backend import Backend
 
 
 @dataclass
@@ -36,7 +36,6 @@ class Generation:
 
 def prefill(backend: Backend, prompt: list[int]) -> int:
     """Run the prompt as one causal chunk; return the first generated token."""
-    check_fits(backend.length, len(prompt), backend.capacity)
     out = backend.forward(prompt, tree.chain(len(prompt)), last_only=True)
     backend.commit(list(range(len(prompt))))
     return int(out.next_token_ids[-1])

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from specmemo.runtime import tree
+
 Choice = tuple[int, ...]
 
 
@@ -71,12 +73,5 @@ class MedusaTree:
     def leaf_paths(self) -> list[list[int]]:
         """Root-to-leaf node paths (root included), one per leaf in node order: the candidates to verify."""
         parents = self.parents()
-        is_parent = set(parents)
-        paths = []
-        for node in range(self.size):
-            if node not in is_parent:
-                path = [node]
-                while parents[path[-1]] >= 0:
-                    path.append(parents[path[-1]])
-                paths.append(path[::-1])
-        return paths
+        inner = set(parents)
+        return [tree.path_to(parents, node) for node in range(self.size) if node not in inner]
