@@ -5,14 +5,16 @@ from __future__ import annotations
 import shutil
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import specmemo
 from specmemo.errors import ConfigError
 from specmemo.export.decoder import Decoder
 from specmemo.export.dims import dims_from_config
-from specmemo.export.load import load_hf, resolve_model
+from specmemo.export.heads import SPEC_FILE, HeadsError, MedusaHeads, load_any_heads
+from specmemo.export.heads_graph import export_heads_graph
+from specmemo.export.load import load_hf, resolve_model, stop_token_ids
 from specmemo.export.trace import OPSET, export_decoder
 from specmemo.runtime import io_spec
 from specmemo.runtime.manifest import FORMAT_VERSION, Manifest, ModelDims, TokenizerInfo, save_manifest
@@ -22,18 +24,32 @@ TOKENIZER_FILE = "tokenizer.json"
 DEFAULT_CAPACITY = 2048
 
 
+SHIPPED_HEADS = Path(__file__).parent / "shipped_heads"  # trained heads that ship with the package
+DEFAULT_TOP_K = 10
+
+
 @dataclass(frozen=True)
 class ExportOptions:
     model: str
     out: Path
     capacity: int = DEFAULT_CAPACITY
     dtype: str = "float32"
+    heads: Path | None = None  # a heads folder; None = none (see default_heads)
+    top_k: int = DEFAULT_TOP_K  # k of the heads graph
 
     def __post_init__(self) -> None:
         if self.capacity < 2:
             raise ConfigError(f"--capacity must be at least 2, got {self.capacity}")
         if self.dtype != "float32":
             raise ConfigError(f"--dtype {self.dtype!r} is not supported yet; use float32")
+        if self.top_k < 1:
+            raise ConfigError(f"--top-k must be >= 1, got {self.top_k}")
+
+
+def default_heads(model: str) -> Path | None:
+    """The heads shipped for a model alias (export/shipped_heads/<alias>), if any."""
+    folder = SHIPPED_HEADS / model
+    return folder if (folder / SPEC_FILE).is_file() else None
 
 
 def check_capacity(capacity: int, dims: ModelDims) -> None:
@@ -55,6 +71,7 @@ def export_artifact(options: ExportOptions, *, log=print) -> Manifest:
     log(f"model {options.model}: {dims.architecture}, {dims.num_layers} layers, h={dims.hidden_size}, "
         f"heads {dims.num_heads}/{dims.num_kv_heads} kv, V={dims.vocab_size}, capacity C={options.capacity}")
     hf_model, tokenizer = load_hf(resolved.hf_folder)
+    heads = None if options.heads is None else checked_heads(options, hf_model, resolved.sha256)  # fail fast
 
     out = options.out.resolve()
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -65,6 +82,12 @@ def export_artifact(options: ExportOptions, *, log=print) -> Manifest:
         log("tracing the decoder step to ONNX ...")
         decoder = Decoder(dims, hf_model, options.capacity).eval()
         export_decoder(decoder, io_names, staging / DECODER_FILE)
+        heads_info = None
+        if heads is not None:
+            log(f"tracing the heads graph ({heads.spec.num_heads} heads, {heads.spec.mode.value}, "
+                f"top-{options.top_k}) ...")
+            info = export_heads_graph(heads, options.top_k, staging)
+            heads_info = replace(info, source=str(Path(options.heads).resolve()))
         tokenizer_info = write_tokenizer(tokenizer, hf_model.generation_config, staging)
         manifest = Manifest(
             format_version=FORMAT_VERSION,
@@ -79,6 +102,7 @@ def export_artifact(options: ExportOptions, *, log=print) -> Manifest:
             decoder_data_file=DECODER_FILE + ".data",
             io=io_names,
             tokenizer=tokenizer_info,
+            heads=heads_info,
         )
         save_manifest(manifest, staging)
         _replace(staging, out)
@@ -89,16 +113,26 @@ def export_artifact(options: ExportOptions, *, log=print) -> Manifest:
     return manifest
 
 
+def checked_heads(options: ExportOptions, hf_model, base_sha256: str) -> MedusaHeads:
+    """Heads for this base model with a tree from eval-heads, whose ranks the graph's top-k covers."""
+    lm_head_t = hf_model.lm_head.weight.detach().t().contiguous()  # [h, V], as the decoder stores it
+    heads = load_any_heads(options.heads, lm_head_t, base_sha256=base_sha256)
+    if not heads.spec.tree:
+        raise HeadsError(f"{options.heads} has no tree yet: run `specmemo eval-heads --heads {options.heads}` first")
+    if any(max(choice) >= options.top_k for choice in heads.spec.tree):
+        raise ConfigError(f"the heads' tree uses ranks >= --top-k {options.top_k}: raise --top-k")
+    return heads
+
+
 def write_tokenizer(tokenizer, generation_config, folder: Path) -> TokenizerInfo:
     """Save the fast tokenizer's tokenizer.json and record what generation needs from it.
 
     Stop ids are those HF `generate` stops on: the generation config's, plus the tokenizer's EOS."""
     tokenizer.backend_tokenizer.save(str(folder / TOKENIZER_FILE))
-    eos_ids = tuple(sorted(_ids(generation_config.eos_token_id) | _ids(tokenizer.eos_token_id)))
     template = tokenizer.chat_template if isinstance(tokenizer.chat_template, str) else None
     return TokenizerInfo(
         file=TOKENIZER_FILE,
-        eos_token_ids=eos_ids,
+        eos_token_ids=stop_token_ids(tokenizer, generation_config),
         bos_token_id=tokenizer.bos_token_id,
         chat_template=template,
         add_bos_token=bool(getattr(tokenizer, "add_bos_token", False)),
@@ -114,9 +148,3 @@ def _replace(staging: Path, out: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
     else:
         staging.rename(out)
-
-
-def _ids(value) -> set[int]:
-    if value is None:
-        return set()
-    return {value} if isinstance(value, int) else set(value)

@@ -143,3 +143,13 @@ def load_hf(folder: Path) -> tuple[Any, Any]:
     model = AutoModelForCausalLM.from_pretrained(folder, dtype="float32", local_files_only=True).eval()
     tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
     return model, tokenizer
+
+
+def stop_token_ids(tokenizer: Any, generation_config: Any) -> tuple[int, ...]:
+    """The ids HF `generate` stops on: the generation config's EOS ids plus the tokenizer's."""
+    def ids(value) -> set[int]:
+        if value is None:
+            return set()
+        return {value} if isinstance(value, int) else set(value)
+
+    return tuple(sorted(ids(generation_config.eos_token_id) | ids(tokenizer.eos_token_id)))

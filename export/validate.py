@@ -17,8 +17,10 @@ import torch
 
 from specmemo.errors import SpecMemoError
 
+from specmemo.export.heads import MedusaHeads, load_any_heads
 from specmemo.runtime import tree
 from specmemo.runtime.backend import OrtBackend
+from specmemo.runtime.drafter import OrtDrafter
 from specmemo.runtime.session import DecoderSession, SessionConfig
 
 # fp32 tolerance, allclose-style: |Δ| ≤ ATOL + RTOL·|reference|, element by element. The absolute
@@ -55,6 +57,7 @@ class ValidationReport:
     checks: list[Check] = field(default_factory=list)
 
     rtol: float = FP32_RTOL
+    notes: list[str] = field(default_factory=list)
 
     @property
     def passed(self) -> bool:
@@ -71,6 +74,10 @@ class ValidationReport:
             agree = "same" if c.argmax_agree else "differ"
             lines.append(f"{c.name:<8} {c.tokens:>3} {c.logits_diff:>14.2e} {c.hidden_diff:>14.2e} "
                          f"{c.excess:>6.2f} {agree:>7}  {'yes' if c.passed() else 'NO'}")
+        if any(c.name == "heads" for c in self.checks):
+            lines.append("heads: the heads graph's top-k probabilities vs torch (in the logits column); "
+                         "ids compared where ranks are not tied")
+        lines += self.notes
         lines.append(f"tolerance |Δ| <= {self.tolerance:.0e} + {self.rtol:.0e}·|ref| (fp32): "
                      f"{'PASS' if self.passed else 'FAIL'}; max |Δ logits| = {self.max_logits_diff:.2e}")
         return "\n".join(lines)
@@ -110,9 +117,10 @@ def _check(name, report, out_logits, out_hidden, ref_logits, ref_hidden) -> Chec
 
 
 def validate(artifact: Path, hf_model, prompt_ids: list[int], *, tolerance: float = FP32_TOLERANCE,
-             threads: int = 2) -> ValidationReport:
+             threads: int = 2, heads: MedusaHeads | None = None) -> ValidationReport:
     ref = HFReference(hf_model)
-    backend = OrtBackend(DecoderSession(artifact, SessionConfig(threads=threads)))
+    session = DecoderSession(artifact, SessionConfig(threads=threads))
+    backend = OrtBackend(session)
     report = ValidationReport(tolerance=tolerance)
     seq = list(prompt_ids)
 
@@ -120,6 +128,8 @@ def validate(artifact: Path, hf_model, prompt_ids: list[int], *, tolerance: floa
     out = backend.forward(seq, tree.chain(len(seq)))
     backend.commit(list(range(len(seq))))
     report.checks.append(_check("prefill", report, out.logits, out.hidden_states, *ref.run(seq)))
+    if heads is not None:
+        report.checks.append(check_heads(session, heads, out.hidden_states, report))
 
     # decode: T=1 steps feeding the greedy token
     token = int(out.next_token_ids[-1])
@@ -152,6 +162,22 @@ def validate(artifact: Path, hf_model, prompt_ids: list[int], *, tolerance: floa
     return report
 
 
+def check_heads(session: DecoderSession, heads: MedusaHeads, hidden: np.ndarray, report: ValidationReport) -> Check:
+    """The heads graph (ORT) against the torch heads on real hidden states [P, h]: probabilities
+    within tolerance; ids equal wherever the next-ranked probability is not within tolerance (ties)."""
+    drafter = OrtDrafter(session.artifact, session.manifest, session.config)
+    ids, probs = drafter.run(hidden)  # [P, K, k]
+    with torch.no_grad():
+        ref_ids, ref_probs = heads.top_k(torch.from_numpy(hidden), drafter.top_k)
+    ref_ids, ref_probs = ref_ids.numpy(), ref_probs.numpy()
+    atol, rtol = report.tolerance, report.rtol
+    step = ref_probs[..., :-1] - ref_probs[..., 1:]  # [P, K, k-1] gap between neighbouring ranks
+    edge = np.full(step[..., :1].shape, np.inf)
+    clear = np.minimum(np.concatenate([step, edge], -1), np.concatenate([edge, step], -1)) > atol
+    return Check(name="heads", tokens=len(hidden), logits_diff=_diff(probs, ref_probs), hidden_diff=0.0,
+                 excess=_excess(probs, ref_probs, atol, rtol), argmax_agree=bool((ids == ref_ids)[clear].all()))
+
+
 def tree_tokens(ref: HFReference, seq: list[int], parents: list[int]) -> list[int]:
     """Plausible tokens for each node: the k-th best continuation of its parent's path (k = sibling rank)."""
     tokens: list[int] = []
@@ -182,7 +208,11 @@ def validate_artifact(artifact: Path, *, model: str | None = None, threads: int 
         )
     hf_model, tokenizer = load_hf(resolved.hf_folder)
     prompt_ids = chat_prompt_ids(tokenizer, VALIDATION_PROMPT)
-    return validate(artifact, hf_model, prompt_ids, tolerance=tolerance, threads=threads)
+    heads = None
+    if manifest.heads is not None:
+        heads = load_any_heads(Path(manifest.heads.source), hf_model.lm_head.weight.detach().t().contiguous(),
+                           base_sha256=resolved.sha256)
+    return validate(artifact, hf_model, prompt_ids, tolerance=tolerance, threads=threads, heads=heads)
 
 
 def chat_prompt_ids(tokenizer, text: str) -> list[int]:

@@ -1,4 +1,5 @@
 """`specmemo bench step`: ms per decoder step for T new tokens, interleaved with a peer, in rounds.
+When the artifact has Medusa heads, the heads graph (one call per speculative step) gets a row too.
 
 The machine's speed drifts by ±20% within seconds, and the first step after switching engines is
 ~2x slow (cold state), so each round runs a short burst per (engine, T): our decoder on the same
@@ -21,6 +22,7 @@ import numpy as np
 
 from specmemo.runtime import tree
 from specmemo.runtime.backend import OrtBackend
+from specmemo.runtime.drafter import OrtDrafter
 from specmemo.runtime.session import DecoderSession, SessionConfig
 
 DEFAULT_TREE_SIZES = (1, 2, 4, 8, 16, 32)
@@ -63,9 +65,9 @@ def _median_ms(times: list[float]) -> float:
     return 1e3 * statistics.median(times[WARMUP:])
 
 
-def _timed_forward(backend: OrtBackend, tokens: list[int]) -> float:
+def _timed(call, *args) -> float:
     started = time.perf_counter()
-    backend.forward(tokens, tree.chain(len(tokens)))
+    call(*args)
     return time.perf_counter() - started
 
 
@@ -85,12 +87,18 @@ def run_step_bench(config: StepBenchConfig, *, log=print) -> dict:
         peer = GenAIEngine(config.genai_dir, threads=config.threads)
 
     rows = {t: Row("specmemo", t) for t in config.tree_sizes}
+    drafter = OrtDrafter(config.artifact, session.manifest, session.config) if session.manifest.heads else None
+    heads_row = Row("medusa-heads", 1)  # T here: one hidden row in, [K, k] guesses out
     peer_row = Row("onnxruntime-genai", 1)
     for round_index in range(config.rounds):
         for t in config.tree_sizes:
             tokens = rng.integers(0, vocab, t).tolist()
-            burst = [_timed_forward(backend, tokens) for _ in range(config.steps_per_round)]
+            burst = [_timed(backend.forward, tokens, tree.chain(t)) for _ in range(config.steps_per_round)]
             rows[t].round_medians_ms.append(_median_ms(burst))
+        if drafter is not None:
+            hidden = rng.standard_normal(session.manifest.dims.hidden_size).astype(np.float32)
+            burst = [_timed(drafter.draft, hidden) for _ in range(config.steps_per_round)]
+            heads_row.round_medians_ms.append(_median_ms(burst))
         if peer is not None:
             generator = peer.start(prompt, config.steps_per_round)
             burst = [peer.timed_step(generator) for _ in range(config.steps_per_round)]
@@ -98,7 +106,8 @@ def run_step_bench(config: StepBenchConfig, *, log=print) -> dict:
         log(f"round {round_index + 1}/{config.rounds}: T=1 {rows[config.tree_sizes[0]].round_medians_ms[-1]:.2f} ms"
             + (f", genai {peer_row.round_medians_ms[-1]:.2f} ms" if peer is not None else ""))
 
-    all_rows = list(rows.values()) + ([peer_row] if peer is not None else [])
+    all_rows = (list(rows.values()) + ([heads_row] if drafter is not None else [])
+                + ([peer_row] if peer is not None else []))
     base = rows[config.tree_sizes[0]].median_ms
     result = {
         "benchmark": "step",

@@ -80,6 +80,33 @@ class TokenizerInfo:
 
 
 @dataclass(frozen=True)
+class HeadsInfo:
+    """The Medusa heads graph: hidden [B, h] → top-k ids and probabilities [B, K, k] per head."""
+
+    file: str
+    data_file: str
+    hidden: str  # input name
+    token_ids: str  # output [B, K, k] int64
+    probs: str  # output [B, K, k]
+    num_heads: int  # K
+    top_k: int  # k
+    mode: str  # shared | own | subvocab
+    subvocab_size: int
+    shares_decoder_lm_head: bool  # the LM-head initializer points into the decoder's data file
+    tree: tuple[tuple[int, ...], ...]  # Medusa choices; every prefix is a valid tree (pruning = prefix)
+    accuracy: tuple[tuple[float, ...], ...] = ()  # [K][k] cumulative top-1..top-k accuracy (eval-heads)
+    source: str = ""  # where the heads came from
+
+    def __post_init__(self) -> None:
+        if self.num_heads < 1 or self.top_k < 1:
+            raise ManifestError(f"heads: num_heads and top_k must be >= 1, got {self.num_heads}, {self.top_k}")
+        for choice in self.tree:
+            if len(choice) > self.num_heads or max(choice) >= self.top_k:
+                raise ManifestError(f"heads.tree: choice {list(choice)} needs more than {self.num_heads} heads "
+                                    f"or rank >= top_k {self.top_k}: re-export the artifact")
+
+
+@dataclass(frozen=True)
 class Manifest:
     format_version: int
     specmemo_version: str
@@ -93,6 +120,7 @@ class Manifest:
     decoder_data_file: str
     io: DecoderIO
     tokenizer: TokenizerInfo
+    heads: HeadsInfo | None = None  # None: exported without Medusa heads (plain decoding only)
 
     def __post_init__(self) -> None:
         if self.format_version != FORMAT_VERSION:
@@ -129,11 +157,13 @@ def _build(cls: type, data: Any, where: str) -> Any:
         raise ManifestError(f"{where}: {err}") from None
 
 
-_NESTED = {"ModelDims": ModelDims, "DecoderIO": DecoderIO, "TokenizerInfo": TokenizerInfo}
+_NESTED = {"ModelDims": ModelDims, "DecoderIO": DecoderIO, "TokenizerInfo": TokenizerInfo, "HeadsInfo": HeadsInfo}
 
 
 def _convert(type_name: Any, value: Any, where: str) -> Any:
     type_name = str(type_name)
+    if type_name.endswith(" | None"):
+        return None if value is None else _convert(type_name.removesuffix(" | None"), value, where)
     if type_name in _NESTED:
         return _build(_NESTED[type_name], value, where)
     if type_name.startswith("tuple[TensorSpec"):
@@ -142,6 +172,8 @@ def _convert(type_name: Any, value: Any, where: str) -> Any:
         )
     if type_name.startswith("tuple[tuple[str, str]"):
         return tuple((str(a), str(b)) for a, b in _list(value, where))
+    if type_name.startswith("tuple[tuple["):
+        return tuple(tuple(_list(v, where)) for v in _list(value, where))
     if type_name.startswith("tuple"):
         return tuple(_list(value, where))
     return value
@@ -170,7 +202,10 @@ def load_manifest(artifact: str | Path) -> Manifest:
     except json.JSONDecodeError as err:
         raise ManifestError(f"{path} is not valid JSON ({err.msg} at line {err.lineno}): re-export the artifact") from None
     manifest = manifest_from_dict(data)
-    for name in (manifest.decoder_file, manifest.decoder_data_file, manifest.tokenizer.file):
+    files = [manifest.decoder_file, manifest.decoder_data_file, manifest.tokenizer.file]
+    if manifest.heads is not None:
+        files += [manifest.heads.file, manifest.heads.data_file]
+    for name in files:
         if not (folder / name).is_file():
             raise ManifestError(f"{folder / name} named by the manifest is missing: re-export the artifact")
     return manifest

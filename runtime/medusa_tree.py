@@ -9,6 +9,8 @@ tree to T nodes is taking the first T. (Medusa sorts choices by (length, ranks),
 
 from __future__ import annotations
 
+import heapq
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from specmemo.runtime import tree
@@ -75,3 +77,50 @@ class MedusaTree:
         parents = self.parents()
         inner = set(parents)
         return [tree.path_to(parents, node) for node in range(self.size) if node not in inner]
+
+
+def path_probability(choice: Choice, rank_accuracy: Sequence[Sequence[float]]) -> float:
+    """P(every node on the path is right), heads taken as independent: prod over depth d of
+    rank_accuracy[d][choice[d]], the chance that head d's rank-r guess is the true token."""
+    p = 1.0
+    for depth, rank in enumerate(choice):
+        p *= rank_accuracy[depth][rank]
+    return p
+
+
+def expected_accepted(medusa: MedusaTree, rank_accuracy: Sequence[Sequence[float]]) -> float:
+    """Expected tokens per verify step: 1 (the root's bonus) + sum of path probabilities.
+    Sibling guesses are distinct tokens, so at most one path per depth can be right."""
+    return 1.0 + sum(path_probability(c, rank_accuracy) for c in medusa.choices)
+
+
+def grow_tree(rank_accuracy: Sequence[Sequence[float]], max_nodes: int) -> MedusaTree:
+    """Greedy expected-acceptance growth: start from the root and repeatedly add the frontier node
+    with the highest path probability, until `max_nodes` nodes (root included).
+
+    rank_accuracy [K][k]: per head (depth), per rank, the chance that guess is right. A child's
+    probability never exceeds its parent's, and children join the frontier only once their parent
+    is in, so nodes come out parents-first: every prefix of the result is itself the greedy tree
+    of that size. Depth never exceeds K."""
+    if max_nodes < 1:
+        raise ValueError(f"max_nodes must be >= 1, got {max_nodes}")
+    heads = len(rank_accuracy)
+    frontier: list[tuple[float, int, Choice]] = []
+    order = 0
+
+    def offer(choice: Choice) -> None:
+        nonlocal order
+        heapq.heappush(frontier, (-path_probability(choice, rank_accuracy), order, choice))
+        order += 1
+
+    if heads:
+        for rank in range(len(rank_accuracy[0])):
+            offer((rank,))
+    chosen: list[Choice] = []
+    while frontier and len(chosen) < max_nodes - 1:
+        _, _, choice = heapq.heappop(frontier)
+        chosen.append(choice)
+        if len(choice) < heads:
+            for rank in range(len(rank_accuracy[len(choice)])):
+                offer(choice + (rank,))
+    return MedusaTree(tuple(chosen))

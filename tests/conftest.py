@@ -89,9 +89,13 @@ def tiny_llama(tmp_path_factory) -> Path:
     return export_tiny(tiny_config("LlamaForCausalLM"), tmp_path_factory.mktemp("llama"))
 
 
-def export_tiny(config, root: Path, capacity: int = 64) -> Path:
+def export_tiny(config, root: Path, capacity: int = 64, **options) -> Path:
+    """Export root/hf (saved from `config` unless already there) into root/artifact."""
     from specmemo.export.artifact import ExportOptions, export_artifact
 
-    folder = save_tiny_model(config, root / "hf")
-    export_artifact(ExportOptions(model=str(folder), out=root / "artifact", capacity=capacity), log=lambda *_: None)
+    folder = root / "hf"
+    if not (folder / "config.json").is_file():
+        save_tiny_model(config, folder)
+    export_artifact(ExportOptions(model=str(folder), out=root / "artifact", capacity=capacity, **options),
+                    log=lambda *_: None)
     return root / "artifact"

@@ -1,0 +1,386 @@
+"""`specmemo train-heads`: Medusa heads by self-distillation from the frozen base model.
+
+Two phases, each with a progress bar:
+  1. cache – run the base model once over the training conversations (chat template applied,
+     truncated to `max_len` tokens) and keep, per position p: the final hidden state [h] and the
+     base model's top-`TEACHER_TOP` next-token distribution. Cached on disk, keyed by model + data.
+  2. train – head k (from 0) at position t learns the base model's distribution at position
+     t + k + 1 (the token k + 2 places ahead), on positions whose target token is an assistant
+     token. Loss: `kl` to the base's (top-20, renormalised) distribution, or `ce` on its argmax.
+Only the heads' residual blocks (and own projections) train; the base model never changes.
+Deterministic for a seed; checkpoints every `checkpoint_every` steps and resumes from them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import time
+from dataclasses import asdict, dataclass, replace
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from tqdm.auto import tqdm
+
+from specmemo.errors import ConfigError
+from specmemo.export.heads_card import write_card
+from specmemo.export.heads import HeadsSpec, MedusaHeads, ProjectionMode, save_heads
+from specmemo.export.load import cache_root, stop_token_ids
+
+TEACHER_TOP = 20  # teacher distribution kept per position: top-20 carries nearly all of a small model's mass
+CHECKPOINT_FILE = "checkpoint.pt"
+
+
+class Loss(str, Enum):
+    KL = "kl"
+    CE = "ce"
+
+
+class Replies(str, Enum):
+    DATASET = "dataset"  # teacher-forced over the dataset's own assistant turns
+    SELF = "self"  # the base model's greedy replies to the conversations' first user turns
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    num_heads: int = 3  # K
+    num_layers: int = 2
+    mode: ProjectionMode = ProjectionMode.SHARED
+    subvocab_size: int = 0
+    loss: Loss = Loss.KL
+    replies: Replies = Replies.DATASET
+    conversations: int = 1000  # the first N usable ShareGPT conversations
+    max_len: int = 512  # tokens per conversation (truncated)
+    reply_tokens: int = 192  # new tokens per self-generated reply
+    epochs: float = 1.25
+    batch_rows: int = 128  # positions per optimizer step
+    lr: float = 3e-3  # best of 1e-3, 3e-3, 1e-2 in a 1-epoch sweep (README)
+    warmup_steps: int = 40
+    seed: int = 0
+    threads: int = 2
+    device: str = "cpu"
+    checkpoint_every: int = 100
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "mode", ProjectionMode(self.mode))
+        object.__setattr__(self, "loss", Loss(self.loss))
+        object.__setattr__(self, "replies", Replies(self.replies))
+        if self.mode is ProjectionMode.SUBVOCAB and self.subvocab_size < 1:
+            raise ConfigError("--mode subvocab needs --subvocab-size N (e.g. 8192)")
+        for name in ("num_heads", "num_layers", "conversations", "batch_rows", "threads"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"--{name.replace('_', '-')} must be >= 1")
+        if self.max_len < self.num_heads + 2:
+            raise ConfigError(f"--max-len must exceed the number of heads + 1, got {self.max_len}")
+        if self.epochs <= 0 or self.lr <= 0:
+            raise ConfigError("--epochs and --lr must be positive")
+        if self.device not in ("cpu", "cuda"):
+            raise ConfigError(f"--device must be cpu or cuda, got {self.device!r}")
+        if self.device == "cuda" and not torch.cuda.is_available():
+            raise ConfigError("--device cuda: no CUDA device is visible to torch; use --device cpu")
+
+
+# ---- phase 1: tokenise and cache the teacher ------------------------------------------------------
+
+@dataclass
+class Example:
+    ids: list[int]  # the conversation, chat template applied, truncated
+    target: list[bool]  # [len(ids)] token i is an assistant token (a position worth predicting)
+
+
+def tokenize_conversation(tokenizer: Any, messages: list[dict[str, str]], max_len: int) -> Example | None:
+    """Chat-template a conversation and mark its assistant tokens.
+
+    Assistant turn i spans [len(render(msgs[:i], generation prompt)), len(render(msgs[:i+1]))).
+    Conversations whose template is not prefix-stable under tokenisation are skipped (None)."""
+    def encode(msgs, prompt):
+        return list(tokenizer.apply_chat_template(msgs, tokenize=True, add_generation_prompt=prompt,
+                                                  return_dict=False))
+
+    ids = encode(messages, False)
+    target = [False] * len(ids)
+    for i, message in enumerate(messages):
+        if message["role"] != "assistant":
+            continue
+        start, end = len(encode(messages[:i], True)), len(encode(messages[: i + 1], False))
+        if ids[:end] != encode(messages[: i + 1], False) or start > end:
+            return None
+        target[start:end] = [True] * (end - start)
+        if end >= max_len:
+            break
+    ids, target = ids[:max_len], target[:max_len]
+    return Example(ids, target) if any(target[1:]) else None
+
+
+@torch.no_grad()
+def self_replies(hf_model: Any, tokenizer: Any, prompts: list[str], config: TrainConfig, *,
+                 batch_size: int = 16) -> list[Example]:
+    """The base model's own greedy replies (self-distillation data): one chat turn per prompt,
+    batched with left padding; prompts longer than half of max_len are skipped."""
+    encoded = []
+    for text in prompts:
+        ids = list(tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=True,
+                                                 add_generation_prompt=True, return_dict=False))
+        if len(ids) <= config.max_len // 2:
+            encoded.append(ids)
+    encoded.sort(key=len)  # similar lengths per batch: little padding
+    stop = set(stop_token_ids(tokenizer, hf_model.generation_config))
+    pad = next(iter(sorted(stop))) if tokenizer.pad_token_id is None else tokenizer.pad_token_id
+    examples = []
+    for start in tqdm(range(0, len(encoded), batch_size), desc="self replies", unit="batch", dynamic_ncols=True):
+        batch = encoded[start:start + batch_size]
+        width = max(len(ids) for ids in batch)
+        input_ids = torch.tensor([[pad] * (width - len(ids)) + ids for ids in batch], device=config.device)
+        mask = torch.tensor([[0] * (width - len(ids)) + [1] * len(ids) for ids in batch], device=config.device)
+        out = hf_model.generate(input_ids=input_ids, attention_mask=mask, do_sample=False, pad_token_id=pad,
+                                max_new_tokens=min(config.reply_tokens, config.max_len - width))
+        for ids, row in zip(batch, out[:, width:].tolist()):
+            reply = []
+            for token in row:
+                reply.append(token)
+                if token in stop:
+                    break
+            examples.append(Example(ids + reply, [False] * len(ids) + [True] * len(reply)))
+    return examples
+
+
+@dataclass
+class TeacherCache:
+    """Everything training needs from the base model; P = positions over all conversations."""
+
+    hidden: np.ndarray  # [P, h] float32, final (post-norm) hidden state
+    top_ids: np.ndarray  # [P, TEACHER_TOP] int32, base next-token candidates, best first
+    top_probs: np.ndarray  # [P, TEACHER_TOP] float32
+    target: np.ndarray  # [P] bool, the next token (p + 1) is an assistant token
+    starts: np.ndarray  # [E + 1] int64, conversation e spans positions [starts[e], starts[e + 1])
+
+    def save(self, path: Path) -> None:
+        tmp = path.with_suffix(".tmp.npz")
+        np.savez(tmp, **asdict(self))
+        tmp.rename(path)
+
+    @classmethod
+    def load(cls, path: Path) -> TeacherCache:
+        with np.load(path) as data:
+            return cls(**{name: data[name] for name in data.files})
+
+    @property
+    def positions(self) -> int:
+        return len(self.target)
+
+
+@torch.no_grad()
+def build_teacher_cache(hf_model: Any, examples: list[Example], *, device: str = "cpu") -> TeacherCache:
+    lm_head_t = hf_model.lm_head.weight.t()  # [h, V]
+    hidden, top_ids, top_probs, target, starts = [], [], [], [], [0]
+    tokens = sum(len(e.ids) for e in examples)
+    with tqdm(total=tokens, desc="cache teacher", unit="tok", dynamic_ncols=True) as bar:
+        for example in examples:
+            ids = torch.tensor([example.ids], device=device)
+            h = hf_model.model(input_ids=ids).last_hidden_state[0]  # [T, h], after the final norm
+            probs, top = torch.softmax(h @ lm_head_t, dim=-1).topk(TEACHER_TOP, dim=-1)  # [T, 20]
+            hidden.append(h.float().cpu().numpy())
+            top_ids.append(top.int().cpu().numpy())
+            top_probs.append(probs.float().cpu().numpy())
+            target.append(np.array(example.target[1:] + [False]))  # position p predicts token p + 1
+            starts.append(starts[-1] + len(example.ids))
+            bar.update(len(example.ids))
+    return TeacherCache(np.concatenate(hidden), np.concatenate(top_ids), np.concatenate(top_probs),
+                        np.concatenate(target), np.array(starts, dtype=np.int64))
+
+
+def head_rows(cache: TeacherCache, num_heads: int) -> tuple[np.ndarray, np.ndarray]:
+    """(rows [R], valid [R, K]): positions t with at least one head whose target t + k + 1 is a
+    teacher position inside the same conversation whose next token is an assistant token."""
+    conversation_end = np.repeat(cache.starts[1:], np.diff(cache.starts))  # [P] end of t's conversation
+    t = np.arange(cache.positions)
+    valid = np.zeros((cache.positions, num_heads), dtype=bool)
+    for k in range(num_heads):
+        teacher = t + k + 1
+        inside = teacher < conversation_end
+        valid[inside, k] = cache.target[teacher[inside]]
+    rows = np.flatnonzero(valid.any(axis=1))
+    return rows, valid[rows]
+
+
+def frequent_tokens(cache: TeacherCache, size: int) -> torch.Tensor:
+    """[N] the N token ids the base model predicts most often on assistant positions (FR-Spec ranking)."""
+    counts = np.bincount(cache.top_ids[cache.target, 0], minlength=size)
+    order = np.lexsort((np.arange(len(counts)), -counts))  # by count, then by id
+    return torch.from_numpy(np.sort(order[:size])).long()
+
+
+# ---- phase 2: train ----------------------------------------------------------------------------
+
+def targets(cache: TeacherCache, rows: np.ndarray, k: int, loss: Loss, inverse: torch.Tensor | None):
+    """Teacher for head k on `rows`: (ids [R, M] into the heads' projection, probs [R, M])."""
+    teacher = np.minimum(rows + k + 1, cache.positions - 1)
+    ids = torch.from_numpy(cache.top_ids[teacher].astype(np.int64))
+    probs = torch.from_numpy(cache.top_probs[teacher])
+    if loss is Loss.CE:
+        ids, probs = ids[:, :1], torch.ones(len(rows), 1)
+    if inverse is not None:  # subvocab: tokens outside the N get no mass
+        ids = inverse[ids]
+        probs = probs * (ids >= 0)
+        ids = ids.clamp(min=0)
+    return ids, probs / probs.sum(-1, keepdim=True).clamp(min=1e-9)
+
+
+def batch_loss(heads: MedusaHeads, cache: TeacherCache, rows: np.ndarray, valid: np.ndarray, config: TrainConfig,
+               inverse: torch.Tensor | None) -> tuple[torch.Tensor, list[float]]:
+    """Mean over heads of KL(teacher || head); also each head's top-1 agreement with the teacher."""
+    device = heads.lm_head_t.device
+    logits = heads(torch.from_numpy(cache.hidden[rows]).to(device))  # [R, K, V']
+    log_probs = torch.log_softmax(logits, dim=-1)
+    total, agreement = 0.0, []
+    for k in range(config.num_heads):
+        mask = torch.from_numpy(valid[:, k]).to(device)
+        ids, probs = targets(cache, rows, k, config.loss, inverse)
+        ids, probs = ids.to(device), probs.to(device)
+        # KL(teacher || head) over the teacher's kept tokens (for ce, one-hot: plain cross-entropy)
+        per_row = (probs * (torch.log(probs.clamp(min=1e-12)) - log_probs[:, k].gather(-1, ids))).sum(-1)  # [R]
+        total = total + (per_row * mask).sum() / mask.sum().clamp(min=1)
+        hit = (log_probs[:, k].argmax(-1) == ids[:, 0]) & mask & (probs[:, 0] > 0)
+        agreement.append(float(hit.sum()) / max(int(mask.sum()), 1))
+    return total / config.num_heads, agreement
+
+
+def learning_rate(step: int, total: int, config: TrainConfig) -> float:
+    """Linear warm-up, then cosine decay to 10%."""
+    if step < config.warmup_steps:
+        return config.lr * (step + 1) / config.warmup_steps
+    progress = (step - config.warmup_steps) / max(total - config.warmup_steps, 1)
+    return config.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0))))
+
+
+def train_loop(heads: MedusaHeads, cache: TeacherCache, config: TrainConfig, out: Path,
+               *, log=print) -> dict[str, Any]:
+    rows, valid = head_rows(cache, config.num_heads)
+    per_epoch = math.ceil(len(rows) / config.batch_rows)
+    total_steps = max(1, int(per_epoch * config.epochs))
+    inverse = None
+    if heads.token_map is not None:
+        inverse = torch.full((heads.spec.vocab_size,), -1, dtype=torch.long)
+        inverse[heads.token_map.cpu()] = torch.arange(len(heads.token_map))
+    params = [p for p in heads.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=0.0)
+    step, history = 0, []
+    checkpoint = out / CHECKPOINT_FILE
+    if checkpoint.is_file():
+        state = torch.load(checkpoint, map_location=heads.lm_head_t.device, weights_only=True)
+        if state["config"] != _config_key(config):
+            raise ConfigError(f"{checkpoint} was written by a different training configuration: "
+                              f"use another --out or delete the checkpoint")
+        heads.load_state_dict(state["heads"], strict=False)
+        optimizer.load_state_dict(state["optimizer"])
+        step, history = int(state["step"]), list(state["history"])
+        log(f"resuming from {checkpoint} at step {step}/{total_steps}")
+    log(f"training {config.num_heads} heads ({heads.spec.mode.value}, loss {config.loss.value}) on "
+        f"{len(rows):,} positions x {config.epochs:g} epochs = {total_steps} steps of {config.batch_rows}")
+    window: list[tuple[float, list[float]]] = []
+    bar = tqdm(total=total_steps, initial=step, desc="train heads", unit="step", dynamic_ncols=True)
+    while step < total_steps:
+        epoch, offset = divmod(step, per_epoch)
+        order = torch.randperm(len(rows), generator=torch.Generator().manual_seed(config.seed + epoch)).numpy()
+        pick = order[offset * config.batch_rows:(offset + 1) * config.batch_rows]
+        for group in optimizer.param_groups:
+            group["lr"] = learning_rate(step, total_steps, config)
+        loss, agreement = batch_loss(heads, cache, rows[pick], valid[pick], config, inverse)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        optimizer.step()
+        step += 1
+        window = (window + [(loss.item(), agreement)])[-50:]
+        mean_loss = sum(w[0] for w in window) / len(window)
+        mean_top1 = [sum(w[1][k] for w in window) / len(window) for k in range(config.num_heads)]
+        bar.set_postfix(loss=f"{mean_loss:.3f}", top1="/".join(f"{a:.2f}" for a in mean_top1))
+        bar.update(1)
+        history.append(window[-1][0])
+        if step % config.checkpoint_every == 0 or step == total_steps:
+            _save_checkpoint(checkpoint, heads, optimizer, step, history, config)
+    bar.close()
+    return {"steps": total_steps, "positions": int(len(rows)), "loss_first": history[0] if history else None,
+            "loss_last50": float(np.mean(history[-50:])) if history else None,
+            "train_top1_last50": [round(a, 4) for a in mean_top1] if window else []}
+
+
+def _config_key(config: TrainConfig) -> str:
+    data = asdict(config)
+    data.update(mode=config.mode.value, loss=config.loss.value, replies=config.replies.value)
+    for volatile in ("threads", "device", "checkpoint_every"):
+        data.pop(volatile)
+    return json.dumps(data, sort_keys=True)
+
+
+def _save_checkpoint(path: Path, heads: MedusaHeads, optimizer, step: int, history: list[float],
+                     config: TrainConfig) -> None:
+    tmp = path.with_suffix(".tmp")
+    trainable = {name: t for name, t in heads.state_dict().items() if name != "token_map"}
+    torch.save({"heads": trainable, "optimizer": optimizer.state_dict(), "step": step,
+                "history": history, "config": _config_key(config)}, tmp)
+    tmp.rename(path)
+
+
+# ---- the whole job ------------------------------------------------------------------------------
+
+def train_heads(*, hf_model: Any, tokenizer: Any, conversations: list[list[dict[str, str]]], config: TrainConfig,
+                out: Path, base_sha256: str = "", cache_key: str | None = None, card: dict | None = None,
+                log=print) -> HeadsSpec:
+    """Train heads for `hf_model` and save them (heads.safetensors + heads.json) into `out`."""
+    torch.manual_seed(config.seed)
+    torch.set_num_threads(config.threads)
+    started = time.perf_counter()
+    hf_model = hf_model.to(config.device)
+    cache = _teacher(hf_model, tokenizer, conversations, config, cache_key, log)
+    lm_head_t = hf_model.lm_head.weight.detach().t()  # [h, V]
+    hidden, vocab = lm_head_t.shape
+    spec = HeadsSpec(hidden_size=hidden, vocab_size=vocab, num_heads=config.num_heads,
+                     num_layers=config.num_layers, mode=config.mode,
+                     subvocab_size=config.subvocab_size if config.mode is ProjectionMode.SUBVOCAB else 0,
+                     base_sha256=base_sha256)
+    token_map = frequent_tokens(cache, config.subvocab_size) if config.mode is ProjectionMode.SUBVOCAB else None
+    heads = MedusaHeads(spec, lm_head_t, token_map).to(config.device)
+    out.mkdir(parents=True, exist_ok=True)
+    summary = train_loop(heads, cache, config, out, log=log)
+    summary.update(conversations=len(conversations), conversations_kept=len(cache.starts) - 1, tokens=int(cache.positions),
+                   minutes=round((time.perf_counter() - started) / 60, 1))
+    spec = replace(spec, card={**(card or {}), "train": {**_config_record(config), **summary}})
+    save_heads(heads.cpu(), out, spec)
+    write_card(spec, out)
+    log(f"wrote {out} ({summary['minutes']} min): loss {summary['loss_first']:.3f} → {summary['loss_last50']:.3f}")
+    return spec
+
+
+def _config_record(config: TrainConfig) -> dict:
+    return json.loads(_config_key(config))
+
+
+def _teacher(hf_model, tokenizer, conversations, config: TrainConfig, cache_key: str | None, log) -> TeacherCache:
+    path = None
+    if cache_key is not None:
+        key = f"{cache_key}|{config.conversations}|{config.max_len}|{TEACHER_TOP}|{config.replies.value}"
+        if config.replies is Replies.SELF:
+            key += f"|{config.reply_tokens}"
+        path = cache_root() / "teacher" / f"{hashlib.sha256(key.encode()).hexdigest()[:16]}.npz"
+        if path.is_file():
+            log(f"teacher cache: {path}")
+            return TeacherCache.load(path)
+    if config.replies is Replies.SELF:
+        examples = self_replies(hf_model, tokenizer, [m[0]["content"] for m in conversations], config)
+    else:
+        examples = [e for e in (tokenize_conversation(tokenizer, m, config.max_len) for m in conversations) if e]
+    if not examples:
+        raise ConfigError("no usable conversations: each needs at least one assistant turn after templating")
+    log(f"{len(examples)} conversations, {sum(len(e.ids) for e in examples):,} tokens "
+        f"({sum(sum(e.target) for e in examples):,} assistant)")
+    cache = build_teacher_cache(hf_model, examples, device=config.device)
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        cache.save(path)
+    return cache

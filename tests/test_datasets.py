@@ -1,0 +1,42 @@
+"""The packaged datasets: MT-Bench questions and the truncated ShareGPT file."""
+
+import json
+
+import pytest
+
+from specmemo.runtime.datasets import DataError, load_questions, sharegpt_conversations
+
+
+def test_mtbench_has_80_two_turn_questions():
+    questions = load_questions()
+    assert len(questions) == 80
+    assert all(len(q.turns) == 2 for q in questions)
+    assert questions[0].question_id == 81
+
+
+def test_truncated_sharegpt_file_yields_only_complete_conversations(tmp_path):
+    items = [
+        {"id": "a", "conversations": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "hello"}]},
+        {"id": "b", "conversations": [{"from": "gpt", "value": "starts with the model"}]},  # refused
+        {"id": "c", "conversations": [{"from": "human", "value": "q"}, {"from": "gpt", "value": "a"},
+                                      {"from": "human", "value": "dangling"}]},  # trailing user turn dropped
+        {"id": "d", "conversations": [{"from": "human", "value": "cut"}, {"from": "gpt", "value": "off mid"}]},
+    ]
+    text = json.dumps(items, indent=2)
+    path = tmp_path / "sharegpt.json"
+    path.write_text(text[: text.index("off mid") + 3])  # the file ends inside the last conversation
+    got = list(sharegpt_conversations(path))
+    assert got == [[{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}],
+                   [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]]
+
+
+def test_packaged_sharegpt_parses_past_its_cut():
+    count = sum(1 for _ in sharegpt_conversations())
+    assert 10_000 < count < 20_000  # the file is cut off at 125.5 MB; all complete conversations are kept
+
+
+def test_malformed_question_file_is_one_line_error(tmp_path):
+    path = tmp_path / "q.jsonl"
+    path.write_text('{"question_id": 1, "turns": ["ok"]}\n{"question_id": 2}\n')
+    with pytest.raises(DataError, match=r"q.jsonl:2: expected a JSON object with a 'turns' list"):
+        load_questions(path)

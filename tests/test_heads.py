@@ -1,0 +1,287 @@
+"""Medusa heads on a tiny random model: formats, training, the heads graph against torch, and
+speculative decoding token-identical to greedy on both backends (ONNX Runtime and PyTorch)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from dataclasses import replace
+
+import numpy as np
+import pytest
+import torch
+from conftest import export_tiny, make_tokenizer, save_tiny_model, tiny_config
+from safetensors.torch import save_file
+from transformers import AutoModelForCausalLM
+
+from specmemo.export.heads import HeadsError, HeadsSpec, MedusaHeads, load_heads, load_medusa_checkpoint, save_heads
+from specmemo.export.reference import TorchBackend, TorchDrafter
+from specmemo.export.train_heads import TrainConfig, head_rows, train_heads
+from specmemo.runtime.backend import OrtBackend
+from specmemo.runtime.decode import generate, greedy_generate
+from specmemo.runtime.drafter import OrtDrafter
+from specmemo.runtime.medusa_tree import MedusaTree, grow_tree
+from specmemo.runtime.session import DecoderSession
+
+K, TOP_K = 3, 4
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """A tiny Llama (HF folder) and its LM head [h, V]."""
+    folder = save_tiny_model(tiny_config("LlamaForCausalLM"), tmp_path_factory.mktemp("tiny") / "hf")
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype="float32").eval()
+    return folder, model, model.lm_head.weight.detach().t().contiguous()
+
+
+def random_heads(lm_head_t, mode="shared", seed=0, **spec) -> MedusaHeads:
+    hidden, vocab = lm_head_t.shape
+    spec = HeadsSpec(hidden_size=hidden, vocab_size=vocab, num_heads=K, mode=mode, **spec)
+    token_map = torch.arange(0, vocab, 2)[: spec.subvocab_size] if mode == "subvocab" else None
+    heads = MedusaHeads(spec, lm_head_t, token_map)
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        for block in heads.blocks:
+            block[0].linear.weight.normal_(0, 0.3)
+            block[0].linear.bias.normal_(0, 0.3)
+    return heads
+
+
+def test_fresh_heads_are_the_base_lm_head(tiny):
+    """Blocks start at zero, so every head first predicts what the base model predicts next."""
+    _, model, lm_head_t = tiny
+    heads = MedusaHeads(HeadsSpec(hidden_size=lm_head_t.shape[0], vocab_size=lm_head_t.shape[1], num_heads=K), lm_head_t)
+    hidden = torch.randn(5, lm_head_t.shape[0])
+    logits = heads(hidden)  # [5, K, V]
+    for k in range(K):
+        torch.testing.assert_close(logits[:, k], hidden @ lm_head_t)
+
+
+@pytest.mark.parametrize("mode", ["shared", "own", "subvocab"])
+def test_save_load_roundtrip(tiny, tmp_path, mode):
+    _, _, lm_head_t = tiny
+    extra = {"subvocab_size": 64} if mode == "subvocab" else {}
+    heads = random_heads(lm_head_t, mode, **extra)
+    save_heads(heads, tmp_path)
+    loaded = load_heads(tmp_path, lm_head_t)
+    hidden = torch.randn(3, lm_head_t.shape[0])
+    torch.testing.assert_close(loaded(hidden), heads(hidden), rtol=0, atol=0)
+    files = {p.name: p.stat().st_size for p in tmp_path.iterdir()}
+    lm_bytes = lm_head_t.numel() * 4
+    assert (files["heads.safetensors"] > K * lm_bytes) == (mode == "own")  # shared/subvocab carry no h x V copy
+
+
+def test_heads_for_another_model_are_refused(tiny, tmp_path):
+    _, _, lm_head_t = tiny
+    save_heads(random_heads(lm_head_t), tmp_path)
+    with pytest.raises(HeadsError, match="base LM head .* expect"):
+        load_heads(tmp_path, torch.zeros(lm_head_t.shape[0], lm_head_t.shape[1] + 1))
+
+
+def write_medusa_checkpoint(folder, hidden, vocab, heads=2, layers=1, pickled=False):
+    """A FasterDecoding/Medusa checkpoint: config.json + medusa_lm_head.{safetensors,pt}."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps({"medusa_num_heads": heads, "medusa_num_layers": layers,
+                                                    "base_model_name_or_path": "some/llama"}))
+    state = {}
+    for k in range(heads):
+        for n in range(layers):
+            state[f"{k}.{n}.linear.weight"] = torch.randn(hidden, hidden) * 0.1
+            state[f"{k}.{n}.linear.bias"] = torch.randn(hidden) * 0.1
+        state[f"{k}.{layers}.weight"] = torch.randn(vocab, hidden) * 0.1
+    if pickled:
+        torch.save(state, folder / "medusa_lm_head.pt")
+    else:
+        save_file(state, str(folder / "medusa_lm_head.safetensors"))
+    return state
+
+
+@pytest.mark.parametrize("pickled", [False, True])
+def test_fasterdecoding_checkpoint_loads(tiny, tmp_path, pickled):
+    _, _, lm_head_t = tiny
+    hidden, vocab = lm_head_t.shape
+    state = write_medusa_checkpoint(tmp_path, hidden, vocab, pickled=pickled)
+    heads = load_medusa_checkpoint(tmp_path, lm_head_t)
+    x = torch.randn(2, hidden)
+    for k in range(2):  # Medusa's head: x + SiLU(W x + b), then its own LM head
+        block = x + torch.nn.functional.silu(x @ state[f"{k}.0.linear.weight"].t() + state[f"{k}.0.linear.bias"])
+        torch.testing.assert_close(heads(x)[:, k], block @ state[f"{k}.1.weight"].t())
+
+
+def test_fasterdecoding_checkpoint_with_wrong_dims_is_one_line_error(tiny, tmp_path):
+    folder, _, lm_head_t = tiny
+    hidden, vocab = lm_head_t.shape
+    write_medusa_checkpoint(tmp_path / "medusa", hidden, vocab + 7)
+    with pytest.raises(HeadsError, match=f"V={vocab}, h={hidden}: these heads belong to another base model"):
+        load_medusa_checkpoint(tmp_path / "medusa", lm_head_t)
+    # through the exporter's CLI: one line on stderr, exit 1, nothing written
+    out = tmp_path / "artifact"
+    run = subprocess.run([sys.executable, "-m", "specmemo.cli", "export", "--model", str(folder), "--out", str(out),
+                          "--heads", str(tmp_path / "medusa"), "--capacity", "64"], capture_output=True, text=True)
+    assert run.returncode == 1 and not out.exists()
+    last = run.stderr.strip().splitlines()[-1]  # (above it only transformers' weight-loading bar)
+    assert last.startswith("specmemo: error:") and last.endswith("another base model"), run.stderr
+    assert "Traceback" not in run.stderr
+
+
+def conversations(vocab: int, count: int = 12, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    words = lambda n: " ".join(f"w{i}" for i in rng.integers(5, vocab, n))  # noqa: E731
+    return [[{"role": "user", "content": words(6)}, {"role": "assistant", "content": words(20)},
+             {"role": "user", "content": words(4)}, {"role": "assistant", "content": words(15)}] for _ in range(count)]
+
+
+@pytest.mark.parametrize("loss", ["kl", "ce"])
+def test_training_reduces_the_loss(tiny, tmp_path, loss):
+    folder, model, _ = tiny
+    tokenizer = make_tokenizer(model.config.vocab_size)
+    config = TrainConfig(num_heads=K, loss=loss, conversations=12, max_len=64, epochs=6, batch_rows=32, lr=1e-2,
+                         warmup_steps=2, checkpoint_every=5)
+    spec = train_heads(hf_model=model, tokenizer=tokenizer, conversations=conversations(model.config.vocab_size),
+                       config=config, out=tmp_path, log=lambda *_: None)
+    train = spec.card["train"]
+    assert train["loss_last50"] < 0.9 * train["loss_first"], train
+    assert load_heads(tmp_path, model.lm_head.weight.detach().t()).spec.num_heads == K
+
+
+def test_training_resumes_from_its_checkpoint(tiny, tmp_path):
+    folder, model, _ = tiny
+    tokenizer = make_tokenizer(model.config.vocab_size)
+    data = conversations(model.config.vocab_size)
+    config = TrainConfig(num_heads=K, conversations=12, max_len=64, epochs=2, batch_rows=32, warmup_steps=2,
+                         checkpoint_every=1000)
+    whole = train_heads(hf_model=model, tokenizer=tokenizer, conversations=data, config=config, out=tmp_path / "a",
+                        log=lambda *_: None)
+    logs = []
+    resumed = train_heads(hf_model=model, tokenizer=tokenizer, conversations=data, config=config, out=tmp_path / "a",
+                          log=logs.append)  # the checkpoint is at the last step: nothing left to do
+    assert any("resuming" in line for line in logs)
+    assert resumed.card["train"]["loss_last50"] == whole.card["train"]["loss_last50"]
+
+
+def test_head_targets_stay_inside_each_conversation():
+    from specmemo.export.train_heads import TeacherCache
+
+    target = np.array([0, 1, 1, 1, 0, 0, 1, 1], dtype=bool)  # two conversations: [0, 4) and [4, 8)
+    cache = TeacherCache(np.zeros((8, 2), np.float32), np.zeros((8, 1), np.int32), np.ones((8, 1), np.float32),
+                         target, np.array([0, 4, 8]))
+    rows, valid = head_rows(cache, num_heads=2)  # head k at row t reads teacher position t + k + 1
+    assert dict(zip(rows.tolist(), valid.tolist())) == {
+        0: [True, True], 1: [True, True],
+        2: [True, False],  # head 1 would read position 4: the next conversation
+        4: [False, True],  # position 5's next token is not an assistant token
+        5: [True, True], 6: [True, False],
+    }  # rows 3 and 7 have no target left in their conversation
+
+
+# ---- the heads graph and speculative decoding ------------------------------------------------------
+
+@pytest.fixture(scope="module", params=["shared", "own", "subvocab"])
+def exported(request, tmp_path_factory):
+    """A tiny artifact exported with random heads (and a small grown tree) in each projection mode."""
+    root = tmp_path_factory.mktemp(f"heads-{request.param}")
+    config = tiny_config("LlamaForCausalLM")
+    folder = save_tiny_model(config, root / "hf")  # export_tiny reuses it
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype="float32").eval()
+    extra = {"subvocab_size": 96} if request.param == "subvocab" else {}
+    heads = random_heads(model.lm_head.weight.detach().t().contiguous(), request.param, **extra)
+    accuracy = [[0.6 * 0.5**d * 0.6**r for r in range(TOP_K)] for d in range(K)]
+    spec = replace(heads.spec, tree=grow_tree(accuracy, 12).choices)
+    save_heads(heads, root / "heads", spec)
+    artifact = export_tiny(config, root, heads=root / "heads", top_k=TOP_K)
+    return artifact, model, load_heads(root / "heads", model.lm_head.weight.detach().t().contiguous())
+
+
+def test_heads_graph_matches_torch(exported):
+    artifact, model, heads = exported
+    session = DecoderSession(artifact)
+    drafter = OrtDrafter(artifact, session.manifest)
+    hidden = torch.randn(6, heads.spec.hidden_size)
+    ids, probs = drafter.run(hidden.numpy())
+    ref_ids, ref_probs = heads.top_k(hidden, TOP_K)
+    np.testing.assert_allclose(probs, ref_probs.detach().numpy(), atol=1e-5)
+    assert np.array_equal(ids, ref_ids.numpy())
+    assert session.manifest.heads.tree == heads.spec.tree
+
+
+def test_shared_heads_graph_carries_no_second_lm_head(exported):
+    artifact, _, heads = exported
+    if heads.spec.mode.value != "shared":
+        pytest.skip("only shared heads reuse the decoder's LM head")
+    import onnx
+
+    graph = onnx.load(str(artifact / "heads.onnx"), load_external_data=False)
+    lm_head = [t for t in graph.graph.initializer if tuple(t.dims) == tuple(heads.lm_head_t.shape)]
+    assert len(lm_head) == 1
+    where = {e.key: e.value for e in lm_head[0].external_data}
+    assert where == {"location": "decoder.onnx.data", "offset": "0", "length": str(heads.lm_head_t.numel() * 4)}
+    block_bytes = sum(p.numel() * 4 for p in heads.blocks.parameters())
+    assert (artifact / "heads.onnx.data").stat().st_size <= block_bytes  # its own bytes: the blocks only
+
+
+class OracleDrafter:
+    """Drafts from a known greedy reply: rank `right[k]` of head k holds the true token, the other
+    ranks wrong ones, so long paths are accepted, often through non-first branches (row moves)."""
+
+    def __init__(self, backend, prompt_len, reply, vocab, seed=0):
+        self.backend, self.prompt_len, self.reply, self.vocab = backend, prompt_len, reply, vocab
+        self.rng, self.top_k = np.random.default_rng(seed), TOP_K
+
+    def draft(self, hidden):
+        p = self.backend.length - 1 - self.prompt_len  # reply index of the last committed token (-1: prompt end)
+        table = (self.rng.integers(5, self.vocab, (K, TOP_K)) + 1) % self.vocab
+        for k in range(K):
+            i = p + 2 + k
+            if i < len(self.reply) and self.rng.random() < 0.8:
+                table[k, self.rng.integers(0, 2)] = self.reply[i]
+        return table
+
+
+@pytest.mark.parametrize("backend_kind", ["ort", "torch"])
+def test_speculative_equals_greedy(exported, backend_kind):
+    artifact, model, heads = exported
+    session = DecoderSession(artifact)
+    medusa = MedusaTree.from_choices(session.manifest.heads.tree)
+    eos = set()
+    make = (lambda: OrtBackend(DecoderSession(artifact))) if backend_kind == "ort" else (lambda: TorchBackend(model, capacity=64))
+    for seed in range(3):
+        prompt = np.random.default_rng(seed).integers(5, model.config.vocab_size, 7).tolist()
+        greedy = greedy_generate(make(), prompt, max_new_tokens=40, eos_token_ids=eos).token_ids
+        backend = make()
+        oracle = OracleDrafter(backend, len(prompt), greedy, model.config.vocab_size, seed)
+        spec = generate(backend, prompt, max_new_tokens=40, eos_token_ids=eos, drafter=oracle, medusa=medusa)
+        assert spec.token_ids == greedy
+        assert spec.stats.mean_accepted > 1.5  # the oracle's paths really were accepted
+        real = TorchDrafter(heads, TOP_K) if backend_kind == "torch" else OrtDrafter(artifact, session.manifest)
+        assert generate(make(), prompt, max_new_tokens=40, eos_token_ids=eos, drafter=real,
+                        medusa=medusa).token_ids == greedy
+
+
+def test_capacity_end_prunes_the_tree_instead_of_failing(exported):
+    artifact, model, _ = exported
+    session = DecoderSession(artifact)
+    medusa = MedusaTree.from_choices(session.manifest.heads.tree)
+    prompt = list(range(5, 45))  # capacity 64: 24 rows left, the 12-node tree must shrink near the end
+    greedy = greedy_generate(OrtBackend(DecoderSession(artifact)), prompt, max_new_tokens=100, eos_token_ids=set())
+    backend = OrtBackend(DecoderSession(artifact))
+    oracle = OracleDrafter(backend, len(prompt), greedy.token_ids, model.config.vocab_size)
+    spec = generate(backend, prompt, max_new_tokens=100, eos_token_ids=set(), drafter=oracle, medusa=medusa)
+    assert spec.stats.finish_reason == greedy.stats.finish_reason == "capacity"
+    assert spec.token_ids == greedy.token_ids
+    assert min(spec.stats.tree_sizes) < medusa.size
+
+
+def test_training_is_deterministic_for_a_seed(tiny, tmp_path):
+    """The shipped heads' card gives a command; rerunning it must give the same weights."""
+    from safetensors.torch import load_file
+
+    folder, model, _ = tiny
+    tokenizer = make_tokenizer(model.config.vocab_size)
+    data = conversations(model.config.vocab_size, seed=4)
+    config = TrainConfig(num_heads=K, conversations=12, max_len=64, epochs=2, batch_rows=32, warmup_steps=2)
+    for run in ("a", "b"):
+        train_heads(hf_model=model, tokenizer=tokenizer, conversations=data, config=config, out=tmp_path / run,
+                    log=lambda *_: None)
+    a, b = (load_file(str(tmp_path / run / "heads.safetensors")) for run in ("a", "b"))
+    assert a.keys() == b.keys() and all(torch.equal(a[name], b[name]) for name in a)
