@@ -14,7 +14,7 @@ from specmemo.export.decoder import Decoder
 from specmemo.export.dims import dims_from_config
 from specmemo.export.heads import SPEC_FILE, HeadsError, MedusaHeads, load_any_heads
 from specmemo.export.heads_graph import export_heads_graph
-from specmemo.export.load import load_hf, resolve_model, stop_token_ids
+from specmemo.export.load import lm_head_t, load_hf, resolve_model, stop_token_ids
 from specmemo.export.trace import OPSET, export_decoder
 from specmemo.runtime import io_spec
 from specmemo.runtime.manifest import FORMAT_VERSION, Manifest, ModelDims, TokenizerInfo, save_manifest
@@ -115,8 +115,7 @@ def export_artifact(options: ExportOptions, *, log=print) -> Manifest:
 
 def checked_heads(options: ExportOptions, hf_model, base_sha256: str) -> MedusaHeads:
     """Heads for this base model with a tree from eval-heads, whose ranks the graph's top-k covers."""
-    lm_head_t = hf_model.lm_head.weight.detach().t().contiguous()  # [h, V], as the decoder stores it
-    heads = load_any_heads(options.heads, lm_head_t, base_sha256=base_sha256)
+    heads = load_any_heads(options.heads, lm_head_t(hf_model), base_sha256=base_sha256)
     if not heads.spec.tree:
         raise HeadsError(f"{options.heads} has no tree yet: run `specmemo eval-heads --heads {options.heads}` first")
     if any(max(choice) >= options.top_k for choice in heads.spec.tree):

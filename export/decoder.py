@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from specmemo.export import attention  # noqa: F401  (registers torch.ops.specmemo.group_query_attention)
+from specmemo.export.load import lm_head_t
 from specmemo.runtime.manifest import ModelDims
 
 
@@ -84,7 +85,7 @@ class Decoder(nn.Module):
         super().__init__()
         self.dims = dims
         inner = hf_model.model
-        self.lm_head_t = nn.Parameter(hf_model.lm_head.weight.detach().t().contiguous(), requires_grad=False)  # [h, V]
+        self.lm_head_t = nn.Parameter(lm_head_t(hf_model), requires_grad=False)  # [h, V]
         self.embed = None if dims.tie_word_embeddings else nn.Parameter(
             inner.embed_tokens.weight.detach().contiguous(), requires_grad=False
         )  # [V, h]

@@ -128,6 +128,8 @@ class MedusaHeads(nn.Module):
             if token_map is None or token_map.shape != (spec.subvocab_size,):
                 raise HeadsError(f"subvocab heads need a token_map of {spec.subvocab_size} ids")
             self.register_buffer("token_map", token_map.long())  # [N] sub-vocabulary index → token id
+            # [h, N] the base LM head's columns for those tokens, gathered once (not per call)
+            self.register_buffer("projection", lm_head_t.detach()[:, self.token_map].contiguous(), persistent=False)
         else:
             self.token_map = None
 
@@ -139,16 +141,18 @@ class MedusaHeads(nn.Module):
         if self.own is not None:
             return torch.einsum("...kh,kvh->...kv", drafts, self.own)  # [..., K, V]
         if self.token_map is not None:
-            return drafts @ self.lm_head_t[:, self.token_map]  # [..., K, N]
+            return drafts @ self.projection  # [..., K, N]
         return drafts @ self.lm_head_t  # [..., K, V]
 
     def top_k(self, hidden: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """hidden [..., h] → (token ids [..., K, k] int64, probabilities [..., K, k]), best first."""
-        probs = torch.softmax(self(hidden), dim=-1)
-        values, indices = probs.topk(k, dim=-1)
+        """hidden [..., h] → (token ids [..., K, k] int64, probabilities [..., K, k]), best first.
+        The heads graph is this function traced, so torch and ORT compute the same thing."""
+        logits = self(hidden)  # [..., K, V']
+        values, indices = logits.topk(k, dim=-1)
+        probs = torch.exp(values - torch.logsumexp(logits, dim=-1, keepdim=True))  # softmax at the top k only
         if self.token_map is not None:
             indices = self.token_map[indices]
-        return indices, values
+        return indices, probs
 
     def trainable_state(self) -> dict[str, torch.Tensor]:
         """What the heads own: blocks, own projections, token map (never the base LM head)."""

@@ -32,26 +32,14 @@ DECODER_LM_HEAD = "lm_head_t"  # the decoder graph's [h, V] initializer
 
 
 class HeadsTopK(nn.Module):
+    """MedusaHeads.top_k as a module with a fixed k, for tracing."""
+
     def __init__(self, heads: MedusaHeads, top_k: int):
         super().__init__()
         self.heads, self.top_k = heads, top_k
-        if heads.spec.mode is ProjectionMode.SUBVOCAB:  # its own [h, N] slice, gathered once here
-            self.projection = nn.Parameter(heads.lm_head_t[:, heads.token_map].contiguous(), requires_grad=False)
 
-    def forward(self, hidden: torch.Tensor):  # [B, h]
-        drafts = self.heads.drafts(hidden)  # [B, K, h]
-        mode = self.heads.spec.mode
-        if mode is ProjectionMode.SUBVOCAB:
-            logits = drafts @ self.projection  # [B, K, N]
-        elif mode is ProjectionMode.OWN:
-            logits = torch.einsum("bkh,kvh->bkv", drafts, self.heads.own)  # [B, K, V]
-        else:
-            logits = drafts @ self.heads.lm_head_t  # [B, K, V]
-        values, indices = logits.topk(self.top_k, dim=-1)  # [B, K, k]
-        probs = torch.exp(values - torch.logsumexp(logits, dim=-1, keepdim=True))
-        if mode is ProjectionMode.SUBVOCAB:
-            indices = self.heads.token_map[indices]
-        return indices, probs
+    def forward(self, hidden: torch.Tensor):  # [B, h] → ids, probs [B, K, k]
+        return self.heads.top_k(hidden, self.top_k)
 
 
 def export_heads_graph(heads: MedusaHeads, top_k: int, folder: Path) -> HeadsInfo:

@@ -145,6 +145,21 @@ def load_hf(folder: Path) -> tuple[Any, Any]:
     return model, tokenizer
 
 
+def lm_head_t(hf_model: Any) -> Any:
+    """The base model's LM head as [h, V] (contiguous, detached): the layout the decoder graph stores
+    and the Medusa heads project through."""
+    return hf_model.lm_head.weight.detach().t().contiguous()
+
+
+def chat_prompt_ids(tokenizer: Any, text: str) -> list[int]:
+    """HF's own rendering of a one-turn chat (the reference our runtime's template must match)."""
+    if tokenizer.chat_template:
+        rendered = tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
+                                                 add_generation_prompt=True)
+        return tokenizer(rendered, add_special_tokens=False)["input_ids"]
+    return tokenizer(text)["input_ids"]
+
+
 def stop_token_ids(tokenizer: Any, generation_config: Any) -> tuple[int, ...]:
     """The ids HF `generate` stops on: the generation config's EOS ids plus the tokenizer's."""
     def ids(value) -> set[int]:

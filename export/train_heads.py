@@ -30,7 +30,7 @@ from tqdm.auto import tqdm
 from specmemo.errors import ConfigError
 from specmemo.export.heads_card import write_card
 from specmemo.export.heads import HeadsSpec, MedusaHeads, ProjectionMode, save_heads
-from specmemo.export.load import cache_root, stop_token_ids
+from specmemo.export.load import cache_root, chat_prompt_ids, lm_head_t, stop_token_ids
 
 TEACHER_TOP = 20  # teacher distribution kept per position: top-20 carries nearly all of a small model's mass
 CHECKPOINT_FILE = "checkpoint.pt"
@@ -124,8 +124,7 @@ def self_replies(hf_model: Any, tokenizer: Any, prompts: list[str], config: Trai
     batched with left padding; prompts longer than half of max_len are skipped."""
     encoded = []
     for text in prompts:
-        ids = list(tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=True,
-                                                 add_generation_prompt=True, return_dict=False))
+        ids = chat_prompt_ids(tokenizer, text)
         if len(ids) <= config.max_len // 2:
             encoded.append(ids)
     encoded.sort(key=len)  # similar lengths per batch: little padding
@@ -176,14 +175,14 @@ class TeacherCache:
 
 @torch.no_grad()
 def build_teacher_cache(hf_model: Any, examples: list[Example], *, device: str = "cpu") -> TeacherCache:
-    lm_head_t = hf_model.lm_head.weight.t()  # [h, V]
+    projection = lm_head_t(hf_model)  # [h, V]
     hidden, top_ids, top_probs, target, starts = [], [], [], [], [0]
     tokens = sum(len(e.ids) for e in examples)
     with tqdm(total=tokens, desc="cache teacher", unit="tok", dynamic_ncols=True) as bar:
         for example in examples:
             ids = torch.tensor([example.ids], device=device)
             h = hf_model.model(input_ids=ids).last_hidden_state[0]  # [T, h], after the final norm
-            probs, top = torch.softmax(h @ lm_head_t, dim=-1).topk(TEACHER_TOP, dim=-1)  # [T, 20]
+            probs, top = torch.softmax(h @ projection, dim=-1).topk(TEACHER_TOP, dim=-1)  # [T, 20]
             hidden.append(h.float().cpu().numpy())
             top_ids.append(top.int().cpu().numpy())
             top_probs.append(probs.float().cpu().numpy())
@@ -310,12 +309,17 @@ def train_loop(heads: MedusaHeads, cache: TeacherCache, config: TrainConfig, out
             "train_top1_last50": [round(a, 4) for a in mean_top1] if window else []}
 
 
-def _config_key(config: TrainConfig) -> str:
+def _config_record(config: TrainConfig) -> dict:
+    """The settings that decide the result (not threads, device, checkpoint cadence)."""
     data = asdict(config)
     data.update(mode=config.mode.value, loss=config.loss.value, replies=config.replies.value)
     for volatile in ("threads", "device", "checkpoint_every"):
         data.pop(volatile)
-    return json.dumps(data, sort_keys=True)
+    return data
+
+
+def _config_key(config: TrainConfig) -> str:
+    return json.dumps(_config_record(config), sort_keys=True)
 
 
 def _save_checkpoint(path: Path, heads: MedusaHeads, optimizer, step: int, history: list[float],
@@ -338,14 +342,14 @@ def train_heads(*, hf_model: Any, tokenizer: Any, conversations: list[list[dict[
     started = time.perf_counter()
     hf_model = hf_model.to(config.device)
     cache = _teacher(hf_model, tokenizer, conversations, config, cache_key, log)
-    lm_head_t = hf_model.lm_head.weight.detach().t()  # [h, V]
-    hidden, vocab = lm_head_t.shape
+    base_lm_head = lm_head_t(hf_model)  # [h, V]
+    hidden, vocab = base_lm_head.shape
     spec = HeadsSpec(hidden_size=hidden, vocab_size=vocab, num_heads=config.num_heads,
                      num_layers=config.num_layers, mode=config.mode,
                      subvocab_size=config.subvocab_size if config.mode is ProjectionMode.SUBVOCAB else 0,
                      base_sha256=base_sha256)
     token_map = frequent_tokens(cache, config.subvocab_size) if config.mode is ProjectionMode.SUBVOCAB else None
-    heads = MedusaHeads(spec, lm_head_t, token_map).to(config.device)
+    heads = MedusaHeads(spec, base_lm_head, token_map).to(config.device)
     out.mkdir(parents=True, exist_ok=True)
     summary = train_loop(heads, cache, config, out, log=log)
     summary.update(conversations=len(conversations), conversations_kept=len(cache.starts) - 1, tokens=int(cache.positions),
@@ -356,9 +360,6 @@ def train_heads(*, hf_model: Any, tokenizer: Any, conversations: list[list[dict[
     log(f"wrote {out} ({summary['minutes']} min): loss {summary['loss_first']:.3f} → {summary['loss_last50']:.3f}")
     return spec
 
-
-def _config_record(config: TrainConfig) -> dict:
-    return json.loads(_config_key(config))
 
 
 def _teacher(hf_model, tokenizer, conversations, config: TrainConfig, cache_key: str | None, log) -> TeacherCache:

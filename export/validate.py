@@ -18,6 +18,7 @@ import torch
 from specmemo.errors import SpecMemoError
 
 from specmemo.export.heads import MedusaHeads, load_any_heads
+from specmemo.export.load import chat_prompt_ids, lm_head_t
 from specmemo.runtime import tree
 from specmemo.runtime.backend import OrtBackend
 from specmemo.runtime.drafter import OrtDrafter
@@ -57,7 +58,6 @@ class ValidationReport:
     checks: list[Check] = field(default_factory=list)
 
     rtol: float = FP32_RTOL
-    notes: list[str] = field(default_factory=list)
 
     @property
     def passed(self) -> bool:
@@ -77,7 +77,6 @@ class ValidationReport:
         if any(c.name == "heads" for c in self.checks):
             lines.append("heads: the heads graph's top-k probabilities vs torch (in the logits column); "
                          "ids compared where ranks are not tied")
-        lines += self.notes
         lines.append(f"tolerance |Δ| <= {self.tolerance:.0e} + {self.rtol:.0e}·|ref| (fp32): "
                      f"{'PASS' if self.passed else 'FAIL'}; max |Δ logits| = {self.max_logits_diff:.2e}")
         return "\n".join(lines)
@@ -210,15 +209,6 @@ def validate_artifact(artifact: Path, *, model: str | None = None, threads: int 
     prompt_ids = chat_prompt_ids(tokenizer, VALIDATION_PROMPT)
     heads = None
     if manifest.heads is not None:
-        heads = load_any_heads(Path(manifest.heads.source), hf_model.lm_head.weight.detach().t().contiguous(),
-                           base_sha256=resolved.sha256)
+        heads = load_any_heads(Path(manifest.heads.source), lm_head_t(hf_model), base_sha256=resolved.sha256)
     return validate(artifact, hf_model, prompt_ids, tolerance=tolerance, threads=threads, heads=heads)
 
-
-def chat_prompt_ids(tokenizer, text: str) -> list[int]:
-    """HF's own rendering of a one-turn chat (the reference our runtime's template must match)."""
-    if tokenizer.chat_template:
-        rendered = tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
-                                                 add_generation_prompt=True)
-        return tokenizer(rendered, add_special_tokens=False)["input_ids"]
-    return tokenizer(text)["input_ids"]

@@ -6,10 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-import onnxruntime as ort
 
 from specmemo.runtime.manifest import HeadsInfo, Manifest, ManifestError
-from specmemo.runtime.session import ArtifactError, SessionConfig, session_options
+from specmemo.runtime.session import ArtifactError, SessionConfig, load_graph
 
 
 class OrtDrafter:
@@ -19,11 +18,7 @@ class OrtDrafter:
                                 f"or decode with --mode greedy")
         self.info: HeadsInfo = manifest.heads
         path = Path(artifact) / self.info.file
-        try:
-            self.session = ort.InferenceSession(str(path), session_options(config), providers=["CPUExecutionProvider"])
-        except Exception as err:  # ORT raises several types for the same cause
-            reason = str(err).strip().splitlines()[0][:200]
-            raise ArtifactError(f"{path} cannot be loaded by ONNX Runtime ({reason}): re-export the artifact") from None
+        self.session = load_graph(path, config)
         names = {i.name for i in self.session.get_inputs()} | {o.name for o in self.session.get_outputs()}
         missing = {self.info.hidden, self.info.token_ids, self.info.probs} - names
         if missing:

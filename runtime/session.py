@@ -62,13 +62,18 @@ def session_options(config: SessionConfig) -> ort.SessionOptions:
     return options
 
 
-def open_session(artifact: Path, manifest: Manifest, config: SessionConfig) -> ort.InferenceSession:
-    path = artifact / manifest.decoder_file
+def load_graph(path: Path, config: SessionConfig) -> ort.InferenceSession:
+    """One of the artifact's graphs in ORT; a corrupt or unloadable file is a one-line ArtifactError."""
     try:
-        session = ort.InferenceSession(str(path), session_options(config), providers=["CPUExecutionProvider"])
+        return ort.InferenceSession(str(path), session_options(config), providers=["CPUExecutionProvider"])
     except Exception as err:  # ORT raises several types for the same cause
         reason = str(err).strip().splitlines()[0][:200]
         raise ArtifactError(f"{path} cannot be loaded by ONNX Runtime ({reason}): re-export the artifact") from None
+
+
+def open_session(artifact: Path, manifest: Manifest, config: SessionConfig) -> ort.InferenceSession:
+    path = artifact / manifest.decoder_file
+    session = load_graph(path, config)
     check_graph_matches(session, manifest, path)
     return session
 

@@ -4,6 +4,7 @@ so `specmemo generate` never loads torch, and `--help` is instant."""
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import sys
 from pathlib import Path
@@ -234,11 +235,7 @@ def cmd_train_heads(args: argparse.Namespace) -> int:
                          seed=args.seed, threads=args.threads, device=args.device)
     resolved = resolve_model(args.model)
     data = None if args.data == "sharegpt" else Path(args.data)
-    conversations = []
-    for messages in sharegpt_conversations(data):
-        conversations.append(messages)
-        if len(conversations) == config.conversations:
-            break
+    conversations = list(itertools.islice(sharegpt_conversations(data), config.conversations))
     hf_model, tokenizer = load_hf(resolved.hf_folder)
     command = "specmemo " + " ".join(sys.argv[1:]) if sys.argv[0].endswith("specmemo") else None
     card = {"command": command, "model": args.model, "data": f"{args.data}: first {len(conversations)} "
@@ -251,7 +248,7 @@ def cmd_train_heads(args: argparse.Namespace) -> int:
 def cmd_eval_heads(args: argparse.Namespace) -> int:
     from specmemo.export.eval_heads import EvalConfig, evaluate_heads, save_eval
     from specmemo.export.heads import load_any_heads
-    from specmemo.export.load import load_hf, resolve_model, stop_token_ids
+    from specmemo.export.load import chat_prompt_ids, lm_head_t, load_hf, resolve_model, stop_token_ids
     from specmemo.runtime.datasets import load_questions
 
     config = EvalConfig(questions=args.questions, max_new_tokens=args.max_new_tokens, tree_nodes=args.tree_nodes,
@@ -259,9 +256,8 @@ def cmd_eval_heads(args: argparse.Namespace) -> int:
     resolved = resolve_model(args.model)
     questions = load_questions(args.prompts)[: config.questions]
     model, tokenizer = load_hf(resolved.hf_folder)
-    heads = load_any_heads(args.heads, model.lm_head.weight.detach().t(), base_sha256=resolved.sha256)
-    prompts = [list(tokenizer.apply_chat_template([{"role": "user", "content": q.turns[0]}], tokenize=True,
-                                                  add_generation_prompt=True, return_dict=False)) for q in questions]
+    heads = load_any_heads(args.heads, lm_head_t(model), base_sha256=resolved.sha256)
+    prompts = [chat_prompt_ids(tokenizer, q.turns[0]) for q in questions]
     result = evaluate_heads(model=model, heads=heads, prompts=prompts,
                             eos=set(stop_token_ids(tokenizer, model.generation_config)), config=config,
                             cache_key=resolved.sha256, measure=not args.accuracy_only)
