@@ -149,7 +149,11 @@ class MedusaHeads(nn.Module):
         The heads graph is this function traced, so torch and ORT compute the same thing."""
         logits = self(hidden)  # [..., K, V']
         values, indices = logits.topk(k, dim=-1)
-        probs = torch.exp(values - torch.logsumexp(logits, dim=-1, keepdim=True))  # softmax at the top k only
+        # softmax at the top k only: log-sum-exp written out around the top-1 logit, because ORT's
+        # ReduceLogSumExp lost precision here (1.4e-4 on probabilities vs float64; this form 4e-6)
+        top = values[..., :1]
+        log_sum = top + torch.log(torch.exp(logits - top).sum(dim=-1, keepdim=True))
+        probs = torch.exp(values - log_sum)
         if self.token_map is not None:
             indices = self.token_map[indices]
         return indices, probs

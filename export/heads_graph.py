@@ -22,7 +22,7 @@ from torch.export import Dim
 
 from specmemo.export.heads import MedusaHeads, ProjectionMode
 from specmemo.export.trace import OPSET, _silenced
-from specmemo.runtime.manifest import HeadsInfo
+from specmemo.runtime.manifest import HeadsInfo, SharedInitializer
 
 HEADS_FILE = "heads.onnx"
 HIDDEN = "hidden"  # [B, h]
@@ -53,16 +53,16 @@ def export_heads_graph(heads: MedusaHeads, top_k: int, folder: Path) -> HeadsInf
                                     opset_version=OPSET, optimize=True)
         program.save(str(path), external_data=True)
     shared = heads.spec.mode is ProjectionMode.SHARED
-    if shared:
-        share_lm_head(path, folder / "decoder.onnx", heads.lm_head_t.numpy())
+    shared_lm_head = share_lm_head(path, folder / "decoder.onnx", heads.lm_head_t.numpy()) if shared else None
     return HeadsInfo(file=HEADS_FILE, data_file=HEADS_FILE + ".data", hidden=HIDDEN, token_ids=TOKEN_IDS,
                      probs=PROBS, num_heads=heads.spec.num_heads, top_k=top_k, mode=heads.spec.mode.value,
                      subvocab_size=heads.spec.subvocab_size, shares_decoder_lm_head=shared,
-                     tree=heads.spec.tree, accuracy=heads.spec.accuracy)
+                     tree=heads.spec.tree, accuracy=heads.spec.accuracy, shared_lm_head=shared_lm_head)
 
 
-def share_lm_head(heads_path: Path, decoder_path: Path, lm_head_t: np.ndarray) -> None:
-    """Point the heads graph's LM-head initializer at the decoder's copy; drop its own bytes."""
+def share_lm_head(heads_path: Path, decoder_path: Path, lm_head_t: np.ndarray) -> SharedInitializer:
+    """Point the heads graph's LM-head initializer at the decoder's copy; drop its own bytes.
+    Returns where it lies, for the manifest: the runtime loads it once for both sessions."""
     decoder = onnx.load(str(decoder_path), load_external_data=False)
     source = next((t for t in decoder.graph.initializer if t.name == DECODER_LM_HEAD), None)
     if source is None:
@@ -90,3 +90,5 @@ def share_lm_head(heads_path: Path, decoder_path: Path, lm_head_t: np.ndarray) -
     if not data_file.exists():  # every other initializer was tiny; keep the manifest's file list stable
         data_file.write_bytes(b"")
     data_file.chmod(0o644)
+    return SharedInitializer(decoder_name=DECODER_LM_HEAD, heads_name=target.name, file=where["location"],
+                             offset=offset, shape=tuple(int(n) for n in source.dims), dtype="float32")

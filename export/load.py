@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from specmemo.paths import cache_root  # noqa: F401  (re-exported: export code reads it from here)
 from specmemo.errors import SpecMemoError
 
 DEFAULT_MODEL = "smollm2-135m"
@@ -62,10 +63,6 @@ class ResolvedModel:
     spec: str  # what the user asked for
     hf_folder: Path  # loadable with from_pretrained
     sha256: str  # of the source weights (GGUF or safetensors)
-
-
-def cache_root() -> Path:
-    return Path(os.environ.get("SPECMEMO_CACHE", Path.home() / ".cache" / "specmemo"))
 
 
 def sha256_of(paths: list[Path]) -> str:

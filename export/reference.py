@@ -73,3 +73,47 @@ class TorchDrafter:
     def draft(self, hidden: np.ndarray) -> np.ndarray:
         ids, _ = self.heads.top_k(torch.from_numpy(np.asarray(hidden, dtype=np.float32)), self.top_k)
         return ids.numpy()  # [K, k]
+
+
+def measure_medusa_reference(model_spec: str, heads_dir: str, prompts: list[list[int]], *, max_new_tokens: int,
+                             tree: tuple, top_k: int, threads: int) -> dict:
+    """Full-tree Medusa on the PyTorch reference, for `bench decode`: run in a fresh process.
+    Generation memory = peak RSS − RSS after the model and heads are loaded (peak reset there)."""
+    import time
+    from pathlib import Path
+
+    from specmemo.export.heads import load_any_heads
+    from specmemo.export.load import lm_head_t, load_hf, resolve_model, stop_token_ids
+    from specmemo.runtime.decode import generate
+    from specmemo.runtime.medusa_tree import MedusaTree
+    from specmemo.runtime.session import peak_rss_bytes, reset_peak_rss, rss_bytes
+
+    torch.set_num_threads(threads)
+    resolved = resolve_model(model_spec)
+    model, tokenizer = load_hf(resolved.hf_folder)
+    heads = load_any_heads(Path(heads_dir), lm_head_t(model), base_sha256=resolved.sha256)
+    eos = set(stop_token_ids(tokenizer, model.generation_config))
+    medusa = MedusaTree.from_choices(tree)
+    after_load = rss_bytes()
+    reset_peak_rss()
+    tokens, wall, accepted = 0, 0.0, []
+    for prompt in prompts:
+        started = time.perf_counter()
+        result = generate(TorchBackend(model), prompt, max_new_tokens=max_new_tokens, eos_token_ids=eos,
+                          drafter=TorchDrafter(heads, top_k), medusa=medusa)
+        wall += time.perf_counter() - started
+        tokens += len(result.token_ids)
+        accepted += result.stats.accept_lengths
+    return {"engine": "pytorch-medusa-full-tree", "rss_after_load": after_load, "peak_rss": peak_rss_bytes(),
+            "measured_generation": peak_rss_bytes() - after_load, "tokens_per_s": tokens / wall,
+            "mean_accepted": float(np.mean(accepted)) if accepted else 1.0, "questions": len(prompts)}
+
+
+if __name__ == "__main__":  # `bench decode --torch-reference` runs this in a fresh process; request on stdin
+    import json
+    import sys
+
+    request = json.loads(sys.stdin.read())
+    print(json.dumps(measure_medusa_reference(request["model"], request["heads"], request["prompts"],
+                                              max_new_tokens=request["max_new_tokens"], tree=request["tree"],
+                                              top_k=request["top_k"], threads=request["threads"])))

@@ -118,7 +118,8 @@ def _check(name, report, out_logits, out_hidden, ref_logits, ref_hidden) -> Chec
 def validate(artifact: Path, hf_model, prompt_ids: list[int], *, tolerance: float = FP32_TOLERANCE,
              threads: int = 2, heads: MedusaHeads | None = None) -> ValidationReport:
     ref = HFReference(hf_model)
-    session = DecoderSession(artifact, SessionConfig(threads=threads))
+    rows = max(64, len(prompt_ids))  # the prompt in one call, logits for every row
+    session = DecoderSession(artifact, SessionConfig(threads=threads, rows=rows, logit_rows=rows))
     backend = OrtBackend(session)
     report = ValidationReport(tolerance=tolerance)
     seq = list(prompt_ids)
@@ -164,7 +165,7 @@ def validate(artifact: Path, hf_model, prompt_ids: list[int], *, tolerance: floa
 def check_heads(session: DecoderSession, heads: MedusaHeads, hidden: np.ndarray, report: ValidationReport) -> Check:
     """The heads graph (ORT) against the torch heads on real hidden states [P, h]: probabilities
     within tolerance; ids equal wherever the next-ranked probability is not within tolerance (ties)."""
-    drafter = OrtDrafter(session.artifact, session.manifest, session.config)
+    drafter = OrtDrafter(session)
     ids, probs = drafter.run(hidden)  # [P, K, k]
     with torch.no_grad():
         ref_ids, ref_probs = heads.top_k(torch.from_numpy(hidden), drafter.top_k)

@@ -54,10 +54,16 @@ def check_fits(length: int, new: int, capacity: int) -> None:
 
 
 class OrtBackend:
-    """DecoderSession behind the Backend interface."""
+    """DecoderSession behind the Backend interface, writing every input into the session's arena.
+
+    Per tree shape (its parents list) the depths and the [T, T] ancestor bias are computed once
+    and cached; a step then fills arena views in place. A chain longer than the arena's rows
+    (a long prompt) runs in chunks of R rows, each attending to the rows written before it."""
 
     def __init__(self, session: DecoderSession):
         self.session = session
+        self._shapes: dict[tuple[int, ...], tuple[np.ndarray, np.ndarray]] = {}
+        self._arange = np.arange(session.rows, dtype=np.int64)
 
     @property
     def capacity(self) -> int:
@@ -68,16 +74,55 @@ class OrtBackend:
         return self.session.kv.length
 
     def forward(self, tokens: list[int], parents: list[int], *, last_only: bool = False) -> Forward:
-        """Logits for every node, or with `last_only` for the last one (prefill)."""
+        """Logits for every node, or with `last_only` for the last one (prefill). The arrays are
+        views into the arena when the step fits in one call (valid until the next forward);
+        a chunked chain returns copies, and with `last_only` the hidden states of its last chunk."""
         check_fits(self.length, len(tokens), self.capacity)
-        past, size = self.length, len(tokens)
-        rows = np.array([[size - 1]] if last_only else [np.arange(size)], dtype=np.int64)
-        out = self.session.step(
-            np.asarray([tokens], dtype=np.int64),
-            tree.position_ids(parents, past),
-            tree.attention_bias(parents, past),
-            rows,
-        )
+        size, s = len(tokens), self.session
+        if size <= s.rows and (last_only or size <= s.logit_rows):
+            return self._run(tokens, parents, 0, last_only)
+        if list(parents) != tree.chain(size):
+            raise ValueError(f"a tree of {size} nodes exceeds the arena's {s.logit_rows} logit rows: "
+                             f"open the session with more rows")
+        chunk = s.rows if last_only else s.logit_rows
+        parts = []
+        for start in range(0, size, chunk):
+            part = tokens[start : start + chunk]
+            out = self._run(part, tree.chain(len(part)), start, last_only)
+            if not last_only:  # every row's logits are wanted: gather copies
+                parts.append(Forward(out.next_token_ids.copy(), out.logits.copy(), out.hidden_states.copy()))
+        if last_only:
+            return out
+        return Forward(*(np.concatenate(arrays) for arrays in zip(*((p.next_token_ids, p.logits, p.hidden_states) for p in parts))))
+
+    def _shape(self, parents: list[int]) -> tuple[np.ndarray, np.ndarray]:
+        """(depths [T] int64, bias [T, T]) of a tree shape, computed on first use."""
+        key = tuple(parents)
+        cached = self._shapes.get(key)
+        if cached is None:
+            cached = (tree.depths(parents), tree.attention_bias(parents, 0, self.session.arena["attention_bias"].dtype)[0, 0])
+            self._shapes[key] = cached
+        return cached
+
+    def _run(self, tokens: list[int], parents: list[int], offset: int, last_only: bool) -> Forward:
+        """One decoder call for `tokens` on top of the committed rows and `offset` uncommitted ones."""
+        arena, steps = self.session.arena, len(tokens)
+        past = self.length + offset
+        attended = past + steps
+        depths, block = self._shape(parents)
+        ids = arena["input_ids"]
+        for i, token in enumerate(tokens):  # element-wise: no temporary array
+            ids[i] = token
+        np.add(depths, past, out=arena["position_ids"][:steps])
+        bias = arena["attention_bias"][: steps * attended].reshape(steps, attended)
+        bias[:, :past] = 0
+        bias[:, past:] = block
+        rows = 1 if last_only else steps
+        if last_only:
+            arena["logits_indices"][0] = steps - 1
+        else:
+            arena["logits_indices"][:steps] = self._arange[:steps]
+        out = self.session.run(steps, attended, rows)
         return Forward(out.next_token_ids[0], out.logits[0], out.hidden_states[0])
 
     def commit(self, nodes: list[int]) -> None:

@@ -87,7 +87,7 @@ def run_step_bench(config: StepBenchConfig, *, log=print) -> dict:
         peer = GenAIEngine(config.genai_dir, threads=config.threads)
 
     rows = {t: Row("specmemo", t) for t in config.tree_sizes}
-    drafter = OrtDrafter(config.artifact, session.manifest, session.config) if session.manifest.heads else None
+    drafter = OrtDrafter(session) if session.manifest.heads else None
     heads_row = Row("medusa-heads", 1)  # T here: one hidden row in, [K, k] guesses out
     peer_row = Row("onnxruntime-genai", 1)
     for round_index in range(config.rounds):

@@ -80,6 +80,26 @@ class TokenizerInfo:
 
 
 @dataclass(frozen=True)
+class SharedInitializer:
+    """One weight two graphs use (the shared LM head): stored once in `file`; the runtime loads it
+    once and hands the same memory to both sessions under their names."""
+
+    decoder_name: str
+    heads_name: str
+    file: str  # relative to the artifact folder
+    offset: int  # bytes
+    shape: tuple[int, ...]
+    dtype: str
+
+    @property
+    def nbytes(self) -> int:
+        size = {"float32": 4, "float16": 2}.get(self.dtype, 4)
+        for n in self.shape:
+            size *= n
+        return size
+
+
+@dataclass(frozen=True)
 class HeadsInfo:
     """The Medusa heads graph: hidden [B, h] → top-k ids and probabilities [B, K, k] per head."""
 
@@ -96,6 +116,7 @@ class HeadsInfo:
     tree: tuple[tuple[int, ...], ...]  # Medusa choices; every prefix is a valid tree (pruning = prefix)
     accuracy: tuple[tuple[float, ...], ...] = ()  # [K][k] cumulative top-1..top-k accuracy (eval-heads)
     source: str = ""  # where the heads came from
+    shared_lm_head: SharedInitializer | None = None  # set when shares_decoder_lm_head
 
     def __post_init__(self) -> None:
         if self.num_heads < 1 or self.top_k < 1:
@@ -157,7 +178,7 @@ def _build(cls: type, data: Any, where: str) -> Any:
         raise ManifestError(f"{where}: {err}") from None
 
 
-_NESTED = {"ModelDims": ModelDims, "DecoderIO": DecoderIO, "TokenizerInfo": TokenizerInfo, "HeadsInfo": HeadsInfo}
+_NESTED = {"SharedInitializer": SharedInitializer, "ModelDims": ModelDims, "DecoderIO": DecoderIO, "TokenizerInfo": TokenizerInfo, "HeadsInfo": HeadsInfo}
 
 
 def _convert(type_name: Any, value: Any, where: str) -> Any:

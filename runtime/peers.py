@@ -35,3 +35,14 @@ class GenAIEngine:
         started = time.perf_counter()
         generator.generate_next_token()
         return time.perf_counter() - started
+
+    def generate(self, prompt: list[int], max_new_tokens: int, eos: frozenset[int] | set[int]) -> list[int]:
+        """Greedy reply ids (the stop token included, as our loop counts it)."""
+        generator = self.start(prompt, max_new_tokens)
+        tokens: list[int] = []
+        while len(tokens) < max_new_tokens and not generator.is_done():
+            generator.generate_next_token()
+            tokens.append(int(generator.get_next_tokens()[0]))
+            if tokens[-1] in eos:
+                break
+        return tokens

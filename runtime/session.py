@@ -16,6 +16,7 @@ import onnxruntime as ort
 
 from specmemo.errors import ConfigError, SpecMemoError
 
+from specmemo.runtime.arena import Arena, ArenaLayout
 from specmemo.runtime.manifest import Manifest, ManifestError, load_manifest
 
 
@@ -28,6 +29,10 @@ class SessionConfig:
     threads: int = 2  # intra-op threads; pinned so timings are comparable
     capacity: int | None = None  # KV rows C; default: the manifest's capacity
     batch: int = 1
+    rows: int = 64  # R: most tokens per decoder call (the prefill chunk; trees up to this size)
+    logit_rows: int | None = None  # N: most logit rows per call; default the exported tree's size (else 32)
+    heads: bool = True  # load the Medusa heads graph too, when the artifact has one
+    warm_up: bool = True  # run the largest step once at load, so ORT's arena reaches its peak up front
     profile: bool = False  # write an ORT profile (chrome trace) for this session
 
     def __post_init__(self) -> None:
@@ -35,6 +40,8 @@ class SessionConfig:
             raise ConfigError(f"threads must be >= 1, got {self.threads}")
         if self.capacity is not None and self.capacity < 2:
             raise ConfigError(f"capacity must be >= 2, got {self.capacity}")
+        if self.rows < 1 or (self.logit_rows is not None and not 1 <= self.logit_rows <= self.rows):
+            raise ConfigError(f"need rows >= 1 and 1 <= logit rows <= rows, got {self.rows}, {self.logit_rows}")
         if self.batch != 1:
             raise ConfigError("only batch 1 is supported (GroupQueryAttention verifies T > 1 tokens for B = 1)")
 
@@ -46,34 +53,47 @@ class StepOutput:
     hidden_states: np.ndarray  # [B, T, h]
 
 
-def session_options(config: SessionConfig) -> ort.SessionOptions:
-    """Options chosen for a memory-lean CPU decoder (see findings in the README)."""
+def session_options(config: SessionConfig, initializers: dict[str, ort.OrtValue] | None = None) -> ort.SessionOptions:
+    """Options chosen for a memory-lean CPU decoder; each measured (README, "Runtime memory"):
+    - initializers straight from the device allocator, not the arena (lower peak RSS at load);
+    - CPU arena on: intermediate activations are carved from it, so after the first steps at the
+      largest T a step asks the system for nothing (off: every op mallocs);
+    - memory pattern off: the attended length S changes every step, and a pattern is planned and
+      cached per input shape;
+    - `initializers`: weights shared between the decoder and heads sessions (the LM head), handed
+      in from one buffer instead of each session reading its own copy."""
     options = ort.SessionOptions()
     options.intra_op_num_threads = config.threads
     options.inter_op_num_threads = 1
     options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     options.log_severity_level = 3
-    # Initializers allocated straight from the device allocator, not the arena: lower peak RSS.
+    options.enable_cpu_mem_arena = True
+    options.enable_mem_pattern = False
     options.add_session_config_entry("session.use_device_allocator_for_initializers", "1")
     options.add_session_config_entry("session.intra_op.allow_spinning", "1")
+    for name, value in (initializers or {}).items():
+        options.add_initializer(name, value)
     if config.profile:
         options.enable_profiling = True
     return options
 
 
-def load_graph(path: Path, config: SessionConfig) -> ort.InferenceSession:
+def load_graph(path: Path, config: SessionConfig,
+               initializers: dict[str, ort.OrtValue] | None = None) -> ort.InferenceSession:
     """One of the artifact's graphs in ORT; a corrupt or unloadable file is a one-line ArtifactError."""
     try:
-        return ort.InferenceSession(str(path), session_options(config), providers=["CPUExecutionProvider"])
+        return ort.InferenceSession(str(path), session_options(config, initializers),
+                                    providers=["CPUExecutionProvider"])
     except Exception as err:  # ORT raises several types for the same cause
         reason = str(err).strip().splitlines()[0][:200]
         raise ArtifactError(f"{path} cannot be loaded by ONNX Runtime ({reason}): re-export the artifact") from None
 
 
-def open_session(artifact: Path, manifest: Manifest, config: SessionConfig) -> ort.InferenceSession:
+def open_session(artifact: Path, manifest: Manifest, config: SessionConfig,
+                 initializers: dict[str, ort.OrtValue] | None = None) -> ort.InferenceSession:
     path = artifact / manifest.decoder_file
-    session = load_graph(path, config)
+    session = load_graph(path, config, initializers)
     check_graph_matches(session, manifest, path)
     return session
 
@@ -89,22 +109,25 @@ def check_graph_matches(session: ort.InferenceSession, manifest: Manifest, path:
         raise ArtifactError(f"{path} does not match its manifest ({detail}): re-export the artifact")
 
 
+def load_shared_lm_head(artifact: Path, manifest: Manifest) -> np.ndarray | None:
+    """The LM head both graphs use, read once from the decoder's data file (None: nothing shared)."""
+    shared = manifest.heads.shared_lm_head if manifest.heads is not None else None
+    if shared is None:
+        return None
+    count = shared.nbytes // np.dtype(shared.dtype).itemsize
+    array = np.fromfile(artifact / shared.file, dtype=shared.dtype, count=count, offset=shared.offset)
+    if array.size != count:
+        raise ArtifactError(f"{artifact / shared.file} is shorter than the manifest says: re-export the artifact")
+    return array.reshape(shared.shape)
+
+
 @dataclass
 class KVCache:
-    """2L buffers [B, H_kv, C, D], one allocation each; `length` rows are filled."""
+    """2L views [B, H_kv, C, D] into the arena; `length` rows are committed."""
 
     buffers: list[np.ndarray]
     capacity: int
     length: int = 0
-    values: list[ort.OrtValue] = field(default_factory=list)
-
-    @classmethod
-    def allocate(cls, manifest: Manifest, capacity: int, batch: int = 1) -> KVCache:
-        d = manifest.dims
-        shape = (batch, d.num_kv_heads, capacity, d.head_dim)
-        buffers = [np.zeros(shape, dtype=manifest.dtype) for _ in manifest.io.kv_pairs]
-        values = [ort.OrtValue.ortvalue_from_numpy(buffer) for buffer in buffers]  # wraps, no copy
-        return cls(buffers=buffers, capacity=capacity, values=values)
 
     @property
     def free(self) -> int:
@@ -115,48 +138,112 @@ class KVCache:
 
 
 class DecoderSession:
-    """One decoder graph + its KV buffer. `step` runs T tokens; the caller decides what to keep."""
+    """The decoder graph (and the heads graph, if any) over one arena.
+
+    Load order: the shared LM head, the ORT sessions, then the arena (`rss_after_load` is read in
+    between, so a measurement can tell loading from generation). The KV views are bound once as
+    both past input and present output; a step binds the other inputs/outputs as pointers into
+    the arena with this step's shapes, so running a step allocates nothing."""
 
     def __init__(self, artifact: str | Path, config: SessionConfig = SessionConfig()):
         self.artifact = Path(artifact)
         self.manifest = load_manifest(self.artifact)
         self.config = config
-        capacity = config.capacity or self.manifest.capacity
-        if capacity > self.manifest.capacity:
-            raise ManifestError(
-                f"capacity {capacity} exceeds the exported {self.manifest.capacity}: re-export with --capacity {capacity}"
-            )
-        self.session = open_session(self.artifact, self.manifest, config)
-        self.kv = KVCache.allocate(self.manifest, capacity, config.batch)
+        m = self.manifest
+        capacity = config.capacity or m.capacity
+        if capacity > m.capacity:
+            raise ManifestError(f"capacity {capacity} exceeds the exported {m.capacity}: re-export with --capacity {capacity}")
+        self.lm_head = load_shared_lm_head(self.artifact, m)
+        shared = {} if self.lm_head is None else {m.heads.shared_lm_head.decoder_name: ort.OrtValue.ortvalue_from_numpy(self.lm_head)}
+        self.session = open_session(self.artifact, m, config, shared)
+        self.heads_session = None
+        if config.heads and m.heads is not None:
+            heads_shared = {} if self.lm_head is None else {m.heads.shared_lm_head.heads_name: shared[m.heads.shared_lm_head.decoder_name]}
+            self.heads_session = load_graph(self.artifact / m.heads.file, config, heads_shared)
+        self._shared_values = shared  # ORT does not own these buffers: keep them alive
+        self.rss_after_load = rss_bytes()
+        reset_peak_rss()  # from here on, the peak RSS measures generation (the arena and the steps)
+        logit_rows = config.logit_rows or min(config.rows, len(m.heads.tree) + 1 if m.heads else 32)
+        self.layout = ArenaLayout.for_manifest(m, capacity=capacity, rows=config.rows,
+                                               logit_rows=min(logit_rows, config.rows), batch=config.batch)
+        self.arena = Arena(self.layout)
+        self.kv = KVCache(buffers=self.arena.kv, capacity=capacity)
         self.binding = self.session.io_binding()
-        for (past, present), value in zip(self.manifest.io.kv_pairs, self.kv.values):
+        self._kv_values = [ort.OrtValue.ortvalue_from_numpy(buffer) for buffer in self.kv.buffers]  # wrap, no copy
+        for (past, present), value in zip(m.io.kv_pairs, self._kv_values):
             self.binding.bind_ortvalue_input(past, value)
             self.binding.bind_ortvalue_output(present, value)  # same buffer: updated in place
-        io = self.manifest.io
-        self._outputs = (io.logits, io.next_token_ids, io.hidden_states)
+        self._dtype = np.dtype(m.dtype)
+        if config.warm_up:
+            self.warm_up()
+
+    def warm_up(self) -> None:
+        """Steps of 1, 2, 4, ... R rows attending to all C rows, and one heads call: ORT's arena
+        and its kernels' scratch buffers grow to what a generation can need now, not mid-reply.
+        Writes K/V rows [C - R, C), which no step reads before writing them again; commits nothing."""
+        attended, a = self.kv.capacity, self.arena
+        sizes = sorted({min(1 << i, self.rows) for i in range(self.rows.bit_length() + 1)} | {self.logit_rows})
+        for steps in (s for s in sizes if s <= attended):
+            a["input_ids"][:steps] = 0
+            a["position_ids"][:steps] = np.arange(attended - steps, attended)
+            a["attention_bias"][: steps * attended] = 0
+            logit_rows = min(self.logit_rows, steps)
+            a["logits_indices"][:logit_rows] = np.arange(logit_rows)
+            self.run(steps, attended, logit_rows)
+        if self.heads_session is not None:
+            self.heads_session.run(None, {self.manifest.heads.hidden: a["heads_hidden"]})
+
+    @property
+    def rows(self) -> int:
+        return self.layout.rows
+
+    @property
+    def logit_rows(self) -> int:
+        return self.layout.logit_rows
+
+    def _bind(self, name: str, view: np.ndarray, shape: tuple[int, ...], output: bool = False) -> None:
+        args = (name, "cpu", 0, view.dtype, shape, view.ctypes.data)
+        (self.binding.bind_output if output else self.binding.bind_input)(*args)
+
+    def run(self, steps: int, attended: int, logit_rows: int) -> StepOutput:
+        """Run T = `steps` tokens whose inputs the caller wrote into the arena's first T
+        input_ids/position_ids, first T * S attention_bias and first N logits_indices entries.
+        Returns views into the arena (valid until the next run); writes K/V rows [S - T, S)."""
+        if steps > self.rows or logit_rows > self.logit_rows:
+            raise ValueError(f"{steps} tokens / {logit_rows} logit rows exceed the arena's {self.rows} / {self.logit_rows}")
+        if attended > self.kv.capacity:
+            raise OverflowError(f"{attended} rows exceed the KV capacity {self.kv.capacity}")
+        io, a, d = self.manifest.io, self.arena, self.manifest.dims
+        self._bind(io.input_ids, a["input_ids"], (1, steps))
+        self._bind(io.position_ids, a["position_ids"], (1, steps))
+        self._bind(io.attention_bias, a["attention_bias"], (1, 1, steps, attended))
+        self._bind(io.logits_indices, a["logits_indices"], (1, logit_rows))
+        self._bind(io.logits, a["logits"], (1, logit_rows, d.vocab_size), output=True)
+        self._bind(io.next_token_ids, a["next_token_ids"], (1, logit_rows), output=True)
+        self._bind(io.hidden_states, a["hidden_states"], (1, steps, d.hidden_size), output=True)
+        self.session.run_with_iobinding(self.binding)
+        return StepOutput(logits=a["logits"][: logit_rows * d.vocab_size].reshape(1, logit_rows, d.vocab_size),
+                          next_token_ids=a["next_token_ids"][:logit_rows].reshape(1, logit_rows),
+                          hidden_states=a["hidden_states"][: steps * d.hidden_size].reshape(1, steps, d.hidden_size))
 
     def step(self, input_ids: np.ndarray, position_ids: np.ndarray, attention_bias: np.ndarray,
              logits_indices: np.ndarray) -> StepOutput:
         """input_ids/position_ids [B, T] int64, attention_bias [B, 1, T, S] with S = kv.length + T,
-        logits_indices [B, N] int64 (positions among the T that get logits).
+        logits_indices [B, N] int64 (positions among the T that get logits). Copies in and out
+        (for tests and tools; the decode loop writes the arena and calls `run`).
 
         Writes the T new K/V rows at [kv.length, S); does not advance kv.length (see `commit`)."""
         steps, attended = input_ids.shape[1], attention_bias.shape[-1]
         if attended != self.kv.length + steps:
             raise ValueError(f"attention_bias covers {attended} rows, expected {self.kv.length} past + {steps} new")
-        if attended > self.kv.capacity:
-            raise OverflowError(f"{attended} rows exceed the KV capacity {self.kv.capacity}")
-        io = self.manifest.io
-        self.binding.bind_cpu_input(io.input_ids, input_ids)
-        self.binding.bind_cpu_input(io.position_ids, position_ids)
-        self.binding.bind_cpu_input(io.attention_bias, attention_bias)
-        self.binding.bind_cpu_input(io.logits_indices, logits_indices)
-        for name in self._outputs:  # T changes per step: let ORT size these (rebinding is per run)
-            self.binding.bind_output(name, "cpu")
-        self.session.run_with_iobinding(self.binding)
-        # Outputs come back in binding order: the 2L KV buffers first (not copied), then these three.
-        logits, next_ids, hidden = (value.numpy() for value in self.binding.get_outputs()[-3:])
-        return StepOutput(logits=logits, next_token_ids=next_ids, hidden_states=hidden)
+        n = logits_indices.shape[1]
+        a = self.arena
+        a["input_ids"][:steps] = input_ids[0]
+        a["position_ids"][:steps] = position_ids[0]
+        a["attention_bias"][: steps * attended] = attention_bias.reshape(-1)
+        a["logits_indices"][:n] = logits_indices[0]
+        out = self.run(steps, attended, n)
+        return StepOutput(out.logits.copy(), out.next_token_ids.copy(), out.hidden_states.copy())
 
     def commit(self, rows: int) -> None:
         """Keep `rows` of the rows the last step wrote (they must already be contiguous)."""
@@ -165,9 +252,42 @@ class DecoderSession:
         self.kv.length += rows
 
     def move_rows(self, sources: list[int], start: int) -> None:
-        """Copy KV rows `sources` (absolute) to rows start, start+1, ... in every layer: tree commit."""
-        for buffer in self.kv.buffers:
-            buffer[:, :, start : start + len(sources)] = buffer[:, :, sources]
+        """Copy KV rows `sources` (absolute, ascending, each >= its target) to rows start, start+1, ...
+        in every layer: the tree commit. Row by row, so no temporary is allocated."""
+        for target, source in enumerate(sources, start):
+            if source != target:
+                for buffer in self.kv.buffers:
+                    buffer[:, :, target] = buffer[:, :, source]
 
     def reset(self) -> None:
         self.kv.length = 0
+
+
+def rss_bytes() -> int:
+    """Resident set size of this process now (Linux /proc; 0 elsewhere)."""
+    return _proc_status_kib("VmRSS") * 1024
+
+
+def peak_rss_bytes() -> int:
+    """Peak resident set size of this process so far (Linux /proc; 0 elsewhere)."""
+    return _proc_status_kib("VmHWM") * 1024
+
+
+def reset_peak_rss() -> None:
+    """Start the peak (VmHWM) afresh from the current RSS, so a peak measures what comes next only."""
+    try:
+        with open("/proc/self/clear_refs", "w") as refs:
+            refs.write("5")
+    except OSError:
+        pass
+
+
+def _proc_status_kib(key: str) -> int:
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith(key + ":"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return 0

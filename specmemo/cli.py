@@ -12,6 +12,7 @@ from pathlib import Path
 import specmemo
 from specmemo.errors import SpecMemoError
 from specmemo.export.load import DEFAULT_MODEL  # a light module: torch is imported only when converting
+from specmemo.runtime.engine import Mode
 DEFAULT_ARTIFACT = Path("artifacts") / DEFAULT_MODEL
 
 EPILOG = """\
@@ -78,15 +79,43 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=_positive, default=2)
     p.set_defaults(handler=cmd_validate)
 
+    p = sub.add_parser("plan", help="memory breakdown, lower bound and the C / T_max chosen for a budget",
+                       description="Price an artifact with the memory model: load (measured once per machine) "
+                                   "plus the arena (KV buffer, I/O), activations and step overhead. Prints the "
+                                   "lower bound for the context and, with --budget, the capacity C, rows per "
+                                   "call R and tree width T_max that fit. A budget below the bound is refused.",
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--artifact", type=Path, default=DEFAULT_ARTIFACT)
+    p.add_argument("--budget", help="memory for the whole process, e.g. 900MB, 1GiB")
+    p.add_argument("--context", type=_positive,
+                   help="tokens the KV cache must hold (prompt + reply); default: the exported capacity")
+    p.add_argument("--threads", type=_positive, default=2)
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+    p.set_defaults(handler=cmd_plan)
+
     p = sub.add_parser("generate", help="answer one prompt (chat template applied), for scripts",
-                       description="Greedy generation from an artifact. The prompt goes through the model's "
-                                   "chat template; the reply streams to stdout (or one JSON object with --json).")
+                       description="Generate a reply from an artifact. The prompt goes through the model's chat "
+                                   "template; the reply streams to stdout (or one JSON object with --json). "
+                                   "Greedy output is the same token for token in every mode; medusa and auto "
+                                   "only change how many tokens each step verifies.",
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--artifact", type=Path, default=DEFAULT_ARTIFACT)
     p.add_argument("--prompt", help="the user message (default: read stdin)")
     p.add_argument("--system", help="optional system message")
+    p.add_argument("--mode", choices=[m.value for m in Mode], default="auto",
+                   help="greedy: plain decoding; medusa: the full exported tree each step; auto: the controller "
+                        "picks each step's tree width from KV space, measured latency and acceptance "
+                        "(plain decoding when the artifact has no heads)")
     p.add_argument("--max-new-tokens", type=_positive, default=128)
-    p.add_argument("--capacity", type=_positive, help="KV rows to allocate (default: the manifest's)")
+    p.add_argument("--budget", help="memory for the whole process (e.g. 900MB): sizes the KV capacity and tree")
+    p.add_argument("--capacity", type=_positive, help="KV rows to allocate without --budget (default: the manifest's)")
+    p.add_argument("--context", type=_positive, help="with --budget: allocate this many KV rows, not the most that fit")
+    p.add_argument("--temperature", type=float, default=0.0,
+                   help="0: greedy; > 0: sampling with typical acceptance (seeded)")
+    p.add_argument("--seed", type=int, default=0, help="sampling seed")
+    p.add_argument("--ignore-eos", action="store_true", help="keep generating past end-of-turn (for measurements)")
     p.add_argument("--threads", type=_positive, default=2)
+    p.add_argument("--stats", action="store_true", help="print per-step decisions (T, accepted, KV rows) to stderr")
     p.add_argument("--json", action="store_true", help="print one JSON object: text, token_ids, stats")
     p.set_defaults(handler=cmd_generate)
 
@@ -157,6 +186,26 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--no-peer", action="store_true", help="skip the ONNX Runtime GenAI row")
     b.add_argument("--json", type=Path, default=Path("results") / "bench-step.json", help="where to write JSON")
     b.set_defaults(handler=cmd_bench_step)
+
+    b = bench.add_parser("decode", help="MT-Bench decoding: greedy vs full tree vs controller (tok/s, memory)",
+                         description="Decode MT-Bench first turns with plain greedy, the full exported tree and "
+                                     "the controller, interleaved per question in one process (and ONNX Runtime "
+                                     "GenAI greedy unless --no-peer). Checks every mode's tokens against greedy. "
+                                     "Then each mode in a fresh process on the first --memory-questions: measured "
+                                     "generation memory (peak RSS - RSS after load) vs the memory model. Writes "
+                                     "Spec-Bench JSONL per mode and summary.json.",
+                         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    b.add_argument("--artifact", type=Path, default=DEFAULT_ARTIFACT)
+    b.add_argument("--questions", type=_positive, default=80, help="first N MT-Bench questions (first turns)")
+    b.add_argument("--max-new-tokens", type=_positive, default=128)
+    b.add_argument("--capacity", type=_positive, help="KV rows (default: the manifest's)")
+    b.add_argument("--memory-questions", type=int, default=8, help="questions per fresh-process memory probe (0: skip)")
+    b.add_argument("--threads", type=_positive, default=2, help="intra-op threads, for every engine")
+    b.add_argument("--no-peer", action="store_true", help="skip the ONNX Runtime GenAI greedy row")
+    b.add_argument("--torch-reference", action="store_true",
+                   help="also measure full-tree Medusa on the PyTorch reference (fresh process, memory questions)")
+    b.add_argument("--out", type=Path, default=Path("results") / "bench-decode", help="folder for JSONL + summary")
+    b.set_defaults(handler=cmd_bench_decode)
     return parser
 
 
@@ -181,27 +230,90 @@ def cmd_validate(args: argparse.Namespace) -> int:
     return 0 if report.passed else 1
 
 
+def cmd_plan(args: argparse.Namespace) -> int:
+    from specmemo.runtime import memory
+    from specmemo.runtime.calibrate import memory_calibration
+    from specmemo.runtime.manifest import load_manifest
+
+    manifest = load_manifest(args.artifact)
+    calibration = memory_calibration(args.artifact, threads=args.threads, log=_log)
+    weights = memory.weights_stored(args.artifact, manifest)
+    context = args.context or manifest.capacity
+    bound = memory.lower_bound(manifest, calibration, context=context)
+    chosen = None
+    if args.budget is not None:
+        chosen = memory.fit(manifest, calibration, budget=memory.parse_size(args.budget), context=args.context,
+                            weights=weights)
+    if args.json:
+        print(json.dumps({"lower_bound": _footprint_json(bound), "plan": chosen and _footprint_json(chosen),
+                          "context": context, "heads": manifest.heads.num_heads if manifest.heads else 0}))
+        return 0
+    shown = chosen or memory.footprint(manifest, calibration, capacity=manifest.capacity,
+                                       rows=memory.DEFAULT_PREFILL_CHUNK, tree=memory.exported_tree(manifest).size,
+                                       weights=weights)
+    title = f"plan for {args.budget}" if chosen else "at the exported capacity (no --budget)"
+    print(f"{args.artifact}: {manifest.dims.num_layers} layers, H_kv={manifest.dims.num_kv_heads}, "
+          f"D={manifest.dims.head_dim}, V={manifest.dims.vocab_size}, exported C={manifest.capacity}, "
+          f"tree {memory.exported_tree(manifest).size} nodes, K={manifest.heads.num_heads if manifest.heads else 0}")
+    print(f"\n{title}:")
+    for label, mib in memory.breakdown(shown):
+        print(f"  {label:<58} {mib:>9.1f} MiB")
+    print(f"\nlower bound for a {context}-token context (useful tree: {bound.tree} nodes): "
+          f"{bound.total / memory.MIB:.1f} MiB")
+    if chosen:
+        print(f"chosen: C={chosen.capacity}, R={chosen.rows} rows per call, T_max={chosen.tree}, "
+              f"K={manifest.heads.num_heads if manifest.heads else 0} heads; "
+              f"{chosen.total / memory.MIB:.1f} MiB of {memory.parse_size(args.budget) / memory.MIB:.1f} MiB")
+    return 0
+
+
+def _footprint_json(fp) -> dict:
+    from dataclasses import asdict
+
+    return {**asdict(fp), "arena": fp.arena, "generation": fp.generation, "total": fp.total}
+
+
+def _log(message: str) -> None:
+    print(message, file=sys.stderr)
+
+
 def cmd_generate(args: argparse.Namespace) -> int:
-    from specmemo.runtime.backend import OrtBackend
-    from specmemo.runtime.decode import greedy_generate
-    from specmemo.runtime.session import DecoderSession, SessionConfig
-    from specmemo.runtime.tokenizer import ChatTokenizer, Message
+    from specmemo.runtime.decode import Sampling
+    from specmemo.runtime.engine import EngineConfig, open_engine
+    from specmemo.runtime.memory import parse_size
+    from specmemo.runtime.session import peak_rss_bytes
+    from specmemo.runtime.tokenizer import Message
 
     prompt = args.prompt if args.prompt is not None else sys.stdin.read()
-    session = DecoderSession(args.artifact, SessionConfig(threads=args.threads, capacity=args.capacity))
-    tokenizer = ChatTokenizer(session.artifact, session.manifest)
+    sampling = Sampling(temperature=args.temperature, seed=args.seed) if args.temperature > 0 else None
+    config = EngineConfig(artifact=args.artifact, mode=args.mode, threads=args.threads,
+                          budget=parse_size(args.budget) if args.budget else None, capacity=args.capacity,
+                          context=args.context, sampling=sampling)
+    engine = open_engine(config, log=_log)
+    tokenizer = engine.tokenizer
     messages = ([Message("system", args.system)] if args.system else []) + [Message("user", prompt)]
     prompt_ids = tokenizer.encode_chat(messages)
     stream = None if args.json else TextStream(tokenizer)
-    result = greedy_generate(OrtBackend(session), prompt_ids, max_new_tokens=args.max_new_tokens,
-                             eos_token_ids=tokenizer.eos_token_ids, on_token=stream)
+    result = engine.generate(prompt_ids, max_new_tokens=args.max_new_tokens, on_token=stream,
+                             ignore_eos=args.ignore_eos)
     reply = [t for t in result.token_ids if t not in tokenizer.eos_token_ids]
+    stats = result.stats
+    summary = {**vars(stats), "decode_tokens_per_s": stats.decode_tokens_per_s, "mean_accepted": stats.mean_accepted,
+               "mode": config.mode.value, "capacity": engine.session.kv.capacity,
+               "arena_bytes": engine.session.arena.nbytes, "rss_after_load": engine.session.rss_after_load,
+               "peak_rss": peak_rss_bytes()}
     if args.json:
-        stats = result.stats
-        print(json.dumps({"text": tokenizer.decode(reply), "token_ids": result.token_ids,
-                          "stats": {**vars(stats), "decode_tokens_per_s": stats.decode_tokens_per_s}}))
+        print(json.dumps({"text": tokenizer.decode(reply), "token_ids": result.token_ids, "stats": summary}))
     else:
         print()
+    if args.stats:
+        print(f"mode {config.mode.value}: {stats.new_tokens} tokens in {stats.steps} steps, "
+              f"{stats.decode_tokens_per_s:.1f} tok/s, mean accepted {stats.mean_accepted:.2f}, "
+              f"KV {engine.session.kv.length}/{engine.session.kv.capacity} rows, arena "
+              f"{engine.session.arena.nbytes / 2**20:.1f} MiB", file=sys.stderr)
+        print("step  T  accepted  KV rows used", file=sys.stderr)
+        for i, (size, accepted, used) in enumerate(zip(stats.tree_sizes, stats.accept_lengths, stats.kv_used), 1):
+            print(f"{i:>4} {size:>2} {accepted:>9} {used:>13}", file=sys.stderr)
     return 0
 
 
@@ -287,6 +399,69 @@ def cmd_bench_step(args: argparse.Namespace) -> int:
     print(format_table(result))
     print(f"wrote {write_json(result, args.json)}")
     return 0
+
+
+def cmd_bench_decode(args: argparse.Namespace) -> int:
+    from specmemo.runtime import bench_decode as bench
+    from specmemo.runtime.datasets import load_questions
+    from specmemo.runtime.manifest import load_manifest
+
+    manifest = load_manifest(args.artifact)
+    genai_dir = None
+    if not args.no_peer:
+        from specmemo.export.peers import genai_model_dir
+
+        genai_dir = genai_model_dir(manifest.source_model)
+    config = bench.DecodeBenchConfig(artifact=args.artifact, questions=args.questions,
+                                     max_new_tokens=args.max_new_tokens, threads=args.threads, capacity=args.capacity,
+                                     memory_questions=args.memory_questions, out=args.out, genai_dir=genai_dir)
+    questions = load_questions()[: config.questions]
+    runs = bench.run_speed(config, questions, log=_log)
+    from specmemo.runtime.tokenizer import ChatTokenizer
+
+    tokenizer = ChatTokenizer(args.artifact, manifest)
+    prompts = [tokenizer.encode_chat([_user(q.turns[0])]) for q in questions[: config.memory_questions]]
+    memory = bench.run_memory(config, prompts, log=_log) if prompts else []
+    summary = bench.summarize(config, runs, memory)
+    if args.torch_reference and prompts:
+        summary["pytorch_reference"] = _torch_reference(manifest, prompts, config)
+    print(bench.format_table(summary))
+    _print_decode_bars(summary)
+    for path in bench.write_results(summary, runs, config.out, manifest.source_model, tokenizer.decode):
+        print(f"wrote {path}")
+    return 0
+
+
+def _user(text: str):
+    from specmemo.runtime.tokenizer import Message
+
+    return Message("user", text)
+
+
+def _torch_reference(manifest, prompts, config) -> dict:
+    import subprocess
+
+    _log(f"PyTorch reference, full-tree Medusa (fresh process, {len(prompts)} questions) ...")
+    request = json.dumps({"model": manifest.source_model, "heads": manifest.heads.source, "prompts": prompts,
+                          "max_new_tokens": config.max_new_tokens, "tree": manifest.heads.tree,
+                          "top_k": manifest.heads.top_k, "threads": config.threads})
+    done = subprocess.run([sys.executable, "-m", "specmemo.export.reference"], input=request, capture_output=True,
+                          text=True)
+    if done.returncode != 0:
+        raise SpecMemoError(f"the PyTorch reference run failed: {done.stderr.strip().splitlines()[-1:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _print_decode_bars(summary: dict) -> None:
+    modes, ref = summary["modes"], summary.get("pytorch_reference")
+    auto, medusa = modes["auto"], modes["medusa"]
+    print(f"controller: {auto['speedup_vs_greedy_median']:.2f}x our greedy"
+          + (f", {auto['speedup_vs_genai_median']:.2f}x ONNX Runtime GenAI greedy" if "speedup_vs_genai_median" in auto else "")
+          + f", {auto['tokens_per_s'] / medusa['tokens_per_s']:.2f}x the full-tree throughput")
+    if ref and "memory" in auto:
+        share = auto["memory"]["measured_generation"] / ref["measured_generation"]
+        print(f"controller generation memory {auto['memory']['measured_generation'] / 2**20:.1f} MiB = {100 * share:.0f}% "
+              f"of PyTorch full-tree Medusa ({ref['measured_generation'] / 2**20:.1f} MiB, {ref['tokens_per_s']:.1f} tok/s)")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -196,7 +196,7 @@ def exported(request, tmp_path_factory):
 def test_heads_graph_matches_torch(exported):
     artifact, model, heads = exported
     session = DecoderSession(artifact)
-    drafter = OrtDrafter(artifact, session.manifest)
+    drafter = OrtDrafter(session)
     hidden = torch.randn(6, heads.spec.hidden_size)
     ids, probs = drafter.run(hidden.numpy())
     ref_ids, ref_probs = heads.top_k(hidden, TOP_K)
@@ -253,7 +253,7 @@ def test_speculative_equals_greedy(exported, backend_kind):
         spec = generate(backend, prompt, max_new_tokens=40, eos_token_ids=eos, drafter=oracle, medusa=medusa)
         assert spec.token_ids == greedy
         assert spec.stats.mean_accepted > 1.5  # the oracle's paths really were accepted
-        real = TorchDrafter(heads, TOP_K) if backend_kind == "torch" else OrtDrafter(artifact, session.manifest)
+        real = TorchDrafter(heads, TOP_K) if backend_kind == "torch" else OrtDrafter(session)
         assert generate(make(), prompt, max_new_tokens=40, eos_token_ids=eos, drafter=real,
                         medusa=medusa).token_ids == greedy
 

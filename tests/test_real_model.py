@@ -4,6 +4,9 @@ Export (with the shipped Medusa heads) + validate against PyTorch, and greedy ge
 Runtime token-identical to Hugging Face `generate` on a few chat prompts, plain and speculative
 (ORT heads graph and tree; the PyTorch reference Medusa decoder too)."""
 
+import json
+import tracemalloc
+
 import pytest
 import torch
 
@@ -16,7 +19,7 @@ from specmemo.runtime.backend import OrtBackend
 from specmemo.runtime.decode import generate
 from specmemo.runtime.drafter import OrtDrafter
 from specmemo.runtime.medusa_tree import MedusaTree
-from specmemo.runtime.session import DecoderSession
+from specmemo.runtime.session import DecoderSession, SessionConfig, rss_bytes
 from specmemo.runtime.tokenizer import ChatTokenizer, Message
 
 pytestmark = pytest.mark.real_model
@@ -80,7 +83,7 @@ def test_ort_equals_hf_generate(real, hf_greedy, prompt, mode):
     session = DecoderSession(artifact)
     eos = ChatTokenizer(artifact, session.manifest).eos_token_ids
     medusa = MedusaTree.from_choices(session.manifest.heads.tree) if mode == "medusa" else None
-    drafter = OrtDrafter(artifact, session.manifest) if mode == "medusa" else None
+    drafter = OrtDrafter(session) if mode == "medusa" else None
     result = generate(OrtBackend(session), ids, max_new_tokens=NEW_TOKENS, eos_token_ids=eos,
                       drafter=drafter, medusa=medusa)
     print(f"{mode}: accepted tokens/step {result.stats.mean_accepted:.2f}")
@@ -99,3 +102,61 @@ def test_torch_reference_medusa_equals_hf_generate(real, hf_greedy):
                       drafter=TorchDrafter(heads, session.manifest.heads.top_k),
                       medusa=MedusaTree.from_choices(heads.spec.tree))
     assert result.token_ids == expected
+
+
+def decode_steps(backend, steps, sizes, medusa, drafter, state):
+    from specmemo.runtime.decode import draft, verify_and_commit
+
+    for i in range(steps):
+        shape = medusa.prefix(sizes[i % len(sizes)])
+        tokens = draft(drafter, state["step"], shape) if shape.size > 1 else [state["step"].root]
+        _, state["step"] = verify_and_commit(backend, tokens, shape.parents())
+
+
+def test_no_allocation_per_decode_step_after_warm_up(real):
+    """Speculative steps of mixed widths on the real model: after warm-up, a step's Python-side
+    peak stays under 16 KiB (the smallest per-step buffer, a [T, h] hidden block at T = 2, is
+    4.5 KiB and the logits of one row 192 KiB: the bound leaves room only for bookkeeping objects),
+    and the process RSS does not grow (KV, I/O and ORT's arena were all sized at load)."""
+    from specmemo.runtime.decode import prefill
+
+    session = DecoderSession(real[0], SessionConfig(capacity=512))
+    backend, drafter = OrtBackend(session), OrtDrafter(session)
+    medusa = MedusaTree.from_choices(session.manifest.heads.tree)
+    sizes = [32, 1, 4, 2, 16, 8, 3]
+    state = {"step": prefill(backend, list(range(100, 160)))}
+    decode_steps(backend, 14, sizes, medusa, drafter, state)  # warm-up: every shape once
+    tracemalloc.start()
+    rss_before, peaks = rss_bytes(), []
+    for _ in range(40):
+        tracemalloc.reset_peak()
+        before = tracemalloc.get_traced_memory()[0]
+        decode_steps(backend, 1, sizes, medusa, drafter, state)
+        peaks.append(tracemalloc.get_traced_memory()[1] - before)
+    tracemalloc.stop()
+    print(f"max per-step Python peak {max(peaks)} B, RSS growth {rss_bytes() - rss_before} B")
+    assert max(peaks) < 16 * 1024
+    assert rss_bytes() - rss_before < 256 * 1024
+
+
+def test_generate_cli_modes_agree_and_plan_refuses_below_the_bound(real, capsys):
+    """`specmemo generate --json` in greedy, medusa and auto mode: the same token ids; `specmemo plan`
+    prints the breakdown and refuses a budget below the lower bound with the bound in the message."""
+    from specmemo.cli import main
+
+    artifact = str(real[0])
+    outputs = {}
+    for mode in ("greedy", "medusa", "auto"):
+        assert main(["generate", "--artifact", artifact, "--prompt", PROMPTS[1], "--mode", mode,
+                     "--max-new-tokens", "40", "--json"]) == 0
+        outputs[mode] = json.loads(capsys.readouterr().out)
+    assert outputs["greedy"]["token_ids"] == outputs["medusa"]["token_ids"] == outputs["auto"]["token_ids"]
+    assert outputs["medusa"]["stats"]["mean_accepted"] > 1.0 and set(outputs["medusa"]["stats"]["tree_sizes"]) == {32}
+    assert outputs["greedy"]["text"] and outputs["auto"]["stats"]["mode"] == "auto"
+
+    assert main(["plan", "--artifact", artifact, "--json"]) == 0
+    bound = json.loads(capsys.readouterr().out)["lower_bound"]["total"]
+    assert main(["plan", "--artifact", artifact, "--budget", f"{bound // 2**20 - 1}MiB"]) == 1
+    assert "below the lower bound" in capsys.readouterr().err
+    assert main(["plan", "--artifact", artifact, "--budget", f"{bound // 2**20 + 40}MiB"]) == 0
+    assert "chosen: C=1024" in capsys.readouterr().out

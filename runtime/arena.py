@@ -1,0 +1,139 @@
+"""The arena: every buffer a generation touches, sized by arithmetic, allocated once, as named views.
+
+As in llm.c: the layout below lists each buffer's dtype and shape; their byte sizes add up (each
+start aligned to 64 bytes) to one number, and one allocation of that many bytes is carved into
+views. The memory model (`memory.py`) prices the arena with the same layout, so predicted and
+allocated bytes are the same number, not two estimates.
+
+The buffers (R rows per decoder call: the largest tree or prefill chunk; N logit rows):
+  kv.{i}            [B, H_kv, C, D]   past and present of one KV input/output pair, updated in place
+  input_ids         [R]   int64
+  position_ids      [R]   int64
+  attention_bias    [R * C]           a [B, 1, T, S] step uses its first T * S elements
+  logits_indices    [R]   int64
+  logits            [N * V]           a step with N logit rows uses its first N * V elements
+  next_token_ids    [R]   int64
+  hidden_states     [R * h]
+  heads_hidden      [B, h]            the Medusa heads' input (one row copied from hidden_states)
+  heads_token_ids   [B, K, k] int64
+  heads_probs       [B, K, k]
+
+The whole block is written once at allocation (`fill(0)`), so its pages are resident before the
+first token: memory is committed up front, and a budget that fits at load keeps fitting.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from specmemo.errors import ConfigError
+from specmemo.runtime.manifest import Manifest
+
+ALIGN = 64  # bytes; every view starts on a cache line
+
+
+@dataclass(frozen=True)
+class ArenaLayout:
+    num_layers: int  # L
+    num_kv_heads: int  # H_kv
+    head_dim: int  # D
+    hidden_size: int  # h
+    vocab_size: int  # V
+    capacity: int  # C
+    rows: int  # R: most tokens one decoder call takes (tree nodes, or a prefill chunk)
+    logit_rows: int  # N: most rows that get logits in one call (the largest tree)
+    num_heads: int = 0  # K Medusa heads (0: none)
+    top_k: int = 0  # k
+    dtype: str = "float32"
+    batch: int = 1  # B
+
+    def __post_init__(self) -> None:
+        if self.capacity < 2 or self.rows < 1 or self.logit_rows < 1:
+            raise ConfigError(f"arena needs capacity >= 2, rows >= 1, logit rows >= 1 "
+                              f"(got {self.capacity}, {self.rows}, {self.logit_rows})")
+        if self.logit_rows > self.rows:
+            raise ConfigError(f"logit rows {self.logit_rows} exceed the rows per call {self.rows}")
+
+    @classmethod
+    def for_manifest(cls, manifest: Manifest, *, capacity: int, rows: int, logit_rows: int,
+                     batch: int = 1) -> ArenaLayout:
+        d, heads = manifest.dims, manifest.heads
+        return cls(num_layers=d.num_layers, num_kv_heads=d.num_kv_heads, head_dim=d.head_dim,
+                   hidden_size=d.hidden_size, vocab_size=d.vocab_size, capacity=capacity, rows=rows,
+                   logit_rows=logit_rows, num_heads=heads.num_heads if heads else 0,
+                   top_k=heads.top_k if heads else 0, dtype=manifest.dtype, batch=batch)
+
+    def views(self) -> list[tuple[str, str, tuple[int, ...]]]:
+        """(name, dtype, shape) of every buffer, in allocation order."""
+        b, r, f = self.batch, self.rows, self.dtype
+        kv = (b, self.num_kv_heads, self.capacity, self.head_dim)
+        out = [(f"kv.{i}", f, kv) for i in range(2 * self.num_layers)]
+        out += [
+            ("input_ids", "int64", (b * r,)),
+            ("position_ids", "int64", (b * r,)),
+            ("attention_bias", f, (b * r * self.capacity,)),
+            ("logits_indices", "int64", (b * r,)),
+            ("logits", f, (b * self.logit_rows * self.vocab_size,)),
+            ("next_token_ids", "int64", (b * r,)),
+            ("hidden_states", f, (b * r * self.hidden_size,)),
+        ]
+        if self.num_heads:
+            heads = (b, self.num_heads, self.top_k)
+            out += [("heads_hidden", f, (b, self.hidden_size)), ("heads_token_ids", "int64", heads),
+                    ("heads_probs", f, heads)]
+        return out
+
+    def offsets(self) -> dict[str, int]:
+        """Byte offset of each view; the end of the last one (aligned) is `nbytes`."""
+        offsets, at = {}, 0
+        for name, dtype, shape in self.views():
+            offsets[name] = at
+            at += _aligned(np.dtype(dtype).itemsize * int(np.prod(shape)))
+        offsets["<end>"] = at
+        return offsets
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the views laid end to end (each start aligned)."""
+        return self.offsets()["<end>"]
+
+    @property
+    def allocation_bytes(self) -> int:
+        """What the arena allocates: the views plus ALIGN bytes of slack to align the first one."""
+        return self.nbytes + ALIGN
+
+    def kv_nbytes(self) -> int:
+        return sum(_aligned(np.dtype(dt).itemsize * int(np.prod(s))) for n, dt, s in self.views() if n.startswith("kv."))
+
+
+def _aligned(size: int) -> int:
+    return -(-size // ALIGN) * ALIGN
+
+
+class Arena:
+    """One allocation of `layout.nbytes`, carved into the named views of the layout."""
+
+    def __init__(self, layout: ArenaLayout):
+        self.layout = layout
+        self.block = np.empty(layout.allocation_bytes, dtype=np.uint8)
+        self.block.fill(0)  # commit every page now, not on first touch
+        base = (-self.block.ctypes.data) % ALIGN  # first cache-line boundary inside the block
+        offsets = layout.offsets()
+        self.views: dict[str, np.ndarray] = {}
+        for name, dtype, shape in layout.views():
+            start = base + offsets[name]
+            size = np.dtype(dtype).itemsize * int(np.prod(shape))
+            self.views[name] = self.block[start : start + size].view(dtype).reshape(shape)
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        return self.views[name]
+
+    @property
+    def kv(self) -> list[np.ndarray]:  # 2L views [B, H_kv, C, D], in the manifest's kv_pairs order
+        return [self.views[f"kv.{i}"] for i in range(2 * self.layout.num_layers)]
+
+    @property
+    def nbytes(self) -> int:
+        return self.block.nbytes

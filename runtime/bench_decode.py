@@ -1,0 +1,222 @@
+"""`specmemo bench decode`: MT-Bench first turns, N new tokens, decoding modes interleaved.
+
+Speed: one process, one arena; for each question every mode runs once, in an order rotated per
+question (greedy, full tree, controller, and ONNX Runtime GenAI greedy when given), so all modes
+see the same machine drift. tokens/s = new tokens / wall time of the turn (prefill included), as
+Spec-Bench reports it; per-question ratios to our greedy are taken side by side, then their median.
+Identity: every mode's token ids must equal greedy's (greedy acceptance is exact).
+
+Memory: each mode again in a fresh process on the first few questions: measured generation
+memory = peak RSS - RSS after load (the peak is reset once the sessions are open), beside the
+memory model's prediction for the same C, R and T.
+
+Writes Spec-Bench-compatible JSONL per mode (`choices[0]`: turns, new_tokens, wall_time,
+accept_lengths, decoding_steps) and a summary JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from specmemo.errors import ConfigError
+from specmemo.runtime.calibrate import cpu_name, memory_calibration
+from specmemo.runtime.controller import Controller, latency_curve
+from specmemo.runtime.decode import FullWidth, generate
+from specmemo.runtime.engine import EngineConfig, Mode, open_engine
+from specmemo.runtime.memory import MIB, footprint
+from specmemo.runtime.session import peak_rss_bytes
+
+MODES = (Mode.GREEDY.value, Mode.MEDUSA.value, Mode.AUTO.value)
+
+
+@dataclass(frozen=True)
+class DecodeBenchConfig:
+    artifact: Path
+    questions: int = 80
+    max_new_tokens: int = 128
+    threads: int = 2
+    capacity: int | None = None  # KV rows (default: the manifest's)
+    memory_questions: int = 8  # questions per fresh-process memory probe (0: skip)
+    out: Path = Path("results") / "bench-decode"
+    genai_dir: Path | None = None  # ONNX Runtime GenAI model: greedy peer row
+
+    def __post_init__(self) -> None:
+        if self.questions < 1 or self.max_new_tokens < 1 or self.memory_questions < 0:
+            raise ConfigError("--questions and --max-new-tokens must be >= 1, --memory-questions >= 0")
+
+
+@dataclass
+class Turn:
+    question_id: int
+    category: str
+    token_ids: list[int]
+    wall_time: float
+    accept_lengths: list[int]
+    tree_sizes: list[int]
+
+
+@dataclass
+class ModeRun:
+    mode: str
+    turns: list[Turn] = field(default_factory=list)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return sum(len(t.token_ids) for t in self.turns) / sum(t.wall_time for t in self.turns)
+
+    @property
+    def mean_accepted(self) -> float:
+        lengths = [a for t in self.turns for a in t.accept_lengths]
+        return statistics.mean(lengths) if lengths else 1.0
+
+    @property
+    def mean_tree(self) -> float:
+        sizes = [a for t in self.turns for a in t.tree_sizes]
+        return statistics.mean(sizes) if sizes else 1.0
+
+
+def encode_questions(engine, questions) -> list[list[int]]:
+    from specmemo.runtime.tokenizer import Message
+
+    return [engine.tokenizer.encode_chat([Message("user", q.turns[0])]) for q in questions]
+
+
+def run_speed(config: DecodeBenchConfig, questions, *, log=print) -> dict[str, ModeRun]:
+    engine = open_engine(EngineConfig(artifact=config.artifact, mode=Mode.MEDUSA, threads=config.threads,
+                                      capacity=config.capacity), log=log)
+    backend, drafter, medusa = engine.backend, engine.drafter, engine.medusa
+    curve = latency_curve(config.artifact, backend, drafter, max_size=medusa.size, threads=config.threads, log=log)
+    accuracy = engine.session.manifest.heads.accuracy
+    eos = engine.tokenizer.eos_token_ids
+    prompts = encode_questions(engine, questions)
+    peer = None
+    if config.genai_dir is not None:
+        from specmemo.runtime.peers import GenAIEngine
+
+        peer = GenAIEngine(config.genai_dir, threads=config.threads)
+    names = list(MODES) + (["onnxruntime-genai"] if peer else [])
+    runs = {name: ModeRun(name) for name in names}
+    for i, (question, prompt) in enumerate(zip(questions, prompts)):
+        for name in names[i % len(names):] + names[: i % len(names)]:
+            started = time.perf_counter()
+            if name == "onnxruntime-genai":
+                tokens = peer.generate(prompt, config.max_new_tokens, eos)
+                accept, sizes = [1] * len(tokens), [1] * len(tokens)
+            else:
+                backend.reset()
+                policy = {"greedy": None, "medusa": FullWidth(medusa),
+                          "auto": Controller.build(medusa, curve, accuracy)}[name]
+                result = generate(backend, prompt, max_new_tokens=config.max_new_tokens, eos_token_ids=eos,
+                                  drafter=None if name == "greedy" else drafter,
+                                  medusa=None if name == "greedy" else medusa, policy=policy)
+                tokens, accept, sizes = result.token_ids, result.stats.accept_lengths, result.stats.tree_sizes
+            wall = time.perf_counter() - started
+            runs[name].turns.append(Turn(question.question_id, question.category, tokens, wall, accept, sizes))
+        line = ", ".join(f"{n} {len(runs[n].turns[-1].token_ids) / runs[n].turns[-1].wall_time:.1f}" for n in names)
+        log(f"[{i + 1}/{len(questions)}] question {question.question_id}: tok/s {line}")
+    return runs
+
+
+def probe_memory(artifact: Path, mode: str, prompts: list[list[int]], max_new_tokens: int, threads: int,
+                 capacity: int | None) -> dict:
+    """In a fresh process: open the engine for `mode`, decode `prompts`, report generation memory."""
+    engine = open_engine(EngineConfig(artifact=artifact, mode=mode, threads=threads, capacity=capacity),
+                         log=lambda _: None)
+    session = engine.session
+    for prompt in prompts:
+        engine.generate(prompt, max_new_tokens=max_new_tokens)
+    calibration = memory_calibration(artifact, threads=threads, log=lambda _: None)
+    predicted = footprint(session.manifest, calibration, capacity=session.kv.capacity, rows=session.rows,
+                          tree=session.logit_rows)
+    return {"mode": mode, "rss_after_load": session.rss_after_load, "peak_rss": peak_rss_bytes(),
+            "measured_generation": peak_rss_bytes() - session.rss_after_load,
+            "predicted_generation": predicted.generation, "arena": session.arena.nbytes,
+            "capacity": session.kv.capacity, "rows": session.rows, "tree": session.logit_rows}
+
+
+def run_memory(config: DecodeBenchConfig, prompts: list[list[int]], *, log=print) -> list[dict]:
+    rows = []
+    for mode in MODES:
+        log(f"memory probe ({mode}, fresh process, {len(prompts)} questions) ...")
+        request = json.dumps({"artifact": str(config.artifact), "mode": mode, "prompts": prompts,
+                              "max_new_tokens": config.max_new_tokens, "threads": config.threads,
+                              "capacity": config.capacity})
+        done = subprocess.run([sys.executable, "-m", "specmemo.runtime.bench_decode"], input=request,
+                              capture_output=True, text=True)
+        if done.returncode != 0:
+            raise RuntimeError(f"memory probe for {mode} failed: {done.stderr.strip().splitlines()[-1:]}")
+        rows.append(json.loads(done.stdout.strip().splitlines()[-1]))
+    return rows
+
+
+def spec_bench_records(run: ModeRun, model_id: str, decode) -> list[dict]:
+    return [{"question_id": t.question_id, "category": t.category, "model_id": model_id,
+             "choices": [{"index": 0, "turns": [decode(t.token_ids)], "decoding_steps": [len(t.accept_lengths) + 1],
+                          "new_tokens": [len(t.token_ids)], "wall_time": [round(t.wall_time, 4)],
+                          "accept_lengths": [t.accept_lengths]}], "tstamp": time.time()}
+            for t in run.turns]
+
+
+def summarize(config: DecodeBenchConfig, runs: dict[str, ModeRun], memory: list[dict]) -> dict:
+    greedy = runs["greedy"]
+    modes = {}
+    for name, run in runs.items():
+        ratios = [(len(t.token_ids) / t.wall_time) / (len(g.token_ids) / g.wall_time)
+                  for t, g in zip(run.turns, greedy.turns)]
+        identical = sum(t.token_ids == g.token_ids for t, g in zip(run.turns, greedy.turns))
+        modes[name] = {"tokens_per_s": round(run.tokens_per_s, 2), "speedup_vs_greedy_median": round(statistics.median(ratios), 3),
+                       "mean_accepted": round(run.mean_accepted, 3), "mean_tree": round(run.mean_tree, 2),
+                       "identical_to_greedy": identical, "turns": len(run.turns),
+                       "new_tokens": sum(len(t.token_ids) for t in run.turns)}
+    if "onnxruntime-genai" in runs:
+        peer = runs["onnxruntime-genai"]
+        for name in MODES:
+            ratios = [(len(t.token_ids) / t.wall_time) / (len(p.token_ids) / p.wall_time)
+                      for t, p in zip(runs[name].turns, peer.turns)]
+            modes[name]["speedup_vs_genai_median"] = round(statistics.median(ratios), 3)
+    for row in memory:
+        row["error_vs_predicted"] = round(row["measured_generation"] / row["predicted_generation"] - 1, 4)
+        modes[row["mode"]]["memory"] = row
+    return {"benchmark": "decode", "artifact": str(config.artifact),
+            "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(config).items()},
+            "machine": {"platform": platform.platform(), "cpu": cpu_name(), "threads": config.threads},
+            "modes": modes}
+
+
+def format_table(summary: dict) -> str:
+    lines = [f"{'mode':<18} {'tok/s':>7} {'×greedy':>8} {'×genai':>7} {'accepted':>9} {'mean T':>7} "
+             f"{'identical':>10} {'gen MiB':>8} {'pred MiB':>9} {'err':>6}", "-" * 96]
+    for name, m in summary["modes"].items():
+        mem = m.get("memory")
+        mem_cols = (f"{mem['measured_generation'] / MIB:>8.1f} {mem['predicted_generation'] / MIB:>9.1f} "
+                    f"{100 * mem['error_vs_predicted']:>5.1f}%") if mem else f"{'':>8} {'':>9} {'':>6}"
+        genai = m.get("speedup_vs_genai_median")
+        lines.append(f"{name:<18} {m['tokens_per_s']:>7.1f} {m['speedup_vs_greedy_median']:>8.3f} "
+                     f"{(f'{genai:.3f}' if genai else '-'):>7} {m['mean_accepted']:>9.2f} {m['mean_tree']:>7.1f} "
+                     f"{m['identical_to_greedy']:>5}/{m['turns']:<4} {mem_cols}")
+    return "\n".join(lines)
+
+
+def write_results(summary: dict, runs: dict[str, ModeRun], out: Path, model_id: str, decode) -> list[Path]:
+    out.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for name, run in runs.items():
+        path = out / f"{name}.jsonl"
+        path.write_text("".join(json.dumps(r) + "\n" for r in spec_bench_records(run, f"{model_id}-{name}", decode)))
+        paths.append(path)
+    summary_path = out / "summary.json"
+    summary_path.write_text(json.dumps(summary, indent=2) + "\n")
+    return paths + [summary_path]
+
+
+if __name__ == "__main__":  # the fresh-process memory probe; request as JSON on stdin
+    request = json.loads(sys.stdin.read())
+    print(json.dumps(probe_memory(Path(request["artifact"]), request["mode"], request["prompts"],
+                                  request["max_new_tokens"], request["threads"], request["capacity"])))

@@ -1,0 +1,154 @@
+"""The width controller: each step, how many nodes of the exported tree to verify.
+
+Verifying a prefix of T nodes gains E[accepted(T)] = 1 + sum of p_i over its nodes i > 0 tokens,
+where p_i is the chance node i ends up on the accepted path, and costs latency(T) plus one heads
+call when T > 1. The controller picks the T that maximises tokens per second, from
+  (a) the KV rows left in the arena (T never exceeds them; at 1 row left it is plain decoding),
+  (b) a T → ms curve measured once for this artifact and machine (cached, see calibrate.py),
+  (c) running acceptance statistics: per node, accepted / verified, starting from the manifest's
+      accuracy table as a prior worth PRIOR_STEPS observations.
+When plain decoding wins it still verifies the best tree every EXPLORE_EVERY steps, so the
+statistics can recover if the text gets easier. Every decision is kept for `--stats`.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from specmemo.errors import ConfigError
+from specmemo.runtime import calibrate, tree
+from specmemo.runtime.medusa_tree import MedusaTree, path_probability
+
+PRIOR_STEPS = 16
+EXPLORE_EVERY = 32
+
+
+@dataclass(frozen=True)
+class LatencyCurve:
+    sizes: tuple[int, ...]  # T values measured, ascending, starting at 1
+    step_ms: tuple[float, ...]  # decoder ms per step at each T
+    heads_ms: float  # one heads call
+
+    def __post_init__(self) -> None:
+        if not self.sizes or self.sizes[0] != 1 or list(self.sizes) != sorted(self.sizes):
+            raise ConfigError("a latency curve needs ascending tree sizes starting at 1")
+        if len(self.sizes) != len(self.step_ms):
+            raise ConfigError("a latency curve needs one time per tree size")
+
+    def step(self, size: int) -> float:
+        """ms for a step of T nodes (linear between measured sizes), heads call included when T > 1."""
+        ms = float(np.interp(size, self.sizes, self.step_ms))
+        return ms + (self.heads_ms if size > 1 else 0.0)
+
+
+CURVE_SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
+
+
+def measure_latency(backend, drafter, *, max_size: int, context: int = 256, rounds: int = 5,
+                    steps: int = 6) -> LatencyCurve:
+    """Decoder ms per step for each T in CURVE_SIZES up to `max_size`, on a `context`-row past,
+    interleaved in rounds (median of per-round medians), and ms per heads call."""
+    sizes = [s for s in CURVE_SIZES if s <= max_size] or [1]
+    backend.reset()
+    prompt = [1] * min(context, backend.capacity - max_size - 1)
+    backend.forward(prompt, tree.chain(len(prompt)), last_only=True)
+    backend.commit(list(range(len(prompt))))
+    per_size: dict[int, list[float]] = {s: [] for s in sizes}
+    heads: list[float] = []
+    for _ in range(rounds):
+        for size in sizes:
+            times = []
+            for _ in range(steps):
+                started = time.perf_counter()
+                out = backend.forward([1] * size, tree.chain(size))
+                times.append(time.perf_counter() - started)
+            per_size[size].append(statistics.median(times[1:]))
+        if drafter is not None:
+            times = []
+            for _ in range(steps):
+                started = time.perf_counter()
+                drafter.draft(out.hidden_states[-1])
+                times.append(time.perf_counter() - started)
+            heads.append(statistics.median(times[1:]))
+    backend.reset()
+    return LatencyCurve(sizes=tuple(sizes), step_ms=tuple(1e3 * statistics.median(per_size[s]) for s in sizes),
+                        heads_ms=1e3 * statistics.median(heads) if heads else 0.0)
+
+
+def latency_curve(artifact: Path, backend, drafter, *, max_size: int, threads: int, log=print) -> LatencyCurve:
+    """The cached curve for this artifact and machine, measured on first use (~20 s)."""
+    path = calibrate.cache_file(artifact, "latency", threads)
+    data = calibrate.cached(path)
+    if data is None or max(data["sizes"]) < min(max_size, CURVE_SIZES[-1]):
+        log(f"measuring ms per step for tree sizes up to {max_size} once (cached) ...")
+        curve = measure_latency(backend, drafter, max_size=max_size)
+        calibrate.store(path, {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(curve).items()})
+        return curve
+    return LatencyCurve(sizes=tuple(data["sizes"]), step_ms=tuple(data["step_ms"]), heads_ms=data["heads_ms"])
+
+
+class AcceptanceStats:
+    """Per node i of the exported tree: verified count and accepted count, with the accuracy
+    table's path probability as a prior worth PRIOR_STEPS observations (0.5 without a table)."""
+
+    def __init__(self, medusa: MedusaTree, accuracy: tuple[tuple[float, ...], ...] = (), prior_steps: int = PRIOR_STEPS):
+        rank_hit = [[b - a for a, b in zip((0.0, *row), row)] for row in accuracy]
+        prior = [1.0] + [path_probability(c, rank_hit) if rank_hit else 0.5 for c in medusa.choices]
+        self.hits = np.array(prior) * prior_steps  # [T_full]
+        self.trials = np.full(medusa.size, float(prior_steps))
+
+    def observe(self, size: int, path: list[int]) -> None:
+        """A step verified the first `size` nodes and accepted the nodes on `path` (root first)."""
+        self.trials[:size] += 1
+        self.hits[path] += 1
+
+    def expected_accepted(self, size: int) -> float:
+        """1 + sum over nodes 1..T-1 of their acceptance rate: tokens gained by a step of T nodes."""
+        return 1.0 + float((self.hits[1:size] / self.trials[1:size]).sum())
+
+
+@dataclass
+class Decision:
+    size: int  # T verified
+    accepted: int  # tokens gained
+    space_left: int  # KV rows free before the step
+
+
+@dataclass
+class Controller:
+    """Picks T each step (see module doc); the decode loop calls `choose` then `observe`."""
+
+    medusa: MedusaTree  # the exported tree (the arena's logit rows may cut it)
+    curve: LatencyCurve
+    stats: AcceptanceStats
+    max_size: int  # T_max from the plan
+    decisions: list[Decision] = field(default_factory=list)
+    _space: int = 0
+
+    @classmethod
+    def build(cls, medusa: MedusaTree, curve: LatencyCurve, accuracy=(), *, max_size: int | None = None) -> Controller:
+        limit = min(medusa.size, max_size or medusa.size)
+        return cls(medusa=medusa, curve=curve, stats=AcceptanceStats(medusa, accuracy), max_size=limit)
+
+    def tokens_per_ms(self, size: int) -> float:
+        return self.stats.expected_accepted(size) / self.curve.step(size)
+
+    def best(self, limit: int) -> int:
+        return max(range(1, max(limit, 1) + 1), key=self.tokens_per_ms)
+
+    def choose(self, space_left: int) -> int:
+        self._space = space_left
+        limit = min(self.max_size, space_left)
+        size = self.best(limit)
+        if size == 1 and limit > 1 and len(self.decisions) % EXPLORE_EVERY == EXPLORE_EVERY - 1:
+            size = max(range(2, limit + 1), key=self.tokens_per_ms)  # keep the statistics alive
+        return size
+
+    def observe(self, size: int, path: list[int]) -> None:
+        self.stats.observe(size, path)
+        self.decisions.append(Decision(size=size, accepted=len(path), space_left=self._space))

@@ -1,0 +1,120 @@
+"""An artifact opened for generation: plan → sessions and arena → drafter and width policy.
+
+    plan     – with a budget, memory.fit picks C, the rows per call R and T_max (else the flags or
+               the manifest's capacity, the exported tree);
+    open     – DecoderSession (decoder + heads graphs, one arena), tokenizer;
+    policy   – greedy: no heads; medusa: the full tree (cut to the KV rows left); auto: the
+               controller (latency curve measured once per machine, cached).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from enum import Enum
+from pathlib import Path
+
+from specmemo.errors import ConfigError
+from specmemo.runtime.backend import OrtBackend
+from specmemo.runtime.calibrate import memory_calibration
+from specmemo.runtime.controller import Controller, latency_curve
+from specmemo.runtime.decode import Generation, Sampling, generate
+from specmemo.runtime.drafter import OrtDrafter
+from specmemo.runtime.manifest import ManifestError, load_manifest
+from specmemo.runtime.medusa_tree import MedusaTree
+from specmemo.runtime.memory import DEFAULT_PREFILL_CHUNK, Footprint, fit, weights_stored
+from specmemo.runtime.session import DecoderSession, SessionConfig
+from specmemo.runtime.tokenizer import ChatTokenizer
+
+
+class Mode(str, Enum):
+    GREEDY = "greedy"  # plain decoding, one token per step, no heads
+    MEDUSA = "medusa"  # the full exported tree every step
+    AUTO = "auto"  # the controller picks each step's width
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    artifact: Path
+    mode: Mode = Mode.AUTO
+    threads: int = 2
+    budget: int | None = None  # bytes for the whole process; sizes C, R and T_max
+    capacity: int | None = None  # C without a budget (default: the manifest's)
+    context: int | None = None  # with a budget: C = context instead of the largest that fits
+    prefill_chunk: int = DEFAULT_PREFILL_CHUNK
+    sampling: Sampling | None = None  # None: greedy acceptance
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.mode, Mode):
+            object.__setattr__(self, "mode", Mode(self.mode))
+        if self.budget is not None and self.capacity is not None:
+            raise ConfigError("give --budget or --capacity, not both: the budget decides the capacity")
+
+
+@dataclass
+class Engine:
+    config: EngineConfig
+    session: DecoderSession
+    tokenizer: ChatTokenizer
+    medusa: MedusaTree  # the tree a step may verify (exported tree cut to the arena's logit rows)
+    drafter: OrtDrafter | None
+    plan: Footprint | None  # the memory plan, when opened with a budget
+    controller: Controller | None = None
+    log: object = field(default=print, repr=False)
+
+    @property
+    def backend(self) -> OrtBackend:
+        return self._backend
+
+    def __post_init__(self) -> None:
+        self._backend = OrtBackend(self.session)
+
+    def policy(self):
+        """A fresh controller per generation in auto mode (statistics start from the prior)."""
+        if self.config.mode is not Mode.AUTO or self.drafter is None:
+            return None
+        curve = latency_curve(self.config.artifact, self._backend, self.drafter, max_size=self.medusa.size,
+                              threads=self.config.threads, log=self.log)
+        heads = self.session.manifest.heads
+        self.controller = Controller.build(self.medusa, curve, heads.accuracy)
+        return self.controller
+
+    def generate(self, prompt_ids: list[int], *, max_new_tokens: int, on_token=None,
+                 ignore_eos: bool = False) -> Generation:
+        """One reply on a fresh KV cache (`ignore_eos`: run to max_new_tokens, for measurements)."""
+        policy = self.policy()
+        self._backend.reset()
+        eos = frozenset() if ignore_eos else self.tokenizer.eos_token_ids
+        return generate(self._backend, prompt_ids, max_new_tokens=max_new_tokens,
+                        eos_token_ids=eos, drafter=self.drafter, medusa=self.medusa,
+                        on_token=on_token, policy=policy, sampling=self.config.sampling)
+
+
+def session_config(config: EngineConfig, plan: Footprint | None, tree_size: int) -> SessionConfig:
+    heads = config.mode is not Mode.GREEDY
+    if plan is not None:
+        return SessionConfig(threads=config.threads, capacity=plan.capacity, rows=plan.rows,
+                             logit_rows=min(plan.tree, plan.rows), heads=heads)
+    rows = max(config.prefill_chunk, tree_size)
+    return SessionConfig(threads=config.threads, capacity=config.capacity, rows=rows, logit_rows=tree_size,
+                         heads=heads)
+
+
+def open_engine(config: EngineConfig, *, log=print) -> Engine:
+    manifest = load_manifest(config.artifact)
+    if config.mode is Mode.MEDUSA and manifest.heads is None:
+        raise ManifestError(f"{config.artifact} has no Medusa heads: use --mode greedy, or re-export with --heads")
+    if config.mode is Mode.AUTO and manifest.heads is None:  # nothing to speculate with: plain decoding
+        config = replace(config, mode=Mode.GREEDY)
+    exported = MedusaTree.from_choices(manifest.heads.tree) if manifest.heads else MedusaTree(())
+    plan = None
+    if config.budget is not None:
+        calibration = memory_calibration(config.artifact, threads=config.threads, log=log)
+        plan = fit(manifest, calibration, budget=config.budget, context=config.context,
+                   prefill_chunk=config.prefill_chunk, weights=weights_stored(config.artifact, manifest))
+    tree_size = 1 if config.mode is Mode.GREEDY else exported.size
+    tokenizer = ChatTokenizer(config.artifact, manifest)
+    session = DecoderSession(config.artifact, session_config(config, plan, tree_size))
+    medusa = exported.prefix(session.logit_rows) if config.mode is not Mode.GREEDY else MedusaTree(())
+    drafter = OrtDrafter(session) if config.mode is not Mode.GREEDY else None
+    return Engine(config=config, session=session, tokenizer=tokenizer, medusa=medusa, drafter=drafter, plan=plan,
+                  log=log)

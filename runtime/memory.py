@@ -1,0 +1,191 @@
+"""The memory model: what a generation holds, in bytes, as arithmetic; the lower bound; fit(budget).
+
+    total      = load + generation
+    load       = RSS after the sessions are open (process, ORT, tokenizer, weights as ORT holds them:
+                 the files below plus ORT's packed copies); measured once per artifact and machine
+    generation = arena + activations + step overhead
+      arena        exact: the layout in arena.py (KV 2·L·B·H_kv·C·D·bytes dominates), one allocation
+      activations  ORT's intermediate tensors for a call of R rows attending to up to C rows:
+                   R·(3·I + (H + 2·H_kv)·D + 2·h)·bytes (MLP gate/up/product, packed QKV, residual and
+                   norm) + H·R·C·bytes (GroupQueryAttention's scores), the largest live set of one layer
+      step overhead  measured once: what the first steps add beyond those (ORT run state, the heads
+                   graph's [V] logits, Python objects)
+
+The weights as stored (the artifact's data files) are shown beside `load` for reference.
+
+Lower bound: the smallest budget that still decodes speculatively with a useful tree over a
+context of N tokens: C = N, and the tree (and prefill chunk) cut to the smallest prefix of the
+exported tree that carries USEFUL_GAIN of its expected extra tokens per step. `fit` goes the other
+way: for a budget, the largest tree T_max (up to the exported one) and capacity C that fit.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from specmemo.errors import SpecMemoError
+from specmemo.runtime.arena import ArenaLayout
+from specmemo.runtime.manifest import Manifest, ModelDims
+from specmemo.runtime.medusa_tree import MedusaTree, expected_accepted
+
+USEFUL_GAIN = 0.5  # a useful tree keeps half the full tree's expected extra tokens per step
+DEFAULT_PREFILL_CHUNK = 64  # R when the budget allows: prompt tokens per decoder call
+MIB = 2**20
+
+
+class BudgetError(SpecMemoError, ValueError):
+    """The budget is below the lower bound, or cannot be parsed."""
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """Measured once per artifact and machine (calibrate.py): what arithmetic cannot know."""
+
+    load_bytes: int  # RSS after the decoder and heads sessions are open
+    step_overhead_bytes: int  # generation RSS beyond arena + activations formula, first steps
+
+
+@dataclass(frozen=True)
+class Footprint:
+    weights_stored: int  # the artifact's weight files (reference: ORT's packed copies are in `load`)
+    load: int
+    kv: int
+    io: int  # the arena besides KV: ids, positions, bias, logits, hidden states, heads I/O, alignment
+    activations: int
+    step_overhead: int
+    capacity: int  # C
+    rows: int  # R
+    tree: int  # T_max
+
+    @property
+    def arena(self) -> int:
+        return self.kv + self.io
+
+    @property
+    def generation(self) -> int:
+        return self.arena + self.activations + self.step_overhead
+
+    @property
+    def total(self) -> int:
+        return self.load + self.generation
+
+
+def kv_bytes(dims: ModelDims, *, capacity: int, batch: int = 1, itemsize: int = 4) -> int:
+    """2 (K and V) · L · B · H_kv · C · D · bytes."""
+    return 2 * dims.num_layers * batch * dims.num_kv_heads * capacity * dims.head_dim * itemsize
+
+
+def activation_bytes(dims: ModelDims, *, rows: int, capacity: int, itemsize: int = 4) -> int:
+    """ORT's largest live set in one layer for R rows attending to up to C rows (see module doc)."""
+    per_row = 3 * dims.intermediate_size + (dims.num_heads + 2 * dims.num_kv_heads) * dims.head_dim + 2 * dims.hidden_size
+    return rows * per_row * itemsize + dims.num_heads * rows * capacity * itemsize
+
+
+def weights_stored(artifact: Path, manifest: Manifest) -> int:
+    files = [manifest.decoder_data_file] + ([manifest.heads.data_file] if manifest.heads else [])
+    return sum((artifact / name).stat().st_size for name in files)
+
+
+def footprint(manifest: Manifest, calibration: Calibration, *, capacity: int, rows: int, tree: int,
+              weights: int = 0) -> Footprint:
+    layout = ArenaLayout.for_manifest(manifest, capacity=capacity, rows=rows, logit_rows=min(tree, rows))
+    itemsize = 4 if manifest.dtype == "float32" else 2
+    return Footprint(
+        weights_stored=weights, load=calibration.load_bytes, kv=layout.kv_nbytes(),
+        io=layout.allocation_bytes - layout.kv_nbytes(),
+        activations=activation_bytes(manifest.dims, rows=rows, capacity=capacity, itemsize=itemsize),
+        step_overhead=calibration.step_overhead_bytes, capacity=capacity, rows=rows, tree=tree)
+
+
+def exported_tree(manifest: Manifest) -> MedusaTree:
+    return MedusaTree.from_choices(manifest.heads.tree) if manifest.heads else MedusaTree(())
+
+
+def useful_tree_size(manifest: Manifest) -> int:
+    """The smallest prefix of the exported tree with USEFUL_GAIN of its expected extra tokens per
+    step (from the manifest's accuracy table); 2 nodes without one; 1 without heads."""
+    medusa = exported_tree(manifest)
+    if medusa.size == 1:
+        return 1
+    accuracy = manifest.heads.accuracy
+    if not accuracy:
+        return 2
+    rank_hit = [[b - a for a, b in zip((0.0, *row), row)] for row in accuracy]  # cumulative → per rank
+    full = expected_accepted(medusa, rank_hit) - 1
+    for size in range(2, medusa.size + 1):
+        if expected_accepted(medusa.prefix(size), rank_hit) - 1 >= USEFUL_GAIN * full:
+            return size
+    return medusa.size
+
+
+def lower_bound(manifest: Manifest, calibration: Calibration, *, context: int) -> Footprint:
+    """The smallest footprint that decodes speculatively with a useful tree over `context` tokens."""
+    tree = useful_tree_size(manifest)
+    return footprint(manifest, calibration, capacity=max(context, tree + 1), rows=tree, tree=tree)
+
+
+def fit(manifest: Manifest, calibration: Calibration, *, budget: int, context: int | None = None,
+        prefill_chunk: int = DEFAULT_PREFILL_CHUNK, weights: int = 0) -> Footprint:
+    """The plan for a budget: the exported tree and prefill chunk if they fit, cut down otherwise;
+    then C = context (or, with no context given, the largest C up to the exported capacity).
+    Refuses a budget below the lower bound, naming the bound."""
+    need = context or manifest.capacity
+    bound = lower_bound(manifest, calibration, context=need)
+    if budget < bound.total:
+        raise BudgetError(
+            f"budget {budget / MIB:.1f} MiB is below the lower bound of {bound.total / MIB:.1f} MiB for a "
+            f"{need}-token context (load {bound.load / MIB:.1f} MiB + generation {bound.generation / MIB:.1f} MiB): "
+            f"raise --budget, or lower --context")
+    full_tree = exported_tree(manifest).size
+    for tree in _descending(full_tree, bound.tree):
+        rows = max(tree, min(prefill_chunk, manifest.capacity))
+        for rows in (rows, tree):
+            at_bound = footprint(manifest, calibration, capacity=need, rows=rows, tree=tree, weights=weights)
+            if at_bound.total <= budget:
+                capacity = need if context else _largest_capacity(manifest, calibration, budget, rows, tree)
+                return footprint(manifest, calibration, capacity=capacity, rows=rows, tree=tree, weights=weights)
+    return replace(bound, weights_stored=weights)
+
+
+def _descending(high: int, low: int) -> list[int]:
+    return list(range(high, low - 1, -1)) or [low]
+
+
+def _largest_capacity(manifest: Manifest, calibration: Calibration, budget: int, rows: int, tree: int) -> int:
+    """Largest C ≤ the exported capacity with total ≤ budget (the footprint is linear in C)."""
+    at_two = footprint(manifest, calibration, capacity=2, rows=rows, tree=tree).total
+    per_row = footprint(manifest, calibration, capacity=3, rows=rows, tree=tree).total - at_two
+    capacity = min(manifest.capacity, 2 + (budget - at_two) // max(per_row, 1))
+    while capacity > 2 and footprint(manifest, calibration, capacity=capacity, rows=rows, tree=tree).total > budget:
+        capacity -= 1  # alignment can add a few bytes beyond the linear estimate
+    return capacity
+
+
+_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "kib": 2**10, "m": 10**6, "mb": 10**6, "mib": 2**20,
+          "g": 10**9, "gb": 10**9, "gib": 2**30}
+
+
+def parse_size(text: str) -> int:
+    """'512MB' → 512e6 bytes, '1.5GiB' → 1.5·2^30; MB/GB are decimal, MiB/GiB binary."""
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", text)
+    unit = match.group(2).lower() if match else None
+    if match is None or unit not in _UNITS:
+        raise BudgetError(f"cannot read {text!r} as a size: write e.g. 512MB, 768MiB or 1.5GB")
+    return int(math.floor(float(match.group(1)) * _UNITS[unit]))
+
+
+def breakdown(fp: Footprint) -> list[tuple[str, float]]:
+    """(label, MiB) rows for a table."""
+    return [
+        ("weights as stored (files)", fp.weights_stored / MIB),
+        ("load: process + ORT + weights (measured once)", fp.load / MIB),
+        (f"KV cache: 2·L·H_kv·C·D·4, C={fp.capacity}", fp.kv / MIB),
+        (f"arena I/O: ids, bias, logits, hidden (R={fp.rows}, T={fp.tree})", fp.io / MIB),
+        (f"activations: R={fp.rows} rows over C={fp.capacity}", fp.activations / MIB),
+        ("step overhead (measured once)", fp.step_overhead / MIB),
+        ("generation (arena + activations + overhead)", fp.generation / MIB),
+        ("total", fp.total / MIB),
+    ]
