@@ -75,8 +75,8 @@ class HeadsEval:
 
     def record(self) -> dict:
         return {"questions": self.questions, "tokens": self.tokens, "tree_nodes": self.tree.size,
-                "expected_accepted": round(self.expected_accepted, 3), "mean_accepted": round(self.mean_accepted, 3),
-                "head1_top1": round(float(self.cumulative[0, 0]), 4), "replies_identical": self.replies_identical,
+                "expected_accepted": round(self.expected_accepted, 3), "mean_accepted": round(self.mean_accepted, 3) if self.decode_s else None,
+                "head1_top1": round(float(self.cumulative[0, 0]), 4), "replies_identical": self.replies_identical if self.decode_s else None,
                 "tokens_per_s_reference": round(self.tokens / self.decode_s, 1) if self.decode_s else None}
 
 

@@ -17,7 +17,7 @@ Files (in a heads folder): `heads.safetensors` (blocks, own projections, token_m
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from enum import Enum
 from pathlib import Path
 
@@ -161,6 +161,21 @@ class MedusaHeads(nn.Module):
     def trainable_state(self) -> dict[str, torch.Tensor]:
         """What the heads own: blocks, own projections, token map (never the base LM head)."""
         return {name: t.detach().contiguous() for name, t in self.state_dict().items()}
+
+
+def to_subvocab(heads: MedusaHeads, token_map: torch.Tensor) -> MedusaHeads:
+    """The same trained blocks projected through the base LM head's `token_map` columns only: a
+    shared head restricted to N tokens. Ranks among those tokens are unchanged, so a guess is lost
+    only when the right token lies outside them; the heads graph reads an [h, N] slice, not [h, V]."""
+    if heads.spec.mode is not ProjectionMode.SHARED:
+        raise HeadsError(f"only shared heads can be restricted to a sub-vocabulary (these are {heads.spec.mode.value})")
+    card = {**heads.spec.card, "derived": f"shared heads restricted to the {len(token_map)} tokens the base model "
+                                          f"predicts most often on the training data (no retraining)"}
+    spec = replace(heads.spec, mode=ProjectionMode.SUBVOCAB, subvocab_size=len(token_map), tree=(), accuracy=(),
+                   card=card)
+    derived = MedusaHeads(spec, heads.lm_head_t, token_map)
+    derived.blocks.load_state_dict(heads.blocks.state_dict())
+    return derived
 
 
 def save_heads(heads: MedusaHeads, folder: Path, spec: HeadsSpec | None = None) -> Path:

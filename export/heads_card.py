@@ -44,7 +44,11 @@ def card_markdown(spec: HeadsSpec) -> str:
                   "|---|" + "---|" * len(shown)]
         for head, row in enumerate(spec.accuracy):
             lines.append(f"| {head + 1} | " + " | ".join(f"{row[n - 1]:.3f}" for n in shown) + " |")
-    if evaluation:
+    if evaluation and evaluation.get("mean_accepted") is None:
+        lines += ["", f"Tree: {evaluation.get('tree_nodes')} nodes grown by expected acceptance (every prefix is a "
+                  f"valid tree); {evaluation.get('expected_accepted')} accepted tokens per step expected under "
+                  f"independent heads (not measured: eval-heads ran with --accuracy-only)."]
+    elif evaluation:
         lines += ["", f"Tree: {evaluation.get('tree_nodes')} nodes grown by expected acceptance (every prefix is a "
                   f"valid tree). Mean accepted tokens per step: **{evaluation.get('mean_accepted')}** measured with "
                   f"the PyTorch reference Medusa decoder ({evaluation.get('expected_accepted')} expected under "

@@ -362,13 +362,26 @@ def train_heads(*, hf_model: Any, tokenizer: Any, conversations: list[list[dict[
 
 
 
+def teacher_cache_path(cache_key: str, config: TrainConfig) -> Path:
+    """Where phase 1 keeps the teacher for this model, data and configuration."""
+    key = f"{cache_key}|{config.conversations}|{config.max_len}|{TEACHER_TOP}|{config.replies.value}"
+    if config.replies is Replies.SELF:
+        key += f"|{config.reply_tokens}"
+    return cache_root() / "teacher" / f"{hashlib.sha256(key.encode()).hexdigest()[:16]}.npz"
+
+
+def predicted_token_counts(path: Path) -> TeacherCache:
+    """The teacher's top-1 ids and target mask only (what `frequent_tokens` reads), without the hidden states."""
+    with np.load(path) as data:
+        empty = np.zeros((0,), dtype=np.float32)
+        return TeacherCache(hidden=empty, top_ids=data["top_ids"][:, :1], top_probs=empty, target=data["target"],
+                            starts=data["starts"])
+
+
 def _teacher(hf_model, tokenizer, conversations, config: TrainConfig, cache_key: str | None, log) -> TeacherCache:
     path = None
     if cache_key is not None:
-        key = f"{cache_key}|{config.conversations}|{config.max_len}|{TEACHER_TOP}|{config.replies.value}"
-        if config.replies is Replies.SELF:
-            key += f"|{config.reply_tokens}"
-        path = cache_root() / "teacher" / f"{hashlib.sha256(key.encode()).hexdigest()[:16]}.npz"
+        path = teacher_cache_path(cache_key, config)
         if path.is_file():
             log(f"teacher cache: {path}")
             return TeacherCache.load(path)

@@ -82,10 +82,11 @@ class ModeRun:
         return statistics.mean(sizes) if sizes else 1.0
 
 
-def encode_questions(engine, questions) -> list[list[int]]:
+def encode_questions(tokenizer, questions) -> list[list[int]]:
+    """First turns through the chat template."""
     from specmemo.runtime.tokenizer import Message
 
-    return [engine.tokenizer.encode_chat([Message("user", q.turns[0])]) for q in questions]
+    return [tokenizer.encode_chat([Message("user", q.turns[0])]) for q in questions]
 
 
 def run_speed(config: DecodeBenchConfig, questions, *, log=print) -> dict[str, ModeRun]:
@@ -95,7 +96,7 @@ def run_speed(config: DecodeBenchConfig, questions, *, log=print) -> dict[str, M
     curve = latency_curve(config.artifact, backend, drafter, max_size=medusa.size, threads=config.threads, log=log)
     accuracy = engine.session.manifest.heads.accuracy
     eos = engine.tokenizer.eos_token_ids
-    prompts = encode_questions(engine, questions)
+    prompts = encode_questions(engine.tokenizer, questions)
     peer = None
     if config.genai_dir is not None:
         from specmemo.runtime.peers import GenAIEngine

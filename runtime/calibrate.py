@@ -1,7 +1,8 @@
 """What the memory model and the controller measure once per artifact and machine, cached.
 
-  memory   – in a fresh process: RSS after the tokenizer and sessions are open (`load`), and what the
-             first steps add beyond the arena and the activation formula (`step overhead`);
+  memory   – in a fresh process that imports what `specmemo` imports: RSS once the tokenizer and
+             sessions are open (`load`), and what a short generation adds beyond the arena and the
+             activation formula (`step overhead`);
   latency  – ms per decoder step for each tree size T, and per heads call (controller.py).
 
 Cached under $SPECMEMO_CACHE/calibration/, keyed by the manifest, ONNX Runtime version, CPU,
@@ -24,7 +25,8 @@ from specmemo.paths import cache_root
 from specmemo.runtime.manifest import MANIFEST_FILE
 from specmemo.runtime.memory import Calibration, activation_bytes
 
-PROBE_CAPACITY, PROBE_ROWS, PROBE_PROMPT, PROBE_STEPS = 256, 32, 200, 10
+PROBE_CAPACITY, PROBE_TOKENS = 512, 300  # a short generation on a small arena
+VERSION = 3  # bump when the runtime's memory or timing behaviour changes: old measurements are void
 
 
 def cpu_name() -> str:
@@ -39,7 +41,7 @@ def cpu_name() -> str:
 
 def cache_file(artifact: Path, kind: str, threads: int) -> Path:
     manifest = (Path(artifact) / MANIFEST_FILE).read_bytes()
-    key = hashlib.sha256(b"|".join([manifest, ort.__version__.encode(), cpu_name().encode(),
+    key = hashlib.sha256(b"|".join([manifest, str(VERSION).encode(), ort.__version__.encode(), cpu_name().encode(),
                                     str(threads).encode(), platform.python_version().encode()])).hexdigest()[:16]
     return cache_root() / "calibration" / f"{kind}-{key}.json"
 
@@ -59,7 +61,7 @@ def store(path: Path, data: dict) -> None:
 
 
 def memory_calibration(artifact: Path, *, threads: int = 2, log=print) -> Calibration:
-    """The cached memory calibration, measured in a fresh process on first use (~10 s)."""
+    """The cached memory calibration, measured in a fresh process on first use (~15 s)."""
     path = cache_file(artifact, "memory", threads)
     data = cached(path)
     if data is None:
@@ -75,37 +77,32 @@ def memory_calibration(artifact: Path, *, threads: int = 2, log=print) -> Calibr
 
 
 def measure_memory(artifact: Path, threads: int) -> dict:
-    """Run in a fresh process: load, then a short generation on a small arena; Linux /proc figures."""
-    from specmemo.runtime import tree
-    from specmemo.runtime.backend import OrtBackend
-    from specmemo.runtime.drafter import OrtDrafter
+    """Run in a fresh process that has loaded what a `specmemo` process loads: open the artifact
+    through the engine on a small arena and generate PROBE_TOKENS (full tree when there are heads).
+    load = RSS once the sessions are open; step overhead = generation RSS beyond the arena and the
+    activation formula. Linux /proc figures."""
+    import specmemo.cli  # noqa: F401  (the CLI's imports are part of a real process's load)
+    from specmemo.runtime.engine import EngineConfig, Mode, open_engine
     from specmemo.runtime.manifest import load_manifest
-    from specmemo.runtime.session import DecoderSession, SessionConfig, peak_rss_bytes, reset_peak_rss, rss_bytes
-    from specmemo.runtime.tokenizer import ChatTokenizer
+    from specmemo.runtime.session import peak_rss_bytes
+    from specmemo.runtime.tokenizer import Message
 
     manifest = load_manifest(artifact)
-    ChatTokenizer(artifact, manifest)
-    rows = min(PROBE_ROWS, manifest.capacity // 4)
     capacity = min(PROBE_CAPACITY, manifest.capacity)
-    session = DecoderSession(artifact, SessionConfig(threads=threads, capacity=capacity, rows=rows, logit_rows=rows))
-    after_arena = rss_bytes()
-    reset_peak_rss()
-    backend = OrtBackend(session)
-    drafter = OrtDrafter(session) if session.heads_session is not None else None
-    prompt = min(PROBE_PROMPT, capacity - PROBE_STEPS - rows)
-    backend.forward([1] * prompt, tree.chain(prompt), last_only=True)
-    backend.commit(list(range(prompt)))
-    for _ in range(PROBE_STEPS):
-        out = backend.forward([1] * rows, tree.chain(rows))
-        if drafter is not None:
-            drafter.draft(out.hidden_states[-1])
-        backend.commit([0])
+    mode = Mode.MEDUSA if manifest.heads is not None else Mode.GREEDY
+    engine = open_engine(EngineConfig(artifact=artifact, mode=mode, threads=threads, capacity=capacity),
+                         log=lambda _: None)
+    session = engine.session
+    prompt = engine.tokenizer.encode_chat([Message("user", "Tell me about the sea.")])
+    new = max(1, min(PROBE_TOKENS, capacity - len(prompt)))
+    engine.generate(prompt, max_new_tokens=new, ignore_eos=True)
     itemsize = 4 if manifest.dtype == "float32" else 2
-    formula = activation_bytes(manifest.dims, rows=rows, capacity=capacity, itemsize=itemsize)
+    formula = activation_bytes(manifest.dims, rows=session.rows, capacity=capacity, itemsize=itemsize)
+    generation = peak_rss_bytes() - session.rss_after_load
     return {"load_bytes": session.rss_after_load,
-            "step_overhead_bytes": max(0, peak_rss_bytes() - after_arena - formula),
-            "probe": {"capacity": capacity, "rows": rows, "prompt": prompt, "steps": PROBE_STEPS,
-                      "measured_generation_bytes": peak_rss_bytes() - session.rss_after_load,
+            "step_overhead_bytes": max(0, generation - session.arena.nbytes - formula),
+            "probe": {"capacity": capacity, "rows": session.rows, "tree": session.logit_rows, "prompt": len(prompt),
+                      "new_tokens": new, "mode": mode.value, "measured_generation_bytes": generation,
                       "arena_bytes": session.arena.nbytes, "activation_formula_bytes": formula},
             "onnxruntime": ort.__version__, "cpu": cpu_name(), "threads": threads}
 

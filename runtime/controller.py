@@ -7,8 +7,9 @@ call when T > 1. The controller picks the T that maximises tokens per second, fr
   (b) a T → ms curve measured once for this artifact and machine (cached, see calibrate.py),
   (c) running acceptance statistics: per node, accepted / verified, starting from the manifest's
       accuracy table as a prior worth PRIOR_STEPS observations.
-When plain decoding wins it still verifies the best tree every EXPLORE_EVERY steps, so the
-statistics can recover if the text gets easier. Every decision is kept for `--stats`.
+When plain decoding wins it still verifies the best tree now and then (after EXPLORE_EVERY steps,
+then twice as long each time, up to EXPLORE_MAX), so the statistics can recover if the text gets
+easier. Every decision is kept for `--stats`.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from specmemo.runtime.medusa_tree import MedusaTree, path_probability
 
 PRIOR_STEPS = 16
 EXPLORE_EVERY = 32
+EXPLORE_MAX = 512
 
 
 @dataclass(frozen=True)
@@ -121,7 +123,12 @@ class Decision:
 
 @dataclass
 class Controller:
-    """Picks T each step (see module doc); the decode loop calls `choose` then `observe`."""
+    """Picks T each step (see module doc); the decode loop calls `choose` then `observe`.
+
+    The choice is recomputed only when the statistics change (a plain step observes nothing new),
+    as one vectorised pass over T = 1..T_max. Exploration backs off: every time a probe leaves
+    plain decoding the better choice, the gap to the next probe doubles (EXPLORE_EVERY up to
+    EXPLORE_MAX), so a device where speculation never pays loses almost nothing to probing."""
 
     medusa: MedusaTree  # the exported tree (the arena's logit rows may cut it)
     curve: LatencyCurve
@@ -129,26 +136,43 @@ class Controller:
     max_size: int  # T_max from the plan
     decisions: list[Decision] = field(default_factory=list)
     _space: int = 0
+    _best: int = 0  # 0: recompute
+    _explore_gap: int = EXPLORE_EVERY
+    _next_explore: int = EXPLORE_EVERY
+
+    def __post_init__(self) -> None:
+        self._step_ms = np.array([self.curve.step(t) for t in range(1, self.max_size + 1)])  # [T_max] ms
 
     @classmethod
     def build(cls, medusa: MedusaTree, curve: LatencyCurve, accuracy=(), *, max_size: int | None = None) -> Controller:
         limit = min(medusa.size, max_size or medusa.size)
         return cls(medusa=medusa, curve=curve, stats=AcceptanceStats(medusa, accuracy), max_size=limit)
 
-    def tokens_per_ms(self, size: int) -> float:
-        return self.stats.expected_accepted(size) / self.curve.step(size)
+    def rates(self) -> np.ndarray:
+        """[T_max] expected tokens per ms for T = 1..T_max."""
+        gains = np.cumsum(self.stats.hits[: self.max_size] / self.stats.trials[: self.max_size])
+        return gains / self._step_ms  # gains[T-1] = 1 + sum of p_i for i < T (node 0 always accepted)
 
-    def best(self, limit: int) -> int:
-        return max(range(1, max(limit, 1) + 1), key=self.tokens_per_ms)
+    def tokens_per_ms(self, size: int) -> float:
+        return float(self.rates()[size - 1])
 
     def choose(self, space_left: int) -> int:
         self._space = space_left
-        limit = min(self.max_size, space_left)
-        size = self.best(limit)
-        if size == 1 and limit > 1 and len(self.decisions) % EXPLORE_EVERY == EXPLORE_EVERY - 1:
-            size = max(range(2, limit + 1), key=self.tokens_per_ms)  # keep the statistics alive
+        if not self._best:
+            self._best = int(np.argmax(self.rates())) + 1
+        limit = max(1, min(self.max_size, space_left))
+        size = min(self._best, limit)
+        if size == 1 and limit > 1 and len(self.decisions) + 1 >= self._next_explore:
+            size = int(np.argmax(self.rates()[1:limit])) + 2  # the best T > 1: keep the statistics alive
+            self._explore_gap = min(2 * self._explore_gap, EXPLORE_MAX)
+            self._next_explore = len(self.decisions) + 1 + self._explore_gap
         return size
 
     def observe(self, size: int, path: list[int]) -> None:
-        self.stats.observe(size, path)
         self.decisions.append(Decision(size=size, accepted=len(path), space_left=self._space))
+        if size > 1:
+            self.stats.observe(size, path)
+            best = int(np.argmax(self.rates())) + 1
+            if best > 1 and self._best == 1:
+                self._explore_gap = EXPLORE_EVERY  # speculation pays again: probe often if it stops
+            self._best = best

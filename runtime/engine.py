@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from enum import Enum
 from pathlib import Path
@@ -59,7 +60,7 @@ class Engine:
     drafter: OrtDrafter | None
     plan: Footprint | None  # the memory plan, when opened with a budget
     controller: Controller | None = None
-    log: object = field(default=print, repr=False)
+    log: Callable[[str], None] = field(default=print, repr=False)
 
     @property
     def backend(self) -> OrtBackend:

@@ -11,6 +11,9 @@
       step overhead  measured once: what the first steps add beyond those (ORT run state, the heads
                    graph's [V] logits, Python objects)
 
+    headroom   = 5% of generation, kept free in every plan: measured generation memory has come
+                 within ±5% of the prediction (bench decode), so a budget must leave room for that
+
 The weights as stored (the artifact's data files) are shown beside `load` for reference.
 
 Lower bound: the smallest budget that still decodes speculatively with a useful tree over a
@@ -32,6 +35,7 @@ from specmemo.runtime.manifest import Manifest, ModelDims
 from specmemo.runtime.medusa_tree import MedusaTree, expected_accepted
 
 USEFUL_GAIN = 0.5  # a useful tree keeps half the full tree's expected extra tokens per step
+HEADROOM = 0.05  # of predicted generation memory: the model's measured error is within ±5%
 DEFAULT_PREFILL_CHUNK = 64  # R when the budget allows: prompt tokens per decoder call
 MIB = 2**20
 
@@ -66,11 +70,17 @@ class Footprint:
 
     @property
     def generation(self) -> int:
+        """The prediction that `bench decode` checks against peak RSS − RSS after load."""
         return self.arena + self.activations + self.step_overhead
 
     @property
+    def headroom(self) -> int:
+        """HEADROOM of the generation prediction, kept free: a budget must survive the model's error."""
+        return int(HEADROOM * self.generation)
+
+    @property
     def total(self) -> int:
-        return self.load + self.generation
+        return self.load + self.generation + self.headroom
 
 
 def kv_bytes(dims: ModelDims, *, capacity: int, batch: int = 1, itemsize: int = 4) -> int:
@@ -137,7 +147,8 @@ def fit(manifest: Manifest, calibration: Calibration, *, budget: int, context: i
     if budget < bound.total:
         raise BudgetError(
             f"budget {budget / MIB:.1f} MiB is below the lower bound of {bound.total / MIB:.1f} MiB for a "
-            f"{need}-token context (load {bound.load / MIB:.1f} MiB + generation {bound.generation / MIB:.1f} MiB): "
+            f"{need}-token context (load {bound.load / MIB:.1f} MiB + generation {bound.generation / MIB:.1f} MiB "
+            f"+ headroom {bound.headroom / MIB:.1f} MiB): "
             f"raise --budget, or lower --context")
     full_tree = exported_tree(manifest).size
     for tree in _descending(full_tree, bound.tree):
@@ -187,5 +198,6 @@ def breakdown(fp: Footprint) -> list[tuple[str, float]]:
         (f"activations: R={fp.rows} rows over C={fp.capacity}", fp.activations / MIB),
         ("step overhead (measured once)", fp.step_overhead / MIB),
         ("generation (arena + activations + overhead)", fp.generation / MIB),
+        ("headroom (5% of generation: the model's error bound)", fp.headroom / MIB),
         ("total", fp.total / MIB),
     ]

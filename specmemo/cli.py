@@ -151,6 +151,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     p.set_defaults(handler=cmd_train_heads)
 
+    p = sub.add_parser("subvocab-heads", help="restrict trained shared heads to the N most predicted tokens",
+                       description="Derive sub-vocabulary heads from shared heads without retraining: the same "
+                                   "blocks, projected through the base LM head's columns for the N tokens the base "
+                                   "model predicts most often on the heads' training data (read from the teacher "
+                                   "cache that train-heads left). The heads graph then reads an [h, N] slice instead "
+                                   "of the whole LM head. Run eval-heads on the result for its tree.",
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--model", default=DEFAULT_MODEL, help="alias, HF folder or .gguf (the heads' base model)")
+    p.add_argument("--heads", type=Path, required=True, help="shared heads folder")
+    p.add_argument("--size", type=_positive, default=8192, help="N tokens kept")
+    p.add_argument("--data", default="sharegpt", help="the --data the heads were trained with")
+    p.add_argument("--conversations", type=_positive, default=1000, help="the --conversations they were trained with")
+    p.add_argument("--out", type=Path, required=True)
+    p.set_defaults(handler=cmd_subvocab_heads)
+
     p = sub.add_parser("eval-heads", help="head accuracy on MT-Bench, the Medusa tree grown from it, acceptance",
                        description="Decode greedy replies to MT-Bench first turns with the PyTorch reference "
                                    "Medusa decoder, score each head's top-1..top-k accuracy on them, grow the "
@@ -167,7 +182,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--top-k", type=_positive, default=10, help="ranks per head")
     p.add_argument("--threads", type=_positive, default=2)
     p.add_argument("--accuracy-only", action="store_true",
-                   help="skip the Medusa decode (pass 2): accuracy table and tree only; implies --dry-run")
+                   help="skip the Medusa decode (pass 2): accuracy table and tree only (saved unless --dry-run)")
     p.add_argument("--dry-run", action="store_true", help="print the results, leave heads.json unchanged")
     p.set_defaults(handler=cmd_eval_heads)
 
@@ -357,6 +372,24 @@ def cmd_train_heads(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_subvocab_heads(args: argparse.Namespace) -> int:
+    from specmemo.export.heads import load_heads, save_heads, to_subvocab
+    from specmemo.export.load import lm_head_t, load_hf, resolve_model
+    from specmemo.export.train_heads import TrainConfig, frequent_tokens, predicted_token_counts, teacher_cache_path
+
+    resolved = resolve_model(args.model)
+    path = teacher_cache_path(f"{resolved.sha256}|{args.data}", TrainConfig(conversations=args.conversations))
+    if not path.is_file():
+        raise SpecMemoError(f"no teacher cache for {args.model} on {args.data} ({path}): run `specmemo train-heads` "
+                            f"with the same --data and --conversations first (phase 1 writes it)")
+    model, _ = load_hf(resolved.hf_folder)
+    heads = load_heads(args.heads, lm_head_t(model), base_sha256=resolved.sha256)
+    save_heads(to_subvocab(heads, frequent_tokens(predicted_token_counts(path), args.size)), args.out)
+    print(f"wrote {args.out}: {args.size}-token sub-vocabulary heads from {args.heads}; "
+          f"next: specmemo eval-heads --heads {args.out}")
+    return 0
+
+
 def cmd_eval_heads(args: argparse.Namespace) -> int:
     from specmemo.export.eval_heads import EvalConfig, evaluate_heads, save_eval
     from specmemo.export.heads import load_any_heads
@@ -374,7 +407,7 @@ def cmd_eval_heads(args: argparse.Namespace) -> int:
                             eos=set(stop_token_ids(tokenizer, model.generation_config)), config=config,
                             cache_key=resolved.sha256, measure=not args.accuracy_only)
     print(result.table())
-    if not (args.dry_run or args.accuracy_only):
+    if not args.dry_run:
         source = str(args.prompts) if args.prompts else "mt-bench"
         save_eval(heads.spec, result, args.heads, {"prompts": f"{source}: first turns of the first {len(questions)}",
                                                    "max_new_tokens": config.max_new_tokens, "top_k": config.top_k},
@@ -420,7 +453,7 @@ def cmd_bench_decode(args: argparse.Namespace) -> int:
     from specmemo.runtime.tokenizer import ChatTokenizer
 
     tokenizer = ChatTokenizer(args.artifact, manifest)
-    prompts = [tokenizer.encode_chat([_user(q.turns[0])]) for q in questions[: config.memory_questions]]
+    prompts = bench.encode_questions(tokenizer, questions[: config.memory_questions])
     memory = bench.run_memory(config, prompts, log=_log) if prompts else []
     summary = bench.summarize(config, runs, memory)
     if args.torch_reference and prompts:
@@ -430,12 +463,6 @@ def cmd_bench_decode(args: argparse.Namespace) -> int:
     for path in bench.write_results(summary, runs, config.out, manifest.source_model, tokenizer.decode):
         print(f"wrote {path}")
     return 0
-
-
-def _user(text: str):
-    from specmemo.runtime.tokenizer import Message
-
-    return Message("user", text)
 
 
 def _torch_reference(manifest, prompts, config) -> dict:

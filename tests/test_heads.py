@@ -15,7 +15,8 @@ from conftest import export_tiny, make_tokenizer, save_tiny_model, tiny_config
 from safetensors.torch import save_file
 from transformers import AutoModelForCausalLM
 
-from specmemo.export.heads import HeadsError, HeadsSpec, MedusaHeads, load_heads, load_medusa_checkpoint, save_heads
+from specmemo.export.heads import (HeadsError, HeadsSpec, MedusaHeads, load_heads, load_medusa_checkpoint, save_heads,
+                                   to_subvocab)
 from specmemo.export.reference import TorchBackend, TorchDrafter
 from specmemo.export.train_heads import TrainConfig, head_rows, train_heads
 from specmemo.runtime.backend import OrtBackend
@@ -56,6 +57,24 @@ def test_fresh_heads_are_the_base_lm_head(tiny):
     logits = heads(hidden)  # [5, K, V]
     for k in range(K):
         torch.testing.assert_close(logits[:, k], hidden @ lm_head_t)
+
+
+def test_subvocab_restriction_keeps_the_ranks_among_kept_tokens(tiny):
+    """to_subvocab: the same blocks; its logits are the shared heads' logits at the kept tokens, so
+    its top-k is the shared top-k with the dropped tokens skipped."""
+    _, _, lm_head_t = tiny
+    shared = random_heads(lm_head_t)
+    keep = torch.arange(0, lm_head_t.shape[1], 3)  # [N] every third token
+    derived = to_subvocab(shared, keep)
+    assert derived.spec.mode.value == "subvocab" and derived.spec.subvocab_size == len(keep)
+    hidden = torch.randn(4, lm_head_t.shape[0])
+    torch.testing.assert_close(derived(hidden), shared(hidden)[..., keep])
+    ids, _ = derived.top_k(hidden, 5)
+    full_ids, _ = shared.top_k(hidden, lm_head_t.shape[1])
+    expected = [[[int(t) for t in row if int(t) % 3 == 0][:5] for row in head] for head in full_ids]
+    assert ids.tolist() == expected
+    with pytest.raises(HeadsError, match="only shared"):
+        to_subvocab(derived, keep)
 
 
 @pytest.mark.parametrize("mode", ["shared", "own", "subvocab"])

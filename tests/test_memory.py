@@ -99,7 +99,8 @@ def test_lower_bound_is_refused_one_byte_below_and_fits_at(tiny_llama):
     manifest = with_tree(load_manifest(tiny_llama), TREE, ACCURACY)
     bound = lower_bound(manifest, CAL, context=60)
     assert (bound.capacity, bound.tree, bound.rows) == (60, 2, 2)
-    assert bound.total == CAL.load_bytes + bound.arena + bound.activations + CAL.step_overhead_bytes
+    generation = bound.arena + bound.activations + CAL.step_overhead_bytes
+    assert bound.generation == generation and bound.total == CAL.load_bytes + generation + int(0.05 * generation)
     plan = fit(manifest, CAL, budget=bound.total, context=60)
     assert plan.total <= bound.total and plan.capacity == 60
     with pytest.raises(BudgetError, match=f"lower bound of {bound.total / 2**20:.1f} MiB"):
