@@ -19,6 +19,7 @@ def card_markdown(spec: HeadsSpec) -> str:
         f"{spec.num_heads} heads x {spec.num_layers} residual block(s), projection `{spec.mode.value}`"
         + (f" (N = {spec.subvocab_size})" if spec.subvocab_size else "")
         + f", hidden {spec.hidden_size}, vocab {spec.vocab_size}; base weights sha256 `{spec.base_sha256[:16]}`.",
+        *([ "", f"Derived: {spec.card['derived']} (`specmemo subvocab-heads`)."] if spec.card.get("derived") else []),
         "",
         "## Training (self-distillation, frozen base)",
         "",

@@ -135,3 +135,7 @@ class OrtBackend:
 
     def reset(self) -> None:
         self.session.reset()
+
+    def rewind(self, length: int) -> None:
+        """Forget the committed rows from `length` on (timing loops; the rows are rewritten before use)."""
+        self.session.kv.length = min(length, self.session.kv.length)

@@ -93,7 +93,7 @@ def run_speed(config: DecodeBenchConfig, questions, *, log=print) -> dict[str, M
     engine = open_engine(EngineConfig(artifact=config.artifact, mode=Mode.MEDUSA, threads=config.threads,
                                       capacity=config.capacity), log=log)
     backend, drafter, medusa = engine.backend, engine.drafter, engine.medusa
-    curve = latency_curve(config.artifact, backend, drafter, max_size=medusa.size, threads=config.threads, log=log)
+    curve = latency_curve(config.artifact, backend, drafter, medusa, threads=config.threads, log=log)
     accuracy = engine.session.manifest.heads.accuracy
     eos = engine.tokenizer.eos_token_ids
     prompts = encode_questions(engine.tokenizer, questions)

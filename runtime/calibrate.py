@@ -26,7 +26,7 @@ from specmemo.runtime.manifest import MANIFEST_FILE
 from specmemo.runtime.memory import Calibration, activation_bytes
 
 PROBE_CAPACITY, PROBE_TOKENS = 512, 300  # a short generation on a small arena
-VERSION = 3  # bump when the runtime's memory or timing behaviour changes: old measurements are void
+VERSION = 4  # bump when the runtime's memory or timing behaviour changes: old measurements are void
 
 
 def cpu_name() -> str:

@@ -1,8 +1,9 @@
 """The width controller: each step, how many nodes of the exported tree to verify.
 
 Verifying a prefix of T nodes gains E[accepted(T)] = 1 + sum of p_i over its nodes i > 0 tokens,
-where p_i is the chance node i ends up on the accepted path, and costs latency(T) plus one heads
-call when T > 1. The controller picks the T that maximises tokens per second, from
+where p_i is the chance node i ends up on the accepted path, and costs latency(T): the whole
+step as the loop runs it (heads call, decoder call, Python). The controller picks the T that
+maximises tokens per second, from
   (a) the KV rows left in the arena (T never exceeds them; at 1 row left it is plain decoding),
   (b) a T → ms curve measured once for this artifact and machine (cached, see calibrate.py),
   (c) running acceptance statistics: per node, accepted / verified, starting from the manifest's
@@ -22,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from specmemo.errors import ConfigError
-from specmemo.runtime import calibrate, tree
+from specmemo.runtime import calibrate, decode
 from specmemo.runtime.medusa_tree import MedusaTree, path_probability
 
 PRIOR_STEPS = 16
@@ -33,8 +34,8 @@ EXPLORE_MAX = 512
 @dataclass(frozen=True)
 class LatencyCurve:
     sizes: tuple[int, ...]  # T values measured, ascending, starting at 1
-    step_ms: tuple[float, ...]  # decoder ms per step at each T
-    heads_ms: float  # one heads call
+    step_ms: tuple[float, ...]  # ms per whole decode step at each T: draft (T > 1), verify, accept, commit
+    heads_ms: float  # of which one heads call (for reports; already inside step_ms for T > 1)
 
     def __post_init__(self) -> None:
         if not self.sizes or self.sizes[0] != 1 or list(self.sizes) != sorted(self.sizes):
@@ -43,38 +44,40 @@ class LatencyCurve:
             raise ConfigError("a latency curve needs one time per tree size")
 
     def step(self, size: int) -> float:
-        """ms for a step of T nodes (linear between measured sizes), heads call included when T > 1."""
-        ms = float(np.interp(size, self.sizes, self.step_ms))
-        return ms + (self.heads_ms if size > 1 else 0.0)
+        """ms for a step of T nodes, linear between measured sizes (flat beyond the last)."""
+        return float(np.interp(size, self.sizes, self.step_ms))
 
 
 CURVE_SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 
 
-def measure_latency(backend, drafter, *, max_size: int, context: int = 256, rounds: int = 5,
+def measure_latency(backend, drafter, medusa: MedusaTree, *, context: int = 256, rounds: int = 5,
                     steps: int = 6) -> LatencyCurve:
-    """Decoder ms per step for each T in CURVE_SIZES up to `max_size`, on a `context`-row past,
-    interleaved in rounds (median of per-round medians), and ms per heads call."""
-    sizes = [s for s in CURVE_SIZES if s <= max_size] or [1]
+    """ms per decode step for each T in CURVE_SIZES up to the tree's size, timed the way the loop
+    runs it (draft → verify → accept → commit, so Python and heads costs count), on a
+    `context`-row past that each step rewinds to; interleaved in rounds, median of round medians."""
+    sizes = [s for s in CURVE_SIZES if s <= medusa.size] or [1]
     backend.reset()
-    prompt = [1] * min(context, backend.capacity - max_size - 1)
-    backend.forward(prompt, tree.chain(len(prompt)), last_only=True)
-    backend.commit(list(range(len(prompt))))
+    prompt = [1] * min(context, backend.capacity - medusa.size - 1)
+    first = decode.prefill(backend, prompt)
+    base = backend.length
     per_size: dict[int, list[float]] = {s: [] for s in sizes}
     heads: list[float] = []
     for _ in range(rounds):
         for size in sizes:
-            times = []
+            shape, parents, times = medusa.prefix(size), medusa.prefix(size).parents(), []
             for _ in range(steps):
                 started = time.perf_counter()
-                out = backend.forward([1] * size, tree.chain(size))
+                tokens = decode.draft(drafter, first, shape) if size > 1 else [first.root]
+                decode.verify_and_commit(backend, tokens, parents)
                 times.append(time.perf_counter() - started)
+                backend.rewind(base)
             per_size[size].append(statistics.median(times[1:]))
         if drafter is not None:
             times = []
             for _ in range(steps):
                 started = time.perf_counter()
-                drafter.draft(out.hidden_states[-1])
+                drafter.draft(first.hidden)
                 times.append(time.perf_counter() - started)
             heads.append(statistics.median(times[1:]))
     backend.reset()
@@ -82,13 +85,13 @@ def measure_latency(backend, drafter, *, max_size: int, context: int = 256, roun
                         heads_ms=1e3 * statistics.median(heads) if heads else 0.0)
 
 
-def latency_curve(artifact: Path, backend, drafter, *, max_size: int, threads: int, log=print) -> LatencyCurve:
+def latency_curve(artifact: Path, backend, drafter, medusa: MedusaTree, *, threads: int, log=print) -> LatencyCurve:
     """The cached curve for this artifact and machine, measured on first use (~20 s)."""
     path = calibrate.cache_file(artifact, "latency", threads)
     data = calibrate.cached(path)
-    if data is None or max(data["sizes"]) < min(max_size, CURVE_SIZES[-1]):
-        log(f"measuring ms per step for tree sizes up to {max_size} once (cached) ...")
-        curve = measure_latency(backend, drafter, max_size=max_size)
+    if data is None or max(data["sizes"]) < min(medusa.size, CURVE_SIZES[-1]):
+        log(f"measuring ms per decode step for tree sizes up to {medusa.size} once (cached) ...")
+        curve = measure_latency(backend, drafter, medusa)
         calibrate.store(path, {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(curve).items()})
         return curve
     return LatencyCurve(sizes=tuple(data["sizes"]), step_ms=tuple(data["step_ms"]), heads_ms=data["heads_ms"])

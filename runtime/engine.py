@@ -73,7 +73,7 @@ class Engine:
         """A fresh controller per generation in auto mode (statistics start from the prior)."""
         if self.config.mode is not Mode.AUTO or self.drafter is None:
             return None
-        curve = latency_curve(self.config.artifact, self._backend, self.drafter, max_size=self.medusa.size,
+        curve = latency_curve(self.config.artifact, self._backend, self.drafter, self.medusa,
                               threads=self.config.threads, log=self.log)
         heads = self.session.manifest.heads
         self.controller = Controller.build(self.medusa, curve, heads.accuracy)

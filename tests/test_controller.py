@@ -24,19 +24,19 @@ def test_prior_is_the_path_probability_and_observations_move_it():
     assert stats.expected_accepted(8) > stats.expected_accepted(4)  # unobserved nodes keep their prior
 
 
-def test_latency_curve_interpolates_and_adds_the_heads_call():
+def test_latency_curve_interpolates():
     curve = LatencyCurve(sizes=(1, 2, 4), step_ms=(10.0, 11.0, 15.0), heads_ms=2.0)
-    assert curve.step(1) == 10.0  # plain decoding: no heads call
-    assert curve.step(3) == pytest.approx(13.0 + 2.0)
-    assert curve.step(8) == pytest.approx(15.0 + 2.0)  # flat beyond the last measured size
+    assert curve.step(1) == 10.0
+    assert curve.step(3) == pytest.approx(13.0)  # whole steps: the heads call is inside step_ms
+    assert curve.step(8) == pytest.approx(15.0)  # flat beyond the last measured size
 
 
 def test_controller_maximises_tokens_per_ms():
     flat = LatencyCurve(sizes=(1, 8), step_ms=(10.0, 10.0), heads_ms=0.0)
     assert Controller.build(TREE, flat, ACCURACY).choose(100) == TREE.size  # free nodes: take them all
-    steep = LatencyCurve(sizes=(1, 8), step_ms=(10.0, 80.0), heads_ms=5.0)
+    steep = LatencyCurve(sizes=(1, 2, 8), step_ms=(10.0, 16.0, 85.0), heads_ms=5.0)
     assert Controller.build(TREE, steep, ACCURACY).choose(100) == 1  # speculation does not pay
-    mid = LatencyCurve(sizes=(1, 2, 8), step_ms=(10.0, 10.5, 30.0), heads_ms=1.0)
+    mid = LatencyCurve(sizes=(1, 2, 8), step_ms=(10.0, 11.5, 31.0), heads_ms=1.0)
     # T=2: 1.5 tokens / 11.5 ms beats T=1 (0.1/ms) and T=8 (1.93 / 31 ms)
     assert Controller.build(TREE, mid, ACCURACY).choose(100) == 2
 
@@ -46,7 +46,7 @@ def test_controller_respects_space_and_t_max_and_explores():
     controller = Controller.build(TREE, flat, ACCURACY, max_size=5)
     assert controller.choose(100) == 5
     assert controller.choose(3) == 3 and controller.choose(1) == 1 and controller.choose(0) == 1
-    steep = Controller.build(TREE, LatencyCurve(sizes=(1, 8), step_ms=(10.0, 80.0), heads_ms=5.0), ACCURACY)
+    steep = Controller.build(TREE, LatencyCurve(sizes=(1, 2, 8), step_ms=(10.0, 16.0, 85.0), heads_ms=5.0), ACCURACY)
     sizes = []
     for _ in range(300):
         sizes.append(steep.choose(100))
