@@ -6,7 +6,7 @@ MODEL ?= smollm2-135m
 ARTIFACT ?= artifacts/$(MODEL)
 PROMPT ?= Give me three short tips for staying focused while studying.
 
-.PHONY: setup demo test bench lock clean
+.PHONY: setup demo test bench bench-decode lock clean
 
 setup: $(VENV)/.installed
 
@@ -19,6 +19,7 @@ $(VENV)/.installed: pyproject.toml requirements.lock
 
 demo: setup
 	$(BIN)/specmemo export --model $(MODEL) --out $(ARTIFACT)
+	$(BIN)/specmemo plan --artifact $(ARTIFACT)
 	$(BIN)/specmemo generate --artifact $(ARTIFACT) --prompt "$(PROMPT)"
 
 test: setup
@@ -26,6 +27,9 @@ test: setup
 
 bench: setup
 	$(BIN)/specmemo bench step --artifact $(ARTIFACT)
+
+bench-decode: setup
+	$(BIN)/specmemo bench decode --artifact $(ARTIFACT) --torch-reference
 
 lock:
 	$(BIN)/python -m pip freeze --exclude-editable | grep -v '^specmemo' | sed 's/+cpu//' > requirements.lock.new

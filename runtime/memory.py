@@ -146,7 +146,7 @@ def fit(manifest: Manifest, calibration: Calibration, *, budget: int, context: i
     bound = lower_bound(manifest, calibration, context=need)
     if budget < bound.total:
         raise BudgetError(
-            f"budget {budget / MIB:.1f} MiB is below the lower bound of {bound.total / MIB:.1f} MiB for a "
+            f"budget {budget / MIB:.2f} MiB is below the lower bound of {bound.total / MIB:.2f} MiB for a "
             f"{need}-token context (load {bound.load / MIB:.1f} MiB + generation {bound.generation / MIB:.1f} MiB "
             f"+ headroom {bound.headroom / MIB:.1f} MiB): "
             f"raise --budget, or lower --context")

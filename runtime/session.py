@@ -10,7 +10,7 @@ heads graph shares the decoder's LM head, that weight is read once and handed to
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
