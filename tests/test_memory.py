@@ -103,7 +103,7 @@ def test_lower_bound_is_refused_one_byte_below_and_fits_at(tiny_llama):
     assert bound.generation == generation and bound.total == CAL.load_bytes + generation + int(0.05 * generation)
     plan = fit(manifest, CAL, budget=bound.total, context=60)
     assert plan.total <= bound.total and plan.capacity == 60
-    with pytest.raises(BudgetError, match=f"lower bound of {bound.total / 2**20:.1f} MiB"):
+    with pytest.raises(BudgetError, match=f"lower bound of {bound.total / 2**20:.2f} MiB"):
         fit(manifest, CAL, budget=bound.total - 1, context=60)
 
 
