@@ -7,6 +7,7 @@ Runtime token-identical to Hugging Face `generate` on a few chat prompts, plain 
 import json
 import tracemalloc
 
+import numpy as np
 import pytest
 import torch
 
@@ -133,7 +134,9 @@ def test_no_allocation_per_decode_step_after_warm_up(real):
         before = tracemalloc.get_traced_memory()[0]
         decode_steps(backend, 1, sizes, medusa, drafter, state)
         peaks.append(tracemalloc.get_traced_memory()[1] - before)
+    numpy_live = tracemalloc.take_snapshot().filter_traces([tracemalloc.DomainFilter(True, np.lib.tracemalloc_domain)])
     tracemalloc.stop()
+    assert sum(trace.size for trace in numpy_live.traces) == 0  # no array data made during the steps survives
     print(f"max per-step Python peak {max(peaks)} B, RSS growth {rss_bytes() - rss_before} B")
     assert max(peaks) < 16 * 1024
     assert rss_bytes() - rss_before < 256 * 1024
