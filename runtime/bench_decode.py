@@ -27,8 +27,6 @@ from pathlib import Path
 
 from specmemo.errors import ConfigError
 from specmemo.runtime.calibrate import cpu_name, memory_calibration
-from specmemo.runtime.controller import Controller, latency_curve
-from specmemo.runtime.decode import FullWidth, generate
 from specmemo.runtime.engine import EngineConfig, Mode, open_engine
 from specmemo.runtime.memory import MIB, footprint
 from specmemo.runtime.session import peak_rss_bytes
@@ -92,9 +90,7 @@ def encode_questions(tokenizer, questions) -> list[list[int]]:
 def run_speed(config: DecodeBenchConfig, questions, *, log=print) -> dict[str, ModeRun]:
     engine = open_engine(EngineConfig(artifact=config.artifact, mode=Mode.MEDUSA, threads=config.threads,
                                       capacity=config.capacity), log=log)
-    backend, drafter, medusa = engine.backend, engine.drafter, engine.medusa
-    curve = latency_curve(config.artifact, backend, drafter, medusa, threads=config.threads, log=log)
-    accuracy = engine.session.manifest.heads.accuracy
+    engine.policy(Mode.AUTO)  # the latency curve: measured (or read) now, not inside a timed turn
     eos = engine.tokenizer.eos_token_ids
     prompts = encode_questions(engine.tokenizer, questions)
     peer = None
@@ -111,12 +107,7 @@ def run_speed(config: DecodeBenchConfig, questions, *, log=print) -> dict[str, M
                 tokens = peer.generate(prompt, config.max_new_tokens, eos)
                 accept, sizes = [1] * len(tokens), [1] * len(tokens)
             else:
-                backend.reset()
-                policy = {"greedy": None, "medusa": FullWidth(medusa),
-                          "auto": Controller.build(medusa, curve, accuracy)}[name]
-                result = generate(backend, prompt, max_new_tokens=config.max_new_tokens, eos_token_ids=eos,
-                                  drafter=None if name == "greedy" else drafter,
-                                  medusa=None if name == "greedy" else medusa, policy=policy)
+                result = engine.generate(prompt, max_new_tokens=config.max_new_tokens, mode=Mode(name))
                 tokens, accept, sizes = result.token_ids, result.stats.accept_lengths, result.stats.tree_sizes
             wall = time.perf_counter() - started
             runs[name].turns.append(Turn(question.question_id, question.category, tokens, wall, accept, sizes))

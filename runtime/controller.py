@@ -24,7 +24,7 @@ import numpy as np
 
 from specmemo.errors import ConfigError
 from specmemo.runtime import calibrate, decode
-from specmemo.runtime.medusa_tree import MedusaTree, path_probability
+from specmemo.runtime.medusa_tree import MedusaTree, path_probability, rank_accuracy_from_cumulative
 
 PRIOR_STEPS = 16
 EXPLORE_EVERY = 32
@@ -102,7 +102,7 @@ class AcceptanceStats:
     table's path probability as a prior worth PRIOR_STEPS observations (0.5 without a table)."""
 
     def __init__(self, medusa: MedusaTree, accuracy: tuple[tuple[float, ...], ...] = (), prior_steps: int = PRIOR_STEPS):
-        rank_hit = [[b - a for a, b in zip((0.0, *row), row)] for row in accuracy]
+        rank_hit = rank_accuracy_from_cumulative(accuracy)
         prior = [1.0] + [path_probability(c, rank_hit) if rank_hit else 0.5 for c in medusa.choices]
         self.hits = np.array(prior) * prior_steps  # [T_full]
         self.trials = np.full(medusa.size, float(prior_steps))
@@ -112,9 +112,13 @@ class AcceptanceStats:
         self.trials[:size] += 1
         self.hits[path] += 1
 
+    def gains(self) -> np.ndarray:
+        """[T_full] tokens gained by a step of T = 1, 2, ... nodes: 1 + the acceptance rates of nodes
+        1..T-1 (node 0, the root, is always accepted: its rate stays 1)."""
+        return np.cumsum(self.hits / self.trials)
+
     def expected_accepted(self, size: int) -> float:
-        """1 + sum over nodes 1..T-1 of their acceptance rate: tokens gained by a step of T nodes."""
-        return 1.0 + float((self.hits[1:size] / self.trials[1:size]).sum())
+        return float(self.gains()[size - 1])
 
 
 @dataclass
@@ -133,7 +137,6 @@ class Controller:
     plain decoding the better choice, the gap to the next probe doubles (EXPLORE_EVERY up to
     EXPLORE_MAX), so a device where speculation never pays loses almost nothing to probing."""
 
-    medusa: MedusaTree  # the exported tree (the arena's logit rows may cut it)
     curve: LatencyCurve
     stats: AcceptanceStats
     max_size: int  # T_max from the plan
@@ -149,15 +152,11 @@ class Controller:
     @classmethod
     def build(cls, medusa: MedusaTree, curve: LatencyCurve, accuracy=(), *, max_size: int | None = None) -> Controller:
         limit = min(medusa.size, max_size or medusa.size)
-        return cls(medusa=medusa, curve=curve, stats=AcceptanceStats(medusa, accuracy), max_size=limit)
+        return cls(curve=curve, stats=AcceptanceStats(medusa, accuracy), max_size=limit)
 
     def rates(self) -> np.ndarray:
         """[T_max] expected tokens per ms for T = 1..T_max."""
-        gains = np.cumsum(self.stats.hits[: self.max_size] / self.stats.trials[: self.max_size])
-        return gains / self._step_ms  # gains[T-1] = 1 + sum of p_i for i < T (node 0 always accepted)
-
-    def tokens_per_ms(self, size: int) -> float:
-        return float(self.rates()[size - 1])
+        return self.stats.gains()[: self.max_size] / self._step_ms
 
     def choose(self, space_left: int) -> int:
         self._space = space_left

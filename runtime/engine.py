@@ -17,12 +17,12 @@ from pathlib import Path
 from specmemo.errors import ConfigError
 from specmemo.runtime.backend import OrtBackend
 from specmemo.runtime.calibrate import memory_calibration
-from specmemo.runtime.controller import Controller, latency_curve
-from specmemo.runtime.decode import Generation, Sampling, generate
+from specmemo.runtime.controller import Controller, LatencyCurve, latency_curve
+from specmemo.runtime.decode import FullWidth, Generation, Sampling, generate
 from specmemo.runtime.drafter import OrtDrafter
 from specmemo.runtime.manifest import ManifestError, load_manifest
 from specmemo.runtime.medusa_tree import MedusaTree
-from specmemo.runtime.memory import DEFAULT_PREFILL_CHUNK, Footprint, fit, weights_stored
+from specmemo.runtime.memory import DEFAULT_PREFILL_CHUNK, Footprint, exported_tree, fit, weights_stored
 from specmemo.runtime.session import DecoderSession, SessionConfig
 from specmemo.runtime.tokenizer import ChatTokenizer
 
@@ -68,26 +68,34 @@ class Engine:
 
     def __post_init__(self) -> None:
         self._backend = OrtBackend(self.session)
+        self._curve: LatencyCurve | None = None
 
-    def policy(self):
-        """A fresh controller per generation in auto mode (statistics start from the prior)."""
-        if self.config.mode is not Mode.AUTO or self.drafter is None:
+    def policy(self, mode: Mode):
+        """The width policy for `mode`: none for greedy, the whole tree for medusa, a fresh
+        controller (statistics from the prior) for auto; its latency curve is read once."""
+        if mode is Mode.MEDUSA:
+            return FullWidth(self.medusa)
+        if mode is not Mode.AUTO:
             return None
-        curve = latency_curve(self.config.artifact, self._backend, self.drafter, self.medusa,
-                              threads=self.config.threads, log=self.log)
-        heads = self.session.manifest.heads
-        self.controller = Controller.build(self.medusa, curve, heads.accuracy)
+        if self._curve is None:
+            self._curve = latency_curve(self.config.artifact, self._backend, self.drafter, self.medusa,
+                                        threads=self.config.threads, log=self.log)
+        self.controller = Controller.build(self.medusa, self._curve, self.session.manifest.heads.accuracy)
         return self.controller
 
-    def generate(self, prompt_ids: list[int], *, max_new_tokens: int, on_token=None,
-                 ignore_eos: bool = False) -> Generation:
-        """One reply on a fresh KV cache (`ignore_eos`: run to max_new_tokens, for measurements)."""
-        policy = self.policy()
+    def generate(self, prompt_ids: list[int], *, max_new_tokens: int, on_token=None, ignore_eos: bool = False,
+                 mode: Mode | None = None) -> Generation:
+        """One reply on a fresh KV cache, in the engine's mode or `mode` (a speculative mode needs
+        an engine opened with heads); `ignore_eos`: run to max_new_tokens, for measurements."""
+        mode = mode or self.config.mode
+        if mode is not Mode.GREEDY and self.drafter is None:
+            raise ConfigError(f"mode {mode.value} needs the heads: open the engine in a speculative mode")
+        speculative = mode is not Mode.GREEDY
         self._backend.reset()
         eos = frozenset() if ignore_eos else self.tokenizer.eos_token_ids
-        return generate(self._backend, prompt_ids, max_new_tokens=max_new_tokens,
-                        eos_token_ids=eos, drafter=self.drafter, medusa=self.medusa,
-                        on_token=on_token, policy=policy, sampling=self.config.sampling)
+        return generate(self._backend, prompt_ids, max_new_tokens=max_new_tokens, eos_token_ids=eos,
+                        drafter=self.drafter if speculative else None, medusa=self.medusa if speculative else None,
+                        on_token=on_token, policy=self.policy(mode), sampling=self.config.sampling)
 
 
 def session_config(config: EngineConfig, plan: Footprint | None, tree_size: int) -> SessionConfig:
@@ -106,7 +114,7 @@ def open_engine(config: EngineConfig, *, log=print) -> Engine:
         raise ManifestError(f"{config.artifact} has no Medusa heads: use --mode greedy, or re-export with --heads")
     if config.mode is Mode.AUTO and manifest.heads is None:  # nothing to speculate with: plain decoding
         config = replace(config, mode=Mode.GREEDY)
-    exported = MedusaTree.from_choices(manifest.heads.tree) if manifest.heads else MedusaTree(())
+    exported = exported_tree(manifest)
     plan = None
     if config.budget is not None:
         calibration = memory_calibration(config.artifact, threads=config.threads, log=log)

@@ -91,13 +91,6 @@ class SharedInitializer:
     shape: tuple[int, ...]
     dtype: str
 
-    @property
-    def nbytes(self) -> int:
-        size = {"float32": 4, "float16": 2}.get(self.dtype, 4)
-        for n in self.shape:
-            size *= n
-        return size
-
 
 @dataclass(frozen=True)
 class HeadsInfo:

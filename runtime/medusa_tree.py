@@ -79,6 +79,11 @@ class MedusaTree:
         return [tree.path_to(parents, node) for node in range(self.size) if node not in inner]
 
 
+def rank_accuracy_from_cumulative(cumulative: Sequence[Sequence[float]]) -> list[list[float]]:
+    """[K][k] cumulative top-1..top-k accuracy (the manifest's table) → per-rank hit chance."""
+    return [[b - a for a, b in zip((0.0, *row), row)] for row in cumulative]
+
+
 def path_probability(choice: Choice, rank_accuracy: Sequence[Sequence[float]]) -> float:
     """P(every node on the path is right), heads taken as independent: prod over depth d of
     rank_accuracy[d][choice[d]], the chance that head d's rank-r guess is the true token."""

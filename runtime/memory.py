@@ -32,7 +32,7 @@ from pathlib import Path
 from specmemo.errors import SpecMemoError
 from specmemo.runtime.arena import ArenaLayout
 from specmemo.runtime.manifest import Manifest, ModelDims
-from specmemo.runtime.medusa_tree import MedusaTree, expected_accepted
+from specmemo.runtime.medusa_tree import MedusaTree, expected_accepted, rank_accuracy_from_cumulative
 
 USEFUL_GAIN = 0.5  # a useful tree keeps half the full tree's expected extra tokens per step
 HEADROOM = 0.05  # of predicted generation memory: the model's measured error is within ±5%
@@ -123,7 +123,7 @@ def useful_tree_size(manifest: Manifest) -> int:
     accuracy = manifest.heads.accuracy
     if not accuracy:
         return 2
-    rank_hit = [[b - a for a, b in zip((0.0, *row), row)] for row in accuracy]  # cumulative → per rank
+    rank_hit = rank_accuracy_from_cumulative(accuracy)
     full = expected_accepted(medusa, rank_hit) - 1
     for size in range(2, medusa.size + 1):
         if expected_accepted(medusa.prefix(size), rank_hit) - 1 >= USEFUL_GAIN * full:
@@ -152,8 +152,8 @@ def fit(manifest: Manifest, calibration: Calibration, *, budget: int, context: i
             f"raise --budget, or lower --context")
     full_tree = exported_tree(manifest).size
     for tree in _descending(full_tree, bound.tree):
-        rows = max(tree, min(prefill_chunk, manifest.capacity))
-        for rows in (rows, tree):
+        chunk_rows = max(tree, min(prefill_chunk, manifest.capacity))
+        for rows in (chunk_rows, tree):
             at_bound = footprint(manifest, calibration, capacity=need, rows=rows, tree=tree, weights=weights)
             if at_bound.total <= budget:
                 capacity = need if context else _largest_capacity(manifest, calibration, budget, rows, tree)

@@ -10,6 +10,7 @@ heads graph shares the decoder's LM head, that weight is read once and handed to
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -142,7 +143,7 @@ def load_shared_lm_head(artifact: Path, manifest: Manifest) -> np.ndarray | None
     shared = manifest.heads.shared_lm_head if manifest.heads is not None else None
     if shared is None:
         return None
-    count = shared.nbytes // np.dtype(shared.dtype).itemsize
+    count = math.prod(shared.shape)
     array = np.fromfile(artifact / shared.file, dtype=shared.dtype, count=count, offset=shared.offset)
     if array.size != count:
         raise ArtifactError(f"{artifact / shared.file} is shorter than the manifest says: re-export the artifact")
@@ -192,8 +193,8 @@ class DecoderSession:
         self.rss_after_load = rss_bytes()
         reset_peak_rss()  # from here on, the peak RSS measures generation (the arena and the steps)
         logit_rows = config.logit_rows or min(config.rows, len(m.heads.tree) + 1 if m.heads else 32)
-        self.layout = ArenaLayout.for_manifest(m, capacity=capacity, rows=config.rows,
-                                               logit_rows=min(logit_rows, config.rows), batch=config.batch)
+        self.layout = ArenaLayout.for_manifest(m, capacity=capacity, rows=config.rows, logit_rows=logit_rows,
+                                               batch=config.batch)
         self.arena = Arena(self.layout)
         self.kv = KVCache(buffers=self.arena.kv, capacity=capacity)
         self.binding = self.session.io_binding()
@@ -201,7 +202,6 @@ class DecoderSession:
         for (past, present), value in zip(m.io.kv_pairs, self._kv_values):
             self.binding.bind_ortvalue_input(past, value)
             self.binding.bind_ortvalue_output(present, value)  # same buffer: updated in place
-        self._dtype = np.dtype(m.dtype)
         if config.warm_up:
             self.warm_up()
 
