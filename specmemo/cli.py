@@ -4,7 +4,6 @@ so `specmemo generate` never loads torch, and `--help` is instant."""
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import sys
 from pathlib import Path
@@ -12,6 +11,9 @@ from pathlib import Path
 import specmemo
 from specmemo.errors import SpecMemoError
 from specmemo.export.load import DEFAULT_MODEL  # a light module: torch is imported only when converting
+from specmemo.cli_bench import cmd_bench_decode, cmd_bench_step
+from specmemo.cli_heads import cmd_eval_heads, cmd_subvocab_heads, cmd_train_heads
+from specmemo.console import TextStream, log_stderr
 from specmemo.runtime.engine import Mode
 DEFAULT_ARTIFACT = Path("artifacts") / DEFAULT_MODEL
 
@@ -252,7 +254,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from specmemo.runtime.manifest import load_manifest
 
     manifest = load_manifest(args.artifact)
-    calibration = memory_calibration(args.artifact, threads=args.threads, log=_log)
+    calibration = memory_calibration(args.artifact, threads=args.threads, log=log_stderr)
     weights = memory.weights_stored(args.artifact, manifest)
     context = args.context or manifest.capacity
     bound = memory.lower_bound(manifest, calibration, context=context)
@@ -289,10 +291,6 @@ def _footprint_json(fp) -> dict:
     return {**asdict(fp), "arena": fp.arena, "generation": fp.generation, "total": fp.total}
 
 
-def _log(message: str) -> None:
-    print(message, file=sys.stderr)
-
-
 def cmd_generate(args: argparse.Namespace) -> int:
     from specmemo.runtime.decode import Sampling
     from specmemo.runtime.engine import EngineConfig, open_engine
@@ -305,7 +303,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     config = EngineConfig(artifact=args.artifact, mode=args.mode, threads=args.threads,
                           budget=parse_size(args.budget) if args.budget else None, capacity=args.capacity,
                           context=args.context, sampling=sampling)
-    engine = open_engine(config, log=_log)
+    engine = open_engine(config, log=log_stderr)
     tokenizer = engine.tokenizer
     messages = ([Message("system", args.system)] if args.system else []) + [Message("user", prompt)]
     prompt_ids = tokenizer.encode_chat(messages)
@@ -331,165 +329,6 @@ def cmd_generate(args: argparse.Namespace) -> int:
         for i, (size, accepted, used) in enumerate(zip(stats.tree_sizes, stats.accept_lengths, stats.kv_used), 1):
             print(f"{i:>4} {size:>2} {accepted:>9} {used:>13}", file=sys.stderr)
     return 0
-
-
-class TextStream:
-    """Print text as tokens arrive, decoding the whole reply so far (multi-token characters stay intact)."""
-
-    def __init__(self, tokenizer):
-        self.tokenizer, self.ids, self.printed = tokenizer, [], ""
-
-    def __call__(self, token: int) -> None:
-        if token in self.tokenizer.eos_token_ids:
-            return
-        self.ids.append(token)
-        text = self.tokenizer.decode(self.ids)
-        if text.endswith("\ufffd"):  # an incomplete UTF-8 sequence: wait for the next token
-            return
-        sys.stdout.write(text[len(self.printed):])
-        sys.stdout.flush()
-        self.printed = text
-
-
-def cmd_train_heads(args: argparse.Namespace) -> int:
-    from specmemo.export.load import load_hf, resolve_model
-    from specmemo.export.train_heads import TrainConfig, train_heads
-    from specmemo.runtime.datasets import sharegpt_conversations
-
-    config = TrainConfig(num_heads=args.heads, num_layers=args.layers, mode=args.mode,
-                         subvocab_size=args.subvocab_size, loss=args.loss, replies=args.replies,
-                         reply_tokens=args.reply_tokens, conversations=args.conversations,
-                         max_len=args.max_len, epochs=args.epochs, batch_rows=args.batch_rows, lr=args.lr,
-                         seed=args.seed, threads=args.threads, device=args.device)
-    resolved = resolve_model(args.model)
-    data = None if args.data == "sharegpt" else Path(args.data)
-    conversations = list(itertools.islice(sharegpt_conversations(data), config.conversations))
-    hf_model, tokenizer = load_hf(resolved.hf_folder)
-    command = "specmemo " + " ".join(sys.argv[1:]) if sys.argv[0].endswith("specmemo") else None
-    card = {"command": command, "model": args.model, "data": f"{args.data}: first {len(conversations)} "
-            f"usable conversations (user/assistant alternating), max {config.max_len} tokens each"}
-    train_heads(hf_model=hf_model, tokenizer=tokenizer, conversations=conversations, config=config,
-                out=args.out, base_sha256=resolved.sha256, cache_key=f"{resolved.sha256}|{args.data}", card=card)
-    return 0
-
-
-def cmd_subvocab_heads(args: argparse.Namespace) -> int:
-    from specmemo.export.heads import load_heads, save_heads, to_subvocab
-    from specmemo.export.load import lm_head_t, load_hf, resolve_model
-    from specmemo.export.train_heads import TrainConfig, frequent_tokens, predicted_token_counts, teacher_cache_path
-
-    resolved = resolve_model(args.model)
-    path = teacher_cache_path(f"{resolved.sha256}|{args.data}", TrainConfig(conversations=args.conversations))
-    if not path.is_file():
-        raise SpecMemoError(f"no teacher cache for {args.model} on {args.data} ({path}): run `specmemo train-heads` "
-                            f"with the same --data and --conversations first (phase 1 writes it)")
-    model, _ = load_hf(resolved.hf_folder)
-    heads = load_heads(args.heads, lm_head_t(model), base_sha256=resolved.sha256)
-    save_heads(to_subvocab(heads, frequent_tokens(predicted_token_counts(path), args.size)), args.out)
-    print(f"wrote {args.out}: {args.size}-token sub-vocabulary heads from {args.heads}; "
-          f"next: specmemo eval-heads --heads {args.out}")
-    return 0
-
-
-def cmd_eval_heads(args: argparse.Namespace) -> int:
-    from specmemo.export.eval_heads import EvalConfig, evaluate_heads, save_eval
-    from specmemo.export.heads import load_any_heads
-    from specmemo.export.load import chat_prompt_ids, lm_head_t, load_hf, resolve_model, stop_token_ids
-    from specmemo.runtime.datasets import load_questions
-
-    config = EvalConfig(questions=args.questions, max_new_tokens=args.max_new_tokens, tree_nodes=args.tree_nodes,
-                        top_k=args.top_k, threads=args.threads)
-    resolved = resolve_model(args.model)
-    questions = load_questions(args.prompts)[: config.questions]
-    model, tokenizer = load_hf(resolved.hf_folder)
-    heads = load_any_heads(args.heads, lm_head_t(model), base_sha256=resolved.sha256)
-    prompts = [chat_prompt_ids(tokenizer, q.turns[0]) for q in questions]
-    result = evaluate_heads(model=model, heads=heads, prompts=prompts,
-                            eos=set(stop_token_ids(tokenizer, model.generation_config)), config=config,
-                            cache_key=resolved.sha256, measure=not args.accuracy_only)
-    print(result.table())
-    if not args.dry_run:
-        source = str(args.prompts) if args.prompts else "mt-bench"
-        save_eval(heads.spec, result, args.heads, {"prompts": f"{source}: first turns of the first {len(questions)}",
-                                                   "max_new_tokens": config.max_new_tokens, "top_k": config.top_k},
-                  heads=heads)
-        print(f"wrote the tree and accuracy table into {args.heads / 'heads.json'}")
-    return 0
-
-
-def cmd_bench_step(args: argparse.Namespace) -> int:
-    from specmemo.runtime.bench_step import StepBenchConfig, format_table, run_step_bench, write_json
-    from specmemo.runtime.manifest import load_manifest
-
-    genai_dir = None
-    if not args.no_peer:
-        from specmemo.export.peers import genai_model_dir  # builds once, offline, from the same HF folder
-
-        genai_dir = genai_model_dir(load_manifest(args.artifact).source_model)
-    config = StepBenchConfig(artifact=args.artifact, tree_sizes=args.tree_sizes, context=args.context,
-                             rounds=args.rounds, steps_per_round=args.steps, threads=args.threads,
-                             genai_dir=genai_dir)
-    result = run_step_bench(config)
-    print(format_table(result))
-    print(f"wrote {write_json(result, args.json)}")
-    return 0
-
-
-def cmd_bench_decode(args: argparse.Namespace) -> int:
-    from specmemo.runtime import bench_decode as bench
-    from specmemo.runtime.datasets import load_questions
-    from specmemo.runtime.manifest import load_manifest
-
-    manifest = load_manifest(args.artifact)
-    genai_dir = None
-    if not args.no_peer:
-        from specmemo.export.peers import genai_model_dir
-
-        genai_dir = genai_model_dir(manifest.source_model)
-    config = bench.DecodeBenchConfig(artifact=args.artifact, questions=args.questions,
-                                     max_new_tokens=args.max_new_tokens, threads=args.threads, capacity=args.capacity,
-                                     memory_questions=args.memory_questions, out=args.out, genai_dir=genai_dir)
-    questions = load_questions()[: config.questions]
-    runs = bench.run_speed(config, questions, log=_log)
-    from specmemo.runtime.tokenizer import ChatTokenizer
-
-    tokenizer = ChatTokenizer(args.artifact, manifest)
-    prompts = bench.encode_questions(tokenizer, questions[: config.memory_questions])
-    memory = bench.run_memory(config, prompts, log=_log) if prompts else []
-    summary = bench.summarize(config, runs, memory)
-    if args.torch_reference and prompts:
-        summary["pytorch_reference"] = _torch_reference(manifest, prompts, config)
-    print(bench.format_table(summary))
-    _print_decode_bars(summary)
-    for path in bench.write_results(summary, runs, config.out, manifest.source_model, tokenizer.decode):
-        print(f"wrote {path}")
-    return 0
-
-
-def _torch_reference(manifest, prompts, config) -> dict:
-    import subprocess
-
-    _log(f"PyTorch reference, full-tree Medusa (fresh process, {len(prompts)} questions) ...")
-    request = json.dumps({"model": manifest.source_model, "heads": manifest.heads.source, "prompts": prompts,
-                          "max_new_tokens": config.max_new_tokens, "tree": manifest.heads.tree,
-                          "top_k": manifest.heads.top_k, "threads": config.threads})
-    done = subprocess.run([sys.executable, "-m", "specmemo.export.reference"], input=request, capture_output=True,
-                          text=True)
-    if done.returncode != 0:
-        raise SpecMemoError(f"the PyTorch reference run failed: {done.stderr.strip().splitlines()[-1:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
-
-
-def _print_decode_bars(summary: dict) -> None:
-    modes, ref = summary["modes"], summary.get("pytorch_reference")
-    auto, medusa = modes["auto"], modes["medusa"]
-    print(f"controller: {auto['speedup_vs_greedy_median']:.2f}x our greedy"
-          + (f", {auto['speedup_vs_genai_median']:.2f}x ONNX Runtime GenAI greedy" if "speedup_vs_genai_median" in auto else "")
-          + f", {auto['tokens_per_s'] / medusa['tokens_per_s']:.2f}x the full-tree throughput")
-    if ref and "memory" in auto:
-        share = auto["memory"]["measured_generation"] / ref["measured_generation"]
-        print(f"controller generation memory {auto['memory']['measured_generation'] / 2**20:.1f} MiB = {100 * share:.0f}% "
-              f"of PyTorch full-tree Medusa ({ref['measured_generation'] / 2**20:.1f} MiB, {ref['tokens_per_s']:.1f} tok/s)")
 
 
 def main(argv: list[str] | None = None) -> int:
