@@ -6,7 +6,7 @@ MODEL ?= smollm2-135m
 ARTIFACT ?= artifacts/$(MODEL)
 PROMPT ?= Give me three short tips for staying focused while studying.
 
-.PHONY: setup demo test bench bench-decode lock clean
+.PHONY: setup demo test bench bench-decode bench-soak chat lock clean
 
 setup: $(VENV)/.installed
 
@@ -30,6 +30,12 @@ bench: setup
 
 bench-decode: setup
 	$(BIN)/specmemo bench decode --artifact $(ARTIFACT) --torch-reference
+
+bench-soak: setup
+	$(BIN)/specmemo bench soak --artifact $(ARTIFACT)
+
+chat: setup
+	$(BIN)/specmemo chat --artifact $(ARTIFACT)
 
 lock:
 	$(BIN)/python -m pip freeze --exclude-editable | grep -v '^specmemo' | sed 's/+cpu//' > requirements.lock.new

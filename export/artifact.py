@@ -60,8 +60,10 @@ def check_capacity(capacity: int, dims: ModelDims) -> None:
         )
 
 
-def export_artifact(options: ExportOptions, *, log=print) -> Manifest:
-    """Export into a temp folder beside `out`, then move it into place: a failed export loses nothing."""
+def export_artifact(options: ExportOptions, *, log=print, finalize=None) -> Manifest:
+    """Export into a temp folder beside `out`, then move it into place: a failed export loses nothing.
+    `finalize(staging, manifest) -> manifest` runs on the finished staging folder before the move
+    (export --profile sizes the plan there); if it raises, `out` is left as it was."""
     from transformers import AutoConfig
 
     started = time.perf_counter()
@@ -105,6 +107,8 @@ def export_artifact(options: ExportOptions, *, log=print) -> Manifest:
             heads=heads_info,
         )
         save_manifest(manifest, staging)
+        if finalize is not None:
+            manifest = finalize(staging, manifest)
         _replace(staging, out)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)

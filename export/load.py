@@ -150,11 +150,15 @@ def lm_head_t(hf_model: Any) -> Any:
 
 def chat_prompt_ids(tokenizer: Any, text: str) -> list[int]:
     """HF's own rendering of a one-turn chat (the reference our runtime's template must match)."""
+    return chat_history_ids(tokenizer, [{"role": "user", "content": text}])
+
+
+def chat_history_ids(tokenizer: Any, messages: list[dict]) -> list[int]:
+    """HF's rendering of a whole conversation, ready for the assistant's next reply."""
     if tokenizer.chat_template:
-        rendered = tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
-                                                 add_generation_prompt=True)
+        rendered = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
         return tokenizer(rendered, add_special_tokens=False)["input_ids"]
-    return tokenizer(text)["input_ids"]
+    return tokenizer("\n".join(m["content"] for m in messages))["input_ids"]
 
 
 def stop_token_ids(tokenizer: Any, generation_config: Any) -> tuple[int, ...]:

@@ -117,3 +117,15 @@ if __name__ == "__main__":  # `bench decode --torch-reference` runs this in a fr
     print(json.dumps(measure_medusa_reference(request["model"], request["heads"], request["prompts"],
                                               max_new_tokens=request["max_new_tokens"], tree=request["tree"],
                                               top_k=request["top_k"], threads=request["threads"])))
+
+
+def hf_greedy_reply(hf_model: Any, tokenizer: Any, messages: list[dict], *, max_new_tokens: int) -> list[int]:
+    """HF `generate`'s greedy reply to a whole conversation (chat template applied to all of it):
+    the reference a multi-turn chat must reproduce turn by turn. The stop token is included."""
+    from specmemo.export.load import chat_history_ids
+
+    ids = chat_history_ids(tokenizer, messages)
+    with torch.no_grad():
+        out = hf_model.generate(torch.tensor([ids]), max_new_tokens=max_new_tokens, do_sample=False,
+                                attention_mask=torch.ones(1, len(ids), dtype=torch.long))
+    return out[0, len(ids):].tolist()

@@ -137,5 +137,5 @@ class OrtBackend:
         self.session.reset()
 
     def rewind(self, length: int) -> None:
-        """Forget the committed rows from `length` on (timing loops; the rows are rewritten before use)."""
+        """Forget the committed rows from `length` on (multi-turn reuse, timing loops; they are rewritten before use)."""
         self.session.kv.length = min(length, self.session.kv.length)

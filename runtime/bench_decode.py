@@ -41,6 +41,7 @@ class DecodeBenchConfig:
     max_new_tokens: int = 128
     threads: int = 2
     capacity: int | None = None  # KV rows (default: the manifest's)
+    budget: int | None = None  # bytes (a device profile's app memory): sizes C and T_max instead
     memory_questions: int = 8  # questions per fresh-process memory probe (0: skip)
     out: Path = Path("results") / "bench-decode"
     genai_dir: Path | None = None  # ONNX Runtime GenAI model: greedy peer row
@@ -89,7 +90,7 @@ def encode_questions(tokenizer, questions) -> list[list[int]]:
 
 def run_speed(config: DecodeBenchConfig, questions, *, log=print) -> dict[str, ModeRun]:
     engine = open_engine(EngineConfig(artifact=config.artifact, mode=Mode.MEDUSA, threads=config.threads,
-                                      capacity=config.capacity), log=log)
+                                      capacity=config.capacity, budget=config.budget), log=log)
     engine.policy(Mode.AUTO)  # the latency curve: measured (or read) now, not inside a timed turn
     eos = engine.tokenizer.eos_token_ids
     prompts = encode_questions(engine.tokenizer, questions)
@@ -117,10 +118,10 @@ def run_speed(config: DecodeBenchConfig, questions, *, log=print) -> dict[str, M
 
 
 def probe_memory(artifact: Path, mode: str, prompts: list[list[int]], max_new_tokens: int, threads: int,
-                 capacity: int | None) -> dict:
+                 capacity: int | None, budget: int | None = None) -> dict:
     """In a fresh process: open the engine for `mode`, decode `prompts`, report generation memory."""
-    engine = open_engine(EngineConfig(artifact=artifact, mode=mode, threads=threads, capacity=capacity),
-                         log=lambda _: None)
+    engine = open_engine(EngineConfig(artifact=artifact, mode=mode, threads=threads, capacity=capacity,
+                                      budget=budget), log=lambda _: None)
     session = engine.session
     for prompt in prompts:
         engine.generate(prompt, max_new_tokens=max_new_tokens)
@@ -139,7 +140,7 @@ def run_memory(config: DecodeBenchConfig, prompts: list[list[int]], *, log=print
         log(f"memory probe ({mode}, fresh process, {len(prompts)} questions) ...")
         request = json.dumps({"artifact": str(config.artifact), "mode": mode, "prompts": prompts,
                               "max_new_tokens": config.max_new_tokens, "threads": config.threads,
-                              "capacity": config.capacity})
+                              "capacity": config.capacity, "budget": config.budget})
         done = subprocess.run([sys.executable, "-m", "specmemo.runtime.bench_decode"], input=request,
                               capture_output=True, text=True)
         if done.returncode != 0:
@@ -211,4 +212,5 @@ def write_results(summary: dict, runs: dict[str, ModeRun], out: Path, model_id: 
 if __name__ == "__main__":  # the fresh-process memory probe; request as JSON on stdin
     request = json.loads(sys.stdin.read())
     print(json.dumps(probe_memory(Path(request["artifact"]), request["mode"], request["prompts"],
-                                  request["max_new_tokens"], request["threads"], request["capacity"])))
+                                  request["max_new_tokens"], request["threads"], request["capacity"],
+                                  request["budget"])))

@@ -26,7 +26,7 @@ from specmemo.runtime.manifest import MANIFEST_FILE
 from specmemo.runtime.memory import Calibration, activation_bytes
 
 PROBE_CAPACITY, PROBE_TOKENS = 512, 300  # a short generation on a small arena
-VERSION = 4  # bump when the runtime's memory or timing behaviour changes: old measurements are void
+VERSION = 5  # bump when the runtime's memory or timing behaviour changes: old measurements are void
 
 
 def cpu_name() -> str:
@@ -40,7 +40,10 @@ def cpu_name() -> str:
 
 
 def cache_file(artifact: Path, kind: str, threads: int) -> Path:
-    manifest = (Path(artifact) / MANIFEST_FILE).read_bytes()
+    """Keyed by the manifest without its device plan: the plan is chosen from these measurements."""
+    data = json.loads((Path(artifact) / MANIFEST_FILE).read_text())
+    data.pop("plan", None)
+    manifest = json.dumps(data, sort_keys=True).encode()
     key = hashlib.sha256(b"|".join([manifest, str(VERSION).encode(), ort.__version__.encode(), cpu_name().encode(),
                                     str(threads).encode(), platform.python_version().encode()])).hexdigest()[:16]
     return cache_root() / "calibration" / f"{kind}-{key}.json"

@@ -84,18 +84,29 @@ class Engine:
         return self.controller
 
     def generate(self, prompt_ids: list[int], *, max_new_tokens: int, on_token=None, ignore_eos: bool = False,
-                 mode: Mode | None = None) -> Generation:
-        """One reply on a fresh KV cache, in the engine's mode or `mode` (a speculative mode needs
-        an engine opened with heads); `ignore_eos`: run to max_new_tokens, for measurements."""
+                 mode: Mode | None = None, cached: int = 0, policy=None) -> Generation:
+        """One reply in the engine's mode or `mode` (a speculative mode needs an engine opened with
+        heads). `cached`: how many leading prompt tokens already sit in the KV buffer as its first
+        rows (multi-turn chat; the caller vouches for them): the rest is rewound and only
+        prompt_ids[cached:] is prefilled; 0 starts from an empty cache. `policy`: a width policy
+        that outlives the reply (chat keeps one controller across turns); default: a fresh one.
+        `ignore_eos`: run to max_new_tokens, for measurements."""
         mode = mode or self.config.mode
         if mode is not Mode.GREEDY and self.drafter is None:
             raise ConfigError(f"mode {mode.value} needs the heads: open the engine in a speculative mode")
+        if not 0 <= cached < len(prompt_ids) or cached > self._backend.length:
+            raise ValueError(f"cached={cached} must be committed ({self._backend.length} rows are) and leave at least "
+                             f"one of the {len(prompt_ids)} prompt tokens to prefill")
         speculative = mode is not Mode.GREEDY
-        self._backend.reset()
+        if cached == 0:
+            self._backend.reset()
+        else:
+            self._backend.rewind(cached)
         eos = frozenset() if ignore_eos else self.tokenizer.eos_token_ids
-        return generate(self._backend, prompt_ids, max_new_tokens=max_new_tokens, eos_token_ids=eos,
+        return generate(self._backend, prompt_ids[cached:], max_new_tokens=max_new_tokens, eos_token_ids=eos,
                         drafter=self.drafter if speculative else None, medusa=self.medusa if speculative else None,
-                        on_token=on_token, policy=self.policy(mode), sampling=self.config.sampling)
+                        on_token=on_token, policy=policy if policy is not None else self.policy(mode),
+                        sampling=self.config.sampling)
 
 
 def session_config(config: EngineConfig, plan: Footprint | None, tree_size: int) -> SessionConfig:
@@ -115,6 +126,10 @@ def open_engine(config: EngineConfig, *, log=print) -> Engine:
     if config.mode is Mode.AUTO and manifest.heads is None:  # nothing to speculate with: plain decoding
         config = replace(config, mode=Mode.GREEDY)
     exported = exported_tree(manifest)
+    if config.budget is None and config.capacity is None and manifest.plan is not None:  # sized at export
+        log(f"plan from the manifest: profile {manifest.plan.profile}, budget {manifest.plan.budget / 2**30:.2f} GiB, "
+            f"C={manifest.plan.capacity}")
+        config = replace(config, budget=manifest.plan.budget, context=config.context or manifest.plan.capacity)
     plan = None
     if config.budget is not None:
         calibration = memory_calibration(config.artifact, threads=config.threads, log=log)

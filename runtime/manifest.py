@@ -121,6 +121,26 @@ class HeadsInfo:
 
 
 @dataclass(frozen=True)
+class DevicePlan:
+    """What `specmemo export --profile` sized for a device; runtimes open the artifact with it
+    unless told otherwise (a budget, a capacity or another profile)."""
+
+    profile: str  # the device profile's name
+    budget: int  # bytes: the profile's app memory, the plan's whole-process budget
+    capacity: int  # C the plan allocates (<= the graph's capacity)
+    rows: int  # R rows per decoder call
+    tree: int  # T_max tree nodes per step
+    threads: int  # intra-op threads on the device
+    execution_provider: str  # what the device runs (the Python runtime here runs CPU)
+    weight_dtype: str  # what the device prefers; the artifact's own dtype is Manifest.dtype
+
+    def __post_init__(self) -> None:
+        for name in ("budget", "capacity", "rows", "tree", "threads"):
+            if getattr(self, name) <= 0:
+                raise ManifestError(f"plan.{name} must be positive, got {getattr(self, name)}")
+
+
+@dataclass(frozen=True)
 class Manifest:
     format_version: int
     specmemo_version: str
@@ -135,6 +155,7 @@ class Manifest:
     io: DecoderIO
     tokenizer: TokenizerInfo
     heads: HeadsInfo | None = None  # None: exported without Medusa heads (plain decoding only)
+    plan: DevicePlan | None = None  # set by `export --profile`
 
     def __post_init__(self) -> None:
         if self.format_version != FORMAT_VERSION:
@@ -145,6 +166,9 @@ class Manifest:
             raise ManifestError(f"capacity must be positive, got {self.capacity}")
         if len(self.io.kv_pairs) != 2 * self.dims.num_layers:
             raise ManifestError(f"io.kv_pairs has {len(self.io.kv_pairs)} pairs, expected 2 x {self.dims.num_layers} layers")
+        if self.plan is not None and self.plan.capacity > self.capacity:
+            raise ManifestError(f"plan.capacity {self.plan.capacity} exceeds the graph's capacity {self.capacity}: "
+                                f"re-export with --profile")
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2)
@@ -171,7 +195,8 @@ def _build(cls: type, data: Any, where: str) -> Any:
         raise ManifestError(f"{where}: {err}") from None
 
 
-_NESTED = {"SharedInitializer": SharedInitializer, "ModelDims": ModelDims, "DecoderIO": DecoderIO, "TokenizerInfo": TokenizerInfo, "HeadsInfo": HeadsInfo}
+_NESTED = {"SharedInitializer": SharedInitializer, "ModelDims": ModelDims, "DecoderIO": DecoderIO, "TokenizerInfo": TokenizerInfo, "HeadsInfo": HeadsInfo,
+           "DevicePlan": DevicePlan}
 
 
 def _convert(type_name: Any, value: Any, where: str) -> Any:

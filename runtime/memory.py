@@ -201,3 +201,40 @@ def breakdown(fp: Footprint) -> list[tuple[str, float]]:
         ("headroom (5% of generation: the model's error bound)", fp.headroom / MIB),
         ("total", fp.total / MIB),
     ]
+
+
+INT4_BYTES_PER_WEIGHT = 4.5 / 8  # MatMulNBits, block 32: 4-bit weights plus an fp32 scale per 32 (estimate)
+
+
+def largest_context(manifest: Manifest, calibration: Calibration, *, budget: int) -> int:
+    """The largest context (C) whose lower bound fits the budget, up to the graph's capacity; 0 if none."""
+    low, high = 0, manifest.capacity  # bound(low) fits (or low = 0), bound(high + 1) does not
+    smallest = useful_tree_size(manifest) + 1
+    while low < high:
+        mid = (low + high + 1) // 2
+        if mid >= smallest and lower_bound(manifest, calibration, context=mid).total <= budget:
+            low = mid
+        else:
+            high = mid - 1
+    return low
+
+
+def what_would_fit(artifact: Path, manifest: Manifest, calibration: Calibration, *, budget: int,
+                   context: int) -> list[str]:
+    """For a refusal: the largest context that fits as exported, and the lower bound at `context`
+    without heads and with int4 weights (estimates: the load less the bytes those weights take)."""
+    options = []
+    largest = largest_context(manifest, calibration, budget=budget)
+    if largest:
+        options.append(f"a context of at most {largest} tokens")
+    if manifest.heads is not None:
+        heads_bytes = (artifact / manifest.heads.data_file).stat().st_size
+        plain = lower_bound(replace(manifest, heads=None),
+                            replace(calibration, load_bytes=calibration.load_bytes - heads_bytes), context=context)
+        options.append(f"no heads (--heads none, plain decoding): {plain.total / MIB:.0f} MiB")
+    decoder_bytes = (artifact / manifest.decoder_data_file).stat().st_size
+    itemsize = 4 if manifest.dtype == "float32" else 2
+    saved = int(decoder_bytes * (1 - INT4_BYTES_PER_WEIGHT / itemsize))
+    int4 = lower_bound(manifest, replace(calibration, load_bytes=calibration.load_bytes - saved), context=context)
+    options.append(f"int4 weights: ~{int4.total / MIB:.0f} MiB (estimate; this exporter writes float32 only so far)")
+    return options

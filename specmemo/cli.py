@@ -11,8 +11,10 @@ from pathlib import Path
 import specmemo
 from specmemo.errors import SpecMemoError
 from specmemo.export.load import DEFAULT_MODEL  # a light module: torch is imported only when converting
-from specmemo.cli_bench import cmd_bench_decode, cmd_bench_step
+from specmemo.cli_bench import cmd_bench_decode, cmd_bench_soak, cmd_bench_step
+from specmemo.cli_chat import cmd_chat
 from specmemo.cli_heads import cmd_eval_heads, cmd_subvocab_heads, cmd_train_heads
+from specmemo.cli_profiles import add_profile_options, apply_profile, cmd_profiles, engine_config
 from specmemo.console import TextStream, log_stderr
 from specmemo.runtime.engine import Mode
 DEFAULT_ARTIFACT = Path("artifacts") / DEFAULT_MODEL
@@ -20,7 +22,9 @@ DEFAULT_ARTIFACT = Path("artifacts") / DEFAULT_MODEL
 EPILOG = """\
 typical session:
   specmemo export --model smollm2-135m --out artifacts/smollm2-135m   # HF/GGUF → ONNX + manifest, validated
+  specmemo profiles --artifact artifacts/smollm2-135m                # devices, and what each one's memory allows
   specmemo plan --artifact artifacts/smollm2-135m --budget 900MiB      # memory breakdown, lower bound, C/T_max
+  specmemo chat --artifact artifacts/smollm2-135m --profile pixel-8    # multi-turn chat within a device's budget
   specmemo generate --artifact artifacts/smollm2-135m --prompt "Why is the sky blue?" --stats
   specmemo bench decode --artifact artifacts/smollm2-135m              # MT-Bench: greedy, full tree, controller
 
@@ -46,6 +50,20 @@ def _sizes(text: str) -> tuple[int, ...]:
     return sizes
 
 
+def _add_decoding_options(p: argparse.ArgumentParser) -> None:
+    """What `generate` and `chat` share: the mode, the budget (or profile) or capacity, sampling."""
+    p.add_argument("--mode", choices=[m.value for m in Mode], default="auto",
+                   help="greedy: plain decoding; medusa: the full exported tree each step; auto: the controller "
+                        "picks each step's tree width from KV space, measured latency and acceptance "
+                        "(plain decoding when the artifact has no heads)")
+    add_profile_options(p)
+    p.add_argument("--capacity", type=_positive, help="KV rows to allocate without --budget/--profile "
+                                                      "(default: the manifest's plan, else its capacity)")
+    p.add_argument("--temperature", type=float, default=0.0,
+                   help="0: greedy; > 0: sampling with typical acceptance (seeded)")
+    p.add_argument("--seed", type=int, default=0, help="sampling seed")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="specmemo",
@@ -62,14 +80,18 @@ def build_parser() -> argparse.ArgumentParser:
                                    "manifest.json. Validates against PyTorch at the end.")
     p.add_argument("--model", default=DEFAULT_MODEL, help=f"alias, HF folder or .gguf (default {DEFAULT_MODEL})")
     p.add_argument("--out", type=Path, help="artifact folder (default artifacts/<model>)")
-    p.add_argument("--capacity", type=_positive, default=2048,
-                   help="largest KV capacity C (positions) the graph supports (default 2048)")
+    p.add_argument("--capacity", type=_positive, default=None,
+                   help="largest KV capacity C (positions) the graph supports (default 2048; with --profile "
+                        "the model's positions up to 8192, and the plan takes the largest C that fits)")
     p.add_argument("--heads", default="auto",
                    help="Medusa heads folder (from train-heads + eval-heads), 'none', or 'auto': the heads "
                         "shipped for the model alias if any (default auto)")
     p.add_argument("--top-k", type=_positive, default=10, help="guesses per head in the heads graph (default 10)")
     p.add_argument("--no-validate", action="store_true", help="skip the ORT-vs-PyTorch validation")
-    p.add_argument("--threads", type=_positive, default=2, help="ORT intra-op threads for validation (default 2)")
+    add_profile_options(p, budget=False,
+                        purpose="size the artifact for the device: the plan (C, R, T_max within its app memory, "
+                                "load measured here) goes into the manifest, or the export is refused with what "
+                                "would fit")
     p.set_defaults(handler=cmd_export)
 
     p = sub.add_parser("validate", help="compare an artifact's ONNX graph with the PyTorch model",
@@ -89,10 +111,9 @@ def build_parser() -> argparse.ArgumentParser:
                                    "call R and tree width T_max that fit. A budget below the bound is refused.",
                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--artifact", type=Path, default=DEFAULT_ARTIFACT)
-    p.add_argument("--budget", help="memory for the whole process, e.g. 900MB, 1GiB")
+    add_profile_options(p)
     p.add_argument("--context", type=_positive,
                    help="tokens the KV cache must hold (prompt + reply); default: the exported capacity")
-    p.add_argument("--threads", type=_positive, default=2)
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     p.set_defaults(handler=cmd_plan)
 
@@ -105,22 +126,42 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--artifact", type=Path, default=DEFAULT_ARTIFACT)
     p.add_argument("--prompt", help="the user message (default: read stdin)")
     p.add_argument("--system", help="optional system message")
-    p.add_argument("--mode", choices=[m.value for m in Mode], default="auto",
-                   help="greedy: plain decoding; medusa: the full exported tree each step; auto: the controller "
-                        "picks each step's tree width from KV space, measured latency and acceptance "
-                        "(plain decoding when the artifact has no heads)")
     p.add_argument("--max-new-tokens", type=_positive, default=128)
-    p.add_argument("--budget", help="memory for the whole process (e.g. 900MB): sizes the KV capacity and tree")
-    p.add_argument("--capacity", type=_positive, help="KV rows to allocate without --budget (default: the manifest's)")
+    _add_decoding_options(p)
     p.add_argument("--context", type=_positive, help="with --budget: allocate this many KV rows, not the most that fit")
-    p.add_argument("--temperature", type=float, default=0.0,
-                   help="0: greedy; > 0: sampling with typical acceptance (seeded)")
-    p.add_argument("--seed", type=int, default=0, help="sampling seed")
     p.add_argument("--ignore-eos", action="store_true", help="keep generating past end-of-turn (for measurements)")
-    p.add_argument("--threads", type=_positive, default=2)
     p.add_argument("--stats", action="store_true", help="print per-step decisions (T, accepted, KV rows) to stderr")
     p.add_argument("--json", action="store_true", help="print one JSON object: text, token_ids, stats")
     p.set_defaults(handler=cmd_generate)
+
+    p = sub.add_parser("chat", help="multi-turn chat in the terminal (streams; KV reused across turns)",
+                       description="Chat with an artifact using the model's own chat template. Replies stream as "
+                                   "tokens are accepted; each turn prefills only what is new (the earlier turns "
+                                   "stay in the KV buffer). When a turn would not fit in the KV capacity the "
+                                   "oldest turns are dropped (the system prompt stays) and the rest re-prefilled. "
+                                   "Commands: /reset /stats /help /exit; Ctrl-C stops a reply. With --prompt, or "
+                                   "with stdin not a terminal (one user turn per line), it answers and exits.",
+                       epilog="examples:\n"
+                              "  specmemo chat --profile pixel-8 --system 'You are terse.'\n"
+                              "  printf 'Hi!\\nWhat did I just say?\\n' | specmemo chat --json\n"
+                              "  specmemo chat --prompt 'Name three rivers.' --max-new-tokens 64",
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--artifact", type=Path, default=DEFAULT_ARTIFACT)
+    p.add_argument("--system", help="system prompt (kept when old turns are dropped)")
+    p.add_argument("--max-new-tokens", type=_positive, default=256, help="per reply (default 256)")
+    p.add_argument("--prompt", help="one-shot: answer this message and exit")
+    _add_decoding_options(p)
+    p.add_argument("--json", action="store_true", help="scripted mode: one JSON object per turn")
+    p.set_defaults(handler=cmd_chat)
+
+    p = sub.add_parser("profiles", help="list device profiles (and what fits on each, with --artifact)",
+                       description="List the device profiles in device_profiles/ plus this machine (detected): "
+                                   "RAM, the memory an app may use (the budget plans fit into), cores and "
+                                   "threads, execution provider, preferred weight dtype. With --artifact, the "
+                                   "plan each budget allows for it (load measured on this machine).")
+    p.add_argument("--artifact", type=Path, help="also show C / T_max each profile's budget allows for this artifact")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(handler=cmd_profiles)
 
     p = sub.add_parser("train-heads", help="train Medusa heads by self-distillation (frozen base model)",
                        description="Train K Medusa heads on the base model's own predictions over the "
@@ -200,7 +241,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--context", type=_positive, default=256, help="committed tokens before the steps")
     b.add_argument("--rounds", type=_positive, default=10)
     b.add_argument("--steps", type=_positive, default=12, help="steps per T per round")
-    b.add_argument("--threads", type=_positive, default=2, help="intra-op threads, for every engine")
+    add_profile_options(b, budget=False)
     b.add_argument("--no-peer", action="store_true", help="skip the ONNX Runtime GenAI row")
     b.add_argument("--json", type=Path, default=Path("results") / "bench-step.json", help="where to write JSON")
     b.set_defaults(handler=cmd_bench_step)
@@ -218,21 +259,48 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--max-new-tokens", type=_positive, default=128)
     b.add_argument("--capacity", type=_positive, help="KV rows (default: the manifest's)")
     b.add_argument("--memory-questions", type=int, default=8, help="questions per fresh-process memory probe (0: skip)")
-    b.add_argument("--threads", type=_positive, default=2, help="intra-op threads, for every engine")
+    add_profile_options(b)
     b.add_argument("--no-peer", action="store_true", help="skip the ONNX Runtime GenAI greedy row")
     b.add_argument("--torch-reference", action="store_true",
                    help="also measure full-tree Medusa on the PyTorch reference (fresh process, memory questions)")
     b.add_argument("--out", type=Path, default=Path("results") / "bench-decode", help="folder for JSONL + summary")
     b.set_defaults(handler=cmd_bench_decode)
+
+    b = bench.add_parser("soak", help="a long chat at a small capacity: evictions, and whether memory stays flat",
+                         description="Chat for --turns turns (MT-Bench questions as user messages, in order, "
+                                     "repeated) at a small KV capacity, so the oldest turns are dropped again and "
+                                     "again. Records RSS and peak RSS after every turn; the bar is a peak at the "
+                                     "end within 2%% of the peak after turn --settle. Prints a table, writes JSON.",
+                         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    b.add_argument("--artifact", type=Path, default=DEFAULT_ARTIFACT)
+    b.add_argument("--turns", type=_positive, default=1000)
+    b.add_argument("--capacity", type=_positive, default=512, help="KV rows: small, to force evictions")
+    b.add_argument("--max-new-tokens", type=_positive, default=32)
+    b.add_argument("--settle", type=_positive, default=50, help="the turn whose peak RSS is the reference")
+    b.add_argument("--mode", choices=[m.value for m in Mode], default="auto")
+    add_profile_options(b, budget=False)
+    b.add_argument("--json", type=Path, default=Path("results") / "bench-soak.json", help="where to write JSON")
+    b.set_defaults(handler=cmd_bench_soak)
     return parser
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from specmemo.export.artifact import ExportOptions, default_heads, export_artifact
+    from specmemo.export.artifact import DEFAULT_CAPACITY, ExportOptions, default_heads, export_artifact
 
     out = args.out or Path("artifacts") / Path(args.model).stem
     heads = {"auto": default_heads(args.model), "none": None}.get(args.heads, Path(args.heads))
-    export_artifact(ExportOptions(model=args.model, out=out, capacity=args.capacity, heads=heads, top_k=args.top_k))
+    profile = apply_profile(args)
+    finalize, capacity = None, args.capacity or DEFAULT_CAPACITY
+    if profile is not None:
+        from specmemo.export.sizing import profile_capacity, sized_for
+
+        if profile.weight_dtype.value != "float32":
+            log_stderr(f"profile {profile.name} prefers {profile.weight_dtype.value} weights; this exporter writes "
+                       f"float32 only so far: sizing for float32")
+        capacity = args.capacity or profile_capacity(args.model)
+        finalize = sized_for(profile, threads=args.threads, capacity_given=args.capacity is not None, log=log_stderr)
+    export_artifact(ExportOptions(model=args.model, out=out, capacity=capacity, heads=heads, top_k=args.top_k),
+                    finalize=finalize)
     if args.no_validate:
         return 0
     print(f"validating {out} against PyTorch ...")
@@ -253,27 +321,37 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from specmemo.runtime.calibrate import memory_calibration
     from specmemo.runtime.manifest import load_manifest
 
+    profile = apply_profile(args)
     manifest = load_manifest(args.artifact)
+    budget, context_asked, title = args.budget_bytes, args.context, None
+    if budget is not None:
+        title = f"plan for {profile.name if profile else args.budget}"
+    elif manifest.plan is not None:  # sized at export for a device
+        budget, context_asked = manifest.plan.budget, args.context or manifest.plan.capacity
+        title = f"plan for {manifest.plan.profile} (the manifest's, from export --profile)"
     calibration = memory_calibration(args.artifact, threads=args.threads, log=log_stderr)
     weights = memory.weights_stored(args.artifact, manifest)
-    context = args.context or manifest.capacity
+    context = context_asked or manifest.capacity
     bound = memory.lower_bound(manifest, calibration, context=context)
     chosen = None
-    if args.budget is not None:
-        chosen = memory.fit(manifest, calibration, budget=memory.parse_size(args.budget), context=args.context,
-                            weights=weights)
+    if budget is not None:
+        try:
+            chosen = memory.fit(manifest, calibration, budget=budget, context=context_asked, weights=weights)
+        except memory.BudgetError as err:
+            options = memory.what_would_fit(args.artifact, manifest, calibration, budget=budget, context=context)
+            raise memory.BudgetError(f"{err}; what would fit: {'; '.join(options)}") from None
     if args.json:
         print(json.dumps({"lower_bound": _footprint_json(bound), "plan": chosen and _footprint_json(chosen),
-                          "context": context, "heads": manifest.heads.num_heads if manifest.heads else 0}))
+                          "context": context, "budget": budget, "profile": profile.name if profile else None,
+                          "heads": manifest.heads.num_heads if manifest.heads else 0}))
         return 0
     shown = chosen or memory.footprint(manifest, calibration, capacity=manifest.capacity,
                                        rows=memory.DEFAULT_PREFILL_CHUNK, tree=memory.exported_tree(manifest).size,
                                        weights=weights)
-    title = f"plan for {args.budget}" if chosen else "at the exported capacity (no --budget)"
     print(f"{args.artifact}: {manifest.dims.num_layers} layers, H_kv={manifest.dims.num_kv_heads}, "
           f"D={manifest.dims.head_dim}, V={manifest.dims.vocab_size}, exported C={manifest.capacity}, "
           f"tree {memory.exported_tree(manifest).size} nodes, K={manifest.heads.num_heads if manifest.heads else 0}")
-    print(f"\n{title}:")
+    print(f"\n{title or 'at the exported capacity (no --budget)'}:")
     for label, mib in memory.breakdown(shown):
         print(f"  {label:<58} {mib:>9.1f} MiB")
     print(f"\nlower bound for a {context}-token context (useful tree: {bound.tree} nodes): "
@@ -281,7 +359,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if chosen:
         print(f"chosen: C={chosen.capacity}, R={chosen.rows} rows per call, T_max={chosen.tree}, "
               f"K={manifest.heads.num_heads if manifest.heads else 0} heads; "
-              f"{chosen.total / memory.MIB:.1f} MiB of {memory.parse_size(args.budget) / memory.MIB:.1f} MiB")
+              f"{chosen.total / memory.MIB:.1f} MiB of {budget / memory.MIB:.1f} MiB")
     return 0
 
 
@@ -292,17 +370,12 @@ def _footprint_json(fp) -> dict:
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-    from specmemo.runtime.decode import Sampling
-    from specmemo.runtime.engine import EngineConfig, open_engine
-    from specmemo.runtime.memory import parse_size
+    from specmemo.runtime.engine import open_engine
     from specmemo.runtime.session import peak_rss_bytes
     from specmemo.runtime.tokenizer import Message
 
+    config = engine_config(args)
     prompt = args.prompt if args.prompt is not None else sys.stdin.read()
-    sampling = Sampling(temperature=args.temperature, seed=args.seed) if args.temperature > 0 else None
-    config = EngineConfig(artifact=args.artifact, mode=args.mode, threads=args.threads,
-                          budget=parse_size(args.budget) if args.budget else None, capacity=args.capacity,
-                          context=args.context, sampling=sampling)
     engine = open_engine(config, log=log_stderr)
     tokenizer = engine.tokenizer
     messages = ([Message("system", args.system)] if args.system else []) + [Message("user", prompt)]

@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 
+from specmemo.cli_profiles import apply_profile
 from specmemo.console import log_stderr
 from specmemo.errors import SpecMemoError
 
@@ -14,6 +15,7 @@ def cmd_bench_step(args: argparse.Namespace) -> int:
     from specmemo.runtime.bench_step import StepBenchConfig, format_table, run_step_bench, write_json
     from specmemo.runtime.manifest import load_manifest
 
+    apply_profile(args)
     genai_dir = None
     if not args.no_peer:
         from specmemo.export.peers import genai_model_dir  # builds once, offline, from the same HF folder
@@ -33,6 +35,7 @@ def cmd_bench_decode(args: argparse.Namespace) -> int:
     from specmemo.runtime.datasets import load_questions
     from specmemo.runtime.manifest import load_manifest
 
+    apply_profile(args)
     manifest = load_manifest(args.artifact)
     genai_dir = None
     if not args.no_peer:
@@ -41,6 +44,7 @@ def cmd_bench_decode(args: argparse.Namespace) -> int:
         genai_dir = genai_model_dir(manifest.source_model)
     config = bench.DecodeBenchConfig(artifact=args.artifact, questions=args.questions,
                                      max_new_tokens=args.max_new_tokens, threads=args.threads, capacity=args.capacity,
+                                     budget=args.budget_bytes,
                                      memory_questions=args.memory_questions, out=args.out, genai_dir=genai_dir)
     questions = load_questions()[: config.questions]
     runs = bench.run_speed(config, questions, log=log_stderr)
@@ -83,3 +87,17 @@ def _print_decode_bars(summary: dict) -> None:
         share = auto["memory"]["measured_generation"] / ref["measured_generation"]
         print(f"controller generation memory {auto['memory']['measured_generation'] / 2**20:.1f} MiB = {100 * share:.0f}% "
               f"of PyTorch full-tree Medusa ({ref['measured_generation'] / 2**20:.1f} MiB, {ref['tokens_per_s']:.1f} tok/s)")
+
+
+def cmd_bench_soak(args: argparse.Namespace) -> int:
+    from specmemo.runtime.bench_soak import SoakConfig, format_table, run_soak
+
+    apply_profile(args)
+    config = SoakConfig(artifact=args.artifact, turns=args.turns, capacity=args.capacity,
+                        max_new_tokens=args.max_new_tokens, settle=args.settle, mode=args.mode, threads=args.threads)
+    result = run_soak(config, log=log_stderr)
+    print(format_table(result))
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"wrote {args.json}")
+    return 0

@@ -4,16 +4,26 @@ from __future__ import annotations
 
 import sys
 
+DIM, RESET = "\033[2m", "\033[0m"
+
 
 def log_stderr(message: str) -> None:
     print(message, file=sys.stderr)
 
 
+def log_dim(message: str) -> None:
+    """A side note on stderr, dimmed on a terminal."""
+    if sys.stderr.isatty():
+        message = f"{DIM}{message}{RESET}"
+    print(message, file=sys.stderr, flush=True)
+
+
 class TextStream:
     """Print text as tokens arrive, decoding the whole reply so far (multi-token characters stay intact)."""
 
-    def __init__(self, tokenizer):
+    def __init__(self, tokenizer, out=None):
         self.tokenizer, self.ids, self.printed = tokenizer, [], ""
+        self.out = out or sys.stdout
 
     def __call__(self, token: int) -> None:
         if token in self.tokenizer.eos_token_ids:
@@ -22,6 +32,6 @@ class TextStream:
         text = self.tokenizer.decode(self.ids)
         if text.endswith("\ufffd"):  # an incomplete UTF-8 sequence: wait for the next token
             return
-        sys.stdout.write(text[len(self.printed):])
-        sys.stdout.flush()
+        self.out.write(text[len(self.printed):])
+        self.out.flush()
         self.printed = text

@@ -163,3 +163,32 @@ def test_generate_cli_modes_agree_and_plan_refuses_below_the_bound(real, capsys)
     assert "below the lower bound" in capsys.readouterr().err
     assert main(["plan", "--artifact", artifact, "--budget", f"{bound // 2**20 + 40}MiB"]) == 0
     assert "chosen: C=1024" in capsys.readouterr().out
+
+
+CHAT_SCRIPT = [
+    "Hi! My name is Ada and I like rivers.",
+    "What is the longest river in Africa?",
+    "Tell me one fact about it.",
+    "What was my name again?",
+    "Write a two-line poem about that river.",
+]
+
+
+def test_scripted_five_turn_chat_equals_hf_generate_on_each_history(real, monkeypatch, capsys):
+    """`specmemo chat` with five user turns piped on stdin (the controller's mode, KV reused across
+    turns): each reply equals HF greedy `generate` on the same whole history."""
+    import io
+
+    from specmemo.cli import main
+    from specmemo.export.reference import hf_greedy_reply
+
+    artifact, model, tokenizer = real
+    monkeypatch.setattr("sys.stdin", io.StringIO("\n".join(CHAT_SCRIPT) + "\n"))
+    assert main(["chat", "--artifact", str(artifact), "--json", "--max-new-tokens", "48"]) == 0
+    turns = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [t["user"] for t in turns] == CHAT_SCRIPT
+    for i, turn in enumerate(turns):
+        assert turn["token_ids"] == hf_greedy_reply(model, tokenizer, turn["messages"], max_new_tokens=48), f"turn {i + 1}"
+        assert len(turn["messages"]) == 2 * i + 1  # the whole history, nothing dropped at C=1024
+        if i:
+            assert turn["reused"] > turn["prefilled"]  # earlier turns stayed in the KV buffer

@@ -1,0 +1,104 @@
+"""`specmemo bench soak`: a long chat at a small KV capacity. Does it keep answering, and does memory stay flat?
+
+MT-Bench questions (both turns of each, in order, repeated) are the user messages; with a small C
+the oldest turns are dropped every few turns and the rest re-prefilled. After every turn: RSS,
+peak RSS (VmHWM, reset once the sessions are open), KV rows used, turns dropped. The bar: the
+peak at the end is within 2% of the peak after turn `settle` (by then every code path, eviction
+and re-prefill included, has run), and every turn that fits got a reply.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from tqdm import tqdm
+
+from specmemo.errors import ConfigError
+from specmemo.runtime.backend import ContextOverflowError
+from specmemo.runtime.calibrate import cpu_name
+from specmemo.runtime.chat import ChatSession
+from specmemo.runtime.datasets import load_questions
+from specmemo.runtime.engine import EngineConfig, Mode, open_engine
+from specmemo.runtime.memory import MIB
+from specmemo.runtime.session import peak_rss_bytes, rss_bytes
+
+PEAK_GROWTH_BAR = 0.02
+COLUMNS = ("rss", "peak_rss", "kv_rows", "dropped_turns", "prefilled", "new_tokens")  # per turn
+
+
+@dataclass(frozen=True)
+class SoakConfig:
+    artifact: Path
+    turns: int = 1000
+    capacity: int = 512
+    max_new_tokens: int = 32
+    settle: int = 50
+    mode: Mode = Mode.AUTO
+    threads: int = 2
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "mode", Mode(self.mode))
+        if not 1 <= self.settle < self.turns:
+            raise ConfigError(f"--settle {self.settle} must be a turn before the last (--turns {self.turns})")
+
+
+def run_soak(config: SoakConfig, *, log=print) -> dict:
+    engine = open_engine(EngineConfig(artifact=config.artifact, mode=config.mode, threads=config.threads,
+                                      capacity=config.capacity), log=log)
+    chat = ChatSession(engine, max_new_tokens=config.max_new_tokens)
+    messages = [turn for question in load_questions() for turn in question.turns]
+    record = np.zeros((config.turns, len(COLUMNS)), dtype=np.int64)  # allocated once: the log does not grow
+    answered = refused = empty = 0
+    started = time.perf_counter()
+    for i in tqdm(range(config.turns), desc="soak", unit="turn", mininterval=2.0):
+        try:
+            reply = chat.send(messages[i % len(messages)])
+        except ContextOverflowError:
+            refused += 1
+            record[i] = (rss_bytes(), peak_rss_bytes(), chat.kv_rows_used(), 0, 0, 0)
+            continue
+        answered += 1
+        empty += not reply.text.strip()
+        record[i] = (rss_bytes(), peak_rss_bytes(), chat.kv_rows_used(), reply.dropped_turns, reply.prefilled,
+                     reply.stats.new_tokens)
+    wall = time.perf_counter() - started
+    settle_peak, end_peak = int(record[config.settle - 1, 1]), int(record[-1, 1])
+    growth = end_peak / settle_peak - 1
+    totals = chat.totals
+    return {
+        "config": {"artifact": str(config.artifact), "turns": config.turns, "capacity": config.capacity,
+                   "max_new_tokens": config.max_new_tokens, "settle": config.settle, "mode": config.mode.value,
+                   "threads": config.threads, "cpu": cpu_name()},
+        "answered": answered, "refused_too_long": refused, "empty_replies": empty,
+        "turns_evicted": totals.evictions, "turns_with_eviction": int((record[:, 3] > 0).sum()),
+        "tokens": totals.new_tokens, "prefilled": totals.prefilled, "reused": totals.reused,
+        "decode_tokens_per_s": totals.decode_tokens_per_s, "mean_accepted": totals.mean_accepted,
+        "wall_s": wall, "rss_after_load": engine.session.rss_after_load,
+        "peak_rss_at_settle": settle_peak, "peak_rss_at_end": end_peak, "peak_growth": growth,
+        "rss_min_after_settle": int(record[config.settle - 1:, 0].min()),
+        "rss_max_after_settle": int(record[config.settle - 1:, 0].max()),
+        "bar_met": growth <= PEAK_GROWTH_BAR and answered + refused == config.turns and answered > 0,
+        "per_turn": {name: record[:, j].tolist() for j, name in enumerate(COLUMNS)},
+    }
+
+
+def format_table(result: dict) -> str:
+    c = result["config"]
+    rows = [
+        ("turns answered / refused (message alone too long)", f"{result['answered']} / {result['refused_too_long']}"),
+        ("turns evicted (on overflow) / turns that evicted", f"{result['turns_evicted']} / {result['turns_with_eviction']}"),
+        ("tokens generated / prefilled / KV rows reused", f"{result['tokens']} / {result['prefilled']} / {result['reused']}"),
+        ("decode tok/s, accepted per step", f"{result['decode_tokens_per_s']:.1f}, {result['mean_accepted']:.2f}"),
+        ("RSS after load", f"{result['rss_after_load'] / MIB:.1f} MiB"),
+        (f"peak RSS after turn {c['settle']}", f"{result['peak_rss_at_settle'] / MIB:.1f} MiB"),
+        (f"peak RSS after turn {c['turns']}", f"{result['peak_rss_at_end'] / MIB:.1f} MiB"),
+        ("peak growth (bar: <= 2%)", f"{100 * result['peak_growth']:+.2f}% — {'met' if result['bar_met'] else 'MISSED'}"),
+        ("wall time", f"{result['wall_s'] / 60:.1f} min"),
+    ]
+    width = max(len(label) for label, _ in rows)
+    head = (f"chat soak: {c['turns']} turns, C={c['capacity']}, {c['max_new_tokens']} new tokens per reply, "
+            f"mode {c['mode']}, {c['threads']} threads, {c['cpu']}")
+    return "\n".join([head] + [f"  {label:<{width}}  {value}" for label, value in rows])

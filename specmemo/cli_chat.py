@@ -1,0 +1,171 @@
+"""`specmemo chat`: multi-turn chat in the terminal, one-shot (--prompt), or scripted (stdin not a TTY).
+
+Interactive: a `> ` prompt; replies stream as tokens are accepted; /reset /stats /help /exit;
+Ctrl-C stops a reply (the session goes on), Ctrl-D or /exit leaves. Scripted: each non-empty line
+of stdin is one user turn (commands work too); replies go to stdout, one per line, or one JSON
+object per turn with --json. Notes (evictions, cut replies) go to stderr, dimmed on a terminal.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Iterable
+
+from specmemo.cli_profiles import engine_config
+from specmemo.console import TextStream, log_dim
+
+HELP = """commands:
+  /reset   forget the conversation (the system prompt stays) and empty the KV cache
+  /stats   tokens/s, accepted tokens per step, tree widths chosen, KV rows and arena use, memory
+  /help    this list
+  /exit    leave (Ctrl-D too); Ctrl-C stops a reply"""
+
+
+def open_chat(args: argparse.Namespace):
+    from specmemo.runtime.chat import ChatSession
+    from specmemo.runtime.engine import open_engine
+
+    engine = open_engine(engine_config(args), log=log_dim)
+    return ChatSession(engine, system=args.system, max_new_tokens=args.max_new_tokens)
+
+
+def cmd_chat(args: argparse.Namespace) -> int:
+    chat = open_chat(args)
+    if args.prompt is not None:
+        return run_script(chat, [args.prompt], as_json=args.json)
+    if not sys.stdin.isatty():
+        return run_script(chat, sys.stdin, as_json=args.json)
+    return run_interactive(chat)
+
+
+def stats_lines(chat) -> list[str]:
+    """What /stats prints: speed and speculation over the session, KV and arena use, memory."""
+    from specmemo.runtime.session import peak_rss_bytes, rss_bytes
+
+    t, session = chat.totals, chat.engine.session
+    mib = 2**20
+    kv_bytes = session.kv.nbytes()
+    row_bytes = kv_bytes // session.kv.capacity
+    used_rows = session.kv.length
+    arena, free = session.arena.nbytes, (session.kv.capacity - used_rows) * row_bytes
+    widths = ", ".join(f"T={size}: {count}" for size, count in sorted(t.tree_sizes.items())) or "none"
+    plan = chat.engine.plan
+    return [
+        f"turns {t.turns} ({t.interrupted} interrupted) · {t.new_tokens} tokens · decode {t.decode_tokens_per_s:.1f} tok/s "
+        f"· prefill {t.prefilled} tokens in {t.prefill_s:.2f} s · {t.reused} KV rows reused across turns",
+        f"mode {chat.engine.config.mode.value} · {t.mean_accepted:.2f} tokens per verify step over {t.verify_steps} "
+        f"steps · T chosen (steps): {widths}",
+        f"KV {used_rows}/{session.kv.capacity} rows ({used_rows * row_bytes / mib:.1f} of {kv_bytes / mib:.1f} MiB) "
+        f"· arena {arena / mib:.1f} MiB: used {(arena - free) / mib:.1f}, free {free / mib:.1f} "
+        f"· {len(chat.turns)} turns in context, {t.evictions} evicted",
+        f"memory: RSS {rss_bytes() / mib:.0f} MiB, peak {peak_rss_bytes() / mib:.0f} MiB, after load "
+        f"{session.rss_after_load / mib:.0f} MiB" + (f", plan {plan.total / mib:.0f} MiB" if plan else ""),
+    ]
+
+
+def handle_command(chat, line: str, write) -> bool | None:
+    """Run a /command; True to leave, False to go on, None when `line` is not a command."""
+    if not line.startswith("/"):
+        return None
+    command = line.split()[0].lower()
+    if command in ("/exit", "/quit"):
+        return True
+    if command == "/reset":
+        chat.reset()
+        log_dim("(conversation reset)")
+    elif command == "/stats":
+        for text in stats_lines(chat):
+            write(text)
+    elif command == "/help":
+        write(HELP)
+    else:
+        log_dim(f"unknown command {command}: /help lists them")
+    return False
+
+
+def _evicted(turns: int, tokens: int) -> None:
+    log_dim(f"(context full: dropped the {turns} oldest turn{'s' if turns > 1 else ''}, {tokens} tokens; "
+            f"the system prompt stays; re-prefilling the rest)")
+
+
+def _finish_note(reply) -> None:
+    if reply.finish_reason == "capacity":
+        log_dim("(reply cut: the KV cache is full; the next turn drops the oldest turns)")
+    elif reply.finish_reason == "interrupted":
+        log_dim("(reply stopped)")
+
+
+def run_script(chat, lines: Iterable[str], *, as_json: bool) -> int:
+    """One turn per non-empty line; replies on stdout (text per line, or one JSON object per turn)."""
+    from specmemo.runtime.backend import ContextOverflowError
+
+    for number, raw in enumerate(lines, 1):
+        line = raw.strip()
+        if not line:
+            continue
+        done = handle_command(chat, line, lambda text: print(text, flush=True))
+        if done:
+            break
+        if done is False:
+            continue
+        stream = None if as_json else TextStream(chat.engine.tokenizer)
+        try:
+            reply = chat.send(line, on_token=stream, on_evict=_evicted)
+        except ContextOverflowError as err:
+            log_dim(f"(line {number} skipped: {err})")
+            continue
+        if as_json:
+            print(json.dumps(turn_json(chat, line, reply)), flush=True)
+        else:
+            print(flush=True)
+        _finish_note(reply)
+    return 0
+
+
+def turn_json(chat, user: str, reply) -> dict:
+    s = reply.stats
+    return {"user": user, "text": reply.text, "token_ids": reply.token_ids, "finish_reason": reply.finish_reason,
+            "reused": reply.reused, "prefilled": reply.prefilled, "dropped_turns": reply.dropped_turns,
+            "kv_rows": chat.kv_rows_used(), "decode_tokens_per_s": s.decode_tokens_per_s,
+            "mean_accepted": s.mean_accepted, "tree_sizes": s.tree_sizes,
+            "messages": [{"role": m.role, "content": m.content} for m in chat.last_messages]}
+
+
+def run_interactive(chat) -> int:
+    from specmemo.runtime.backend import ContextOverflowError
+
+    try:
+        import readline  # noqa: F401  (line editing and history for input())
+    except ImportError:
+        pass
+    engine, manifest = chat.engine, chat.engine.session.manifest
+    log_dim(f"specmemo chat · {manifest.source_model} · C={engine.session.kv.capacity} · mode "
+            f"{engine.config.mode.value}, T_max={engine.medusa.size} · /help for commands, Ctrl-D to leave")
+    while True:
+        try:
+            line = input("> ").strip()
+        except EOFError:
+            print()
+            return 0
+        except KeyboardInterrupt:
+            print()
+            log_dim("(/exit or Ctrl-D to leave)")
+            continue
+        if not line:
+            continue
+        done = handle_command(chat, line, print)
+        if done:
+            return 0
+        if done is False:
+            continue
+        try:
+            reply = chat.send(line, on_token=TextStream(engine.tokenizer), on_evict=_evicted)
+            print()
+            _finish_note(reply)
+        except ContextOverflowError as err:
+            log_dim(f"({err})")
+        except KeyboardInterrupt:  # between tokens and bookkeeping: the session stays consistent
+            print()
+            log_dim("(reply stopped)")
