@@ -70,8 +70,9 @@ class ChatTotals:
         s = reply.stats
         self.turns += 1
         self.new_tokens += s.new_tokens
-        self.decode_tokens += max(0, s.new_tokens - 1)
-        self.decode_s += s.decode_s
+        if s.decode_s > 0:  # an interrupted reply has no timing: its tokens do not enter the rate
+            self.decode_tokens += max(0, s.new_tokens - 1)
+            self.decode_s += s.decode_s
         self.prefill_s += s.prefill_s
         self.prefilled += reply.prefilled
         self.reused += reply.reused
