@@ -109,16 +109,6 @@ def measure_medusa_reference(model_spec: str, heads_dir: str, prompts: list[list
             "mean_accepted": float(np.mean(accepted)) if accepted else 1.0, "questions": len(prompts)}
 
 
-if __name__ == "__main__":  # `bench decode --torch-reference` runs this in a fresh process; request on stdin
-    import json
-    import sys
-
-    request = json.loads(sys.stdin.read())
-    print(json.dumps(measure_medusa_reference(request["model"], request["heads"], request["prompts"],
-                                              max_new_tokens=request["max_new_tokens"], tree=request["tree"],
-                                              top_k=request["top_k"], threads=request["threads"])))
-
-
 def hf_greedy_reply(hf_model: Any, tokenizer: Any, messages: list[dict], *, max_new_tokens: int) -> list[int]:
     """HF `generate`'s greedy reply to a whole conversation (chat template applied to all of it):
     the reference a multi-turn chat must reproduce turn by turn. The stop token is included."""
@@ -129,3 +119,13 @@ def hf_greedy_reply(hf_model: Any, tokenizer: Any, messages: list[dict], *, max_
         out = hf_model.generate(torch.tensor([ids]), max_new_tokens=max_new_tokens, do_sample=False,
                                 attention_mask=torch.ones(1, len(ids), dtype=torch.long))
     return out[0, len(ids):].tolist()
+
+
+if __name__ == "__main__":  # `bench decode --torch-reference` runs this in a fresh process; request on stdin
+    import json
+    import sys
+
+    request = json.loads(sys.stdin.read())
+    print(json.dumps(measure_medusa_reference(request["model"], request["heads"], request["prompts"],
+                                              max_new_tokens=request["max_new_tokens"], tree=request["tree"],
+                                              top_k=request["top_k"], threads=request["threads"])))
