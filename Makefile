@@ -6,7 +6,7 @@ MODEL ?= smollm2-135m
 ARTIFACT ?= artifacts/$(MODEL)
 PROMPT ?= Give me three short tips for staying focused while studying.
 
-.PHONY: setup demo test bench bench-decode bench-soak chat lock clean
+.PHONY: setup demo test bench bench-decode bench-soak compare-docs chat lock clean
 
 setup: $(VENV)/.installed
 
@@ -33,6 +33,10 @@ bench-decode: setup
 
 bench-soak: setup
 	$(BIN)/specmemo bench soak --artifact $(ARTIFACT)
+
+# regenerates docs/compare/ (report.md, results.json, JSONL, plots): ~100 min on 2 cores
+compare-docs: setup
+	$(BIN)/specmemo compare --model $(MODEL) --artifact $(ARTIFACT) --questions 10 --rounds 3 --out docs/compare
 
 chat: setup
 	$(BIN)/specmemo chat --artifact $(ARTIFACT)

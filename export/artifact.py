@@ -10,16 +10,18 @@ from pathlib import Path
 
 import specmemo
 from specmemo.errors import ConfigError
-from specmemo.export.decoder import Decoder
+from specmemo.export.decoder import Decoder, embedding_table
 from specmemo.export.dims import dims_from_config
 from specmemo.export.heads import SPEC_FILE, HeadsError, MedusaHeads, load_any_heads
 from specmemo.export.heads_graph import export_heads_graph
 from specmemo.export.load import lm_head_t, load_hf, resolve_model, stop_token_ids
 from specmemo.export.trace import OPSET, export_decoder
 from specmemo.runtime import io_spec
-from specmemo.runtime.manifest import FORMAT_VERSION, Manifest, ModelDims, TokenizerInfo, save_manifest
+from specmemo.runtime.manifest import (FORMAT_VERSION, EmbeddingInfo, Manifest, ModelDims, TokenizerInfo,
+                                       save_manifest)
 
 DECODER_FILE = "decoder.onnx"
+EMBEDDING_FILE = "embedding.bin"
 TOKENIZER_FILE = "tokenizer.json"
 DEFAULT_CAPACITY = 2048
 
@@ -84,6 +86,7 @@ def export_artifact(options: ExportOptions, *, log=print, finalize=None) -> Mani
         log("tracing the decoder step to ONNX ...")
         decoder = Decoder(dims, hf_model, options.capacity).eval()
         export_decoder(decoder, io_names, staging / DECODER_FILE)
+        embedding = write_embedding(embedding_table(hf_model), staging)
         heads_info = None
         if heads is not None:
             log(f"tracing the heads graph ({heads.spec.num_heads} heads, {heads.spec.mode.value}, "
@@ -103,6 +106,7 @@ def export_artifact(options: ExportOptions, *, log=print, finalize=None) -> Mani
             decoder_file=DECODER_FILE,
             decoder_data_file=DECODER_FILE + ".data",
             io=io_names,
+            embedding=embedding,
             tokenizer=tokenizer_info,
             heads=heads_info,
         )
@@ -125,6 +129,13 @@ def checked_heads(options: ExportOptions, hf_model, base_sha256: str) -> MedusaH
     if any(max(choice) >= options.top_k for choice in heads.spec.tree):
         raise ConfigError(f"the heads' tree uses ranks >= --top-k {options.top_k}: raise --top-k")
     return heads
+
+
+def write_embedding(table, folder: Path) -> EmbeddingInfo:
+    """The [V, h] embedding as raw little-endian rows (runtime/embedding.py reads a row per token)."""
+    values = table.numpy().astype("<f4", copy=False)
+    values.tofile(folder / EMBEDDING_FILE)
+    return EmbeddingInfo(file=EMBEDDING_FILE, dtype="float32", shape=tuple(values.shape))
 
 
 def write_tokenizer(tokenizer, generation_config, folder: Path) -> TokenizerInfo:

@@ -6,7 +6,8 @@ so that the ONNX graph is what we want on a device:
     tree mask as an additive bias;
   - weights kept `[in, out]` so each projection is one MatMul on the stored initializer (no
     transposed copies); Q, K, V fused into one MatMul whose output GroupQueryAttention reads packed;
-  - tied embeddings stored once, as the `[h, V]` LM-head matrix that the embedding gathers from.
+  - no embedding table: the graph takes `inputs_embeds`, and the `[V, h]` table is a file of its
+    own that the runtime reads a row per token (runtime/embedding.py), so it never sits in RSS.
 Shapes: B batch, T new tokens, S attended length, C capacity, h hidden, V vocab.
 """
 
@@ -74,7 +75,7 @@ class DecoderLayer(nn.Module):
 
 
 class Decoder(nn.Module):
-    """forward(input_ids [B,T], position_ids [B,T], attention_bias [B,1,T,S], logits_indices [B,N],
+    """forward(inputs_embeds [B,T,h], position_ids [B,T], attention_bias [B,1,T,S], logits_indices [B,N],
                *past [2L x [B,H_kv,C,D]])
     → (logits [B,N,V], next_token_ids [B,N], hidden_states [B,T,h], *present [2L x [B,H_kv,C,D]]).
 
@@ -86,27 +87,17 @@ class Decoder(nn.Module):
         self.dims = dims
         inner = hf_model.model
         self.lm_head_t = nn.Parameter(lm_head_t(hf_model), requires_grad=False)  # [h, V]
-        self.embed = None if dims.tie_word_embeddings else nn.Parameter(
-            inner.embed_tokens.weight.detach().contiguous(), requires_grad=False
-        )  # [V, h]
         self.layers = nn.ModuleList(DecoderLayer(dims, layer) for layer in inner.layers)
         self.norm = RMSNorm(inner.norm.weight, dims.rms_norm_eps)
         cos, sin = rotary_table(hf_model, capacity, dims.head_dim)
         self.register_buffer("cos_cache", cos, persistent=False)  # [C, D/2]
         self.register_buffer("sin_cache", sin, persistent=False)
 
-    def embed_tokens(self, input_ids: torch.Tensor) -> torch.Tensor:  # [B, T] → [B, T, h]
-        if self.embed is not None:
-            return self.embed[input_ids]
-        batch, steps = input_ids.shape
-        rows = torch.index_select(self.lm_head_t, 1, input_ids.reshape(-1))  # [h, B*T]
-        return rows.t().reshape(batch, steps, self.dims.hidden_size)
-
-    def forward(self, input_ids, position_ids, attention_bias, logits_indices, *past):
+    def forward(self, inputs_embeds, position_ids, attention_bias, logits_indices, *past):
         total = attention_bias.shape[-1]  # S
-        seqlens_k = torch.full((input_ids.shape[0],), total - 1, dtype=torch.int32)  # [B]
+        seqlens_k = torch.full((inputs_embeds.shape[0],), total - 1, dtype=torch.int32)  # [B]
         total_len = torch.full((), total, dtype=torch.int32)
-        x = self.embed_tokens(input_ids)
+        x = inputs_embeds  # [B, T, h]
         presents = []
         for i, layer in enumerate(self.layers):
             x, k, v = layer(x, past[2 * i], past[2 * i + 1], seqlens_k, total_len,
@@ -116,6 +107,11 @@ class Decoder(nn.Module):
         rows = logits_indices.unsqueeze(-1).expand(-1, -1, hidden.shape[-1])  # [B, N, h]
         logits = torch.gather(hidden, 1, rows) @ self.lm_head_t  # [B, N, V]
         return (logits, logits.argmax(dim=-1), hidden, *presents)
+
+
+def embedding_table(hf_model: Any) -> torch.Tensor:
+    """The token embedding [V, h] that the runtime looks rows up in (the graph's `inputs_embeds`)."""
+    return hf_model.model.embed_tokens.weight.detach().contiguous()
 
 
 @torch.no_grad()

@@ -18,15 +18,66 @@ from specmemo.runtime import tree
 from specmemo.runtime.backend import Forward, check_fits
 
 
-class TorchBackend:
-    def __init__(self, hf_model: Any, *, capacity: int | None = None):
-        from transformers import DynamicCache
+class PreallocatedLayer:
+    """One layer of Medusa's KV layout (`initialize_past_key_values`): K and V buffers of all
+    positions [1, H_kv, C, D], written in place, for the PyTorch baseline the SpecMemo paper
+    compares against. `update` writes the step's rows after the committed ones and returns views."""
 
+    is_sliding, is_compileable, is_initialized = False, False, True
+
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor):
+        self.kbuf, self.vbuf = keys, values  # [1, H_kv, C, D]
+        self.length = 0  # rows written (committed + this step's)
+        self.dtype, self.device = keys.dtype, keys.device
+
+    @property
+    def keys(self) -> torch.Tensor:
+        return self.kbuf[:, :, : self.length]
+
+    @property
+    def values(self) -> torch.Tensor:
+        return self.vbuf[:, :, : self.length]
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        steps = key_states.shape[-2]
+        self.kbuf[:, :, self.length : self.length + steps] = key_states
+        self.vbuf[:, :, self.length : self.length + steps] = value_states
+        self.length += steps
+        return self.keys, self.values
+
+    def get_seq_length(self) -> int:
+        return self.length
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self.length + query_length, 0
+
+    def get_max_length(self) -> int:
+        return self.kbuf.shape[-2]
+
+
+class TorchBackend:
+    """HF model + its KV cache behind the Backend interface. Default: HF's DynamicCache (grows by
+    concatenation; a commit keeps the accepted rows by index_select). `preallocate`: Medusa's
+    layout instead, one zero-filled buffer of `capacity` positions per layer, rows moved in place."""
+
+    def __init__(self, hf_model: Any, *, capacity: int | None = None, preallocate: bool = False):
         self.model = hf_model.eval()
-        self._make_cache = lambda: DynamicCache(config=hf_model.config)
         self._capacity = capacity or hf_model.config.max_position_embeddings
+        self.preallocate = preallocate
         self.cache = self._make_cache()
         self._length = 0
+
+    def _make_cache(self):
+        from transformers import DynamicCache
+
+        cache = DynamicCache(config=self.model.config)
+        if self.preallocate:
+            c = self.model.config
+            heads, head_dim = c.num_key_value_heads, getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+            buffer = torch.empty(2 * c.num_hidden_layers, 1, heads, self._capacity, head_dim)  # [2L, B, H_kv, C, D]
+            buffer.zero_()  # resident, as Medusa's torch.zeros on the GPU is
+            cache.layers = [PreallocatedLayer(buffer[2 * i], buffer[2 * i + 1]) for i in range(c.num_hidden_layers)]
+        return cache
 
     @property
     def capacity(self) -> int:
@@ -52,14 +103,26 @@ class TorchBackend:
 
     def commit(self, nodes: list[int]) -> None:
         """Keep rows past + nodes (root-to-node order) as the next committed rows; drop the rest."""
-        keep = torch.tensor(list(range(self._length)) + [self._length + n for n in nodes])
-        for layer in self.cache.layers:
-            layer.keys = layer.keys.index_select(2, keep)  # [1, H_kv, S', D]
-            layer.values = layer.values.index_select(2, keep)
+        past = self._length
+        if self.preallocate:
+            source = torch.tensor([past + n for n in nodes])
+            for layer in self.cache.layers:
+                layer.kbuf[:, :, past : past + len(nodes)] = layer.kbuf[:, :, source]
+                layer.vbuf[:, :, past : past + len(nodes)] = layer.vbuf[:, :, source]
+                layer.length = past + len(nodes)
+        else:
+            keep = torch.tensor(list(range(past)) + [past + n for n in nodes])
+            for layer in self.cache.layers:
+                layer.keys = layer.keys.index_select(2, keep)  # [1, H_kv, S', D]
+                layer.values = layer.values.index_select(2, keep)
         self._length += len(nodes)
 
     def reset(self) -> None:
-        self.cache = self._make_cache()
+        if self.preallocate:
+            for layer in self.cache.layers:
+                layer.length = 0
+        else:
+            self.cache = self._make_cache()
         self._length = 0
 
 
@@ -77,35 +140,17 @@ class TorchDrafter:
 
 def measure_medusa_reference(model_spec: str, heads_dir: str, prompts: list[list[int]], *, max_new_tokens: int,
                              tree: tuple, top_k: int, threads: int) -> dict:
-    """Full-tree Medusa on the PyTorch reference, for `bench decode`: run in a fresh process.
-    Generation memory = peak RSS − RSS after the model and heads are loaded (peak reset there)."""
-    import time
-    from pathlib import Path
+    """Full-tree Medusa on the PyTorch reference for `bench decode` (in a fresh process): the
+    `pytorch-medusa` engine of `specmemo compare`, summed over the prompts."""
+    from specmemo.export.compare_torch import run
 
-    from specmemo.export.heads import load_any_heads
-    from specmemo.export.load import lm_head_t, load_hf, resolve_model, stop_token_ids
-    from specmemo.runtime.decode import generate
-    from specmemo.runtime.medusa_tree import MedusaTree
-    from specmemo.runtime.session import peak_rss_bytes, reset_peak_rss, rss_bytes
-
-    torch.set_num_threads(threads)
-    resolved = resolve_model(model_spec)
-    model, tokenizer = load_hf(resolved.hf_folder)
-    heads = load_any_heads(Path(heads_dir), lm_head_t(model), base_sha256=resolved.sha256)
-    eos = set(stop_token_ids(tokenizer, model.generation_config))
-    medusa = MedusaTree.from_choices(tree)
-    after_load = rss_bytes()
-    reset_peak_rss()
-    tokens, wall, accepted = 0, 0.0, []
-    for prompt in prompts:
-        started = time.perf_counter()
-        result = generate(TorchBackend(model), prompt, max_new_tokens=max_new_tokens, eos_token_ids=eos,
-                          drafter=TorchDrafter(heads, top_k), medusa=medusa)
-        wall += time.perf_counter() - started
-        tokens += len(result.token_ids)
-        accepted += result.stats.accept_lengths
-    return {"engine": "pytorch-medusa-full-tree", "rss_after_load": after_load, "peak_rss": peak_rss_bytes(),
-            "measured_generation": peak_rss_bytes() - after_load, "tokens_per_s": tokens / wall,
+    result = run({"engine": "pytorch-medusa", "model": model_spec, "heads": heads_dir, "prompts": prompts,
+                  "max_new_tokens": max_new_tokens, "tree": tree, "top_k": top_k, "threads": threads})
+    turns = result["turns"]
+    accepted = [a for t in turns for a in t["accept_lengths"]]
+    return {"engine": "pytorch-medusa-full-tree", "rss_after_load": result["rss_after_load"],
+            "peak_rss": result["peak_rss"], "measured_generation": result["peak_rss"] - result["rss_after_load"],
+            "tokens_per_s": sum(len(t["token_ids"]) for t in turns) / sum(t["wall_s"] for t in turns),
             "mean_accepted": float(np.mean(accepted)) if accepted else 1.0, "questions": len(prompts)}
 
 

@@ -24,7 +24,7 @@ def example_inputs(decoder: Decoder) -> tuple:
     batch, steps, past, capacity = 2, 3, 4, 16
     kv = tuple(torch.zeros(batch, d.num_kv_heads, capacity, d.head_dim) for _ in range(2 * d.num_layers))
     return (
-        torch.zeros(batch, steps, dtype=torch.long),  # input_ids [B, T]
+        torch.zeros(batch, steps, d.hidden_size),  # inputs_embeds [B, T, h]
         torch.arange(past, past + steps).repeat(batch, 1),  # position_ids [B, T]
         torch.zeros(batch, 1, steps, past + steps),  # attention_bias [B, 1, T, S]
         torch.tensor([[0, 2]] * batch),  # logits_indices [B, N]

@@ -7,7 +7,8 @@ allocated bytes are the same number, not two estimates.
 
 The buffers (R rows per decoder call: the largest tree or prefill chunk; N logit rows):
   kv.{i}            [B, H_kv, C, D]   past and present of one KV input/output pair, updated in place
-  input_ids         [R]   int64
+  input_ids         [R]   int64     the step's tokens, looked up into inputs_embeds
+  inputs_embeds     [R * h]           the decoder's input
   position_ids      [R]   int64
   attention_bias    [R * C]           a [B, 1, T, S] step uses its first T * S elements
   logits_indices    [R]   int64
@@ -72,6 +73,7 @@ class ArenaLayout:
         out = [(f"kv.{i}", f, kv) for i in range(2 * self.num_layers)]
         out += [
             ("input_ids", "int64", (b * r,)),
+            ("inputs_embeds", f, (b * r * self.hidden_size,)),
             ("position_ids", "int64", (b * r,)),
             ("attention_bias", f, (b * r * self.capacity,)),
             ("logits_indices", "int64", (b * r,)),

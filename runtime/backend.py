@@ -10,14 +10,15 @@ so both are compared like for like.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
 from specmemo.errors import SpecMemoError
-
 from specmemo.runtime import tree
-from specmemo.runtime.session import DecoderSession
+
+if TYPE_CHECKING:  # the PyTorch reference uses this module without ONNX Runtime
+    from specmemo.runtime.session import DecoderSession
 
 
 class ContextOverflowError(SpecMemoError, OverflowError):

@@ -29,7 +29,7 @@ from specmemo.errors import ConfigError
 from specmemo.runtime.calibrate import cpu_name, memory_calibration
 from specmemo.runtime.engine import EngineConfig, Mode, open_engine
 from specmemo.runtime.memory import MIB, footprint
-from specmemo.runtime.session import peak_rss_bytes
+from specmemo.runtime.rss import peak_rss_bytes
 
 MODES = (Mode.GREEDY.value, Mode.MEDUSA.value, Mode.AUTO.value)
 

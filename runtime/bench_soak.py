@@ -23,7 +23,7 @@ from specmemo.runtime.chat import ChatSession
 from specmemo.runtime.datasets import load_questions
 from specmemo.runtime.engine import EngineConfig, Mode, open_engine
 from specmemo.runtime.memory import MIB
-from specmemo.runtime.session import peak_rss_bytes, rss_bytes
+from specmemo.runtime.rss import peak_rss_bytes, rss_bytes
 
 PEAK_GROWTH_BAR = 0.02
 COLUMNS = ("rss", "peak_rss", "kv_rows", "dropped_turns", "prefilled", "new_tokens")  # per turn

@@ -87,7 +87,7 @@ def measure_memory(artifact: Path, threads: int) -> dict:
     import specmemo.cli  # noqa: F401  (the CLI's imports are part of a real process's load)
     from specmemo.runtime.engine import EngineConfig, Mode, open_engine
     from specmemo.runtime.manifest import load_manifest
-    from specmemo.runtime.session import peak_rss_bytes
+    from specmemo.runtime.rss import peak_rss_bytes
     from specmemo.runtime.tokenizer import Message
 
     manifest = load_manifest(artifact)

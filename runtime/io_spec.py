@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from specmemo.runtime.manifest import DecoderIO, ModelDims, TensorSpec
 
-INPUT_IDS = "input_ids"  # [B, T] int64
+INPUTS_EMBEDS = "inputs_embeds"  # [B, T, h] float, rows of the embedding table (runtime/embedding.py)
 POSITION_IDS = "position_ids"  # [B, T] int64, depth-based for tree nodes
 ATTENTION_BIAS = "attention_bias"  # [B, 1, T, S] float, 0 = attend, -inf = masked
 LOGITS_INDICES = "logits_indices"  # [B, N] int64, which of the T positions get logits
@@ -37,7 +37,7 @@ def present_value(layer: int) -> str:
 def decoder_inputs(dims: ModelDims, dtype: str) -> list[TensorSpec]:
     kv_shape = ("B", dims.num_kv_heads, "C", dims.head_dim)
     specs = [
-        TensorSpec(INPUT_IDS, "int64", ("B", "T")),
+        TensorSpec(INPUTS_EMBEDS, dtype, ("B", "T", dims.hidden_size)),
         TensorSpec(POSITION_IDS, "int64", ("B", "T")),
         TensorSpec(ATTENTION_BIAS, dtype, ("B", 1, "T", "S")),
         TensorSpec(LOGITS_INDICES, "int64", ("B", "N")),
@@ -67,7 +67,7 @@ def decoder_io(dims: ModelDims, dtype: str) -> DecoderIO:
     return DecoderIO(
         inputs=tuple(decoder_inputs(dims, dtype)),
         outputs=tuple(decoder_outputs(dims, dtype)),
-        input_ids=INPUT_IDS,
+        inputs_embeds=INPUTS_EMBEDS,
         position_ids=POSITION_IDS,
         attention_bias=ATTENTION_BIAS,
         logits_indices=LOGITS_INDICES,

@@ -15,7 +15,7 @@ from typing import Any
 from specmemo.errors import SpecMemoError
 
 MANIFEST_FILE = "manifest.json"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: the decoder takes inputs_embeds; the embedding table is its own file
 
 
 class ManifestError(SpecMemoError, ValueError):
@@ -60,7 +60,7 @@ class TensorSpec:
 class DecoderIO:
     inputs: tuple[TensorSpec, ...]
     outputs: tuple[TensorSpec, ...]
-    input_ids: str
+    inputs_embeds: str
     position_ids: str
     attention_bias: str
     logits_indices: str
@@ -68,6 +68,16 @@ class DecoderIO:
     next_token_ids: str
     hidden_states: str
     kv_pairs: tuple[tuple[str, str], ...]  # (past input, present output) bound to one buffer
+
+
+@dataclass(frozen=True)
+class EmbeddingInfo:
+    """The token embedding table, outside the graph (runtime/embedding.py reads it row by row):
+    raw little-endian values, row-major [V, h], no header."""
+
+    file: str  # relative to the artifact folder
+    dtype: str
+    shape: tuple[int, int]  # (V, h)
 
 
 @dataclass(frozen=True)
@@ -153,6 +163,7 @@ class Manifest:
     decoder_file: str
     decoder_data_file: str
     io: DecoderIO
+    embedding: EmbeddingInfo
     tokenizer: TokenizerInfo
     heads: HeadsInfo | None = None  # None: exported without Medusa heads (plain decoding only)
     plan: DevicePlan | None = None  # set by `export --profile`
@@ -166,6 +177,9 @@ class Manifest:
             raise ManifestError(f"capacity must be positive, got {self.capacity}")
         if len(self.io.kv_pairs) != 2 * self.dims.num_layers:
             raise ManifestError(f"io.kv_pairs has {len(self.io.kv_pairs)} pairs, expected 2 x {self.dims.num_layers} layers")
+        if tuple(self.embedding.shape) != (self.dims.vocab_size, self.dims.hidden_size):
+            raise ManifestError(f"embedding.shape {list(self.embedding.shape)} is not [V, h] = "
+                                f"[{self.dims.vocab_size}, {self.dims.hidden_size}]: re-export the artifact")
         if self.plan is not None and self.plan.capacity > self.capacity:
             raise ManifestError(f"plan.capacity {self.plan.capacity} exceeds the graph's capacity {self.capacity}: "
                                 f"re-export with --profile")
@@ -195,7 +209,8 @@ def _build(cls: type, data: Any, where: str) -> Any:
         raise ManifestError(f"{where}: {err}") from None
 
 
-_NESTED = {"SharedInitializer": SharedInitializer, "ModelDims": ModelDims, "DecoderIO": DecoderIO, "TokenizerInfo": TokenizerInfo, "HeadsInfo": HeadsInfo,
+_NESTED = {"SharedInitializer": SharedInitializer, "ModelDims": ModelDims, "DecoderIO": DecoderIO,
+           "EmbeddingInfo": EmbeddingInfo, "TokenizerInfo": TokenizerInfo, "HeadsInfo": HeadsInfo,
            "DevicePlan": DevicePlan}
 
 
@@ -241,7 +256,7 @@ def load_manifest(artifact: str | Path) -> Manifest:
     except json.JSONDecodeError as err:
         raise ManifestError(f"{path} is not valid JSON ({err.msg} at line {err.lineno}): re-export the artifact") from None
     manifest = manifest_from_dict(data)
-    files = [manifest.decoder_file, manifest.decoder_data_file, manifest.tokenizer.file]
+    files = [manifest.decoder_file, manifest.decoder_data_file, manifest.embedding.file, manifest.tokenizer.file]
     if manifest.heads is not None:
         files += [manifest.heads.file, manifest.heads.data_file]
     for name in files:

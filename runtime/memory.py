@@ -14,7 +14,8 @@
     headroom   = 5% of generation, kept free in every plan: measured generation memory has come
                  within ±5% of the prediction (bench decode), so a budget must leave room for that
 
-The weights as stored (the artifact's data files) are shown beside `load` for reference.
+The weights as stored (the artifact's data files) are shown beside `load` for reference. The
+embedding table is in neither term: the runtime reads its rows from the file (runtime/embedding.py).
 
 Lower bound: the smallest budget that still decodes speculatively with a useful tree over a
 context of N tokens: C = N, and the tree (and prefill chunk) cut to the smallest prefix of the
@@ -95,7 +96,7 @@ def activation_bytes(dims: ModelDims, *, rows: int, capacity: int, itemsize: int
 
 
 def weights_stored(artifact: Path, manifest: Manifest) -> int:
-    files = [manifest.decoder_data_file] + ([manifest.heads.data_file] if manifest.heads else [])
+    files = [manifest.decoder_data_file, manifest.embedding.file] + ([manifest.heads.data_file] if manifest.heads else [])
     return sum((artifact / name).stat().st_size for name in files)
 
 

@@ -20,7 +20,9 @@ import onnxruntime as ort
 from specmemo.errors import ConfigError, SpecMemoError
 
 from specmemo.runtime.arena import Arena, ArenaLayout
+from specmemo.runtime.embedding import EmbeddingTable
 from specmemo.runtime.manifest import Manifest, ManifestError, load_manifest
+from specmemo.runtime.rss import reset_peak_rss, rss_bytes
 
 
 class ArtifactError(SpecMemoError, RuntimeError):
@@ -182,6 +184,7 @@ class DecoderSession:
         capacity = config.capacity or m.capacity
         if capacity > m.capacity:
             raise ManifestError(f"capacity {capacity} exceeds the exported {m.capacity}: re-export with --capacity {capacity}")
+        self.embedding = EmbeddingTable(self.artifact / m.embedding.file, m.embedding)
         self.lm_head = load_shared_lm_head(self.artifact, m)
         shared = {} if self.lm_head is None else {m.heads.shared_lm_head.decoder_name: ort.OrtValue.ortvalue_from_numpy(self.lm_head)}
         self.session = open_session(self.artifact, m, config, shared)
@@ -242,7 +245,9 @@ class DecoderSession:
         if attended > self.kv.capacity:
             raise OverflowError(f"{attended} rows exceed the KV capacity {self.kv.capacity}")
         io, a, d = self.manifest.io, self.arena, self.manifest.dims
-        self._bind(io.input_ids, a["input_ids"], (1, steps))
+        embeds = a["inputs_embeds"][: steps * d.hidden_size].reshape(steps, d.hidden_size)
+        self.embedding.lookup(a["input_ids"][:steps], embeds)
+        self._bind(io.inputs_embeds, embeds, (1, steps, d.hidden_size))
         self._bind(io.position_ids, a["position_ids"], (1, steps))
         self._bind(io.attention_bias, a["attention_bias"], (1, 1, steps, attended))
         self._bind(io.logits_indices, a["logits_indices"], (1, logit_rows))
@@ -289,33 +294,3 @@ class DecoderSession:
 
     def reset(self) -> None:
         self.kv.length = 0
-
-
-def rss_bytes() -> int:
-    """Resident set size of this process now (Linux /proc; 0 elsewhere)."""
-    return _proc_status_kib("VmRSS") * 1024
-
-
-def peak_rss_bytes() -> int:
-    """Peak resident set size of this process so far (Linux /proc; 0 elsewhere)."""
-    return _proc_status_kib("VmHWM") * 1024
-
-
-def reset_peak_rss() -> None:
-    """Start the peak (VmHWM) afresh from the current RSS, so a peak measures what comes next only."""
-    try:
-        with open("/proc/self/clear_refs", "w") as refs:
-            refs.write("5")
-    except OSError:
-        pass
-
-
-def _proc_status_kib(key: str) -> int:
-    try:
-        with open("/proc/self/status") as status:
-            for line in status:
-                if line.startswith(key + ":"):
-                    return int(line.split()[1])
-    except OSError:
-        pass
-    return 0

@@ -13,6 +13,7 @@ from specmemo.errors import SpecMemoError
 from specmemo.export.load import DEFAULT_MODEL  # a light module: torch is imported only when converting
 from specmemo.cli_bench import cmd_bench_decode, cmd_bench_soak, cmd_bench_step
 from specmemo.cli_chat import cmd_chat
+from specmemo.cli_compare import cmd_compare
 from specmemo.cli_heads import cmd_eval_heads, cmd_subvocab_heads, cmd_train_heads
 from specmemo.cli_profiles import add_profile_options, apply_profile, cmd_profiles, engine_config
 from specmemo.console import TextStream, log_stderr
@@ -153,6 +154,34 @@ def build_parser() -> argparse.ArgumentParser:
     _add_decoding_options(p)
     p.add_argument("--json", action="store_true", help="scripted mode: one JSON object per turn")
     p.set_defaults(handler=cmd_chat)
+
+    p = sub.add_parser("compare", help="memory and speed against HF generate, PyTorch Medusa and peers, one run",
+                       description="Run HF `generate` (fp32), the PyTorch reference Medusa decoder (full tree), "
+                                   "our runtime in greedy, full-tree and controller mode, and ONNX Runtime GenAI "
+                                   "greedy (when installed) on the same prompts, greedy, each engine in its own "
+                                   "fresh process per round, rounds interleaved. Prints a markdown table (tok/s "
+                                   "decode and end-to-end, TTFT, accepted/step, RSS after load, peak RSS, "
+                                   "generation memory, arena, agreement with HF) and writes results.json, "
+                                   "Spec-Bench JSONL per engine, PNG plots and report.md into --out.",
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--model", default=DEFAULT_MODEL, help="the model (as exported)")
+    p.add_argument("--artifact", type=Path, help="the exported artifact (default artifacts/<model>)")
+    p.add_argument("--prompts", default="mt-bench",
+                   help="'mt-bench' (the 80 MT-Bench questions) or a question.jsonl-style file (a `turns` list "
+                        "per line); first turns are used")
+    p.add_argument("--questions", type=_positive, default=10, help="the first N prompts")
+    p.add_argument("--max-new-tokens", type=_positive, default=128)
+    p.add_argument("--rounds", type=_positive, default=3)
+    p.add_argument("--trace-tokens", type=int, default=512,
+                   help="tokens of the controller's long generation for the T-per-step plot (0: skip)")
+    p.add_argument("--no-peer", action="store_true", help="skip the ONNX Runtime GenAI row")
+    p.add_argument("--capacity", type=_positive,
+                   help="our engines' KV capacity C without --profile/--budget (default: what this run needs, "
+                        "the longest prompt + max new tokens or the trace + the tree, rounded up to 64; HF's cache "
+                        "grows to the same, GenAI sizes its buffer to each request)")
+    add_profile_options(p)
+    p.add_argument("--out", type=Path, default=Path("results") / "compare", help="folder for the outputs")
+    p.set_defaults(handler=cmd_compare)
 
     p = sub.add_parser("profiles", help="list device profiles (and what fits on each, with --artifact)",
                        description="List the device profiles in device_profiles/ plus this machine (detected): "
@@ -371,7 +400,7 @@ def _footprint_json(fp) -> dict:
 
 def cmd_generate(args: argparse.Namespace) -> int:
     from specmemo.runtime.engine import open_engine
-    from specmemo.runtime.session import peak_rss_bytes
+    from specmemo.runtime.rss import peak_rss_bytes
     from specmemo.runtime.tokenizer import Message
 
     config = engine_config(args)

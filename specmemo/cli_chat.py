@@ -42,7 +42,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
 
 def stats_lines(chat) -> list[str]:
     """What /stats prints: speed and speculation over the session, KV and arena use, memory."""
-    from specmemo.runtime.session import peak_rss_bytes, rss_bytes
+    from specmemo.runtime.rss import peak_rss_bytes, rss_bytes
 
     t, session = chat.totals, chat.engine.session
     mib = 2**20

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shutil
+
 import numpy as np
 import onnx
 import pytest
@@ -12,7 +14,8 @@ from transformers import AutoModelForCausalLM
 from specmemo.export.validate import HFReference, validate
 from specmemo.runtime import tree
 from specmemo.runtime.backend import OrtBackend
-from specmemo.runtime.manifest import load_manifest
+from specmemo.runtime.embedding import EmbeddingTable
+from specmemo.runtime.manifest import ManifestError, load_manifest
 from specmemo.runtime.session import DecoderSession, SessionConfig
 
 TOLERANCE = 1e-4
@@ -95,17 +98,36 @@ def test_graph_has_no_whole_cache_copies(tiny_llama):
     assert sum(node.op_type == "GroupQueryAttention" for node in graph.node) == manifest.dims.num_layers
 
 
-def test_tied_embedding_stored_once(tiny_llama):
+def test_graph_holds_only_the_lm_head_and_the_embedding_is_its_own_file(tiny_llama):
+    """The graph's one [h, V] weight is the LM head; the embedding rows live in embedding.bin, where
+    the runtime reads exactly HF's rows (tied or not, it is never in the graph)."""
     manifest = load_manifest(tiny_llama)
     graph = onnx.load(str(tiny_llama / manifest.decoder_file), load_external_data=False).graph
     d = manifest.dims
     big = [init.name for init in graph.initializer if d.vocab_size in init.dims and d.hidden_size in init.dims]
     assert len(big) == 1, big
+    table = EmbeddingTable(tiny_llama / manifest.embedding.file, manifest.embedding)
+    ids = np.array([0, 7, d.vocab_size - 1, 7])
+    rows = np.empty((4, d.hidden_size), np.float32)
+    table.lookup(ids, rows)
+    expected = hf_model(tiny_llama).model.embed_tokens.weight.detach().numpy()[ids]
+    np.testing.assert_array_equal(rows, expected)
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        table.lookup(np.array([d.vocab_size]), rows[:1])
+
+
+def test_truncated_embedding_file_is_a_one_line_error(tiny_llama, tmp_path):
+    artifact = tmp_path / "a"
+    shutil.copytree(tiny_llama, artifact)
+    path = artifact / load_manifest(artifact).embedding.file
+    path.write_bytes(path.read_bytes()[:-4])
+    with pytest.raises(ManifestError, match="re-export the artifact"):
+        DecoderSession(artifact)
 
 
 def test_torch_twin_of_the_attention_op_matches_hf(tiny_llama):
     """The traced torch module (same op as the graph) equals HF too: both sides implement one operation."""
-    from specmemo.export.decoder import Decoder
+    from specmemo.export.decoder import Decoder, embedding_table
 
     model = hf_model(tiny_llama)
     manifest = load_manifest(tiny_llama)
@@ -115,7 +137,8 @@ def test_torch_twin_of_the_attention_op_matches_hf(tiny_llama):
     past = [torch.zeros(1, d.num_kv_heads, 32, d.head_dim) for _ in range(2 * d.num_layers)]
     bias = torch.from_numpy(tree.attention_bias(tree.chain(10), 0))
     with torch.no_grad():
-        logits = decoder(ids, torch.arange(10)[None], bias, torch.arange(10)[None], *past)[0]
+        embeds = embedding_table(model)[ids]  # [1, 10, h]: what the runtime looks up
+        logits = decoder(embeds, torch.arange(10)[None], bias, torch.arange(10)[None], *past)[0]
         expected = model(ids).logits
     torch.testing.assert_close(logits, expected, atol=1e-5, rtol=1e-5)
 

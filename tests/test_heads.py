@@ -257,22 +257,26 @@ class OracleDrafter:
         return table
 
 
-@pytest.mark.parametrize("backend_kind", ["ort", "torch"])
+@pytest.mark.parametrize("backend_kind", ["ort", "torch", "torch-preallocated"])
 def test_speculative_equals_greedy(exported, backend_kind):
     artifact, model, heads = exported
     session = DecoderSession(artifact)
     medusa = MedusaTree.from_choices(session.manifest.heads.tree)
     eos = set()
-    make = (lambda: OrtBackend(DecoderSession(artifact))) if backend_kind == "ort" else (lambda: TorchBackend(model, capacity=64))
+    make = {"ort": lambda: OrtBackend(DecoderSession(artifact)),
+            "torch": lambda: TorchBackend(model, capacity=64),
+            "torch-preallocated": lambda: TorchBackend(model, capacity=64, preallocate=True)}[backend_kind]
     for seed in range(3):
         prompt = np.random.default_rng(seed).integers(5, model.config.vocab_size, 7).tolist()
         greedy = greedy_generate(make(), prompt, max_new_tokens=40, eos_token_ids=eos).token_ids
+        reference = greedy_generate(TorchBackend(model, capacity=64), prompt, max_new_tokens=40, eos_token_ids=eos)
+        assert greedy == reference.token_ids  # every backend decodes what HF's model does
         backend = make()
         oracle = OracleDrafter(backend, len(prompt), greedy, model.config.vocab_size, seed)
         spec = generate(backend, prompt, max_new_tokens=40, eos_token_ids=eos, drafter=oracle, medusa=medusa)
         assert spec.token_ids == greedy
         assert spec.stats.mean_accepted > 1.5  # the oracle's paths really were accepted
-        real = TorchDrafter(heads, TOP_K) if backend_kind == "torch" else OrtDrafter(session)
+        real = OrtDrafter(session) if backend_kind == "ort" else TorchDrafter(heads, TOP_K)
         assert generate(make(), prompt, max_new_tokens=40, eos_token_ids=eos, drafter=real,
                         medusa=medusa).token_ids == greedy
 

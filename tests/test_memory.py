@@ -38,7 +38,9 @@ def test_arena_layout_bytes_by_hand():
     layout = small_layout()
     kv = 2 * 10 * 16 * 4  # one [1, 2, 10, 16] float32 view = 1280 bytes (64-aligned already)
     expected = (4 * kv  # 2 layers x (K, V)
-                + 64 + 64  # input_ids, position_ids: 3 x 8 = 24 → 64
+                + 64  # input_ids: 3 x 8 = 24 → 64
+                + 768  # inputs_embeds: 3 x 64 x 4
+                + 64  # position_ids
                 + 128  # attention_bias: 3 x 10 x 4 = 120 → 128
                 + 64  # logits_indices
                 + 832  # logits: 2 x 100 x 4 = 800 → 832

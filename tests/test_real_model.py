@@ -20,7 +20,8 @@ from specmemo.runtime.backend import OrtBackend
 from specmemo.runtime.decode import generate
 from specmemo.runtime.drafter import OrtDrafter
 from specmemo.runtime.medusa_tree import MedusaTree
-from specmemo.runtime.session import DecoderSession, SessionConfig, rss_bytes
+from specmemo.runtime.rss import rss_bytes
+from specmemo.runtime.session import DecoderSession, SessionConfig
 from specmemo.runtime.tokenizer import ChatTokenizer, Message
 
 pytestmark = pytest.mark.real_model

@@ -1,0 +1,250 @@
+"""`specmemo compare`: memory and speed of our runtime against the PyTorch reference and peers, in one run.
+
+Every engine runs in its own fresh process per round (export/compare_torch.py,
+runtime/compare_ort.py), on the same prompts, greedy, with the same pinned thread count; rounds
+rotate the engine order so all of them see the same machine drift. Figures per engine:
+
+    decode tok/s   (new tokens − 1) / (wall − time to first token), over all prompts of a round;
+                   the median over rounds
+    e2e tok/s      new tokens / wall time (prefill included), the median over rounds
+    TTFT           time to the first new token, the median over every prompt and round
+    accepted/step  tokens gained per verify step (1 for plain decoding)
+    RSS after load, peak RSS; generation memory = peak − after load (medians over rounds)
+    ORT engines also: the arena's bytes (KV + I/O) and the memory model's prediction
+    agreement      prompts whose tokens equal HF `generate`'s, and the share of HF's tokens matched
+                   before the first difference
+
+Ratios (memory saved, speed-ups) are taken between engines of this run only. This module imports
+neither torch nor ONNX Runtime: the engines do, in their processes.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import statistics
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from specmemo.errors import ConfigError, SpecMemoError
+
+TORCH_ENGINES = ("hf-generate", "pytorch-medusa")
+ORT_ENGINES = ("specmemo-greedy", "specmemo-full-tree", "specmemo-controller")
+PEER = "onnxruntime-genai"
+REFERENCE = "hf-generate"
+CONTROLLER, FULL_TREE, TORCH_MEDUSA = "specmemo-controller", "specmemo-full-tree", "pytorch-medusa"
+MIB = 2**20
+
+BARS = {  # issue 6: what the controller must reach against the others, in one run
+    "generation_memory_vs_pytorch_medusa": ("<=", 0.35),
+    "throughput_vs_full_tree": (">=", 0.96),
+    "tokens_per_s_vs_hf_generate": (">=", 2.5),
+    "peak_rss_vs_hf_generate": ("<=", 0.75),
+}
+
+
+@dataclass(frozen=True)
+class CompareConfig:
+    artifact: Path
+    model: str
+    prompts: tuple[tuple[int, str, list[int]], ...]  # (question id, category, prompt ids)
+    max_new_tokens: int = 128
+    rounds: int = 3
+    threads: int = 2
+    budget: int | None = None  # our engines' plan (a device profile's app memory)
+    capacity: int | None = None  # our engines' C without a budget (run_capacity)
+    heads: str | None = None  # the heads folder the PyTorch Medusa engine loads
+    tree: tuple = ()
+    top_k: int = 10
+    eos: tuple[int, ...] = ()
+    genai_dir: Path | None = None
+    trace_tokens: int = 512  # the controller's long generation for the T-per-step plot
+    engines: tuple[str, ...] = field(default=TORCH_ENGINES + ORT_ENGINES)
+
+    def __post_init__(self) -> None:
+        if self.rounds < 1 or self.max_new_tokens < 1 or not self.prompts:
+            raise ConfigError("--rounds and --max-new-tokens must be >= 1, and there must be prompts")
+        if TORCH_MEDUSA in self.engines and not self.heads:
+            raise ConfigError("the artifact has no Medusa heads: the Medusa engines need them (export with heads)")
+
+
+def run_capacity(prompt_lengths: list[int], *, max_new_tokens: int, trace_tokens: int, tree: int) -> int:
+    """The KV capacity C this run needs: the longest prompt plus its reply, or the trace's first
+    prompt plus its tokens, plus the tree rows a verify step writes past them; rounded up to 64.
+    HF's cache grows to the same length and GenAI sizes its buffer per request, so each engine holds
+    the KV the work needs."""
+    need = max(max(prompt_lengths) + max_new_tokens, prompt_lengths[0] + trace_tokens + 1) + tree
+    return -(-need // 64) * 64
+
+
+def request_for(config: CompareConfig, engine: str) -> dict:
+    return {"engine": engine, "model": config.model, "artifact": str(config.artifact),
+            "prompts": [p for _, _, p in config.prompts], "max_new_tokens": config.max_new_tokens,
+            "threads": config.threads, "budget": config.budget, "capacity": config.capacity,
+            "heads": config.heads, "tree": config.tree,
+            "top_k": config.top_k, "eos": list(config.eos), "trace_tokens": config.trace_tokens,
+            "genai_dir": str(config.genai_dir) if config.genai_dir else None}
+
+
+def run_engine(config: CompareConfig, engine: str) -> dict:
+    """One engine over all prompts, in a fresh process."""
+    module = "specmemo.export.compare_torch" if engine in TORCH_ENGINES else "specmemo.runtime.compare_ort"
+    done = subprocess.run([sys.executable, "-m", module], input=json.dumps(request_for(config, engine)),
+                          capture_output=True, text=True)
+    if done.returncode != 0:
+        tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        raise SpecMemoError(f"the {engine} run failed ({tail[:300]}): run it alone to see why")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def run_rounds(config: CompareConfig, *, log: Callable[[str], None] = print) -> dict[str, list[dict]]:
+    """rounds × engines, each a fresh process; the engine order rotates per round."""
+    engines = list(config.engines)
+    runs: dict[str, list[dict]] = {engine: [] for engine in engines}
+    for r in range(config.rounds):
+        for engine in engines[r % len(engines):] + engines[: r % len(engines)]:
+            result = run_engine(config, engine)
+            runs[engine].append(result)
+            log(f"round {r + 1}/{config.rounds} {engine}: {e2e_tokens_per_s(result):.1f} tok/s, "
+                f"peak RSS {result['peak_rss'] / MIB:.0f} MiB")
+    return runs
+
+
+def e2e_tokens_per_s(run: dict) -> float:
+    return sum(len(t["token_ids"]) for t in run["turns"]) / sum(t["wall_s"] for t in run["turns"])
+
+
+def decode_tokens_per_s(run: dict) -> float:
+    tokens = sum(max(0, len(t["token_ids"]) - 1) for t in run["turns"])
+    return tokens / sum(t["wall_s"] - t["ttft_s"] for t in run["turns"])
+
+
+def agreement(turns: list[dict], reference: list[dict]) -> tuple[int, float]:
+    """(prompts identical to the reference, share of the reference's tokens matched before a difference)."""
+    identical, matched, total = 0, 0, 0
+    for turn, ref in zip(turns, reference):
+        a, b = turn["token_ids"], ref["token_ids"]
+        identical += a == b
+        prefix = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+        matched, total = matched + prefix, total + len(b)
+    return identical, matched / total if total else 1.0
+
+
+def summarize_engine(runs: list[dict], reference: list[dict] | None) -> dict:
+    med = statistics.median
+    accepted = [a for run in runs for t in run["turns"] for a in t["accept_lengths"]]
+    row = {
+        "rounds": len(runs),
+        "decode_tokens_per_s": med(decode_tokens_per_s(r) for r in runs),
+        "e2e_tokens_per_s": med(e2e_tokens_per_s(r) for r in runs),
+        "decode_tokens_per_s_by_round": [decode_tokens_per_s(r) for r in runs],
+        "ttft_ms": 1000 * med(t["ttft_s"] for r in runs for t in r["turns"]),
+        "mean_accepted": sum(accepted) / len(accepted) if accepted else 1.0,
+        "rss_after_load": med(r["rss_after_load"] for r in runs),
+        "peak_rss": med(r["peak_rss"] for r in runs),
+        "generation_memory": med(r["peak_rss"] - r["rss_after_load"] for r in runs),
+        "new_tokens": sum(len(t["token_ids"]) for t in runs[0]["turns"]),
+    }
+    if "arena_bytes" in runs[0]:
+        row.update(arena_bytes=runs[0]["arena_bytes"], kv_bytes=runs[0]["kv_bytes"],
+                   predicted_generation=runs[0]["predicted_generation"], capacity=runs[0]["capacity"],
+                   tree=runs[0]["tree"])
+    if reference is not None:
+        identical, share = agreement(runs[0]["turns"], reference)
+        row.update(identical_to_hf=identical, prompts=len(reference), token_agreement=share)
+    return row
+
+
+def ratios(engines: dict[str, dict]) -> dict[str, float]:
+    """The controller against the others, all from this run."""
+    c, out = engines.get(CONTROLLER), {}
+    if c is None:
+        return out
+    if TORCH_MEDUSA in engines:
+        out["generation_memory_vs_pytorch_medusa"] = c["generation_memory"] / engines[TORCH_MEDUSA]["generation_memory"]
+    if FULL_TREE in engines:
+        out["throughput_vs_full_tree"] = c["e2e_tokens_per_s"] / engines[FULL_TREE]["e2e_tokens_per_s"]
+    if REFERENCE in engines:
+        ref = engines[REFERENCE]
+        out["tokens_per_s_vs_hf_generate"] = c["e2e_tokens_per_s"] / ref["e2e_tokens_per_s"]
+        out["decode_tokens_per_s_vs_hf_generate"] = c["decode_tokens_per_s"] / ref["decode_tokens_per_s"]
+        out["peak_rss_vs_hf_generate"] = c["peak_rss"] / ref["peak_rss"]
+    if PEER in engines:
+        out["tokens_per_s_vs_onnxruntime_genai"] = c["e2e_tokens_per_s"] / engines[PEER]["e2e_tokens_per_s"]
+    return out
+
+
+def bars(found: dict[str, float]) -> dict[str, dict]:
+    return {name: {"value": found[name], "bar": f"{op} {limit}",
+                   "met": found[name] <= limit if op == "<=" else found[name] >= limit}
+            for name, (op, limit) in BARS.items() if name in found}
+
+
+def summarize(config: CompareConfig, runs: dict[str, list[dict]], machine: dict) -> dict:
+    reference = runs[REFERENCE][0]["turns"] if REFERENCE in runs else None
+    engines = {name: summarize_engine(engine_runs, reference) for name, engine_runs in runs.items()}
+    found = ratios(engines)
+    trace = next((r["trace"] for r in runs.get(CONTROLLER, []) if "trace" in r), None)
+    return {"config": {"artifact": str(config.artifact), "model": config.model, "prompts": len(config.prompts),
+                       "max_new_tokens": config.max_new_tokens, "rounds": config.rounds, "threads": config.threads,
+                       "budget": config.budget, "capacity": config.capacity,
+                       "engines": list(config.engines)},
+            "machine": machine, "engines": engines, "ratios": found, "bars": bars(found), "controller_trace": trace}
+
+
+def machine_info(threads: int) -> dict:
+    from specmemo.runtime.calibrate import cpu_name
+
+    return {"platform": platform.platform(), "cpu": cpu_name(), "threads": threads, "python": platform.python_version()}
+
+
+def format_table(summary: dict) -> str:
+    """The markdown table (stdout and the report)."""
+    head = ("| engine | decode tok/s | e2e tok/s | TTFT ms | accepted/step | RSS after load MiB | peak RSS MiB "
+            "| generation MiB | arena MiB (model) | same as HF |")
+    lines = [head, "|" + "---|" * 10]
+    for name, e in summary["engines"].items():
+        arena = (f"{e['arena_bytes'] / MIB:.1f} ({e['predicted_generation'] / MIB:.1f})" if "arena_bytes" in e
+                 else "–")
+        same = f"{e['identical_to_hf']}/{e['prompts']} ({100 * e['token_agreement']:.0f}%)" if "prompts" in e else "–"
+        lines.append(f"| {name} | {e['decode_tokens_per_s']:.1f} | {e['e2e_tokens_per_s']:.1f} | {e['ttft_ms']:.0f} "
+                     f"| {e['mean_accepted']:.2f} | {e['rss_after_load'] / MIB:.0f} | {e['peak_rss'] / MIB:.0f} "
+                     f"| {e['generation_memory'] / MIB:.1f} | {arena} | {same} |")
+    lines.append("")
+    for name, bar in summary["bars"].items():
+        lines.append(f"- {name.replace('_', ' ')}: {bar['value']:.3f} (bar {bar['bar']}): "
+                     f"{'met' if bar['met'] else 'MISSED'}")
+    for name, value in summary["ratios"].items():
+        if name not in summary["bars"]:
+            lines.append(f"- {name.replace('_', ' ')}: {value:.3f}")
+    return "\n".join(lines)
+
+
+def spec_bench_records(summary: dict, runs: dict[str, list[dict]], config: CompareConfig, decode) -> dict[str, list]:
+    """Spec-Bench-style JSONL records per engine (round 1): one per prompt."""
+    out = {}
+    for name, engine_runs in runs.items():
+        records = []
+        for (qid, category, _), turn in zip(config.prompts, engine_runs[0]["turns"]):
+            records.append({"question_id": qid, "category": category, "model_id": f"{config.model}-{name}",
+                            "choices": [{"index": 0, "turns": [decode(turn["token_ids"])],
+                                         "decoding_steps": [len(turn["accept_lengths"]) + 1],
+                                         "new_tokens": [len(turn["token_ids"])], "wall_time": [round(turn["wall_s"], 4)],
+                                         "ttft": [round(turn["ttft_s"], 4)],
+                                         "accept_lengths": [turn["accept_lengths"]]}]})
+        out[name] = records
+    return out
+
+
+def write_results(summary: dict, runs: dict[str, list[dict]], config: CompareConfig, out: Path, decode) -> list[Path]:
+    out.mkdir(parents=True, exist_ok=True)
+    paths = [out / "results.json"]
+    paths[0].write_text(json.dumps(summary, indent=2) + "\n")
+    for name, records in spec_bench_records(summary, runs, config, decode).items():
+        path = out / f"{name}.jsonl"
+        path.write_text("".join(json.dumps(r) + "\n" for r in records))
+        paths.append(path)
+    return paths

@@ -1,0 +1,98 @@
+"""The ONNX Runtime engines of `specmemo compare`, each run in its own fresh process (request as
+JSON on stdin, result as one JSON line on stdout):
+
+    specmemo-greedy       – our runtime, plain decoding (no heads session);
+    specmemo-full-tree    – our runtime, the full exported tree every step;
+    specmemo-controller   – our runtime, the controller picks each step's width (its latency
+                            curve is read before timing); also one long generation whose
+                            per-step T and KV rows make the trace plot;
+    onnxruntime-genai     – ONNX Runtime GenAI greedy on the same model (its model builder).
+
+Same report as the torch engines (compare_torch.py): per prompt token ids, time to first token,
+wall time, accepted per step; RSS after load and the peak after it. Ours also report the arena's
+own accounting and the memory model's prediction.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+from specmemo.runtime.calibrate import memory_calibration
+from specmemo.runtime.engine import EngineConfig, Mode, open_engine
+from specmemo.runtime.memory import footprint
+from specmemo.runtime.rss import peak_rss_bytes, reset_peak_rss, rss_bytes
+
+MODES = {"specmemo-greedy": Mode.GREEDY, "specmemo-full-tree": Mode.MEDUSA, "specmemo-controller": Mode.AUTO}
+WARM_UP_TOKENS = 8
+
+
+def run_specmemo(request: dict) -> dict:
+    mode = MODES[request["engine"]]
+    engine = open_engine(EngineConfig(artifact=Path(request["artifact"]), mode=mode, threads=request["threads"],
+                                      budget=request.get("budget"), capacity=request.get("capacity")),
+                         log=lambda _: None)
+    engine.policy(mode)  # the controller's latency curve: read (or measured) before anything is timed
+    session = engine.session
+
+    def reply(prompt, new, ignore_eos=False):
+        started = time.perf_counter()
+        result = engine.generate(prompt, max_new_tokens=new, ignore_eos=ignore_eos)
+        stats = result.stats
+        return {"token_ids": result.token_ids, "ttft_s": stats.prefill_s, "wall_s": time.perf_counter() - started,
+                "accept_lengths": stats.accept_lengths, "tree_sizes": stats.tree_sizes, "kv_used": stats.kv_used}
+
+    prompts, limit = request["prompts"], request["max_new_tokens"]
+    reply(prompts[0], WARM_UP_TOKENS)  # the arena is already allocated: this touches ORT's run state only
+    turns = [reply(prompt, limit) for prompt in prompts]
+    for turn in turns:
+        del turn["kv_used"]
+    result = {"engine": request["engine"], "rss_after_load": session.rss_after_load, "turns": turns}
+    if mode is Mode.AUTO and request.get("trace_tokens"):
+        new = min(request["trace_tokens"], session.kv.capacity - len(prompts[0]) - 1)
+        trace = reply(prompts[0], new, ignore_eos=True)
+        result["trace"] = {"tree_sizes": trace["tree_sizes"], "accept_lengths": trace["accept_lengths"],
+                           "kv_used": trace["kv_used"], "capacity": session.kv.capacity}
+    calibration = memory_calibration(Path(request["artifact"]), threads=request["threads"], log=lambda _: None)
+    predicted = footprint(session.manifest, calibration, capacity=session.kv.capacity, rows=session.rows,
+                          tree=session.logit_rows)
+    result.update(peak_rss=peak_rss_bytes(), arena_bytes=session.arena.nbytes, kv_bytes=session.kv.nbytes(),
+                  predicted_generation=predicted.generation, capacity=session.kv.capacity, tree=session.logit_rows)
+    return result
+
+
+def run_genai(request: dict) -> dict:
+    from specmemo.runtime.peers import GenAIEngine
+
+    peer = GenAIEngine(Path(request["genai_dir"]), threads=request["threads"])
+    after_load = rss_bytes()
+    reset_peak_rss()
+    eos = set(request["eos"])
+
+    def reply(prompt, new):
+        started = time.perf_counter()
+        generator = peer.start(prompt, new)
+        tokens, first = [], None
+        while len(tokens) < new and not generator.is_done():
+            generator.generate_next_token()
+            tokens.append(int(generator.get_next_tokens()[0]))
+            first = first or time.perf_counter()
+            if tokens[-1] in eos:
+                break
+        return {"token_ids": tokens, "ttft_s": (first or time.perf_counter()) - started,
+                "wall_s": time.perf_counter() - started, "accept_lengths": [1] * max(0, len(tokens) - 1)}
+
+    prompts = request["prompts"]
+    reply(prompts[0], WARM_UP_TOKENS)
+    turns = [reply(prompt, request["max_new_tokens"]) for prompt in prompts]
+    return {"engine": request["engine"], "rss_after_load": after_load, "peak_rss": peak_rss_bytes(), "turns": turns}
+
+
+def run(request: dict) -> dict:
+    return run_genai(request) if request["engine"] == "onnxruntime-genai" else run_specmemo(request)
+
+
+if __name__ == "__main__":
+    print(json.dumps(run(json.loads(sys.stdin.read()))))

@@ -1,0 +1,115 @@
+"""The plots and the markdown report of `specmemo compare` (matplotlib, no display needed).
+
+    memory.png        stacked bars per engine: RSS after load, then generation memory (for our
+                      engines split into the KV buffer, the rest of the arena, and the rest)
+    speed_memory.png  decode tokens/s against generation memory, one point per engine
+    controller.png    the controller's T per step over one long generation, KV rows used beside it
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from specmemo.runtime.compare import MIB, format_table
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _save(fig, ax, title: str, path: Path) -> Path:
+    ax.set_title(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    _pyplot().close(fig)
+    return path
+
+
+def plot_memory(summary: dict, path: Path) -> Path:
+    plt = _pyplot()
+    names = list(summary["engines"])
+    fig, ax = plt.subplots(figsize=(9, 4.5))
+    parts = {"after load": [], "KV buffer": [], "arena (other)": [], "generation (other)": []}
+    for name in names:
+        e = summary["engines"][name]
+        kv = e.get("kv_bytes", 0)
+        arena_other = e.get("arena_bytes", 0) - kv
+        parts["after load"].append(e["rss_after_load"] / MIB)
+        parts["KV buffer"].append(kv / MIB)
+        parts["arena (other)"].append(arena_other / MIB)
+        parts["generation (other)"].append(max(0.0, (e["generation_memory"] - kv - arena_other) / MIB))
+    bottom = [0.0] * len(names)
+    for label, values in parts.items():
+        ax.bar(names, values, bottom=bottom, label=label)
+        bottom = [b + v for b, v in zip(bottom, values)]
+    for i, total in enumerate(bottom):
+        ax.text(i, total, f"{total:.0f}", ha="center", va="bottom", fontsize=8)
+    ax.set_ylabel("MiB (peak RSS)")
+    ax.legend(fontsize=8)
+    plt.setp(ax.get_xticklabels(), rotation=20, ha="right", fontsize=8)
+    return _save(fig, ax, "Peak memory per engine: load + generation", path)
+
+
+def plot_speed_memory(summary: dict, path: Path) -> Path:
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for name, e in summary["engines"].items():
+        x, y = e["generation_memory"] / MIB, e["decode_tokens_per_s"]
+        ax.scatter([x], [y])
+        ax.annotate(name, (x, y), textcoords="offset points", xytext=(5, 4), fontsize=8)
+    ax.set_xlabel("generation memory (peak RSS − RSS after load), MiB")
+    ax.set_ylabel("decode tokens/s")
+    ax.grid(alpha=0.3)
+    return _save(fig, ax, "Speed against generation memory", path)
+
+
+def plot_controller(trace: dict, path: Path) -> Path:
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(9, 4))
+    steps = range(1, len(trace["tree_sizes"]) + 1)
+    ax.step(steps, trace["tree_sizes"], where="mid", label="T chosen", linewidth=0.8)
+    ax.plot(steps, trace["accept_lengths"], ".", markersize=2, label="tokens accepted", alpha=0.6)
+    ax.set_xlabel("decode step")
+    ax.set_ylabel("tree nodes T / tokens accepted")
+    kv = ax.twinx()
+    kv.plot(steps, trace["kv_used"], color="gray", linewidth=0.8, label="KV rows used")
+    kv.set_ylabel(f"KV rows used (C = {trace['capacity']})")
+    ax.legend(loc="upper left", fontsize=8)
+    return _save(fig, ax, "The controller over one long generation", path)
+
+
+def write_plots(summary: dict, out: Path) -> list[Path]:
+    paths = [plot_memory(summary, out / "memory.png"), plot_speed_memory(summary, out / "speed_memory.png")]
+    if summary.get("controller_trace"):
+        paths.append(plot_controller(summary["controller_trace"], out / "controller.png"))
+    return paths
+
+
+def _sizing(config: dict) -> str:
+    if config.get("budget"):
+        return f"Our engines: the plan for a budget of {config['budget'] / MIB:.0f} MiB."
+    if config.get("capacity"):
+        return (f"Our engines: KV capacity C = {config['capacity']} positions, what this run needs (HF's cache grows "
+                f"to the same; GenAI sizes its buffer per request); PyTorch Medusa: all the model's positions.")
+    return "Our engines: the artifact's KV capacity."
+
+
+def write_report(summary: dict, out: Path, command: str) -> Path:
+    """report.md: the command, the machine, the table, the plots."""
+    c, m = summary["config"], summary["machine"]
+    images = [p for p in ("memory.png", "speed_memory.png", "controller.png") if (out / p).is_file()]
+    text = [f"# specmemo compare: {c['model']}", "",
+            f"Command: `{command}`", "",
+            f"Machine: {m['cpu']}, {m['threads']} threads, {m['platform']}, Python {m['python']}. "
+            f"{c['prompts']} prompts, {c['max_new_tokens']} new tokens, greedy, {c['rounds']} rounds; every engine in "
+            f"its own fresh process per round, the order rotated per round. Ratios are between engines of this run.",
+            "", _sizing(c), "", format_table(summary), ""]
+    text += [f"![{p}]({p})" for p in images]
+    path = out / "report.md"
+    path.write_text("\n".join(text) + "\n")
+    return path

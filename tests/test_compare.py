@@ -1,0 +1,91 @@
+"""`specmemo compare` on a tiny model with heads: every engine runs in its own process, agrees with
+HF `generate`, and the run writes the table, JSON, Spec-Bench JSONL, plots and report; the
+summary arithmetic by hand."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from specmemo.runtime import compare
+from tests.test_chat import chat_model  # noqa: F401  (tiny Llama with random heads, C=160)
+
+
+def test_agreement_by_hand():
+    turns = [{"token_ids": [1, 2, 3]}, {"token_ids": [1, 9, 3, 4]}]
+    reference = [{"token_ids": [1, 2, 3]}, {"token_ids": [1, 2, 3, 4]}]
+    assert compare.agreement(turns, reference) == (1, 4 / 7)
+
+
+def test_torch_engines_do_not_load_onnx_runtime():
+    """Importing ONNX Runtime would add its own RSS to the PyTorch engines' figures."""
+    modules = ["specmemo.export.compare_torch", "specmemo.export.heads", "specmemo.export.load",
+               "specmemo.export.reference", "specmemo.runtime.decode", "specmemo.runtime.medusa_tree",
+               "specmemo.runtime.rss"]
+    code = "import sys\n" + "".join(f"import {m}\n" for m in modules) + \
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('onnx', 'onnxruntime')))"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]"
+
+
+def test_run_capacity_by_hand():
+    # longest prompt 70 + 128 new = 198; trace: first prompt 50 + 512 + 1 = 563; + 32 tree rows = 595 → 640
+    assert compare.run_capacity([50, 70], max_new_tokens=128, trace_tokens=512, tree=32) == 640
+    # no trace: 70 + 128 + 1 = 199 → 256
+    assert compare.run_capacity([50, 70], max_new_tokens=128, trace_tokens=0, tree=1) == 256
+
+
+def test_rates_ratios_and_bars_by_hand():
+    run = {"turns": [{"token_ids": [1] * 11, "ttft_s": 0.5, "wall_s": 1.5, "accept_lengths": [1] * 10},
+                     {"token_ids": [1] * 5, "ttft_s": 0.5, "wall_s": 0.9, "accept_lengths": [2, 2]}],
+           "rss_after_load": 100 * compare.MIB, "peak_rss": 130 * compare.MIB}
+    assert compare.e2e_tokens_per_s(run) == pytest.approx(16 / 2.4)
+    assert compare.decode_tokens_per_s(run) == pytest.approx(14 / 1.4)
+    row = compare.summarize_engine([run], None)
+    assert row["generation_memory"] == 30 * compare.MIB and row["mean_accepted"] == pytest.approx(14 / 12)
+    engines = {"specmemo-controller": {"generation_memory": 30, "e2e_tokens_per_s": 30.0, "decode_tokens_per_s": 40.0,
+                                       "peak_rss": 600},
+               "pytorch-medusa": {"generation_memory": 100}, "specmemo-full-tree": {"e2e_tokens_per_s": 20.0},
+               "hf-generate": {"e2e_tokens_per_s": 10.0, "decode_tokens_per_s": 20.0, "peak_rss": 1000}}
+    found = compare.ratios(engines)
+    assert found == {"generation_memory_vs_pytorch_medusa": 0.3, "throughput_vs_full_tree": 1.5,
+                     "tokens_per_s_vs_hf_generate": 3.0, "decode_tokens_per_s_vs_hf_generate": 2.0,
+                     "peak_rss_vs_hf_generate": 0.6}
+    assert all(bar["met"] for bar in compare.bars(found).values())
+    found["peak_rss_vs_hf_generate"] = 0.8
+    assert not compare.bars(found)["peak_rss_vs_hf_generate"]["met"]
+
+
+def test_compare_runs_every_engine_and_writes_everything(chat_model, tmp_path, capsys):  # noqa: F811
+    from specmemo.cli import main
+    from specmemo.runtime.manifest import load_manifest
+
+    artifact, _, _ = chat_model
+    prompts = tmp_path / "questions.jsonl"
+    prompts.write_text("".join(json.dumps({"question_id": i, "category": "toy", "turns": [f"w{10 + i} w{20 + i}"]})
+                               + "\n" for i in range(3)))
+    out = tmp_path / "out"
+    model = load_manifest(artifact).source_model
+    assert main(["compare", "--model", model, "--artifact", str(artifact), "--prompts", str(prompts),
+                 "--questions", "2", "--max-new-tokens", "6", "--rounds", "2", "--trace-tokens", "20", "--no-peer",
+                 "--out", str(out)]) == 0
+    table = capsys.readouterr().out
+    summary = json.loads((out / "results.json").read_text())
+    engines = summary["engines"]
+    assert set(engines) == set(compare.TORCH_ENGINES + compare.ORT_ENGINES)
+    for name, row in engines.items():
+        assert row["identical_to_hf"] == 2, name  # greedy everywhere: every engine equals HF generate
+        assert row["rounds"] == 2 and row["peak_rss"] >= row["rss_after_load"] > 0
+        assert f"| {name} |" in table
+        records = [json.loads(line) for line in (out / f"{name}.jsonl").read_text().splitlines()]
+        assert [r["question_id"] for r in records] == [0, 1]
+    assert engines["specmemo-controller"]["arena_bytes"] > engines["specmemo-controller"]["kv_bytes"] > 0
+    assert summary["config"]["capacity"] == engines["specmemo-controller"]["capacity"] < load_manifest(artifact).capacity
+    assert set(summary["bars"]) == set(compare.BARS)
+    assert len(summary["controller_trace"]["tree_sizes"]) > 0
+    for name in ("memory.png", "speed_memory.png", "controller.png", "report.md"):
+        assert (out / name).stat().st_size > 0
+    assert "![memory.png](memory.png)" in (out / "report.md").read_text()
