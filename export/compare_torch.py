@@ -74,11 +74,13 @@ def run(request: dict) -> dict:
     engine, prompts, limit = request["engine"], request["prompts"], request["max_new_tokens"]
     resolved = resolve_model(request["model"])
     model, tokenizer = load_hf(resolved.hf_folder)
+    weights = [model]
     if engine == "hf-generate":
         def reply(prompt, new):
             return hf_generate(model, prompt, new)
     elif engine == "pytorch-medusa":
         heads = load_any_heads(Path(request["heads"]), lm_head_t(model), base_sha256=resolved.sha256)
+        weights.append(heads)
         drafter, medusa = TorchDrafter(heads, request["top_k"]), MedusaTree.from_choices(request["tree"])
         eos = set(stop_token_ids(tokenizer, model.generation_config))
         backends = []  # Medusa's KV: all positions, allocated once, at the first generation (generation memory)
@@ -94,7 +96,7 @@ def run(request: dict) -> dict:
                     "wall_s": time.perf_counter() - started, "accept_lengths": result.stats.accept_lengths}
     else:
         raise ValueError(f"unknown torch engine {engine!r}")
-    touch_weights(model, *([heads] if engine == "pytorch-medusa" else []))
+    touch_weights(*weights)
     after_load = rss_bytes()
     reset_peak_rss()
     reply(prompts[0], WARM_UP_TOKENS)

@@ -25,6 +25,11 @@ from specmemo.errors import SpecMemoError
 DEFAULT_MODEL = "smollm2-135m"
 
 
+def default_artifact(model: str) -> Path:
+    """Where `specmemo export --model M` writes, and where the commands that take --model look for it."""
+    return Path("artifacts") / Path(model).stem
+
+
 class ModelNotFoundError(SpecMemoError, FileNotFoundError):
     """--model names nothing that can be loaded offline."""
 

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from specmemo.export.dims import dims_from_config
 from specmemo.export.heads import MedusaHeads
 from specmemo.runtime import tree
 from specmemo.runtime.backend import Forward, check_fits
@@ -72,11 +73,10 @@ class TorchBackend:
 
         cache = DynamicCache(config=self.model.config)
         if self.preallocate:
-            c = self.model.config
-            heads, head_dim = c.num_key_value_heads, getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
-            buffer = torch.empty(2 * c.num_hidden_layers, 1, heads, self._capacity, head_dim)  # [2L, B, H_kv, C, D]
+            d = dims_from_config(self.model.config)
+            buffer = torch.empty(2 * d.num_layers, 1, d.num_kv_heads, self._capacity, d.head_dim)  # [2L, B, H_kv, C, D]
             buffer.zero_()  # resident, as Medusa's torch.zeros on the GPU is
-            cache.layers = [PreallocatedLayer(buffer[2 * i], buffer[2 * i + 1]) for i in range(c.num_hidden_layers)]
+            cache.layers = [PreallocatedLayer(buffer[2 * i], buffer[2 * i + 1]) for i in range(d.num_layers)]
         return cache
 
     @property

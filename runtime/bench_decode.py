@@ -30,6 +30,7 @@ from specmemo.runtime.calibrate import cpu_name, memory_calibration
 from specmemo.runtime.engine import EngineConfig, Mode, open_engine
 from specmemo.runtime.memory import MIB, footprint
 from specmemo.runtime.rss import peak_rss_bytes
+from specmemo.runtime.spec_bench import spec_bench_record
 
 MODES = (Mode.GREEDY.value, Mode.MEDUSA.value, Mode.AUTO.value)
 
@@ -150,10 +151,9 @@ def run_memory(config: DecodeBenchConfig, prompts: list[list[int]], *, log=print
 
 
 def spec_bench_records(run: ModeRun, model_id: str, decode) -> list[dict]:
-    return [{"question_id": t.question_id, "category": t.category, "model_id": model_id,
-             "choices": [{"index": 0, "turns": [decode(t.token_ids)], "decoding_steps": [len(t.accept_lengths) + 1],
-                          "new_tokens": [len(t.token_ids)], "wall_time": [round(t.wall_time, 4)],
-                          "accept_lengths": [t.accept_lengths]}], "tstamp": time.time()}
+    return [spec_bench_record(question_id=t.question_id, category=t.category, model_id=model_id,
+                              reply=decode(t.token_ids), token_ids=t.token_ids, wall_time=t.wall_time,
+                              accept_lengths=t.accept_lengths) | {"tstamp": time.time()}
             for t in run.turns]
 
 

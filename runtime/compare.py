@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from specmemo.errors import ConfigError, SpecMemoError
+from specmemo.runtime.spec_bench import spec_bench_record
 
 TORCH_ENGINES = ("hf-generate", "pytorch-medusa")
 ORT_ENGINES = ("specmemo-greedy", "specmemo-full-tree", "specmemo-controller")
@@ -136,11 +137,12 @@ def agreement(turns: list[dict], reference: list[dict]) -> tuple[int, float]:
 def summarize_engine(runs: list[dict], reference: list[dict] | None) -> dict:
     med = statistics.median
     accepted = [a for run in runs for t in run["turns"] for a in t["accept_lengths"]]
+    decode_by_round = [decode_tokens_per_s(r) for r in runs]
     row = {
         "rounds": len(runs),
-        "decode_tokens_per_s": med(decode_tokens_per_s(r) for r in runs),
+        "decode_tokens_per_s": med(decode_by_round),
         "e2e_tokens_per_s": med(e2e_tokens_per_s(r) for r in runs),
-        "decode_tokens_per_s_by_round": [decode_tokens_per_s(r) for r in runs],
+        "decode_tokens_per_s_by_round": decode_by_round,
         "ttft_ms": 1000 * med(t["ttft_s"] for r in runs for t in r["turns"]),
         "mean_accepted": sum(accepted) / len(accepted) if accepted else 1.0,
         "rss_after_load": med(r["rss_after_load"] for r in runs),
@@ -223,27 +225,21 @@ def format_table(summary: dict) -> str:
     return "\n".join(lines)
 
 
-def spec_bench_records(summary: dict, runs: dict[str, list[dict]], config: CompareConfig, decode) -> dict[str, list]:
+def spec_bench_records(runs: dict[str, list[dict]], config: CompareConfig, decode) -> dict[str, list]:
     """Spec-Bench-style JSONL records per engine (round 1): one per prompt."""
-    out = {}
-    for name, engine_runs in runs.items():
-        records = []
-        for (qid, category, _), turn in zip(config.prompts, engine_runs[0]["turns"]):
-            records.append({"question_id": qid, "category": category, "model_id": f"{config.model}-{name}",
-                            "choices": [{"index": 0, "turns": [decode(turn["token_ids"])],
-                                         "decoding_steps": [len(turn["accept_lengths"]) + 1],
-                                         "new_tokens": [len(turn["token_ids"])], "wall_time": [round(turn["wall_s"], 4)],
-                                         "ttft": [round(turn["ttft_s"], 4)],
-                                         "accept_lengths": [turn["accept_lengths"]]}]})
-        out[name] = records
-    return out
+    return {name: [spec_bench_record(question_id=qid, category=category, model_id=f"{config.model}-{name}",
+                                     reply=decode(turn["token_ids"]), token_ids=turn["token_ids"],
+                                     wall_time=turn["wall_s"], accept_lengths=turn["accept_lengths"],
+                                     ttft=round(turn["ttft_s"], 4))
+                   for (qid, category, _), turn in zip(config.prompts, engine_runs[0]["turns"])]
+            for name, engine_runs in runs.items()}
 
 
 def write_results(summary: dict, runs: dict[str, list[dict]], config: CompareConfig, out: Path, decode) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
     paths = [out / "results.json"]
     paths[0].write_text(json.dumps(summary, indent=2) + "\n")
-    for name, records in spec_bench_records(summary, runs, config, decode).items():
+    for name, records in spec_bench_records(runs, config, decode).items():
         path = out / f"{name}.jsonl"
         path.write_text("".join(json.dumps(r) + "\n" for r in records))
         paths.append(path)

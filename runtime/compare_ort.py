@@ -73,14 +73,10 @@ def run_genai(request: dict) -> dict:
 
     def reply(prompt, new):
         started = time.perf_counter()
-        generator = peer.start(prompt, new)
         tokens, first = [], None
-        while len(tokens) < new and not generator.is_done():
-            generator.generate_next_token()
-            tokens.append(int(generator.get_next_tokens()[0]))
+        for token in peer.stream(prompt, new, eos):
+            tokens.append(token)
             first = first or time.perf_counter()
-            if tokens[-1] in eos:
-                break
         return {"token_ids": tokens, "ttft_s": (first or time.perf_counter()) - started,
                 "wall_s": time.perf_counter() - started, "accept_lengths": [1] * max(0, len(tokens) - 1)}
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 
@@ -36,13 +37,18 @@ class GenAIEngine:
         generator.generate_next_token()
         return time.perf_counter() - started
 
+    def stream(self, prompt: list[int], max_new_tokens: int, eos: frozenset[int] | set[int]) -> Iterator[int]:
+        """Greedy reply ids as they are decoded (the stop token included, as our loop counts it)."""
+        generator = self.start(prompt, max_new_tokens)
+        for _ in range(max_new_tokens):
+            if generator.is_done():
+                return
+            generator.generate_next_token()
+            token = int(generator.get_next_tokens()[0])
+            yield token
+            if token in eos:
+                return
+
     def generate(self, prompt: list[int], max_new_tokens: int, eos: frozenset[int] | set[int]) -> list[int]:
         """Greedy reply ids (the stop token included, as our loop counts it)."""
-        generator = self.start(prompt, max_new_tokens)
-        tokens: list[int] = []
-        while len(tokens) < max_new_tokens and not generator.is_done():
-            generator.generate_next_token()
-            tokens.append(int(generator.get_next_tokens()[0]))
-            if tokens[-1] in eos:
-                break
-        return tokens
+        return list(self.stream(prompt, max_new_tokens, eos))

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import specmemo
 from specmemo.errors import SpecMemoError
-from specmemo.export.load import DEFAULT_MODEL  # a light module: torch is imported only when converting
+from specmemo.export.load import DEFAULT_MODEL, default_artifact  # a light module: torch is imported only when converting
 from specmemo.cli_bench import cmd_bench_decode, cmd_bench_soak, cmd_bench_step
 from specmemo.cli_chat import cmd_chat
 from specmemo.cli_compare import cmd_compare
@@ -18,7 +18,7 @@ from specmemo.cli_heads import cmd_eval_heads, cmd_subvocab_heads, cmd_train_hea
 from specmemo.cli_profiles import add_profile_options, apply_profile, cmd_profiles, engine_config
 from specmemo.console import TextStream, log_stderr
 from specmemo.runtime.engine import Mode
-DEFAULT_ARTIFACT = Path("artifacts") / DEFAULT_MODEL
+DEFAULT_ARTIFACT = default_artifact(DEFAULT_MODEL)
 
 EPILOG = """\
 typical session:
@@ -316,7 +316,7 @@ def build_parser() -> argparse.ArgumentParser:
 def cmd_export(args: argparse.Namespace) -> int:
     from specmemo.export.artifact import DEFAULT_CAPACITY, ExportOptions, default_heads, export_artifact
 
-    out = args.out or Path("artifacts") / Path(args.model).stem
+    out = args.out or default_artifact(args.model)
     heads = {"auto": default_heads(args.model), "none": None}.get(args.heads, Path(args.heads))
     profile = apply_profile(args)
     finalize, capacity = None, args.capacity or DEFAULT_CAPACITY

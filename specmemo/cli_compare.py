@@ -10,6 +10,7 @@ from pathlib import Path
 from specmemo.cli_profiles import apply_profile
 from specmemo.console import log_stderr
 from specmemo.errors import ConfigError
+from specmemo.export.load import default_artifact
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
@@ -21,7 +22,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     from specmemo.runtime.tokenizer import ChatTokenizer, Message
 
     apply_profile(args)
-    artifact = args.artifact or Path("artifacts") / Path(args.model).stem
+    artifact = args.artifact or default_artifact(args.model)
     manifest = load_manifest(artifact)
     if manifest.source_model != args.model:
         raise ConfigError(f"{artifact} was exported from {manifest.source_model!r}, not {args.model!r}: "

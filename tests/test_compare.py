@@ -31,6 +31,16 @@ def test_torch_engines_do_not_load_onnx_runtime():
     assert done.stdout.strip() == "[]"
 
 
+def test_spec_bench_record_by_hand():
+    from specmemo.runtime.spec_bench import spec_bench_record
+
+    record = spec_bench_record(question_id=81, category="writing", model_id="m-greedy", reply="hi there",
+                               token_ids=[5, 6, 7], wall_time=0.123456, accept_lengths=[1, 2], ttft=0.05)
+    assert record == {"question_id": 81, "category": "writing", "model_id": "m-greedy",
+                      "choices": [{"index": 0, "turns": ["hi there"], "decoding_steps": [3], "new_tokens": [3],
+                                   "wall_time": [0.1235], "ttft": [0.05], "accept_lengths": [[1, 2]]}]}
+
+
 def test_run_capacity_by_hand():
     # longest prompt 70 + 128 new = 198; trace: first prompt 50 + 512 + 1 = 563; + 32 tree rows = 595 → 640
     assert compare.run_capacity([50, 70], max_new_tokens=128, trace_tokens=512, tree=32) == 640
