@@ -23,7 +23,7 @@ from specmemo.runtime.manifest import (FORMAT_VERSION, EmbeddingInfo, Manifest, 
 DECODER_FILE = "decoder.onnx"
 EMBEDDING_FILE = "embedding.bin"
 TOKENIZER_FILE = "tokenizer.json"
-DEFAULT_CAPACITY = 2048
+DEFAULT_MAX_CAPACITY = 2048
 
 
 SHIPPED_HEADS = Path(__file__).parent / "shipped_heads"  # trained heads that ship with the package
@@ -34,14 +34,14 @@ DEFAULT_TOP_K = 10
 class ExportOptions:
     model: str
     out: Path
-    capacity: int = DEFAULT_CAPACITY
+    max_capacity: int = DEFAULT_MAX_CAPACITY  # the largest C the graph supports (its rotary table)
     dtype: str = "float32"
     heads: Path | None = None  # a heads folder; None = none (see default_heads)
     top_k: int = DEFAULT_TOP_K  # k of the heads graph
 
     def __post_init__(self) -> None:
-        if self.capacity < 2:
-            raise ConfigError(f"--capacity must be at least 2, got {self.capacity}")
+        if self.max_capacity < 2:
+            raise ConfigError(f"--max-capacity must be at least 2, got {self.max_capacity}")
         if self.dtype != "float32":
             raise ConfigError(f"--dtype {self.dtype!r} is not supported yet; use float32")
         if self.top_k < 1:
@@ -54,11 +54,11 @@ def default_heads(model: str) -> Path | None:
     return folder if (folder / SPEC_FILE).is_file() else None
 
 
-def check_capacity(capacity: int, dims: ModelDims) -> None:
-    if capacity > dims.max_position_embeddings:
+def check_max_capacity(max_capacity: int, dims: ModelDims) -> None:
+    if max_capacity > dims.max_position_embeddings:
         raise ConfigError(
-            f"--capacity {capacity} exceeds the model's {dims.max_position_embeddings} positions: "
-            f"use --capacity {dims.max_position_embeddings} or less"
+            f"--max-capacity {max_capacity} exceeds the model's {dims.max_position_embeddings} positions: "
+            f"use --max-capacity {dims.max_position_embeddings} or less"
         )
 
 
@@ -71,9 +71,9 @@ def export_artifact(options: ExportOptions, *, log=print, finalize=None) -> Mani
     started = time.perf_counter()
     resolved = resolve_model(options.model)
     dims = dims_from_config(AutoConfig.from_pretrained(resolved.hf_folder, local_files_only=True))
-    check_capacity(options.capacity, dims)
+    check_max_capacity(options.max_capacity, dims)
     log(f"model {options.model}: {dims.architecture}, {dims.num_layers} layers, h={dims.hidden_size}, "
-        f"heads {dims.num_heads}/{dims.num_kv_heads} kv, V={dims.vocab_size}, capacity C={options.capacity}")
+        f"heads {dims.num_heads}/{dims.num_kv_heads} kv, V={dims.vocab_size}, max capacity C={options.max_capacity}")
     hf_model, tokenizer = load_hf(resolved.hf_folder)
     heads = None if options.heads is None else checked_heads(options, hf_model, resolved.sha256)  # fail fast
 
@@ -84,7 +84,7 @@ def export_artifact(options: ExportOptions, *, log=print, finalize=None) -> Mani
     try:
         io_names = io_spec.decoder_io(dims, options.dtype)
         log("tracing the decoder step to ONNX ...")
-        decoder = Decoder(dims, hf_model, options.capacity).eval()
+        decoder = Decoder(dims, hf_model, options.max_capacity).eval()
         export_decoder(decoder, io_names, staging / DECODER_FILE)
         embedding = write_embedding(embedding_table(hf_model), staging)
         heads_info = None
@@ -100,9 +100,11 @@ def export_artifact(options: ExportOptions, *, log=print, finalize=None) -> Mani
             source_model=options.model,
             source_sha256=resolved.sha256,
             dims=dims,
-            dtype=options.dtype,
+            weight_dtype=options.dtype,
+            kv_dtype=options.dtype,
+            activation_dtype=options.dtype,
             opset=OPSET,
-            capacity=options.capacity,
+            max_capacity=options.max_capacity,
             decoder_file=DECODER_FILE,
             decoder_data_file=DECODER_FILE + ".data",
             io=io_names,

@@ -7,7 +7,7 @@ exporter can swap it for the ORT node one-for-one. "The runtime must implement t
 Semantics (B batch, T new tokens this step, S = past + T attended length, C capacity,
 H query heads, H_kv KV heads, D head dim, P rotary table rows):
   - rotary at the given `position_ids` (tree nodes carry depth-based positions), half-split layout;
-  - the T new K/V rows are written into the fixed buffer at rows [S - T, S): past and present are
+  - the T new K/V positions are written into the fixed buffer at positions [S - T, S): past and present are
     one buffer, so ORT updates it in place when both are bound to the same OrtValue;
   - every query attends to rows [0, S) with an additive `attention_bias` (0 or -inf): the causal
     mask for prefill, the tree mask for verification. No implicit causal mask (`causal=0`).

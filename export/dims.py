@@ -8,6 +8,7 @@ from specmemo.errors import SpecMemoError
 from specmemo.runtime.manifest import ModelDims
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM")
+GGUF_ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}  # GGUF general.architecture → HF
 
 
 class UnsupportedModelError(SpecMemoError, ValueError):
@@ -27,11 +28,8 @@ def _rope_theta(config: Any) -> float:
 def dims_from_config(config: Any) -> ModelDims:
     """HF PretrainedConfig → ModelDims, refusing what the exported graph cannot express."""
     architectures = tuple(getattr(config, "architectures", None) or ())
-    arch = architectures[0] if architectures else _arch_from_model_type(config)
-    if arch not in SUPPORTED_ARCHITECTURES:
-        raise UnsupportedModelError(
-            f"architecture {arch!r} is not supported; supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
-        )
+    arch = architectures[0] if architectures else _arch_from_model_type(getattr(config, "model_type", ""))
+    check_architecture(arch)
     heads = int(config.num_attention_heads)
     kv_heads = int(getattr(config, "num_key_value_heads", None) or heads)
     head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // heads)
@@ -61,7 +59,19 @@ def dims_from_config(config: Any) -> ModelDims:
     )
 
 
-def _arch_from_model_type(config: Any) -> str:
-    return {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}.get(
-        getattr(config, "model_type", ""), getattr(config, "model_type", "unknown")
-    )
+def check_architecture(arch: str, where: str = "") -> None:
+    """Refuse an architecture the exporter cannot express, in one line naming the supported ones."""
+    if arch not in SUPPORTED_ARCHITECTURES:
+        raise UnsupportedModelError(f"{where}architecture {arch!r} is not supported; supported: "
+                                    f"{', '.join(SUPPORTED_ARCHITECTURES)}")
+
+
+def _arch_from_model_type(model_type: str) -> str:
+    """config.json without `architectures`: its model_type (llama, qwen2) names the same classes."""
+    return GGUF_ARCHITECTURES.get(model_type, model_type or "unknown")
+
+
+def architecture_of(config_json: dict) -> str:
+    """The architecture a config.json (as a dict) declares."""
+    architectures = config_json.get("architectures") or ()
+    return architectures[0] if architectures else _arch_from_model_type(config_json.get("model_type", ""))

@@ -56,7 +56,7 @@ def export_heads_graph(heads: MedusaHeads, top_k: int, folder: Path) -> HeadsInf
     shared_lm_head = share_lm_head(path, folder / "decoder.onnx", heads.lm_head_t.numpy()) if shared else None
     return HeadsInfo(file=HEADS_FILE, data_file=HEADS_FILE + ".data", hidden=HIDDEN, token_ids=TOKEN_IDS,
                      probs=PROBS, num_heads=heads.spec.num_heads, top_k=top_k, mode=heads.spec.mode.value,
-                     subvocab_size=heads.spec.subvocab_size, shares_decoder_lm_head=shared,
+                     subvocab_size=heads.spec.subvocab_size,
                      tree=heads.spec.tree, accuracy=heads.spec.accuracy, shared_lm_head=shared_lm_head)
 
 

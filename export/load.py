@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import json
 import os
 import shutil
 import tempfile
@@ -104,8 +105,41 @@ def _from_gguf(spec: str, parts: list[Path]) -> ResolvedModel:
     sha = sha256_of(parts)
     folder = cache_root() / "hf" / f"{_slug(spec)}-{sha[:12]}"
     if not (folder / "config.json").is_file():
+        check_gguf_supported(parts[0])  # before minutes of conversion
         _convert_gguf(parts, folder)
     return ResolvedModel(spec=spec, hf_folder=folder, sha256=sha)
+
+
+def check_gguf_supported(path: Path) -> None:
+    """Refuse an unsupported GGUF from its header's general.architecture (the first part of a split
+    file holds the header), before anything is converted or written."""
+    from specmemo.export.dims import GGUF_ARCHITECTURES, check_architecture
+    from specmemo.export.gguf_meta import read_metadata
+
+    arch = read_metadata(path, {"general.architecture"}).get("general.architecture", "unknown")
+    check_architecture(GGUF_ARCHITECTURES.get(arch, arch), where=f"{path.name}: GGUF ")
+
+
+def check_supported(spec: str) -> None:
+    """What `--model` names is a model the exporter supports, read from the GGUF header or
+    config.json alone: no weights are read, nothing is converted or written (well under a second)."""
+    from specmemo.export.dims import architecture_of, check_architecture
+
+    if spec in ALIASES:
+        first = ALIASES[spec].paths()[0]
+        if first.is_file():  # else resolve_model says which package to reinstall
+            check_gguf_supported(first)
+        return
+    path = Path(spec).expanduser()
+    if path.is_file() and path.suffix == ".gguf":
+        check_gguf_supported(path)
+    elif (path / "config.json").is_file():
+        try:
+            config = json.loads((path / "config.json").read_text())
+        except json.JSONDecodeError as err:
+            raise ModelNotFoundError(f"{path / 'config.json'} is not valid JSON ({err.msg}): fix or replace the "
+                                     f"model folder") from None
+        check_architecture(architecture_of(config), where=f"{path.name}: ")
 
 
 def _slug(spec: str) -> str:

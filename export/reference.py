@@ -2,7 +2,7 @@
 interface, so the one decode loop (runtime/decode.py) runs on it exactly as on ONNX Runtime.
 
 Tree steps go through HF's forward with a 4D additive attention mask [1, 1, T, S] and depth-based
-position ids; `commit` keeps the accepted nodes' K/V rows and drops the rest (Medusa-style). The
+position ids; `commit` keeps the accepted nodes' K/V positions and drops the rest (Medusa-style). The
 Medusa heads run in torch (MedusaHeads.top_k) as the reference drafter.
 """
 
@@ -83,6 +83,10 @@ class TorchBackend:
     def capacity(self) -> int:
         return self._capacity
 
+    def kv_nbytes(self) -> int:
+        """Bytes of the preallocated KV buffer (2·L·H_kv·C·D·4); 0 for the growing DynamicCache."""
+        return sum(layer.kbuf.nbytes + layer.vbuf.nbytes for layer in self.cache.layers) if self.preallocate else 0
+
     @property
     def length(self) -> int:
         return self._length
@@ -117,13 +121,22 @@ class TorchBackend:
                 layer.values = layer.values.index_select(2, keep)
         self._length += len(nodes)
 
-    def reset(self) -> None:
+    def rewind(self, length: int) -> None:
+        """Forget the committed positions from `length` on."""
+        length = min(length, self._length)
         if self.preallocate:
             for layer in self.cache.layers:
-                layer.length = 0
+                layer.length = length
+        else:
+            self.cache.crop(length)
+        self._length = length
+
+    def reset(self) -> None:
+        if self.preallocate:
+            self.rewind(0)
         else:
             self.cache = self._make_cache()
-        self._length = 0
+            self._length = 0
 
 
 class TorchDrafter:
@@ -138,22 +151,6 @@ class TorchDrafter:
         return ids.numpy()  # [K, k]
 
 
-def measure_medusa_reference(model_spec: str, heads_dir: str, prompts: list[list[int]], *, max_new_tokens: int,
-                             tree: tuple, top_k: int, threads: int) -> dict:
-    """Full-tree Medusa on the PyTorch reference for `bench decode` (in a fresh process): the
-    `pytorch-medusa` engine of `specmemo compare`, summed over the prompts."""
-    from specmemo.export.compare_torch import run
-
-    result = run({"engine": "pytorch-medusa", "model": model_spec, "heads": heads_dir, "prompts": prompts,
-                  "max_new_tokens": max_new_tokens, "tree": tree, "top_k": top_k, "threads": threads})
-    turns = result["turns"]
-    accepted = [a for t in turns for a in t["accept_lengths"]]
-    return {"engine": "pytorch-medusa-full-tree", "rss_after_load": result["rss_after_load"],
-            "peak_rss": result["peak_rss"], "measured_generation": result["peak_rss"] - result["rss_after_load"],
-            "tokens_per_s": sum(len(t["token_ids"]) for t in turns) / sum(t["wall_s"] for t in turns),
-            "mean_accepted": float(np.mean(accepted)) if accepted else 1.0, "questions": len(prompts)}
-
-
 def hf_greedy_reply(hf_model: Any, tokenizer: Any, messages: list[dict], *, max_new_tokens: int) -> list[int]:
     """HF `generate`'s greedy reply to a whole conversation (chat template applied to all of it):
     the reference a multi-turn chat must reproduce turn by turn. The stop token is included."""
@@ -165,12 +162,3 @@ def hf_greedy_reply(hf_model: Any, tokenizer: Any, messages: list[dict], *, max_
                                 attention_mask=torch.ones(1, len(ids), dtype=torch.long))
     return out[0, len(ids):].tolist()
 
-
-if __name__ == "__main__":  # `bench decode --torch-reference` runs this in a fresh process; request on stdin
-    import json
-    import sys
-
-    request = json.loads(sys.stdin.read())
-    print(json.dumps(measure_medusa_reference(request["model"], request["heads"], request["prompts"],
-                                              max_new_tokens=request["max_new_tokens"], tree=request["tree"],
-                                              top_k=request["top_k"], threads=request["threads"])))

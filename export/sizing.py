@@ -3,7 +3,7 @@
 The graph is exported first (into the staging folder), because what loading it costs is measured,
 not guessed: the memory calibration runs on the staged artifact (on this machine), then
 memory.fit picks C, R and T_max for the profile's app memory and the plan goes into the manifest.
-Without an explicit --capacity the graph covers min(the model's positions, MAX_PROFILE_CAPACITY)
+Without an explicit --max-capacity the graph covers min(the model's positions, MAX_PROFILE_CAPACITY)
 and the plan takes the largest C that fits; with one, that context must fit, else the export is
 refused with what would fit (a smaller capacity, no heads, int4 weights) and nothing is written.
 """
@@ -28,12 +28,12 @@ def sized_for(profile, *, threads: int, capacity_given: bool, log=print):
         calibration = memory_calibration(staging, threads=threads, log=log)
         weights = memory.weights_stored(staging, manifest)
         budget = profile.app_memory
-        context = manifest.capacity
-        if not capacity_given:  # the graph's capacity is a ceiling: take the largest context that fits
+        context = manifest.max_capacity
+        if not capacity_given:  # the graph's max capacity is a ceiling: take the largest context that fits
             context = min(context, memory.largest_context(manifest, calibration, budget=budget))
-        if context < min(MIN_PROFILE_CONTEXT, manifest.capacity) or memory.lower_bound(
+        if context < min(MIN_PROFILE_CONTEXT, manifest.max_capacity) or memory.lower_bound(
                 manifest, calibration, context=context).total > budget:
-            context = manifest.capacity if capacity_given else min(manifest.capacity, MIN_PROFILE_CONTEXT)
+            context = manifest.max_capacity if capacity_given else min(manifest.max_capacity, MIN_PROFILE_CONTEXT)
             bound = memory.lower_bound(manifest, calibration, context=context)
             options = memory.what_would_fit(staging, manifest, calibration, budget=budget, context=context)
             raise memory.BudgetError(
@@ -41,11 +41,9 @@ def sized_for(profile, *, threads: int, capacity_given: bool, log=print):
                 f"{bound.total / memory.MIB:.0f} MiB for a {context}-token context (load measured here "
                 f"{bound.load / memory.MIB:.0f} MiB); what would fit: {'; '.join(options)}; nothing was written")
         plan = memory.fit(manifest, calibration, budget=budget, context=context, weights=weights)
-        device_plan = DevicePlan(profile=profile.name, budget=budget, capacity=plan.capacity, rows=plan.rows,
-                                 tree=plan.tree, threads=profile.threads,
-                                 execution_provider=profile.execution_provider.value,
-                                 weight_dtype=profile.weight_dtype.value)
-        log(f"sized for {profile.name}: C={plan.capacity}, R={plan.rows}, T_max={plan.tree}, "
+        s = plan.sizes
+        device_plan = DevicePlan(profile=profile.name, budget=budget, capacity=s.capacity, rows=s.rows, tree=s.tree)
+        log(f"sized for {profile.name}: C={s.capacity}, R={s.rows}, T_max={s.tree}, "
             f"{plan.total / memory.MIB:.0f} of {budget / memory.MIB:.0f} MiB (load measured on this machine)")
         manifest = replace(manifest, plan=device_plan)
         save_manifest(manifest, staging)
@@ -55,7 +53,7 @@ def sized_for(profile, *, threads: int, capacity_given: bool, log=print):
 
 
 def profile_capacity(model: str) -> int:
-    """The graph capacity `export --profile` uses without --capacity: the model's positions, at most
+    """The graph's max capacity `export --profile` uses without --max-capacity: the model's positions, at most
     MAX_PROFILE_CAPACITY."""
     from transformers import AutoConfig
 

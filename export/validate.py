@@ -4,7 +4,7 @@ Checks, each compared with HF run causally on the same token sequence:
   prefill  – the prompt as one chunk: logits and final hidden states at every position;
   decode   – T=1 steps on the in-place KV buffer;
   tree     – a hand-made tree: node i's logits must equal HF's on prompt + path(root → i);
-  commit   – keep a non-contiguous root-to-leaf path, then step: the moved KV rows must be right.
+  commit   – keep a non-contiguous root-to-leaf path, then step: the moved KV positions must be right.
 """
 
 from __future__ import annotations
@@ -22,7 +22,9 @@ from specmemo.export.load import chat_prompt_ids, lm_head_t
 from specmemo.runtime import tree
 from specmemo.runtime.backend import OrtBackend
 from specmemo.runtime.drafter import OrtDrafter
+from specmemo.runtime.manifest import load_manifest
 from specmemo.runtime.session import DecoderSession, SessionConfig
+from specmemo.runtime.sizes import Sizes
 
 # fp32 tolerance, allclose-style: |Δ| ≤ ATOL + RTOL·|reference|, element by element. The absolute
 # part is the 1e-4 the project aims at; the relative part covers rounding on large logits: on
@@ -119,7 +121,8 @@ def validate(artifact: Path, hf_model, prompt_ids: list[int], *, tolerance: floa
              threads: int = 2, heads: MedusaHeads | None = None) -> ValidationReport:
     ref = HFReference(hf_model)
     rows = max(64, len(prompt_ids))  # the prompt in one call, logits for every row
-    session = DecoderSession(artifact, SessionConfig(threads=threads, rows=rows, logit_rows=rows))
+    capacity = load_manifest(artifact).max_capacity
+    session = DecoderSession(artifact, SessionConfig(threads=threads, sizes=Sizes(capacity=capacity, rows=rows, tree=rows)))
     backend = OrtBackend(session)
     report = ValidationReport(tolerance=tolerance)
     seq = list(prompt_ids)
@@ -197,7 +200,6 @@ def validate_artifact(artifact: Path, *, model: str | None = None, threads: int 
                       tolerance: float = FP32_TOLERANCE) -> ValidationReport:
     """Load the artifact's source model (or `model`), check it is the same weights, and validate."""
     from specmemo.export.load import load_hf, resolve_model
-    from specmemo.runtime.manifest import load_manifest
 
     manifest = load_manifest(artifact)
     resolved = resolve_model(model or manifest.source_model)

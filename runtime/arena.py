@@ -31,6 +31,7 @@ import numpy as np
 
 from specmemo.errors import ConfigError
 from specmemo.runtime.manifest import Manifest
+from specmemo.runtime.sizes import Sizes
 
 ALIGN = 64  # bytes; every view starts on a cache line
 
@@ -47,7 +48,8 @@ class ArenaLayout:
     logit_rows: int  # N: most rows that get logits in one call (the largest tree)
     num_heads: int = 0  # K Medusa heads (0: none)
     top_k: int = 0  # k
-    dtype: str = "float32"
+    kv_dtype: str = "float32"  # the kv.* views
+    dtype: str = "float32"  # the other float views (the graph's activations)
     batch: int = 1  # B
 
     def __post_init__(self) -> None:
@@ -58,19 +60,19 @@ class ArenaLayout:
             raise ConfigError(f"logit rows {self.logit_rows} exceed the rows per call {self.rows}")
 
     @classmethod
-    def for_manifest(cls, manifest: Manifest, *, capacity: int, rows: int, logit_rows: int,
-                     batch: int = 1) -> ArenaLayout:
+    def for_manifest(cls, manifest: Manifest, sizes: Sizes, *, batch: int = 1) -> ArenaLayout:
         d, heads = manifest.dims, manifest.heads
         return cls(num_layers=d.num_layers, num_kv_heads=d.num_kv_heads, head_dim=d.head_dim,
-                   hidden_size=d.hidden_size, vocab_size=d.vocab_size, capacity=capacity, rows=rows,
-                   logit_rows=logit_rows, num_heads=heads.num_heads if heads else 0,
-                   top_k=heads.top_k if heads else 0, dtype=manifest.dtype, batch=batch)
+                   hidden_size=d.hidden_size, vocab_size=d.vocab_size, capacity=sizes.capacity, rows=sizes.rows,
+                   logit_rows=sizes.tree, num_heads=heads.num_heads if heads else 0,
+                   top_k=heads.top_k if heads else 0, kv_dtype=manifest.kv_dtype, dtype=manifest.activation_dtype,
+                   batch=batch)
 
     def views(self) -> list[tuple[str, str, tuple[int, ...]]]:
         """(name, dtype, shape) of every buffer, in allocation order."""
         b, r, f = self.batch, self.rows, self.dtype
         kv = (b, self.num_kv_heads, self.capacity, self.head_dim)
-        out = [(f"kv.{i}", f, kv) for i in range(2 * self.num_layers)]
+        out = [(f"kv.{i}", self.kv_dtype, kv) for i in range(2 * self.num_layers)]
         out += [
             ("input_ids", "int64", (b * r,)),
             ("inputs_embeds", f, (b * r * self.hidden_size,)),

@@ -1,9 +1,10 @@
 """The backend interface the decode loop runs on, and its ONNX Runtime implementation.
 
-A backend owns a KV buffer of `capacity` rows, `length` of them committed. `forward` runs T new
-tokens laid out as a tree (parents; a chain for prefill and plain decoding) on top of the
-committed rows; `commit` keeps some of those nodes (a root-to-node path) and makes them the next
-committed rows. The PyTorch reference implements the same interface (specmemo.export.reference),
+A backend owns a KV buffer of `capacity` positions, `length` of them committed. `forward` runs T
+new tokens laid out as a tree (parents; a chain for prefill and plain decoding) on top of the
+committed positions; `commit` keeps some of those nodes (a root-to-node path) and makes them the
+next committed positions; `rewind` forgets committed positions from a length on (multi-turn chat
+keeps a common prefix; timing loops repeat a step). The PyTorch reference implements the same interface (specmemo.export.reference),
 so both are compared like for like.
 """
 
@@ -43,6 +44,8 @@ class Backend(Protocol):
 
     def commit(self, nodes: list[int]) -> None: ...
 
+    def rewind(self, length: int) -> None: ...
+
     def reset(self) -> None: ...
 
 
@@ -59,11 +62,11 @@ class OrtBackend:
 
     Per tree shape (its parents list) the depths and the [T, T] ancestor bias are computed once
     and cached; a step then fills arena views in place. A chain longer than the arena's rows
-    (a long prompt) runs in chunks of R rows, each attending to the rows written before it."""
+    (a long prompt) runs in chunks of R rows, each attending to the positions written before it."""
 
     def __init__(self, session: DecoderSession):
         self.session = session
-        self._shapes: dict[tuple[int, ...], tuple[np.ndarray, np.ndarray]] = {}
+        self._tree_inputs: dict[tuple[int, ...], tuple[np.ndarray, np.ndarray]] = {}
         self._arange = np.arange(session.rows, dtype=np.int64)
 
     @property
@@ -83,8 +86,8 @@ class OrtBackend:
         if size <= s.rows and (last_only or size <= s.logit_rows):
             return self._run(tokens, parents, 0, last_only)
         if list(parents) != tree.chain(size):
-            raise ValueError(f"a tree of {size} nodes exceeds the arena's {s.logit_rows} logit rows: "
-                             f"open the session with more rows")
+            raise ValueError(f"a tree of {size} nodes exceeds the arena's T_max of {s.logit_rows}: "
+                             f"open the session with larger Sizes")
         chunk = s.rows if last_only else s.logit_rows
         parts = []
         for start in range(0, size, chunk):
@@ -96,47 +99,46 @@ class OrtBackend:
             return out
         return Forward(*(np.concatenate(arrays) for arrays in zip(*((p.next_token_ids, p.logits, p.hidden_states) for p in parts))))
 
-    def _shape(self, parents: list[int]) -> tuple[np.ndarray, np.ndarray]:
-        """(depths [T] int64, bias [T, T]) of a tree shape, computed on first use."""
+    def _tree(self, parents: list[int]) -> tuple[np.ndarray, np.ndarray]:
+        """(depths [T] int64, bias [T, T]) of a tree (its parents list), computed on first use."""
         key = tuple(parents)
-        cached = self._shapes.get(key)
+        cached = self._tree_inputs.get(key)
         if cached is None:
             cached = (tree.depths(parents), tree.attention_bias(parents, 0, self.session.arena["attention_bias"].dtype)[0, 0])
-            self._shapes[key] = cached
+            self._tree_inputs[key] = cached
         return cached
 
     def _run(self, tokens: list[int], parents: list[int], offset: int, last_only: bool) -> Forward:
-        """One decoder call for `tokens` on top of the committed rows and `offset` uncommitted ones."""
-        arena, steps = self.session.arena, len(tokens)
+        """One decoder call for `tokens` on top of the committed positions and `offset` uncommitted ones."""
+        arena, size = self.session.arena, len(tokens)
         past = self.length + offset
-        attended = past + steps
-        depths, block = self._shape(parents)
+        attended = past + size
+        depths, block = self._tree(parents)
         ids = arena["input_ids"]
         for i, token in enumerate(tokens):  # element-wise: no temporary array
             ids[i] = token
-        np.add(depths, past, out=arena["position_ids"][:steps])
-        bias = arena["attention_bias"][: steps * attended].reshape(steps, attended)
+        np.add(depths, past, out=arena["position_ids"][:size])
+        bias = arena["attention_bias"][: size * attended].reshape(size, attended)
         bias[:, :past] = 0
         bias[:, past:] = block
-        rows = 1 if last_only else steps
+        logit_rows = 1 if last_only else size
         if last_only:
-            arena["logits_indices"][0] = steps - 1
+            arena["logits_indices"][0] = size - 1
         else:
-            arena["logits_indices"][:steps] = self._arange[:steps]
-        out = self.session.run(steps, attended, rows)
+            arena["logits_indices"][:size] = self._arange[:size]
+        out = self.session.run(size, attended, logit_rows)
         return Forward(out.next_token_ids[0], out.logits[0], out.hidden_states[0])
 
     def commit(self, nodes: list[int]) -> None:
-        """Keep `nodes` (indices into the last forward, root-to-node order) as committed rows."""
+        """Keep `nodes` (indices into the last forward, root-to-node order) as committed positions."""
         start = self.length
-        rows = [start + node for node in nodes]
-        if rows != list(range(start, start + len(rows))):
-            self.session.move_rows(rows, start)
-        self.session.commit(len(rows))
+        sources = [start + node for node in nodes]
+        if sources != list(range(start, start + len(sources))):
+            self.session.move_positions(sources, start)
+        self.session.commit(len(sources))
+
+    def rewind(self, length: int) -> None:
+        self.session.rewind(length)
 
     def reset(self) -> None:
         self.session.reset()
-
-    def rewind(self, length: int) -> None:
-        """Forget the committed rows from `length` on (multi-turn reuse, timing loops; they are rewritten before use)."""
-        self.session.kv.length = min(length, self.session.kv.length)

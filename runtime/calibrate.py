@@ -1,8 +1,10 @@
 """What the memory model and the controller measure once per artifact and machine, cached.
 
-  memory   – in a fresh process that imports what `specmemo` imports: RSS once the tokenizer and
-             sessions are open (`load`), and what a short generation adds beyond the arena and the
-             activation formula (`step overhead`);
+  memory   – in a fresh process (fresh_process.py) that opens the artifact as an engine: RSS once
+             the tokenizer and sessions are open (`load`), and what a short generation adds beyond
+             the arena and the activation formula (`step overhead`). The probe imports the runtime,
+             not the CLI (the runtime depends on nothing above it): the CLI's own modules add
+             0.5 MiB of RSS (measured), inside the 5% headroom every plan keeps;
   latency  – ms per decoder step for each tree size T, and per heads call (controller.py).
 
 Cached under $SPECMEMO_CACHE/calibration/, keyed by the manifest, ONNX Runtime version, CPU,
@@ -14,19 +16,16 @@ from __future__ import annotations
 import hashlib
 import json
 import platform
-import subprocess
-import sys
+from importlib.metadata import version
 from pathlib import Path
 
-import onnxruntime as ort
-
-from specmemo.errors import SpecMemoError
 from specmemo.paths import cache_root
+from specmemo.runtime.fresh_process import run_json, serve_json
 from specmemo.runtime.manifest import MANIFEST_FILE
 from specmemo.runtime.memory import Calibration, activation_bytes
 
 PROBE_CAPACITY, PROBE_TOKENS = 512, 300  # a short generation on a small arena
-VERSION = 5  # bump when the runtime's memory or timing behaviour changes: old measurements are void
+VERSION = 6  # bump when the runtime's memory or timing behaviour changes: old measurements are void
 
 
 def cpu_name() -> str:
@@ -44,7 +43,7 @@ def cache_file(artifact: Path, kind: str, threads: int) -> Path:
     data = json.loads((Path(artifact) / MANIFEST_FILE).read_text())
     data.pop("plan", None)
     manifest = json.dumps(data, sort_keys=True).encode()
-    key = hashlib.sha256(b"|".join([manifest, str(VERSION).encode(), ort.__version__.encode(), cpu_name().encode(),
+    key = hashlib.sha256(b"|".join([manifest, str(VERSION).encode(), version("onnxruntime").encode(), cpu_name().encode(),
                                     str(threads).encode(), platform.python_version().encode()])).hexdigest()[:16]
     return cache_root() / "calibration" / f"{kind}-{key}.json"
 
@@ -69,29 +68,26 @@ def memory_calibration(artifact: Path, *, threads: int = 2, log=print) -> Calibr
     data = cached(path)
     if data is None:
         log(f"measuring load and step memory for {artifact} once (fresh process) ...")
-        done = subprocess.run([sys.executable, "-m", "specmemo.runtime.calibrate", str(artifact), str(threads)],
-                              capture_output=True, text=True)
-        if done.returncode != 0:
-            reason = (done.stderr.strip().splitlines() or ["no output"])[-1]
-            raise SpecMemoError(f"memory calibration of {artifact} failed ({reason}): check the artifact with `specmemo validate`")
-        data = json.loads(done.stdout.strip().splitlines()[-1])
+        data = run_json("specmemo.runtime.calibrate", {"artifact": str(artifact), "threads": threads},
+                        what=f"memory calibration of {artifact}", fix="check the artifact with `specmemo validate`")
         store(path, data)
     return Calibration(load_bytes=data["load_bytes"], step_overhead_bytes=data["step_overhead_bytes"])
 
 
-def measure_memory(artifact: Path, threads: int) -> dict:
-    """Run in a fresh process that has loaded what a `specmemo` process loads: open the artifact
-    through the engine on a small arena and generate PROBE_TOKENS (full tree when there are heads).
-    load = RSS once the sessions are open; step overhead = generation RSS beyond the arena and the
-    activation formula. Linux /proc figures."""
-    import specmemo.cli  # noqa: F401  (the CLI's imports are part of a real process's load)
+def measure_memory(request: dict) -> dict:
+    """Run in a fresh process: open the artifact through the engine on a small arena and generate
+    PROBE_TOKENS (full tree when there are heads). load = RSS once the sessions are open; step
+    overhead = generation RSS beyond the arena and the activation formula. Linux /proc figures."""
+    import onnxruntime as ort
+
     from specmemo.runtime.engine import EngineConfig, Mode, open_engine
     from specmemo.runtime.manifest import load_manifest
     from specmemo.runtime.rss import peak_rss_bytes
     from specmemo.runtime.tokenizer import Message
 
+    artifact, threads = Path(request["artifact"]), request["threads"]
     manifest = load_manifest(artifact)
-    capacity = min(PROBE_CAPACITY, manifest.capacity)
+    capacity = min(PROBE_CAPACITY, manifest.max_capacity)
     mode = Mode.MEDUSA if manifest.heads is not None else Mode.GREEDY
     engine = open_engine(EngineConfig(artifact=artifact, mode=mode, threads=threads, capacity=capacity),
                          log=lambda _: None)
@@ -99,8 +95,8 @@ def measure_memory(artifact: Path, threads: int) -> dict:
     prompt = engine.tokenizer.encode_chat([Message("user", "Tell me about the sea.")])
     new = max(1, min(PROBE_TOKENS, capacity - len(prompt)))
     engine.generate(prompt, max_new_tokens=new, ignore_eos=True)
-    itemsize = 4 if manifest.dtype == "float32" else 2
-    formula = activation_bytes(manifest.dims, rows=session.rows, capacity=capacity, itemsize=itemsize)
+    formula = activation_bytes(manifest.dims, rows=session.rows, capacity=capacity,
+                               itemsize=manifest.bytes_per_activation)
     generation = peak_rss_bytes() - session.rss_after_load
     return {"load_bytes": session.rss_after_load,
             "step_overhead_bytes": max(0, generation - session.arena.nbytes - formula),
@@ -111,4 +107,4 @@ def measure_memory(artifact: Path, threads: int) -> dict:
 
 
 if __name__ == "__main__":
-    print(json.dumps(measure_memory(Path(sys.argv[1]), int(sys.argv[2]))))
+    serve_json(measure_memory)

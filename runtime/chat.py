@@ -1,18 +1,18 @@
-"""Multi-turn chat on one engine: the conversation, the KV rows it keeps, what overflow evicts.
+"""Multi-turn chat on one engine: the conversation, the KV positions it keeps, what overflow evicts.
 
     history   – the system prompt (always kept) and the turns (user, reply), oldest first;
     prompt    – the whole history through the model's chat template, rendered as Hugging Face
                 renders it: a greedy reply equals HF `generate` on the same history;
-    reuse     – `cached` lists the tokens whose K/V rows are committed, in order. A turn keeps the
+    reuse     – `cached` lists the tokens whose K/V positions are committed, in order. A turn keeps the
                 longest common prefix of those and its prompt, rewinds the rest and prefills only
                 the tail: normally the end of the last reply's turn and the new user turn. When
-                re-tokenizing a reply gives other ids than were generated, the rows from the first
+                re-tokenizing a reply gives other ids than were generated, the positions from the first
                 difference are re-run, so the cache always holds exactly the prompt's tokens;
     overflow  – when prompt + reply room exceeds the capacity C, the oldest turns are dropped
                 (the system prompt stays) until it fits; the prompt then differs right after the
                 system prompt and the reuse step re-prefills from there;
     interrupt – Ctrl-C during a reply keeps what was streamed as the reply; `cached` is cut back
-                to rows known to hold the prompt and the streamed tokens.
+                to positions known to hold the prompt and the streamed tokens.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ class Reply:
     text: str
     token_ids: list[int]  # generated ids, the stop token included
     stats: GenerationStats
-    reused: int  # KV rows kept from earlier turns
+    reused: int  # KV positions kept from earlier turns
     prefilled: int  # prompt tokens run this turn
     dropped_turns: int = 0  # oldest turns evicted to make room for this one
     dropped_tokens: int = 0
@@ -109,7 +109,7 @@ class ChatSession:
         self.system = system
         self.max_new_tokens = max_new_tokens
         self.turns: list[Turn] = []
-        self.cached: list[int] = []  # the tokens of the committed KV rows, in order
+        self.cached: list[int] = []  # the tokens of the committed KV positions, in order
         self.policy = engine.policy(engine.config.mode)  # one controller learns across turns
         self.totals = ChatTotals()
         self.last_messages: list[Message] = []  # the history the last reply was generated from
@@ -120,7 +120,7 @@ class ChatSession:
 
     @property
     def reply_room(self) -> int:
-        """Rows kept free for a reply when fitting the history: max_new_tokens, at most half of C."""
+        """Positions kept free for a reply when fitting the history: max_new_tokens, at most half of C."""
         return min(self.max_new_tokens, self.capacity // 2)
 
     def messages(self, turns: list[Turn], user: str) -> list[Message]:
@@ -152,7 +152,7 @@ class ChatSession:
         turns, prompt, dropped_tokens = self.fit(user)  # raises before anything changes
         dropped = len(self.turns) - len(turns)
         keep = min(common_prefix(self.cached, prompt), len(prompt) - 1)
-        self.cached = self.cached[:keep]  # rows past `keep` are about to be overwritten
+        self.cached = self.cached[:keep]  # positions past `keep` are about to be overwritten
         self.turns, self.last_messages = turns, self.messages(turns, user)
         if dropped and on_evict is not None:
             on_evict(dropped, dropped_tokens)
@@ -172,7 +172,7 @@ class ChatSession:
             interrupted, token_ids = True, streamed
             stats = GenerationStats(prompt_tokens=len(prompt) - keep, new_tokens=len(streamed),
                                     finish_reason="interrupted")
-        self._keep_rows(prompt + token_ids)
+        self._keep_positions(prompt + token_ids)
         tokenizer = self.engine.tokenizer
         text = tokenizer.decode([t for t in token_ids if t not in tokenizer.eos_token_ids])
         self.turns.append(Turn(user, text))
@@ -181,8 +181,8 @@ class ChatSession:
         self.totals.add(reply)
         return reply
 
-    def _keep_rows(self, tokens: list[int]) -> None:
-        """Record which tokens the committed rows hold: rows past the streamed tokens (a tree
+    def _keep_positions(self, tokens: list[int]) -> None:
+        """Record which tokens the committed positions hold: positions past the streamed tokens (a tree
         step's nodes after the stop token, or an interrupted step) are forgotten."""
         backend = self.engine.backend
         self.cached = tokens[: min(backend.length, len(tokens))]
@@ -193,5 +193,5 @@ class ChatSession:
         self.turns, self.cached, self.last_messages = [], [], []
         self.engine.backend.reset()
 
-    def kv_rows_used(self) -> int:
+    def kv_used(self) -> int:
         return self.engine.backend.length

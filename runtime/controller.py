@@ -4,7 +4,7 @@ Verifying a prefix of T nodes gains E[accepted(T)] = 1 + sum of p_i over its nod
 where p_i is the chance node i ends up on the accepted path, and costs latency(T): the whole
 step as the loop runs it (heads call, decoder call, Python). The controller picks the T that
 maximises tokens per second, from
-  (a) the KV rows left in the arena (T never exceeds them; at 1 row left it is plain decoding),
+  (a) the KV positions left in the arena (T never exceeds them; at 1 left it is plain decoding),
   (b) a T → ms curve measured once for this artifact and machine (cached, see calibrate.py),
   (c) running acceptance statistics: per node, accepted / verified, starting from the manifest's
       accuracy table as a prior worth PRIOR_STEPS observations.
@@ -55,7 +55,7 @@ def measure_latency(backend, drafter, medusa: MedusaTree, *, context: int = 256,
                     steps: int = 6) -> LatencyCurve:
     """ms per decode step for each T in CURVE_SIZES up to the tree's size, timed the way the loop
     runs it (draft → verify → accept → commit, so Python and heads costs count), on a
-    `context`-row past that each step rewinds to; interleaved in rounds, median of round medians."""
+    `context`-token past that each step rewinds to; interleaved in rounds, median of round medians."""
     sizes = [s for s in CURVE_SIZES if s <= medusa.size] or [1]
     backend.reset()
     prompt = [1] * min(context, backend.capacity - medusa.size - 1)
@@ -65,10 +65,11 @@ def measure_latency(backend, drafter, medusa: MedusaTree, *, context: int = 256,
     heads: list[float] = []
     for _ in range(rounds):
         for size in sizes:
-            shape, parents, times = medusa.prefix(size), medusa.prefix(size).parents(), []
+            step_tree, times = medusa.prefix(size), []
+            parents = step_tree.parents()
             for _ in range(steps):
                 started = time.perf_counter()
-                tokens = decode.draft(drafter, first, shape) if size > 1 else [first.root]
+                tokens = decode.draft(drafter, first, step_tree) if size > 1 else [first.root]
                 decode.verify_and_commit(backend, tokens, parents)
                 times.append(time.perf_counter() - started)
                 backend.rewind(base)
@@ -125,7 +126,7 @@ class AcceptanceStats:
 class Decision:
     size: int  # T verified
     accepted: int  # tokens gained
-    space_left: int  # KV rows free before the step
+    space_left: int  # KV positions free before the step
 
 
 @dataclass

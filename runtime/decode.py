@@ -12,12 +12,12 @@
             Typical acceptance (with `Sampling`): a node is accepted when the base model gives
             its token more than min(ε, α·exp(-entropy)) after its parent; the deepest accepted
             node wins and the next root is sampled (seeded) after it;
-  commit  – keep the accepted nodes' K/V rows, contiguous after the committed ones.
+  commit  – keep the accepted nodes' K/V positions, contiguous after the committed ones.
 
 Plain greedy decoding is the same loop with a one-node tree (no drafter). Greedy speculative output
 is token-identical to plain greedy: every emitted token is the base model's argmax after its prefix.
 How many of the tree's nodes a step verifies is the width policy's choice (controller.py); without
-one, the whole tree, cut to the KV rows left.
+one, the whole tree, cut to the KV positions left.
 """
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ class GenerationStats:
     finish_reason: str = ""  # "eos" | "length" | "capacity"
     accept_lengths: list[int] = field(default_factory=list)  # tokens gained per verify step
     tree_sizes: list[int] = field(default_factory=list)  # T verified per step
-    kv_used: list[int] = field(default_factory=list)  # committed KV rows after each step
+    kv_used: list[int] = field(default_factory=list)  # committed KV positions after each step
 
     @property
     def decode_tokens_per_s(self) -> float:
@@ -160,7 +160,7 @@ def verify_and_commit(backend: Backend, tokens: list[int], parents: list[int], s
 
 
 class FullWidth:
-    """The default width policy: the whole tree, cut to the KV rows left."""
+    """The default width policy: the whole tree, cut to the KV positions left."""
 
     def __init__(self, medusa: MedusaTree):
         self.size = medusa.size
@@ -206,13 +206,12 @@ def generate(
         if backend.length >= backend.capacity:
             stats.finish_reason = "capacity"
             break
-        size = policy.choose(backend.capacity - backend.length)
-        shape = medusa.prefix(size)
-        tokens = draft(drafter, step, shape) if shape.size > 1 else [step.root]
-        path, step = verify_and_commit(backend, tokens, shape.parents(), sampling, rng)
-        policy.observe(shape.size, path)
+        step_tree = medusa.prefix(policy.choose(backend.capacity - backend.length))
+        tokens = draft(drafter, step, step_tree) if step_tree.size > 1 else [step.root]
+        path, step = verify_and_commit(backend, tokens, step_tree.parents(), sampling, rng)
+        policy.observe(step_tree.size, path)
         stats.steps += 1
-        stats.tree_sizes.append(shape.size)
+        stats.tree_sizes.append(step_tree.size)
         stats.accept_lengths.append(len(path))
         stats.kv_used.append(backend.length)
         pending = [tokens[i] for i in path[1:]] + [step.root]

@@ -1,9 +1,9 @@
 """An artifact opened for generation: plan → sessions and arena → drafter and width policy.
 
-    plan     – with a budget, memory.fit picks C, the rows per call R and T_max (else the flags or
-               the manifest's capacity, the exported tree);
+    sizes    – C, the rows per call R and T_max, decided once by config.resolve_sizes (a budget
+               through memory.fit, the manifest's device plan, or --capacity and the exported tree);
     open     – DecoderSession (decoder + heads graphs, one arena), tokenizer;
-    policy   – greedy: no heads; medusa: the full tree (cut to the KV rows left); auto: the
+    policy   – greedy: no heads; medusa: the full tree (cut to the KV positions left); auto: the
                controller (latency curve measured once per machine, cached).
 """
 
@@ -11,44 +11,21 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from enum import Enum
-from pathlib import Path
 
 from specmemo.errors import ConfigError
 from specmemo.runtime.backend import OrtBackend
-from specmemo.runtime.calibrate import memory_calibration
+from specmemo.runtime.config import EngineConfig, Mode, resolve_sizes
 from specmemo.runtime.controller import Controller, LatencyCurve, latency_curve
-from specmemo.runtime.decode import FullWidth, Generation, Sampling, generate
+from specmemo.runtime.decode import FullWidth, Generation, generate
 from specmemo.runtime.drafter import OrtDrafter
 from specmemo.runtime.manifest import ManifestError, load_manifest
 from specmemo.runtime.medusa_tree import MedusaTree
-from specmemo.runtime.memory import DEFAULT_PREFILL_CHUNK, Footprint, exported_tree, fit, weights_stored
+from specmemo.runtime.memory import Footprint
 from specmemo.runtime.session import DecoderSession, SessionConfig
+from specmemo.runtime.sizes import exported_tree
 from specmemo.runtime.tokenizer import ChatTokenizer
 
-
-class Mode(str, Enum):
-    GREEDY = "greedy"  # plain decoding, one token per step, no heads
-    MEDUSA = "medusa"  # the full exported tree every step
-    AUTO = "auto"  # the controller picks each step's width
-
-
-@dataclass(frozen=True)
-class EngineConfig:
-    artifact: Path
-    mode: Mode = Mode.AUTO
-    threads: int = 2
-    budget: int | None = None  # bytes for the whole process; sizes C, R and T_max
-    capacity: int | None = None  # C without a budget (default: the manifest's)
-    context: int | None = None  # with a budget: C = context instead of the largest that fits
-    prefill_chunk: int = DEFAULT_PREFILL_CHUNK
-    sampling: Sampling | None = None  # None: greedy acceptance
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.mode, Mode):
-            object.__setattr__(self, "mode", Mode(self.mode))
-        if self.budget is not None and self.capacity is not None:
-            raise ConfigError("give --budget or --capacity, not both: the budget decides the capacity")
+__all__ = ["Engine", "EngineConfig", "Mode", "open_engine"]
 
 
 @dataclass
@@ -56,9 +33,9 @@ class Engine:
     config: EngineConfig
     session: DecoderSession
     tokenizer: ChatTokenizer
-    medusa: MedusaTree  # the tree a step may verify (exported tree cut to the arena's logit rows)
+    medusa: MedusaTree  # the tree a step may verify (the exported tree cut to T_max)
     drafter: OrtDrafter | None
-    plan: Footprint | None  # the memory plan, when opened with a budget
+    plan: Footprint | None  # the memory plan, when opened with a budget or the manifest's device plan
     controller: Controller | None = None
     log: Callable[[str], None] = field(default=print, repr=False)
 
@@ -87,7 +64,7 @@ class Engine:
                  mode: Mode | None = None, cached: int = 0, policy=None) -> Generation:
         """One reply in the engine's mode or `mode` (a speculative mode needs an engine opened with
         heads). `cached`: how many leading prompt tokens already sit in the KV buffer as its first
-        rows (multi-turn chat; the caller vouches for them): the rest is rewound and only
+        positions (multi-turn chat; the caller vouches for them): the rest is rewound and only
         prompt_ids[cached:] is prefilled; 0 starts from an empty cache. `policy`: a width policy
         that outlives the reply (chat keeps one controller across turns); default: a fresh one.
         `ignore_eos`: run to max_new_tokens, for measurements."""
@@ -109,36 +86,17 @@ class Engine:
                         sampling=self.config.sampling)
 
 
-def session_config(config: EngineConfig, plan: Footprint | None, tree_size: int) -> SessionConfig:
-    heads = config.mode is not Mode.GREEDY
-    if plan is not None:
-        return SessionConfig(threads=config.threads, capacity=plan.capacity, rows=plan.rows,
-                             logit_rows=min(plan.tree, plan.rows), heads=heads)
-    rows = max(config.prefill_chunk, tree_size)
-    return SessionConfig(threads=config.threads, capacity=config.capacity, rows=rows, logit_rows=tree_size,
-                         heads=heads)
-
-
 def open_engine(config: EngineConfig, *, log=print) -> Engine:
     manifest = load_manifest(config.artifact)
     if config.mode is Mode.MEDUSA and manifest.heads is None:
         raise ManifestError(f"{config.artifact} has no Medusa heads: use --mode greedy, or re-export with --heads")
     if config.mode is Mode.AUTO and manifest.heads is None:  # nothing to speculate with: plain decoding
         config = replace(config, mode=Mode.GREEDY)
-    exported = exported_tree(manifest)
-    if config.budget is None and config.capacity is None and manifest.plan is not None:  # sized at export
-        log(f"plan from the manifest: profile {manifest.plan.profile}, budget {manifest.plan.budget / 2**30:.2f} GiB, "
-            f"C={manifest.plan.capacity}")
-        config = replace(config, budget=manifest.plan.budget, context=config.context or manifest.plan.capacity)
-    plan = None
-    if config.budget is not None:
-        calibration = memory_calibration(config.artifact, threads=config.threads, log=log)
-        plan = fit(manifest, calibration, budget=config.budget, context=config.context,
-                   prefill_chunk=config.prefill_chunk, weights=weights_stored(config.artifact, manifest))
-    tree_size = 1 if config.mode is Mode.GREEDY else exported.size
+    sizes, plan = resolve_sizes(config, manifest, log=log)
+    speculative = config.mode is not Mode.GREEDY
     tokenizer = ChatTokenizer(config.artifact, manifest)
-    session = DecoderSession(config.artifact, session_config(config, plan, tree_size))
-    medusa = exported.prefix(session.logit_rows) if config.mode is not Mode.GREEDY else MedusaTree(())
-    drafter = OrtDrafter(session) if config.mode is not Mode.GREEDY else None
+    session = DecoderSession(config.artifact, SessionConfig(threads=config.threads, sizes=sizes, heads=speculative))
+    medusa = exported_tree(manifest).prefix(sizes.tree) if speculative else MedusaTree(())
+    drafter = OrtDrafter(session) if speculative else None
     return Engine(config=config, session=session, tokenizer=tokenizer, medusa=medusa, drafter=drafter, plan=plan,
                   log=log)

@@ -1,8 +1,9 @@
 """The artifact's manifest: what the exporter wrote and every runtime reads. Nothing is re-derived.
 
 An artifact folder holds `manifest.json`, the ONNX graph(s) with external weights, and the
-tokenizer. The manifest carries the model dims, the graph I/O names, the KV capacity, the dtype,
-the tokenizer and chat template, and where the weights came from.
+tokenizer. The manifest carries the model dims, the graph I/O names, the graph's max KV capacity,
+the element types (weights, KV cache, activations: three separate decisions, each with its bytes per
+element here), the tokenizer and chat template, and where the weights came from.
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ from typing import Any
 from specmemo.errors import SpecMemoError
 
 MANIFEST_FILE = "manifest.json"
-FORMAT_VERSION = 2  # 2: the decoder takes inputs_embeds; the embedding table is its own file
+FORMAT_VERSION = 3  # 2: inputs_embeds, the embedding table in its own file; 3: max_capacity, weight/kv/activation dtypes
+BYTES_PER_ELEMENT = {"float32": 4, "float16": 2}  # the element types a manifest may name
 
 
 class ManifestError(SpecMemoError, ValueError):
@@ -115,11 +117,10 @@ class HeadsInfo:
     top_k: int  # k
     mode: str  # shared | own | subvocab
     subvocab_size: int
-    shares_decoder_lm_head: bool  # the LM-head initializer points into the decoder's data file
     tree: tuple[tuple[int, ...], ...]  # Medusa choices; every prefix is a valid tree (pruning = prefix)
     accuracy: tuple[tuple[float, ...], ...] = ()  # [K][k] cumulative top-1..top-k accuracy (eval-heads)
     source: str = ""  # where the heads came from
-    shared_lm_head: SharedInitializer | None = None  # set when shares_decoder_lm_head
+    shared_lm_head: SharedInitializer | None = None  # the LM head read from the decoder's data file, if shared
 
     def __post_init__(self) -> None:
         if self.num_heads < 1 or self.top_k < 1:
@@ -137,15 +138,14 @@ class DevicePlan:
 
     profile: str  # the device profile's name
     budget: int  # bytes: the profile's app memory, the plan's whole-process budget
-    capacity: int  # C the plan allocates (<= the graph's capacity)
+    capacity: int  # C the plan allocates (<= the graph's max capacity)
     rows: int  # R rows per decoder call
     tree: int  # T_max tree nodes per step
-    threads: int  # intra-op threads on the device
-    execution_provider: str  # what the device runs (the Python runtime here runs CPU)
-    weight_dtype: str  # what the device prefers; the artifact's own dtype is Manifest.dtype
 
     def __post_init__(self) -> None:
-        for name in ("budget", "capacity", "rows", "tree", "threads"):
+        if self.tree > self.rows:
+            raise ManifestError(f"plan.tree {self.tree} exceeds plan.rows {self.rows}: re-export with --profile")
+        for name in ("budget", "capacity", "rows", "tree"):
             if getattr(self, name) <= 0:
                 raise ManifestError(f"plan.{name} must be positive, got {getattr(self, name)}")
 
@@ -157,9 +157,11 @@ class Manifest:
     source_model: str  # what --model named
     source_sha256: str  # of the weights file the model was read from
     dims: ModelDims
-    dtype: str  # "float32"
+    weight_dtype: str  # how the decoder's and heads' weights are stored
+    kv_dtype: str  # the KV buffer's elements
+    activation_dtype: str  # the graph's float inputs and outputs (embeddings, bias, logits, hidden states)
     opset: int
-    capacity: int  # C: the largest KV capacity the graph's rotary table covers
+    max_capacity: int  # the largest KV capacity C the graph's rotary table covers; runtimes allocate up to it
     decoder_file: str
     decoder_data_file: str
     io: DecoderIO
@@ -173,16 +175,32 @@ class Manifest:
             raise ManifestError(
                 f"manifest format {self.format_version} is not {FORMAT_VERSION}: re-export with this version of specmemo"
             )
-        if self.capacity <= 0:
-            raise ManifestError(f"capacity must be positive, got {self.capacity}")
+        if self.max_capacity <= 0:
+            raise ManifestError(f"max_capacity must be positive, got {self.max_capacity}")
+        for name in ("weight_dtype", "kv_dtype", "activation_dtype"):
+            if getattr(self, name) not in BYTES_PER_ELEMENT:
+                raise ManifestError(f"{name} {getattr(self, name)!r} is not one of {', '.join(BYTES_PER_ELEMENT)}: "
+                                    f"re-export with this version of specmemo")
         if len(self.io.kv_pairs) != 2 * self.dims.num_layers:
             raise ManifestError(f"io.kv_pairs has {len(self.io.kv_pairs)} pairs, expected 2 x {self.dims.num_layers} layers")
         if tuple(self.embedding.shape) != (self.dims.vocab_size, self.dims.hidden_size):
             raise ManifestError(f"embedding.shape {list(self.embedding.shape)} is not [V, h] = "
                                 f"[{self.dims.vocab_size}, {self.dims.hidden_size}]: re-export the artifact")
-        if self.plan is not None and self.plan.capacity > self.capacity:
-            raise ManifestError(f"plan.capacity {self.plan.capacity} exceeds the graph's capacity {self.capacity}: "
-                                f"re-export with --profile")
+        if self.plan is not None and self.plan.capacity > self.max_capacity:
+            raise ManifestError(f"plan.capacity {self.plan.capacity} exceeds the graph's max capacity "
+                                f"{self.max_capacity}: re-export with --profile")
+
+    @property
+    def bytes_per_weight(self) -> int:
+        return BYTES_PER_ELEMENT[self.weight_dtype]
+
+    @property
+    def bytes_per_kv_element(self) -> int:
+        return BYTES_PER_ELEMENT[self.kv_dtype]
+
+    @property
+    def bytes_per_activation(self) -> int:
+        return BYTES_PER_ELEMENT[self.activation_dtype]
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2)
@@ -240,6 +258,9 @@ def _list(value: Any, where: str) -> list:
 
 
 def manifest_from_dict(data: dict) -> Manifest:
+    if isinstance(data, dict) and data.get("format_version") != FORMAT_VERSION:  # before any key is read
+        raise ManifestError(f"manifest format {data.get('format_version')} is not {FORMAT_VERSION}: re-export with "
+                            f"this version of specmemo")
     return _build(Manifest, data, "manifest")
 
 

@@ -33,11 +33,11 @@ from pathlib import Path
 from specmemo.errors import SpecMemoError
 from specmemo.runtime.arena import ArenaLayout
 from specmemo.runtime.manifest import Manifest, ModelDims
-from specmemo.runtime.medusa_tree import MedusaTree, expected_accepted, rank_accuracy_from_cumulative
+from specmemo.runtime.medusa_tree import expected_accepted, rank_accuracy_from_cumulative
+from specmemo.runtime.sizes import DEFAULT_PREFILL_CHUNK, Sizes, exported_tree
 
 USEFUL_GAIN = 0.5  # a useful tree keeps half the full tree's expected extra tokens per step
 HEADROOM = 0.05  # of predicted generation memory: the model's measured error is within ±5%
-DEFAULT_PREFILL_CHUNK = 64  # R when the budget allows: prompt tokens per decoder call
 MIB = 2**20
 
 
@@ -61,9 +61,8 @@ class Footprint:
     io: int  # the arena besides KV: ids, positions, bias, logits, hidden states, heads I/O, alignment
     activations: int
     step_overhead: int
-    capacity: int  # C
-    rows: int  # R
-    tree: int  # T_max
+    sizes: Sizes  # C, R, T_max priced
+    bytes_per_kv_element: int
 
     @property
     def arena(self) -> int:
@@ -84,12 +83,12 @@ class Footprint:
         return self.load + self.generation + self.headroom
 
 
-def kv_bytes(dims: ModelDims, *, capacity: int, batch: int = 1, itemsize: int = 4) -> int:
-    """2 (K and V) · L · B · H_kv · C · D · bytes."""
+def kv_bytes(dims: ModelDims, *, capacity: int, batch: int = 1, itemsize: int) -> int:
+    """2 (K and V) · L · B · H_kv · C · D · bytes per KV element."""
     return 2 * dims.num_layers * batch * dims.num_kv_heads * capacity * dims.head_dim * itemsize
 
 
-def activation_bytes(dims: ModelDims, *, rows: int, capacity: int, itemsize: int = 4) -> int:
+def activation_bytes(dims: ModelDims, *, rows: int, capacity: int, itemsize: int) -> int:
     """ORT's largest live set in one layer for R rows attending to up to C rows (see module doc)."""
     per_row = 3 * dims.intermediate_size + (dims.num_heads + 2 * dims.num_kv_heads) * dims.head_dim + 2 * dims.hidden_size
     return rows * per_row * itemsize + dims.num_heads * rows * capacity * itemsize
@@ -100,19 +99,14 @@ def weights_stored(artifact: Path, manifest: Manifest) -> int:
     return sum((artifact / name).stat().st_size for name in files)
 
 
-def footprint(manifest: Manifest, calibration: Calibration, *, capacity: int, rows: int, tree: int,
-              weights: int = 0) -> Footprint:
-    layout = ArenaLayout.for_manifest(manifest, capacity=capacity, rows=rows, logit_rows=min(tree, rows))
-    itemsize = 4 if manifest.dtype == "float32" else 2
+def footprint(manifest: Manifest, calibration: Calibration, sizes: Sizes, *, weights: int = 0) -> Footprint:
+    layout = ArenaLayout.for_manifest(manifest, sizes)
     return Footprint(
         weights_stored=weights, load=calibration.load_bytes, kv=layout.kv_nbytes(),
         io=layout.allocation_bytes - layout.kv_nbytes(),
-        activations=activation_bytes(manifest.dims, rows=rows, capacity=capacity, itemsize=itemsize),
-        step_overhead=calibration.step_overhead_bytes, capacity=capacity, rows=rows, tree=tree)
-
-
-def exported_tree(manifest: Manifest) -> MedusaTree:
-    return MedusaTree.from_choices(manifest.heads.tree) if manifest.heads else MedusaTree(())
+        activations=activation_bytes(manifest.dims, rows=sizes.rows, capacity=sizes.capacity,
+                                     itemsize=manifest.bytes_per_activation),
+        step_overhead=calibration.step_overhead_bytes, sizes=sizes, bytes_per_kv_element=manifest.bytes_per_kv_element)
 
 
 def useful_tree_size(manifest: Manifest) -> int:
@@ -135,7 +129,7 @@ def useful_tree_size(manifest: Manifest) -> int:
 def lower_bound(manifest: Manifest, calibration: Calibration, *, context: int) -> Footprint:
     """The smallest footprint that decodes speculatively with a useful tree over `context` tokens."""
     tree = useful_tree_size(manifest)
-    return footprint(manifest, calibration, capacity=max(context, tree + 1), rows=tree, tree=tree)
+    return footprint(manifest, calibration, Sizes(capacity=max(context, tree + 1), rows=tree, tree=tree))
 
 
 def fit(manifest: Manifest, calibration: Calibration, *, budget: int, context: int | None = None,
@@ -143,7 +137,7 @@ def fit(manifest: Manifest, calibration: Calibration, *, budget: int, context: i
     """The plan for a budget: the exported tree and prefill chunk if they fit, cut down otherwise;
     then C = context (or, with no context given, the largest C up to the exported capacity).
     Refuses a budget below the lower bound, naming the bound."""
-    need = context or manifest.capacity
+    need = context or manifest.max_capacity
     bound = lower_bound(manifest, calibration, context=need)
     if budget < bound.total:
         raise BudgetError(
@@ -152,13 +146,13 @@ def fit(manifest: Manifest, calibration: Calibration, *, budget: int, context: i
             f"+ headroom {bound.headroom / MIB:.1f} MiB): "
             f"raise --budget, or lower --context")
     full_tree = exported_tree(manifest).size
-    for tree in _descending(full_tree, bound.tree):
-        chunk_rows = max(tree, min(prefill_chunk, manifest.capacity))
+    for tree in _descending(full_tree, bound.sizes.tree):
+        chunk_rows = max(tree, min(prefill_chunk, manifest.max_capacity))
         for rows in (chunk_rows, tree):
-            at_bound = footprint(manifest, calibration, capacity=need, rows=rows, tree=tree, weights=weights)
+            at_bound = footprint(manifest, calibration, Sizes(capacity=need, rows=rows, tree=tree), weights=weights)
             if at_bound.total <= budget:
                 capacity = need if context else _largest_capacity(manifest, calibration, budget, rows, tree)
-                return footprint(manifest, calibration, capacity=capacity, rows=rows, tree=tree, weights=weights)
+                return footprint(manifest, calibration, Sizes(capacity=capacity, rows=rows, tree=tree), weights=weights)
     return replace(bound, weights_stored=weights)
 
 
@@ -167,11 +161,14 @@ def _descending(high: int, low: int) -> list[int]:
 
 
 def _largest_capacity(manifest: Manifest, calibration: Calibration, budget: int, rows: int, tree: int) -> int:
-    """Largest C ≤ the exported capacity with total ≤ budget (the footprint is linear in C)."""
-    at_two = footprint(manifest, calibration, capacity=2, rows=rows, tree=tree).total
-    per_row = footprint(manifest, calibration, capacity=3, rows=rows, tree=tree).total - at_two
-    capacity = min(manifest.capacity, 2 + (budget - at_two) // max(per_row, 1))
-    while capacity > 2 and footprint(manifest, calibration, capacity=capacity, rows=rows, tree=tree).total > budget:
+    """Largest C ≤ the graph's max capacity with total ≤ budget (the footprint is linear in C)."""
+    def total(capacity: int) -> int:
+        return footprint(manifest, calibration, Sizes(capacity=capacity, rows=rows, tree=tree)).total
+
+    at_two = total(2)
+    per_position = total(3) - at_two
+    capacity = min(manifest.max_capacity, 2 + (budget - at_two) // max(per_position, 1))
+    while capacity > 2 and total(capacity) > budget:
         capacity -= 1  # alignment can add a few bytes beyond the linear estimate
     return capacity
 
@@ -194,9 +191,9 @@ def breakdown(fp: Footprint) -> list[tuple[str, float]]:
     return [
         ("weights as stored (files)", fp.weights_stored / MIB),
         ("load: process + ORT + weights (measured once)", fp.load / MIB),
-        (f"KV cache: 2·L·H_kv·C·D·4, C={fp.capacity}", fp.kv / MIB),
-        (f"arena I/O: ids, bias, logits, hidden (R={fp.rows}, T={fp.tree})", fp.io / MIB),
-        (f"activations: R={fp.rows} rows over C={fp.capacity}", fp.activations / MIB),
+        (f"KV cache: 2·L·H_kv·C·D·{fp.bytes_per_kv_element}, C={fp.sizes.capacity}", fp.kv / MIB),
+        (f"arena I/O: ids, bias, logits, hidden (R={fp.sizes.rows}, T={fp.sizes.tree})", fp.io / MIB),
+        (f"activations: R={fp.sizes.rows} rows over C={fp.sizes.capacity}", fp.activations / MIB),
         ("step overhead (measured once)", fp.step_overhead / MIB),
         ("generation (arena + activations + overhead)", fp.generation / MIB),
         ("headroom (5% of generation: the model's error bound)", fp.headroom / MIB),
@@ -209,7 +206,7 @@ INT4_BYTES_PER_WEIGHT = 4.5 / 8  # MatMulNBits, block 32: 4-bit weights plus an 
 
 def largest_context(manifest: Manifest, calibration: Calibration, *, budget: int) -> int:
     """The largest context (C) whose lower bound fits the budget, up to the graph's capacity; 0 if none."""
-    low, high = 0, manifest.capacity  # bound(low) fits (or low = 0), bound(high + 1) does not
+    low, high = 0, manifest.max_capacity  # bound(low) fits (or low = 0), bound(high + 1) does not
     smallest = useful_tree_size(manifest) + 1
     while low < high:
         mid = (low + high + 1) // 2
@@ -234,8 +231,7 @@ def what_would_fit(artifact: Path, manifest: Manifest, calibration: Calibration,
                             replace(calibration, load_bytes=calibration.load_bytes - heads_bytes), context=context)
         options.append(f"no heads (--heads none, plain decoding): {plain.total / MIB:.0f} MiB")
     decoder_bytes = (artifact / manifest.decoder_data_file).stat().st_size
-    itemsize = 4 if manifest.dtype == "float32" else 2
-    saved = int(decoder_bytes * (1 - INT4_BYTES_PER_WEIGHT / itemsize))
+    saved = int(decoder_bytes * (1 - INT4_BYTES_PER_WEIGHT / manifest.bytes_per_weight))
     int4 = lower_bound(manifest, replace(calibration, load_bytes=calibration.load_bytes - saved), context=context)
     options.append(f"int4 weights: ~{int4.total / MIB:.0f} MiB (estimate; this exporter writes float32 only so far)")
     return options

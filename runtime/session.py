@@ -1,10 +1,10 @@
 """The decoder graph in ONNX Runtime over one arena, with the KV buffer updated in place.
 
 Each layer's K and V are views `[B, H_kv, C, D]` of the arena (arena.py), bound as both the
-graph's past input and its present output (IOBinding): GroupQueryAttention writes the T new rows
+graph's past input and its present output (IOBinding): GroupQueryAttention writes the T new positions
 into them and nothing copies the cache. A step binds this step's shapes of the other inputs and
 outputs as pointers into the arena: T new tokens, their positions and the attention bias over the
-S = past + T attended rows in; logits, argmax ids and final hidden states out. When the Medusa
+S = past + T attended positions in; logits, argmax ids and final hidden states out. When the Medusa
 heads graph shares the decoder's LM head, that weight is read once and handed to both sessions.
 """
 
@@ -21,8 +21,9 @@ from specmemo.errors import ConfigError, SpecMemoError
 
 from specmemo.runtime.arena import Arena, ArenaLayout
 from specmemo.runtime.embedding import EmbeddingTable
-from specmemo.runtime.manifest import Manifest, ManifestError, load_manifest
+from specmemo.runtime.manifest import Manifest, load_manifest
 from specmemo.runtime.rss import reset_peak_rss, rss_bytes
+from specmemo.runtime.sizes import Sizes, check_capacity, default_sizes
 
 
 class ArtifactError(SpecMemoError, RuntimeError):
@@ -32,10 +33,8 @@ class ArtifactError(SpecMemoError, RuntimeError):
 @dataclass(frozen=True)
 class SessionConfig:
     threads: int = 2  # intra-op threads; pinned so timings are comparable
-    capacity: int | None = None  # KV rows C; default: the manifest's capacity
+    sizes: Sizes | None = None  # C, R, T_max as decided (engine.resolve_sizes); None: sizes.default_sizes
     batch: int = 1
-    rows: int = 64  # R: most tokens per decoder call (the prefill chunk; trees up to this size)
-    logit_rows: int | None = None  # N: most logit rows per call; default the exported tree's size (else 32)
     heads: bool = True  # load the Medusa heads graph too, when the artifact has one
     warm_up: bool = True  # run the largest step once at load, so ORT's arena reaches its peak up front
     profile: bool = False  # write an ORT profile (chrome trace) for this session
@@ -43,10 +42,6 @@ class SessionConfig:
     def __post_init__(self) -> None:
         if self.threads < 1:
             raise ConfigError(f"threads must be >= 1, got {self.threads}")
-        if self.capacity is not None and self.capacity < 2:
-            raise ConfigError(f"capacity must be >= 2, got {self.capacity}")
-        if self.rows < 1 or (self.logit_rows is not None and not 1 <= self.logit_rows <= self.rows):
-            raise ConfigError(f"need rows >= 1 and 1 <= logit rows <= rows, got {self.rows}, {self.logit_rows}")
         if self.batch != 1:
             raise ConfigError("only batch 1 is supported (GroupQueryAttention verifies T > 1 tokens for B = 1)")
 
@@ -154,15 +149,14 @@ def load_shared_lm_head(artifact: Path, manifest: Manifest) -> np.ndarray | None
 
 @dataclass
 class KVCache:
-    """2L views [B, H_kv, C, D] into the arena; `length` rows are committed."""
+    """2L views [B, H_kv, C, D] into the arena; the first `length` positions are committed."""
 
     buffers: list[np.ndarray]
-    capacity: int
     length: int = 0
 
     @property
-    def free(self) -> int:
-        return self.capacity - self.length
+    def capacity(self) -> int:  # C, read off the views the arena allocated
+        return self.buffers[0].shape[2]
 
     def nbytes(self) -> int:
         return sum(buffer.nbytes for buffer in self.buffers)
@@ -181,9 +175,8 @@ class DecoderSession:
         self.manifest = load_manifest(self.artifact)
         self.config = config
         m = self.manifest
-        capacity = config.capacity or m.capacity
-        if capacity > m.capacity:
-            raise ManifestError(f"capacity {capacity} exceeds the exported {m.capacity}: re-export with --capacity {capacity}")
+        self.sizes = config.sizes or default_sizes(m, speculative=config.heads and m.heads is not None)
+        check_capacity(m, self.sizes.capacity)
         self.embedding = EmbeddingTable(self.artifact / m.embedding.file, m.embedding)
         self.lm_head = load_shared_lm_head(self.artifact, m)
         shared = {} if self.lm_head is None else {m.heads.shared_lm_head.decoder_name: ort.OrtValue.ortvalue_from_numpy(self.lm_head)}
@@ -195,11 +188,9 @@ class DecoderSession:
         self._shared_values = shared  # ORT does not own these buffers: keep them alive
         self.rss_after_load = rss_bytes()
         reset_peak_rss()  # from here on, the peak RSS measures generation (the arena and the steps)
-        logit_rows = config.logit_rows or min(config.rows, len(m.heads.tree) + 1 if m.heads else 32)
-        self.layout = ArenaLayout.for_manifest(m, capacity=capacity, rows=config.rows, logit_rows=logit_rows,
-                                               batch=config.batch)
+        self.layout = ArenaLayout.for_manifest(m, self.sizes, batch=config.batch)
         self.arena = Arena(self.layout)
-        self.kv = KVCache(buffers=self.arena.kv, capacity=capacity)
+        self.kv = KVCache(buffers=self.arena.kv)
         self.binding = self.session.io_binding()
         self._kv_values = [ort.OrtValue.ortvalue_from_numpy(buffer) for buffer in self.kv.buffers]  # wrap, no copy
         for (past, present), value in zip(m.io.kv_pairs, self._kv_values):
@@ -209,18 +200,18 @@ class DecoderSession:
             self.warm_up()
 
     def warm_up(self) -> None:
-        """Steps of 1, 2, 4, ... R rows attending to all C rows, and one heads call: ORT's arena
+        """Steps of 1, 2, 4, ... R rows attending to all C positions, and one heads call: ORT's arena
         and its kernels' scratch buffers grow to what a generation can need now, not mid-reply.
-        Writes K/V rows [C - R, C), which no step reads before writing them again; commits nothing."""
+        Writes K/V positions [C - R, C), which no step reads before writing them again; commits nothing."""
         attended, a = self.kv.capacity, self.arena
         sizes = sorted({min(1 << i, self.rows) for i in range(self.rows.bit_length() + 1)} | {self.logit_rows})
-        for steps in (s for s in sizes if s <= attended):
-            a["input_ids"][:steps] = 0
-            a["position_ids"][:steps] = np.arange(attended - steps, attended)
-            a["attention_bias"][: steps * attended] = 0
-            logit_rows = min(self.logit_rows, steps)
+        for size in (s for s in sizes if s <= attended):
+            a["input_ids"][:size] = 0
+            a["position_ids"][:size] = np.arange(attended - size, attended)
+            a["attention_bias"][: size * attended] = 0
+            logit_rows = min(self.logit_rows, size)
             a["logits_indices"][:logit_rows] = np.arange(logit_rows)
-            self.run(steps, attended, logit_rows)
+            self.run(size, attended, logit_rows)
         if self.heads_session is not None:
             self.heads_session.run(None, {self.manifest.heads.hidden: a["heads_hidden"]})
 
@@ -236,28 +227,28 @@ class DecoderSession:
         args = (name, "cpu", 0, view.dtype, shape, view.ctypes.data)
         (self.binding.bind_output if output else self.binding.bind_input)(*args)
 
-    def run(self, steps: int, attended: int, logit_rows: int) -> StepOutput:
-        """Run T = `steps` tokens whose inputs the caller wrote into the arena's first T
+    def run(self, size: int, attended: int, logit_rows: int) -> StepOutput:
+        """Run T = `size` tokens whose inputs the caller wrote into the arena's first T
         input_ids/position_ids, first T * S attention_bias and first N logits_indices entries.
-        Returns views into the arena (valid until the next run); writes K/V rows [S - T, S)."""
-        if steps > self.rows or logit_rows > self.logit_rows:
-            raise ValueError(f"{steps} tokens / {logit_rows} logit rows exceed the arena's {self.rows} / {self.logit_rows}")
+        Returns views into the arena (valid until the next run); writes K/V positions [S - T, S)."""
+        if size > self.rows or logit_rows > self.logit_rows:
+            raise ValueError(f"{size} tokens / {logit_rows} logit rows exceed the arena's {self.rows} / {self.logit_rows}")
         if attended > self.kv.capacity:
-            raise OverflowError(f"{attended} rows exceed the KV capacity {self.kv.capacity}")
+            raise OverflowError(f"{attended} positions exceed the KV capacity {self.kv.capacity}")
         io, a, d = self.manifest.io, self.arena, self.manifest.dims
-        embeds = a["inputs_embeds"][: steps * d.hidden_size].reshape(steps, d.hidden_size)
-        self.embedding.lookup(a["input_ids"][:steps], embeds)
-        self._bind(io.inputs_embeds, embeds, (1, steps, d.hidden_size))
-        self._bind(io.position_ids, a["position_ids"], (1, steps))
-        self._bind(io.attention_bias, a["attention_bias"], (1, 1, steps, attended))
+        embeds = a["inputs_embeds"][: size * d.hidden_size].reshape(size, d.hidden_size)
+        self.embedding.lookup(a["input_ids"][:size], embeds)
+        self._bind(io.inputs_embeds, embeds, (1, size, d.hidden_size))
+        self._bind(io.position_ids, a["position_ids"], (1, size))
+        self._bind(io.attention_bias, a["attention_bias"], (1, 1, size, attended))
         self._bind(io.logits_indices, a["logits_indices"], (1, logit_rows))
         self._bind(io.logits, a["logits"], (1, logit_rows, d.vocab_size), output=True)
         self._bind(io.next_token_ids, a["next_token_ids"], (1, logit_rows), output=True)
-        self._bind(io.hidden_states, a["hidden_states"], (1, steps, d.hidden_size), output=True)
+        self._bind(io.hidden_states, a["hidden_states"], (1, size, d.hidden_size), output=True)
         self.session.run_with_iobinding(self.binding)
         return StepOutput(logits=a["logits"][: logit_rows * d.vocab_size].reshape(1, logit_rows, d.vocab_size),
                           next_token_ids=a["next_token_ids"][:logit_rows].reshape(1, logit_rows),
-                          hidden_states=a["hidden_states"][: steps * d.hidden_size].reshape(1, steps, d.hidden_size))
+                          hidden_states=a["hidden_states"][: size * d.hidden_size].reshape(1, size, d.hidden_size))
 
     def step(self, input_ids: np.ndarray, position_ids: np.ndarray, attention_bias: np.ndarray,
              logits_indices: np.ndarray) -> StepOutput:
@@ -265,32 +256,36 @@ class DecoderSession:
         logits_indices [B, N] int64 (positions among the T that get logits). Copies in and out
         (for tests and tools; the decode loop writes the arena and calls `run`).
 
-        Writes the T new K/V rows at [kv.length, S); does not advance kv.length (see `commit`)."""
-        steps, attended = input_ids.shape[1], attention_bias.shape[-1]
-        if attended != self.kv.length + steps:
-            raise ValueError(f"attention_bias covers {attended} rows, expected {self.kv.length} past + {steps} new")
+        Writes the T new K/V positions at [kv.length, S); does not advance kv.length (see `commit`)."""
+        size, attended = input_ids.shape[1], attention_bias.shape[-1]
+        if attended != self.kv.length + size:
+            raise ValueError(f"attention_bias covers {attended} positions, expected {self.kv.length} past + {size} new")
         n = logits_indices.shape[1]
         a = self.arena
-        a["input_ids"][:steps] = input_ids[0]
-        a["position_ids"][:steps] = position_ids[0]
-        a["attention_bias"][: steps * attended] = attention_bias.reshape(-1)
+        a["input_ids"][:size] = input_ids[0]
+        a["position_ids"][:size] = position_ids[0]
+        a["attention_bias"][: size * attended] = attention_bias.reshape(-1)
         a["logits_indices"][:n] = logits_indices[0]
-        out = self.run(steps, attended, n)
+        out = self.run(size, attended, n)
         return StepOutput(out.logits.copy(), out.next_token_ids.copy(), out.hidden_states.copy())
 
-    def commit(self, rows: int) -> None:
-        """Keep `rows` of the rows the last step wrote (they must already be contiguous)."""
-        if self.kv.length + rows > self.kv.capacity:
-            raise OverflowError(f"committing {rows} rows overflows the KV capacity {self.kv.capacity}")
-        self.kv.length += rows
+    def commit(self, count: int) -> None:
+        """Keep the first `count` positions the last step wrote (already contiguous after the committed ones)."""
+        if self.kv.length + count > self.kv.capacity:
+            raise OverflowError(f"committing {count} positions overflows the KV capacity {self.kv.capacity}")
+        self.kv.length += count
 
-    def move_rows(self, sources: list[int], start: int) -> None:
-        """Copy KV rows `sources` (absolute, ascending, each >= its target) to rows start, start+1, ...
-        in every layer: the tree commit. Row by row, so no temporary is allocated."""
+    def move_positions(self, sources: list[int], start: int) -> None:
+        """Copy KV positions `sources` (absolute, ascending, each >= its target) to positions start,
+        start+1, ... in every layer: the tree commit. One position at a time, so no temporary is allocated."""
         for target, source in enumerate(sources, start):
             if source != target:
                 for buffer in self.kv.buffers:
                     buffer[:, :, target] = buffer[:, :, source]
 
+    def rewind(self, length: int) -> None:
+        """Forget the committed positions from `length` on (they are rewritten before they are read again)."""
+        self.kv.length = min(length, self.kv.length)
+
     def reset(self) -> None:
-        self.kv.length = 0
+        self.rewind(0)

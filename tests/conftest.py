@@ -85,17 +85,18 @@ def random_seed() -> int:
 
 @pytest.fixture(scope="session")
 def tiny_llama(tmp_path_factory) -> Path:
-    """Tiny Llama, GQA 4/2, tied embeddings, exported (capacity 64)."""
+    """Tiny Llama, GQA 4/2, tied embeddings, exported (max capacity 64)."""
     return export_tiny(tiny_config("LlamaForCausalLM"), tmp_path_factory.mktemp("llama"))
 
 
-def export_tiny(config, root: Path, capacity: int = 64, **options) -> Path:
+def export_tiny(config, root: Path, max_capacity: int = 64, **options) -> Path:
     """Export root/hf (saved from `config` unless already there) into root/artifact."""
     from specmemo.export.artifact import ExportOptions, export_artifact
 
     folder = root / "hf"
     if not (folder / "config.json").is_file():
         save_tiny_model(config, folder)
-    export_artifact(ExportOptions(model=str(folder), out=root / "artifact", capacity=capacity, **options),
+    export_artifact(ExportOptions(model=str(folder), out=root / "artifact", max_capacity=max_capacity,
+                                  **options),
                     log=lambda *_: None)
     return root / "artifact"

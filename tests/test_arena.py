@@ -9,10 +9,11 @@ from specmemo.runtime.backend import OrtBackend
 from specmemo.runtime.decode import generate, greedy_generate
 from specmemo.runtime.memory import Calibration, fit, footprint, lower_bound
 from specmemo.runtime.session import DecoderSession, SessionConfig
+from specmemo.runtime.sizes import Sizes
 
 
 def test_step_outputs_are_arena_views(tiny_llama):
-    session = DecoderSession(tiny_llama, SessionConfig(rows=8, logit_rows=4))
+    session = DecoderSession(tiny_llama, SessionConfig(sizes=Sizes(capacity=64, rows=8, tree=4)))
     backend = OrtBackend(session)
     out = backend.forward([5, 6, 7], tree.chain(3))
     assert np.shares_memory(out.logits, session.arena["logits"])
@@ -23,30 +24,30 @@ def test_step_outputs_are_arena_views(tiny_llama):
 
 def test_chunked_prefill_equals_one_call(tiny_llama):
     prompt = list(range(5, 45))
-    one = DecoderSession(tiny_llama, SessionConfig(rows=64, logit_rows=64))
-    chunked = DecoderSession(tiny_llama, SessionConfig(rows=8, logit_rows=4))
+    one = DecoderSession(tiny_llama, SessionConfig(sizes=Sizes(capacity=64, rows=64, tree=64)))
+    chunked = DecoderSession(tiny_llama, SessionConfig(sizes=Sizes(capacity=64, rows=8, tree=4)))
     full = OrtBackend(one).forward(prompt, tree.chain(len(prompt)))
     last = OrtBackend(chunked).forward(prompt, tree.chain(len(prompt)), last_only=True)  # 5 calls of 8
     np.testing.assert_allclose(last.logits[-1], full.logits[-1], atol=1e-5)
     for a, b in zip(one.kv.buffers, chunked.kv.buffers):
         np.testing.assert_allclose(a[:, :, : len(prompt)], b[:, :, : len(prompt)], atol=1e-5)
-    every = OrtBackend(DecoderSession(tiny_llama, SessionConfig(rows=8, logit_rows=4))).forward(prompt, tree.chain(40))
+    every = OrtBackend(DecoderSession(tiny_llama, SessionConfig(sizes=Sizes(capacity=64, rows=8, tree=4)))).forward(prompt, tree.chain(40))
     np.testing.assert_allclose(every.logits, full.logits, atol=1e-5)  # logits for all rows: chunks of 4
 
 
 def test_a_tree_larger_than_the_arena_is_refused(tiny_llama):
-    backend = OrtBackend(DecoderSession(tiny_llama, SessionConfig(rows=8, logit_rows=4)))
-    with pytest.raises(ValueError, match="logit rows"):
+    backend = OrtBackend(DecoderSession(tiny_llama, SessionConfig(sizes=Sizes(capacity=64, rows=8, tree=4))))
+    with pytest.raises(ValueError, match="T_max"):
         backend.forward([5] * 6, [-1, 0, 0, 1, 1, 2])
 
 
-def test_move_rows_equals_fancy_indexing(tiny_llama):
-    session = DecoderSession(tiny_llama, SessionConfig(capacity=32))
+def test_move_positions_equals_fancy_indexing(tiny_llama):
+    session = DecoderSession(tiny_llama, SessionConfig(sizes=Sizes(capacity=32, rows=8, tree=4)))
     rng = np.random.default_rng(0)
     for buffer in session.kv.buffers:
         buffer[...] = rng.standard_normal(buffer.shape)
     expected = [buffer[:, :, [10, 12, 15, 16]].copy() for buffer in session.kv.buffers]
-    session.move_rows([10, 12, 15, 16], 10)
+    session.move_positions([10, 12, 15, 16], 10)
     for buffer, want in zip(session.kv.buffers, expected):
         np.testing.assert_array_equal(buffer[:, :, 10:14], want)
 
@@ -61,7 +62,7 @@ def test_lower_bound_budget_completes_a_2000_token_generation(tmp_path):
     from tests.conftest import export_tiny, tiny_config
     from tests.test_heads import OracleDrafter
 
-    artifact = export_tiny(tiny_config("LlamaForCausalLM", max_position_embeddings=4096), tmp_path, capacity=2048)
+    artifact = export_tiny(tiny_config("LlamaForCausalLM", max_position_embeddings=4096), tmp_path, max_capacity=2048)
     manifest = load_manifest(artifact)
     prompt, new = list(range(5, 45)), 2000
     calibration = Calibration(load_bytes=0, step_overhead_bytes=0)
@@ -74,14 +75,13 @@ def test_lower_bound_budget_completes_a_2000_token_generation(tmp_path):
     with pytest.raises(BudgetError):
         fit(manifest, calibration, budget=bound.total - 1, context=len(prompt) + new)
     plan = fit(manifest, calibration, budget=bound.total, context=len(prompt) + new)
-    session = DecoderSession(artifact, SessionConfig(capacity=plan.capacity, rows=plan.rows, logit_rows=plan.tree,
-                                                     heads=False))
-    on_disk = footprint(load_manifest(artifact), calibration, capacity=plan.capacity, rows=plan.rows, tree=plan.tree)
+    session = DecoderSession(artifact, SessionConfig(sizes=plan.sizes, heads=False))
+    on_disk = footprint(load_manifest(artifact), calibration, plan.sizes)
     assert session.arena.nbytes == on_disk.arena  # (the plan's manifest also prices heads I/O this one lacks)
     greedy = greedy_generate(OrtBackend(session), prompt, max_new_tokens=new, eos_token_ids=set())
     backend = OrtBackend(DecoderSession(artifact, replace(session.config)))
-    medusa = MedusaTree.from_choices(TREE).prefix(plan.tree)
+    medusa = MedusaTree.from_choices(TREE).prefix(plan.sizes.tree)
     oracle = OracleDrafter(backend, len(prompt), greedy.token_ids, manifest.dims.vocab_size)
     spec = generate(backend, prompt, max_new_tokens=new, eos_token_ids=set(), drafter=oracle, medusa=medusa)
     assert len(spec.token_ids) == new and spec.token_ids == greedy.token_ids
-    assert spec.stats.finish_reason == "length" and max(spec.stats.tree_sizes) == plan.tree
+    assert spec.stats.finish_reason == "length" and max(spec.stats.tree_sizes) == plan.sizes.tree

@@ -34,7 +34,7 @@ def chat_model(tmp_path_factory):
     heads = random_heads(model.lm_head.weight.detach().t().contiguous())
     accuracy = [[0.6 * 0.5**d * 0.6**r for r in range(TOP_K)] for d in range(heads.spec.num_heads)]
     save_heads(heads, root / "heads", replace(heads.spec, tree=grow_tree(accuracy, 8).choices))
-    artifact = export_tiny(config, root, capacity=160, heads=root / "heads", top_k=TOP_K)
+    artifact = export_tiny(config, root, max_capacity=160, heads=root / "heads", top_k=TOP_K)
     return artifact, model, AutoTokenizer.from_pretrained(folder)
 
 
@@ -62,7 +62,7 @@ def test_three_turns_equal_hf_generate_on_the_whole_history(chat_model, mode):
             assert reply.prefilled <= len(prompt) - len(previous_prompt)
         previous_prompt = prompt
         assert chat.cached == (prompt + reply.token_ids)[: len(chat.cached)]
-        assert len(chat.cached) == chat.kv_rows_used()
+        assert len(chat.cached) == chat.kv_used()
 
 
 def test_overflow_drops_the_oldest_turns_keeps_the_system_prompt_and_stays_exact(chat_model):
@@ -106,7 +106,7 @@ def test_ctrl_c_ends_the_reply_keeps_what_streamed_and_the_next_turn_is_exact(ch
 
     reply = chat.send(USERS[0], on_token=interrupt_after_three)
     assert reply.interrupted and reply.token_ids == seen[:2] and reply.finish_reason == "interrupted"
-    assert len(chat.cached) == chat.kv_rows_used() <= len(chat.engine.tokenizer.encode_chat(chat.last_messages)) + 3
+    assert len(chat.cached) == chat.kv_used() <= len(chat.engine.tokenizer.encode_chat(chat.last_messages)) + 3
     nxt = chat.send(USERS[1])
     assert nxt.token_ids == hf_greedy_reply(model, tokenizer, as_dicts(chat.last_messages), max_new_tokens=12)
 
@@ -116,7 +116,7 @@ def test_reset_empties_the_cache_and_keeps_the_system_prompt(chat_model):
     chat = open_chat(artifact, system="w5", max_new_tokens=6)
     chat.send(USERS[0])
     chat.reset()
-    assert chat.turns == [] and chat.kv_rows_used() == 0
+    assert chat.turns == [] and chat.kv_used() == 0
     reply = chat.send(USERS[1])
     assert reply.reused == 0 and [m.role for m in chat.last_messages] == ["system", "user"]
 
@@ -132,7 +132,7 @@ def test_many_evicting_turns_keep_python_memory_flat(chat_model):
     before = tracemalloc.take_snapshot()
     for i in range(50, 300):
         reply = chat.send(USERS[i % len(USERS)])
-        assert reply.token_ids and len(chat.cached) == chat.kv_rows_used()
+        assert reply.token_ids and len(chat.cached) == chat.kv_used()
     after = tracemalloc.take_snapshot()
     tracemalloc.stop()
     grown = sum(stat.size_diff for stat in after.compare_to(before, "filename"))
@@ -179,7 +179,7 @@ def test_one_shot_prompt(chat_model, capsys):
 def test_interactive_ctrl_c_stops_a_reply_not_the_session(chat_model, monkeypatch, capsys):
     """The terminal loop: Ctrl-C at the prompt and during a reply both leave the session running;
     the reply after an interrupted one is still exact; Ctrl-D leaves."""
-    from specmemo import cli_chat
+    from specmemo.cli import chat as cli_chat
 
     artifact, model, tokenizer = chat_model
     script = iter([KeyboardInterrupt, USERS[0], USERS[1], "/stats", EOFError])

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from specmemo.runtime import compare
+from specmemo.bench import compare
 from tests.test_chat import chat_model  # noqa: F401  (tiny Llama with random heads, C=160)
 
 
@@ -22,7 +22,7 @@ def test_agreement_by_hand():
 
 def test_torch_engines_do_not_load_onnx_runtime():
     """Importing ONNX Runtime would add its own RSS to the PyTorch engines' figures."""
-    modules = ["specmemo.export.compare_torch", "specmemo.export.heads", "specmemo.export.load",
+    modules = ["specmemo.bench.compare_torch", "specmemo.export.heads", "specmemo.export.load",
                "specmemo.export.reference", "specmemo.runtime.decode", "specmemo.runtime.medusa_tree",
                "specmemo.runtime.rss"]
     code = "import sys\n" + "".join(f"import {m}\n" for m in modules) + \
@@ -32,7 +32,7 @@ def test_torch_engines_do_not_load_onnx_runtime():
 
 
 def test_spec_bench_record_by_hand():
-    from specmemo.runtime.spec_bench import spec_bench_record
+    from specmemo.bench.spec_bench import spec_bench_record
 
     record = spec_bench_record(question_id=81, category="writing", model_id="m-greedy", reply="hi there",
                                token_ids=[5, 6, 7], wall_time=0.123456, accept_lengths=[1, 2], ttft=0.05)
@@ -58,12 +58,14 @@ def test_rates_ratios_and_bars_by_hand():
     assert row["generation_memory"] == 30 * compare.MIB and row["mean_accepted"] == pytest.approx(14 / 12)
     engines = {"specmemo-controller": {"generation_memory": 30, "e2e_tokens_per_s": 30.0, "decode_tokens_per_s": 40.0,
                                        "peak_rss": 600},
-               "pytorch-medusa": {"generation_memory": 100}, "specmemo-full-tree": {"e2e_tokens_per_s": 20.0},
+               "pytorch-medusa": {"generation_memory": 100}, "pytorch-medusa-sized": {"generation_memory": 40},
+               "specmemo-full-tree": {"e2e_tokens_per_s": 20.0}, "specmemo-default": {"peak_rss": 800},
                "hf-generate": {"e2e_tokens_per_s": 10.0, "decode_tokens_per_s": 20.0, "peak_rss": 1000}}
     found = compare.ratios(engines)
-    assert found == {"generation_memory_vs_pytorch_medusa": 0.3, "throughput_vs_full_tree": 1.5,
-                     "tokens_per_s_vs_hf_generate": 3.0, "decode_tokens_per_s_vs_hf_generate": 2.0,
-                     "peak_rss_vs_hf_generate": 0.6}
+    assert found == {"generation_memory_vs_pytorch_medusa": 0.3, "generation_memory_vs_pytorch_medusa_sized": 0.75,
+                     "throughput_vs_full_tree": 1.5, "tokens_per_s_vs_hf_generate": 3.0,
+                     "decode_tokens_per_s_vs_hf_generate": 2.0, "peak_rss_vs_hf_generate": 0.6,
+                     "default_peak_rss_vs_hf_generate": 0.8}
     assert all(bar["met"] for bar in compare.bars(found).values())
     found["peak_rss_vs_hf_generate"] = 0.8
     assert not compare.bars(found)["peak_rss_vs_hf_generate"]["met"]
@@ -93,8 +95,16 @@ def test_compare_runs_every_engine_and_writes_everything(chat_model, tmp_path, c
         records = [json.loads(line) for line in (out / f"{name}.jsonl").read_text().splitlines()]
         assert [r["question_id"] for r in records] == [0, 1]
     assert engines["specmemo-controller"]["arena_bytes"] > engines["specmemo-controller"]["kv_bytes"] > 0
-    assert summary["config"]["capacity"] == engines["specmemo-controller"]["capacity"] < load_manifest(artifact).capacity
+    assert summary["config"]["capacity"] == engines["specmemo-controller"]["capacity"] < load_manifest(artifact).max_capacity
     assert set(summary["bars"]) == set(compare.BARS)
+    # the honest baseline: PyTorch Medusa with its KV sized exactly like ours, beside Medusa's all-positions KV
+    ours, sized, full = (engines[n] for n in ("specmemo-controller", "pytorch-medusa-sized", "pytorch-medusa"))
+    assert sized["capacity"] == summary["config"]["our_capacity"] == ours["capacity"]
+    assert sized["kv_bytes"] == ours["kv_bytes"]  # the same bytes of KV, to the byte
+    assert full["capacity"] == 256 and full["kv_bytes"] == ours["kv_bytes"] * 256 // ours["capacity"]
+    assert engines["specmemo-default"]["capacity"] == load_manifest(artifact).max_capacity  # what generate allocates
+    assert {"generation_memory_vs_pytorch_medusa", "generation_memory_vs_pytorch_medusa_sized",
+            "default_peak_rss_vs_hf_generate"} <= set(summary["ratios"])
     assert len(summary["controller_trace"]["tree_sizes"]) > 0
     for name in ("memory.png", "speed_memory.png", "controller.png", "report.md"):
         assert (out / name).stat().st_size > 0

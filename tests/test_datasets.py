@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from specmemo.runtime.datasets import DataError, load_questions, sharegpt_conversations
+from specmemo.datasets import DataError, load_questions, sharegpt_conversations
 
 
 def test_mtbench_has_80_two_turn_questions():

@@ -1,5 +1,6 @@
 """Bad input gets one line on stderr naming the fix, a non-zero exit, and loses nothing."""
 
+import os
 import shutil
 import subprocess
 import sys
@@ -32,6 +33,60 @@ def test_unknown_architecture_is_refused_and_out_is_kept(tmp_path):
     assert (out / "keep.txt").read_text() == "precious"
 
 
+REFUSED_QUICKLY = """
+import sys, time
+from specmemo.cli import main
+started = time.perf_counter()
+code = main(["export", "--model", sys.argv[1], "--out", sys.argv[2]])
+print(code, round(time.perf_counter() - started, 3), any(m.split(".")[0] in ("torch", "transformers") for m in sys.modules))
+"""
+
+
+def test_unsupported_gguf_is_refused_from_its_header_before_any_conversion(tmp_path):
+    """Read from the GGUF header: refused in one line, under 3 s (the issue's bar; it takes well under 1 s),
+    torch never imported, nothing converted into the cache, nothing written."""
+    import numpy as np
+    from gguf import GGUFWriter
+
+    path = tmp_path / "tiny-gemma3.gguf"
+    writer = GGUFWriter(str(path), "gemma3")
+    writer.add_block_count(1)
+    writer.add_tokenizer_model("llama")
+    writer.add_token_list([f"t{i}" for i in range(300)])  # a big array before the end: skipped, not parsed
+    writer.add_tensor("token_embd.weight", np.zeros((300, 8), dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    cache, out = tmp_path / "cache", tmp_path / "out"
+    done = subprocess.run([sys.executable, "-c", REFUSED_QUICKLY, str(path), str(out)], capture_output=True,
+                          text=True, env={**os.environ, "SPECMEMO_CACHE": str(cache)})
+    code, seconds, torch_loaded = done.stdout.split()
+    assert code == "1" and torch_loaded == "False", done.stderr
+    assert float(seconds) < 3.0
+    err = done.stderr.strip()
+    assert err.startswith("specmemo: error:") and "\n" not in err and "'gemma3' is not supported" in err, err
+    assert "LlamaForCausalLM" in err and not out.exists() and not cache.exists()
+
+
+def test_header_reader_agrees_with_gguf_reader():
+    """The header reader against gguf's own full reader, on the default model's GGUF."""
+    from gguf import GGUFReader
+
+    from specmemo.export.gguf_meta import read_metadata
+    from specmemo.export.load import ALIASES
+
+    path = ALIASES["smollm2-135m"].paths()[0]
+    keys = {"general.architecture", "llama.block_count", "llama.attention.head_count_kv", "llama.rope.freq_base",
+            "tokenizer.ggml.eos_token_id"}
+    ours = read_metadata(path, keys)
+    fields = GGUFReader(str(path)).fields
+    for key in keys:
+        field = fields[key]
+        theirs = field.contents() if hasattr(field, "contents") else field.parts[field.data[0]][0]
+        assert ours[key] == pytest.approx(theirs), key
+
+
 def test_unknown_model_spec():
     assert_one_line_error(specmemo("export", "--model", "no-such-model", "--out", "x"), "alias")
 
@@ -43,7 +98,7 @@ def test_prompt_longer_than_capacity(tiny_llama):
 
 def test_capacity_beyond_export(tiny_llama):
     done = specmemo("generate", "--artifact", tiny_llama, "--capacity", 4096, "--prompt", "w5")
-    assert_one_line_error(done, "re-export with --capacity")
+    assert_one_line_error(done, "re-export with --max-capacity 4096")
 
 
 def test_truncated_onnx(tiny_llama, tmp_path):
@@ -69,7 +124,7 @@ def test_missing_manifest(tmp_path):
     assert_one_line_error(specmemo("generate", "--artifact", tmp_path, "--prompt", "w5"), "specmemo export")
 
 
-@pytest.mark.parametrize("argv", [["export", "--capacity", "0"], ["generate", "--max-new-tokens", "-3"]])
+@pytest.mark.parametrize("argv", [["export", "--max-capacity", "0"], ["generate", "--max-new-tokens", "-3"]])
 def test_bad_numbers_are_usage_errors(argv):
     done = specmemo(*argv)
     assert done.returncode == 2 and "must be >= 1" in done.stderr

@@ -17,6 +17,7 @@ from specmemo.runtime.backend import OrtBackend
 from specmemo.runtime.embedding import EmbeddingTable
 from specmemo.runtime.manifest import ManifestError, load_manifest
 from specmemo.runtime.session import DecoderSession, SessionConfig
+from specmemo.runtime.sizes import Sizes
 
 TOLERANCE = 1e-4
 
@@ -62,7 +63,7 @@ def test_tree_step_equals_causal_paths(tiny_llama):
     rng = np.random.default_rng(1)
     parents = [-1] + [int(rng.integers(-1, i)) for i in range(1, 12)]  # random tree, parents first
     ref = HFReference(hf_model(tiny_llama))
-    backend = OrtBackend(DecoderSession(tiny_llama))
+    backend = OrtBackend(DecoderSession(tiny_llama, SessionConfig(sizes=Sizes(capacity=64, rows=64, tree=12))))
     vocab = backend.session.manifest.dims.vocab_size
     context = prompt(vocab, 9)
     backend.forward(context, tree.chain(len(context)))
@@ -77,7 +78,7 @@ def test_tree_step_equals_causal_paths(tiny_llama):
 
 def test_kv_buffer_is_updated_in_place(tiny_llama):
     """The bound numpy buffer itself holds the new rows: no copy of the cache was returned instead."""
-    session = DecoderSession(tiny_llama, SessionConfig(capacity=32))
+    session = DecoderSession(tiny_llama, SessionConfig(sizes=Sizes(capacity=32, rows=8, tree=4)))
     before = [buffer.copy() for buffer in session.kv.buffers]
     session.step(np.array([[7, 8, 9]]), tree.position_ids(tree.chain(3), 0), tree.attention_bias(tree.chain(3), 0),
                  np.array([[2]]))

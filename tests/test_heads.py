@@ -137,7 +137,7 @@ def test_fasterdecoding_checkpoint_with_wrong_dims_is_one_line_error(tiny, tmp_p
     # through the exporter's CLI: one line on stderr, exit 1, nothing written
     out = tmp_path / "artifact"
     run = subprocess.run([sys.executable, "-m", "specmemo.cli", "export", "--model", str(folder), "--out", str(out),
-                          "--heads", str(tmp_path / "medusa"), "--capacity", "64"], capture_output=True, text=True)
+                          "--heads", str(tmp_path / "medusa"), "--max-capacity", "64"], capture_output=True, text=True)
     assert run.returncode == 1 and not out.exists()
     last = run.stderr.strip().splitlines()[-1]  # (above it only transformers' weight-loading bar)
     assert last.startswith("specmemo: error:") and last.endswith("another base model"), run.stderr

@@ -8,6 +8,7 @@ import pytest
 
 from specmemo.runtime.arena import ALIGN, Arena, ArenaLayout
 from specmemo.runtime.manifest import HeadsInfo, ModelDims, load_manifest
+from specmemo.runtime.sizes import Sizes
 from specmemo.runtime.memory import (BudgetError, Calibration, activation_bytes, fit, footprint, kv_bytes,
                                      lower_bound, parse_size, useful_tree_size)
 
@@ -18,14 +19,14 @@ CAL = Calibration(load_bytes=800 * 2**20, step_overhead_bytes=3 * 2**20)
 
 
 def test_kv_bytes_by_hand():
-    # 2 (K, V) x 30 layers x 3 KV heads x 2048 rows x 64 dims x 4 bytes
-    assert kv_bytes(SMOLLM2, capacity=2048) == 2 * 30 * 3 * 2048 * 64 * 4 == 94_371_840
+    # 2 (K, V) x 30 layers x 3 KV heads x 2048 positions x 64 dims x 4 bytes
+    assert kv_bytes(SMOLLM2, capacity=2048, itemsize=4) == 2 * 30 * 3 * 2048 * 64 * 4 == 94_371_840
     assert kv_bytes(SMOLLM2, capacity=1, batch=2, itemsize=2) == 2 * 30 * 2 * 3 * 64 * 2
 
 
 def test_activation_bytes_by_hand():
     # R rows x (3 x 1536 MLP + (9 + 6) x 64 QKV + 2 x 576) x 4 + 9 heads x R x C x 4 scores
-    assert activation_bytes(SMOLLM2, rows=32, capacity=2048) == 32 * (4608 + 960 + 1152) * 4 + 9 * 32 * 2048 * 4
+    assert activation_bytes(SMOLLM2, rows=32, capacity=2048, itemsize=4) == 32 * (4608 + 960 + 1152) * 4 + 9 * 32 * 2048 * 4
 
 
 def small_layout(**overrides) -> ArenaLayout:
@@ -70,16 +71,18 @@ def test_footprint_arena_is_what_the_session_allocates(tiny_llama):
     from specmemo.runtime.session import DecoderSession, SessionConfig
 
     manifest = load_manifest(tiny_llama)
-    session = DecoderSession(tiny_llama, SessionConfig(capacity=48, rows=8, logit_rows=4))
-    fp = footprint(manifest, CAL, capacity=48, rows=8, tree=4)
+    sizes = Sizes(capacity=48, rows=8, tree=4)
+    session = DecoderSession(tiny_llama, SessionConfig(sizes=sizes))
+    fp = footprint(manifest, CAL, sizes)
     assert fp.arena == session.arena.nbytes
     d = manifest.dims
-    assert fp.kv == kv_bytes(d, capacity=48) == sum(b.nbytes for b in session.kv.buffers)
+    assert fp.kv == kv_bytes(d, capacity=48, itemsize=4) == sum(b.nbytes for b in session.kv.buffers)
+    assert session.kv.capacity == 48 and (session.rows, session.logit_rows) == (8, 4)  # passed down, not re-decided
 
 
 def with_tree(manifest, choices, accuracy=()):
     heads = HeadsInfo(file="h.onnx", data_file="h.onnx.data", hidden="hidden", token_ids="ids", probs="probs",
-                      num_heads=3, top_k=4, mode="shared", subvocab_size=0, shares_decoder_lm_head=True,
+                      num_heads=3, top_k=4, mode="shared", subvocab_size=0,
                       tree=tuple(choices), accuracy=accuracy)
     return replace(manifest, heads=heads)
 
@@ -100,11 +103,11 @@ def test_useful_tree_is_the_smallest_prefix_with_half_the_gain(tiny_llama):
 def test_lower_bound_is_refused_one_byte_below_and_fits_at(tiny_llama):
     manifest = with_tree(load_manifest(tiny_llama), TREE, ACCURACY)
     bound = lower_bound(manifest, CAL, context=60)
-    assert (bound.capacity, bound.tree, bound.rows) == (60, 2, 2)
+    assert bound.sizes == Sizes(capacity=60, rows=2, tree=2)
     generation = bound.arena + bound.activations + CAL.step_overhead_bytes
     assert bound.generation == generation and bound.total == CAL.load_bytes + generation + int(0.05 * generation)
     plan = fit(manifest, CAL, budget=bound.total, context=60)
-    assert plan.total <= bound.total and plan.capacity == 60
+    assert plan.total <= bound.total and plan.sizes.capacity == 60
     with pytest.raises(BudgetError, match=f"lower bound of {bound.total / 2**20:.2f} MiB"):
         fit(manifest, CAL, budget=bound.total - 1, context=60)
 
@@ -112,12 +115,12 @@ def test_lower_bound_is_refused_one_byte_below_and_fits_at(tiny_llama):
 def test_fit_grows_tree_then_capacity_with_the_budget(tiny_llama):
     manifest = with_tree(load_manifest(tiny_llama), TREE, ACCURACY)
     roomy = fit(manifest, CAL, budget=2**40)
-    assert roomy.tree == len(TREE) + 1 and roomy.capacity == manifest.capacity
+    assert roomy.sizes.tree == len(TREE) + 1 and roomy.sizes.capacity == manifest.max_capacity
     sized = fit(manifest, CAL, budget=2**40, context=40)
-    assert sized.capacity == 40  # a context given: no more rows than it needs
-    bound = lower_bound(manifest, CAL, context=manifest.capacity)
+    assert sized.sizes.capacity == 40  # a context given: no more positions than it needs
+    bound = lower_bound(manifest, CAL, context=manifest.max_capacity)
     tight = fit(manifest, CAL, budget=bound.total + 1)
-    assert tight.total <= bound.total + 1 and tight.capacity == manifest.capacity
+    assert tight.total <= bound.total + 1 and tight.sizes.capacity == manifest.max_capacity
 
 
 def test_parse_size():

@@ -90,7 +90,7 @@ def small_profile(folder: Path, name: str, app_memory: str) -> Path:
 @pytest.fixture(scope="module")
 def tiny_artifact(tmp_path_factory):
     root = tmp_path_factory.mktemp("profiled")
-    return export_tiny(tiny_config("LlamaForCausalLM"), root, capacity=128), root
+    return export_tiny(tiny_config("LlamaForCausalLM"), root, max_capacity=128), root
 
 
 def test_a_budget_below_the_lower_bound_is_one_line_in_plan_and_chat(tiny_artifact, tmp_path, capsys):
@@ -108,7 +108,8 @@ def test_a_budget_below_the_lower_bound_is_one_line_in_plan_and_chat(tiny_artifa
     assert plan["profile"] == "pixel-8" and plan["plan"]["capacity"] == 128 and plan["budget"] == int(4.8 * 2**30)
 
 
-def test_export_profile_writes_the_plan_or_refuses_and_keeps_the_old_artifact(tiny_artifact, tmp_path, capsys):
+def test_export_profile_writes_the_plan_or_refuses_and_keeps_the_old_artifact(tiny_artifact, tmp_path, capsys,
+                                                                               monkeypatch):
     from specmemo.cli import main
     from specmemo.runtime.manifest import load_manifest
 
@@ -117,15 +118,15 @@ def test_export_profile_writes_the_plan_or_refuses_and_keeps_the_old_artifact(ti
     assert main(["export", "--model", str(root / "hf"), "--out", str(out), "--profile", "raspberry-pi-5-4gb",
                  "--no-validate"]) == 0
     manifest = load_manifest(out)
-    assert manifest.capacity == 256  # the tiny model's positions (< 8192)
+    assert manifest.max_capacity == 256  # the tiny model's positions (< 8192)
     assert manifest.plan.profile == "raspberry-pi-5-4gb" and manifest.plan.capacity == 256
-    assert manifest.plan.budget == 3 * 2**30 and manifest.plan.weight_dtype == "int4"
+    assert manifest.plan.budget == 3 * 2**30 and manifest.plan.tree <= manifest.plan.rows
     assert "prefers int4 weights; this exporter writes float32 only" in capsys.readouterr().err
     before = (out / "manifest.json").read_text()
 
     tight = small_profile(tmp_path, "tight", "40MiB")
     assert main(["export", "--model", str(root / "hf"), "--out", str(out), "--profile", str(tight),
-                 "--capacity", "128", "--no-validate"]) == 1
+                 "--max-capacity", "128", "--no-validate"]) == 1
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert "below the lower bound" in err and "what would fit:" in err and "int4 weights" in err
     assert "nothing was written" in err
@@ -134,4 +135,16 @@ def test_export_profile_writes_the_plan_or_refuses_and_keeps_the_old_artifact(ti
 
     assert main(["chat", "--artifact", str(out), "--prompt", "w5 w6", "--max-new-tokens", "4"]) == 0
     assert "plan from the manifest: profile raspberry-pi-5-4gb" in capsys.readouterr().err
+
+    from specmemo.runtime import memory
+    from specmemo.runtime.engine import EngineConfig, open_engine
+    from specmemo.runtime.sizes import Sizes
+
+    def no_refit(*_, **__):
+        raise AssertionError("the manifest's plan was fitted again")
+
+    monkeypatch.setattr(memory, "fit", no_refit)  # export decided C, R and T_max: the runtime takes them as written
+    engine = open_engine(EngineConfig(artifact=out), log=lambda _: None)
+    plan = manifest.plan
+    assert engine.session.sizes == engine.plan.sizes == Sizes(capacity=plan.capacity, rows=plan.rows, tree=plan.tree)
     shutil.rmtree(out)

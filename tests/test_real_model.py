@@ -22,6 +22,7 @@ from specmemo.runtime.drafter import OrtDrafter
 from specmemo.runtime.medusa_tree import MedusaTree
 from specmemo.runtime.rss import rss_bytes
 from specmemo.runtime.session import DecoderSession, SessionConfig
+from specmemo.runtime.sizes import Sizes
 from specmemo.runtime.tokenizer import ChatTokenizer, Message
 
 pytestmark = pytest.mark.real_model
@@ -39,7 +40,7 @@ def real(tmp_path_factory):
     out = tmp_path_factory.mktemp("smollm2") / "artifact"
     heads = default_heads(DEFAULT_MODEL)
     assert heads is not None, "the default model ships with trained heads"
-    export_artifact(ExportOptions(model=DEFAULT_MODEL, out=out, capacity=1024, heads=heads), log=lambda *_: None)
+    export_artifact(ExportOptions(model=DEFAULT_MODEL, out=out, max_capacity=1024, heads=heads), log=lambda *_: None)
     model, tokenizer = load_hf(resolve_model(DEFAULT_MODEL).hf_folder)
     return out, model, tokenizer
 
@@ -122,7 +123,7 @@ def test_no_allocation_per_decode_step_after_warm_up(real):
     and the process RSS does not grow (KV, I/O and ORT's arena were all sized at load)."""
     from specmemo.runtime.decode import prefill
 
-    session = DecoderSession(real[0], SessionConfig(capacity=512))
+    session = DecoderSession(real[0], SessionConfig(sizes=Sizes(capacity=512, rows=64, tree=32)))
     backend, drafter = OrtBackend(session), OrtDrafter(session)
     medusa = MedusaTree.from_choices(session.manifest.heads.tree)
     sizes = [32, 1, 4, 2, 16, 8, 3]

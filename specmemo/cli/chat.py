@@ -13,16 +13,36 @@ import json
 import sys
 from collections.abc import Iterable
 
-from specmemo.cli_profiles import engine_config
+from specmemo.cli.options import add_artifact, add_decoding_options, engine_config, positive
 from specmemo.console import TextStream, log_dim
 
 HELP = """commands:
   /reset   forget the conversation (the system prompt stays) and empty the KV cache
-  /stats   tokens/s, accepted tokens per step, tree widths chosen, KV rows and arena use, memory
+  /stats   tokens/s, accepted tokens per step, tree widths chosen, KV positions and arena use, memory
   /help    this list
   /exit    leave (Ctrl-D too); Ctrl-C stops a reply"""
 
 
+def add_parser(sub) -> None:
+    p = sub.add_parser("chat", help="multi-turn chat in the terminal (streams; KV reused across turns)",
+                       description="Chat with an artifact using the model's own chat template. Replies stream as "
+                                   "tokens are accepted; each turn prefills only what is new (the earlier turns "
+                                   "stay in the KV buffer). When a turn would not fit in the KV capacity the "
+                                   "oldest turns are dropped (the system prompt stays) and the rest re-prefilled. "
+                                   "Commands: /reset /stats /help /exit; Ctrl-C stops a reply. With --prompt, or "
+                                   "with stdin not a terminal (one user turn per line), it answers and exits.",
+                       epilog="examples:\n"
+                              "  specmemo chat --profile pixel-8 --system 'You are terse.'\n"
+                              "  printf 'Hi!\\nWhat did I just say?\\n' | specmemo chat --json\n"
+                              "  specmemo chat --prompt 'Name three rivers.' --max-new-tokens 64",
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_artifact(p)
+    p.add_argument("--system", help="system prompt (kept when old turns are dropped)")
+    p.add_argument("--max-new-tokens", type=positive, default=256, help="per reply (default 256)")
+    p.add_argument("--prompt", help="one-shot: answer this message and exit")
+    add_decoding_options(p)
+    p.add_argument("--json", action="store_true", help="scripted mode: one JSON object per turn")
+    p.set_defaults(handler=cmd_chat)
 def open_chat(args: argparse.Namespace):
     from specmemo.runtime.chat import ChatSession
     from specmemo.runtime.engine import open_engine
@@ -47,17 +67,17 @@ def stats_lines(chat) -> list[str]:
     t, session = chat.totals, chat.engine.session
     mib = 2**20
     kv_bytes = session.kv.nbytes()
-    row_bytes = kv_bytes // session.kv.capacity
-    used_rows = session.kv.length
-    arena, free = session.arena.nbytes, (session.kv.capacity - used_rows) * row_bytes
+    position_bytes = kv_bytes // session.kv.capacity
+    used = session.kv.length
+    arena, free = session.arena.nbytes, (session.kv.capacity - used) * position_bytes
     widths = ", ".join(f"T={size}: {count}" for size, count in sorted(t.tree_sizes.items())) or "none"
     plan = chat.engine.plan
     return [
         f"turns {t.turns} ({t.interrupted} interrupted) · {t.new_tokens} tokens · decode {t.decode_tokens_per_s:.1f} tok/s "
-        f"· prefill {t.prefilled} tokens in {t.prefill_s:.2f} s · {t.reused} KV rows reused across turns",
+        f"· prefill {t.prefilled} tokens in {t.prefill_s:.2f} s · {t.reused} KV positions reused across turns",
         f"mode {chat.engine.config.mode.value} · {t.mean_accepted:.2f} tokens per verify step over {t.verify_steps} "
         f"steps · T chosen (steps): {widths}",
-        f"KV {used_rows}/{session.kv.capacity} rows ({used_rows * row_bytes / mib:.1f} of {kv_bytes / mib:.1f} MiB) "
+        f"KV {used}/{session.kv.capacity} positions ({used * position_bytes / mib:.1f} of {kv_bytes / mib:.1f} MiB) "
         f"· arena {arena / mib:.1f} MiB: used {(arena - free) / mib:.1f}, free {free / mib:.1f} "
         f"· {len(chat.turns)} turns in context, {t.evictions} evicted",
         f"memory: RSS {rss_bytes() / mib:.0f} MiB, peak {peak_rss_bytes() / mib:.0f} MiB, after load "
@@ -128,7 +148,7 @@ def turn_json(chat, user: str, reply) -> dict:
     s = reply.stats
     return {"user": user, "text": reply.text, "token_ids": reply.token_ids, "finish_reason": reply.finish_reason,
             "reused": reply.reused, "prefilled": reply.prefilled, "dropped_turns": reply.dropped_turns,
-            "kv_rows": chat.kv_rows_used(), "decode_tokens_per_s": s.decode_tokens_per_s,
+            "kv_used": chat.kv_used(), "decode_tokens_per_s": s.decode_tokens_per_s,
             "mean_accepted": s.mean_accepted, "tree_sizes": s.tree_sizes,
             "messages": [{"role": m.role, "content": m.content} for m in chat.last_messages]}
 

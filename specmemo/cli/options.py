@@ -1,17 +1,48 @@
-"""Device profiles in the CLI: `specmemo profiles`, and `--profile` → budget and threads for
-export, plan, generate, chat and bench."""
+"""Options several commands share: argument types, --profile/--budget/--threads, the decoding options
+of `generate` and `chat`, and how they become an EngineConfig. Imports nothing heavy: `--help` and
+argument errors must not load ONNX Runtime (tests/test_boundaries.py)."""
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 from pathlib import Path
 
 from specmemo.console import log_dim
 from specmemo.errors import ConfigError
+from specmemo.export.load import DEFAULT_MODEL, default_artifact  # a light module: torch loads only to convert
+from specmemo.runtime.config import Mode
 
+DEFAULT_ARTIFACT = default_artifact(DEFAULT_MODEL)
 DEFAULT_THREADS = 2  # pinned so timings compare across runs and engines
+
+
+def positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def sizes_list(text: str) -> tuple[int, ...]:
+    try:
+        sizes = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not sizes or min(sizes) < 1:
+        raise argparse.ArgumentTypeError("sizes must be >= 1")
+    return sizes
+
+
+def add_artifact(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--artifact", type=Path, default=DEFAULT_ARTIFACT, help="the exported artifact folder")
+
+
+def add_mode(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--mode", choices=[m.value for m in Mode], default="auto",
+                        help="greedy: plain decoding; medusa: the full exported tree each step; auto: the "
+                             "controller picks each step's tree width from KV space, measured latency and "
+                             "acceptance (plain decoding when the artifact has no heads)")
 
 
 def add_profile_options(parser: argparse.ArgumentParser, *, budget: bool = True,
@@ -29,6 +60,18 @@ def add_profile_options(parser: argparse.ArgumentParser, *, budget: bool = True,
                                             "and tree")
     parser.add_argument("--threads", type=int, default=None,
                         help=f"ORT intra-op threads (default: the profile's, else {DEFAULT_THREADS})")
+
+
+def add_decoding_options(parser: argparse.ArgumentParser) -> None:
+    """What `generate` and `chat` share: the mode, the budget (or profile) or capacity, sampling."""
+    add_mode(parser)
+    add_profile_options(parser)
+    parser.add_argument("--capacity", type=positive,
+                        help="KV positions C to allocate without --budget/--profile (default: the manifest's plan, "
+                             "else the graph's max capacity)")
+    parser.add_argument("--temperature", type=float, default=0.0,
+                        help="0: greedy; > 0: sampling with typical acceptance (seeded)")
+    parser.add_argument("--seed", type=int, default=0, help="sampling seed")
 
 
 def local_cores() -> int:
@@ -60,63 +103,10 @@ def apply_profile(args: argparse.Namespace, *, log=log_dim):
 
 def engine_config(args: argparse.Namespace):
     """The EngineConfig that `generate` and `chat` open: mode, budget (or profile) or capacity, sampling."""
+    from specmemo.runtime.config import EngineConfig
     from specmemo.runtime.decode import Sampling
-    from specmemo.runtime.engine import EngineConfig
 
     apply_profile(args)
     sampling = Sampling(temperature=args.temperature, seed=args.seed) if args.temperature > 0 else None
     return EngineConfig(artifact=args.artifact, mode=args.mode, threads=args.threads, budget=args.budget_bytes,
                         capacity=args.capacity, context=getattr(args, "context", None), sampling=sampling)
-
-
-def cmd_profiles(args: argparse.Namespace) -> int:
-    """List the profiles; with --artifact, what each one's budget allows for it (measured here)."""
-    from specmemo.device_profiles.schema import all_profiles
-
-    profiles = all_profiles()
-    plans = {p.name: _plan_for(args.artifact, p) for p in profiles} if args.artifact else {}
-    if args.json:
-        rows = [{"name": p.name, "description": p.description, "kind": p.kind.value, "ram": p.ram,
-                 "app_memory": p.app_memory, "accelerator_memory": p.accelerator_memory, "cpu_cores": p.cpu_cores,
-                 "threads": p.threads, "execution_provider": p.execution_provider.value,
-                 "weight_dtype": p.weight_dtype.value, "sources": p.sources, "plan": plans.get(p.name)}
-                for p in profiles]
-        print(json.dumps(rows, indent=2))
-        return 0
-    header = f"{'profile':<22} {'kind':<7} {'RAM':>9} {'app mem':>9} {'cores':>5} {'thr':>3} {'EP':<8} {'dtype':<7}"
-    if args.artifact:
-        header += "  plan for " + str(args.artifact)
-    print(header)
-    for p in profiles:
-        line = (f"{p.name:<22} {p.kind.value:<7} {p.ram / 2**30:>6.1f} GiB {p.app_memory / 2**30:>5.1f} GiB "
-                f"{p.cpu_cores:>5} {p.threads:>3} {p.execution_provider.value:<8} {p.weight_dtype.value:<7}")
-        if args.artifact:
-            line += "  " + _plan_text(plans[p.name])
-        print(line)
-    print("\nsizes: GiB = 2^30 bytes. Figures and their sources: device_profiles/*.toml; "
-          "this-machine is detected now.")
-    return 0
-
-
-def _plan_for(artifact: Path, profile) -> dict:
-    from specmemo.runtime import memory
-    from specmemo.runtime.calibrate import memory_calibration
-    from specmemo.runtime.manifest import load_manifest
-
-    manifest = load_manifest(artifact)
-    threads = min(profile.threads, local_cores())
-    calibration = memory_calibration(artifact, threads=threads, log=log_dim)
-    try:
-        plan = memory.fit(manifest, calibration, budget=profile.app_memory)
-    except memory.BudgetError:
-        bound = memory.lower_bound(manifest, calibration, context=manifest.capacity)
-        return {"fits": False, "lower_bound": bound.total,
-                "largest_context": memory.largest_context(manifest, calibration, budget=profile.app_memory)}
-    return {"fits": True, "capacity": plan.capacity, "tree": plan.tree, "rows": plan.rows, "total": plan.total}
-
-
-def _plan_text(plan: dict) -> str:
-    if plan["fits"]:
-        return f"C={plan['capacity']}, T_max={plan['tree']}, {plan['total'] / 2**20:.0f} MiB"
-    fits = f"--capacity {plan['largest_context']} fits" if plan["largest_context"] else "nothing fits"
-    return f"below the bound ({plan['lower_bound'] / 2**20:.0f} MiB at the exported C); {fits}"

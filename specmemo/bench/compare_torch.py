@@ -1,11 +1,14 @@
 """The PyTorch engines of `specmemo compare`, each run in its own fresh process (request as JSON on
 stdin, result as one JSON line on stdout):
 
-    hf-generate     – Hugging Face `generate`, greedy, fp32 (its own DynamicCache);
-    pytorch-medusa  – the SpecMemo paper's baseline: the full exported tree every step, the KV
-                      buffer sized to the model's positions and allocated once, as Medusa's
-                      `initialize_past_key_values` does (runtime/decode.py over
-                      TorchBackend(preallocate=True) + the heads in torch).
+    hf-generate           – Hugging Face `generate`, greedy, fp32 (its own DynamicCache);
+    pytorch-medusa        – the SpecMemo paper's baseline: the full exported tree every step, the KV
+                            buffer sized to the model's positions and allocated once, as Medusa's
+                            `initialize_past_key_values` does (runtime/decode.py over
+                            TorchBackend(preallocate=True) + the heads in torch): what a Medusa user gets;
+    pytorch-medusa-sized  – the same with its KV buffer sized exactly like ours (`kv_capacity` in
+                            the request: the C our engines allocate), so a memory ratio against it
+                            measures the runtime, not the KV size.
 
 Both report per prompt: token ids, time to first token, wall time, tokens accepted per step; and
 RSS after the model is loaded (every weight read once, so lazily mapped pages are resident) and
@@ -15,15 +18,16 @@ memory counts, its time does not.
 
 from __future__ import annotations
 
-import json
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from specmemo.runtime.fresh_process import serve_json
+
 WARM_UP_TOKENS = 8
+MEDUSA_ENGINES = ("pytorch-medusa", "pytorch-medusa-sized")
 
 
 class FirstTokenClock:
@@ -78,17 +82,18 @@ def run(request: dict) -> dict:
     if engine == "hf-generate":
         def reply(prompt, new):
             return hf_generate(model, prompt, new)
-    elif engine == "pytorch-medusa":
+    elif engine in MEDUSA_ENGINES:
         heads = load_any_heads(Path(request["heads"]), lm_head_t(model), base_sha256=resolved.sha256)
         weights.append(heads)
         drafter, medusa = TorchDrafter(heads, request["top_k"]), MedusaTree.from_choices(request["tree"])
         eos = set(stop_token_ids(tokenizer, model.generation_config))
-        backends = []  # Medusa's KV: all positions, allocated once, at the first generation (generation memory)
+        capacity = request["kv_capacity"] if engine == "pytorch-medusa-sized" else None  # None: all positions
+        backends = []  # Medusa's KV: allocated once, at the first generation (so it counts as generation memory)
 
         def reply(prompt, new):
             started = time.perf_counter()
             if not backends:
-                backends.append(TorchBackend(model, preallocate=True))
+                backends.append(TorchBackend(model, capacity=capacity, preallocate=True))
             backend = backends[0]
             backend.reset()
             result = generate(backend, prompt, max_new_tokens=new, eos_token_ids=eos, drafter=drafter, medusa=medusa)
@@ -101,8 +106,12 @@ def run(request: dict) -> dict:
     reset_peak_rss()
     reply(prompts[0], WARM_UP_TOKENS)
     turns = [reply(prompt, limit) for prompt in prompts]
-    return {"engine": engine, "rss_after_load": after_load, "peak_rss": peak_rss_bytes(), "turns": turns}
+    result = {"engine": engine, "rss_after_load": after_load, "peak_rss": peak_rss_bytes(), "turns": turns}
+    if engine in MEDUSA_ENGINES:
+        backend = backends[0]
+        result.update(capacity=backend.capacity, kv_bytes=backend.kv_nbytes())
+    return result
 
 
 if __name__ == "__main__":
-    print(json.dumps(run(json.loads(sys.stdin.read()))))
+    serve_json(run)

@@ -1,7 +1,7 @@
 """`specmemo compare`: memory and speed of our runtime against the PyTorch reference and peers, in one run.
 
-Every engine runs in its own fresh process per round (export/compare_torch.py,
-runtime/compare_ort.py), on the same prompts, greedy, with the same pinned thread count; rounds
+Every engine runs in its own fresh process per round (compare_torch.py, compare_ort.py beside
+this module), on the same prompts, greedy, with the same pinned thread count; rounds
 rotate the engine order so all of them see the same machine drift. Figures per engine:
 
     decode tok/s   (new tokens − 1) / (wall − time to first token), over all prompts of a round;
@@ -10,12 +10,16 @@ rotate the engine order so all of them see the same machine drift. Figures per e
     TTFT           time to the first new token, the median over every prompt and round
     accepted/step  tokens gained per verify step (1 for plain decoding)
     RSS after load, peak RSS; generation memory = peak − after load (medians over rounds)
-    ORT engines also: the arena's bytes (KV + I/O) and the memory model's prediction
+    ORT engines also: the arena's bytes (KV + I/O) and the memory model's prediction; the PyTorch
+                   Medusa engines their KV buffer's bytes
     agreement      prompts whose tokens equal HF `generate`'s, and the share of HF's tokens matched
                    before the first difference
 
-Ratios (memory saved, speed-ups) are taken between engines of this run only. This module imports
-neither torch nor ONNX Runtime: the engines do, in their processes.
+Ratios (memory saved, speed-ups) are taken between engines of this run only. Generation memory is
+compared twice: against PyTorch Medusa as its users get it (a KV buffer for all the model's
+positions) and against the same engine with its KV sized exactly like ours, which isolates what the
+runtime saves from what a smaller KV saves. This module imports neither torch nor ONNX Runtime:
+the engines do, in their processes.
 """
 
 from __future__ import annotations
@@ -23,20 +27,23 @@ from __future__ import annotations
 import json
 import platform
 import statistics
-import subprocess
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from specmemo.errors import ConfigError, SpecMemoError
-from specmemo.runtime.spec_bench import spec_bench_record
+from specmemo.bench.spec_bench import spec_bench_record
+from specmemo.errors import ConfigError
+from specmemo.runtime.fresh_process import run_json
 
-TORCH_ENGINES = ("hf-generate", "pytorch-medusa")
-ORT_ENGINES = ("specmemo-greedy", "specmemo-full-tree", "specmemo-controller")
+TORCH_MEDUSA, TORCH_MEDUSA_SIZED = "pytorch-medusa", "pytorch-medusa-sized"
+TORCH_ENGINES = ("hf-generate", TORCH_MEDUSA, TORCH_MEDUSA_SIZED)
+CONTROLLER, FULL_TREE, DEFAULT = "specmemo-controller", "specmemo-full-tree", "specmemo-default"
+ORT_ENGINES = ("specmemo-greedy", FULL_TREE, CONTROLLER, DEFAULT)
 PEER = "onnxruntime-genai"
 REFERENCE = "hf-generate"
-CONTROLLER, FULL_TREE, TORCH_MEDUSA = "specmemo-controller", "specmemo-full-tree", "pytorch-medusa"
+PLAIN_ENGINES = (REFERENCE, "specmemo-greedy", DEFAULT, PEER)  # those that run without heads
+ENGINE_MODULES = {**{e: "specmemo.bench.compare_torch" for e in TORCH_ENGINES},
+                  **{e: "specmemo.bench.compare_ort" for e in ORT_ENGINES + (PEER,)}}
 MIB = 2**20
 
 BARS = {  # issue 6: what the controller must reach against the others, in one run
@@ -57,6 +64,7 @@ class CompareConfig:
     threads: int = 2
     budget: int | None = None  # our engines' plan (a device profile's app memory)
     capacity: int | None = None  # our engines' C without a budget (run_capacity)
+    our_capacity: int | None = None  # the C our engines allocate (resolved): pytorch-medusa-sized's KV
     heads: str | None = None  # the heads folder the PyTorch Medusa engine loads
     tree: tuple = ()
     top_k: int = 10
@@ -68,8 +76,10 @@ class CompareConfig:
     def __post_init__(self) -> None:
         if self.rounds < 1 or self.max_new_tokens < 1 or not self.prompts:
             raise ConfigError("--rounds and --max-new-tokens must be >= 1, and there must be prompts")
-        if TORCH_MEDUSA in self.engines and not self.heads:
+        if {TORCH_MEDUSA, TORCH_MEDUSA_SIZED} & set(self.engines) and not self.heads:
             raise ConfigError("the artifact has no Medusa heads: the Medusa engines need them (export with heads)")
+        if TORCH_MEDUSA_SIZED in self.engines and not self.our_capacity:
+            raise ConfigError(f"{TORCH_MEDUSA_SIZED} needs our_capacity, the C our engines allocate")
 
 
 def run_capacity(prompt_lengths: list[int], *, max_new_tokens: int, trace_tokens: int, tree: int) -> int:
@@ -85,20 +95,15 @@ def request_for(config: CompareConfig, engine: str) -> dict:
     return {"engine": engine, "model": config.model, "artifact": str(config.artifact),
             "prompts": [p for _, _, p in config.prompts], "max_new_tokens": config.max_new_tokens,
             "threads": config.threads, "budget": config.budget, "capacity": config.capacity,
-            "heads": config.heads, "tree": config.tree,
+            "kv_capacity": config.our_capacity, "heads": config.heads, "tree": config.tree,
             "top_k": config.top_k, "eos": list(config.eos), "trace_tokens": config.trace_tokens,
             "genai_dir": str(config.genai_dir) if config.genai_dir else None}
 
 
 def run_engine(config: CompareConfig, engine: str) -> dict:
     """One engine over all prompts, in a fresh process."""
-    module = "specmemo.export.compare_torch" if engine in TORCH_ENGINES else "specmemo.runtime.compare_ort"
-    done = subprocess.run([sys.executable, "-m", module], input=json.dumps(request_for(config, engine)),
-                          capture_output=True, text=True)
-    if done.returncode != 0:
-        tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
-        raise SpecMemoError(f"the {engine} run failed ({tail[:300]}): run it alone to see why")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return run_json(ENGINE_MODULES[engine], request_for(config, engine), what=f"the {engine} run",
+                    fix="run it alone to see why")
 
 
 def run_rounds(config: CompareConfig, *, log: Callable[[str], None] = print) -> dict[str, list[dict]]:
@@ -150,9 +155,10 @@ def summarize_engine(runs: list[dict], reference: list[dict] | None) -> dict:
         "generation_memory": med(r["peak_rss"] - r["rss_after_load"] for r in runs),
         "new_tokens": sum(len(t["token_ids"]) for t in runs[0]["turns"]),
     }
+    if "kv_bytes" in runs[0]:  # ours and the PyTorch Medusa engines: the KV buffer they allocate
+        row.update(kv_bytes=runs[0]["kv_bytes"], capacity=runs[0]["capacity"])
     if "arena_bytes" in runs[0]:
-        row.update(arena_bytes=runs[0]["arena_bytes"], kv_bytes=runs[0]["kv_bytes"],
-                   predicted_generation=runs[0]["predicted_generation"], capacity=runs[0]["capacity"],
+        row.update(arena_bytes=runs[0]["arena_bytes"], predicted_generation=runs[0]["predicted_generation"],
                    tree=runs[0]["tree"])
     if reference is not None:
         identical, share = agreement(runs[0]["turns"], reference)
@@ -167,6 +173,9 @@ def ratios(engines: dict[str, dict]) -> dict[str, float]:
         return out
     if TORCH_MEDUSA in engines:
         out["generation_memory_vs_pytorch_medusa"] = c["generation_memory"] / engines[TORCH_MEDUSA]["generation_memory"]
+    if TORCH_MEDUSA_SIZED in engines:
+        out["generation_memory_vs_pytorch_medusa_sized"] = (c["generation_memory"]
+                                                            / engines[TORCH_MEDUSA_SIZED]["generation_memory"])
     if FULL_TREE in engines:
         out["throughput_vs_full_tree"] = c["e2e_tokens_per_s"] / engines[FULL_TREE]["e2e_tokens_per_s"]
     if REFERENCE in engines:
@@ -174,6 +183,8 @@ def ratios(engines: dict[str, dict]) -> dict[str, float]:
         out["tokens_per_s_vs_hf_generate"] = c["e2e_tokens_per_s"] / ref["e2e_tokens_per_s"]
         out["decode_tokens_per_s_vs_hf_generate"] = c["decode_tokens_per_s"] / ref["decode_tokens_per_s"]
         out["peak_rss_vs_hf_generate"] = c["peak_rss"] / ref["peak_rss"]
+        if DEFAULT in engines:  # `specmemo generate` as a user runs it, without --capacity
+            out["default_peak_rss_vs_hf_generate"] = engines[DEFAULT]["peak_rss"] / ref["peak_rss"]
     if PEER in engines:
         out["tokens_per_s_vs_onnxruntime_genai"] = c["e2e_tokens_per_s"] / engines[PEER]["e2e_tokens_per_s"]
     return out
@@ -192,13 +203,13 @@ def summarize(config: CompareConfig, runs: dict[str, list[dict]], machine: dict)
     trace = next((r["trace"] for r in runs.get(CONTROLLER, []) if "trace" in r), None)
     return {"config": {"artifact": str(config.artifact), "model": config.model, "prompts": len(config.prompts),
                        "max_new_tokens": config.max_new_tokens, "rounds": config.rounds, "threads": config.threads,
-                       "budget": config.budget, "capacity": config.capacity,
+                       "budget": config.budget, "capacity": config.capacity, "our_capacity": config.our_capacity,
                        "engines": list(config.engines)},
             "machine": machine, "engines": engines, "ratios": found, "bars": bars(found), "controller_trace": trace}
 
 
 def machine_info(threads: int) -> dict:
-    from specmemo.runtime.calibrate import cpu_name
+    from specmemo.runtime.calibrate import cpu_name  # noqa: F401 (light: no ONNX Runtime)
 
     return {"platform": platform.platform(), "cpu": cpu_name(), "threads": threads, "python": platform.python_version()}
 
@@ -206,15 +217,16 @@ def machine_info(threads: int) -> dict:
 def format_table(summary: dict) -> str:
     """The markdown table (stdout and the report)."""
     head = ("| engine | decode tok/s | e2e tok/s | TTFT ms | accepted/step | RSS after load MiB | peak RSS MiB "
-            "| generation MiB | arena MiB (model) | same as HF |")
-    lines = [head, "|" + "---|" * 10]
+            "| generation MiB | KV C (MiB) | arena MiB (model) | same as HF |")
+    lines = [head, "|" + "---|" * 11]
     for name, e in summary["engines"].items():
+        kv = f"{e['capacity']} ({e['kv_bytes'] / MIB:.1f})" if "kv_bytes" in e else "–"
         arena = (f"{e['arena_bytes'] / MIB:.1f} ({e['predicted_generation'] / MIB:.1f})" if "arena_bytes" in e
                  else "–")
         same = f"{e['identical_to_hf']}/{e['prompts']} ({100 * e['token_agreement']:.0f}%)" if "prompts" in e else "–"
         lines.append(f"| {name} | {e['decode_tokens_per_s']:.1f} | {e['e2e_tokens_per_s']:.1f} | {e['ttft_ms']:.0f} "
                      f"| {e['mean_accepted']:.2f} | {e['rss_after_load'] / MIB:.0f} | {e['peak_rss'] / MIB:.0f} "
-                     f"| {e['generation_memory'] / MIB:.1f} | {arena} | {same} |")
+                     f"| {e['generation_memory'] / MIB:.1f} | {kv} | {arena} | {same} |")
     lines.append("")
     for name, bar in summary["bars"].items():
         lines.append(f"- {name.replace('_', ' ')}: {bar['value']:.3f} (bar {bar['bar']}): "

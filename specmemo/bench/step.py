@@ -23,7 +23,9 @@ import numpy as np
 from specmemo.runtime import tree
 from specmemo.runtime.backend import OrtBackend
 from specmemo.runtime.drafter import OrtDrafter
+from specmemo.runtime.manifest import load_manifest
 from specmemo.runtime.session import DecoderSession, SessionConfig
+from specmemo.runtime.sizes import DEFAULT_PREFILL_CHUNK, Sizes
 
 DEFAULT_TREE_SIZES = (1, 2, 4, 8, 16, 32)
 
@@ -72,7 +74,10 @@ def _timed(call, *args) -> float:
 
 
 def run_step_bench(config: StepBenchConfig, *, log=print) -> dict:
-    session = DecoderSession(config.artifact, SessionConfig(threads=config.threads))
+    manifest = load_manifest(config.artifact)
+    largest = max(config.tree_sizes)  # every T measured fits one call with logits for all its nodes
+    sizes = Sizes(capacity=manifest.max_capacity, rows=max(DEFAULT_PREFILL_CHUNK, largest), tree=largest)
+    session = DecoderSession(config.artifact, SessionConfig(threads=config.threads, sizes=sizes))
     backend = OrtBackend(session)
     rng = np.random.default_rng(0)
     vocab = session.manifest.dims.vocab_size
@@ -82,7 +87,7 @@ def run_step_bench(config: StepBenchConfig, *, log=print) -> dict:
 
     peer = None
     if config.genai_dir is not None:
-        from specmemo.runtime.peers import GenAIEngine
+        from specmemo.bench.peers import GenAIEngine
 
         peer = GenAIEngine(config.genai_dir, threads=config.threads)
 

@@ -2,7 +2,7 @@
 
 MT-Bench questions (both turns of each, in order, repeated) are the user messages; with a small C
 the oldest turns are dropped every few turns and the rest re-prefilled. After every turn: RSS,
-peak RSS (VmHWM, reset once the sessions are open), KV rows used, turns dropped. The bar: the
+peak RSS (VmHWM, reset once the sessions are open), KV positions used, turns dropped. The bar: the
 peak at the end is within 2% of the peak after turn `settle` (by then every code path, eviction
 and re-prefill included, has run), and every turn that fits got a reply.
 """
@@ -17,16 +17,16 @@ import numpy as np
 from tqdm import tqdm
 
 from specmemo.errors import ConfigError
+from specmemo.datasets import load_questions
 from specmemo.runtime.backend import ContextOverflowError
 from specmemo.runtime.calibrate import cpu_name
 from specmemo.runtime.chat import ChatSession
-from specmemo.runtime.datasets import load_questions
 from specmemo.runtime.engine import EngineConfig, Mode, open_engine
 from specmemo.runtime.memory import MIB
 from specmemo.runtime.rss import peak_rss_bytes, rss_bytes
 
 PEAK_GROWTH_BAR = 0.02
-COLUMNS = ("rss", "peak_rss", "kv_rows", "dropped_turns", "prefilled", "new_tokens")  # per turn
+COLUMNS = ("rss", "peak_rss", "kv_used", "dropped_turns", "prefilled", "new_tokens")  # per turn
 
 
 @dataclass(frozen=True)
@@ -58,11 +58,11 @@ def run_soak(config: SoakConfig, *, log=print) -> dict:
             reply = chat.send(messages[i % len(messages)])
         except ContextOverflowError:
             refused += 1
-            record[i] = (rss_bytes(), peak_rss_bytes(), chat.kv_rows_used(), 0, 0, 0)
+            record[i] = (rss_bytes(), peak_rss_bytes(), chat.kv_used(), 0, 0, 0)
             continue
         answered += 1
         empty += not reply.text.strip()
-        record[i] = (rss_bytes(), peak_rss_bytes(), chat.kv_rows_used(), reply.dropped_turns, reply.prefilled,
+        record[i] = (rss_bytes(), peak_rss_bytes(), chat.kv_used(), reply.dropped_turns, reply.prefilled,
                      reply.stats.new_tokens)
     wall = time.perf_counter() - started
     settle_peak, end_peak = int(record[config.settle - 1, 1]), int(record[-1, 1])
@@ -90,7 +90,7 @@ def format_table(result: dict) -> str:
     rows = [
         ("turns answered / refused (message alone too long)", f"{result['answered']} / {result['refused_too_long']}"),
         ("turns evicted (on overflow) / turns that evicted", f"{result['turns_evicted']} / {result['turns_with_eviction']}"),
-        ("tokens generated / prefilled / KV rows reused", f"{result['tokens']} / {result['prefilled']} / {result['reused']}"),
+        ("tokens generated / prefilled / KV positions reused", f"{result['tokens']} / {result['prefilled']} / {result['reused']}"),
         ("decode tok/s, accepted per step", f"{result['decode_tokens_per_s']:.1f}, {result['mean_accepted']:.2f}"),
         ("RSS after load", f"{result['rss_after_load'] / MIB:.1f} MiB"),
         (f"peak RSS after turn {c['settle']}", f"{result['peak_rss_at_settle'] / MIB:.1f} MiB"),

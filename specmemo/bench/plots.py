@@ -3,14 +3,14 @@
     memory.png        stacked bars per engine: RSS after load, then generation memory (for our
                       engines split into the KV buffer, the rest of the arena, and the rest)
     speed_memory.png  decode tokens/s against generation memory, one point per engine
-    controller.png    the controller's T per step over one long generation, KV rows used beside it
+    controller.png    the controller's T per step over one long generation, KV positions used beside it
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from specmemo.runtime.compare import MIB, format_table
+from specmemo.bench.compare import MIB, format_table
 
 
 def _pyplot():
@@ -52,7 +52,15 @@ def plot_memory(summary: dict, path: Path) -> Path:
     ax.set_ylabel("MiB (peak RSS)")
     ax.legend(fontsize=8)
     plt.setp(ax.get_xticklabels(), rotation=20, ha="right", fontsize=8)
-    return _save(fig, ax, "Peak memory per engine: load + generation", path)
+    return _save(fig, ax, "Peak memory per engine: load + generation" + _medusa_ratios(summary["ratios"]), path)
+
+
+def _medusa_ratios(ratios: dict) -> str:
+    """Both generation-memory ratios against PyTorch Medusa, for a plot's title."""
+    parts = [f"{ratios[key]:.2f} {label}" for key, label in
+             (("generation_memory_vs_pytorch_medusa", "vs Medusa's all-positions KV"),
+              ("generation_memory_vs_pytorch_medusa_sized", "vs Medusa with KV sized like ours")) if key in ratios]
+    return "\ncontroller generation memory: " + ", ".join(parts) if parts else ""
 
 
 def plot_speed_memory(summary: dict, path: Path) -> Path:
@@ -77,8 +85,8 @@ def plot_controller(trace: dict, path: Path) -> Path:
     ax.set_xlabel("decode step")
     ax.set_ylabel("tree nodes T / tokens accepted")
     kv = ax.twinx()
-    kv.plot(steps, trace["kv_used"], color="gray", linewidth=0.8, label="KV rows used")
-    kv.set_ylabel(f"KV rows used (C = {trace['capacity']})")
+    kv.plot(steps, trace["kv_used"], color="gray", linewidth=0.8, label="KV positions used")
+    kv.set_ylabel(f"KV positions used (C = {trace['capacity']})")
     ax.legend(loc="upper left", fontsize=8)
     return _save(fig, ax, "The controller over one long generation", path)
 
@@ -95,7 +103,9 @@ def _sizing(config: dict) -> str:
         return f"Our engines: the plan for a budget of {config['budget'] / MIB:.0f} MiB."
     if config.get("capacity"):
         return (f"Our engines: KV capacity C = {config['capacity']} positions, what this run needs (HF's cache grows "
-                f"to the same; GenAI sizes its buffer per request); PyTorch Medusa: all the model's positions.")
+                f"to the same; GenAI sizes its buffer per request); specmemo-default: C as `specmemo generate` "
+                f"allocates it without sizing flags; pytorch-medusa: all the model's positions; "
+                f"pytorch-medusa-sized: C = {config.get('our_capacity')}, like ours.")
     return "Our engines: the artifact's KV capacity."
 
 

@@ -5,7 +5,9 @@ JSON on stdin, result as one JSON line on stdout):
     specmemo-full-tree    – our runtime, the full exported tree every step;
     specmemo-controller   – our runtime, the controller picks each step's width (its latency
                             curve is read before timing); also one long generation whose
-                            per-step T and KV rows make the trace plot;
+                            per-step T and KV positions make the trace plot;
+    specmemo-default      – the controller as `specmemo generate` opens it without --capacity or
+                            --budget: C from the manifest (its device plan, else the graph's max);
     onnxruntime-genai     – ONNX Runtime GenAI greedy on the same model (its model builder).
 
 Same report as the torch engines (compare_torch.py): per prompt token ids, time to first token,
@@ -15,24 +17,26 @@ own accounting and the memory model's prediction.
 
 from __future__ import annotations
 
-import json
-import sys
 import time
 from pathlib import Path
 
 from specmemo.runtime.calibrate import memory_calibration
 from specmemo.runtime.engine import EngineConfig, Mode, open_engine
+from specmemo.runtime.fresh_process import serve_json
 from specmemo.runtime.memory import footprint
 from specmemo.runtime.rss import peak_rss_bytes, reset_peak_rss, rss_bytes
 
-MODES = {"specmemo-greedy": Mode.GREEDY, "specmemo-full-tree": Mode.MEDUSA, "specmemo-controller": Mode.AUTO}
+MODES = {"specmemo-greedy": Mode.GREEDY, "specmemo-full-tree": Mode.MEDUSA, "specmemo-controller": Mode.AUTO,
+         "specmemo-default": Mode.AUTO}
 WARM_UP_TOKENS = 8
 
 
 def run_specmemo(request: dict) -> dict:
     mode = MODES[request["engine"]]
+    default = request["engine"] == "specmemo-default"  # what a user gets with no sizing flags
     engine = open_engine(EngineConfig(artifact=Path(request["artifact"]), mode=mode, threads=request["threads"],
-                                      budget=request.get("budget"), capacity=request.get("capacity")),
+                                      budget=None if default else request.get("budget"),
+                                      capacity=None if default else request.get("capacity")),
                          log=lambda _: None)
     engine.policy(mode)  # the controller's latency curve: read (or measured) before anything is timed
     session = engine.session
@@ -50,21 +54,20 @@ def run_specmemo(request: dict) -> dict:
     for turn in turns:
         del turn["kv_used"]
     result = {"engine": request["engine"], "rss_after_load": session.rss_after_load, "turns": turns}
-    if mode is Mode.AUTO and request.get("trace_tokens"):
+    if request["engine"] == "specmemo-controller" and request.get("trace_tokens"):
         new = min(request["trace_tokens"], session.kv.capacity - len(prompts[0]) - 1)
         trace = reply(prompts[0], new, ignore_eos=True)
         result["trace"] = {"tree_sizes": trace["tree_sizes"], "accept_lengths": trace["accept_lengths"],
                            "kv_used": trace["kv_used"], "capacity": session.kv.capacity}
     calibration = memory_calibration(Path(request["artifact"]), threads=request["threads"], log=lambda _: None)
-    predicted = footprint(session.manifest, calibration, capacity=session.kv.capacity, rows=session.rows,
-                          tree=session.logit_rows)
+    predicted = footprint(session.manifest, calibration, session.sizes)
     result.update(peak_rss=peak_rss_bytes(), arena_bytes=session.arena.nbytes, kv_bytes=session.kv.nbytes(),
-                  predicted_generation=predicted.generation, capacity=session.kv.capacity, tree=session.logit_rows)
+                  predicted_generation=predicted.generation, capacity=session.kv.capacity, tree=session.sizes.tree)
     return result
 
 
 def run_genai(request: dict) -> dict:
-    from specmemo.runtime.peers import GenAIEngine
+    from specmemo.bench.peers import GenAIEngine
 
     peer = GenAIEngine(Path(request["genai_dir"]), threads=request["threads"])
     after_load = rss_bytes()
@@ -91,4 +94,4 @@ def run(request: dict) -> dict:
 
 
 if __name__ == "__main__":
-    print(json.dumps(run(json.loads(sys.stdin.read()))))
+    serve_json(run)

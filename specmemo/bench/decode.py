@@ -19,18 +19,17 @@ from __future__ import annotations
 import json
 import platform
 import statistics
-import subprocess
-import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from specmemo.bench.spec_bench import spec_bench_record
 from specmemo.errors import ConfigError
 from specmemo.runtime.calibrate import cpu_name, memory_calibration
 from specmemo.runtime.engine import EngineConfig, Mode, open_engine
+from specmemo.runtime.fresh_process import run_json, serve_json
 from specmemo.runtime.memory import MIB, footprint
 from specmemo.runtime.rss import peak_rss_bytes
-from specmemo.runtime.spec_bench import spec_bench_record
 
 MODES = (Mode.GREEDY.value, Mode.MEDUSA.value, Mode.AUTO.value)
 
@@ -41,7 +40,7 @@ class DecodeBenchConfig:
     questions: int = 80
     max_new_tokens: int = 128
     threads: int = 2
-    capacity: int | None = None  # KV rows (default: the manifest's)
+    capacity: int | None = None  # KV positions C (default: the manifest's plan, else the graph's max)
     budget: int | None = None  # bytes (a device profile's app memory): sizes C and T_max instead
     memory_questions: int = 8  # questions per fresh-process memory probe (0: skip)
     out: Path = Path("results") / "bench-decode"
@@ -97,7 +96,7 @@ def run_speed(config: DecodeBenchConfig, questions, *, log=print) -> dict[str, M
     prompts = encode_questions(engine.tokenizer, questions)
     peer = None
     if config.genai_dir is not None:
-        from specmemo.runtime.peers import GenAIEngine
+        from specmemo.bench.peers import GenAIEngine
 
         peer = GenAIEngine(config.genai_dir, threads=config.threads)
     names = list(MODES) + (["onnxruntime-genai"] if peer else [])
@@ -118,36 +117,50 @@ def run_speed(config: DecodeBenchConfig, questions, *, log=print) -> dict[str, M
     return runs
 
 
-def probe_memory(artifact: Path, mode: str, prompts: list[list[int]], max_new_tokens: int, threads: int,
-                 capacity: int | None, budget: int | None = None) -> dict:
-    """In a fresh process: open the engine for `mode`, decode `prompts`, report generation memory."""
-    engine = open_engine(EngineConfig(artifact=artifact, mode=mode, threads=threads, capacity=capacity,
-                                      budget=budget), log=lambda _: None)
+def probe_memory(request: dict) -> dict:
+    """In a fresh process: open the engine for the request's mode, decode its prompts, report
+    generation memory beside the memory model's prediction."""
+    artifact, mode, threads = Path(request["artifact"]), request["mode"], request["threads"]
+    engine = open_engine(EngineConfig(artifact=artifact, mode=mode, threads=threads, capacity=request["capacity"],
+                                      budget=request["budget"]), log=lambda _: None)
     session = engine.session
-    for prompt in prompts:
-        engine.generate(prompt, max_new_tokens=max_new_tokens)
+    for prompt in request["prompts"]:
+        engine.generate(prompt, max_new_tokens=request["max_new_tokens"])
     calibration = memory_calibration(artifact, threads=threads, log=lambda _: None)
-    predicted = footprint(session.manifest, calibration, capacity=session.kv.capacity, rows=session.rows,
-                          tree=session.logit_rows)
+    predicted = footprint(session.manifest, calibration, session.sizes)
     return {"mode": mode, "rss_after_load": session.rss_after_load, "peak_rss": peak_rss_bytes(),
             "measured_generation": peak_rss_bytes() - session.rss_after_load,
             "predicted_generation": predicted.generation, "arena": session.arena.nbytes,
-            "capacity": session.kv.capacity, "rows": session.rows, "tree": session.logit_rows}
+            "capacity": session.sizes.capacity, "rows": session.sizes.rows, "tree": session.sizes.tree}
 
 
 def run_memory(config: DecodeBenchConfig, prompts: list[list[int]], *, log=print) -> list[dict]:
-    rows = []
+    probes = []
     for mode in MODES:
         log(f"memory probe ({mode}, fresh process, {len(prompts)} questions) ...")
-        request = json.dumps({"artifact": str(config.artifact), "mode": mode, "prompts": prompts,
-                              "max_new_tokens": config.max_new_tokens, "threads": config.threads,
-                              "capacity": config.capacity, "budget": config.budget})
-        done = subprocess.run([sys.executable, "-m", "specmemo.runtime.bench_decode"], input=request,
-                              capture_output=True, text=True)
-        if done.returncode != 0:
-            raise RuntimeError(f"memory probe for {mode} failed: {done.stderr.strip().splitlines()[-1:]}")
-        rows.append(json.loads(done.stdout.strip().splitlines()[-1]))
-    return rows
+        request = {"artifact": str(config.artifact), "mode": mode, "prompts": prompts,
+                   "max_new_tokens": config.max_new_tokens, "threads": config.threads,
+                   "capacity": config.capacity, "budget": config.budget}
+        probes.append(run_json("specmemo.bench.decode", request, what=f"the memory probe for {mode}",
+                               fix=f"run `specmemo generate --artifact {config.artifact} --mode {mode}` to see why"))
+    return probes
+
+
+def torch_reference(manifest, prompts: list[list[int]], config: DecodeBenchConfig) -> dict:
+    """Full-tree Medusa on the PyTorch reference (the `pytorch-medusa` engine of `specmemo compare`,
+    fresh process) on the memory questions, summed."""
+    request = {"engine": "pytorch-medusa", "model": manifest.source_model, "heads": manifest.heads.source,
+               "prompts": prompts, "max_new_tokens": config.max_new_tokens, "tree": manifest.heads.tree,
+               "top_k": manifest.heads.top_k, "threads": config.threads}
+    result = run_json("specmemo.bench.compare_torch", request, what="the PyTorch reference run",
+                      fix="check that `specmemo export` works for the artifact's model")
+    turns = result["turns"]
+    accepted = [a for t in turns for a in t["accept_lengths"]]
+    return {"engine": "pytorch-medusa-full-tree", "rss_after_load": result["rss_after_load"],
+            "peak_rss": result["peak_rss"], "measured_generation": result["peak_rss"] - result["rss_after_load"],
+            "tokens_per_s": sum(len(t["token_ids"]) for t in turns) / sum(t["wall_s"] for t in turns),
+            "mean_accepted": statistics.mean(accepted) if accepted else 1.0, "questions": len(turns),
+            "capacity": result["capacity"]}
 
 
 def spec_bench_records(run: ModeRun, model_id: str, decode) -> list[dict]:
@@ -209,8 +222,21 @@ def write_results(summary: dict, runs: dict[str, ModeRun], out: Path, model_id: 
     return paths + [summary_path]
 
 
-if __name__ == "__main__":  # the fresh-process memory probe; request as JSON on stdin
-    request = json.loads(sys.stdin.read())
-    print(json.dumps(probe_memory(Path(request["artifact"]), request["mode"], request["prompts"],
-                                  request["max_new_tokens"], request["threads"], request["capacity"],
-                                  request["budget"])))
+def format_bars(summary: dict) -> str:
+    """The controller against our greedy, GenAI and the full tree; its memory against PyTorch Medusa."""
+    modes, ref = summary["modes"], summary.get("pytorch_reference")
+    auto, medusa = modes["auto"], modes["medusa"]
+    lines = [f"controller: {auto['speedup_vs_greedy_median']:.2f}x our greedy"
+             + (f", {auto['speedup_vs_genai_median']:.2f}x ONNX Runtime GenAI greedy"
+                if "speedup_vs_genai_median" in auto else "")
+             + f", {auto['tokens_per_s'] / medusa['tokens_per_s']:.2f}x the full-tree throughput"]
+    if ref and "memory" in auto:
+        share = auto["memory"]["measured_generation"] / ref["measured_generation"]
+        lines.append(f"controller generation memory {auto['memory']['measured_generation'] / MIB:.1f} MiB = "
+                     f"{100 * share:.0f}% of PyTorch full-tree Medusa ({ref['measured_generation'] / MIB:.1f} MiB, "
+                     f"{ref['tokens_per_s']:.1f} tok/s)")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":  # the fresh-process memory probe
+    serve_json(probe_memory)

@@ -1,0 +1,73 @@
+"""What an engine is opened with, and the one place its sizes are decided.
+
+Imports no ONNX Runtime: the CLI builds these before it knows whether it will decode at all.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import Enum
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from specmemo.errors import ConfigError
+from specmemo.runtime import memory
+from specmemo.runtime.manifest import Manifest
+from specmemo.runtime.sizes import DEFAULT_PREFILL_CHUNK, Sizes, default_sizes
+
+if TYPE_CHECKING:
+    from specmemo.runtime.decode import Sampling
+
+
+class Mode(str, Enum):
+    GREEDY = "greedy"  # plain decoding, one token per step, no heads
+    MEDUSA = "medusa"  # the full exported tree every step
+    AUTO = "auto"  # the controller picks each step's width
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    artifact: Path
+    mode: Mode = Mode.AUTO
+    threads: int = 2
+    budget: int | None = None  # bytes for the whole process; sizes C, R and T_max
+    capacity: int | None = None  # C without a budget (default: the manifest's plan, else the graph's max)
+    context: int | None = None  # with a budget: C = context instead of the largest that fits
+    prefill_chunk: int = DEFAULT_PREFILL_CHUNK
+    sampling: Sampling | None = None  # None: greedy acceptance
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.mode, Mode):
+            object.__setattr__(self, "mode", Mode(self.mode))
+        if self.budget is not None and self.capacity is not None:
+            raise ConfigError("give --budget or --capacity, not both: the budget decides the capacity")
+
+
+def resolve_sizes(config: EngineConfig, manifest: Manifest, *,
+                  log: Callable[[str], None] = print) -> tuple[Sizes, memory.Footprint | None]:
+    """C, R and T_max for an engine, decided here and nowhere else:
+      --budget       → memory.fit: the largest tree and C that fit (C = --context when given);
+      a device plan  → the manifest's plan as `export --profile` sized it (fitted again only for
+                       another --context);
+      otherwise      → sizes.default_sizes: --capacity or the graph's max C, the exported tree.
+    With a budget or a plan, the footprint priced from this machine's calibration comes along."""
+    from specmemo.runtime.calibrate import memory_calibration  # a fresh-process measurement, once per machine
+
+    plan = manifest.plan
+    budget = config.budget
+    if budget is None and config.capacity is None and plan is not None:
+        log(f"plan from the manifest: profile {plan.profile}, budget {plan.budget / 2**30:.2f} GiB, C={plan.capacity}")
+        if config.context in (None, plan.capacity):
+            sizes = Sizes(capacity=plan.capacity, rows=plan.rows, tree=plan.tree)
+            calibration = memory_calibration(config.artifact, threads=config.threads, log=log)
+            weights = memory.weights_stored(config.artifact, manifest)
+            return sizes, memory.footprint(manifest, calibration, sizes, weights=weights)
+        budget = plan.budget
+    if budget is None:
+        return default_sizes(manifest, speculative=config.mode is not Mode.GREEDY and manifest.heads is not None,
+                             capacity=config.capacity, prefill_chunk=config.prefill_chunk), None
+    calibration = memory_calibration(config.artifact, threads=config.threads, log=log)
+    chosen = memory.fit(manifest, calibration, budget=budget, context=config.context,
+                        prefill_chunk=config.prefill_chunk, weights=memory.weights_stored(config.artifact, manifest))
+    return chosen.sizes, chosen

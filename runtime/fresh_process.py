@@ -1,0 +1,38 @@
+"""Work measured in a fresh process: the request as JSON on stdin, the result as the last stdout line.
+
+Memory figures (RSS after load, peak RSS) are only clean in a process that did nothing else, so
+the calibration probe, the benchmarks' memory probes and every engine of `specmemo compare` run
+as `python -m MODULE` through `run_json`; the module's `__main__` block calls `serve_json`.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Callable
+
+from specmemo.errors import SpecMemoError
+
+
+class FreshProcessError(SpecMemoError, RuntimeError):
+    """A fresh-process run exited non-zero or printed no JSON result."""
+
+
+def run_json(module: str, request: dict, *, what: str, fix: str) -> dict:
+    """Run `python -m module` with `request` on stdin; its last stdout line, parsed. A failure is a
+    one-line error: `what` failed (the child's last stderr line): `fix`."""
+    done = subprocess.run([sys.executable, "-m", module], input=json.dumps(request), capture_output=True, text=True)
+    lines = done.stdout.strip().splitlines()
+    if done.returncode != 0 or not lines:
+        reason = (done.stderr.strip().splitlines() or ["no output"])[-1][:300]
+        raise FreshProcessError(f"{what} failed ({reason}): {fix}")
+    try:
+        return json.loads(lines[-1])
+    except json.JSONDecodeError:
+        raise FreshProcessError(f"{what} printed no JSON result (last line {lines[-1][:100]!r}): {fix}") from None
+
+
+def serve_json(handler: Callable[[dict], dict]) -> None:
+    """The child's side: read the request from stdin, print the handler's result as one JSON line."""
+    print(json.dumps(handler(json.loads(sys.stdin.read()))))

@@ -1,0 +1,53 @@
+"""C, R and T_max: the arena's free dimensions, decided once and passed down.
+
+    C      KV positions the arena holds (<= the graph's max_capacity)
+    R      most tokens one decoder call takes: the prefill chunk, and any tree up to R nodes
+    T_max  most tree nodes one step verifies, which is also N, the most logit rows a call returns
+
+`engine.resolve_sizes` decides them for an engine (a budget through `memory.fit`, the manifest's
+device plan as written, or the defaults below); the arena, the session, the memory model and the
+controller take the result and decide nothing again.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from specmemo.errors import ConfigError
+from specmemo.runtime.manifest import Manifest, ManifestError
+from specmemo.runtime.medusa_tree import MedusaTree
+
+DEFAULT_PREFILL_CHUNK = 64  # R when nothing else decides it: prompt tokens per decoder call
+
+
+@dataclass(frozen=True)
+class Sizes:
+    capacity: int  # C
+    rows: int  # R
+    tree: int  # T_max (= N logit rows)
+
+    def __post_init__(self) -> None:
+        if self.capacity < 2 or self.rows < 1 or not 1 <= self.tree <= self.rows:
+            raise ConfigError(f"need C >= 2, R >= 1 and 1 <= T_max <= R, got C={self.capacity}, R={self.rows}, "
+                              f"T_max={self.tree}")
+
+
+def exported_tree(manifest: Manifest) -> MedusaTree:
+    """The Medusa tree the artifact was exported with (a one-node tree without heads)."""
+    return MedusaTree.from_choices(manifest.heads.tree) if manifest.heads else MedusaTree(())
+
+
+def check_capacity(manifest: Manifest, capacity: int) -> int:
+    if capacity > manifest.max_capacity:
+        raise ManifestError(f"capacity {capacity} exceeds the graph's max capacity {manifest.max_capacity}: "
+                            f"re-export with --max-capacity {capacity}, or allocate less")
+    return capacity
+
+
+def default_sizes(manifest: Manifest, *, speculative: bool = True, capacity: int | None = None,
+                  prefill_chunk: int = DEFAULT_PREFILL_CHUNK) -> Sizes:
+    """Without a budget or a device plan: C = `capacity` (default the graph's max), T_max = the
+    exported tree (1 for plain decoding), R = the prefill chunk or the tree if larger."""
+    tree = exported_tree(manifest).size if speculative else 1
+    return Sizes(capacity=check_capacity(manifest, capacity or manifest.max_capacity),
+                 rows=max(prefill_chunk, tree), tree=tree)

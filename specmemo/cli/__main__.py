@@ -1,0 +1,5 @@
+import sys
+
+from specmemo.cli import main
+
+sys.exit(main())

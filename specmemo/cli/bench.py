@@ -1,0 +1,129 @@
+"""`specmemo bench step | decode | soak`: each prints a table and writes JSON (work in specmemo/bench/)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from specmemo.cli.options import add_artifact, add_mode, add_profile_options, apply_profile, positive, sizes_list
+from specmemo.console import log_stderr
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("bench", help="benchmarks (print a table, write JSON)")
+    bench = p.add_subparsers(dest="bench", metavar="BENCH", required=True)
+    b = bench.add_parser("step", help="ms per decoder step for T = 1..32, beside ONNX Runtime GenAI",
+                         description="Time one decoder step for each tree size T on a fixed context, "
+                                     "interleaved in rounds with ONNX Runtime GenAI's greedy decode step "
+                                     "on the same model (built offline with its model builder).")
+    add_artifact(b)
+    b.add_argument("--tree-sizes", type=sizes_list, default=(1, 2, 4, 8, 16, 32), help="comma-separated T values")
+    b.add_argument("--context", type=positive, default=256, help="committed tokens before the steps")
+    b.add_argument("--rounds", type=positive, default=10)
+    b.add_argument("--steps", type=positive, default=12, help="steps per T per round")
+    add_profile_options(b, budget=False)
+    b.add_argument("--no-peer", action="store_true", help="skip the ONNX Runtime GenAI row")
+    b.add_argument("--json", type=Path, default=Path("results") / "bench-step.json", help="where to write JSON")
+    b.set_defaults(handler=cmd_bench_step)
+
+    b = bench.add_parser("decode", help="MT-Bench decoding: greedy vs full tree vs controller (tok/s, memory)",
+                         description="Decode MT-Bench first turns with plain greedy, the full exported tree and "
+                                     "the controller, interleaved per question in one process (and ONNX Runtime "
+                                     "GenAI greedy unless --no-peer). Checks every mode's tokens against greedy. "
+                                     "Then each mode in a fresh process on the first --memory-questions: measured "
+                                     "generation memory (peak RSS - RSS after load) vs the memory model. Writes "
+                                     "Spec-Bench JSONL per mode and summary.json.",
+                         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    add_artifact(b)
+    b.add_argument("--questions", type=positive, default=80, help="first N MT-Bench questions (first turns)")
+    b.add_argument("--max-new-tokens", type=positive, default=128)
+    b.add_argument("--capacity", type=positive, help="KV positions C (default: the manifest's plan, else the graph's "
+                                                     "max capacity)")
+    b.add_argument("--memory-questions", type=int, default=8, help="questions per fresh-process memory probe (0: skip)")
+    add_profile_options(b)
+    b.add_argument("--no-peer", action="store_true", help="skip the ONNX Runtime GenAI greedy row")
+    b.add_argument("--torch-reference", action="store_true",
+                   help="also measure full-tree Medusa on the PyTorch reference (fresh process, memory questions)")
+    b.add_argument("--out", type=Path, default=Path("results") / "bench-decode", help="folder for JSONL + summary")
+    b.set_defaults(handler=cmd_bench_decode)
+
+    b = bench.add_parser("soak", help="a long chat at a small capacity: evictions, and whether memory stays flat",
+                         description="Chat for --turns turns (MT-Bench questions as user messages, in order, "
+                                     "repeated) at a small KV capacity, so the oldest turns are dropped again and "
+                                     "again. Records RSS and peak RSS after every turn; the bar is a peak at the "
+                                     "end within 2%% of the peak after turn --settle. Prints a table, writes JSON.",
+                         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    add_artifact(b)
+    b.add_argument("--turns", type=positive, default=1000)
+    b.add_argument("--capacity", type=positive, default=512, help="KV positions C: small, to force evictions")
+    b.add_argument("--max-new-tokens", type=positive, default=32)
+    b.add_argument("--settle", type=positive, default=50, help="the turn whose peak RSS is the reference")
+    add_mode(b)
+    add_profile_options(b, budget=False)
+    b.add_argument("--json", type=Path, default=Path("results") / "bench-soak.json", help="where to write JSON")
+    b.set_defaults(handler=cmd_bench_soak)
+
+
+def _genai_dir(args: argparse.Namespace, source_model: str):
+    if args.no_peer:
+        return None
+    from specmemo.bench.peers import genai_model_dir  # builds once, offline, from the same HF folder
+
+    return genai_model_dir(source_model)
+
+
+def cmd_bench_step(args: argparse.Namespace) -> int:
+    from specmemo.bench.step import StepBenchConfig, format_table, run_step_bench, write_json
+    from specmemo.runtime.manifest import load_manifest
+
+    apply_profile(args)
+    config = StepBenchConfig(artifact=args.artifact, tree_sizes=args.tree_sizes, context=args.context,
+                             rounds=args.rounds, steps_per_round=args.steps, threads=args.threads,
+                             genai_dir=_genai_dir(args, load_manifest(args.artifact).source_model))
+    result = run_step_bench(config)
+    print(format_table(result))
+    print(f"wrote {write_json(result, args.json)}")
+    return 0
+
+
+def cmd_bench_decode(args: argparse.Namespace) -> int:
+    from specmemo.bench import decode as bench
+    from specmemo.datasets import load_questions
+    from specmemo.runtime.manifest import load_manifest
+    from specmemo.runtime.tokenizer import ChatTokenizer
+
+    apply_profile(args)
+    manifest = load_manifest(args.artifact)
+    config = bench.DecodeBenchConfig(artifact=args.artifact, questions=args.questions,
+                                     max_new_tokens=args.max_new_tokens, threads=args.threads, capacity=args.capacity,
+                                     budget=args.budget_bytes, memory_questions=args.memory_questions, out=args.out,
+                                     genai_dir=_genai_dir(args, manifest.source_model))
+    questions = load_questions()[: config.questions]
+    runs = bench.run_speed(config, questions, log=log_stderr)
+    tokenizer = ChatTokenizer(args.artifact, manifest)
+    prompts = bench.encode_questions(tokenizer, questions[: config.memory_questions])
+    memory = bench.run_memory(config, prompts, log=log_stderr) if prompts else []
+    summary = bench.summarize(config, runs, memory)
+    if args.torch_reference and prompts:
+        log_stderr(f"PyTorch reference, full-tree Medusa (fresh process, {len(prompts)} questions) ...")
+        summary["pytorch_reference"] = bench.torch_reference(manifest, prompts, config)
+    print(bench.format_table(summary))
+    print(bench.format_bars(summary))
+    for path in bench.write_results(summary, runs, config.out, manifest.source_model, tokenizer.decode):
+        print(f"wrote {path}")
+    return 0
+
+
+def cmd_bench_soak(args: argparse.Namespace) -> int:
+    from specmemo.bench.soak import SoakConfig, format_table, run_soak
+
+    apply_profile(args)
+    config = SoakConfig(artifact=args.artifact, turns=args.turns, capacity=args.capacity,
+                        max_new_tokens=args.max_new_tokens, settle=args.settle, mode=args.mode, threads=args.threads)
+    result = run_soak(config, log=log_stderr)
+    print(format_table(result))
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"wrote {args.json}")
+    return 0

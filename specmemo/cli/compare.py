@@ -1,0 +1,110 @@
+"""`specmemo compare`: the handler (the work is in specmemo/bench/compare.py and the engines' modules)."""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+from pathlib import Path
+
+from specmemo.cli.options import add_profile_options, apply_profile, positive
+from specmemo.console import log_stderr
+from specmemo.errors import ConfigError
+from specmemo.export.load import DEFAULT_MODEL, default_artifact
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("compare", help="memory and speed against HF generate, PyTorch Medusa and peers, one run",
+                       description="Run HF `generate` (fp32), the PyTorch reference Medusa decoder (full tree; its "
+                                   "KV buffer once as Medusa allocates it, for all the model's positions, and once "
+                                   "sized exactly like ours), our runtime in greedy, full-tree and controller mode "
+                                   "(C sized to the run) and as `specmemo generate` opens it by default, and ONNX "
+                                   "Runtime GenAI greedy (when installed) on the same prompts, greedy, each engine "
+                                   "in its own fresh process per round, rounds interleaved. Prints a markdown table "
+                                   "(tok/s decode and end-to-end, TTFT, accepted/step, RSS after load, peak RSS, "
+                                   "generation memory, KV and arena, agreement with HF) and writes results.json, "
+                                   "Spec-Bench JSONL per engine, PNG plots and report.md into --out.",
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--model", default=DEFAULT_MODEL, help="the model (as exported)")
+    p.add_argument("--artifact", type=Path, help="the exported artifact (default artifacts/<model>)")
+    p.add_argument("--prompts", default="mt-bench",
+                   help="'mt-bench' (the 80 MT-Bench questions) or a question.jsonl-style file (a `turns` list "
+                        "per line); first turns are used")
+    p.add_argument("--questions", type=positive, default=10, help="the first N prompts")
+    p.add_argument("--max-new-tokens", type=positive, default=128)
+    p.add_argument("--rounds", type=positive, default=3)
+    p.add_argument("--trace-tokens", type=int, default=512,
+                   help="tokens of the controller's long generation for the T-per-step plot (0: skip)")
+    p.add_argument("--no-peer", action="store_true", help="skip the ONNX Runtime GenAI row")
+    p.add_argument("--capacity", type=positive,
+                   help="our engines' KV capacity C without --profile/--budget (default: what this run needs, "
+                        "the longest prompt + max new tokens or the trace + the tree, rounded up to 64; HF's cache "
+                        "grows to the same, GenAI sizes its buffer to each request)")
+    add_profile_options(p)
+    p.add_argument("--out", type=Path, default=Path("results") / "compare", help="folder for the outputs")
+    p.set_defaults(handler=cmd_compare)
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    from specmemo.bench import compare
+    from specmemo.bench.plots import write_plots, write_report
+    from specmemo.datasets import load_questions
+    from specmemo.runtime.calibrate import memory_calibration
+    from specmemo.runtime.config import EngineConfig, Mode, resolve_sizes
+    from specmemo.runtime.manifest import load_manifest
+    from specmemo.runtime.tokenizer import ChatTokenizer, Message
+
+    apply_profile(args)
+    artifact = args.artifact or default_artifact(args.model)
+    manifest = load_manifest(artifact)
+    if manifest.source_model != args.model:
+        raise ConfigError(f"{artifact} was exported from {manifest.source_model!r}, not {args.model!r}: "
+                          f"pass --model {manifest.source_model} or another --artifact")
+    if args.budget_bytes is not None and args.capacity:
+        raise ConfigError("give --capacity or --profile/--budget, not both: the budget decides the capacity")
+    questions = load_questions(None if args.prompts == "mt-bench" else Path(args.prompts))[: args.questions]
+    tokenizer = ChatTokenizer(artifact, manifest)
+    prompts = tuple((q.question_id, q.category, tokenizer.encode_chat([Message("user", q.turns[0])]))
+                    for q in questions)
+    engines = compare.TORCH_ENGINES + compare.ORT_ENGINES
+    genai_dir = None
+    if not args.no_peer:
+        from specmemo.bench.peers import PeerUnavailableError, genai_model_dir
+
+        try:
+            genai_dir = genai_model_dir(manifest.source_model)
+            engines += (compare.PEER,)
+        except PeerUnavailableError as err:
+            log_stderr(f"ONNX Runtime GenAI row skipped: {err}")
+    if manifest.heads is None:
+        engines = tuple(e for e in engines if e in compare.PLAIN_ENGINES)
+    capacity = None
+    if args.budget_bytes is None:
+        capacity = args.capacity or compare.run_capacity(
+            [len(p) for _, _, p in prompts], max_new_tokens=args.max_new_tokens, trace_tokens=args.trace_tokens,
+            tree=len(manifest.heads.tree) + 1 if manifest.heads else 1)
+        if capacity > manifest.max_capacity:
+            raise ConfigError(f"this run needs C={capacity} but {artifact} holds at most {manifest.max_capacity} "
+                              f"positions: fewer --max-new-tokens/--trace-tokens, or re-export with --max-capacity "
+                              f"{capacity}")
+    memory_calibration(artifact, threads=args.threads, log=log_stderr)  # measured once, not inside a timed run
+    ours = EngineConfig(artifact=artifact, mode=Mode.AUTO, threads=args.threads, budget=args.budget_bytes,
+                        capacity=capacity)
+    sizes, _ = resolve_sizes(ours, manifest, log=log_stderr)  # the C the sized PyTorch Medusa engine copies
+    config = compare.CompareConfig(
+        artifact=artifact, model=manifest.source_model, prompts=prompts, max_new_tokens=args.max_new_tokens,
+        rounds=args.rounds, threads=args.threads, budget=args.budget_bytes, capacity=capacity,
+        our_capacity=sizes.capacity, heads=manifest.heads.source if manifest.heads else None,
+        tree=manifest.heads.tree if manifest.heads else (), top_k=manifest.heads.top_k if manifest.heads else 10,
+        eos=tuple(tokenizer.eos_token_ids), genai_dir=genai_dir, trace_tokens=args.trace_tokens, engines=engines)
+    log_stderr(f"{len(prompts)} prompts x {len(engines)} engines x {args.rounds} rounds, each run a fresh process ...")
+    runs = compare.run_rounds(config, log=log_stderr)
+    summary = compare.summarize(config, runs, compare.machine_info(args.threads))
+    print(compare.format_table(summary))
+    paths = compare.write_results(summary, runs, config, args.out, tokenizer.decode)
+    paths += write_plots(summary, args.out)
+    command = "specmemo " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:] else "specmemo compare"
+    paths.append(write_report(summary, args.out, command))
+    for path in paths:
+        print(f"wrote {path}")
+    return 0

@@ -1,0 +1,80 @@
+"""`specmemo export` and `specmemo validate`: HF/GGUF model → artifact folder, checked against PyTorch."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from specmemo.cli.options import add_profile_options, apply_profile, positive
+from specmemo.console import log_stderr
+from specmemo.export.load import DEFAULT_MODEL, default_artifact
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("export", help="export a model to an ONNX artifact folder (then validate it)",
+                       description="Export a Llama/Qwen2 causal LM to ONNX: one decoder graph with an in-place "
+                                   "KV buffer and tree-attention inputs, external weights, tokenizer and "
+                                   "manifest.json. Validates against PyTorch at the end. An unsupported model is "
+                                   "refused from its GGUF header or config.json before anything is converted.")
+    p.add_argument("--model", default=DEFAULT_MODEL, help=f"alias, HF folder or .gguf (default {DEFAULT_MODEL})")
+    p.add_argument("--out", type=Path, help="artifact folder (default artifacts/<model>)")
+    p.add_argument("--max-capacity", type=positive, default=None,
+                   help="the largest KV capacity C (positions) the graph supports; runtimes allocate up to it "
+                        "(default 2048; with --profile the model's positions up to 8192, and the plan takes the "
+                        "largest C that fits)")
+    p.add_argument("--heads", default="auto",
+                   help="Medusa heads folder (from train-heads + eval-heads), 'none', or 'auto': the heads "
+                        "shipped for the model alias if any (default auto)")
+    p.add_argument("--top-k", type=positive, default=10, help="guesses per head in the heads graph (default 10)")
+    p.add_argument("--no-validate", action="store_true", help="skip the ORT-vs-PyTorch validation")
+    add_profile_options(p, budget=False,
+                        purpose="size the artifact for the device: the plan (C, R, T_max within its app memory, "
+                                "load measured here) goes into the manifest, or the export is refused with what "
+                                "would fit")
+    p.set_defaults(handler=cmd_export)
+
+    p = sub.add_parser("validate", help="compare an artifact's ONNX graph with the PyTorch model",
+                       description="Run prefill, decode steps, a hand-drawn tree and a tree commit in ONNX "
+                                   "Runtime and in the Hugging Face model; print max |Δ| per output; exit 1 "
+                                   "above the tolerance.")
+    p.add_argument("artifact", type=Path)
+    p.add_argument("--model", help="the source model, if not the one the manifest names")
+    p.add_argument("--tolerance", type=float, default=1e-4, help="max |Δ| allowed (default 1e-4, fp32)")
+    p.add_argument("--threads", type=positive, default=2)
+    p.set_defaults(handler=cmd_validate)
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from specmemo.export.load import check_supported
+
+    check_supported(args.model)  # from the GGUF header or config.json: refused before torch is even imported
+    from specmemo.export.artifact import DEFAULT_MAX_CAPACITY, ExportOptions, default_heads, export_artifact
+
+    out = args.out or default_artifact(args.model)
+    heads = {"auto": default_heads(args.model), "none": None}.get(args.heads, Path(args.heads))
+    profile = apply_profile(args)
+    finalize, max_capacity = None, args.max_capacity or DEFAULT_MAX_CAPACITY
+    if profile is not None:
+        from specmemo.export.sizing import profile_capacity, sized_for
+
+        if profile.weight_dtype.value != "float32":
+            log_stderr(f"profile {profile.name} prefers {profile.weight_dtype.value} weights; this exporter writes "
+                       f"float32 only so far: sizing for float32")
+        max_capacity = args.max_capacity or profile_capacity(args.model)
+        finalize = sized_for(profile, threads=args.threads, capacity_given=args.max_capacity is not None,
+                             log=log_stderr)
+    export_artifact(ExportOptions(model=args.model, out=out, max_capacity=max_capacity, heads=heads,
+                                  top_k=args.top_k), finalize=finalize)
+    if args.no_validate:
+        return 0
+    print(f"validating {out} against PyTorch ...")
+    args.artifact, args.tolerance = out, 1e-4
+    return cmd_validate(args)
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    from specmemo.export.validate import validate_artifact
+
+    report = validate_artifact(args.artifact, model=args.model, threads=args.threads, tolerance=args.tolerance)
+    print(report.table())
+    return 0 if report.passed else 1

@@ -1,0 +1,65 @@
+"""`specmemo generate`: one prompt through the chat template, the reply streamed (or one JSON object)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from specmemo.cli.options import add_artifact, add_decoding_options, engine_config, positive
+from specmemo.console import TextStream, log_stderr
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("generate", help="answer one prompt (chat template applied), for scripts",
+                       description="Generate a reply from an artifact. The prompt goes through the model's chat "
+                                   "template; the reply streams to stdout (or one JSON object with --json). "
+                                   "Greedy output is the same token for token in every mode; medusa and auto "
+                                   "only change how many tokens each step verifies.",
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    add_artifact(p)
+    p.add_argument("--prompt", help="the user message (default: read stdin)")
+    p.add_argument("--system", help="optional system message")
+    p.add_argument("--max-new-tokens", type=positive, default=128)
+    add_decoding_options(p)
+    p.add_argument("--context", type=positive, help="with --budget: allocate this many KV positions, not the most "
+                                                    "that fit")
+    p.add_argument("--ignore-eos", action="store_true", help="keep generating past end-of-turn (for measurements)")
+    p.add_argument("--stats", action="store_true", help="print per-step decisions (T, accepted, KV used) to stderr")
+    p.add_argument("--json", action="store_true", help="print one JSON object: text, token_ids, stats")
+    p.set_defaults(handler=cmd_generate)
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    from specmemo.runtime.engine import open_engine
+    from specmemo.runtime.rss import peak_rss_bytes
+    from specmemo.runtime.tokenizer import Message
+
+    config = engine_config(args)
+    prompt = args.prompt if args.prompt is not None else sys.stdin.read()
+    engine = open_engine(config, log=log_stderr)
+    tokenizer, session = engine.tokenizer, engine.session
+    messages = ([Message("system", args.system)] if args.system else []) + [Message("user", prompt)]
+    prompt_ids = tokenizer.encode_chat(messages)
+    stream = None if args.json else TextStream(tokenizer)
+    result = engine.generate(prompt_ids, max_new_tokens=args.max_new_tokens, on_token=stream,
+                             ignore_eos=args.ignore_eos)
+    reply = [t for t in result.token_ids if t not in tokenizer.eos_token_ids]
+    stats = result.stats
+    summary = {**vars(stats), "decode_tokens_per_s": stats.decode_tokens_per_s, "mean_accepted": stats.mean_accepted,
+               "mode": config.mode.value, "capacity": session.kv.capacity,
+               "arena_bytes": session.arena.nbytes, "rss_after_load": session.rss_after_load,
+               "peak_rss": peak_rss_bytes()}
+    if args.json:
+        print(json.dumps({"text": tokenizer.decode(reply), "token_ids": result.token_ids, "stats": summary}))
+    else:
+        print()
+    if args.stats:
+        print(f"mode {config.mode.value}: {stats.new_tokens} tokens in {stats.steps} steps, "
+              f"{stats.decode_tokens_per_s:.1f} tok/s, mean accepted {stats.mean_accepted:.2f}, "
+              f"KV {session.kv.length}/{session.kv.capacity} positions, arena "
+              f"{session.arena.nbytes / 2**20:.1f} MiB", file=sys.stderr)
+        print("step  T  accepted  KV used", file=sys.stderr)
+        for i, (size, accepted, used) in enumerate(zip(stats.tree_sizes, stats.accept_lengths, stats.kv_used), 1):
+            print(f"{i:>4} {size:>2} {accepted:>9} {used:>8}", file=sys.stderr)
+    return 0

@@ -1,0 +1,82 @@
+"""`specmemo plan`: an artifact's memory, priced by the memory model; the lower bound; what a budget allows."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import asdict
+
+from specmemo.cli.options import add_artifact, add_profile_options, apply_profile, positive
+from specmemo.console import log_stderr
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("plan", help="memory breakdown, lower bound and the C / T_max chosen for a budget",
+                       description="Price an artifact with the memory model: load (measured once per machine) "
+                                   "plus the arena (KV buffer, I/O), activations and step overhead. Prints the "
+                                   "lower bound for the context and, with --budget (or a device plan in the "
+                                   "manifest), the capacity C, rows per call R and tree width T_max an engine "
+                                   "opens with. A budget below the bound is refused with what would fit.",
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    add_artifact(p)
+    add_profile_options(p)
+    p.add_argument("--context", type=positive,
+                   help="tokens the KV cache must hold (prompt + reply); default: the graph's max capacity")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+    p.set_defaults(handler=cmd_plan)
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    from specmemo.runtime import memory
+    from specmemo.runtime.calibrate import memory_calibration
+    from specmemo.runtime.config import EngineConfig, resolve_sizes
+    from specmemo.runtime.manifest import load_manifest
+    from specmemo.runtime.sizes import default_sizes, exported_tree
+
+    profile = apply_profile(args)
+    manifest = load_manifest(args.artifact)
+    config = EngineConfig(artifact=args.artifact, threads=args.threads, budget=args.budget_bytes, context=args.context)
+    calibration = memory_calibration(args.artifact, threads=args.threads, log=log_stderr)
+    context = args.context or (manifest.plan.capacity if manifest.plan and args.budget_bytes is None
+                               else manifest.max_capacity)
+    bound = memory.lower_bound(manifest, calibration, context=context)
+    try:
+        _, chosen = resolve_sizes(config, manifest, log=log_stderr)  # the sizes an engine opens with: one decision
+    except memory.BudgetError as err:
+        budget = args.budget_bytes or manifest.plan.budget
+        options = memory.what_would_fit(args.artifact, manifest, calibration, budget=budget, context=context)
+        raise memory.BudgetError(f"{err}; what would fit: {'; '.join(options)}") from None
+    budget = args.budget_bytes if args.budget_bytes is not None else (manifest.plan.budget if chosen else None)
+    heads = manifest.heads.num_heads if manifest.heads else 0
+    if args.json:
+        print(json.dumps({"lower_bound": _footprint_json(bound), "plan": chosen and _footprint_json(chosen),
+                          "context": context, "budget": budget, "profile": profile.name if profile else None,
+                          "heads": heads}))
+        return 0
+    if args.budget_bytes is not None:
+        title = f"plan for {profile.name if profile else args.budget}"
+    elif chosen is not None:
+        title = f"plan for {manifest.plan.profile} (the manifest's, from export --profile)"
+    else:
+        title = "at the graph's max capacity (no --budget)"
+    shown = chosen or memory.footprint(manifest, calibration, default_sizes(manifest),
+                                       weights=memory.weights_stored(args.artifact, manifest))
+    d = manifest.dims
+    print(f"{args.artifact}: {d.num_layers} layers, H_kv={d.num_kv_heads}, D={d.head_dim}, V={d.vocab_size}, "
+          f"max C={manifest.max_capacity}, tree {exported_tree(manifest).size} nodes, K={heads}")
+    print(f"\n{title}:")
+    for label, mib in memory.breakdown(shown):
+        print(f"  {label:<58} {mib:>9.1f} MiB")
+    print(f"\nlower bound for a {context}-token context (useful tree: {bound.sizes.tree} nodes): "
+          f"{bound.total / memory.MIB:.1f} MiB")
+    if chosen:
+        s = chosen.sizes
+        print(f"chosen: C={s.capacity}, R={s.rows} rows per call, T_max={s.tree}, K={heads} heads; "
+              f"{chosen.total / memory.MIB:.1f} MiB of {budget / memory.MIB:.1f} MiB")
+    return 0
+
+
+def _footprint_json(fp) -> dict:
+    data = asdict(fp)
+    data.update(data.pop("sizes"))  # capacity, rows, tree at the top level
+    return {**data, "arena": fp.arena, "generation": fp.generation, "total": fp.total}

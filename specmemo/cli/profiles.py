@@ -1,0 +1,75 @@
+"""`specmemo profiles`: the device profiles, and with --artifact the plan each one's memory allows."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from specmemo.cli.options import local_cores
+from specmemo.console import log_dim
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("profiles", help="list device profiles (and what fits on each, with --artifact)",
+                       description="List the device profiles in device_profiles/ plus this machine (detected): "
+                                   "RAM, the memory an app may use (the budget plans fit into), cores and "
+                                   "threads, execution provider, preferred weight dtype. With --artifact, the "
+                                   "plan each budget allows for it (load measured on this machine).")
+    p.add_argument("--artifact", type=Path, help="also show C / T_max each profile's budget allows for this artifact")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(handler=cmd_profiles)
+
+
+def cmd_profiles(args: argparse.Namespace) -> int:
+    """List the profiles; with --artifact, what each one's budget allows for it (measured here)."""
+    from specmemo.device_profiles.schema import all_profiles
+
+    profiles = all_profiles()
+    plans = {p.name: _plan_for(args.artifact, p) for p in profiles} if args.artifact else {}
+    if args.json:
+        rows = [{"name": p.name, "description": p.description, "kind": p.kind.value, "ram": p.ram,
+                 "app_memory": p.app_memory, "accelerator_memory": p.accelerator_memory, "cpu_cores": p.cpu_cores,
+                 "threads": p.threads, "execution_provider": p.execution_provider.value,
+                 "weight_dtype": p.weight_dtype.value, "sources": p.sources, "plan": plans.get(p.name)}
+                for p in profiles]
+        print(json.dumps(rows, indent=2))
+        return 0
+    header = f"{'profile':<22} {'kind':<7} {'RAM':>9} {'app mem':>9} {'cores':>5} {'thr':>3} {'EP':<8} {'dtype':<7}"
+    if args.artifact:
+        header += "  plan for " + str(args.artifact)
+    print(header)
+    for p in profiles:
+        line = (f"{p.name:<22} {p.kind.value:<7} {p.ram / 2**30:>6.1f} GiB {p.app_memory / 2**30:>5.1f} GiB "
+                f"{p.cpu_cores:>5} {p.threads:>3} {p.execution_provider.value:<8} {p.weight_dtype.value:<7}")
+        if args.artifact:
+            line += "  " + _plan_text(plans[p.name])
+        print(line)
+    print("\nsizes: GiB = 2^30 bytes. Figures and their sources: device_profiles/*.toml; "
+          "this-machine is detected now.")
+    return 0
+
+
+def _plan_for(artifact: Path, profile) -> dict:
+    from specmemo.runtime import memory
+    from specmemo.runtime.calibrate import memory_calibration
+    from specmemo.runtime.manifest import load_manifest
+
+    manifest = load_manifest(artifact)
+    threads = min(profile.threads, local_cores())
+    calibration = memory_calibration(artifact, threads=threads, log=log_dim)
+    try:
+        plan = memory.fit(manifest, calibration, budget=profile.app_memory)
+    except memory.BudgetError:
+        bound = memory.lower_bound(manifest, calibration, context=manifest.max_capacity)
+        return {"fits": False, "lower_bound": bound.total,
+                "largest_context": memory.largest_context(manifest, calibration, budget=profile.app_memory)}
+    s = plan.sizes
+    return {"fits": True, "capacity": s.capacity, "tree": s.tree, "rows": s.rows, "total": plan.total}
+
+
+def _plan_text(plan: dict) -> str:
+    if plan["fits"]:
+        return f"C={plan['capacity']}, T_max={plan['tree']}, {plan['total'] / 2**20:.0f} MiB"
+    fits = f"--capacity {plan['largest_context']} fits" if plan["largest_context"] else "nothing fits"
+    return f"below the bound ({plan['lower_bound'] / 2**20:.0f} MiB at the graph's max C); {fits}"
