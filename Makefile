@@ -34,9 +34,9 @@ bench-decode: setup
 bench-soak: setup
 	$(BIN)/specmemo bench soak --artifact $(ARTIFACT)
 
-# regenerates docs/compare/ (report.md, results.json, JSONL, plots): ~100 min on 2 cores
+# regenerates docs/compare/ (report.md, results.json, JSONL, plots): ~25 min on 2 cores
 compare-docs: setup
-	$(BIN)/specmemo compare --model $(MODEL) --artifact $(ARTIFACT) --questions 10 --rounds 3 --out docs/compare
+	$(BIN)/specmemo compare --model $(MODEL) --artifact $(ARTIFACT) --questions 10 --rounds 2 --out docs/compare
 
 chat: setup
 	$(BIN)/specmemo chat --artifact $(ARTIFACT)

@@ -128,7 +128,9 @@ class TorchBackend:
             for layer in self.cache.layers:
                 layer.length = length
         else:
-            self.cache.crop(length)
+            for layer in self.cache.layers:  # as commit does: the layer's tensors, cut to the kept positions
+                layer.keys = layer.keys[:, :, :length]  # [1, H_kv, length, D]
+                layer.values = layer.values[:, :, :length]
         self._length = length
 
     def reset(self) -> None:

@@ -235,9 +235,3 @@ def _emit(result: Generation, tokens: list[int], limit: int, eos: frozenset[int]
             return True
     return False
 
-
-def greedy_generate(backend: Backend, prompt: list[int], *, max_new_tokens: int,
-                    eos_token_ids: frozenset[int] | set[int],
-                    on_token: Callable[[int], None] | None = None) -> Generation:
-    """Plain greedy decoding: the loop above with a one-node tree."""
-    return generate(backend, prompt, max_new_tokens=max_new_tokens, eos_token_ids=eos_token_ids, on_token=on_token)

@@ -135,7 +135,7 @@ def lower_bound(manifest: Manifest, calibration: Calibration, *, context: int) -
 def fit(manifest: Manifest, calibration: Calibration, *, budget: int, context: int | None = None,
         prefill_chunk: int = DEFAULT_PREFILL_CHUNK, weights: int = 0) -> Footprint:
     """The plan for a budget: the exported tree and prefill chunk if they fit, cut down otherwise;
-    then C = context (or, with no context given, the largest C up to the exported capacity).
+    then C = context (or, with no context given, the largest C up to the graph's max capacity).
     Refuses a budget below the lower bound, naming the bound."""
     need = context or manifest.max_capacity
     bound = lower_bound(manifest, calibration, context=need)

@@ -33,7 +33,7 @@ class ArtifactError(SpecMemoError, RuntimeError):
 @dataclass(frozen=True)
 class SessionConfig:
     threads: int = 2  # intra-op threads; pinned so timings are comparable
-    sizes: Sizes | None = None  # C, R, T_max as decided (engine.resolve_sizes); None: sizes.default_sizes
+    sizes: Sizes | None = None  # C, R, T_max as decided (config.resolve_sizes); None: sizes.default_sizes
     batch: int = 1
     heads: bool = True  # load the Medusa heads graph too, when the artifact has one
     warm_up: bool = True  # run the largest step once at load, so ORT's arena reaches its peak up front
@@ -204,8 +204,8 @@ class DecoderSession:
         and its kernels' scratch buffers grow to what a generation can need now, not mid-reply.
         Writes K/V positions [C - R, C), which no step reads before writing them again; commits nothing."""
         attended, a = self.kv.capacity, self.arena
-        sizes = sorted({min(1 << i, self.rows) for i in range(self.rows.bit_length() + 1)} | {self.logit_rows})
-        for size in (s for s in sizes if s <= attended):
+        step_sizes = sorted({min(1 << i, self.rows) for i in range(self.rows.bit_length() + 1)} | {self.logit_rows})
+        for size in (s for s in step_sizes if s <= attended):
             a["input_ids"][:size] = 0
             a["position_ids"][:size] = np.arange(attended - size, attended)
             a["attention_bias"][: size * attended] = 0

@@ -4,7 +4,7 @@
     R      most tokens one decoder call takes: the prefill chunk, and any tree up to R nodes
     T_max  most tree nodes one step verifies, which is also N, the most logit rows a call returns
 
-`engine.resolve_sizes` decides them for an engine (a budget through `memory.fit`, the manifest's
+`config.resolve_sizes` decides them for an engine (a budget through `memory.fit`, the manifest's
 device plan as written, or the defaults below); the arena, the session, the memory model and the
 controller take the result and decide nothing again.
 """

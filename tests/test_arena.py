@@ -6,7 +6,7 @@ import pytest
 
 from specmemo.runtime import tree
 from specmemo.runtime.backend import OrtBackend
-from specmemo.runtime.decode import generate, greedy_generate
+from specmemo.runtime.decode import generate
 from specmemo.runtime.memory import Calibration, fit, footprint, lower_bound
 from specmemo.runtime.session import DecoderSession, SessionConfig
 from specmemo.runtime.sizes import Sizes
@@ -78,7 +78,7 @@ def test_lower_bound_budget_completes_a_2000_token_generation(tmp_path):
     session = DecoderSession(artifact, SessionConfig(sizes=plan.sizes, heads=False))
     on_disk = footprint(load_manifest(artifact), calibration, plan.sizes)
     assert session.arena.nbytes == on_disk.arena  # (the plan's manifest also prices heads I/O this one lacks)
-    greedy = greedy_generate(OrtBackend(session), prompt, max_new_tokens=new, eos_token_ids=set())
+    greedy = generate(OrtBackend(session), prompt, max_new_tokens=new, eos_token_ids=set())
     backend = OrtBackend(DecoderSession(artifact, replace(session.config)))
     medusa = MedusaTree.from_choices(TREE).prefix(plan.sizes.tree)
     oracle = OracleDrafter(backend, len(prompt), greedy.token_ids, manifest.dims.vocab_size)

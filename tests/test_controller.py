@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from specmemo.runtime.controller import AcceptanceStats, Controller, LatencyCurve
-from specmemo.runtime.decode import Sampling, accept_typical, generate, greedy_generate
+from specmemo.runtime.decode import Sampling, accept_typical, generate
 from specmemo.runtime.medusa_tree import MedusaTree
 from tests.test_heads import exported, tiny  # noqa: F401  (fixtures: tiny models with heads, 3 modes)
 
@@ -65,7 +65,7 @@ def test_decoding_under_the_controller_is_token_identical(exported):
     medusa = MedusaTree.from_choices(session.manifest.heads.tree)
     curve = LatencyCurve(sizes=(1, 4, 12), step_ms=(10.0, 11.0, 14.0), heads_ms=0.5)
     prompt = list(range(5, 25))  # capacity 64: the controller must shrink the tree near the end
-    greedy = greedy_generate(OrtBackend(DecoderSession(artifact)), prompt, max_new_tokens=60, eos_token_ids=set())
+    greedy = generate(OrtBackend(DecoderSession(artifact)), prompt, max_new_tokens=60, eos_token_ids=set())
     backend = OrtBackend(DecoderSession(artifact))
     controller = Controller.build(medusa, curve, session.manifest.heads.accuracy)
     oracle = OracleDrafter(backend, len(prompt), greedy.token_ids, model.config.vocab_size)

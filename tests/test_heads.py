@@ -20,7 +20,7 @@ from specmemo.export.heads import (HeadsError, HeadsSpec, MedusaHeads, load_head
 from specmemo.export.reference import TorchBackend, TorchDrafter
 from specmemo.export.train_heads import TrainConfig, head_rows, train_heads
 from specmemo.runtime.backend import OrtBackend
-from specmemo.runtime.decode import generate, greedy_generate
+from specmemo.runtime.decode import generate
 from specmemo.runtime.drafter import OrtDrafter
 from specmemo.runtime.medusa_tree import MedusaTree, grow_tree
 from specmemo.runtime.session import DecoderSession
@@ -268,8 +268,8 @@ def test_speculative_equals_greedy(exported, backend_kind):
             "torch-preallocated": lambda: TorchBackend(model, capacity=64, preallocate=True)}[backend_kind]
     for seed in range(3):
         prompt = np.random.default_rng(seed).integers(5, model.config.vocab_size, 7).tolist()
-        greedy = greedy_generate(make(), prompt, max_new_tokens=40, eos_token_ids=eos).token_ids
-        reference = greedy_generate(TorchBackend(model, capacity=64), prompt, max_new_tokens=40, eos_token_ids=eos)
+        greedy = generate(make(), prompt, max_new_tokens=40, eos_token_ids=eos).token_ids
+        reference = generate(TorchBackend(model, capacity=64), prompt, max_new_tokens=40, eos_token_ids=eos)
         assert greedy == reference.token_ids  # every backend decodes what HF's model does
         backend = make()
         oracle = OracleDrafter(backend, len(prompt), greedy, model.config.vocab_size, seed)
@@ -286,7 +286,7 @@ def test_capacity_end_prunes_the_tree_instead_of_failing(exported):
     session = DecoderSession(artifact)
     medusa = MedusaTree.from_choices(session.manifest.heads.tree)
     prompt = list(range(5, 45))  # capacity 64: 24 rows left, the 12-node tree must shrink near the end
-    greedy = greedy_generate(OrtBackend(DecoderSession(artifact)), prompt, max_new_tokens=100, eos_token_ids=set())
+    greedy = generate(OrtBackend(DecoderSession(artifact)), prompt, max_new_tokens=100, eos_token_ids=set())
     backend = OrtBackend(DecoderSession(artifact))
     oracle = OracleDrafter(backend, len(prompt), greedy.token_ids, model.config.vocab_size)
     spec = generate(backend, prompt, max_new_tokens=100, eos_token_ids=set(), drafter=oracle, medusa=medusa)

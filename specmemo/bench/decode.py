@@ -149,18 +149,17 @@ def run_memory(config: DecodeBenchConfig, prompts: list[list[int]], *, log=print
 def torch_reference(manifest, prompts: list[list[int]], config: DecodeBenchConfig) -> dict:
     """Full-tree Medusa on the PyTorch reference (the `pytorch-medusa` engine of `specmemo compare`,
     fresh process) on the memory questions, summed."""
+    from specmemo.bench.compare import summarize_engine
+
     request = {"engine": "pytorch-medusa", "model": manifest.source_model, "heads": manifest.heads.source,
                "prompts": prompts, "max_new_tokens": config.max_new_tokens, "tree": manifest.heads.tree,
                "top_k": manifest.heads.top_k, "threads": config.threads}
     result = run_json("specmemo.bench.compare_torch", request, what="the PyTorch reference run",
                       fix="check that `specmemo export` works for the artifact's model")
-    turns = result["turns"]
-    accepted = [a for t in turns for a in t["accept_lengths"]]
-    return {"engine": "pytorch-medusa-full-tree", "rss_after_load": result["rss_after_load"],
-            "peak_rss": result["peak_rss"], "measured_generation": result["peak_rss"] - result["rss_after_load"],
-            "tokens_per_s": sum(len(t["token_ids"]) for t in turns) / sum(t["wall_s"] for t in turns),
-            "mean_accepted": statistics.mean(accepted) if accepted else 1.0, "questions": len(turns),
-            "capacity": result["capacity"]}
+    row = summarize_engine([result], None)  # the same arithmetic as compare's table
+    return {"engine": "pytorch-medusa-full-tree", "rss_after_load": row["rss_after_load"], "peak_rss": row["peak_rss"],
+            "measured_generation": row["generation_memory"], "tokens_per_s": row["e2e_tokens_per_s"],
+            "mean_accepted": row["mean_accepted"], "questions": len(prompts), "capacity": row["capacity"]}
 
 
 def spec_bench_records(run: ModeRun, model_id: str, decode) -> list[dict]:

@@ -23,7 +23,7 @@ def _pyplot():
 
 
 def _save(fig, ax, title: str, path: Path) -> Path:
-    ax.set_title(title)
+    ax.set_title(title, fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     _pyplot().close(fig)
@@ -33,12 +33,12 @@ def _save(fig, ax, title: str, path: Path) -> Path:
 def plot_memory(summary: dict, path: Path) -> Path:
     plt = _pyplot()
     names = list(summary["engines"])
-    fig, ax = plt.subplots(figsize=(9, 4.5))
+    fig, ax = plt.subplots(figsize=(10, 4.8))
     parts = {"after load": [], "KV buffer": [], "arena (other)": [], "generation (other)": []}
     for name in names:
         e = summary["engines"][name]
-        kv = e.get("kv_bytes", 0)
-        arena_other = e.get("arena_bytes", 0) - kv
+        kv = e.get("kv_bytes", 0)  # ours and the PyTorch Medusa engines
+        arena_other = e["arena_bytes"] - kv if "arena_bytes" in e else 0  # ours only
         parts["after load"].append(e["rss_after_load"] / MIB)
         parts["KV buffer"].append(kv / MIB)
         parts["arena (other)"].append(arena_other / MIB)
@@ -57,10 +57,10 @@ def plot_memory(summary: dict, path: Path) -> Path:
 
 def _medusa_ratios(ratios: dict) -> str:
     """Both generation-memory ratios against PyTorch Medusa, for a plot's title."""
-    parts = [f"{ratios[key]:.2f} {label}" for key, label in
-             (("generation_memory_vs_pytorch_medusa", "vs Medusa's all-positions KV"),
-              ("generation_memory_vs_pytorch_medusa_sized", "vs Medusa with KV sized like ours")) if key in ratios]
-    return "\ncontroller generation memory: " + ", ".join(parts) if parts else ""
+    parts = [f"{ratios[key]:.2f}× {label}" for key, label in
+             (("generation_memory_vs_pytorch_medusa", "pytorch-medusa (KV for all positions)"),
+              ("generation_memory_vs_pytorch_medusa_sized", "pytorch-medusa-sized (KV like ours)")) if key in ratios]
+    return "\ncontroller's generation memory: " + ", ".join(parts) if parts else ""
 
 
 def plot_speed_memory(summary: dict, path: Path) -> Path:
