@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 from specmemo.errors import ConfigError
 from specmemo.runtime import memory
+from specmemo.runtime.calibrate import memory_calibration
 from specmemo.runtime.manifest import Manifest
 from specmemo.runtime.sizes import DEFAULT_PREFILL_CHUNK, Sizes, default_sizes
 
@@ -51,9 +52,8 @@ def resolve_sizes(config: EngineConfig, manifest: Manifest, *,
       a device plan  → the manifest's plan as `export --profile` sized it (fitted again only for
                        another --context);
       otherwise      → sizes.default_sizes: --capacity or the graph's max C, the exported tree.
-    With a budget or a plan, the footprint priced from this machine's calibration comes along."""
-    from specmemo.runtime.calibrate import memory_calibration  # a fresh-process measurement, once per machine
-
+    With a budget or a plan, the footprint priced from this machine's calibration (measured once,
+    in a fresh process) comes along."""
     plan = manifest.plan
     budget = config.budget
     if budget is None and config.capacity is None and plan is not None:

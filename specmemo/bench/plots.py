@@ -65,11 +65,10 @@ def _medusa_ratios(ratios: dict) -> str:
 
 def plot_speed_memory(summary: dict, path: Path) -> Path:
     plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for name, e in summary["engines"].items():
-        x, y = e["generation_memory"] / MIB, e["decode_tokens_per_s"]
-        ax.scatter([x], [y])
-        ax.annotate(name, (x, y), textcoords="offset points", xytext=(5, 4), fontsize=8)
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for name, e in summary["engines"].items():  # a legend, not labels: nearby engines' labels overlapped
+        ax.scatter([e["generation_memory"] / MIB], [e["decode_tokens_per_s"]], label=name)
+    ax.legend(fontsize=8, loc="center right")
     ax.set_xlabel("generation memory (peak RSS − RSS after load), MiB")
     ax.set_ylabel("decode tokens/s")
     ax.grid(alpha=0.3)
