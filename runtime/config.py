@@ -54,20 +54,19 @@ def resolve_sizes(config: EngineConfig, manifest: Manifest, *,
       otherwise      → sizes.default_sizes: --capacity or the graph's max C, the exported tree.
     With a budget or a plan, the footprint priced from this machine's calibration (measured once,
     in a fresh process) comes along."""
-    plan = manifest.plan
-    budget = config.budget
+    plan, budget, as_written = manifest.plan, config.budget, None
     if budget is None and config.capacity is None and plan is not None:
         log(f"plan from the manifest: profile {plan.profile}, budget {plan.budget / 2**30:.2f} GiB, C={plan.capacity}")
         if config.context in (None, plan.capacity):
-            sizes = Sizes(capacity=plan.capacity, rows=plan.rows, tree=plan.tree)
-            calibration = memory_calibration(config.artifact, threads=config.threads, log=log)
-            weights = memory.weights_stored(config.artifact, manifest)
-            return sizes, memory.footprint(manifest, calibration, sizes, weights=weights)
+            as_written = Sizes(capacity=plan.capacity, rows=plan.rows, tree=plan.tree)
         budget = plan.budget
     if budget is None:
         return default_sizes(manifest, speculative=config.mode is not Mode.GREEDY and manifest.heads is not None,
                              capacity=config.capacity, prefill_chunk=config.prefill_chunk), None
     calibration = memory_calibration(config.artifact, threads=config.threads, log=log)
+    weights = memory.weights_stored(config.artifact, manifest)
+    if as_written is not None:  # priced, not fitted again
+        return as_written, memory.footprint(manifest, calibration, as_written, weights=weights)
     chosen = memory.fit(manifest, calibration, budget=budget, context=config.context,
-                        prefill_chunk=config.prefill_chunk, weights=memory.weights_stored(config.artifact, manifest))
+                        prefill_chunk=config.prefill_chunk, weights=weights)
     return chosen.sizes, chosen

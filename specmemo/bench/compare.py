@@ -209,7 +209,7 @@ def summarize(config: CompareConfig, runs: dict[str, list[dict]], machine: dict)
 
 
 def machine_info(threads: int) -> dict:
-    from specmemo.runtime.calibrate import cpu_name  # noqa: F401 (light: no ONNX Runtime)
+    from specmemo.runtime.calibrate import cpu_name
 
     return {"platform": platform.platform(), "cpu": cpu_name(), "threads": threads, "python": platform.python_version()}
 
