@@ -17,6 +17,7 @@ from specmemo.export.heads_graph import export_heads_graph
 from specmemo.export.load import lm_head_t, load_hf, resolve_model, stop_token_ids
 from specmemo.export.trace import OPSET, export_decoder
 from specmemo.runtime import io_spec
+from specmemo.runtime.drafters import DrafterName, parse_drafter
 from specmemo.runtime.manifest import (FORMAT_VERSION, EmbeddingInfo, Manifest, ModelDims, TokenizerInfo,
                                        save_manifest)
 
@@ -38,14 +39,25 @@ class ExportOptions:
     dtype: str = "float32"
     heads: Path | None = None  # a heads folder; None = none (see default_heads)
     top_k: int = DEFAULT_TOP_K  # k of the heads graph
+    drafter: str | None = None  # the manifest's default drafter; None: default_drafter
 
     def __post_init__(self) -> None:
+        if self.drafter is not None:
+            names = parse_drafter(self.drafter)
+            if DrafterName.MEDUSA in names and self.heads is None:
+                raise ConfigError(f"--drafter {self.drafter} needs Medusa heads: pass --heads, or use --drafter lookup")
         if self.max_capacity < 2:
             raise ConfigError(f"--max-capacity must be at least 2, got {self.max_capacity}")
         if self.dtype != "float32":
             raise ConfigError(f"--dtype {self.dtype!r} is not supported yet; use float32")
         if self.top_k < 1:
             raise ConfigError(f"--top-k must be >= 1, got {self.top_k}")
+
+
+def default_drafter(has_heads: bool) -> str:
+    """The drafter an artifact decodes with unless told otherwise: Medusa heads merged with prompt
+    lookup where there are heads (the best measured, see README), prompt lookup alone otherwise."""
+    return "medusa+lookup" if has_heads else "lookup"
 
 
 def default_heads(model: str) -> Path | None:
@@ -110,6 +122,7 @@ def export_artifact(options: ExportOptions, *, log=print, finalize=None) -> Mani
             io=io_names,
             embedding=embedding,
             tokenizer=tokenizer_info,
+            drafter=options.drafter or default_drafter(heads_info is not None),
             heads=heads_info,
         )
         save_manifest(manifest, staging)

@@ -28,6 +28,7 @@ from specmemo.export.heads_card import write_card
 from specmemo.export.load import cache_root
 from specmemo.export.reference import TorchBackend, TorchDrafter
 from specmemo.runtime.decode import Generation, generate
+from specmemo.runtime.drafters.medusa import MedusaDrafter
 from specmemo.runtime.medusa_tree import MedusaTree, expected_accepted, grow_tree
 
 
@@ -84,12 +85,12 @@ def decode_all(model: Any, heads: MedusaHeads | None, prompts: list[list[int]], 
                config: EvalConfig, eos: set[int], desc: str) -> list[Generation]:
     """Greedy replies with the PyTorch reference backend; Medusa when heads are given, plain otherwise."""
     backend = TorchBackend(model, capacity=max(len(p) for p in prompts) + config.max_new_tokens + medusa.size)
-    drafter = None if heads is None else TorchDrafter(heads, config.top_k)
+    drafter = None if heads is None else MedusaDrafter(TorchDrafter(heads, config.top_k), medusa)
     results = []
     for prompt in tqdm(prompts, desc=desc, unit="prompt", dynamic_ncols=True):
         backend.reset()
         results.append(generate(backend, prompt, max_new_tokens=config.max_new_tokens, eos_token_ids=eos,
-                                drafter=drafter, medusa=medusa))
+                                drafter=drafter, max_tree=medusa.size))
     return results
 
 

@@ -142,15 +142,15 @@ class TorchBackend:
 
 
 class TorchDrafter:
-    """Medusa heads in torch: hidden [h] → token ids [K, k], best first."""
+    """Medusa heads in torch (drafters.medusa.Heads): hidden [h] → token ids and probabilities [K, k], best first."""
 
     def __init__(self, heads: MedusaHeads, top_k: int):
         self.heads, self.top_k = heads.eval(), top_k
 
     @torch.no_grad()
-    def draft(self, hidden: np.ndarray) -> np.ndarray:
-        ids, _ = self.heads.top_k(torch.from_numpy(np.asarray(hidden, dtype=np.float32)), self.top_k)
-        return ids.numpy()  # [K, k]
+    def draft(self, hidden: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        ids, probs = self.heads.top_k(torch.from_numpy(np.asarray(hidden, dtype=np.float32)), self.top_k)
+        return ids.numpy(), probs.numpy()  # [K, k] each
 
 
 def hf_greedy_reply(hf_model: Any, tokenizer: Any, messages: list[dict], *, max_new_tokens: int) -> list[int]:

@@ -21,7 +21,7 @@ from specmemo.export.heads import MedusaHeads, load_any_heads
 from specmemo.export.load import chat_prompt_ids, lm_head_t
 from specmemo.runtime import tree
 from specmemo.runtime.backend import OrtBackend
-from specmemo.runtime.drafter import OrtDrafter
+from specmemo.runtime.drafters.medusa import OrtMedusaHeads
 from specmemo.runtime.manifest import load_manifest
 from specmemo.runtime.session import DecoderSession, SessionConfig
 from specmemo.runtime.sizes import Sizes
@@ -168,7 +168,7 @@ def validate(artifact: Path, hf_model, prompt_ids: list[int], *, tolerance: floa
 def check_heads(session: DecoderSession, heads: MedusaHeads, hidden: np.ndarray, report: ValidationReport) -> Check:
     """The heads graph (ORT) against the torch heads on real hidden states [P, h]: probabilities
     within tolerance; ids equal wherever the next-ranked probability is not within tolerance (ties)."""
-    drafter = OrtDrafter(session)
+    drafter = OrtMedusaHeads(session)
     ids, probs = drafter.run(hidden)  # [P, K, k]
     with torch.no_grad():
         ref_ids, ref_probs = heads.top_k(torch.from_numpy(hidden), drafter.top_k)

@@ -22,6 +22,9 @@ if TYPE_CHECKING:  # the PyTorch reference uses this module without ONNX Runtime
     from specmemo.runtime.session import DecoderSession
 
 
+TREE_CACHE = 256  # tree shapes whose depths and bias block stay cached (at most 256 x [64, 64] float32: 4 MiB)
+
+
 class ContextOverflowError(SpecMemoError, OverflowError):
     """The tokens to run do not fit in the KV capacity."""
 
@@ -61,7 +64,8 @@ class OrtBackend:
     """DecoderSession behind the Backend interface, writing every input into the session's arena.
 
     Per tree shape (its parents list) the depths and the [T, T] ancestor bias are computed once
-    and cached; a step then fills arena views in place. A chain longer than the arena's rows
+    and cached (up to TREE_CACHE shapes: drafters that reorder their trees make new shapes, and a
+    full cache starts afresh); a step then fills arena views in place. A chain longer than the arena's rows
     (a long prompt) runs in chunks of R rows, each attending to the positions written before it."""
 
     def __init__(self, session: DecoderSession):
@@ -104,6 +108,8 @@ class OrtBackend:
         key = tuple(parents)
         cached = self._tree_inputs.get(key)
         if cached is None:
+            if len(self._tree_inputs) >= TREE_CACHE:
+                self._tree_inputs.clear()
             cached = (tree.depths(parents), tree.attention_bias(parents, 0, self.session.arena["attention_bias"].dtype)[0, 0])
             self._tree_inputs[key] = cached
         return cached

@@ -25,7 +25,7 @@ from specmemo.runtime.manifest import MANIFEST_FILE
 from specmemo.runtime.memory import Calibration, activation_bytes
 
 PROBE_CAPACITY, PROBE_TOKENS = 512, 300  # a short generation on a small arena
-VERSION = 6  # bump when the runtime's memory or timing behaviour changes: old measurements are void
+VERSION = 7  # bump when the runtime's memory or timing behaviour changes: old measurements are void
 
 
 def cpu_name() -> str:
@@ -88,7 +88,7 @@ def measure_memory(request: dict) -> dict:
     artifact, threads = Path(request["artifact"]), request["threads"]
     manifest = load_manifest(artifact)
     capacity = min(PROBE_CAPACITY, manifest.max_capacity)
-    mode = Mode.MEDUSA if manifest.heads is not None else Mode.GREEDY
+    mode = Mode.TREE if manifest.drafter else Mode.GREEDY
     engine = open_engine(EngineConfig(artifact=artifact, mode=mode, threads=threads, capacity=capacity),
                          log=lambda _: None)
     session = engine.session

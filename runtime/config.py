@@ -15,7 +15,8 @@ from specmemo.errors import ConfigError
 from specmemo.runtime import memory
 from specmemo.runtime.calibrate import memory_calibration
 from specmemo.runtime.manifest import Manifest
-from specmemo.runtime.sizes import DEFAULT_PREFILL_CHUNK, Sizes, default_sizes
+from specmemo.runtime.drafters import DrafterName, parse_drafter
+from specmemo.runtime.sizes import DEFAULT_PREFILL_CHUNK, Sizes, default_sizes, draft_tree_size
 
 if TYPE_CHECKING:
     from specmemo.runtime.decode import Sampling
@@ -23,14 +24,19 @@ if TYPE_CHECKING:
 
 class Mode(str, Enum):
     GREEDY = "greedy"  # plain decoding, one token per step, no heads
-    MEDUSA = "medusa"  # the full exported tree every step
-    AUTO = "auto"  # the controller picks each step's width
+    TREE = "tree"  # the drafter's whole tree every step (up to T_max)
+    AUTO = "auto"  # the controller picks each step's draft and width
+
+    @classmethod
+    def _missing_(cls, value):
+        return cls.TREE if value == "medusa" else None  # the name before drafters were pluggable
 
 
 @dataclass(frozen=True)
 class EngineConfig:
     artifact: Path
     mode: Mode = Mode.AUTO
+    drafter: str | None = None  # e.g. "medusa+lookup"; None: the manifest's; ignored in greedy mode
     threads: int = 2
     budget: int | None = None  # bytes for the whole process; sizes C, R and T_max
     capacity: int | None = None  # C without a budget (default: the manifest's plan, else the graph's max)
@@ -41,6 +47,8 @@ class EngineConfig:
     def __post_init__(self) -> None:
         if not isinstance(self.mode, Mode):
             object.__setattr__(self, "mode", Mode(self.mode))
+        if self.drafter is not None:
+            parse_drafter(self.drafter)  # a one-line error now, not after the artifact is opened
         if self.budget is not None and self.capacity is not None:
             raise ConfigError("give --budget or --capacity, not both: the budget decides the capacity")
 
@@ -61,12 +69,21 @@ def resolve_sizes(config: EngineConfig, manifest: Manifest, *,
             as_written = Sizes(capacity=plan.capacity, rows=plan.rows, tree=plan.tree)
         budget = plan.budget
     if budget is None:
-        return default_sizes(manifest, speculative=config.mode is not Mode.GREEDY and manifest.heads is not None,
+        return default_sizes(manifest, tree=draft_tree_size(manifest, drafters(config, manifest)),
                              capacity=config.capacity, prefill_chunk=config.prefill_chunk), None
     calibration = memory_calibration(config.artifact, threads=config.threads, log=log)
     weights = memory.weights_stored(config.artifact, manifest)
     if as_written is not None:  # priced, not fitted again
         return as_written, memory.footprint(manifest, calibration, as_written, weights=weights)
     chosen = memory.fit(manifest, calibration, budget=budget, context=config.context,
-                        prefill_chunk=config.prefill_chunk, weights=weights)
+                        prefill_chunk=config.prefill_chunk, weights=weights,
+                        tree=draft_tree_size(manifest, drafters(config, manifest)))
     return chosen.sizes, chosen
+
+
+def drafters(config: EngineConfig, manifest: Manifest) -> tuple[DrafterName, ...]:
+    """The drafters an engine runs: none in greedy mode, else --drafter or the manifest's choice."""
+    if config.mode is Mode.GREEDY:
+        return ()
+    spec = manifest.drafter if config.drafter is None else config.drafter
+    return parse_drafter(spec) if spec else ()

@@ -1,16 +1,21 @@
-"""The width controller: each step, how many nodes of the exported tree to verify.
+"""The controller: each step, whether to draft, and how much of the draft to verify.
 
-Verifying a prefix of T nodes gains E[accepted(T)] = 1 + sum of p_i over its nodes i > 0 tokens,
-where p_i is the chance node i ends up on the accepted path, and costs latency(T): the whole
-step as the loop runs it (heads call, decoder call, Python). The controller picks the T that
-maximises tokens per second, from
+A draft (runtime/drafters/) is a tree whose nodes are listed best first, each with the drafter's
+score for being accepted. Verifying its first T nodes gains E[accepted(T)] = 1 + sum of p_i over
+nodes 1..T-1 tokens, where p_i is node i's score corrected by running statistics (below), and
+costs draft_ms (already spent) + verify_ms(T). The controller verifies the prefix with the most
+tokens per ms, from
   (a) the KV positions left in the arena (T never exceeds them; at 1 left it is plain decoding),
-  (b) a T → ms curve measured once for this artifact and machine (cached, see calibrate.py),
-  (c) running acceptance statistics: per node, accepted / verified, starting from the manifest's
-      accuracy table as a prior worth PRIOR_STEPS observations.
-When plain decoding wins it still verifies the best tree now and then (after EXPLORE_EVERY steps,
-then twice as long each time, up to EXPLORE_MAX), so the statistics can recover if the text gets
-easier. Every decision is kept for `--stats`.
+  (b) a T → verify ms curve measured once for this artifact and machine (cached, calibrate.py),
+  (c) the drafting time, measured every step (a running mean),
+  (d) a score calibration: per score band, how often a verified node of that band was accepted,
+      starting from the raw scores as a prior worth PRIOR_TRIALS observations.
+Before drafting it asks whether drafting pays at all: while the running mean of the drafted
+steps' expected rate falls below a plain step's rate, it decodes plainly, probing a draft now and
+then (after EXPLORE_EVERY steps, then twice as long each time, up to EXPLORE_MAX) so the
+statistics can recover when the text gets easier. A drafter costing under FREE_DRAFT of a plain
+step (prompt lookup) always runs: a miss costs nothing worth saving. Every decision is kept for
+`--stats`.
 """
 
 from __future__ import annotations
@@ -23,19 +28,21 @@ from pathlib import Path
 import numpy as np
 
 from specmemo.errors import ConfigError
-from specmemo.runtime import calibrate, decode
-from specmemo.runtime.medusa_tree import MedusaTree, path_probability, rank_accuracy_from_cumulative
+from specmemo.runtime import calibrate, decode, tree
+from specmemo.runtime.drafters.draft import DraftTree
 
-PRIOR_STEPS = 16
+PRIOR_TRIALS = 16
+SCORE_BANDS = (0.0, 0.02, 0.05, 0.1, 0.2, 0.3, 0.45, 0.6, 0.75, 0.9, 1.0)  # band edges of raw scores
 EXPLORE_EVERY = 32
 EXPLORE_MAX = 512
+FREE_DRAFT = 0.02  # drafting under 2% of a plain step always runs
+RATE_MEMORY = 16  # steps: the running mean of drafted steps' rate forgets with this time constant
 
 
 @dataclass(frozen=True)
 class LatencyCurve:
     sizes: tuple[int, ...]  # T values measured, ascending, starting at 1
-    step_ms: tuple[float, ...]  # ms per whole decode step at each T: draft (T > 1), verify, accept, commit
-    heads_ms: float  # of which one heads call (for reports; already inside step_ms for T > 1)
+    step_ms: tuple[float, ...]  # ms per verify step at each T: decoder call, accept, commit (no drafting)
 
     def __post_init__(self) -> None:
         if not self.sizes or self.sizes[0] != 1 or list(self.sizes) != sorted(self.sizes):
@@ -44,138 +51,140 @@ class LatencyCurve:
             raise ConfigError("a latency curve needs one time per tree size")
 
     def step(self, size: int) -> float:
-        """ms for a step of T nodes, linear between measured sizes (flat beyond the last)."""
+        """ms for a verify step of T nodes, linear between measured sizes (flat beyond the last)."""
         return float(np.interp(size, self.sizes, self.step_ms))
 
 
 CURVE_SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 
 
-def measure_latency(backend, drafter, medusa: MedusaTree, *, context: int = 256, rounds: int = 5,
-                    steps: int = 6) -> LatencyCurve:
-    """ms per decode step for each T in CURVE_SIZES up to the tree's size, timed the way the loop
-    runs it (draft → verify → accept → commit, so Python and heads costs count), on a
-    `context`-token past that each step rewinds to; interleaved in rounds, median of round medians."""
-    sizes = [s for s in CURVE_SIZES if s <= medusa.size] or [1]
+def measure_latency(backend, max_size: int, *, context: int = 256, rounds: int = 5, steps: int = 6) -> LatencyCurve:
+    """ms per verify step for each T in CURVE_SIZES up to `max_size`, timed the way the loop runs
+    it (verify → accept → commit, so Python costs count), on a `context`-token past that each step
+    rewinds to; interleaved in rounds, median of round medians. Drafting is timed in the loop."""
+    sizes = [s for s in CURVE_SIZES if s <= max_size] or [1]
     backend.reset()
-    prompt = [1] * min(context, backend.capacity - medusa.size - 1)
+    prompt = [1] * min(context, backend.capacity - max_size - 1)
     first = decode.prefill(backend, prompt)
     base = backend.length
     per_size: dict[int, list[float]] = {s: [] for s in sizes}
-    heads: list[float] = []
     for _ in range(rounds):
         for size in sizes:
-            step_tree, times = medusa.prefix(size), []
-            parents = step_tree.parents()
+            parents, tokens, times = tree.chain(size), [first.root] * size, []
             for _ in range(steps):
                 started = time.perf_counter()
-                tokens = decode.draft(drafter, first, step_tree) if size > 1 else [first.root]
                 decode.verify_and_commit(backend, tokens, parents)
                 times.append(time.perf_counter() - started)
                 backend.rewind(base)
             per_size[size].append(statistics.median(times[1:]))
-        if drafter is not None:
-            times = []
-            for _ in range(steps):
-                started = time.perf_counter()
-                drafter.draft(first.hidden)
-                times.append(time.perf_counter() - started)
-            heads.append(statistics.median(times[1:]))
     backend.reset()
-    return LatencyCurve(sizes=tuple(sizes), step_ms=tuple(1e3 * statistics.median(per_size[s]) for s in sizes),
-                        heads_ms=1e3 * statistics.median(heads) if heads else 0.0)
+    return LatencyCurve(sizes=tuple(sizes), step_ms=tuple(1e3 * statistics.median(per_size[s]) for s in sizes))
 
 
-def latency_curve(artifact: Path, backend, drafter, medusa: MedusaTree, *, threads: int, log=print) -> LatencyCurve:
+def latency_curve(artifact: Path, backend, max_size: int, *, threads: int, log=print) -> LatencyCurve:
     """The cached curve for this artifact and machine, measured on first use (~20 s)."""
-    path = calibrate.cache_file(artifact, "latency", threads)
+    path = calibrate.cache_file(artifact, "verify-latency", threads)
     data = calibrate.cached(path)
-    if data is None or max(data["sizes"]) < min(medusa.size, CURVE_SIZES[-1]):
-        log(f"measuring ms per decode step for tree sizes up to {medusa.size} once (cached) ...")
-        curve = measure_latency(backend, drafter, medusa)
-        calibrate.store(path, {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(curve).items()})
+    if data is None or max(data["sizes"]) < min(max_size, CURVE_SIZES[-1]):
+        log(f"measuring ms per verify step for tree sizes up to {max_size} once (cached) ...")
+        curve = measure_latency(backend, max_size)
+        calibrate.store(path, {k: list(v) for k, v in asdict(curve).items()})
         return curve
-    return LatencyCurve(sizes=tuple(data["sizes"]), step_ms=tuple(data["step_ms"]), heads_ms=data["heads_ms"])
+    return LatencyCurve(sizes=tuple(data["sizes"]), step_ms=tuple(data["step_ms"]))
 
 
-class AcceptanceStats:
-    """Per node i of the exported tree: verified count and accepted count, with the accuracy
-    table's path probability as a prior worth PRIOR_STEPS observations (0.5 without a table)."""
+class ScoreCalibration:
+    """Raw draft score → chance of acceptance, per band of SCORE_BANDS: accepted / verified nodes
+    of that band, with the band's middle as a prior worth `prior_trials` observations."""
 
-    def __init__(self, medusa: MedusaTree, accuracy: tuple[tuple[float, ...], ...] = (), prior_steps: int = PRIOR_STEPS):
-        rank_hit = rank_accuracy_from_cumulative(accuracy)
-        prior = [1.0] + [path_probability(c, rank_hit) if rank_hit else 0.5 for c in medusa.choices]
-        self.hits = np.array(prior) * prior_steps  # [T_full]
-        self.trials = np.full(medusa.size, float(prior_steps))
+    def __init__(self, prior_trials: int = PRIOR_TRIALS):
+        edges = np.array(SCORE_BANDS)
+        self.hits = (edges[:-1] + edges[1:]) / 2 * prior_trials  # [bands]
+        self.trials = np.full(len(edges) - 1, float(prior_trials))
+        self._inner = edges[1:-1]
 
-    def observe(self, size: int, path: list[int]) -> None:
-        """A step verified the first `size` nodes and accepted the nodes on `path` (root first)."""
-        self.trials[:size] += 1
-        self.hits[path] += 1
+    def bands(self, scores: np.ndarray) -> np.ndarray:
+        return np.searchsorted(self._inner, scores, side="right")
 
-    def gains(self) -> np.ndarray:
-        """[T_full] tokens gained by a step of T = 1, 2, ... nodes: 1 + the acceptance rates of nodes
-        1..T-1 (node 0, the root, is always accepted: its rate stays 1)."""
-        return np.cumsum(self.hits / self.trials)
+    def __call__(self, scores: np.ndarray) -> np.ndarray:
+        """[N] raw scores → [N] calibrated acceptance chances."""
+        return (self.hits / self.trials)[self.bands(scores)]
 
-    def expected_accepted(self, size: int) -> float:
-        return float(self.gains()[size - 1])
+    def observe(self, scores: np.ndarray, accepted: np.ndarray) -> None:
+        """scores [N] of verified non-root nodes, accepted [N] bool."""
+        bands = self.bands(scores)
+        np.add.at(self.trials, bands, 1.0)
+        np.add.at(self.hits, bands, accepted.astype(np.float64))
 
 
 @dataclass
 class Decision:
+    drafted: int  # nodes the drafter proposed (1: no draft)
     size: int  # T verified
     accepted: int  # tokens gained
     space_left: int  # KV positions free before the step
+    expected: float  # tokens the controller expected from the T it chose
 
 
 @dataclass
 class Controller:
-    """Picks T each step (see module doc); the decode loop calls `choose` then `observe`.
-
-    The choice is recomputed only when the statistics change (a plain step observes nothing new),
-    as one vectorised pass over T = 1..T_max. Exploration backs off: every time a probe leaves
-    plain decoding the better choice, the gap to the next probe doubles (EXPLORE_EVERY up to
-    EXPLORE_MAX), so a device where speculation never pays loses almost nothing to probing."""
+    """Decides each step's draft budget and verified width (see module doc); the decode loop
+    calls `budget`, then `choose` on the draft, then `observe`."""
 
     curve: LatencyCurve
-    stats: AcceptanceStats
     max_size: int  # T_max from the plan
+    calibration: ScoreCalibration = field(default_factory=ScoreCalibration)
     decisions: list[Decision] = field(default_factory=list)
+    draft_ms: float | None = None  # running mean of the drafting time
+    drafted_rate: float | None = None  # running mean of drafted steps' expected tokens per ms
     _space: int = 0
-    _best: int = 0  # 0: recompute
+    _expected: float = 1.0
     _explore_gap: int = EXPLORE_EVERY
     _next_explore: int = EXPLORE_EVERY
 
     def __post_init__(self) -> None:
-        self._step_ms = np.array([self.curve.step(t) for t in range(1, self.max_size + 1)])  # [T_max] ms
+        if self.max_size < 1:
+            raise ConfigError(f"the controller needs T_max >= 1, got {self.max_size}")
+        self._verify_ms = np.array([self.curve.step(t) for t in range(1, self.max_size + 1)])  # [T_max] ms
 
-    @classmethod
-    def build(cls, medusa: MedusaTree, curve: LatencyCurve, accuracy=(), *, max_size: int | None = None) -> Controller:
-        limit = min(medusa.size, max_size or medusa.size)
-        return cls(curve=curve, stats=AcceptanceStats(medusa, accuracy), max_size=limit)
+    @property
+    def plain_rate(self) -> float:
+        return 1.0 / self._verify_ms[0]
 
-    def rates(self) -> np.ndarray:
-        """[T_max] expected tokens per ms for T = 1..T_max."""
-        return self.stats.gains()[: self.max_size] / self._step_ms
-
-    def choose(self, space_left: int) -> int:
+    def budget(self, space_left: int) -> int:
         self._space = space_left
-        if not self._best:
-            self._best = int(np.argmax(self.rates())) + 1
         limit = max(1, min(self.max_size, space_left))
-        size = min(self._best, limit)
-        if size == 1 and limit > 1 and len(self.decisions) + 1 >= self._next_explore:
-            size = int(np.argmax(self.rates()[1:limit])) + 2  # the best T > 1: keep the statistics alive
+        if limit == 1 or self.drafted_rate is None or self.drafted_rate > self.plain_rate:
+            return limit
+        if self.draft_ms is not None and self.draft_ms < FREE_DRAFT * self._verify_ms[0]:
+            return limit
+        if len(self.decisions) + 1 >= self._next_explore:  # probe: keep the statistics alive
             self._explore_gap = min(2 * self._explore_gap, EXPLORE_MAX)
             self._next_explore = len(self.decisions) + 1 + self._explore_gap
-        return size
+            return limit
+        return 1
 
-    def observe(self, size: int, path: list[int]) -> None:
-        self.decisions.append(Decision(size=size, accepted=len(path), space_left=self._space))
+    def choose(self, draft: DraftTree, draft_ms: float) -> int:
+        if draft_ms > 0:
+            self.draft_ms = draft_ms if self.draft_ms is None else self.draft_ms + (draft_ms - self.draft_ms) / RATE_MEMORY
+        size = min(draft.size, self.max_size)
+        if size == 1 and draft_ms == 0:
+            self._expected = 1.0
+            return 1
+        gains = np.cumsum(np.concatenate(([1.0], self.calibration(np.asarray(draft.scores[1:size])))))  # [T]
+        rates = gains / (draft_ms + self._verify_ms[:size])
+        best = int(np.argmax(rates))
+        rate = float(rates[best])
+        self.drafted_rate = rate if self.drafted_rate is None else self.drafted_rate + (rate - self.drafted_rate) / RATE_MEMORY
+        if self.drafted_rate > self.plain_rate:
+            self._explore_gap = EXPLORE_EVERY  # drafting pays again: probe often if it stops
+        self._expected = float(gains[best])
+        return best + 1
+
+    def observe(self, draft: DraftTree, size: int, path: list[int]) -> None:
+        self.decisions.append(Decision(drafted=draft.size, size=size, accepted=len(path), space_left=self._space,
+                                       expected=self._expected))
         if size > 1:
-            self.stats.observe(size, path)
-            best = int(np.argmax(self.rates())) + 1
-            if best > 1 and self._best == 1:
-                self._explore_gap = EXPLORE_EVERY  # speculation pays again: probe often if it stops
-            self._best = best
+            accepted = np.zeros(size - 1, dtype=bool)
+            accepted[[i - 1 for i in path[1:]]] = True
+            self.calibration.observe(np.asarray(draft.scores[1:size]), accepted)

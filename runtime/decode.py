@@ -4,8 +4,10 @@
 
   prefill – the prompt as one causal chunk; yields the first token (the next root) and the hidden
             state of the last prompt position;
-  draft   – the Medusa heads read that hidden state: head k's top-k guesses for the token k + 2
-            places ahead; the tree's choices pick candidates from that [K, k] table;
+  draft   – the drafter (runtime/drafters/) proposes a scored token tree under the root, from the
+            context (every decided token, the hidden state of the last committed position);
+  choose  – the width policy verifies a prefix of it (the controller prices each T; by default
+            all of it that fits);
   verify  – one decoder call over the T tree nodes (root = the token already chosen);
   accept  – greedy: walk down from the root while some child carries the base model's argmax
             after its parent; the argmax after the last accepted node is the next root (bonus).
@@ -15,9 +17,8 @@
   commit  – keep the accepted nodes' K/V positions, contiguous after the committed ones.
 
 Plain greedy decoding is the same loop with a one-node tree (no drafter). Greedy speculative output
-is token-identical to plain greedy: every emitted token is the base model's argmax after its prefix.
-How many of the tree's nodes a step verifies is the width policy's choice (controller.py); without
-one, the whole tree, cut to the KV positions left.
+is token-identical to plain greedy whatever the drafter proposes: every emitted token is the base
+model's argmax after its prefix.
 """
 
 from __future__ import annotations
@@ -31,19 +32,15 @@ import numpy as np
 
 from specmemo.runtime import tree
 from specmemo.runtime.backend import Backend
-from specmemo.runtime.medusa_tree import MedusaTree
-
-
-class Drafter(Protocol):
-    top_k: int
-
-    def draft(self, hidden: np.ndarray) -> np.ndarray: ...  # [h] → token ids [K, top_k]
+from specmemo.runtime.drafters.draft import DraftContext, Drafter, DraftTree
 
 
 class WidthPolicy(Protocol):
-    def choose(self, space_left: int) -> int: ...  # T for this step, 1 <= T <= space_left
+    def budget(self, space_left: int) -> int: ...  # nodes to draft this step; 1: a plain step, no draft
 
-    def observe(self, size: int, path: list[int]) -> None: ...  # the step's T and accepted nodes
+    def choose(self, draft: DraftTree, draft_ms: float) -> int: ...  # T to verify, 1 <= T <= draft.size
+
+    def observe(self, draft: DraftTree, size: int, path: list[int]) -> None: ...  # T verified, nodes accepted
 
 
 @dataclass(frozen=True)
@@ -70,6 +67,8 @@ class GenerationStats:
     finish_reason: str = ""  # "eos" | "length" | "capacity"
     accept_lengths: list[int] = field(default_factory=list)  # tokens gained per verify step
     tree_sizes: list[int] = field(default_factory=list)  # T verified per step
+    draft_sizes: list[int] = field(default_factory=list)  # nodes the drafter proposed per step
+    draft_s: float = 0.0  # of decode_s, time spent drafting
     kv_used: list[int] = field(default_factory=list)  # committed KV positions after each step
 
     @property
@@ -103,12 +102,6 @@ def prefill(backend: Backend, prompt: list[int], sampling: Sampling | None = Non
     else:
         root = int(rng.choice(out.logits.shape[-1], p=softmax(out.logits[-1:], sampling.temperature)[0]))
     return Step(root, out.hidden_states[-1])
-
-
-def draft(drafter: Drafter, step: Step, medusa: MedusaTree) -> list[int]:
-    """[T] node tokens: the root, then each choice's candidate from the heads' top-k table."""
-    table = drafter.draft(step.hidden).reshape(-1)  # [K * k]
-    return [step.root] + [int(table[i]) for i in medusa.candidate_indices(drafter.top_k)]
 
 
 def accept(tokens: list[int], parents: list[int], next_ids: np.ndarray) -> list[int]:
@@ -160,15 +153,18 @@ def verify_and_commit(backend: Backend, tokens: list[int], parents: list[int], s
 
 
 class FullWidth:
-    """The default width policy: the whole tree, cut to the KV positions left."""
+    """The default width policy: draft up to T_max nodes (cut to the KV positions left), verify them all."""
 
-    def __init__(self, medusa: MedusaTree):
-        self.size = medusa.size
+    def __init__(self, max_size: int):
+        self.max_size = max_size
 
-    def choose(self, space_left: int) -> int:
-        return min(self.size, space_left)
+    def budget(self, space_left: int) -> int:
+        return max(1, min(self.max_size, space_left))
 
-    def observe(self, size: int, path: list[int]) -> None:
+    def choose(self, draft: DraftTree, draft_ms: float) -> int:
+        return draft.size
+
+    def observe(self, draft: DraftTree, size: int, path: list[int]) -> None:
         pass
 
 
@@ -179,17 +175,20 @@ def generate(
     max_new_tokens: int,
     eos_token_ids: frozenset[int] | set[int],
     drafter: Drafter | None = None,
-    medusa: MedusaTree | None = None,
+    max_tree: int = 1,
+    history: list[int] | tuple[int, ...] = (),
     on_token: Callable[[int], None] | None = None,
     policy: WidthPolicy | None = None,
     sampling: Sampling | None = None,
 ) -> Generation:
     """Greedy decoding on top of whatever the backend has committed (multi-turn reuses it);
-    speculative when a drafter and a tree are given, plain (a one-node tree) otherwise. `policy`
-    picks each step's tree width (default: all of it that fits); `sampling` switches to typical
-    acceptance with seeded sampling."""
-    medusa = medusa if drafter is not None and medusa is not None else MedusaTree(())
-    policy = policy if policy is not None and medusa.size > 1 else FullWidth(medusa)
+    speculative when a drafter is given, with trees of at most `max_tree` nodes (T_max, the
+    arena's rows for a tree); plain (one-node trees) otherwise. `history`: the tokens already
+    committed before `prompt` (earlier turns), for drafters that read the conversation. `policy`
+    decides each step's draft budget and verified width (default: all of it that fits);
+    `sampling` switches to typical acceptance with seeded sampling."""
+    speculative = drafter is not None and max_tree > 1
+    policy = policy if policy is not None and speculative else FullWidth(max_tree if speculative else 1)
     rng = np.random.default_rng(sampling.seed) if sampling is not None else None
     result = Generation()
     stats = result.stats
@@ -198,6 +197,7 @@ def generate(
     step = prefill(backend, prompt, sampling, rng)
     stats.prefill_s = time.perf_counter() - started
     stats.steps = 1
+    context = [*history, *prompt, step.root]  # every decided token; the drafters read it
     pending = [step.root]  # decided tokens not yet emitted
     while True:
         finished = _emit(result, pending, max_new_tokens, eos_token_ids, on_token)
@@ -206,15 +206,25 @@ def generate(
         if backend.length >= backend.capacity:
             stats.finish_reason = "capacity"
             break
-        step_tree = medusa.prefix(policy.choose(backend.capacity - backend.length))
-        tokens = draft(drafter, step, step_tree) if step_tree.size > 1 else [step.root]
-        path, step = verify_and_commit(backend, tokens, step_tree.parents(), sampling, rng)
-        policy.observe(step_tree.size, path)
+        budget = policy.budget(backend.capacity - backend.length)
+        draft_ms = 0.0
+        if budget > 1 and speculative:
+            drafted = time.perf_counter()
+            proposal = drafter.propose(DraftContext(context, step.hidden), budget=budget)
+            draft_ms = 1e3 * (time.perf_counter() - drafted)
+            stats.draft_s += draft_ms / 1e3
+        else:
+            proposal = DraftTree.root_only(step.root)
+        verified = proposal.prefix(policy.choose(proposal, draft_ms))
+        path, step = verify_and_commit(backend, list(verified.tokens), list(verified.parents), sampling, rng)
+        policy.observe(proposal, verified.size, path)
         stats.steps += 1
-        stats.tree_sizes.append(step_tree.size)
+        stats.draft_sizes.append(proposal.size)
+        stats.tree_sizes.append(verified.size)
         stats.accept_lengths.append(len(path))
         stats.kv_used.append(backend.length)
-        pending = [tokens[i] for i in path[1:]] + [step.root]
+        pending = [verified.tokens[i] for i in path[1:]] + [step.root]
+        context.extend(pending)
     stats.new_tokens = len(result.token_ids)
     stats.decode_s = time.perf_counter() - started - stats.prefill_s
     return result

@@ -1,10 +1,11 @@
 """An artifact opened for generation: plan → sessions and arena → drafter and width policy.
 
     sizes    – C, the rows per call R and T_max, decided once by config.resolve_sizes (a budget
-               through memory.fit, the manifest's device plan, or --capacity and the exported tree);
+               through memory.fit, the manifest's device plan, or --capacity and the drafters' tree);
     open     – DecoderSession (decoder + heads graphs, one arena), tokenizer;
-    policy   – greedy: no heads; medusa: the full tree (cut to the KV positions left); auto: the
-               controller (latency curve measured once per machine, cached).
+    drafter  – --drafter or the manifest's choice (runtime/drafters), none in greedy mode;
+    policy   – greedy: none; tree: the drafter's whole tree (cut to the KV positions left); auto:
+               the controller (verify latency curve measured once per machine, cached).
 """
 
 from __future__ import annotations
@@ -14,18 +15,19 @@ from dataclasses import dataclass, field, replace
 
 from specmemo.errors import ConfigError
 from specmemo.runtime.backend import OrtBackend
-from specmemo.runtime.config import EngineConfig, Mode, resolve_sizes
+from specmemo.runtime.config import EngineConfig, Mode, drafters, resolve_sizes
 from specmemo.runtime.controller import Controller, LatencyCurve, latency_curve
 from specmemo.runtime.decode import FullWidth, Generation, generate
-from specmemo.runtime.drafter import OrtDrafter
+from specmemo.runtime.drafters import Drafter, DrafterName, Merged
+from specmemo.runtime.drafters.lookup import PromptLookup
+from specmemo.runtime.drafters.medusa import MedusaDrafter, OrtMedusaHeads
 from specmemo.runtime.manifest import ManifestError, load_manifest
-from specmemo.runtime.medusa_tree import MedusaTree
 from specmemo.runtime.memory import Footprint
 from specmemo.runtime.session import DecoderSession, SessionConfig
 from specmemo.runtime.sizes import exported_tree
 from specmemo.runtime.tokenizer import ChatTokenizer
 
-__all__ = ["Engine", "EngineConfig", "Mode", "open_engine"]
+__all__ = ["Engine", "EngineConfig", "Mode", "open_drafter", "open_engine"]
 
 
 @dataclass
@@ -33,8 +35,8 @@ class Engine:
     config: EngineConfig
     session: DecoderSession
     tokenizer: ChatTokenizer
-    medusa: MedusaTree  # the tree a step may verify (the exported tree cut to T_max)
-    drafter: OrtDrafter | None
+    drafter: Drafter | None
+    max_tree: int  # T_max: the most nodes a step may verify
     plan: Footprint | None  # the memory plan, when opened with a budget or the manifest's device plan
     controller: Controller | None = None
     log: Callable[[str], None] = field(default=print, repr=False)
@@ -48,29 +50,29 @@ class Engine:
         self._curve: LatencyCurve | None = None
 
     def policy(self, mode: Mode):
-        """The width policy for `mode`: none for greedy, the whole tree for medusa, a fresh
-        controller (statistics from the prior) for auto; its latency curve is read once."""
-        if mode is Mode.MEDUSA:
-            return FullWidth(self.medusa)
+        """The width policy for `mode`: none for greedy, the whole tree for tree, a fresh controller
+        (statistics from the prior) for auto; its latency curve is read once."""
+        if mode is Mode.TREE:
+            return FullWidth(self.max_tree)
         if mode is not Mode.AUTO:
             return None
         if self._curve is None:
-            self._curve = latency_curve(self.config.artifact, self._backend, self.drafter, self.medusa,
+            self._curve = latency_curve(self.config.artifact, self._backend, self.max_tree,
                                         threads=self.config.threads, log=self.log)
-        self.controller = Controller.build(self.medusa, self._curve, self.session.manifest.heads.accuracy)
+        self.controller = Controller(curve=self._curve, max_size=self.max_tree)
         return self.controller
 
     def generate(self, prompt_ids: list[int], *, max_new_tokens: int, on_token=None, ignore_eos: bool = False,
                  mode: Mode | None = None, cached: int = 0, policy=None) -> Generation:
         """One reply in the engine's mode or `mode` (a speculative mode needs an engine opened with
-        heads). `cached`: how many leading prompt tokens already sit in the KV buffer as its first
+        a drafter). `cached`: how many leading prompt tokens already sit in the KV buffer as its first
         positions (multi-turn chat; the caller vouches for them): the rest is rewound and only
         prompt_ids[cached:] is prefilled; 0 starts from an empty cache. `policy`: a width policy
         that outlives the reply (chat keeps one controller across turns); default: a fresh one.
         `ignore_eos`: run to max_new_tokens, for measurements."""
         mode = mode or self.config.mode
         if mode is not Mode.GREEDY and self.drafter is None:
-            raise ConfigError(f"mode {mode.value} needs the heads: open the engine in a speculative mode")
+            raise ConfigError(f"mode {mode.value} needs a drafter: open the engine in a speculative mode")
         if not 0 <= cached < len(prompt_ids) or cached > self._backend.length:
             raise ValueError(f"cached={cached} must be committed ({self._backend.length} rows are) and leave at least "
                              f"one of the {len(prompt_ids)} prompt tokens to prefill")
@@ -81,22 +83,35 @@ class Engine:
             self._backend.rewind(cached)
         eos = frozenset() if ignore_eos else self.tokenizer.eos_token_ids
         return generate(self._backend, prompt_ids[cached:], max_new_tokens=max_new_tokens, eos_token_ids=eos,
-                        drafter=self.drafter if speculative else None, medusa=self.medusa if speculative else None,
-                        on_token=on_token, policy=policy if policy is not None else self.policy(mode),
-                        sampling=self.config.sampling)
+                        drafter=self.drafter if speculative else None, max_tree=self.max_tree if speculative else 1,
+                        history=prompt_ids[:cached], on_token=on_token,
+                        policy=policy if policy is not None else self.policy(mode), sampling=self.config.sampling)
+
+
+def open_drafter(session: DecoderSession, names: tuple[DrafterName, ...], *, max_tree: int) -> Drafter | None:
+    """The drafters named, over an open session (Medusa heads need it opened with heads), merged when several."""
+    parts: list[Drafter] = []
+    for name in names:
+        if name is DrafterName.MEDUSA:
+            parts.append(MedusaDrafter(OrtMedusaHeads(session), exported_tree(session.manifest).prefix(max_tree)))
+        elif name is DrafterName.LOOKUP:
+            parts.append(PromptLookup())
+    if not parts:
+        return None
+    return parts[0] if len(parts) == 1 else Merged(parts)
 
 
 def open_engine(config: EngineConfig, *, log=print) -> Engine:
     manifest = load_manifest(config.artifact)
-    if config.mode is Mode.MEDUSA and manifest.heads is None:
-        raise ManifestError(f"{config.artifact} has no Medusa heads: use --mode greedy, or re-export with --heads")
-    if config.mode is Mode.AUTO and manifest.heads is None:  # nothing to speculate with: plain decoding
+    names = drafters(config, manifest)
+    if DrafterName.MEDUSA in names and manifest.heads is None:
+        raise ManifestError(f"{config.artifact} has no Medusa heads: use --drafter lookup, or re-export with --heads")
+    if not names and config.mode is not Mode.GREEDY:  # nothing to speculate with: plain decoding
         config = replace(config, mode=Mode.GREEDY)
     sizes, plan = resolve_sizes(config, manifest, log=log)
-    speculative = config.mode is not Mode.GREEDY
     tokenizer = ChatTokenizer(config.artifact, manifest)
-    session = DecoderSession(config.artifact, SessionConfig(threads=config.threads, sizes=sizes, heads=speculative))
-    medusa = exported_tree(manifest).prefix(sizes.tree) if speculative else MedusaTree(())
-    drafter = OrtDrafter(session) if speculative else None
-    return Engine(config=config, session=session, tokenizer=tokenizer, medusa=medusa, drafter=drafter, plan=plan,
-                  log=log)
+    session = DecoderSession(config.artifact, SessionConfig(threads=config.threads, sizes=sizes,
+                                                            heads=DrafterName.MEDUSA in names))
+    drafter = open_drafter(session, names, max_tree=sizes.tree)
+    return Engine(config=config, session=session, tokenizer=tokenizer, drafter=drafter, max_tree=sizes.tree,
+                  plan=plan, log=log)

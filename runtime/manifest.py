@@ -13,10 +13,12 @@ from dataclasses import MISSING, asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from specmemo.errors import SpecMemoError
+from specmemo.errors import ConfigError, SpecMemoError
+from specmemo.runtime.drafters import DrafterName, parse_drafter
 
 MANIFEST_FILE = "manifest.json"
-FORMAT_VERSION = 3  # 2: inputs_embeds, the embedding table in its own file; 3: max_capacity, weight/kv/activation dtypes
+FORMAT_VERSION = 4  # 2: inputs_embeds, the embedding table in its own file; 3: max_capacity, weight/kv/activation dtypes;
+# 4: drafter
 BYTES_PER_ELEMENT = {"float32": 4, "float16": 2}  # the element types a manifest may name
 
 
@@ -167,7 +169,8 @@ class Manifest:
     io: DecoderIO
     embedding: EmbeddingInfo
     tokenizer: TokenizerInfo
-    heads: HeadsInfo | None = None  # None: exported without Medusa heads (plain decoding only)
+    drafter: str  # the default drafter(s), e.g. "medusa+lookup" (runtime/drafters); "": none; --drafter overrides
+    heads: HeadsInfo | None = None  # None: exported without Medusa heads (no medusa drafter)
     plan: DevicePlan | None = None  # set by `export --profile`
 
     def __post_init__(self) -> None:
@@ -186,6 +189,12 @@ class Manifest:
         if tuple(self.embedding.shape) != (self.dims.vocab_size, self.dims.hidden_size):
             raise ManifestError(f"embedding.shape {list(self.embedding.shape)} is not [V, h] = "
                                 f"[{self.dims.vocab_size}, {self.dims.hidden_size}]: re-export the artifact")
+        try:
+            names = parse_drafter(self.drafter) if self.drafter else ()
+        except ConfigError as err:
+            raise ManifestError(f"manifest.drafter: {err}") from None
+        if DrafterName.MEDUSA in names and self.heads is None:
+            raise ManifestError(f"drafter {self.drafter!r} needs Medusa heads, which this artifact lacks: re-export")
         if self.plan is not None and self.plan.capacity > self.max_capacity:
             raise ManifestError(f"plan.capacity {self.plan.capacity} exceeds the graph's max capacity "
                                 f"{self.max_capacity}: re-export with --profile")

@@ -133,8 +133,9 @@ def lower_bound(manifest: Manifest, calibration: Calibration, *, context: int) -
 
 
 def fit(manifest: Manifest, calibration: Calibration, *, budget: int, context: int | None = None,
-        prefill_chunk: int = DEFAULT_PREFILL_CHUNK, weights: int = 0) -> Footprint:
-    """The plan for a budget: the exported tree and prefill chunk if they fit, cut down otherwise;
+        prefill_chunk: int = DEFAULT_PREFILL_CHUNK, weights: int = 0, tree: int | None = None) -> Footprint:
+    """The plan for a budget: the drafters' tree (`tree`, default the exported Medusa tree) and
+    prefill chunk if they fit, cut down otherwise;
     then C = context (or, with no context given, the largest C up to the graph's max capacity).
     Refuses a budget below the lower bound, naming the bound."""
     need = context or manifest.max_capacity
@@ -145,8 +146,8 @@ def fit(manifest: Manifest, calibration: Calibration, *, budget: int, context: i
             f"{need}-token context (load {bound.load / MIB:.1f} MiB + generation {bound.generation / MIB:.1f} MiB "
             f"+ headroom {bound.headroom / MIB:.1f} MiB): "
             f"raise --budget, or lower --context")
-    full_tree = exported_tree(manifest).size
-    for tree in _descending(full_tree, bound.sizes.tree):
+    full_tree = exported_tree(manifest).size if tree is None else tree
+    for tree in _descending(full_tree, min(full_tree, bound.sizes.tree)):
         chunk_rows = max(tree, min(prefill_chunk, manifest.max_capacity))
         for rows in (chunk_rows, tree):
             at_bound = footprint(manifest, calibration, Sizes(capacity=need, rows=rows, tree=tree), weights=weights)

@@ -175,7 +175,7 @@ class DecoderSession:
         self.manifest = load_manifest(self.artifact)
         self.config = config
         m = self.manifest
-        self.sizes = config.sizes or default_sizes(m, speculative=config.heads and m.heads is not None)
+        self.sizes = config.sizes or default_sizes(m, tree=None if config.heads and m.heads is not None else 1)
         check_capacity(m, self.sizes.capacity)
         self.embedding = EmbeddingTable(self.artifact / m.embedding.file, m.embedding)
         self.lm_head = load_shared_lm_head(self.artifact, m)

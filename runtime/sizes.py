@@ -15,6 +15,8 @@ from dataclasses import dataclass
 
 from specmemo.errors import ConfigError
 from specmemo.runtime.manifest import Manifest, ManifestError
+from specmemo.runtime.drafters import DrafterName
+from specmemo.runtime.drafters.lookup import MAX_BRANCH as LOOKUP_MAX_BRANCH
 from specmemo.runtime.medusa_tree import MedusaTree
 
 DEFAULT_PREFILL_CHUNK = 64  # R when nothing else decides it: prompt tokens per decoder call
@@ -44,10 +46,21 @@ def check_capacity(manifest: Manifest, capacity: int) -> int:
     return capacity
 
 
-def default_sizes(manifest: Manifest, *, speculative: bool = True, capacity: int | None = None,
+def draft_tree_size(manifest: Manifest, drafters: tuple[DrafterName, ...]) -> int:
+    """T_max the drafters can use: the exported Medusa tree, or prompt lookup's longest branch + the
+    root, whichever is larger (a merged tree is cut to it); 1 for plain decoding (no drafters)."""
+    sizes = [1]
+    if DrafterName.MEDUSA in drafters:
+        sizes.append(exported_tree(manifest).size)
+    if DrafterName.LOOKUP in drafters:
+        sizes.append(1 + LOOKUP_MAX_BRANCH)
+    return max(sizes)
+
+
+def default_sizes(manifest: Manifest, *, tree: int | None = None, capacity: int | None = None,
                   prefill_chunk: int = DEFAULT_PREFILL_CHUNK) -> Sizes:
-    """Without a budget or a device plan: C = `capacity` (default the graph's max), T_max = the
-    exported tree (1 for plain decoding), R = the prefill chunk or the tree if larger."""
-    tree = exported_tree(manifest).size if speculative else 1
+    """Without a budget or a device plan: C = `capacity` (default the graph's max), T_max = `tree`
+    (default the exported Medusa tree; 1 for plain decoding), R = the prefill chunk or the tree if larger."""
+    tree = exported_tree(manifest).size if tree is None else tree
     return Sizes(capacity=check_capacity(manifest, capacity or manifest.max_capacity),
                  rows=max(prefill_chunk, tree), tree=tree)

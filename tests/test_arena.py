@@ -60,6 +60,7 @@ def test_lower_bound_budget_completes_a_2000_token_generation(tmp_path):
     from specmemo.runtime.medusa_tree import MedusaTree
     from specmemo.runtime.memory import BudgetError
     from tests.conftest import export_tiny, tiny_config
+    from specmemo.runtime.drafters.medusa import MedusaDrafter
     from tests.test_heads import OracleDrafter
 
     artifact = export_tiny(tiny_config("LlamaForCausalLM", max_position_embeddings=4096), tmp_path, max_capacity=2048)
@@ -82,6 +83,6 @@ def test_lower_bound_budget_completes_a_2000_token_generation(tmp_path):
     backend = OrtBackend(DecoderSession(artifact, replace(session.config)))
     medusa = MedusaTree.from_choices(TREE).prefix(plan.sizes.tree)
     oracle = OracleDrafter(backend, len(prompt), greedy.token_ids, manifest.dims.vocab_size)
-    spec = generate(backend, prompt, max_new_tokens=new, eos_token_ids=set(), drafter=oracle, medusa=medusa)
+    spec = generate(backend, prompt, max_new_tokens=new, eos_token_ids=set(), drafter=MedusaDrafter(oracle, medusa), max_tree=medusa.size)
     assert len(spec.token_ids) == new and spec.token_ids == greedy.token_ids
     assert spec.stats.finish_reason == "length" and max(spec.stats.tree_sizes) == plan.sizes.tree

@@ -42,12 +42,12 @@ def as_dicts(messages):
     return [{"role": m.role, "content": m.content} for m in messages]
 
 
-def open_chat(artifact, *, mode=Mode.MEDUSA, capacity=None, system=None, max_new_tokens=12):
+def open_chat(artifact, *, mode=Mode.TREE, capacity=None, system=None, max_new_tokens=12):
     engine = open_engine(EngineConfig(artifact=artifact, mode=mode, capacity=capacity), log=lambda _: None)
     return ChatSession(engine, system=system, max_new_tokens=max_new_tokens)
 
 
-@pytest.mark.parametrize("mode", [Mode.GREEDY, Mode.MEDUSA])
+@pytest.mark.parametrize("mode", [Mode.GREEDY, Mode.TREE])
 def test_three_turns_equal_hf_generate_on_the_whole_history(chat_model, mode):
     artifact, model, tokenizer = chat_model
     chat = open_chat(artifact, mode=mode, system="w5 w6")
@@ -201,7 +201,7 @@ def test_interactive_ctrl_c_stops_a_reply_not_the_session(chat_model, monkeypatc
 
     monkeypatch.setattr("builtins.input", fake_input)
     monkeypatch.setattr(cli_chat, "TextStream", StopSecondToken)
-    chat = open_chat(artifact, mode=Mode.MEDUSA, max_new_tokens=8)
+    chat = open_chat(artifact, mode=Mode.TREE, max_new_tokens=8)
     assert cli_chat.run_interactive(chat) == 0
     captured = capsys.readouterr()
     assert "(/exit or Ctrl-D to leave)" in captured.err and "(reply stopped)" in captured.err

@@ -1,79 +1,92 @@
-"""The width controller: its arithmetic on hand-made curves and statistics, its limits (KV space,
-T_max), and decoding under it still token-identical to greedy. Typical acceptance by hand."""
+"""The controller: its arithmetic on hand-made drafts, curves and statistics, its limits (KV space,
+T_max), backing off drafting that does not pay, and decoding under it still token-identical to
+greedy. Typical acceptance by hand."""
 
 import numpy as np
 import pytest
 
-from specmemo.runtime.controller import AcceptanceStats, Controller, LatencyCurve
+from specmemo.runtime.controller import Controller, LatencyCurve, ScoreCalibration
 from specmemo.runtime.decode import Sampling, accept_typical, generate
+from specmemo.runtime.drafters.draft import DraftTree
 from specmemo.runtime.medusa_tree import MedusaTree
 from tests.test_heads import exported, tiny  # noqa: F401  (fixtures: tiny models with heads, 3 modes)
 
-TREE = MedusaTree.from_choices([(0,), (1,), (0, 0), (2,), (0, 1), (0, 0, 0), (3,)])
-ACCURACY = ((0.5, 0.6, 0.65, 0.7), (0.3, 0.4, 0.45, 0.5), (0.2, 0.25, 0.3, 0.35))
+def draft(*scores):
+    """A chain draft with these scores after the root (tokens do not matter to the controller)."""
+    return DraftTree(tuple(range(len(scores) + 1)), tuple(range(-1, len(scores))), (1.0, *scores))
 
 
-def test_prior_is_the_path_probability_and_observations_move_it():
-    stats = AcceptanceStats(TREE, ACCURACY, prior_steps=10)
-    # node (0,): 0.5; (1,): 0.1; (0, 0): 0.5 x 0.3 = 0.15
-    assert stats.expected_accepted(4) == pytest.approx(1 + 0.5 + 0.1 + 0.15)
-    for _ in range(10):
-        stats.observe(4, [0, 1, 3])  # (0,) and (0, 0) accepted every time, (1,) never
-    assert stats.expected_accepted(2) == pytest.approx(1 + (5 + 10) / 20)
-    assert stats.expected_accepted(4) == pytest.approx(1 + 15 / 20 + 1 / 20 + 11.5 / 20)
-    assert stats.expected_accepted(8) > stats.expected_accepted(4)  # unobserved nodes keep their prior
+def test_calibration_starts_at_the_raw_score_and_learns():
+    calibration = ScoreCalibration(prior_trials=10)
+    assert calibration(np.array([0.5, 0.95]))[0] == pytest.approx(0.525)  # band [0.45, 0.6): its middle
+    for _ in range(30):
+        calibration.observe(np.array([0.5, 0.5]), np.array([True, True]))  # that band is always right
+    assert calibration(np.array([0.5]))[0] == pytest.approx((5.25 + 60) / 70)
+    assert calibration(np.array([0.01]))[0] == pytest.approx(0.01)  # other bands keep their prior
 
 
 def test_latency_curve_interpolates():
-    curve = LatencyCurve(sizes=(1, 2, 4), step_ms=(10.0, 11.0, 15.0), heads_ms=2.0)
+    curve = LatencyCurve(sizes=(1, 2, 4), step_ms=(10.0, 11.0, 15.0))
     assert curve.step(1) == 10.0
-    assert curve.step(3) == pytest.approx(13.0)  # whole steps: the heads call is inside step_ms
+    assert curve.step(3) == pytest.approx(13.0)
     assert curve.step(8) == pytest.approx(15.0)  # flat beyond the last measured size
 
 
 def test_controller_maximises_tokens_per_ms():
-    flat = LatencyCurve(sizes=(1, 8), step_ms=(10.0, 10.0), heads_ms=0.0)
-    assert Controller.build(TREE, flat, ACCURACY).choose(100) == TREE.size  # free nodes: take them all
-    steep = LatencyCurve(sizes=(1, 2, 8), step_ms=(10.0, 16.0, 85.0), heads_ms=5.0)
-    assert Controller.build(TREE, steep, ACCURACY).choose(100) == 1  # speculation does not pay
-    mid = LatencyCurve(sizes=(1, 2, 8), step_ms=(10.0, 11.5, 31.0), heads_ms=1.0)
-    # T=2: 1.5 tokens / 11.5 ms beats T=1 (0.1/ms) and T=8 (1.93 / 31 ms)
-    assert Controller.build(TREE, mid, ACCURACY).choose(100) == 2
+    scores = (0.95, 0.8, 0.05, 0.01)  # calibrated to band middles 0.95, 0.825, 0.075, 0.035
+    flat = Controller(curve=LatencyCurve(sizes=(1, 8), step_ms=(10.0, 10.0)), max_size=8)
+    assert flat.choose(draft(*scores), 0.0) == 5  # free nodes: take them all
+    steep = Controller(curve=LatencyCurve(sizes=(1, 2, 8), step_ms=(10.0, 20.0, 85.0)), max_size=8)
+    assert steep.choose(draft(*scores), 0.0) == 1  # verifying more does not pay
+    mid = Controller(curve=LatencyCurve(sizes=(1, 2, 3, 4), step_ms=(10.0, 11.0, 12.0, 15.0)), max_size=8)
+    # T=3: 2.775 tokens / 12 ms beats T=2 (1.95 / 11) and T=4 (2.85 / 15)
+    assert mid.choose(draft(*scores), 0.0) == 3
+    pricey = Controller(curve=LatencyCurve(sizes=(1, 2), step_ms=(10.0, 16.0)), max_size=2)
+    assert pricey.choose(draft(0.5), 0.0) == 1  # 1.525 tokens / 16 ms < 1 / 10 ms
+    assert pricey.choose(draft(0.5), 20.0) == 2  # a 20 ms draft already paid for: 1.525 / 36 > 1 / 30
 
 
-def test_controller_respects_space_and_t_max_and_explores():
-    flat = LatencyCurve(sizes=(1, 8), step_ms=(10.0, 10.0), heads_ms=0.0)
-    controller = Controller.build(TREE, flat, ACCURACY, max_size=5)
-    assert controller.choose(100) == 5
-    assert controller.choose(3) == 3 and controller.choose(1) == 1 and controller.choose(0) == 1
-    steep = Controller.build(TREE, LatencyCurve(sizes=(1, 2, 8), step_ms=(10.0, 16.0, 85.0), heads_ms=5.0), ACCURACY)
-    sizes = []
-    for _ in range(300):
-        sizes.append(steep.choose(100))
-        steep.observe(sizes[-1], [0])  # the probes accept nothing: plain decoding stays best
-    assert [i for i, s in enumerate(sizes) if s > 1] == [31, 31 + 64, 31 + 64 + 128]  # probes back off
-    assert [d.size for d in steep.decisions] == sizes and steep.decisions[0].space_left == 100
+def test_controller_respects_space_and_t_max_and_backs_off():
+    flat = Controller(curve=LatencyCurve(sizes=(1, 8), step_ms=(10.0, 10.0)), max_size=5)
+    assert flat.budget(100) == 5 and flat.budget(3) == 3 and flat.budget(1) == 1 and flat.budget(0) == 1
+    assert flat.choose(draft(0.9, 0.9, 0.9, 0.9, 0.9, 0.9), 0.0) == 5  # never beyond T_max
+    steep = Controller(curve=LatencyCurve(sizes=(1, 2, 8), step_ms=(10.0, 16.0, 85.0)), max_size=8)
+    drafted = []
+    for step in range(300):
+        budget = steep.budget(100)
+        proposal = draft(0.3, 0.1) if budget > 1 else draft()
+        size = steep.choose(proposal, 2.0 if budget > 1 else 0.0)  # a 2 ms drafter that never pays
+        steep.observe(proposal, size, [0])
+        if budget > 1:
+            drafted.append(step)
+    assert drafted == [0, 31, 31 + 64, 31 + 64 + 128]  # the first draft, then probes backing off
+    assert [d.drafted > 1 for d in steep.decisions].count(True) == 4 and steep.decisions[0].space_left == 100
+    cheap = Controller(curve=LatencyCurve(sizes=(1, 2, 8), step_ms=(10.0, 16.0, 85.0)), max_size=8)
+    for _ in range(50):  # a drafter under FREE_DRAFT of a step (prompt lookup) keeps running on misses
+        assert cheap.budget(100) == 8
+        cheap.observe(draft(), cheap.choose(draft(), 0.05), [0])
 
 
 def test_decoding_under_the_controller_is_token_identical(exported):
     from specmemo.runtime.backend import OrtBackend
+    from specmemo.runtime.drafters.medusa import MedusaDrafter
     from specmemo.runtime.session import DecoderSession
     from tests.test_heads import OracleDrafter
 
     artifact, model, _ = exported
     session = DecoderSession(artifact)
     medusa = MedusaTree.from_choices(session.manifest.heads.tree)
-    curve = LatencyCurve(sizes=(1, 4, 12), step_ms=(10.0, 11.0, 14.0), heads_ms=0.5)
+    curve = LatencyCurve(sizes=(1, 4, 12), step_ms=(10.0, 11.0, 14.0))
     prompt = list(range(5, 25))  # capacity 64: the controller must shrink the tree near the end
     greedy = generate(OrtBackend(DecoderSession(artifact)), prompt, max_new_tokens=60, eos_token_ids=set())
     backend = OrtBackend(DecoderSession(artifact))
-    controller = Controller.build(medusa, curve, session.manifest.heads.accuracy)
+    controller = Controller(curve=curve, max_size=medusa.size)
     oracle = OracleDrafter(backend, len(prompt), greedy.token_ids, model.config.vocab_size)
-    result = generate(backend, prompt, max_new_tokens=60, eos_token_ids=set(), drafter=oracle, medusa=medusa,
-                      policy=controller)
+    result = generate(backend, prompt, max_new_tokens=60, eos_token_ids=set(), drafter=MedusaDrafter(oracle, medusa),
+                      max_tree=medusa.size, policy=controller)
     assert result.token_ids == greedy.token_ids
     assert result.stats.tree_sizes == [d.size for d in controller.decisions]
-    assert all(d.size <= d.space_left for d in controller.decisions)
+    assert all(d.size <= max(1, d.space_left) for d in controller.decisions)
     assert result.stats.mean_accepted > 1.3
 
 
@@ -94,7 +107,7 @@ def test_typical_acceptance_by_hand():
 
 def test_sampling_is_reproducible_for_a_seed(exported):
     from specmemo.runtime.backend import OrtBackend
-    from specmemo.runtime.drafter import OrtDrafter
+    from specmemo.runtime.drafters.medusa import MedusaDrafter, OrtMedusaHeads
     from specmemo.runtime.session import DecoderSession
 
     artifact, _, _ = exported
@@ -104,7 +117,7 @@ def test_sampling_is_reproducible_for_a_seed(exported):
     def run(seed):
         session.reset()
         return generate(OrtBackend(session), list(range(5, 15)), max_new_tokens=30, eos_token_ids=set(),
-                        drafter=OrtDrafter(session), medusa=medusa,
+                        drafter=MedusaDrafter(OrtMedusaHeads(session), medusa), max_tree=medusa.size,
                         sampling=Sampling(temperature=1.0, seed=seed)).token_ids
 
     first = run(1)

@@ -21,7 +21,7 @@ from specmemo.export.reference import TorchBackend, TorchDrafter
 from specmemo.export.train_heads import TrainConfig, head_rows, train_heads
 from specmemo.runtime.backend import OrtBackend
 from specmemo.runtime.decode import generate
-from specmemo.runtime.drafter import OrtDrafter
+from specmemo.runtime.drafters.medusa import MedusaDrafter, OrtMedusaHeads
 from specmemo.runtime.medusa_tree import MedusaTree, grow_tree
 from specmemo.runtime.session import DecoderSession
 
@@ -215,7 +215,7 @@ def exported(request, tmp_path_factory):
 def test_heads_graph_matches_torch(exported):
     artifact, model, heads = exported
     session = DecoderSession(artifact)
-    drafter = OrtDrafter(session)
+    drafter = OrtMedusaHeads(session)
     hidden = torch.randn(6, heads.spec.hidden_size)
     ids, probs = drafter.run(hidden.numpy())
     ref_ids, ref_probs = heads.top_k(hidden, TOP_K)
@@ -240,8 +240,9 @@ def test_shared_heads_graph_carries_no_second_lm_head(exported):
 
 
 class OracleDrafter:
-    """Drafts from a known greedy reply: rank `right[k]` of head k holds the true token, the other
-    ranks wrong ones, so long paths are accepted, often through non-first branches (row moves)."""
+    """Medusa heads that know the greedy reply: rank 0 or 1 of head k holds the true token 80% of
+    the time, the other ranks wrong ones, so long paths are accepted, often through non-first
+    branches (row moves); random probabilities, so the drafter reorders the tree each step."""
 
     def __init__(self, backend, prompt_len, reply, vocab, seed=0):
         self.backend, self.prompt_len, self.reply, self.vocab = backend, prompt_len, reply, vocab
@@ -254,7 +255,7 @@ class OracleDrafter:
             i = p + 2 + k
             if i < len(self.reply) and self.rng.random() < 0.8:
                 table[k, self.rng.integers(0, 2)] = self.reply[i]
-        return table
+        return table, self.rng.random((K, TOP_K))
 
 
 @pytest.mark.parametrize("backend_kind", ["ort", "torch", "torch-preallocated"])
@@ -273,12 +274,12 @@ def test_speculative_equals_greedy(exported, backend_kind):
         assert greedy == reference.token_ids  # every backend decodes what HF's model does
         backend = make()
         oracle = OracleDrafter(backend, len(prompt), greedy, model.config.vocab_size, seed)
-        spec = generate(backend, prompt, max_new_tokens=40, eos_token_ids=eos, drafter=oracle, medusa=medusa)
+        spec = generate(backend, prompt, max_new_tokens=40, eos_token_ids=eos, drafter=MedusaDrafter(oracle, medusa), max_tree=medusa.size)
         assert spec.token_ids == greedy
         assert spec.stats.mean_accepted > 1.5  # the oracle's paths really were accepted
-        real = OrtDrafter(session) if backend_kind == "ort" else TorchDrafter(heads, TOP_K)
-        assert generate(make(), prompt, max_new_tokens=40, eos_token_ids=eos, drafter=real,
-                        medusa=medusa).token_ids == greedy
+        real = OrtMedusaHeads(session) if backend_kind == "ort" else TorchDrafter(heads, TOP_K)
+        assert generate(make(), prompt, max_new_tokens=40, eos_token_ids=eos, drafter=MedusaDrafter(real, medusa),
+                        max_tree=medusa.size).token_ids == greedy
 
 
 def test_capacity_end_prunes_the_tree_instead_of_failing(exported):
@@ -289,7 +290,7 @@ def test_capacity_end_prunes_the_tree_instead_of_failing(exported):
     greedy = generate(OrtBackend(DecoderSession(artifact)), prompt, max_new_tokens=100, eos_token_ids=set())
     backend = OrtBackend(DecoderSession(artifact))
     oracle = OracleDrafter(backend, len(prompt), greedy.token_ids, model.config.vocab_size)
-    spec = generate(backend, prompt, max_new_tokens=100, eos_token_ids=set(), drafter=oracle, medusa=medusa)
+    spec = generate(backend, prompt, max_new_tokens=100, eos_token_ids=set(), drafter=MedusaDrafter(oracle, medusa), max_tree=medusa.size)
     assert spec.stats.finish_reason == greedy.stats.finish_reason == "capacity"
     assert spec.token_ids == greedy.token_ids
     assert min(spec.stats.tree_sizes) < medusa.size

@@ -18,7 +18,9 @@ from specmemo.export.load import DEFAULT_MODEL, load_hf, resolve_model
 from specmemo.export.validate import VALIDATION_PROMPT, chat_prompt_ids, validate
 from specmemo.runtime.backend import OrtBackend
 from specmemo.runtime.decode import generate
-from specmemo.runtime.drafter import OrtDrafter
+from specmemo.runtime.drafters import parse_drafter
+from specmemo.runtime.drafters.medusa import MedusaDrafter, OrtMedusaHeads
+from specmemo.runtime.engine import open_drafter
 from specmemo.runtime.medusa_tree import MedusaTree
 from specmemo.runtime.rss import rss_bytes
 from specmemo.runtime.session import DecoderSession, SessionConfig
@@ -77,21 +79,21 @@ def test_chat_template_matches_hf(real):
     assert ours.encode_chat(conversation) == tokenizer(expected, add_special_tokens=False)["input_ids"]
 
 
-@pytest.mark.parametrize("mode", ["greedy", "medusa"])
+@pytest.mark.parametrize("drafter", ["none", "medusa", "lookup", "medusa+lookup"])
 @pytest.mark.parametrize("prompt", PROMPTS)
-def test_ort_equals_hf_generate(real, hf_greedy, prompt, mode):
-    """Plain greedy, and ORT decoder + ORT heads graph + the shipped tree: HF greedy's tokens."""
+def test_ort_equals_hf_generate(real, hf_greedy, prompt, drafter):
+    """Plain greedy, and ORT decoder + each drafter (ORT heads graph, prompt lookup, both merged)
+    verifying whole trees: HF greedy's tokens."""
     artifact, _, _ = real
     ids, expected = hf_greedy[prompt]
     session = DecoderSession(artifact)
     eos = ChatTokenizer(artifact, session.manifest).eos_token_ids
-    medusa = MedusaTree.from_choices(session.manifest.heads.tree) if mode == "medusa" else None
-    drafter = OrtDrafter(session) if mode == "medusa" else None
+    names = () if drafter == "none" else parse_drafter(drafter)
     result = generate(OrtBackend(session), ids, max_new_tokens=NEW_TOKENS, eos_token_ids=eos,
-                      drafter=drafter, medusa=medusa)
-    print(f"{mode}: accepted tokens/step {result.stats.mean_accepted:.2f}")
+                      drafter=open_drafter(session, names, max_tree=session.sizes.tree), max_tree=session.sizes.tree)
+    print(f"{drafter}: accepted tokens/step {result.stats.mean_accepted:.2f}")
     assert result.token_ids == expected
-    if mode == "medusa":
+    if "medusa" in drafter:
         assert result.stats.steps < len(expected)  # the heads did accept something
 
 
@@ -102,17 +104,24 @@ def test_torch_reference_medusa_equals_hf_generate(real, hf_greedy):
     heads = load_heads(default_heads(DEFAULT_MODEL), model.lm_head.weight.detach().t().contiguous())
     result = generate(TorchBackend(model, capacity=1024), ids, max_new_tokens=NEW_TOKENS,
                       eos_token_ids=ChatTokenizer(artifact, session.manifest).eos_token_ids,
-                      drafter=TorchDrafter(heads, session.manifest.heads.top_k),
-                      medusa=MedusaTree.from_choices(heads.spec.tree))
+                      drafter=MedusaDrafter(TorchDrafter(heads, session.manifest.heads.top_k),
+                                            MedusaTree.from_choices(heads.spec.tree)),
+                      max_tree=len(heads.spec.tree) + 1)
     assert result.token_ids == expected
 
 
-def decode_steps(backend, steps, sizes, medusa, drafter, state):
-    from specmemo.runtime.decode import draft, verify_and_commit
+def decode_steps(backend, steps, sizes, medusa, heads, state):
+    """Steps over fixed prefixes of the exported tree (the runtime's own parts: heads graph, verify, commit)."""
+    from specmemo.runtime.decode import verify_and_commit
 
     for i in range(steps):
         shape = medusa.prefix(sizes[i % len(sizes)])
-        tokens = draft(drafter, state["step"], shape) if shape.size > 1 else [state["step"].root]
+        root = state["step"].root
+        if shape.size > 1:
+            table = heads.draft(state["step"].hidden)[0].reshape(-1)
+            tokens = [root] + [int(table[j]) for j in shape.candidate_indices(heads.top_k)]
+        else:
+            tokens = [root]
         _, state["step"] = verify_and_commit(backend, tokens, shape.parents())
 
 
@@ -124,7 +133,7 @@ def test_no_allocation_per_decode_step_after_warm_up(real):
     from specmemo.runtime.decode import prefill
 
     session = DecoderSession(real[0], SessionConfig(sizes=Sizes(capacity=512, rows=64, tree=32)))
-    backend, drafter = OrtBackend(session), OrtDrafter(session)
+    backend, drafter = OrtBackend(session), OrtMedusaHeads(session)
     medusa = MedusaTree.from_choices(session.manifest.heads.tree)
     sizes = [32, 1, 4, 2, 16, 8, 3]
     state = {"step": prefill(backend, list(range(100, 160)))}

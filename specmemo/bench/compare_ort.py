@@ -26,7 +26,7 @@ from specmemo.runtime.fresh_process import serve_json
 from specmemo.runtime.memory import footprint
 from specmemo.runtime.rss import peak_rss_bytes, reset_peak_rss, rss_bytes
 
-MODES = {"specmemo-greedy": Mode.GREEDY, "specmemo-full-tree": Mode.MEDUSA, "specmemo-controller": Mode.AUTO,
+MODES = {"specmemo-greedy": Mode.GREEDY, "specmemo-full-tree": Mode.TREE, "specmemo-controller": Mode.AUTO,
          "specmemo-default": Mode.AUTO}
 WARM_UP_TOKENS = 8
 

@@ -72,6 +72,7 @@ def run(request: dict) -> dict:
     from specmemo.export.reference import TorchBackend, TorchDrafter
     from specmemo.runtime.decode import generate
     from specmemo.runtime.medusa_tree import MedusaTree
+    from specmemo.runtime.drafters.medusa import MedusaDrafter
     from specmemo.runtime.rss import peak_rss_bytes, reset_peak_rss, rss_bytes
 
     torch.set_num_threads(request["threads"])
@@ -85,7 +86,8 @@ def run(request: dict) -> dict:
     elif engine in MEDUSA_ENGINES:
         heads = load_any_heads(Path(request["heads"]), lm_head_t(model), base_sha256=resolved.sha256)
         weights.append(heads)
-        drafter, medusa = TorchDrafter(heads, request["top_k"]), MedusaTree.from_choices(request["tree"])
+        medusa = MedusaTree.from_choices(request["tree"])
+        drafter = MedusaDrafter(TorchDrafter(heads, request["top_k"]), medusa)
         eos = set(stop_token_ids(tokenizer, model.generation_config))
         capacity = request["kv_capacity"] if engine == "pytorch-medusa-sized" else None  # None: all positions
         backends = []  # Medusa's KV: allocated once, at the first generation (so it counts as generation memory)
@@ -96,7 +98,7 @@ def run(request: dict) -> dict:
                 backends.append(TorchBackend(model, capacity=capacity, preallocate=True))
             backend = backends[0]
             backend.reset()
-            result = generate(backend, prompt, max_new_tokens=new, eos_token_ids=eos, drafter=drafter, medusa=medusa)
+            result = generate(backend, prompt, max_new_tokens=new, eos_token_ids=eos, drafter=drafter, max_tree=medusa.size)
             return {"token_ids": result.token_ids, "ttft_s": result.stats.prefill_s,
                     "wall_s": time.perf_counter() - started, "accept_lengths": result.stats.accept_lengths}
     else:

@@ -31,7 +31,7 @@ from specmemo.runtime.fresh_process import run_json, serve_json
 from specmemo.runtime.memory import MIB, footprint
 from specmemo.runtime.rss import peak_rss_bytes
 
-MODES = (Mode.GREEDY.value, Mode.MEDUSA.value, Mode.AUTO.value)
+MODES = (Mode.GREEDY.value, Mode.TREE.value, Mode.AUTO.value)
 
 
 @dataclass(frozen=True)
@@ -89,7 +89,7 @@ def encode_questions(tokenizer, questions) -> list[list[int]]:
 
 
 def run_speed(config: DecodeBenchConfig, questions, *, log=print) -> dict[str, ModeRun]:
-    engine = open_engine(EngineConfig(artifact=config.artifact, mode=Mode.MEDUSA, threads=config.threads,
+    engine = open_engine(EngineConfig(artifact=config.artifact, mode=Mode.TREE, threads=config.threads,
                                       capacity=config.capacity, budget=config.budget), log=log)
     engine.policy(Mode.AUTO)  # the latency curve: measured (or read) now, not inside a timed turn
     eos = engine.tokenizer.eos_token_ids
@@ -224,7 +224,7 @@ def write_results(summary: dict, runs: dict[str, ModeRun], out: Path, model_id: 
 def format_bars(summary: dict) -> str:
     """The controller against our greedy, GenAI and the full tree; its memory against PyTorch Medusa."""
     modes, ref = summary["modes"], summary.get("pytorch_reference")
-    auto, medusa = modes["auto"], modes["medusa"]
+    auto, medusa = modes["auto"], modes["tree"]
     lines = [f"controller: {auto['speedup_vs_greedy_median']:.2f}x our greedy"
              + (f", {auto['speedup_vs_genai_median']:.2f}x ONNX Runtime GenAI greedy"
                 if "speedup_vs_genai_median" in auto else "")

@@ -22,7 +22,7 @@ import numpy as np
 
 from specmemo.runtime import tree
 from specmemo.runtime.backend import OrtBackend
-from specmemo.runtime.drafter import OrtDrafter
+from specmemo.runtime.drafters.medusa import OrtMedusaHeads
 from specmemo.runtime.manifest import load_manifest
 from specmemo.runtime.session import DecoderSession, SessionConfig
 from specmemo.runtime.sizes import DEFAULT_PREFILL_CHUNK, Sizes
@@ -92,7 +92,7 @@ def run_step_bench(config: StepBenchConfig, *, log=print) -> dict:
         peer = GenAIEngine(config.genai_dir, threads=config.threads)
 
     rows = {t: Row("specmemo", t) for t in config.tree_sizes}
-    drafter = OrtDrafter(session) if session.manifest.heads else None
+    drafter = OrtMedusaHeads(session) if session.manifest.heads else None
     heads_row = Row("medusa-heads", 1)  # T here: one hidden row in, [K, k] guesses out
     peer_row = Row("onnxruntime-genai", 1)
     for round_index in range(config.rounds):

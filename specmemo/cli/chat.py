@@ -162,7 +162,7 @@ def run_interactive(chat) -> int:
         pass
     engine, manifest = chat.engine, chat.engine.session.manifest
     log_dim(f"specmemo chat · {manifest.source_model} · C={engine.session.kv.capacity} · mode "
-            f"{engine.config.mode.value}, T_max={engine.medusa.size} · /help for commands, Ctrl-D to leave")
+            f"{engine.config.mode.value}, T_max={engine.max_tree}, drafter {engine.drafter.name if engine.drafter else 'none'} · /help for commands, Ctrl-D to leave")
     while True:
         try:
             line = input("> ").strip()

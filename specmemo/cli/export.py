@@ -26,6 +26,9 @@ def add_parser(sub) -> None:
                    help="Medusa heads folder (from train-heads + eval-heads), 'none', or 'auto': the heads "
                         "shipped for the model alias if any (default auto)")
     p.add_argument("--top-k", type=positive, default=10, help="guesses per head in the heads graph (default 10)")
+    p.add_argument("--drafter", default=None,
+                   help="the drafter written into the manifest as the artifact's default: medusa, lookup, or "
+                        "several joined by '+' (default medusa+lookup with heads, lookup without)")
     p.add_argument("--no-validate", action="store_true", help="skip the ORT-vs-PyTorch validation")
     add_profile_options(p, budget=False,
                         purpose="size the artifact for the device: the plan (C, R, T_max within its app memory, "
@@ -64,7 +67,7 @@ def cmd_export(args: argparse.Namespace) -> int:
         finalize = sized_for(profile, threads=args.threads, capacity_given=args.max_capacity is not None,
                              log=log_stderr)
     export_artifact(ExportOptions(model=args.model, out=out, max_capacity=max_capacity, heads=heads,
-                                  top_k=args.top_k), finalize=finalize)
+                                  top_k=args.top_k, drafter=args.drafter), finalize=finalize)
     if args.no_validate:
         return 0
     print(f"validating {out} against PyTorch ...")

@@ -39,10 +39,15 @@ def add_artifact(parser: argparse.ArgumentParser) -> None:
 
 
 def add_mode(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--mode", choices=[m.value for m in Mode], default="auto",
-                        help="greedy: plain decoding; medusa: the full exported tree each step; auto: the "
-                             "controller picks each step's tree width from KV space, measured latency and "
-                             "acceptance (plain decoding when the artifact has no heads)")
+    parser.add_argument("--mode", type=Mode, choices=list(Mode), default=Mode.AUTO, metavar="{greedy,tree,auto}",
+                        help="greedy: plain decoding; tree: verify the drafter's whole tree each step ('medusa' "
+                             "is an old name for it); auto (default): the controller prices each step's draft "
+                             "from KV space, measured latency and acceptance, and decodes plainly when drafting "
+                             "does not pay")
+    parser.add_argument("--drafter", default=None,
+                        help="who proposes the tree: medusa (the heads graph), lookup (prompt lookup: "
+                             "continues an earlier match of the last tokens in the conversation; no weights), "
+                             "or both merged, medusa+lookup (default: the manifest's choice)")
 
 
 def add_profile_options(parser: argparse.ArgumentParser, *, budget: bool = True,
@@ -108,5 +113,6 @@ def engine_config(args: argparse.Namespace):
 
     apply_profile(args)
     sampling = Sampling(temperature=args.temperature, seed=args.seed) if args.temperature > 0 else None
-    return EngineConfig(artifact=args.artifact, mode=args.mode, threads=args.threads, budget=args.budget_bytes,
+    return EngineConfig(artifact=args.artifact, mode=args.mode, drafter=args.drafter, threads=args.threads,
+                        budget=args.budget_bytes,
                         capacity=args.capacity, context=getattr(args, "context", None), sampling=sampling)

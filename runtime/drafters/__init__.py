@@ -1,0 +1,54 @@
+"""Drafters: each proposes a scored token tree for the decode loop to verify (draft.py).
+
+  medusa  – the Medusa heads graph over the last hidden state (medusa.py);
+  lookup  – prompt lookup: the continuation of the context's longest earlier n-gram match (lookup.py);
+  a+b     – both, merged into one tree (draft.merge), e.g. medusa+lookup.
+
+Adding a drafter is one module here with a class that has `name` and `propose`, its name in
+DrafterName, and a line in engine.open_drafter that builds it.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+
+from specmemo.errors import ConfigError
+from specmemo.runtime.drafters.draft import DraftContext, DraftTree, Drafter, merge
+
+__all__ = ["DraftContext", "DraftTree", "Drafter", "DrafterName", "Merged", "parse_drafter"]
+
+
+class DrafterName(str, Enum):
+    MEDUSA = "medusa"
+    LOOKUP = "lookup"
+
+
+def parse_drafter(spec: str) -> tuple[DrafterName, ...]:
+    """'medusa+lookup' → (MEDUSA, LOOKUP); one-line error naming the choices otherwise."""
+    names = []
+    for part in spec.split("+"):
+        try:
+            name = DrafterName(part.strip())
+        except ValueError:
+            raise ConfigError(f"unknown drafter {part.strip()!r} in {spec!r}: use one of "
+                              f"{', '.join(d.value for d in DrafterName)} or several joined by '+'") from None
+        if name in names:
+            raise ConfigError(f"drafter {name.value!r} is named twice in {spec!r}")
+        names.append(name)
+    return tuple(names)
+
+
+class Merged:
+    """Several drafters as one: each drafts within the whole budget; their trees are merged and cut."""
+
+    def __init__(self, drafters: list[Drafter]):
+        self.drafters = drafters
+        self.name = "+".join(d.name for d in drafters)
+
+    def propose(self, context: DraftContext, *, budget: int) -> DraftTree:
+        trees = [d.propose(context, budget=budget) for d in self.drafters]
+        out = trees[0]
+        for other in trees[1:]:
+            if other.size > 1:
+                out = merge(out, other, budget=budget)
+        return out.prefix(budget)

@@ -1,0 +1,113 @@
+"""What every drafter returns and reads: a scored token tree over the committed state.
+
+A draft is a tree of T nodes (node 0 is the root: the token the base model already chose, which
+the verify step feeds); each other node is a guess for the token after its parent. Every node
+carries a score, the drafter's estimate of the chance that it ends on the accepted path (the
+root's is 1). Scores never grow down a path, and nodes are listed by score, best first (ties in
+the order the drafter gave them), so every prefix is itself a valid tree and the most valuable
+one of its size: the controller verifies a prefix, and cutting a tree to a node budget is taking
+the first T nodes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class DraftTree:
+    tokens: tuple[int, ...]  # [T] node 0 is the root
+    parents: tuple[int, ...]  # [T] parents[0] = -1; 0 <= parents[i] < i otherwise
+    scores: tuple[float, ...]  # [T] chance node i is accepted; scores[0] = 1, non-increasing down a path
+
+    def __post_init__(self) -> None:
+        if not len(self.tokens) == len(self.parents) == len(self.scores) or not self.tokens:
+            raise ValueError("a draft needs one token, parent and score per node, and a root")
+        if self.parents[0] != -1 or any(not 0 <= p < i for i, p in enumerate(self.parents[1:], 1)):
+            raise ValueError(f"draft parents {list(self.parents)}: one root first, parents before children")
+
+    @classmethod
+    def root_only(cls, root: int) -> DraftTree:
+        """The one-node tree of a plain decoding step."""
+        return cls((root,), (-1,), (1.0,))
+
+    @property
+    def size(self) -> int:  # T
+        return len(self.tokens)
+
+    def prefix(self, size: int) -> DraftTree:
+        """The first `size` nodes (at least the root): a valid tree by construction."""
+        size = max(1, size)
+        if size >= self.size:
+            return self
+        return DraftTree(self.tokens[:size], self.parents[:size], self.scores[:size])
+
+    def expected_accepted(self) -> float:
+        """Tokens a verify step of this tree gains if the scores are right: the root's bonus + sum of the rest."""
+        return float(sum(self.scores))
+
+
+@dataclass
+class DraftContext:
+    """What a drafter may read when it drafts a step.
+
+    tokens: every decided token of the conversation so far (earlier turns, the prompt, the reply),
+      ending with the root; it only grows while one reply is generated (a new list per reply).
+    hidden: [h] the base model's final hidden state at the last committed position (the
+      position before the root), a view valid until the next decoder call."""
+
+    tokens: list[int]
+    hidden: np.ndarray | None = None
+    root: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.root = self.tokens[-1] if self.tokens else -1
+
+
+class Drafter(Protocol):
+    name: str  # what --drafter calls it
+
+    def propose(self, context: DraftContext, *, budget: int) -> DraftTree: ...  # at most `budget` nodes
+
+
+def ordered(tokens: Sequence[int], parents: Sequence[int], scores: Sequence[float], *, budget: int) -> DraftTree:
+    """Any tree listed parents-first → a DraftTree: scores capped by their parent's (so they never
+    grow down a path), nodes sorted best first (stable), cut to `budget` nodes. Capped scores
+    make the sort keep every parent before its children."""
+    capped = list(scores)
+    capped[0] = 1.0
+    for i in range(1, len(capped)):
+        capped[i] = min(capped[i], capped[parents[i]])
+    order = sorted(range(len(tokens)), key=lambda i: -capped[i])[: max(1, budget)]
+    new_index = {old: new for new, old in enumerate(order)}
+    return DraftTree(tuple(int(tokens[i]) for i in order),
+                     tuple(-1 if parents[i] < 0 else new_index[parents[i]] for i in order),
+                     tuple(float(capped[i]) for i in order))
+
+
+def merge(first: DraftTree, second: DraftTree, *, budget: int) -> DraftTree:
+    """The union of two drafts over the same root, as a token trie: a node of `second` whose path
+    of tokens is already in `first` is the same node (its score is the larger of the two); the
+    rest join as new branches. Then ordered and cut to `budget` nodes."""
+    if first.tokens[0] != second.tokens[0]:
+        raise ValueError("drafts to merge must share their root")
+    tokens, parents, scores = list(first.tokens), list(first.parents), list(first.scores)
+    child = {(p, t): i for i, (p, t) in enumerate(zip(parents, tokens)) if p >= 0}
+    where = [0] * second.size  # node of `second` → node of the union
+    for i in range(1, second.size):
+        key = (where[second.parents[i]], second.tokens[i])
+        node = child.get(key)
+        if node is None:
+            node = len(tokens)
+            tokens.append(second.tokens[i])
+            parents.append(key[0])
+            scores.append(second.scores[i])
+            child[key] = node
+        else:
+            scores[node] = max(scores[node], second.scores[i])
+        where[i] = node
+    return ordered(tokens, parents, scores, budget=budget)
