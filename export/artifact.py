@@ -18,7 +18,8 @@ from specmemo.export.load import lm_head_t, load_hf, resolve_model, stop_token_i
 from specmemo.export.trace import OPSET, export_decoder
 from specmemo.runtime import io_spec
 from specmemo.runtime.drafters import DrafterName, parse_drafter
-from specmemo.runtime.manifest import (FORMAT_VERSION, EmbeddingInfo, Manifest, ModelDims, TokenizerInfo,
+from specmemo.export.feature_drafter import DRAFTER_SPEC_FILE
+from specmemo.runtime.manifest import (FeatureDrafterInfo, FORMAT_VERSION, EmbeddingInfo, Manifest, ModelDims, TokenizerInfo,
                                        save_manifest)
 
 DECODER_FILE = "decoder.onnx"
@@ -28,6 +29,7 @@ DEFAULT_MAX_CAPACITY = 2048
 
 
 SHIPPED_HEADS = Path(__file__).parent / "shipped_heads"  # trained heads that ship with the package
+SHIPPED_DRAFTERS = Path(__file__).parent / "shipped_drafters"  # trained feature drafters, likewise
 DEFAULT_TOP_K = 10
 
 
@@ -40,12 +42,15 @@ class ExportOptions:
     heads: Path | None = None  # a heads folder; None = none (see default_heads)
     top_k: int = DEFAULT_TOP_K  # k of the heads graph
     drafter: str | None = None  # the manifest's default drafter; None: default_drafter
+    feature_drafter: Path | None = None  # a feature-drafter folder (train-drafter); None = none
 
     def __post_init__(self) -> None:
         if self.drafter is not None:
             names = parse_drafter(self.drafter)
             if DrafterName.MEDUSA in names and self.heads is None:
                 raise ConfigError(f"--drafter {self.drafter} needs Medusa heads: pass --heads, or use --drafter lookup")
+            if DrafterName.FEATURE in names and self.feature_drafter is None:
+                raise ConfigError(f"--drafter {self.drafter} needs a feature drafter: pass --feature-drafter")
         if self.max_capacity < 2:
             raise ConfigError(f"--max-capacity must be at least 2, got {self.max_capacity}")
         if self.dtype != "float32":
@@ -54,10 +59,19 @@ class ExportOptions:
             raise ConfigError(f"--top-k must be >= 1, got {self.top_k}")
 
 
-def default_drafter(has_heads: bool) -> str:
-    """The drafter an artifact decodes with unless told otherwise: Medusa heads merged with prompt
-    lookup where there are heads (the best measured, see README), prompt lookup alone otherwise."""
+def default_drafter(has_heads: bool, has_feature: bool = False) -> str:
+    """The drafter an artifact decodes with unless told otherwise (the best measured, see README):
+    the feature drafter merged with prompt lookup where there is one, else Medusa heads with
+    prompt lookup, else prompt lookup alone."""
+    if has_feature:
+        return "feature+lookup"
     return "medusa+lookup" if has_heads else "lookup"
+
+
+def default_feature_drafter(model: str) -> Path | None:
+    """The feature drafter shipped for a model alias (export/shipped_drafters/<alias>), if any."""
+    folder = SHIPPED_DRAFTERS / model
+    return folder if (folder / DRAFTER_SPEC_FILE).is_file() else None
 
 
 def default_heads(model: str) -> Path | None:
@@ -105,6 +119,10 @@ def export_artifact(options: ExportOptions, *, log=print, finalize=None) -> Mani
                 f"top-{options.top_k}) ...")
             info = export_heads_graph(heads, options.top_k, staging)
             heads_info = replace(info, source=str(Path(options.heads).resolve()))
+        feature_info = None
+        if options.feature_drafter is not None:
+            feature_info = export_feature_drafter(options.feature_drafter, hf_model, resolved.sha256,
+                                                  options.max_capacity, options.top_k, staging, log)
         tokenizer_info = write_tokenizer(tokenizer, hf_model.generation_config, staging)
         manifest = Manifest(
             format_version=FORMAT_VERSION,
@@ -122,8 +140,9 @@ def export_artifact(options: ExportOptions, *, log=print, finalize=None) -> Mani
             io=io_names,
             embedding=embedding,
             tokenizer=tokenizer_info,
-            drafter=options.drafter or default_drafter(heads_info is not None),
+            drafter=options.drafter or default_drafter(heads_info is not None, feature_info is not None),
             heads=heads_info,
+            feature_drafter=feature_info,
         )
         save_manifest(manifest, staging)
         if finalize is not None:
@@ -177,3 +196,24 @@ def _replace(staging: Path, out: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
     else:
         staging.rename(out)
+
+
+def export_feature_drafter(folder: Path, hf_model, base_sha256: str, max_capacity: int, top_k: int, staging: Path,
+                           log) -> FeatureDrafterInfo:
+    """drafter.onnx from a train-drafter folder, on the base model's LM head and rotary table; its KV
+    buffer holds the decoder's capacity plus the scratch rows of a draft tree."""
+    from specmemo.export.decoder import rotary_table
+    from specmemo.export.drafter_graph import export_drafter_graph
+    from specmemo.export.feature_drafter import load_drafter
+    from specmemo.export.load import lm_head_t
+    from specmemo.runtime.drafters.feature import SCRATCH_SLOTS
+
+    capacity = max_capacity + SCRATCH_SLOTS
+    dims = hf_model.config
+    head_dim = getattr(dims, "head_dim", None) or dims.hidden_size // dims.num_attention_heads
+    cos, sin = rotary_table(hf_model, capacity + 1, head_dim)
+    drafter = load_drafter(folder, lm_head_t=lm_head_t(hf_model), cos=cos, sin=sin, base_sha256=base_sha256)
+    log(f"tracing the feature drafter graph (N={drafter.spec.subvocab_size}, top-{top_k}, C_d={capacity}) ...")
+    info = export_drafter_graph(drafter, top_k=top_k, capacity=capacity, folder=staging,
+                                source=str(Path(folder).resolve()))
+    return info

@@ -157,6 +157,7 @@ class TeacherCache:
     top_probs: np.ndarray  # [P, TEACHER_TOP] float32
     target: np.ndarray  # [P] bool, the next token (p + 1) is an assistant token
     starts: np.ndarray  # [E + 1] int64, conversation e spans positions [starts[e], starts[e + 1])
+    tokens: np.ndarray | None = None  # [P] int32, the token at each position (the feature drafter reads it)
 
     def save(self, path: Path) -> None:
         tmp = path.with_suffix(".tmp.npz")
@@ -176,7 +177,7 @@ class TeacherCache:
 @torch.no_grad()
 def build_teacher_cache(hf_model: Any, examples: list[Example], *, device: str = "cpu") -> TeacherCache:
     projection = lm_head_t(hf_model)  # [h, V]
-    hidden, top_ids, top_probs, target, starts = [], [], [], [], [0]
+    hidden, top_ids, top_probs, target, starts, token_ids = [], [], [], [], [0], []
     tokens = sum(len(e.ids) for e in examples)
     with tqdm(total=tokens, desc="cache teacher", unit="tok", dynamic_ncols=True) as bar:
         for example in examples:
@@ -188,9 +189,10 @@ def build_teacher_cache(hf_model: Any, examples: list[Example], *, device: str =
             top_probs.append(probs.float().cpu().numpy())
             target.append(np.array(example.target[1:] + [False]))  # position p predicts token p + 1
             starts.append(starts[-1] + len(example.ids))
+            token_ids.append(np.array(example.ids, dtype=np.int32))
             bar.update(len(example.ids))
     return TeacherCache(np.concatenate(hidden), np.concatenate(top_ids), np.concatenate(top_probs),
-                        np.concatenate(target), np.array(starts, dtype=np.int64))
+                        np.concatenate(target), np.array(starts, dtype=np.int64), np.concatenate(token_ids))
 
 
 def head_rows(cache: TeacherCache, num_heads: int) -> tuple[np.ndarray, np.ndarray]:
@@ -364,7 +366,7 @@ def train_heads(*, hf_model: Any, tokenizer: Any, conversations: list[list[dict[
 
 def teacher_cache_path(cache_key: str, config: TrainConfig) -> Path:
     """Where phase 1 keeps the teacher for this model, data and configuration."""
-    key = f"{cache_key}|{config.conversations}|{config.max_len}|{TEACHER_TOP}|{config.replies.value}"
+    key = f"{cache_key}|{config.conversations}|{config.max_len}|{TEACHER_TOP}|{config.replies.value}|tokens"
     if config.replies is Replies.SELF:
         key += f"|{config.reply_tokens}"
     return cache_root() / "teacher" / f"{hashlib.sha256(key.encode()).hexdigest()[:16]}.npz"

@@ -22,7 +22,7 @@ if TYPE_CHECKING:  # the PyTorch reference uses this module without ONNX Runtime
     from specmemo.runtime.session import DecoderSession
 
 
-TREE_CACHE = 256  # tree shapes whose depths and bias block stay cached (at most 256 x [64, 64] float32: 4 MiB)
+TREE_CACHE = 16  # tree shapes whose depths and bias stay cached (a new shape costs 15-60 us to compute)
 
 
 class ContextOverflowError(SpecMemoError, OverflowError):

@@ -62,9 +62,9 @@ def measure_latency(backend, max_size: int, *, context: int = 256, rounds: int =
     """ms per verify step for each T in CURVE_SIZES up to `max_size`, timed the way the loop runs
     it (verify → accept → commit, so Python costs count), on a `context`-token past that each step
     rewinds to; interleaved in rounds, median of round medians. Drafting is timed in the loop."""
-    sizes = [s for s in CURVE_SIZES if s <= max_size] or [1]
+    sizes = [s for s in CURVE_SIZES if s <= min(max_size, backend.capacity - 2)] or [1]
     backend.reset()
-    prompt = [1] * min(context, backend.capacity - max_size - 1)
+    prompt = [1] * max(1, min(context, backend.capacity - sizes[-1] - 1))
     first = decode.prefill(backend, prompt)
     base = backend.length
     per_size: dict[int, list[float]] = {s: [] for s in sizes}

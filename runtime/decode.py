@@ -90,6 +90,8 @@ class Generation:
 class Step:
     root: int  # the next token, already decided by the base model
     hidden: np.ndarray  # [h] hidden state of the last committed position, for the heads
+    rows: np.ndarray | None = None  # [T, h] the decoder call's hidden states (an arena view), for drafters
+    path: list[int] | None = None  # the nodes it committed, in order (None: every row, as in prefill)
 
 
 def prefill(backend: Backend, prompt: list[int], sampling: Sampling | None = None,
@@ -101,7 +103,7 @@ def prefill(backend: Backend, prompt: list[int], sampling: Sampling | None = Non
         root = int(out.next_token_ids[-1])
     else:
         root = int(rng.choice(out.logits.shape[-1], p=softmax(out.logits[-1:], sampling.temperature)[0]))
-    return Step(root, out.hidden_states[-1])
+    return Step(root, out.hidden_states[-1], out.hidden_states)
 
 
 def accept(tokens: list[int], parents: list[int], next_ids: np.ndarray) -> list[int]:
@@ -147,7 +149,7 @@ def verify_and_commit(backend: Backend, tokens: list[int], parents: list[int], s
     else:
         path, root = accept_typical(tokens, parents, out.logits, sampling, rng)
     last = path[-1]
-    step = Step(root, out.hidden_states[last])  # an arena view: read by the next draft, before the next forward
+    step = Step(root, out.hidden_states[last], out.hidden_states, path)  # arena views: read by the next draft
     backend.commit(path)
     return path, step
 
@@ -210,7 +212,7 @@ def generate(
         draft_ms = 0.0
         if budget > 1 and speculative:
             drafted = time.perf_counter()
-            proposal = drafter.propose(DraftContext(context, step.hidden), budget=budget)
+            proposal = drafter.propose(DraftContext(context, step.hidden, step.rows, step.path), budget=budget)
             draft_ms = 1e3 * (time.perf_counter() - drafted)
             stats.draft_s += draft_ms / 1e3
         else:

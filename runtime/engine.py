@@ -14,11 +14,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from specmemo.errors import ConfigError
-from specmemo.runtime.backend import OrtBackend
+from specmemo.runtime.backend import OrtBackend, check_fits
 from specmemo.runtime.config import EngineConfig, Mode, drafters, resolve_sizes
 from specmemo.runtime.controller import Controller, LatencyCurve, latency_curve
 from specmemo.runtime.decode import FullWidth, Generation, generate
 from specmemo.runtime.drafters import Drafter, DrafterName, Merged
+from specmemo.runtime.drafters.feature import FeatureDrafter, OrtFeatureGraph
 from specmemo.runtime.drafters.lookup import PromptLookup
 from specmemo.runtime.drafters.medusa import MedusaDrafter, OrtMedusaHeads
 from specmemo.runtime.manifest import ManifestError, load_manifest
@@ -76,6 +77,7 @@ class Engine:
         if not 0 <= cached < len(prompt_ids) or cached > self._backend.length:
             raise ValueError(f"cached={cached} must be committed ({self._backend.length} rows are) and leave at least "
                              f"one of the {len(prompt_ids)} prompt tokens to prefill")
+        check_fits(cached, len(prompt_ids) - cached, self._backend.capacity)  # before any latency measurement
         speculative = mode is not Mode.GREEDY
         if cached == 0:
             self._backend.reset()
@@ -96,6 +98,9 @@ def open_drafter(session: DecoderSession, names: tuple[DrafterName, ...], *, max
             parts.append(MedusaDrafter(OrtMedusaHeads(session), exported_tree(session.manifest).prefix(max_tree)))
         elif name is DrafterName.LOOKUP:
             parts.append(PromptLookup())
+        elif name is DrafterName.FEATURE:
+            graph = OrtFeatureGraph(session.artifact, session.manifest, threads=session.config.threads)
+            parts.append(FeatureDrafter(graph, session.embedding))
     if not parts:
         return None
     return parts[0] if len(parts) == 1 else Merged(parts)
@@ -106,6 +111,9 @@ def open_engine(config: EngineConfig, *, log=print) -> Engine:
     names = drafters(config, manifest)
     if DrafterName.MEDUSA in names and manifest.heads is None:
         raise ManifestError(f"{config.artifact} has no Medusa heads: use --drafter lookup, or re-export with --heads")
+    if DrafterName.FEATURE in names and manifest.feature_drafter is None:
+        raise ManifestError(f"{config.artifact} has no feature drafter: use --drafter lookup, or re-export with "
+                            f"--feature-drafter")
     if not names and config.mode is not Mode.GREEDY:  # nothing to speculate with: plain decoding
         config = replace(config, mode=Mode.GREEDY)
     sizes, plan = resolve_sizes(config, manifest, log=log)

@@ -134,6 +134,28 @@ class HeadsInfo:
 
 
 @dataclass(frozen=True)
+class FeatureDrafterInfo:
+    """The feature drafter's graph (export/drafter_graph.py): W rows on its own KV buffer of
+    `capacity` rows → next features, top-k ids and probabilities."""
+
+    file: str
+    data_file: str
+    inputs: tuple[str, ...]  # features, embeds, position_ids, attention_bias, past_key, past_value
+    outputs: tuple[str, ...]  # features_out, top_ids, top_probs, present_key, present_value
+    top_k: int  # k guesses per row
+    capacity: int  # C_d rows of its KV buffer: the decoder's max capacity + room for the draft tree
+    subvocab_size: int  # N
+    source: str = ""  # the drafter folder it was exported from
+    accuracy: tuple[float, ...] = ()  # top-1 per depth, from eval-drafter (for the card)
+
+    def __post_init__(self) -> None:
+        if len(self.inputs) != 6 or len(self.outputs) != 5:
+            raise ManifestError("feature_drafter: expected 6 inputs and 5 outputs: re-export the artifact")
+        if self.top_k < 1 or self.capacity < 2:
+            raise ManifestError(f"feature_drafter: top_k {self.top_k} and capacity {self.capacity} must be >= 1, >= 2")
+
+
+@dataclass(frozen=True)
 class DevicePlan:
     """What `specmemo export --profile` sized for a device; runtimes open the artifact with it
     unless told otherwise (a budget, a capacity or another profile)."""
@@ -171,6 +193,7 @@ class Manifest:
     tokenizer: TokenizerInfo
     drafter: str  # the default drafter(s), e.g. "medusa+lookup" (runtime/drafters); "": none; --drafter overrides
     heads: HeadsInfo | None = None  # None: exported without Medusa heads (no medusa drafter)
+    feature_drafter: FeatureDrafterInfo | None = None  # None: exported without the feature drafter
     plan: DevicePlan | None = None  # set by `export --profile`
 
     def __post_init__(self) -> None:
@@ -195,6 +218,9 @@ class Manifest:
             raise ManifestError(f"manifest.drafter: {err}") from None
         if DrafterName.MEDUSA in names and self.heads is None:
             raise ManifestError(f"drafter {self.drafter!r} needs Medusa heads, which this artifact lacks: re-export")
+        if DrafterName.FEATURE in names and self.feature_drafter is None:
+            raise ManifestError(f"drafter {self.drafter!r} needs the feature drafter graph, which this artifact "
+                                f"lacks: re-export with --feature-drafter")
         if self.plan is not None and self.plan.capacity > self.max_capacity:
             raise ManifestError(f"plan.capacity {self.plan.capacity} exceeds the graph's max capacity "
                                 f"{self.max_capacity}: re-export with --profile")
@@ -238,7 +264,7 @@ def _build(cls: type, data: Any, where: str) -> Any:
 
 _NESTED = {"SharedInitializer": SharedInitializer, "ModelDims": ModelDims, "DecoderIO": DecoderIO,
            "EmbeddingInfo": EmbeddingInfo, "TokenizerInfo": TokenizerInfo, "HeadsInfo": HeadsInfo,
-           "DevicePlan": DevicePlan}
+           "DevicePlan": DevicePlan, "FeatureDrafterInfo": FeatureDrafterInfo}
 
 
 def _convert(type_name: Any, value: Any, where: str) -> Any:
@@ -289,6 +315,8 @@ def load_manifest(artifact: str | Path) -> Manifest:
     files = [manifest.decoder_file, manifest.decoder_data_file, manifest.embedding.file, manifest.tokenizer.file]
     if manifest.heads is not None:
         files += [manifest.heads.file, manifest.heads.data_file]
+    if manifest.feature_drafter is not None:
+        files += [manifest.feature_drafter.file, manifest.feature_drafter.data_file]
     for name in files:
         if not (folder / name).is_file():
             raise ManifestError(f"{folder / name} named by the manifest is missing: re-export the artifact")

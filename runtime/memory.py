@@ -228,9 +228,9 @@ def what_would_fit(artifact: Path, manifest: Manifest, calibration: Calibration,
         options.append(f"a context of at most {largest} tokens")
     if manifest.heads is not None:
         heads_bytes = (artifact / manifest.heads.data_file).stat().st_size
-        plain = lower_bound(replace(manifest, heads=None),
+        plain = lower_bound(replace(manifest, heads=None, drafter="lookup"),
                             replace(calibration, load_bytes=calibration.load_bytes - heads_bytes), context=context)
-        options.append(f"no heads (--heads none, plain decoding): {plain.total / MIB:.0f} MiB")
+        options.append(f"no heads (--heads none, prompt lookup or plain decoding): {plain.total / MIB:.0f} MiB")
     decoder_bytes = (artifact / manifest.decoder_data_file).stat().st_size
     saved = int(decoder_bytes * (1 - INT4_BYTES_PER_WEIGHT / manifest.bytes_per_weight))
     int4 = lower_bound(manifest, replace(calibration, load_bytes=calibration.load_bytes - saved), context=context)

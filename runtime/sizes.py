@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from specmemo.errors import ConfigError
 from specmemo.runtime.manifest import Manifest, ManifestError
 from specmemo.runtime.drafters import DrafterName
+from specmemo.runtime.drafters.feature import MAX_TREE as FEATURE_MAX_TREE
 from specmemo.runtime.drafters.lookup import MAX_BRANCH as LOOKUP_MAX_BRANCH
 from specmemo.runtime.medusa_tree import MedusaTree
 
@@ -47,13 +48,16 @@ def check_capacity(manifest: Manifest, capacity: int) -> int:
 
 
 def draft_tree_size(manifest: Manifest, drafters: tuple[DrafterName, ...]) -> int:
-    """T_max the drafters can use: the exported Medusa tree, or prompt lookup's longest branch + the
-    root, whichever is larger (a merged tree is cut to it); 1 for plain decoding (no drafters)."""
+    """T_max the drafters can use: the largest of the exported Medusa tree, prompt lookup's longest
+    branch + the root and the feature drafter's tree (a merged tree is cut to it); 1 for plain
+    decoding (no drafters)."""
     sizes = [1]
     if DrafterName.MEDUSA in drafters:
         sizes.append(exported_tree(manifest).size)
     if DrafterName.LOOKUP in drafters:
         sizes.append(1 + LOOKUP_MAX_BRANCH)
+    if DrafterName.FEATURE in drafters:
+        sizes.append(FEATURE_MAX_TREE)
     return max(sizes)
 
 

@@ -95,3 +95,28 @@ def _messages(turns: list) -> list[dict[str, str]]:
     if messages and messages[-1]["role"] == "user":
         messages.pop()
     return messages
+
+
+QUOTING_TASKS = (
+    "Rewrite the following text in a more formal tone, keeping all of its content:",
+    "Correct any spelling or grammar mistakes in the following text and return the whole corrected text:",
+    "Summarize the following text, quoting its key sentences:",
+    "Turn the following text into a bulleted list, keeping the original wording:",
+)
+
+
+def quoting_prompts(count: int = 24, *, path: Path | None = None) -> list[str]:
+    """A workload where replies quote their prompt: the first `count` ShareGPT assistant turns of
+    60–160 words of plain prose (no code, no lists, no tables), each pasted under one of
+    QUOTING_TASKS in turn (rewrite, correct, summarise, list). Deterministic: file order."""
+    prompts: list[str] = []
+    for messages in sharegpt_conversations(path):
+        for message in messages[1::2]:
+            text = message["content"]
+            words = len(text.split())
+            if not 60 <= words <= 160 or any(mark in text for mark in ("```", "|", "\n-", "\n*", "\n1.")):
+                continue
+            prompts.append(f"{QUOTING_TASKS[len(prompts) % len(QUOTING_TASKS)]}\n\n{text}")
+            if len(prompts) == count:
+                return prompts
+    raise DataError(f"only {len(prompts)} quotable passages found in ShareGPT, {count} asked for")

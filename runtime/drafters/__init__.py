@@ -1,6 +1,8 @@
 """Drafters: each proposes a scored token tree for the decode loop to verify (draft.py).
 
   medusa  – the Medusa heads graph over the last hidden state (medusa.py);
+  feature – the feature drafter (EAGLE family): one layer unrolled on its own predicted hidden
+            states, a tree grown by confidence (feature.py);
   lookup  – prompt lookup: the continuation of the context's longest earlier n-gram match (lookup.py);
   a+b     – both, merged into one tree (draft.merge), e.g. medusa+lookup.
 
@@ -21,6 +23,7 @@ __all__ = ["DraftContext", "DraftTree", "Drafter", "DrafterName", "Merged", "par
 class DrafterName(str, Enum):
     MEDUSA = "medusa"
     LOOKUP = "lookup"
+    FEATURE = "feature"
 
 
 def parse_drafter(spec: str) -> tuple[DrafterName, ...]:

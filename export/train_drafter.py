@@ -1,0 +1,243 @@
+"""`specmemo train-drafter`: the feature drafter (export/feature_drafter.py) by self-distillation
+from the frozen base model.
+
+  1. cache – the base model's final hidden states, tokens and top-20 next-token distributions over
+     the training text, as for the heads (train_heads.py, cached on disk): ShareGPT conversations
+     teacher-forced (`dataset`), the base model's own greedy replies to their first turns (`self`,
+     the distribution the drafter is used on), or both;
+  2. train – row t reads [f_t + noise ; E(x_{t+1})] and learns f_{t+1} (smooth L1, the EAGLE
+     regression loss) and the base model's distribution at t + 1 over the sub-vocabulary
+     (KL, the classification loss), on rows whose token t + 2 is an assistant token. The noise
+     (uniform, NOISE x the feature's RMS) stands in for the drafter's own errors when it is unrolled.
+Whole conversations (up to max_len tokens) per sequence, a batch of sequences per step. Seeded,
+checkpointed, resumable; `--device cuda` trains on a GPU where one is visible.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from tqdm.auto import tqdm
+
+from specmemo.errors import ConfigError
+from specmemo.export.decoder import embedding_table, rotary_table
+from specmemo.export.dims import dims_from_config
+from specmemo.export.feature_drafter import FeatureDrafter, FeatureDrafterSpec, save_drafter
+from specmemo.export.load import lm_head_t
+from specmemo.export.train_heads import (Replies, TeacherCache, TrainConfig, _teacher, frequent_tokens,
+                                         learning_rate)
+
+CHECKPOINT_FILE = "checkpoint.pt"
+NOISE = 0.1
+
+
+@dataclass(frozen=True)
+class DrafterTrainConfig:
+    subvocab_size: int = 8192  # N
+    data: str = "both"  # dataset | self | both
+    conversations: int = 1000  # the first N usable ShareGPT conversations (dataset replies)
+    self_prompts: int = 300  # first turns answered by the base model (self replies)
+    max_len: int = 512
+    reply_tokens: int = 192
+    epochs: float = 2.0
+    batch_sequences: int = 8
+    lr: float = 1e-3
+    warmup_steps: int = 30
+    cls_weight: float = 1.0
+    noise: float = NOISE
+    seed: int = 0
+    threads: int = 2
+    device: str = "cpu"
+    checkpoint_every: int = 50
+
+    def __post_init__(self) -> None:
+        if self.data not in ("dataset", "self", "both"):
+            raise ConfigError(f"--data must be dataset, self or both, got {self.data!r}")
+        for name in ("subvocab_size", "conversations", "self_prompts", "batch_sequences", "threads", "max_len"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"--{name.replace('_', '-')} must be >= 1")
+        if self.epochs <= 0 or self.lr <= 0:
+            raise ConfigError("--epochs and --lr must be positive")
+        if self.device not in ("cpu", "cuda"):
+            raise ConfigError(f"--device must be cpu or cuda, got {self.device!r}")
+        if self.device == "cuda" and not torch.cuda.is_available():
+            raise ConfigError("--device cuda: no CUDA device is visible to torch; use --device cpu")
+
+    def record(self) -> dict:
+        """The settings that decide the result (not threads, device, checkpoint cadence)."""
+        data = asdict(self)
+        for volatile in ("threads", "device", "checkpoint_every"):
+            data.pop(volatile)
+        return data
+
+
+def teacher_data(hf_model, tokenizer, conversations: list, config: DrafterTrainConfig, cache_key: str | None,
+                 log=print) -> TeacherCache:
+    """The cached teacher for `config.data`: dataset replies, self replies, or both concatenated."""
+    caches = []
+    if config.data in ("dataset", "both"):
+        heads_config = TrainConfig(conversations=config.conversations, max_len=config.max_len, replies=Replies.DATASET,
+                                   device=config.device, threads=config.threads)
+        caches.append(_teacher(hf_model, tokenizer, conversations[: config.conversations], heads_config, cache_key, log))
+    if config.data in ("self", "both"):
+        heads_config = TrainConfig(conversations=config.self_prompts, max_len=config.max_len, replies=Replies.SELF,
+                                   reply_tokens=config.reply_tokens, device=config.device, threads=config.threads)
+        caches.append(_teacher(hf_model, tokenizer, conversations[: config.self_prompts], heads_config, cache_key, log))
+    return concat(caches)
+
+
+def concat(caches: list[TeacherCache]) -> TeacherCache:
+    if len(caches) == 1:
+        return caches[0]
+    offsets = np.cumsum([0] + [c.positions for c in caches[:-1]])
+    return TeacherCache(hidden=np.concatenate([c.hidden for c in caches]),
+                        top_ids=np.concatenate([c.top_ids for c in caches]),
+                        top_probs=np.concatenate([c.top_probs for c in caches]),
+                        target=np.concatenate([c.target for c in caches]),
+                        starts=np.concatenate([caches[0].starts[:1]] + [c.starts[1:] + o for c, o in zip(caches, offsets)]),
+                        tokens=np.concatenate([c.tokens for c in caches]))
+
+
+def sequences(cache: TeacherCache) -> list[tuple[int, int]]:
+    """(first row, rows) per conversation: rows t = a .. b - 2 (each needs token t + 1 and teacher t + 1),
+    kept when some row has a target (token t + 2 an assistant token)."""
+    out = []
+    for a, b in zip(cache.starts[:-1], cache.starts[1:]):
+        if b - a >= 3 and cache.target[a + 1 : b].any():
+            out.append((int(a), int(b - a - 1)))
+    return out
+
+
+def make_batch(cache: TeacherCache, picked: list[tuple[int, int]], embed: torch.Tensor, inverse: torch.Tensor,
+               device: str, noise: float, generator: torch.Generator):
+    """Padded tensors for a batch of sequences: inputs, positions, key mask, targets, loss mask."""
+    width = max(n for _, n in picked)
+    h = cache.hidden.shape[1]
+    features = np.zeros((len(picked), width, h), np.float32)
+    next_ids = np.zeros((len(picked), width), np.int64)
+    goal = np.zeros((len(picked), width, h), np.float32)
+    teacher_ids = np.zeros((len(picked), width, cache.top_ids.shape[1]), np.int64)
+    teacher_probs = np.zeros((len(picked), width, cache.top_ids.shape[1]), np.float32)
+    loss_mask = np.zeros((len(picked), width), bool)
+    key_mask = np.zeros((len(picked), width), bool)
+    for i, (a, n) in enumerate(picked):
+        features[i, :n] = cache.hidden[a : a + n]
+        next_ids[i, :n] = cache.tokens[a + 1 : a + n + 1]
+        goal[i, :n] = cache.hidden[a + 1 : a + n + 1]
+        teacher_ids[i, :n] = cache.top_ids[a + 1 : a + n + 1]
+        teacher_probs[i, :n] = cache.top_probs[a + 1 : a + n + 1]
+        loss_mask[i, :n] = cache.target[a + 1 : a + n + 1]
+        key_mask[i, :n] = True
+    features_t = torch.from_numpy(features)
+    rms = features_t.pow(2).mean(-1, keepdim=True).sqrt()
+    features_t = features_t + (torch.rand(features_t.shape, generator=generator) * 2 - 1) * noise * rms
+    ids = inverse[torch.from_numpy(teacher_ids)]  # [B, S, 20] sub-vocabulary index or -1
+    probs = torch.from_numpy(teacher_probs) * (ids >= 0)
+    probs = probs / probs.sum(-1, keepdim=True).clamp(min=1e-9)
+    positions = torch.arange(1, width + 1).expand(len(picked), width)
+    return (features_t.to(device), embed[torch.from_numpy(next_ids).to(device)], positions.to(device),
+            torch.from_numpy(key_mask).to(device), torch.from_numpy(goal).to(device), ids.clamp(min=0).to(device),
+            probs.to(device), torch.from_numpy(loss_mask).to(device))
+
+
+def batch_loss(drafter: FeatureDrafter, batch, config: DrafterTrainConfig) -> tuple[torch.Tensor, float, float]:
+    """(loss, top-1 agreement with the teacher, feature loss) on the masked rows."""
+    features, next_embeds, positions, key_mask, goal, ids, probs, mask = batch
+    predicted, logits = drafter(features, next_embeds, positions, key_mask)
+    rows = mask.sum().clamp(min=1)
+    regression = (F.smooth_l1_loss(predicted, goal, reduction="none").mean(-1) * mask).sum() / rows
+    log_probs = torch.log_softmax(logits, dim=-1)  # [B, S, N]
+    kl = (probs * (torch.log(probs.clamp(min=1e-12)) - log_probs.gather(-1, ids))).sum(-1)  # [B, S]
+    classification = (kl * mask).sum() / rows
+    hit = (log_probs.argmax(-1) == ids[..., 0]) & mask & (probs[..., 0] > 0)
+    return regression + config.cls_weight * classification, float(hit.sum()) / float(rows), float(regression.detach())
+
+
+def train_drafter(*, hf_model: Any, tokenizer: Any, conversations: list, config: DrafterTrainConfig, out: Path,
+                  base_sha256: str = "", cache_key: str | None = None, card: dict | None = None,
+                  log=print) -> FeatureDrafterSpec:
+    """Train a feature drafter for `hf_model`; save drafter.safetensors + drafter.json into `out`."""
+    torch.manual_seed(config.seed)
+    torch.set_num_threads(config.threads)
+    started = time.perf_counter()
+    hf_model = hf_model.to(config.device)
+    cache = teacher_data(hf_model, tokenizer, conversations, config, cache_key, log)
+    dims = dims_from_config(hf_model.config)
+    spec = FeatureDrafterSpec.for_base(dims, subvocab_size=config.subvocab_size, base_sha256=base_sha256)
+    token_map = frequent_tokens(cache, spec.subvocab_size)
+    cos, sin = rotary_table(hf_model, config.max_len + 2, dims.head_dim)
+    drafter = FeatureDrafter(spec, lm_head_t=lm_head_t(hf_model).cpu(), token_map=token_map, cos=cos, sin=sin)
+    drafter = drafter.to(config.device)
+    embed = embedding_table(hf_model).to(config.device)  # [V, h], frozen
+    inverse = torch.full((spec.vocab_size,), -1, dtype=torch.long)
+    inverse[token_map] = torch.arange(len(token_map))
+    out.mkdir(parents=True, exist_ok=True)
+    summary = train_loop(drafter, cache, embed, inverse, config, out, log=log)
+    summary.update(conversations=len(cache.starts) - 1, tokens=int(cache.positions),
+                   minutes=round((time.perf_counter() - started) / 60, 1))
+    spec = replace(spec, card={**(card or {}), "train": {**config.record(), **summary}})
+    save_drafter(drafter.cpu(), out, spec)
+    log(f"wrote {out} ({summary['minutes']} min): loss {summary['loss_first']:.3f} → {summary['loss_last50']:.3f}, "
+        f"train top-1 {summary['train_top1_last50']:.3f}")
+    return spec
+
+
+def train_loop(drafter: FeatureDrafter, cache: TeacherCache, embed: torch.Tensor, inverse: torch.Tensor,
+               config: DrafterTrainConfig, out: Path, *, log=print) -> dict:
+    seqs = sequences(cache)
+    per_epoch = math.ceil(len(seqs) / config.batch_sequences)
+    total_steps = max(1, int(per_epoch * config.epochs))
+    params = [p for p in drafter.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=0.0)
+    step, history = 0, []
+    checkpoint = out / CHECKPOINT_FILE
+    key = json.dumps(config.record(), sort_keys=True)
+    if checkpoint.is_file():
+        state = torch.load(checkpoint, map_location=config.device, weights_only=True)
+        if state["config"] != key:
+            raise ConfigError(f"{checkpoint} was written by a different training configuration: "
+                              f"use another --out or delete the checkpoint")
+        drafter.load_state_dict(state["drafter"])
+        optimizer.load_state_dict(state["optimizer"])
+        step, history = int(state["step"]), list(state["history"])
+        log(f"resuming from {checkpoint} at step {step}/{total_steps}")
+    log(f"training the feature drafter ({sum(p.numel() for p in params) / 1e6:.1f}M parameters, N={len(inverse[inverse >= 0])}) "
+        f"on {len(seqs):,} sequences ({int(cache.target.sum()):,} target positions) x {config.epochs:g} epochs "
+        f"= {total_steps} steps of {config.batch_sequences}")
+    window: list[tuple[float, float]] = []
+    bar = tqdm(total=total_steps, initial=step, desc="train drafter", unit="step", dynamic_ncols=True)
+    while step < total_steps:
+        epoch, offset = divmod(step, per_epoch)
+        order = torch.randperm(len(seqs), generator=torch.Generator().manual_seed(config.seed + epoch)).tolist()
+        picked = [seqs[i] for i in order[offset * config.batch_sequences : (offset + 1) * config.batch_sequences]]
+        for group in optimizer.param_groups:
+            group["lr"] = learning_rate(step, total_steps, config)
+        noise = torch.Generator().manual_seed(config.seed * 1_000_003 + step)
+        batch = make_batch(cache, picked, embed, inverse, config.device, config.noise, noise)
+        loss, top1, _ = batch_loss(drafter, batch, config)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        optimizer.step()
+        step += 1
+        window = (window + [(loss.item(), top1)])[-50:]
+        bar.set_postfix(loss=f"{np.mean([w[0] for w in window]):.3f}", top1=f"{np.mean([w[1] for w in window]):.3f}")
+        bar.update(1)
+        history.append(window[-1][0])
+        if step % config.checkpoint_every == 0 or step == total_steps:
+            tmp = checkpoint.with_suffix(".tmp")
+            torch.save({"drafter": drafter.state_dict(), "optimizer": optimizer.state_dict(), "step": step,
+                        "history": history, "config": key}, tmp)
+            tmp.rename(checkpoint)
+    bar.close()
+    return {"steps": total_steps, "sequences": len(seqs), "loss_first": history[0] if history else None,
+            "loss_last50": float(np.mean(history[-50:])) if history else None,
+            "train_top1_last50": float(np.mean([w[1] for w in window])) if window else None}

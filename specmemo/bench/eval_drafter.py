@@ -1,0 +1,224 @@
+"""`specmemo eval-drafter`: how good is a drafter, and what does it buy on this machine?
+
+For each drafter named, on a workload (MT-Bench first turns, or the quoting workload where
+replies quote their prompt), greedy, 128 new tokens by default:
+  1. teacher-forced – plain greedy decoding, asking the drafter for a tree of `--max-tree` nodes at
+     every position; afterwards, against the greedy reply: depth-wise top-1 (the draft's best child
+     at depth d is the true token, given depths < d were), chain acceptance (tokens a verify of the
+     draft's best path would gain) and tree acceptance (of the whole tree), per step; drafting ms;
+  2. timed – per prompt, interleaved: plain greedy, then each drafter under the controller (fresh
+     statistics per reply): decode tokens/s, the speed-up over greedy measured side by side,
+     accepted tokens and verified nodes per step, replies identical to greedy;
+  3. the bound – on this CPU a step of T nodes costs verify_ms(T) + draft_ms, so no controller can
+     beat max_T tree_accepted(T) / (verify_ms(T) + draft_ms) x verify_ms(1) times greedy; printed
+     beside the measured speed-up.
+Prints a table and writes JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from dataclasses import dataclass, field
+from enum import Enum
+from pathlib import Path
+
+import numpy as np
+from tqdm.auto import tqdm
+
+from specmemo.errors import ConfigError
+from specmemo.runtime.calibrate import cpu_name
+from specmemo.runtime.config import EngineConfig, Mode
+from specmemo.runtime.decode import prefill, verify_and_commit
+from specmemo.runtime.drafters import DraftContext, DraftTree, parse_drafter
+from specmemo.runtime.engine import Engine, open_drafter, open_engine
+from specmemo.runtime.tokenizer import Message
+
+DEPTHS = 4  # depth-wise top-1 reported for depths 1..DEPTHS
+
+
+class Workload(str, Enum):
+    MT_BENCH = "mt-bench"  # MT-Bench first turns
+    QUOTING = "quoting"  # ShareGPT passages to rewrite, correct, summarise or list (datasets.quoting_prompts)
+
+
+@dataclass(frozen=True)
+class EvalDrafterConfig:
+    artifact: Path
+    drafters: tuple[str, ...] = ("medusa", "lookup", "medusa+lookup")
+    workload: Workload = Workload.MT_BENCH
+    prompts: int = 10
+    max_new_tokens: int = 128
+    max_tree: int = 8  # nodes the teacher-forced pass asks for (the bar's tree size)
+    threads: int = 2
+    out: Path = Path("results") / "eval-drafter"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "workload", Workload(self.workload))
+        for spec in self.drafters:
+            parse_drafter(spec)
+        if min(self.prompts, self.max_new_tokens, self.max_tree, self.threads) < 1:
+            raise ConfigError("--prompts, --max-new-tokens, --max-tree and --threads must be >= 1")
+
+
+@dataclass
+class TeacherForced:
+    steps: int = 0
+    depth_hits: list[int] = field(default_factory=lambda: [0] * DEPTHS)  # best child right, given the prefix was
+    depth_tries: list[int] = field(default_factory=lambda: [0] * DEPTHS)
+    chain_accepted: list[int] = field(default_factory=list)  # per step, 1 + matched depth along the best path
+    tree_accepted: list[int] = field(default_factory=list)  # per step, 1 + matched depth anywhere in the tree
+    tree_nodes: list[int] = field(default_factory=list)
+    tree_accepted_by_size: dict[int, list[int]] = field(default_factory=dict)  # prefix T → per step
+    draft_ms: list[float] = field(default_factory=list)
+
+    def summary(self) -> dict:
+        return {"steps": self.steps,
+                "top1_by_depth": [round(h / t, 4) if t else None for h, t in zip(self.depth_hits, self.depth_tries)],
+                "chain_accepted": round(float(np.mean(self.chain_accepted)), 3),
+                "tree_accepted": round(float(np.mean(self.tree_accepted)), 3),
+                "tree_nodes": round(float(np.mean(self.tree_nodes)), 2),
+                "tree_accepted_by_size": {t: round(float(np.mean(v)), 3) for t, v in sorted(self.tree_accepted_by_size.items())},
+                "draft_ms": round(statistics.median(self.draft_ms), 3)}
+
+
+def score_draft(draft: DraftTree, future: list[int], record: TeacherForced, max_tree: int) -> None:
+    """Walk the draft along the true future tokens: best-child hits per depth, chain and tree acceptance."""
+    children: dict[int, list[int]] = {}
+    for i, parent in enumerate(draft.parents[1:], 1):
+        children.setdefault(parent, []).append(i)  # best first: the draft lists nodes by score
+    node, chain_alive, chain, depth = 0, True, 1, 0
+    while depth < len(future):
+        kids = children.get(node, [])
+        if not kids:
+            break
+        if depth < DEPTHS:
+            record.depth_tries[depth] += 1
+            record.depth_hits[depth] += draft.tokens[kids[0]] == future[depth]
+        match = next((k for k in kids if draft.tokens[k] == future[depth]), None)
+        if match is None:
+            break
+        chain_alive = chain_alive and match == kids[0]
+        chain += chain_alive
+        node, depth = match, depth + 1
+    record.chain_accepted.append(chain)
+    record.tree_accepted.append(1 + depth)
+    path = set()
+    walk = node
+    while walk > 0:
+        path.add(walk)
+        walk = draft.parents[walk]
+    for size in (s for s in (2, 4, 8, 16, 32) if s <= max_tree):
+        record.tree_accepted_by_size.setdefault(size, []).append(1 + sum(1 for n in path if n < size))
+
+
+def teacher_forced(engine: Engine, drafter, prompts: list[list[int]], config: EvalDrafterConfig,
+                   desc: str) -> TeacherForced:
+    record = TeacherForced()
+    backend = engine.backend
+    for prompt in tqdm(prompts, desc=desc, unit="prompt", dynamic_ncols=True, leave=False):
+        backend.reset()
+        step = prefill(backend, prompt)
+        context, drafts = [*prompt, step.root], []
+        reply = [step.root]
+        while len(reply) < config.max_new_tokens and backend.length < backend.capacity:
+            started = time.perf_counter()
+            drafts.append(drafter.propose(DraftContext(context, step.hidden, step.rows, step.path), budget=config.max_tree))
+            record.draft_ms.append(1e3 * (time.perf_counter() - started))
+            _, step = verify_and_commit(backend, [step.root], [-1])
+            reply.append(step.root)
+            context.append(step.root)
+        for i, draft in enumerate(drafts):  # draft i was made with reply[i] as its root
+            score_draft(draft, reply[i + 1 :], record, config.max_tree)
+            record.tree_nodes.append(draft.size)
+        record.steps += len(drafts)
+    return record
+
+
+def encode(engine: Engine, config: EvalDrafterConfig) -> list[list[int]]:
+    from specmemo.datasets import load_questions, quoting_prompts
+
+    texts = ([q.turns[0] for q in load_questions()[: config.prompts]] if config.workload is Workload.MT_BENCH
+             else quoting_prompts(config.prompts))
+    return [engine.tokenizer.encode_chat([Message("user", t)]) for t in texts]
+
+
+def run(config: EvalDrafterConfig, *, log=print) -> dict:
+    engine = open_engine(EngineConfig(artifact=config.artifact, mode=Mode.TREE, drafter="+".join(
+        sorted({n.value for spec in config.drafters for n in parse_drafter(spec)})), threads=config.threads), log=log)
+    prompts = encode(engine, config)
+    curve = engine.policy(Mode.AUTO).curve  # verify ms per T: measured once per machine (cached)
+    engines = {spec: Engine(config=engine.config, session=engine.session, tokenizer=engine.tokenizer,
+                            drafter=open_drafter(engine.session, parse_drafter(spec), max_tree=engine.max_tree),
+                            max_tree=engine.max_tree, plan=None, log=log) for spec in config.drafters}
+    results: dict = {"workload": config.workload.value, "prompts": len(prompts), "max_new_tokens": config.max_new_tokens,
+                     "max_tree": config.max_tree, "threads": config.threads, "cpu": cpu_name(),
+                     "verify_ms": dict(zip(curve.sizes, [round(v, 2) for v in curve.step_ms])), "drafters": {}}
+    for spec, eng in engines.items():
+        forced = teacher_forced(eng, eng.drafter, prompts, config, f"teacher-forced {spec}")
+        results["drafters"][spec] = {"teacher_forced": forced.summary()}
+    timed = {name: {"tokens": 0, "seconds": 0.0, "accepted": [], "sizes": [], "identical": 0}
+             for name in ("greedy", *config.drafters)}
+    for prompt in tqdm(prompts, desc="timed, interleaved", unit="prompt", dynamic_ncols=True, leave=False):
+        greedy = engine.generate(prompt, max_new_tokens=config.max_new_tokens, mode=Mode.GREEDY, ignore_eos=True)
+        _add(timed["greedy"], greedy, greedy.token_ids)
+        for spec, eng in engines.items():
+            _add(timed[spec], eng.generate(prompt, max_new_tokens=config.max_new_tokens, mode=Mode.AUTO,
+                                           ignore_eos=True), greedy.token_ids)
+    greedy_rate = timed["greedy"]["tokens"] / timed["greedy"]["seconds"]
+    results["greedy_tokens_per_s"] = round(greedy_rate, 1)
+    for spec in config.drafters:
+        t, forced = timed[spec], results["drafters"][spec]["teacher_forced"]
+        rate = t["tokens"] / t["seconds"]
+        results["drafters"][spec]["controller"] = {
+            "tokens_per_s": round(rate, 1), "speedup_vs_greedy": round(rate / greedy_rate, 3),
+            "accepted_per_step": round(float(np.mean(t["accepted"])), 3),
+            "verified_nodes_per_step": round(float(np.mean(t["sizes"])), 2),
+            "identical_to_greedy": f"{t['identical']}/{len(prompts)}"}
+        results["drafters"][spec]["bound"] = round(speedup_bound(forced, curve), 3)
+    return results
+
+
+def speedup_bound(forced: dict, curve) -> float:
+    """max over T of tree_accepted(T) / (verify_ms(T) + draft_ms), in units of a plain step's rate."""
+    best = 1.0
+    for size, accepted in forced["tree_accepted_by_size"].items():
+        best = max(best, accepted / (curve.step(int(size)) + forced["draft_ms"]) * curve.step(1))
+    return best
+
+
+def _add(slot: dict, generation, greedy_ids: list[int]) -> None:
+    stats = generation.stats
+    slot["tokens"] += stats.new_tokens - 1
+    slot["seconds"] += stats.decode_s
+    slot["accepted"] += stats.accept_lengths or [1]
+    slot["sizes"] += stats.tree_sizes or [1]
+    slot["identical"] += generation.token_ids == greedy_ids
+
+
+def table(results: dict) -> str:
+    lines = [f"{results['workload']}: {results['prompts']} prompts, {results['max_new_tokens']} tokens, "
+             f"{results['threads']} threads, {results['cpu']}; greedy {results['greedy_tokens_per_s']} tok/s",
+             f"{'drafter':<16}{'top-1 @ depth 1/2/3/4':>26}{'chain':>7}{'tree':>7}{'draft ms':>9}"
+             f"{'tok/s':>8}{'x greedy':>9}{'bound':>7}{'acc/step':>9}{'T/step':>7}{'same':>7}",
+             "-" * 112]
+    for spec, r in results["drafters"].items():
+        forced, ctl = r["teacher_forced"], r["controller"]
+        top1 = " / ".join("-" if v is None else f"{v:.2f}" for v in forced["top1_by_depth"])
+        lines.append(f"{spec:<16}{top1:>26}{forced['chain_accepted']:>7.2f}{forced['tree_accepted']:>7.2f}"
+                     f"{forced['draft_ms']:>9.2f}{ctl['tokens_per_s']:>8.1f}{ctl['speedup_vs_greedy']:>9.2f}"
+                     f"{r['bound']:>7.2f}{ctl['accepted_per_step']:>9.2f}{ctl['verified_nodes_per_step']:>7.1f}"
+                     f"{ctl['identical_to_greedy']:>7}")
+    lines.append(f"teacher-forced with trees of up to {results['max_tree']} nodes: chain/tree = tokens a verify step "
+                 f"would gain from the draft's best path / whole tree; bound = the best speed-up any controller "
+                 f"gets from those trees at this machine's verify ms per T (verify_ms: {results['verify_ms']})")
+    return "\n".join(lines)
+
+
+def write(results: dict, out: Path) -> Path:
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"{results['workload']}.json"
+    path.write_text(json.dumps(results, indent=2) + "\n")
+    return path
+

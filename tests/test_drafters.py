@@ -1,0 +1,140 @@
+"""Drafters: scored trees by hand (order, caps, cuts, merges), prompt lookup's index, and decoding
+with lookup and with Medusa + lookup merged token-identical to greedy on a tiny model."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from specmemo.errors import ConfigError
+from specmemo.runtime.backend import OrtBackend
+from specmemo.runtime.config import EngineConfig
+from specmemo.runtime.decode import generate
+from specmemo.runtime.drafters import DrafterName, Merged, parse_drafter
+from specmemo.runtime.drafters.draft import DraftContext, DraftTree, merge, ordered
+from specmemo.runtime.drafters.lookup import HIT, NgramIndex, PromptLookup
+from specmemo.runtime.drafters.medusa import MedusaDrafter
+from specmemo.runtime.manifest import ManifestError, load_manifest
+from specmemo.runtime.medusa_tree import MedusaTree
+from specmemo.runtime.session import DecoderSession
+from tests.test_heads import OracleDrafter, exported, tiny  # noqa: F401  (fixtures)
+
+
+def test_ordered_caps_scores_sorts_best_first_and_cuts():
+    #      0 (root, token 5)
+    #     / \
+    #    1   2        node 1: 0.5, node 2: 0.6
+    #    |
+    #    3            node 3: 0.9, capped to its parent's 0.5
+    out = ordered([5, 1, 2, 3], [-1, 0, 0, 1], [1.0, 0.5, 0.6, 0.9], budget=10)
+    assert out == DraftTree(tokens=(5, 2, 1, 3), parents=(-1, 0, 0, 2), scores=(1.0, 0.6, 0.5, 0.5))
+    assert out.prefix(2) == DraftTree((5, 2), (-1, 0), (1.0, 0.6))
+    assert ordered([5, 1, 2, 3], [-1, 0, 0, 1], [1.0, 0.5, 0.6, 0.9], budget=2).tokens == (5, 2)
+    assert out.expected_accepted() == pytest.approx(2.6)
+
+
+def test_draft_tree_refuses_bad_shapes():
+    with pytest.raises(ValueError):
+        DraftTree((1, 2), (-1, 1), (1.0, 0.5))  # a node its own parent
+    with pytest.raises(ValueError):
+        DraftTree((1, 2), (0, -1), (1.0, 0.5))  # the root not first
+    with pytest.raises(ValueError):
+        DraftTree((1, 2), (-1, 0), (1.0,))  # a score missing
+
+
+def test_merge_unifies_shared_paths_and_adds_branches():
+    first = DraftTree((9, 4, 7, 6), (-1, 0, 1, 0), (1.0, 0.5, 0.2, 0.1))  # 9 → 4 → 7, 9 → 6
+    second = DraftTree((9, 4, 8, 3), (-1, 0, 1, 2), (1.0, 0.8, 0.64, 0.5))  # 9 → 4 → 8 → 3
+    out = merge(first, second, budget=10)
+    # node "4" is shared (score max(0.5, 0.8)); 8 and 3 join under it; order by score
+    assert out.tokens == (9, 4, 8, 3, 7, 6)
+    assert out.parents == (-1, 0, 1, 2, 1, 0)
+    assert out.scores == (1.0, 0.8, 0.64, 0.5, 0.2, 0.1)
+    assert merge(first, second, budget=3).tokens == (9, 4, 8)
+    with pytest.raises(ValueError):
+        merge(first, DraftTree.root_only(1), budget=4)
+
+
+def test_ngram_index_finds_the_longest_most_recent_match():
+    index = NgramIndex()
+    index.extend([1, 2, 3, 4, 5, 9, 2, 3, 7, 1, 2, 3])
+    assert index.continuation(3) == ([4, 5, 9], 3)  # "1 2 3" earlier: its continuation
+    index.extend([8])
+    assert index.continuation(3) == ([], 0)  # "8" never seen before
+    index.extend([2, 3])
+    assert index.continuation(2) == ([8, 2], 2)  # "2 3": its most recent earlier occurrence (then 8) wins
+
+
+def test_prompt_lookup_proposes_a_scored_chain_and_reindexes_a_new_reply():
+    lookup = PromptLookup()
+    tokens = [1, 2, 3, 4, 5, 6, 1, 2, 3]
+    out = lookup.propose(DraftContext(tokens), budget=4)
+    assert out.tokens == (3, 4, 5, 6) and out.parents == (-1, 0, 1, 2)
+    assert out.scores == pytest.approx((1.0, HIT[3], HIT[3] ** 2, HIT[3] ** 3))
+    tokens.extend([4, 5])  # the reply went on: only the new tokens are indexed
+    assert lookup.propose(DraftContext(tokens), budget=3).tokens == (5, 6, 1)
+    assert lookup.propose(DraftContext([7, 8, 9]), budget=4) == DraftTree.root_only(9)  # a new reply, no match
+
+
+def test_drafter_names_parse_with_one_line_errors():
+    assert parse_drafter("medusa+lookup") == (DrafterName.MEDUSA, DrafterName.LOOKUP)
+    with pytest.raises(ConfigError, match="unknown drafter 'eagle9'.*medusa, lookup"):
+        parse_drafter("eagle9")
+    with pytest.raises(ConfigError, match="named twice"):
+        parse_drafter("lookup+lookup")
+    with pytest.raises(ConfigError, match="unknown drafter"):
+        EngineConfig(artifact="x", drafter="medusa+nope")
+
+
+def test_manifest_names_a_drafter_it_can_run(exported, tmp_path):
+    import shutil
+
+    artifact = tmp_path / "copy"
+    shutil.copytree(exported[0], artifact)
+    data = json.loads((artifact / "manifest.json").read_text())
+    assert data["drafter"] == "medusa+lookup"  # the exporter's default with heads
+    for drafter, error in [("medusa", "needs Medusa heads"), ("sparrow", "unknown drafter")]:
+        bad = dict(data, drafter=drafter, heads=None) if drafter == "medusa" else dict(data, drafter=drafter)
+        (artifact / "manifest.json").write_text(json.dumps(bad))
+        with pytest.raises(ManifestError, match=error):
+            load_manifest(artifact)
+
+
+def repeating_prompt(vocab: int, seed: int) -> list[int]:
+    """A prompt that quotes itself: lookup has something to find from the first step."""
+    part = np.random.default_rng(seed).integers(5, vocab, 12).tolist()
+    return part + part[:6]
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_lookup_and_merged_drafts_decode_exactly_greedy(exported, seed):
+    artifact, model, _ = exported
+    vocab = model.config.vocab_size
+    prompt = repeating_prompt(vocab, seed)
+    greedy = generate(OrtBackend(DecoderSession(artifact)), prompt, max_new_tokens=40, eos_token_ids=set()).token_ids
+    session = DecoderSession(artifact)
+    lookup = generate(OrtBackend(session), prompt, max_new_tokens=40, eos_token_ids=set(), drafter=PromptLookup(),
+                      max_tree=8)
+    assert lookup.token_ids == greedy
+    backend = OrtBackend(DecoderSession(artifact))
+    medusa = MedusaTree.from_choices(session.manifest.heads.tree)
+    oracle = MedusaDrafter(OracleDrafter(backend, len(prompt), greedy, vocab, seed), medusa)
+    merged = generate(backend, prompt, max_new_tokens=40, eos_token_ids=set(),
+                      drafter=Merged([oracle, PromptLookup()]), max_tree=medusa.size)
+    assert merged.token_ids == greedy
+    assert max(merged.stats.draft_sizes) <= medusa.size
+
+
+def test_lookup_accepts_what_the_context_repeats(exported):
+    """History counts: a reply that repeats an earlier turn is drafted from it, and accepted."""
+    artifact, model, _ = exported
+    prompt = repeating_prompt(model.config.vocab_size, 0)
+    session = DecoderSession(artifact)
+    first = generate(OrtBackend(session), prompt, max_new_tokens=30, eos_token_ids=set()).token_ids
+    session.reset()
+    again = generate(OrtBackend(session), prompt, max_new_tokens=30, eos_token_ids=set(), drafter=PromptLookup(),
+                     max_tree=8, history=prompt + first)  # as if the same question came a second time
+    assert again.token_ids == first
+    assert again.stats.mean_accepted > 2  # the earlier reply was drafted, and accepted

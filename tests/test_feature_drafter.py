@@ -1,0 +1,155 @@
+"""The feature drafter on a tiny random model: its training forward equals its exported step (torch),
+the ONNX graph equals torch, training learns and is deterministic and resumable, and decoding with
+it (alone and merged with prompt lookup) is token-identical to greedy."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from conftest import export_tiny, make_tokenizer
+
+from specmemo.export.decoder import rotary_table
+from specmemo.export.drafter_graph import DrafterTopK
+from specmemo.export.feature_drafter import FeatureDrafter, FeatureDrafterSpec, load_drafter
+from specmemo.export.load import lm_head_t
+from specmemo.export.train_drafter import DrafterTrainConfig, train_drafter
+from specmemo.runtime.backend import OrtBackend
+from specmemo.runtime.decode import generate
+from specmemo.runtime.drafters import Merged
+from specmemo.runtime.drafters.feature import FeatureDrafter as RuntimeFeatureDrafter
+from specmemo.runtime.drafters.feature import OrtFeatureGraph
+from specmemo.runtime.drafters.lookup import PromptLookup
+from specmemo.runtime.session import DecoderSession, SessionConfig
+from specmemo.runtime.sizes import Sizes
+from tests.test_heads import conversations, tiny  # noqa: F401  (fixture)
+
+SUBVOCAB = 96
+
+
+def random_drafter(model, seed=0, capacity=64) -> FeatureDrafter:
+    from specmemo.export.dims import dims_from_config
+
+    dims = dims_from_config(model.config)
+    spec = FeatureDrafterSpec.for_base(dims, subvocab_size=SUBVOCAB)
+    cos, sin = rotary_table(model, capacity, dims.head_dim)
+    token_map = torch.arange(dims.vocab_size)[torch.randperm(dims.vocab_size, generator=torch.Generator().manual_seed(seed))[:SUBVOCAB]].sort().values
+    drafter = FeatureDrafter(spec, lm_head_t=lm_head_t(model), token_map=token_map, cos=cos, sin=sin)
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        for name, p in drafter.named_parameters():
+            if "norm" not in name:
+                p.normal_(0, 0.1)
+    return drafter.eval()
+
+
+@torch.no_grad()
+def test_training_forward_equals_the_exported_step(tiny):
+    """forward (causal, SDPA, autograd) and step (GroupQueryAttention on a KV buffer + bias) agree,
+    for a chain in one call, and for rows added later on top of a buffer with a tree bias."""
+    _, model, _ = tiny
+    drafter = random_drafter(model)
+    s = drafter.spec
+    rows = 7
+    features, embeds = torch.randn(1, rows, s.hidden_size), torch.randn(1, rows, s.hidden_size)
+    positions = torch.arange(1, rows + 1)[None]
+    g, logits = drafter(features, embeds, positions)
+    kv = [torch.zeros(1, s.num_kv_heads, 16, s.head_dim) for _ in range(2)]
+    causal = torch.where(torch.ones(rows, rows).tril().bool(), 0.0, float("-inf"))[None, None]
+    g_step, logits_step, k, v = drafter.step(features, embeds, positions, causal, *kv)
+    torch.testing.assert_close(g_step, g, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(logits_step, logits, atol=1e-4, rtol=1e-4)
+    # the last two rows again, as a two-node tree on top of the first five: same as the chain's row 6 for node 0
+    first = drafter.step(features[:, :5], embeds[:, :5], positions[:, :5], causal[..., :5, :5], *kv)
+    k, v = first[2], first[3]
+    bias = torch.zeros(1, 1, 2, 7)
+    bias[0, 0, 0, 6] = float("-inf")  # node 0 (row 5) does not see node 1; node 1 (row 6) sees node 0
+    g_tree, _, _, _ = drafter.step(features[:, 5:], embeds[:, 5:], positions[:, 5:], bias, k, v)
+    torch.testing.assert_close(g_tree, g[:, 5:], atol=1e-5, rtol=1e-5)
+
+
+@pytest.fixture(scope="module")
+def with_drafter(tiny, tmp_path_factory):
+    """The tiny model exported with a random feature drafter (its folder saved beside)."""
+    import shutil
+
+    from specmemo.export.feature_drafter import save_drafter
+
+    folder, model, _ = tiny
+    root = tmp_path_factory.mktemp("feature")
+    shutil.copytree(folder, root / "hf")
+    save_drafter(random_drafter(model), root / "drafter")
+    artifact = export_tiny(None, root, max_capacity=64, feature_drafter=root / "drafter")
+    return artifact, model, root / "drafter"
+
+
+def test_graph_matches_torch(with_drafter):
+    """ORT (drafter.onnx, KV bound in place) vs the torch twin: a 5-row chain, then a 3-node tree on top."""
+    artifact, model, folder = with_drafter
+    session = DecoderSession(artifact)
+    manifest = session.manifest
+    assert manifest.drafter == "feature+lookup"  # the exporter's default with a feature drafter
+    graph = OrtFeatureGraph(artifact, manifest, threads=2)
+    info = manifest.feature_drafter
+    cos, sin = rotary_table(model, info.capacity + 1, manifest.dims.head_dim)
+    twin = DrafterTopK(load_drafter(folder, lm_head_t=lm_head_t(model), cos=cos, sin=sin), info.top_k)
+    h = manifest.dims.hidden_size
+    rng = np.random.default_rng(0)
+    kv = [torch.zeros(1, manifest.dims.num_kv_heads, info.capacity, manifest.dims.head_dim) for _ in range(2)]
+    steps = [(5, np.where(np.tri(5, dtype=bool), 0.0, -np.inf)),
+             (3, np.concatenate([np.zeros((3, 5)), [[0, -np.inf, -np.inf], [0, 0, -np.inf], [0, -np.inf, 0]]], 1))]
+    start = 0
+    for rows, bias in steps:
+        features, embeds = rng.standard_normal((2, rows, h)).astype(np.float32)
+        positions = np.arange(start + 1, start + rows + 1)
+        out, ids, probs = graph.run(features, embeds, positions, bias.astype(np.float32))
+        with torch.no_grad():
+            ref = twin(torch.from_numpy(features)[None], torch.from_numpy(embeds)[None], torch.from_numpy(positions)[None],
+                       torch.from_numpy(bias.astype(np.float32))[None, None], *kv)
+        kv = [ref[3], ref[4]]
+        np.testing.assert_allclose(out, ref[0][0].numpy(), atol=1e-4, rtol=1e-4)
+        np.testing.assert_allclose(probs, ref[2][0].numpy(), atol=1e-5)
+        assert (ids == ref[1][0].numpy()).mean() > 0.95  # ranks may swap where probabilities tie
+        start += rows
+    np.testing.assert_allclose(graph.kv[0][0, :, :start], kv[0][0, :, :start].numpy(), atol=1e-4)  # written in place
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_feature_drafts_decode_exactly_greedy(with_drafter, seed):
+    artifact, model, _ = with_drafter
+    prompt = np.random.default_rng(seed).integers(5, model.config.vocab_size, 9).tolist()
+    greedy = generate(OrtBackend(DecoderSession(artifact)), prompt, max_new_tokens=40, eos_token_ids=set()).token_ids
+    session = DecoderSession(artifact, SessionConfig(sizes=Sizes(capacity=64, rows=16, tree=12), heads=False))
+    graph = OrtFeatureGraph(artifact, session.manifest, threads=2)
+    feature = RuntimeFeatureDrafter(graph, session.embedding)
+    for drafter in (feature, Merged([feature, PromptLookup()])):
+        session.reset()
+        result = generate(OrtBackend(session), prompt, max_new_tokens=40, eos_token_ids=set(), drafter=drafter,
+                          max_tree=12)
+        assert result.token_ids == greedy
+        assert max(result.stats.draft_sizes) > 1  # it did draft trees
+
+
+def test_training_learns_is_deterministic_and_resumes(tiny, tmp_path):
+    from safetensors.torch import load_file
+
+    _, model, _ = tiny
+    tokenizer = make_tokenizer(model.config.vocab_size)
+    data = conversations(model.config.vocab_size, count=12, seed=5)
+    config = DrafterTrainConfig(subvocab_size=SUBVOCAB, data="dataset", conversations=12, max_len=64, epochs=8,
+                                batch_sequences=4, lr=3e-3, warmup_steps=2, checkpoint_every=4)
+    runs = {}
+    for run in ("a", "b"):
+        runs[run] = train_drafter(hf_model=model, tokenizer=tokenizer, conversations=data, config=config,
+                                  out=tmp_path / run, log=lambda *_: None)
+    a, b = (load_file(str(tmp_path / run / "drafter.safetensors")) for run in ("a", "b"))
+    assert a.keys() == b.keys() and all(torch.equal(a[name], b[name]) for name in a)
+    train = runs["a"].card["train"]
+    assert train["loss_last50"] < train["loss_first"]
+    # resuming: a longer run picks up the finished one's checkpoint only if the settings match
+    from specmemo.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="different training configuration"):
+        train_drafter(hf_model=model, tokenizer=tokenizer, conversations=data,
+                      config=DrafterTrainConfig(**{**config.__dict__, "lr": 1e-2}), out=tmp_path / "a",
+                      log=lambda *_: None)
