@@ -30,6 +30,7 @@ from tqdm.auto import tqdm
 from specmemo.errors import ConfigError
 from specmemo.export.decoder import embedding_table, rotary_table
 from specmemo.export.dims import dims_from_config
+from specmemo.export.drafter_card import hardware, write_card
 from specmemo.export.feature_drafter import FeatureDrafter, FeatureDrafterSpec, save_drafter
 from specmemo.export.load import lm_head_t
 from specmemo.export.train_heads import (Replies, TeacherCache, TrainConfig, _teacher, frequent_tokens,
@@ -183,8 +184,10 @@ def train_drafter(*, hf_model: Any, tokenizer: Any, conversations: list, config:
     summary = train_loop(drafter, cache, embed, inverse, config, out, log=log)
     summary.update(conversations=len(cache.starts) - 1, tokens=int(cache.positions),
                    minutes=round((time.perf_counter() - started) / 60, 1))
-    spec = replace(spec, card={**(card or {}), "train": {**config.record(), **summary}})
+    spec = replace(spec, card={"hardware": hardware(config.device), **(card or {}),
+                               "train": {**config.record(), **summary}})
     save_drafter(drafter.cpu(), out, spec)
+    write_card(out)
     log(f"wrote {out} ({summary['minutes']} min): loss {summary['loss_first']:.3f} → {summary['loss_last50']:.3f}, "
         f"train top-1 {summary['train_top1_last50']:.3f}")
     return spec

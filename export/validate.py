@@ -133,6 +133,8 @@ def validate(artifact: Path, hf_model, prompt_ids: list[int], *, tolerance: floa
     report.checks.append(_check("prefill", report, out.logits, out.hidden_states, *ref.run(seq)))
     if heads is not None:
         report.checks.append(check_heads(session, heads, out.hidden_states, report))
+    if session.manifest.feature_drafter is not None:
+        report.checks.append(check_feature_drafter(session, hf_model, out.hidden_states.copy(), seq, report))
 
     # decode: T=1 steps feeding the greedy token
     token = int(out.next_token_ids[-1])
@@ -179,6 +181,40 @@ def check_heads(session: DecoderSession, heads: MedusaHeads, hidden: np.ndarray,
     clear = np.minimum(np.concatenate([step, edge], -1), np.concatenate([edge, step], -1)) > atol
     return Check(name="heads", tokens=len(hidden), logits_diff=_diff(probs, ref_probs), hidden_diff=0.0,
                  excess=_excess(probs, ref_probs, atol, rtol), argmax_agree=bool((ids == ref_ids)[clear].all()))
+
+
+def check_feature_drafter(session: DecoderSession, hf_model, hidden: np.ndarray, seq: list[int],
+                          report: ValidationReport) -> Check:
+    """The feature-drafter graph (ORT, KV in the arena) against its torch twin on the prompt's real
+    hidden states: rows t = 0 .. P-2 as one causal catch-up; predicted features within tolerance
+    (the hidden column), top-k probabilities (the logits column), ids where ranks are not tied."""
+    from specmemo.export.decoder import rotary_table
+    from specmemo.export.drafter_graph import DrafterTopK
+    from specmemo.export.feature_drafter import load_drafter
+    from specmemo.runtime.drafters.feature import OrtFeatureGraph
+
+    info, dims = session.manifest.feature_drafter, session.manifest.dims
+    graph = OrtFeatureGraph(session)
+    cos, sin = rotary_table(hf_model, info.capacity + 1, dims.head_dim)
+    twin = DrafterTopK(load_drafter(Path(info.source), lm_head_t=lm_head_t(hf_model), cos=cos, sin=sin), info.top_k)
+    rows = len(seq) - 1
+    embeds = np.empty((rows, dims.hidden_size), np.float32)
+    session.embedding.lookup(np.array(seq[1:]), embeds)
+    bias = np.where(np.tri(rows, dtype=bool), 0.0, -np.inf).astype(np.float32)
+    positions = np.arange(1, rows + 1)
+    out, ids, probs = graph.run(hidden[:rows], embeds, positions, bias)
+    kv = torch.zeros(1, dims.num_kv_heads, graph.kv[0].shape[2], dims.head_dim)
+    with torch.no_grad():
+        ref = twin(torch.from_numpy(hidden[None, :rows]), torch.from_numpy(embeds[None]), torch.from_numpy(positions[None]),
+                   torch.from_numpy(bias[None, None]), kv, kv.clone())
+    ref_out, ref_ids, ref_probs = ref[0][0].numpy(), ref[1][0].numpy(), ref[2][0].numpy()
+    atol, rtol = report.tolerance, report.rtol
+    step = ref_probs[..., :-1] - ref_probs[..., 1:]
+    edge = np.full(step[..., :1].shape, np.inf)
+    clear = np.minimum(np.concatenate([step, edge], -1), np.concatenate([edge, step], -1)) > atol
+    return Check(name="drafter", tokens=rows, logits_diff=_diff(probs, ref_probs), hidden_diff=_diff(out, ref_out),
+                 excess=max(_excess(probs, ref_probs, atol, rtol), _excess(out, ref_out, atol, rtol)),
+                 argmax_agree=bool((ids == ref_ids)[clear].all()))
 
 
 def tree_tokens(ref: HFReference, seq: list[int], parents: list[int]) -> list[int]:

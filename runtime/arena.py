@@ -18,6 +18,8 @@ The buffers (R rows per decoder call: the largest tree or prefill chunk; N logit
   heads_hidden      [B, h]            the Medusa heads' input (one row copied from hidden_states)
   heads_token_ids   [B, K, k] int64
   heads_probs       [B, K, k]
+  drafter_kv.{0,1}  [1, H_kv, C + SCRATCH, D]   the feature drafter's one-layer KV (its committed rows and
+                                    the draft tree's scratch rows), when the artifact has one
 
 The whole block is written once at allocation (`fill(0)`), so its pages are resident before the
 first token: memory is committed up front, and a budget that fits at load keeps fitting.
@@ -30,6 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from specmemo.errors import ConfigError
+from specmemo.runtime.drafters.feature import SCRATCH_SLOTS
 from specmemo.runtime.manifest import Manifest
 from specmemo.runtime.sizes import Sizes
 
@@ -51,6 +54,7 @@ class ArenaLayout:
     kv_dtype: str = "float32"  # the kv.* views
     dtype: str = "float32"  # the other float views (the graph's activations)
     batch: int = 1  # B
+    drafter_capacity: int = 0  # C_d rows of the feature drafter's KV (0: no feature drafter)
 
     def __post_init__(self) -> None:
         if self.capacity < 2 or self.rows < 1 or self.logit_rows < 1:
@@ -66,7 +70,7 @@ class ArenaLayout:
                    hidden_size=d.hidden_size, vocab_size=d.vocab_size, capacity=sizes.capacity, rows=sizes.rows,
                    logit_rows=sizes.tree, num_heads=heads.num_heads if heads else 0,
                    top_k=heads.top_k if heads else 0, kv_dtype=manifest.kv_dtype, dtype=manifest.activation_dtype,
-                   batch=batch)
+                   batch=batch, drafter_capacity=sizes.capacity + SCRATCH_SLOTS if manifest.feature_drafter else 0)
 
     def views(self) -> list[tuple[str, str, tuple[int, ...]]]:
         """(name, dtype, shape) of every buffer, in allocation order."""
@@ -87,6 +91,9 @@ class ArenaLayout:
             heads = (b, self.num_heads, self.top_k)
             out += [("heads_hidden", f, (b, self.hidden_size)), ("heads_token_ids", "int64", heads),
                     ("heads_probs", f, heads)]
+        if self.drafter_capacity:
+            drafter_kv = (1, self.num_kv_heads, self.drafter_capacity, self.head_dim)
+            out += [("drafter_kv.0", self.kv_dtype, drafter_kv), ("drafter_kv.1", self.kv_dtype, drafter_kv)]
         return out
 
     def offsets(self) -> dict[str, int]:

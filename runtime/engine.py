@@ -99,8 +99,7 @@ def open_drafter(session: DecoderSession, names: tuple[DrafterName, ...], *, max
         elif name is DrafterName.LOOKUP:
             parts.append(PromptLookup())
         elif name is DrafterName.FEATURE:
-            graph = OrtFeatureGraph(session.artifact, session.manifest, threads=session.config.threads)
-            parts.append(FeatureDrafter(graph, session.embedding))
+            parts.append(FeatureDrafter(OrtFeatureGraph(session), session.embedding))
     if not parts:
         return None
     return parts[0] if len(parts) == 1 else Merged(parts)

@@ -157,7 +157,7 @@ def test_scripted_chat_from_stdin_writes_one_json_object_per_turn(chat_model, mo
     artifact, model, tokenizer = chat_model
     script = f"{USERS[0]}\n\n/stats\n{USERS[1]}\n/bogus\n/reset\n{USERS[2]}\n/exit\n{USERS[3]}\n"
     monkeypatch.setattr("sys.stdin", io.StringIO(script))
-    assert main(["chat", "--artifact", str(artifact), "--json", "--max-new-tokens", "8", "--mode", "medusa",
+    assert main(["chat", "--artifact", str(artifact), "--json", "--max-new-tokens", "8", "--mode", "tree",
                  "--system", "w5"]) == 0
     captured = capsys.readouterr()
     turns = [json.loads(line) for line in captured.out.splitlines() if line.startswith("{")]

@@ -138,3 +138,35 @@ def test_lookup_accepts_what_the_context_repeats(exported):
                      max_tree=8, history=prompt + first)  # as if the same question came a second time
     assert again.token_ids == first
     assert again.stats.mean_accepted > 2  # the earlier reply was drafted, and accepted
+
+
+def test_score_draft_by_hand():
+    """eval-drafter's teacher-forced scoring on a hand-drawn draft:
+         0 (root)
+        / \\
+       1:a 2:b          best child of the root: a (listed first)
+       |    \\
+       3:c   4:d        true future: b d e  → the best child misses at depth 1, the tree gets b then d
+    """
+    from specmemo.bench.eval_drafter import TeacherForced, score_draft
+
+    a, b, c, d, e = 11, 12, 13, 14, 15
+    draft = DraftTree((9, a, b, c, d), (-1, 0, 0, 1, 2), (1.0, 0.6, 0.3, 0.2, 0.1))
+    record = TeacherForced()
+    score_draft(draft, [b, d, e], record, max_tree=4)
+    assert record.depth_tries[:3] == [1, 1, 0] and record.depth_hits[:2] == [0, 1]  # depth 2: d is b's best child
+    assert record.chain_accepted == [1] and record.tree_accepted == [3]
+    assert record.tree_accepted_by_size == {2: [1], 4: [2]}  # the first 4 nodes hold b but not d
+
+
+def test_eval_drafter_runs_and_reports_identity(exported):
+    from specmemo.bench.eval_drafter import EvalDrafterConfig, run, table
+
+    artifact = exported[0]
+    results = run(EvalDrafterConfig(artifact=artifact, drafters=("lookup", "medusa+lookup"), prompts=2,
+                                    max_new_tokens=12, max_tree=4), log=lambda *_: None)
+    for name in ("lookup", "medusa+lookup"):
+        r = results["drafters"][name]
+        assert r["controller"]["identical_to_greedy"] == "2/2"
+        assert len(r["teacher_forced"]["top1_by_depth"]) == 4 and r["bound"] >= 1.0
+    assert "medusa+lookup" in table(results)

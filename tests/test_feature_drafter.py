@@ -89,13 +89,13 @@ def test_graph_matches_torch(with_drafter):
     session = DecoderSession(artifact)
     manifest = session.manifest
     assert manifest.drafter == "feature+lookup"  # the exporter's default with a feature drafter
-    graph = OrtFeatureGraph(artifact, manifest, threads=2)
+    graph = OrtFeatureGraph(session)
     info = manifest.feature_drafter
     cos, sin = rotary_table(model, info.capacity + 1, manifest.dims.head_dim)
     twin = DrafterTopK(load_drafter(folder, lm_head_t=lm_head_t(model), cos=cos, sin=sin), info.top_k)
     h = manifest.dims.hidden_size
     rng = np.random.default_rng(0)
-    kv = [torch.zeros(1, manifest.dims.num_kv_heads, info.capacity, manifest.dims.head_dim) for _ in range(2)]
+    kv = [torch.zeros(1, manifest.dims.num_kv_heads, graph.kv[0].shape[2], manifest.dims.head_dim) for _ in range(2)]
     steps = [(5, np.where(np.tri(5, dtype=bool), 0.0, -np.inf)),
              (3, np.concatenate([np.zeros((3, 5)), [[0, -np.inf, -np.inf], [0, 0, -np.inf], [0, -np.inf, 0]]], 1))]
     start = 0
@@ -120,7 +120,7 @@ def test_feature_drafts_decode_exactly_greedy(with_drafter, seed):
     prompt = np.random.default_rng(seed).integers(5, model.config.vocab_size, 9).tolist()
     greedy = generate(OrtBackend(DecoderSession(artifact)), prompt, max_new_tokens=40, eos_token_ids=set()).token_ids
     session = DecoderSession(artifact, SessionConfig(sizes=Sizes(capacity=64, rows=16, tree=12), heads=False))
-    graph = OrtFeatureGraph(artifact, session.manifest, threads=2)
+    graph = OrtFeatureGraph(session)
     feature = RuntimeFeatureDrafter(graph, session.embedding)
     for drafter in (feature, Merged([feature, PromptLookup()])):
         session.reset()

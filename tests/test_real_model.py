@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from specmemo.export.artifact import ExportOptions, default_heads, export_artifact
+from specmemo.export.artifact import ExportOptions, default_feature_drafter, default_heads, export_artifact
 from specmemo.export.heads import load_heads
 from specmemo.export.reference import TorchBackend, TorchDrafter
 from specmemo.export.load import DEFAULT_MODEL, load_hf, resolve_model
@@ -42,7 +42,10 @@ def real(tmp_path_factory):
     out = tmp_path_factory.mktemp("smollm2") / "artifact"
     heads = default_heads(DEFAULT_MODEL)
     assert heads is not None, "the default model ships with trained heads"
-    export_artifact(ExportOptions(model=DEFAULT_MODEL, out=out, max_capacity=1024, heads=heads), log=lambda *_: None)
+    feature = default_feature_drafter(DEFAULT_MODEL)
+    assert feature is not None, "the default model ships with a trained feature drafter"
+    export_artifact(ExportOptions(model=DEFAULT_MODEL, out=out, max_capacity=1024, heads=heads, feature_drafter=feature),
+                    log=lambda *_: None)
     model, tokenizer = load_hf(resolve_model(DEFAULT_MODEL).hf_folder)
     return out, model, tokenizer
 
@@ -79,7 +82,7 @@ def test_chat_template_matches_hf(real):
     assert ours.encode_chat(conversation) == tokenizer(expected, add_special_tokens=False)["input_ids"]
 
 
-@pytest.mark.parametrize("drafter", ["none", "medusa", "lookup", "medusa+lookup"])
+@pytest.mark.parametrize("drafter", ["none", "medusa", "lookup", "medusa+lookup", "feature", "feature+lookup"])
 @pytest.mark.parametrize("prompt", PROMPTS)
 def test_ort_equals_hf_generate(real, hf_greedy, prompt, drafter):
     """Plain greedy, and ORT decoder + each drafter (ORT heads graph, prompt lookup, both merged)
@@ -93,8 +96,8 @@ def test_ort_equals_hf_generate(real, hf_greedy, prompt, drafter):
                       drafter=open_drafter(session, names, max_tree=session.sizes.tree), max_tree=session.sizes.tree)
     print(f"{drafter}: accepted tokens/step {result.stats.mean_accepted:.2f}")
     assert result.token_ids == expected
-    if "medusa" in drafter:
-        assert result.stats.steps < len(expected)  # the heads did accept something
+    if drafter in ("medusa", "feature", "feature+lookup"):
+        assert result.stats.steps < len(expected)  # the drafts did gain something
 
 
 def test_torch_reference_medusa_equals_hf_generate(real, hf_greedy):
@@ -154,18 +157,20 @@ def test_no_allocation_per_decode_step_after_warm_up(real):
 
 
 def test_generate_cli_modes_agree_and_plan_refuses_below_the_bound(real, capsys):
-    """`specmemo generate --json` in greedy, medusa and auto mode: the same token ids; `specmemo plan`
+    """`specmemo generate --json` in greedy, tree and auto mode: the same token ids; `specmemo plan`
     prints the breakdown and refuses a budget below the lower bound with the bound in the message."""
     from specmemo.cli import main
 
     artifact = str(real[0])
     outputs = {}
-    for mode in ("greedy", "medusa", "auto"):
+    for mode in ("greedy", "tree", "auto"):
         assert main(["generate", "--artifact", artifact, "--prompt", PROMPTS[1], "--mode", mode,
                      "--max-new-tokens", "40", "--json"]) == 0
         outputs[mode] = json.loads(capsys.readouterr().out)
-    assert outputs["greedy"]["token_ids"] == outputs["medusa"]["token_ids"] == outputs["auto"]["token_ids"]
-    assert outputs["medusa"]["stats"]["mean_accepted"] > 1.0 and set(outputs["medusa"]["stats"]["tree_sizes"]) == {32}
+    assert outputs["greedy"]["token_ids"] == outputs["tree"]["token_ids"] == outputs["auto"]["token_ids"]
+    tree = outputs["tree"]["stats"]
+    assert tree["drafter"] == "feature+lookup" and tree["mean_accepted"] > 1.0  # the manifest's default drafter
+    assert 1 < max(tree["tree_sizes"]) <= max(tree["draft_sizes"]) <= 16  # within the feature drafter's T_max
     assert outputs["greedy"]["text"] and outputs["auto"]["stats"]["mode"] == "auto"
 
     assert main(["plan", "--artifact", artifact, "--json"]) == 0

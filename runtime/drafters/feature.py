@@ -10,7 +10,8 @@ A step, with L base positions committed and the root (token L) decided:
              step's hidden states), causal, into slots [first, L); the last row (t = L - 1)
              predicts f_L, and its top-k are the root's children (depth 1);
   grow     – EAGLE-2's dynamic tree: each depth, the WIDTH best nodes of the newest depth (by path
-             score = product of the guesses' probabilities) get a row (their parent's predicted
+             score = product of the guesses' probabilities; those under MIN_EXPAND are not worth a
+             call) get a row (their parent's predicted
              feature, their own token) in scratch slots after L, attending to the filled slots and
              their ancestors' rows; its top-k become their children. DEPTH depths at most.
   rank     – every node by score; the best `budget - 1` form the draft (drafters.draft.ordered).
@@ -30,17 +31,20 @@ from specmemo.runtime.manifest import FeatureDrafterInfo, ManifestError
 
 DEPTH = 5  # depths drafted at most
 WIDTH = 4  # nodes expanded per depth
+MIN_EXPAND = 0.05  # a depth is drafted only while its best node's path score is at least this
 MAX_TREE = 16  # T_max the engine sizes for this drafter (the controller verifies a prefix of it)
 SCRATCH_SLOTS = DEPTH * WIDTH  # KV slots beyond the decoder's capacity that the tree rows need
 MASKED = np.float32(-np.inf)
 
 
 class OrtFeatureGraph:
-    def __init__(self, artifact, manifest, *, threads: int):
+    def __init__(self, session):
+        """session: the DecoderSession whose arena holds the drafter's KV views (drafter_kv.0/1)."""
         import onnxruntime as ort
 
         from specmemo.runtime.session import SessionConfig, load_graph
 
+        artifact, manifest, threads = session.artifact, session.manifest, session.config.threads
         info: FeatureDrafterInfo | None = manifest.feature_drafter
         if info is None:
             raise ManifestError(f"{artifact} was exported without the feature drafter: re-export with "
@@ -52,17 +56,13 @@ class OrtFeatureGraph:
         if missing:
             raise ManifestError(f"{artifact / info.file} does not match its manifest (missing {sorted(missing)[0]!r}): "
                                 f"re-export the artifact")
-        self.capacity, self.top_k, self.hidden_size = info.capacity, info.top_k, d.hidden_size
-        # [1, H_kv, C_d, D] each: the drafter's KV buffer (2·H_kv·C_d·D·4 bytes, one layer)
-        self.kv = [np.zeros((1, d.num_kv_heads, info.capacity, d.head_dim), np.float32) for _ in range(2)]
+        self.kv = [session.arena["drafter_kv.0"], session.arena["drafter_kv.1"]]  # [1, H_kv, C_d, D] each, in the arena
+        self.capacity = min(self.kv[0].shape[2], info.capacity)  # rows it may use (the graph's rotary covers info.capacity)
+        self.top_k, self.hidden_size = info.top_k, d.hidden_size
         self._kv_values = [ort.OrtValue.ortvalue_from_numpy(a) for a in self.kv]
         self.binding = self.session.io_binding()
         self.binding.bind_ortvalue_input(info.inputs[4], self._kv_values[0])
         self.binding.bind_ortvalue_input(info.inputs[5], self._kv_values[1])
-
-    @property
-    def kv_nbytes(self) -> int:
-        return sum(a.nbytes for a in self.kv)
 
     def run(self, features: np.ndarray, embeds: np.ndarray, positions: np.ndarray,
             bias: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -83,9 +83,6 @@ class OrtFeatureGraph:
         out, ids, probs = (v.numpy() for v in b.get_outputs()[:3])
         return out[0], ids[0], probs[0]
 
-    def reset(self) -> None:
-        for a in self.kv:
-            a.fill(0)
 
 
 class FeatureDrafter:
@@ -140,9 +137,9 @@ class FeatureDrafter:
             newest.append(len(tokens) - 1)
         used = length  # next scratch slot
         for depth in range(1, self.depth):
-            expand = sorted(newest, key=lambda n: -scores[n])[: self.width]
+            expand = [n for n in sorted(newest, key=lambda n: -scores[n])[: self.width] if scores[n] >= MIN_EXPAND]
             if not expand or used + len(expand) > self.graph.capacity or len(tokens) >= 4 * budget:
-                break
+                break  # nothing likely enough to grow (a call saved), or no room
             total = used + len(expand)  # S: the rows go to slots [used, total)
             bias = np.where(self._filled[:total], 0.0, MASKED).astype(np.float32)[None].repeat(len(expand), 0)
             bias[:, length:] = MASKED  # scratch slots: only each row's own ancestors

@@ -51,7 +51,12 @@ BARS = {  # issue 6: what the controller must reach against the others, in one r
     "throughput_vs_full_tree": (">=", 0.96),
     "tokens_per_s_vs_hf_generate": (">=", 2.5),
     "peak_rss_vs_hf_generate": ("<=", 0.75),
+    # issue 16: the default drafter under the controller against plain decoding, ours and GenAI's
+    "decode_tokens_per_s_vs_specmemo_greedy": (">=", 1.3),
+    "decode_tokens_per_s_vs_onnxruntime_genai": (">=", 1.3),
+    "generation_memory_vs_pytorch_medusa_sized": ("<=", 0.35),
 }
+GREEDY = "specmemo-greedy"
 
 
 @dataclass(frozen=True)
@@ -159,7 +164,7 @@ def summarize_engine(runs: list[dict], reference: list[dict] | None) -> dict:
         row.update(kv_bytes=runs[0]["kv_bytes"], capacity=runs[0]["capacity"])
     if "arena_bytes" in runs[0]:
         row.update(arena_bytes=runs[0]["arena_bytes"], predicted_generation=runs[0]["predicted_generation"],
-                   tree=runs[0]["tree"])
+                   tree=runs[0]["tree"], drafter=runs[0].get("drafter"))
     if reference is not None:
         identical, share = agreement(runs[0]["turns"], reference)
         row.update(identical_to_hf=identical, prompts=len(reference), token_agreement=share)
@@ -187,6 +192,9 @@ def ratios(engines: dict[str, dict]) -> dict[str, float]:
             out["default_peak_rss_vs_hf_generate"] = engines[DEFAULT]["peak_rss"] / ref["peak_rss"]
     if PEER in engines:
         out["tokens_per_s_vs_onnxruntime_genai"] = c["e2e_tokens_per_s"] / engines[PEER]["e2e_tokens_per_s"]
+        out["decode_tokens_per_s_vs_onnxruntime_genai"] = c["decode_tokens_per_s"] / engines[PEER]["decode_tokens_per_s"]
+    if GREEDY in engines:
+        out["decode_tokens_per_s_vs_specmemo_greedy"] = c["decode_tokens_per_s"] / engines[GREEDY]["decode_tokens_per_s"]
     return out
 
 
@@ -224,7 +232,8 @@ def format_table(summary: dict) -> str:
         arena = (f"{e['arena_bytes'] / MIB:.1f} ({e['predicted_generation'] / MIB:.1f})" if "arena_bytes" in e
                  else "–")
         same = f"{e['identical_to_hf']}/{e['prompts']} ({100 * e['token_agreement']:.0f}%)" if "prompts" in e else "–"
-        lines.append(f"| {name} | {e['decode_tokens_per_s']:.1f} | {e['e2e_tokens_per_s']:.1f} | {e['ttft_ms']:.0f} "
+        label = f"{name} ({e['drafter']})" if e.get("drafter") else name
+        lines.append(f"| {label} | {e['decode_tokens_per_s']:.1f} | {e['e2e_tokens_per_s']:.1f} | {e['ttft_ms']:.0f} "
                      f"| {e['mean_accepted']:.2f} | {e['rss_after_load'] / MIB:.0f} | {e['peak_rss'] / MIB:.0f} "
                      f"| {e['generation_memory'] / MIB:.1f} | {kv} | {arena} | {same} |")
     lines.append("")

@@ -62,7 +62,8 @@ def run_specmemo(request: dict) -> dict:
     calibration = memory_calibration(Path(request["artifact"]), threads=request["threads"], log=lambda _: None)
     predicted = footprint(session.manifest, calibration, session.sizes)
     result.update(peak_rss=peak_rss_bytes(), arena_bytes=session.arena.nbytes, kv_bytes=session.kv.nbytes(),
-                  predicted_generation=predicted.generation, capacity=session.kv.capacity, tree=session.sizes.tree)
+                  predicted_generation=predicted.generation, capacity=session.kv.capacity, tree=session.sizes.tree,
+                  drafter=engine.drafter.name if engine.drafter else None)
     return result
 
 

@@ -52,6 +52,7 @@ class EvalDrafterConfig:
     max_new_tokens: int = 128
     max_tree: int = 8  # nodes the teacher-forced pass asks for (the bar's tree size)
     threads: int = 2
+    teacher_forced: bool = True  # False: only the timed, interleaved pass (identity and speed)
     out: Path = Path("results") / "eval-drafter"
 
     def __post_init__(self) -> None:
@@ -156,8 +157,10 @@ def run(config: EvalDrafterConfig, *, log=print) -> dict:
                      "max_tree": config.max_tree, "threads": config.threads, "cpu": cpu_name(),
                      "verify_ms": dict(zip(curve.sizes, [round(v, 2) for v in curve.step_ms])), "drafters": {}}
     for spec, eng in engines.items():
-        forced = teacher_forced(eng, eng.drafter, prompts, config, f"teacher-forced {spec}")
-        results["drafters"][spec] = {"teacher_forced": forced.summary()}
+        results["drafters"][spec] = {}
+        if config.teacher_forced:
+            forced = teacher_forced(eng, eng.drafter, prompts, config, f"teacher-forced {spec}")
+            results["drafters"][spec]["teacher_forced"] = forced.summary()
     timed = {name: {"tokens": 0, "seconds": 0.0, "accepted": [], "sizes": [], "identical": 0}
              for name in ("greedy", *config.drafters)}
     for prompt in tqdm(prompts, desc="timed, interleaved", unit="prompt", dynamic_ncols=True, leave=False):
@@ -169,14 +172,15 @@ def run(config: EvalDrafterConfig, *, log=print) -> dict:
     greedy_rate = timed["greedy"]["tokens"] / timed["greedy"]["seconds"]
     results["greedy_tokens_per_s"] = round(greedy_rate, 1)
     for spec in config.drafters:
-        t, forced = timed[spec], results["drafters"][spec]["teacher_forced"]
+        t, forced = timed[spec], results["drafters"][spec].get("teacher_forced")
         rate = t["tokens"] / t["seconds"]
         results["drafters"][spec]["controller"] = {
             "tokens_per_s": round(rate, 1), "speedup_vs_greedy": round(rate / greedy_rate, 3),
             "accepted_per_step": round(float(np.mean(t["accepted"])), 3),
             "verified_nodes_per_step": round(float(np.mean(t["sizes"])), 2),
             "identical_to_greedy": f"{t['identical']}/{len(prompts)}"}
-        results["drafters"][spec]["bound"] = round(speedup_bound(forced, curve), 3)
+        if forced is not None:
+            results["drafters"][spec]["bound"] = round(speedup_bound(forced, curve), 3)
     return results
 
 
@@ -204,12 +208,16 @@ def table(results: dict) -> str:
              f"{'tok/s':>8}{'x greedy':>9}{'bound':>7}{'acc/step':>9}{'T/step':>7}{'same':>7}",
              "-" * 112]
     for spec, r in results["drafters"].items():
-        forced, ctl = r["teacher_forced"], r["controller"]
-        top1 = " / ".join("-" if v is None else f"{v:.2f}" for v in forced["top1_by_depth"])
-        lines.append(f"{spec:<16}{top1:>26}{forced['chain_accepted']:>7.2f}{forced['tree_accepted']:>7.2f}"
-                     f"{forced['draft_ms']:>9.2f}{ctl['tokens_per_s']:>8.1f}{ctl['speedup_vs_greedy']:>9.2f}"
-                     f"{r['bound']:>7.2f}{ctl['accepted_per_step']:>9.2f}{ctl['verified_nodes_per_step']:>7.1f}"
-                     f"{ctl['identical_to_greedy']:>7}")
+        forced, ctl = r.get("teacher_forced"), r["controller"]
+        if forced is not None:
+            top1 = " / ".join("-" if v is None else f"{v:.2f}" for v in forced["top1_by_depth"])
+            quality = (f"{top1:>26}{forced['chain_accepted']:>7.2f}{forced['tree_accepted']:>7.2f}"
+                       f"{forced['draft_ms']:>9.2f}")
+        else:
+            quality = f"{'(not run)':>26}{'-':>7}{'-':>7}{'-':>9}"
+        lines.append(f"{spec:<16}{quality}{ctl['tokens_per_s']:>8.1f}{ctl['speedup_vs_greedy']:>9.2f}"
+                     f"{r.get('bound', float('nan')):>7.2f}{ctl['accepted_per_step']:>9.2f}"
+                     f"{ctl['verified_nodes_per_step']:>7.1f}{ctl['identical_to_greedy']:>7}")
     lines.append(f"teacher-forced with trees of up to {results['max_tree']} nodes: chain/tree = tokens a verify step "
                  f"would gain from the draft's best path / whole tree; bound = the best speed-up any controller "
                  f"gets from those trees at this machine's verify ms per T (verify_ms: {results['verify_ms']})")

@@ -63,7 +63,11 @@ def add_parser(sub) -> None:
     p.add_argument("--max-new-tokens", type=positive, default=128)
     p.add_argument("--max-tree", type=positive, default=8, help="nodes per draft in the teacher-forced pass")
     p.add_argument("--threads", type=positive, default=2)
+    p.add_argument("--no-teacher-forced", action="store_true",
+                   help="skip the teacher-forced pass: only greedy vs each drafter, interleaved (speed, identity)")
     p.add_argument("--out", type=Path, default=Path("results") / "eval-drafter")
+    p.add_argument("--card", type=Path, metavar="DRAFTER_DIR",
+                   help="also record the figures in this feature-drafter folder's drafter.json and CARD.md")
     p.set_defaults(handler=cmd_eval_drafter)
 
 
@@ -72,10 +76,14 @@ def cmd_eval_drafter(args: argparse.Namespace) -> int:
 
     config = EvalDrafterConfig(artifact=args.artifact, workload=args.workload, prompts=args.prompts,
                                max_new_tokens=args.max_new_tokens, max_tree=args.max_tree, threads=args.threads,
-                               out=args.out, **({"drafters": tuple(args.drafters)} if args.drafters else {}))
+                               teacher_forced=not args.no_teacher_forced, out=args.out, **({"drafters": tuple(args.drafters)} if args.drafters else {}))
     results = run(config, log=log_stderr)
     print(table(results))
     print(f"wrote {write(results, config.out)}")
+    if args.card is not None:
+        from specmemo.export.drafter_card import record_evaluation
+
+        print(f"wrote {record_evaluation(args.card, results)}")
     return 0
 
 

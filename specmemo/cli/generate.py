@@ -47,7 +47,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
     reply = [t for t in result.token_ids if t not in tokenizer.eos_token_ids]
     stats = result.stats
     summary = {**vars(stats), "decode_tokens_per_s": stats.decode_tokens_per_s, "mean_accepted": stats.mean_accepted,
-               "mode": config.mode.value, "capacity": session.kv.capacity,
+               "mode": config.mode.value, "drafter": engine.drafter.name if engine.drafter else None,
+               "capacity": session.kv.capacity,
                "arena_bytes": session.arena.nbytes, "rss_after_load": session.rss_after_load,
                "peak_rss": peak_rss_bytes()}
     if args.json:
@@ -55,11 +56,13 @@ def cmd_generate(args: argparse.Namespace) -> int:
     else:
         print()
     if args.stats:
-        print(f"mode {config.mode.value}: {stats.new_tokens} tokens in {stats.steps} steps, "
-              f"{stats.decode_tokens_per_s:.1f} tok/s, mean accepted {stats.mean_accepted:.2f}, "
-              f"KV {session.kv.length}/{session.kv.capacity} positions, arena "
-              f"{session.arena.nbytes / 2**20:.1f} MiB", file=sys.stderr)
-        print("step  T  accepted  KV used", file=sys.stderr)
-        for i, (size, accepted, used) in enumerate(zip(stats.tree_sizes, stats.accept_lengths, stats.kv_used), 1):
-            print(f"{i:>4} {size:>2} {accepted:>9} {used:>8}", file=sys.stderr)
+        drafter = engine.drafter.name if engine.drafter else "none"
+        print(f"mode {config.mode.value}, drafter {drafter}: {stats.new_tokens} tokens in {stats.steps} steps, "
+              f"{stats.decode_tokens_per_s:.1f} tok/s, mean accepted {stats.mean_accepted:.2f}, drafting "
+              f"{1e3 * stats.draft_s / max(1, stats.steps - 1):.2f} ms/step, KV {session.kv.length}/"
+              f"{session.kv.capacity} positions, arena {session.arena.nbytes / 2**20:.1f} MiB", file=sys.stderr)
+        print("step  drafted  T  accepted  KV used", file=sys.stderr)
+        for i, (drafted, size, accepted, used) in enumerate(zip(stats.draft_sizes, stats.tree_sizes,
+                                                                 stats.accept_lengths, stats.kv_used), 1):
+            print(f"{i:>4} {drafted:>8} {size:>2} {accepted:>9} {used:>8}", file=sys.stderr)
     return 0
