@@ -29,7 +29,7 @@ import numpy as np
 from specmemo.runtime.drafters.draft import DraftContext, DraftTree, ordered
 from specmemo.runtime.manifest import FeatureDrafterInfo, ManifestError
 
-DEPTH = 5  # depths drafted at most
+DEPTH = 2  # depths drafted at most
 WIDTH = 4  # nodes expanded per depth
 MIN_EXPAND = 0.05  # a depth is drafted only while its best node's path score is at least this
 MAX_TREE = 16  # T_max the engine sizes for this drafter (the controller verifies a prefix of it)

@@ -31,8 +31,8 @@ def add_parser(sub) -> None:
                         "model alias if any (default auto)")
     p.add_argument("--drafter", default=None,
                    help="the drafter written into the manifest as the artifact's default: medusa, lookup, or "
-                        "several joined by '+' (default feature+lookup with a feature drafter, else "
-                        "medusa+lookup with heads, else lookup)")
+                        "several joined by '+' (default medusa+lookup with heads, else feature+lookup with a "
+                        "feature drafter, else lookup)")
     p.add_argument("--no-validate", action="store_true", help="skip the ORT-vs-PyTorch validation")
     add_profile_options(p, budget=False,
                         purpose="size the artifact for the device: the plan (C, R, T_max within its app memory, "
