@@ -33,8 +33,8 @@ from specmemo.export.dims import dims_from_config
 from specmemo.export.drafter_card import hardware, write_card
 from specmemo.export.feature_drafter import FeatureDrafter, FeatureDrafterSpec, save_drafter
 from specmemo.export.load import lm_head_t
-from specmemo.export.train_heads import (Replies, TeacherCache, TrainConfig, _teacher, frequent_tokens,
-                                         learning_rate)
+from specmemo.export.train_heads import (Replies, TeacherCache, TrainConfig, _teacher, check_schedule,
+                                         frequent_tokens, learning_rate)
 
 CHECKPOINT_FILE = "checkpoint.pt"
 NOISE = 0.1
@@ -65,12 +65,7 @@ class DrafterTrainConfig:
         for name in ("subvocab_size", "conversations", "self_prompts", "batch_sequences", "threads", "max_len"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"--{name.replace('_', '-')} must be >= 1")
-        if self.epochs <= 0 or self.lr <= 0:
-            raise ConfigError("--epochs and --lr must be positive")
-        if self.device not in ("cpu", "cuda"):
-            raise ConfigError(f"--device must be cpu or cuda, got {self.device!r}")
-        if self.device == "cuda" and not torch.cuda.is_available():
-            raise ConfigError("--device cuda: no CUDA device is visible to torch; use --device cpu")
+        check_schedule(epochs=self.epochs, lr=self.lr, device=self.device)
 
     def record(self) -> dict:
         """The settings that decide the result (not threads, device, checkpoint cadence)."""

@@ -77,12 +77,17 @@ class TrainConfig:
                 raise ConfigError(f"--{name.replace('_', '-')} must be >= 1")
         if self.max_len < self.num_heads + 2:
             raise ConfigError(f"--max-len must exceed the number of heads + 1, got {self.max_len}")
-        if self.epochs <= 0 or self.lr <= 0:
-            raise ConfigError("--epochs and --lr must be positive")
-        if self.device not in ("cpu", "cuda"):
-            raise ConfigError(f"--device must be cpu or cuda, got {self.device!r}")
-        if self.device == "cuda" and not torch.cuda.is_available():
-            raise ConfigError("--device cuda: no CUDA device is visible to torch; use --device cpu")
+        check_schedule(epochs=self.epochs, lr=self.lr, device=self.device)
+
+
+def check_schedule(*, epochs: float, lr: float, device: str) -> None:
+    """The training flags heads and drafters share: one-line errors naming the flag."""
+    if epochs <= 0 or lr <= 0:
+        raise ConfigError("--epochs and --lr must be positive")
+    if device not in ("cpu", "cuda"):
+        raise ConfigError(f"--device must be cpu or cuda, got {device!r}")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("--device cuda: no CUDA device is visible to torch; use --device cpu")
 
 
 # ---- phase 1: tokenise and cache the teacher ------------------------------------------------------

@@ -167,6 +167,13 @@ def validate(artifact: Path, hf_model, prompt_ids: list[int], *, tolerance: floa
     return report
 
 
+def untied_ranks(probs: np.ndarray, atol: float) -> np.ndarray:
+    """[..., k] bool: ranks whose probability is more than `atol` from both neighbours' (ids comparable)."""
+    step = probs[..., :-1] - probs[..., 1:]  # [..., k-1] gap between neighbouring ranks
+    edge = np.full(step[..., :1].shape, np.inf)
+    return np.minimum(np.concatenate([step, edge], -1), np.concatenate([edge, step], -1)) > atol
+
+
 def check_heads(session: DecoderSession, heads: MedusaHeads, hidden: np.ndarray, report: ValidationReport) -> Check:
     """The heads graph (ORT) against the torch heads on real hidden states [P, h]: probabilities
     within tolerance; ids equal wherever the next-ranked probability is not within tolerance (ties)."""
@@ -176,9 +183,7 @@ def check_heads(session: DecoderSession, heads: MedusaHeads, hidden: np.ndarray,
         ref_ids, ref_probs = heads.top_k(torch.from_numpy(hidden), drafter.top_k)
     ref_ids, ref_probs = ref_ids.numpy(), ref_probs.numpy()
     atol, rtol = report.tolerance, report.rtol
-    step = ref_probs[..., :-1] - ref_probs[..., 1:]  # [P, K, k-1] gap between neighbouring ranks
-    edge = np.full(step[..., :1].shape, np.inf)
-    clear = np.minimum(np.concatenate([step, edge], -1), np.concatenate([edge, step], -1)) > atol
+    clear = untied_ranks(ref_probs, atol)
     return Check(name="heads", tokens=len(hidden), logits_diff=_diff(probs, ref_probs), hidden_diff=0.0,
                  excess=_excess(probs, ref_probs, atol, rtol), argmax_agree=bool((ids == ref_ids)[clear].all()))
 
@@ -209,9 +214,7 @@ def check_feature_drafter(session: DecoderSession, hf_model, hidden: np.ndarray,
                    torch.from_numpy(bias[None, None]), kv, kv.clone())
     ref_out, ref_ids, ref_probs = ref[0][0].numpy(), ref[1][0].numpy(), ref[2][0].numpy()
     atol, rtol = report.tolerance, report.rtol
-    step = ref_probs[..., :-1] - ref_probs[..., 1:]
-    edge = np.full(step[..., :1].shape, np.inf)
-    clear = np.minimum(np.concatenate([step, edge], -1), np.concatenate([edge, step], -1)) > atol
+    clear = untied_ranks(ref_probs, atol)
     return Check(name="drafter", tokens=rows, logits_diff=_diff(probs, ref_probs), hidden_diff=_diff(out, ref_out),
                  excess=max(_excess(probs, ref_probs, atol, rtol), _excess(out, ref_out, atol, rtol)),
                  argmax_agree=bool((ids == ref_ids)[clear].all()))
