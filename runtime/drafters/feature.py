@@ -9,11 +9,11 @@ A step, with L base positions committed and the root (token L) decided:
   catch up – rows for the positions committed since the last step (their f from the verify
              step's hidden states), causal, into slots [first, L); the last row (t = L - 1)
              predicts f_L, and its top-k are the root's children (depth 1);
-  grow     – EAGLE-2's dynamic tree: each depth, the WIDTH best nodes of the newest depth (by path
-             score = product of the guesses' probabilities; those under MIN_EXPAND are not worth a
-             call) get a row (their parent's predicted
-             feature, their own token) in scratch slots after L, attending to the filled slots and
-             their ancestors' rows; its top-k become their children. DEPTH depths at most.
+  grow     – EAGLE-2's dynamic tree: each further depth, the WIDTH best nodes of the newest depth
+             (by path score = product of the guesses' probabilities; those under MIN_EXPAND are
+             not worth a call) get a row (their parent's predicted feature, their own token) in
+             scratch slots after L, attending to the filled slots and their ancestors' rows; its
+             top-k become their children. DEPTH depths at most (the catch-up gives the first).
   rank     – every node by score; the best `budget - 1` form the draft (drafters.draft.ordered).
 Scratch slots are overwritten by the next catch-up. A new reply (a new context list) starts
 afresh: rows before the reply's prompt were not seen, their slots stay unfilled and unattended.
@@ -33,7 +33,7 @@ DEPTH = 2  # depths drafted at most
 WIDTH = 4  # nodes expanded per depth
 MIN_EXPAND = 0.05  # a depth is drafted only while its best node's path score is at least this
 MAX_TREE = 16  # T_max the engine sizes for this drafter (the controller verifies a prefix of it)
-SCRATCH_SLOTS = DEPTH * WIDTH  # KV slots beyond the decoder's capacity that the tree rows need
+SCRATCH_SLOTS = DEPTH * WIDTH  # KV slots beyond the decoder's capacity for tree rows ((DEPTH - 1) x WIDTH used)
 MASKED = np.float32(-np.inf)
 
 
