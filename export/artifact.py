@@ -16,11 +16,13 @@ from specmemo.export.heads import SPEC_FILE, HeadsError, MedusaHeads, load_any_h
 from specmemo.export.heads_graph import export_heads_graph
 from specmemo.export.load import lm_head_t, load_hf, resolve_model, stop_token_ids
 from specmemo.export.trace import OPSET, export_decoder
+from specmemo.export.weights_dtype import (QuantOptions, WeightDtype, external_location, quantize_decoder,
+                                          quantize_graph)
 from specmemo.runtime import io_spec
 from specmemo.runtime.drafters import DrafterName, parse_drafter
 from specmemo.export.feature_drafter import DRAFTER_SPEC_FILE
-from specmemo.runtime.manifest import (FeatureDrafterInfo, FORMAT_VERSION, EmbeddingInfo, Manifest, ModelDims, TokenizerInfo,
-                                       save_manifest)
+from specmemo.runtime.manifest import (FeatureDrafterInfo, FORMAT_VERSION, EmbeddingInfo, Manifest, ModelDims,
+                                       QuantizationInfo, QuantizedRows, TokenizerInfo, save_manifest)
 
 DECODER_FILE = "decoder.onnx"
 EMBEDDING_FILE = "embedding.bin"
@@ -38,7 +40,7 @@ class ExportOptions:
     model: str
     out: Path
     max_capacity: int = DEFAULT_MAX_CAPACITY  # the largest C the graph supports (its rotary table)
-    dtype: str = "float32"
+    quant: QuantOptions = QuantOptions(dtype=WeightDtype.FLOAT32)  # --dtype, --block-size, --accuracy-level
     heads: Path | None = None  # a heads folder; None = none (see default_heads)
     top_k: int = DEFAULT_TOP_K  # k of the heads graph
     drafter: str | None = None  # the manifest's default drafter; None: default_drafter
@@ -53,8 +55,10 @@ class ExportOptions:
                 raise ConfigError(f"--drafter {self.drafter} needs a feature drafter: pass --feature-drafter")
         if self.max_capacity < 2:
             raise ConfigError(f"--max-capacity must be at least 2, got {self.max_capacity}")
-        if self.dtype != "float32":
-            raise ConfigError(f"--dtype {self.dtype!r} is not supported yet; use float32")
+        if self.quant.dtype is not WeightDtype.FLOAT32 and self.heads is not None and _shared_heads(self.heads):
+            raise ConfigError(f"--dtype {self.quant.dtype.value}: heads in shared mode project through the decoder's "
+                              f"LM head, which is not shared with quantized graphs yet; use subvocab heads "
+                              f"(the shipped default) or --heads none")
         if self.top_k < 1:
             raise ConfigError(f"--top-k must be >= 1, got {self.top_k}")
 
@@ -109,7 +113,7 @@ def export_artifact(options: ExportOptions, *, log=print, finalize=None) -> Mani
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     staging.chmod(0o755)
     try:
-        io_names = io_spec.decoder_io(dims, options.dtype)
+        io_names = io_spec.decoder_io(dims, "float32")
         log("tracing the decoder step to ONNX ...")
         decoder = Decoder(dims, hf_model, options.max_capacity).eval()
         export_decoder(decoder, io_names, staging / DECODER_FILE)
@@ -124,6 +128,9 @@ def export_artifact(options: ExportOptions, *, log=print, finalize=None) -> Mani
         if options.feature_drafter is not None:
             feature_info = export_feature_drafter(options.feature_drafter, hf_model, resolved.sha256,
                                                   options.max_capacity, options.top_k, staging, log)
+        quantization = None
+        if options.quant.dtype is not WeightDtype.FLOAT32:
+            quantization, embedding = quantize_artifact(options.quant, dims, resolved, staging, embedding, log)
         tokenizer_info = write_tokenizer(tokenizer, hf_model.generation_config, staging)
         manifest = Manifest(
             format_version=FORMAT_VERSION,
@@ -131,9 +138,9 @@ def export_artifact(options: ExportOptions, *, log=print, finalize=None) -> Mani
             source_model=options.model,
             source_sha256=resolved.sha256,
             dims=dims,
-            weight_dtype=options.dtype,
-            kv_dtype=options.dtype,
-            activation_dtype=options.dtype,
+            weight_dtype=options.quant.dtype.value,
+            kv_dtype="float32",
+            activation_dtype="float32",
             opset=OPSET,
             max_capacity=options.max_capacity,
             decoder_file=DECODER_FILE,
@@ -144,6 +151,8 @@ def export_artifact(options: ExportOptions, *, log=print, finalize=None) -> Mani
             drafter=options.drafter or default_drafter(heads_info is not None, feature_info is not None),
             heads=heads_info,
             feature_drafter=feature_info,
+            quantization=quantization,
+            draft_shape="chain" if quantization is not None and quantization.accuracy_level == 4 else "tree",
         )
         save_manifest(manifest, staging)
         if finalize is not None:
@@ -154,6 +163,60 @@ def export_artifact(options: ExportOptions, *, log=print, finalize=None) -> Mani
         raise
     log(f"wrote {out} in {time.perf_counter() - started:.0f} s")
     return manifest
+
+
+def quantize_artifact(quant: QuantOptions, dims: ModelDims, resolved, staging: Path, embedding: EmbeddingInfo,
+                      log) -> tuple[QuantizationInfo, EmbeddingInfo]:
+    """decoder/heads/drafter graphs → MatMulNBits (export/weights_dtype.py); the embedding then reads the
+    tied LM head's quantized rows where it can (no second copy, no fp32 table)."""
+    from specmemo.export.load import joined_gguf
+
+    log(f"quantizing the graphs to {quant.dtype.value} (accuracy level {quant.accuracy_level}) ...")
+    with tempfile.TemporaryDirectory(dir=staging.parent) as tmp:
+        gguf = joined_gguf(resolved.gguf_parts, Path(tmp)) if resolved.gguf_parts else None
+        report = quantize_decoder(staging / DECODER_FILE, options=quant, dims=dims, gguf=gguf, log=log)
+    for graph in ("heads.onnx", "drafter.onnx"):
+        if (staging / graph).is_file():
+            quantize_graph(staging / graph, options=quant)
+    rows = quantized_rows(staging / DECODER_FILE, report, dims)
+    if rows is not None:
+        (staging / embedding.file).unlink()
+        embedding = EmbeddingInfo(file=DECODER_FILE + ".data", dtype="float32", shape=embedding.shape, quantized=rows)
+    else:
+        log("the embedding table stays float32 (its LM head is untied or not carried from GGUF blocks)")
+    for path in staging.iterdir():
+        path.chmod(0o644)
+    info = QuantizationInfo(block_size=quant.block_size, accuracy_level=quant.accuracy_level,
+                            lm_head_accuracy_level=quant.lm_head_accuracy_level,
+                            carried=tuple(sorted(set(report.carried.values()))), quantized=report.quantized)
+    return info, embedding
+
+
+def quantized_rows(decoder: Path, report, dims: ModelDims) -> QuantizedRows | None:
+    """Where the tied LM head's carried blocks lie in the decoder's data file, as embedding rows."""
+    from specmemo.export.gguf_weights import FORMATS, GgufWeightsError
+    from specmemo.export.weights_dtype import LM_HEAD
+
+    source = report.carried.get(LM_HEAD)
+    if not dims.tie_word_embeddings or source is None or FORMATS[source].has_bias:
+        return None
+    fmt = FORMATS[source]
+    _, values, _ = external_location(decoder, f"{LM_HEAD}.q")
+    try:
+        _, scales, _ = external_location(decoder, f"{LM_HEAD}.scales.f16")
+        scales_dtype = "float16"
+    except GgufWeightsError:
+        _, scales, _ = external_location(decoder, f"{LM_HEAD}.scales")
+        scales_dtype = "float32"
+    return QuantizedRows(bits=fmt.bits, block_size=fmt.block, zero_point=fmt.zero, values_offset=values,
+                         scales_offset=scales, scales_dtype=scales_dtype)
+
+
+def _shared_heads(folder: Path) -> bool:
+    import json
+
+    spec = Path(folder) / SPEC_FILE
+    return spec.is_file() and json.loads(spec.read_text()).get("mode") == "shared"
 
 
 def checked_heads(options: ExportOptions, hf_model, base_sha256: str) -> MedusaHeads:
@@ -177,7 +240,7 @@ def write_tokenizer(tokenizer, generation_config, folder: Path) -> TokenizerInfo
     """Save the fast tokenizer's tokenizer.json and record what generation needs from it.
 
     Stop ids are those HF `generate` stops on: the generation config's, plus the tokenizer's EOS."""
-    tokenizer.backend_tokenizer.save(str(folder / TOKENIZER_FILE))
+    tokenizer.backend_tokenizer.save(str(folder / TOKENIZER_FILE), pretty=False)
     template = tokenizer.chat_template if isinstance(tokenizer.chat_template, str) else None
     return TokenizerInfo(
         file=TOKENIZER_FILE,

@@ -26,9 +26,10 @@ from specmemo.errors import SpecMemoError
 DEFAULT_MODEL = "smollm2-135m"
 
 
-def default_artifact(model: str) -> Path:
-    """Where `specmemo export --model M` writes, and where the commands that take --model look for it."""
-    return Path("artifacts") / Path(model).stem
+def default_artifact(model: str, dtype: str = "float32") -> Path:
+    """Where `specmemo export --model M [--dtype D]` writes, and where the commands that take --model look for it."""
+    suffix = "" if dtype == "float32" else f"-{dtype}"
+    return Path("artifacts") / f"{Path(model).stem}{suffix}"
 
 
 class ModelNotFoundError(SpecMemoError, FileNotFoundError):
@@ -69,6 +70,7 @@ class ResolvedModel:
     spec: str  # what the user asked for
     hf_folder: Path  # loadable with from_pretrained
     sha256: str  # of the source weights (GGUF or safetensors)
+    gguf_parts: tuple[Path, ...] = ()  # the GGUF file (or its parts, in order) when the source is one
 
 
 def sha256_of(paths: list[Path]) -> str:
@@ -107,7 +109,19 @@ def _from_gguf(spec: str, parts: list[Path]) -> ResolvedModel:
     if not (folder / "config.json").is_file():
         check_gguf_supported(parts[0])  # before minutes of conversion
         _convert_gguf(parts, folder)
-    return ResolvedModel(spec=spec, hf_folder=folder, sha256=sha)
+    return ResolvedModel(spec=spec, hf_folder=folder, sha256=sha, gguf_parts=tuple(parts))
+
+
+def joined_gguf(parts: tuple[Path, ...], folder: Path) -> Path:
+    """One GGUF file: the file itself, or its parts concatenated in order into `folder`."""
+    if len(parts) == 1:
+        return parts[0]
+    joined = folder / "model.gguf"
+    with open(joined, "wb") as out:
+        for part in parts:
+            with open(part, "rb") as f:
+                shutil.copyfileobj(f, out, 1 << 24)
+    return joined
 
 
 def check_gguf_supported(path: Path) -> None:
@@ -153,13 +167,7 @@ def _convert_gguf(parts: list[Path], folder: Path) -> None:
     print(f"converting {parts[0].name if len(parts) == 1 else f'{len(parts)} GGUF parts'} to an HF folder (once) ...")
     folder.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=folder.parent) as tmp:
-        gguf = parts[0]
-        if len(parts) > 1:
-            gguf = Path(tmp) / "model.gguf"
-            with open(gguf, "wb") as out:
-                for part in parts:
-                    with open(part, "rb") as f:
-                        shutil.copyfileobj(f, out, 1 << 24)
+        gguf = joined_gguf(tuple(parts), Path(tmp))
         model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype="float32")
         tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
         model.hf_quantizer = None  # the weights are dequantized fp32 now; save them as such

@@ -32,6 +32,13 @@ from specmemo.runtime.sizes import Sizes
 # attention kernels (sdpa, eager) differ by 6e-5, so a pure 1e-4 absolute bound is at the noise floor.
 FP32_TOLERANCE = 1e-4
 FP32_RTOL = 1e-5
+# int8/int4 graphs (export --dtype) against the float32 model they came from. The carried GGUF weights
+# are the model's own, so what is left is how the graph computes: measured max |Δ| on the validation
+# prompt (SmolLM2-135M, README "int4"): accuracy level 0 layers (fp32 compute) with the 8-bit LM head at
+# level 4: hidden 1.8e-4, logits 0.35; level 4 throughout (int8 activations): hidden 4.0, logits 5.3,
+# and argmaxes that differ. Quantized graphs pass within these bounds (about 3x the measurements); their
+# argmax agreement is reported, and measured at scale by `specmemo bench quality`.
+QUANTIZED_TOLERANCE = {0: 1.0, 1: 1.0, 2: 1.0, 3: 1.0, 4: 16.0}
 VALIDATION_PROMPT = "Write a haiku about speculative decoding on a small phone."
 # A hand-drawn tree: two roots, depth 3; listed parents-first.
 #      0 ── 1 ── 3
@@ -49,9 +56,10 @@ class Check:
     hidden_diff: float
     excess: float  # max over elements of |Δ| / (atol + rtol·|ref|): ≤ 1 passes
     argmax_agree: bool
+    argmax_required: bool = True  # False for quantized graphs: reported, not required
 
     def passed(self) -> bool:
-        return self.excess <= 1.0 and self.argmax_agree
+        return self.excess <= 1.0 and (self.argmax_agree or not self.argmax_required)
 
 
 @dataclass
@@ -60,6 +68,7 @@ class ValidationReport:
     checks: list[Check] = field(default_factory=list)
 
     rtol: float = FP32_RTOL
+    quantized: bool = False  # an int8/int4 graph against the float32 model: argmax reported, not required
 
     @property
     def passed(self) -> bool:
@@ -79,7 +88,8 @@ class ValidationReport:
         if any(c.name == "heads" for c in self.checks):
             lines.append("heads: the heads graph's top-k probabilities vs torch (in the logits column); "
                          "ids compared where ranks are not tied")
-        lines.append(f"tolerance |Δ| <= {self.tolerance:.0e} + {self.rtol:.0e}·|ref| (fp32): "
+        kind = "quantized weights vs the float32 model; argmax reported" if self.quantized else "fp32"
+        lines.append(f"tolerance |Δ| <= {self.tolerance:.0e} + {self.rtol:.0e}·|ref| ({kind}): "
                      f"{'PASS' if self.passed else 'FAIL'}; max |Δ logits| = {self.max_logits_diff:.2e}")
         return "\n".join(lines)
 
@@ -114,17 +124,27 @@ def _check(name, report, out_logits, out_hidden, ref_logits, ref_hidden) -> Chec
         hidden_diff=_diff(out_hidden, ref_hidden),
         excess=max(_excess(out_logits, ref_logits, atol, rtol), _excess(out_hidden, ref_hidden, atol, rtol)),
         argmax_agree=bool((out_logits.argmax(-1) == ref_logits.argmax(-1)).all()),
+        argmax_required=not report.quantized,
     )
 
 
-def validate(artifact: Path, hf_model, prompt_ids: list[int], *, tolerance: float = FP32_TOLERANCE,
+def default_tolerance(manifest) -> float:
+    """FP32_TOLERANCE for float32 weights, else QUANTIZED_TOLERANCE at the graph's accuracy level."""
+    if manifest.quantization is None:
+        return FP32_TOLERANCE
+    return QUANTIZED_TOLERANCE[manifest.quantization.accuracy_level]
+
+
+def validate(artifact: Path, hf_model, prompt_ids: list[int], *, tolerance: float | None = None,
              threads: int = 2, heads: MedusaHeads | None = None) -> ValidationReport:
     ref = HFReference(hf_model)
     rows = max(64, len(prompt_ids))  # the prompt in one call, logits for every row
-    capacity = load_manifest(artifact).max_capacity
-    session = DecoderSession(artifact, SessionConfig(threads=threads, sizes=Sizes(capacity=capacity, rows=rows, tree=rows)))
+    manifest = load_manifest(artifact)
+    session = DecoderSession(artifact, SessionConfig(threads=threads, sizes=Sizes(capacity=manifest.max_capacity,
+                                                                                 rows=rows, tree=rows)))
     backend = OrtBackend(session)
-    report = ValidationReport(tolerance=tolerance)
+    report = ValidationReport(tolerance=default_tolerance(manifest) if tolerance is None else tolerance,
+                              quantized=manifest.quantization is not None)
     seq = list(prompt_ids)
 
     # prefill: the whole prompt in one chunk
@@ -185,7 +205,8 @@ def check_heads(session: DecoderSession, heads: MedusaHeads, hidden: np.ndarray,
     atol, rtol = report.tolerance, report.rtol
     clear = untied_ranks(ref_probs, atol)
     return Check(name="heads", tokens=len(hidden), logits_diff=_diff(probs, ref_probs), hidden_diff=0.0,
-                 excess=_excess(probs, ref_probs, atol, rtol), argmax_agree=bool((ids == ref_ids)[clear].all()))
+                 excess=_excess(probs, ref_probs, atol, rtol), argmax_agree=bool((ids == ref_ids)[clear].all()),
+                 argmax_required=not report.quantized)
 
 
 def check_feature_drafter(session: DecoderSession, hf_model, hidden: np.ndarray, seq: list[int],
@@ -217,7 +238,7 @@ def check_feature_drafter(session: DecoderSession, hf_model, hidden: np.ndarray,
     clear = untied_ranks(ref_probs, atol)
     return Check(name="drafter", tokens=rows, logits_diff=_diff(probs, ref_probs), hidden_diff=_diff(out, ref_out),
                  excess=max(_excess(probs, ref_probs, atol, rtol), _excess(out, ref_out, atol, rtol)),
-                 argmax_agree=bool((ids == ref_ids)[clear].all()))
+                 argmax_agree=bool((ids == ref_ids)[clear].all()), argmax_required=not report.quantized)
 
 
 def tree_tokens(ref: HFReference, seq: list[int], parents: list[int]) -> list[int]:
@@ -236,7 +257,7 @@ class SourceMismatchError(SpecMemoError, ValueError):
 
 
 def validate_artifact(artifact: Path, *, model: str | None = None, threads: int = 2,
-                      tolerance: float = FP32_TOLERANCE) -> ValidationReport:
+                      tolerance: float | None = None) -> ValidationReport:
     """Load the artifact's source model (or `model`), check it is the same weights, and validate."""
     from specmemo.export.load import load_hf, resolve_model
 

@@ -52,16 +52,29 @@ class Backend(Protocol):
     def reset(self) -> None: ...
 
 
-def check_fits(length: int, new: int, capacity: int) -> None:
+def check_fits(length: int, new: int, capacity: int, reserved: int = 0) -> None:
+    """`capacity` positions hold tokens; `reserved` more are kept for padding rows."""
     if length + new > capacity:
+        kept = f" ({capacity} for tokens, {reserved} for a padding row)" if reserved else ""
         raise ContextOverflowError(
-            f"{length} cached + {new} new tokens exceed the KV capacity of {capacity}: "
+            f"{length} cached + {new} new tokens exceed the KV capacity of {capacity + reserved}{kept}: "
             f"shorten the input or use a larger --capacity"
         )
 
 
 class OrtBackend:
     """DecoderSession behind the Backend interface, writing every input into the session's arena.
+
+    One numeric route: every call runs at least `manifest.min_step_rows` (2) rows, and gathers at
+    least as many rows for the LM head; a 1-token step gets a padding row (the same token again, as
+    its child) whose outputs are ignored. ONNX
+    Runtime's CPU kernels take another path for a single row (sgemm's M = 1 case, MatMulNBits'
+    M = 1 kernels), so a row computed alone differs from the same row in a T-node verify: by ~1e-4
+    on fp32 logits, and by up to ~20 with MatMulNBits at accuracy level 4. From 2 rows on, each
+    row's outputs are bitwise the same whatever the number of rows and its place among them
+    (measured T = 2…40, fp32 and int4; tests/test_quantized.py), so greedy and speculative steps
+    compute every committed token identically. The padding row costs one KV position: `capacity`
+    is the buffer's less one.
 
     Per tree shape (its parents list) the depths and the [T, T] ancestor bias are computed once
     and cached (up to TREE_CACHE shapes: drafters that reorder their trees make new shapes, and a
@@ -72,10 +85,11 @@ class OrtBackend:
         self.session = session
         self._tree_inputs: dict[tuple[int, ...], tuple[np.ndarray, np.ndarray]] = {}
         self._arange = np.arange(session.rows, dtype=np.int64)
+        self.min_rows = min(session.manifest.min_step_rows, session.rows)  # R = 1: every call is 1 row anyway
 
     @property
     def capacity(self) -> int:
-        return self.session.kv.capacity
+        return self.session.kv.capacity - (self.min_rows - 1)  # room for the padding row
 
     @property
     def length(self) -> int:
@@ -85,7 +99,7 @@ class OrtBackend:
         """Logits for every node, or with `last_only` for the last one (prefill). The arrays are
         views into the arena when the step fits in one call (valid until the next forward);
         a chunked chain returns copies, and with `last_only` the hidden states of its last chunk."""
-        check_fits(self.length, len(tokens), self.capacity)
+        check_fits(self.length, len(tokens), self.capacity, self.min_rows - 1)
         size, s = len(tokens), self.session
         if size <= s.rows and (last_only or size <= s.logit_rows):
             return self._run(tokens, parents, 0, last_only)
@@ -116,6 +130,10 @@ class OrtBackend:
 
     def _run(self, tokens: list[int], parents: list[int], offset: int, last_only: bool) -> Forward:
         """One decoder call for `tokens` on top of the committed positions and `offset` uncommitted ones."""
+        real = len(tokens)
+        if real < self.min_rows:  # padding rows: a chain under the last node, never read
+            tokens = [*tokens, *[tokens[-1]] * (self.min_rows - real)]
+            parents = [*parents, *range(real - 1, self.min_rows - 1)]
         arena, size = self.session.arena, len(tokens)
         past = self.length + offset
         attended = past + size
@@ -127,13 +145,15 @@ class OrtBackend:
         bias = arena["attention_bias"][: size * attended].reshape(size, attended)
         bias[:, :past] = 0
         bias[:, past:] = block
-        logit_rows = 1 if last_only else size
-        if last_only:
-            arena["logits_indices"][0] = size - 1
-        else:
-            arena["logits_indices"][:size] = self._arange[:size]
-        out = self.session.run(size, attended, logit_rows)
-        return Forward(out.next_token_ids[0], out.logits[0], out.hidden_states[0])
+        wanted = 1 if last_only else real  # logit rows asked for: the last node's, or every node's
+        first = real - wanted
+        gathered = max(wanted, min(self.min_rows, size, self.session.logit_rows))  # the LM head gets >= 2 rows too
+        arena["logits_indices"][:gathered] = self._arange[first : first + gathered] if first + gathered <= size \
+            else self._arange[size - gathered : size]
+        out = self.session.run(size, attended, gathered)
+        at = 0 if first + gathered <= size else first - (size - gathered)  # where the wanted rows start
+        return Forward(out.next_token_ids[0][at : at + wanted], out.logits[0][at : at + wanted],
+                       out.hidden_states[0][:real])
 
     def commit(self, nodes: list[int]) -> None:
         """Keep `nodes` (indices into the last forward, root-to-node order) as committed positions."""

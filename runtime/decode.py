@@ -182,13 +182,15 @@ def generate(
     on_token: Callable[[int], None] | None = None,
     policy: WidthPolicy | None = None,
     sampling: Sampling | None = None,
+    chains_only: bool = False,
 ) -> Generation:
     """Greedy decoding on top of whatever the backend has committed (multi-turn reuses it);
     speculative when a drafter is given, with trees of at most `max_tree` nodes (T_max, the
     arena's rows for a tree); plain (one-node trees) otherwise. `history`: the tokens already
     committed before `prompt` (earlier turns), for drafters that read the conversation. `policy`
     decides each step's draft budget and verified width (default: all of it that fits);
-    `sampling` switches to typical acceptance with seeded sampling."""
+    `sampling` switches to typical acceptance with seeded sampling. `chains_only`: verify only the
+    draft's best path (a graph whose tree verify rounds apart from a chain, manifest.draft_shape)."""
     speculative = drafter is not None and max_tree > 1
     policy = policy if policy is not None and speculative else FullWidth(max_tree if speculative else 1)
     rng = np.random.default_rng(sampling.seed) if sampling is not None else None
@@ -213,6 +215,8 @@ def generate(
         if budget > 1 and speculative:
             drafted = time.perf_counter()
             proposal = drafter.propose(DraftContext(context, step.hidden, step.rows, step.path), budget=budget)
+            if chains_only:
+                proposal = proposal.best_path()
             draft_ms = 1e3 * (time.perf_counter() - drafted)
             stats.draft_s += draft_ms / 1e3
         else:

@@ -1,14 +1,19 @@
-"""The token embedding table [V, h], read from its own file one row per token.
+"""The token embedding table [V, h], read from a file one row per token.
 
 The decoder graph takes embeddings, not ids: the table is kept out of ONNX Runtime so that it is
-neither loaded nor memory-mapped. A token reads one contiguous h-row (2.3 KiB on SmolLM2) from the
-file; the OS page cache serves repeats, and none of it counts against the process. Measured on
-SmolLM2-135M, controller, 10 MT-Bench replies + a 512-token trace at C = 640 (README "Compare"):
+neither loaded nor memory-mapped. A token reads one contiguous h-row (2.3 KiB on SmolLM2 in fp32)
+from the file; the OS page cache serves repeats, and none of it counts against the process.
+Measured on SmolLM2-135M, controller, 10 MT-Bench replies + a 512-token trace at C = 640 (README "Compare"):
   - gathering from the tied [h, V] LM head inside the graph: the whole 108 MiB mapped table stayed
     resident beside ORT's packed copy of it (RSS after load 734 MiB, peak 775 MiB);
   - a separate [V, h] initializer, mapped by ORT: after load 626 MiB, but the peak grew to 698 MiB
     as tokens were seen, because each page fault maps the 64 KiB around it (kernel fault-around);
   - this reader: after load 626 MiB, peak 667 MiB, decode speed unchanged (two syscalls a token).
+
+Quantized artifacts (export --dtype int8|int4) have no table of their own: a row is read from the
+tied LM head's MatMulNBits initializers in the decoder's data file (values, then scales) and
+dequantized into the caller's buffer, x = scale · (q − zero point), in the same fp32 arithmetic the
+exporter checked against the model's weights.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from specmemo.runtime.manifest import EmbeddingInfo, ManifestError
+from specmemo.runtime.manifest import EmbeddingInfo, ManifestError, QuantizedRows
 
 
 class EmbeddingTable:
@@ -26,13 +31,25 @@ class EmbeddingTable:
         self.path = path
         self.vocab_size, self.hidden_size = info.shape  # V, h
         self.dtype = np.dtype(info.dtype)
-        self.row_bytes = self.hidden_size * self.dtype.itemsize
-        expected = self.vocab_size * self.row_bytes
-        if not path.is_file() or path.stat().st_size != expected:
-            size = path.stat().st_size if path.is_file() else "no"
-            raise ManifestError(f"{path} holds {size} bytes, not the {expected} of a {self.vocab_size} x "
-                                f"{self.hidden_size} {self.dtype.name} table: re-export the artifact")
-        self._file = io.FileIO(path, "r")  # unbuffered: each row is one read into the caller's buffer
+        self.quantized = info.quantized
+        if self.quantized is None:
+            self.row_bytes = self.hidden_size * self.dtype.itemsize
+            self._check_size(self.vocab_size * self.row_bytes)
+        else:
+            q = self.quantized
+            self.row_bytes = self.hidden_size * q.bits // 8
+            self._blocks = self.hidden_size // q.block_size  # per row
+            self._values = np.empty(self.row_bytes, np.uint8)  # scratch for one row, reused
+            self._scales = np.empty(self._blocks, np.dtype(q.scales_dtype))
+            self._check_size(max(q.values_offset + self.vocab_size * self.row_bytes,
+                                 q.scales_offset + self.vocab_size * self._scales.nbytes))
+        self._file = io.FileIO(path, "r")  # unbuffered: each row is one read into a buffer
+
+    def _check_size(self, expected: int) -> None:
+        size = self.path.stat().st_size if self.path.is_file() else None
+        if size is None or size < expected or (self.quantized is None and size != expected):
+            raise ManifestError(f"{self.path} holds {size or 'no'} bytes, not the {expected} of a {self.vocab_size} x "
+                                f"{self.hidden_size} embedding table: re-export the artifact")
 
     def lookup(self, token_ids: np.ndarray, out: np.ndarray) -> None:
         """Rows of `token_ids` [T] into `out` [T, h] (an arena view): no allocation."""
@@ -40,9 +57,28 @@ class EmbeddingTable:
             token = int(token)
             if not 0 <= token < self.vocab_size:
                 raise ValueError(f"token id {token} is outside the vocabulary of {self.vocab_size}")
-            self._file.seek(token * self.row_bytes)
-            if self._file.readinto(row) != self.row_bytes:
-                raise ManifestError(f"{self.path} ended early at token {token}: re-export the artifact")
+            if self.quantized is None:
+                self._read(token * self.row_bytes, row)
+            else:
+                self._dequantize(token, self.quantized, row)
+
+    def _read(self, offset: int, into: np.ndarray) -> None:
+        self._file.seek(offset)
+        if self._file.readinto(into) != into.nbytes:
+            raise ManifestError(f"{self.path} ended early at byte {offset}: re-export the artifact")
+
+    def _dequantize(self, token: int, q: QuantizedRows, row: np.ndarray) -> None:
+        self._read(q.values_offset + token * self.row_bytes, self._values)
+        self._read(q.scales_offset + token * self._scales.nbytes, self._scales)
+        blocks = row.reshape(self._blocks, q.block_size)  # [nb, block], a view of `row`
+        if q.bits == 8:
+            blocks[...] = self._values.reshape(self._blocks, q.block_size)
+        else:  # two values a byte, the first in the low nibble
+            pairs = self._values.reshape(self._blocks, q.block_size // 2)
+            blocks[:, 0::2] = pairs & 0x0F
+            blocks[:, 1::2] = pairs >> 4
+        blocks -= q.zero_point
+        blocks *= self._scales[:, None]
 
     def close(self) -> None:
         self._file.close()

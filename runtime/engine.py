@@ -77,7 +77,7 @@ class Engine:
         if not 0 <= cached < len(prompt_ids) or cached > self._backend.length:
             raise ValueError(f"cached={cached} must be committed ({self._backend.length} rows are) and leave at least "
                              f"one of the {len(prompt_ids)} prompt tokens to prefill")
-        check_fits(cached, len(prompt_ids) - cached, self._backend.capacity)  # before any latency measurement
+        check_fits(cached, len(prompt_ids) - cached, self._backend.capacity, self._backend.min_rows - 1)  # before any latency measurement
         speculative = mode is not Mode.GREEDY
         if cached == 0:
             self._backend.reset()
@@ -87,7 +87,8 @@ class Engine:
         return generate(self._backend, prompt_ids[cached:], max_new_tokens=max_new_tokens, eos_token_ids=eos,
                         drafter=self.drafter if speculative else None, max_tree=self.max_tree if speculative else 1,
                         history=prompt_ids[:cached], on_token=on_token,
-                        policy=policy if policy is not None else self.policy(mode), sampling=self.config.sampling)
+                        policy=policy if policy is not None else self.policy(mode), sampling=self.config.sampling,
+                        chains_only=self.session.manifest.draft_shape == "chain")
 
 
 def open_drafter(session: DecoderSession, names: tuple[DrafterName, ...], *, max_tree: int) -> Drafter | None:

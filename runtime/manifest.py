@@ -17,9 +17,10 @@ from specmemo.errors import ConfigError, SpecMemoError
 from specmemo.runtime.drafters import DrafterName, parse_drafter
 
 MANIFEST_FILE = "manifest.json"
-FORMAT_VERSION = 4  # 2: inputs_embeds, the embedding table in its own file; 3: max_capacity, weight/kv/activation dtypes;
-# 4: drafter
-BYTES_PER_ELEMENT = {"float32": 4, "float16": 2}  # the element types a manifest may name
+FORMAT_VERSION = 5  # 2: inputs_embeds, the embedding table in its own file; 3: max_capacity, weight/kv/activation dtypes;
+# 4: drafter; 5: quantized weights (weight_dtype int8/int4, quantized embedding rows)
+BYTES_PER_ELEMENT = {"float32": 4, "float16": 2}  # the element types KV cache and activations may take
+WEIGHT_DTYPES = {"float32": 32, "float16": 16, "int8": 8, "int4": 4}  # weight_dtype → bits of the widest decoder MatMul
 
 
 class ManifestError(SpecMemoError, ValueError):
@@ -75,13 +76,46 @@ class DecoderIO:
 
 
 @dataclass(frozen=True)
+class QuantizedRows:
+    """Embedding rows stored as MatMulNBits stores a weight's rows (the tied LM head's own bytes):
+    row t is `bits`-bit q at values_offset + t·h·bits/8 (two 4-bit values a byte, the first in the low
+    nibble) and scales at scales_offset + t·(h/block)·(2 or 4); x = scale · (q − zero_point) in float32."""
+
+    bits: int  # 4 or 8
+    block_size: int
+    zero_point: int
+    values_offset: int  # bytes into EmbeddingInfo.file
+    scales_offset: int
+    scales_dtype: str = "float32"  # float32 | float16
+
+    def __post_init__(self) -> None:
+        if (self.bits not in (4, 8) or self.block_size <= 0 or not 0 <= self.zero_point < 1 << self.bits
+                or self.scales_dtype not in ("float32", "float16")):
+            raise ManifestError(f"embedding.quantized: bits {self.bits}, block {self.block_size}, zero point "
+                                f"{self.zero_point} are not a MatMulNBits layout: re-export the artifact")
+
+
+@dataclass(frozen=True)
+class QuantizationInfo:
+    """How `export --dtype int8|int4` made the graphs' MatMulNBits weights."""
+
+    block_size: int  # of the weights ONNX Runtime's quantizer made (carried GGUF blocks keep theirs)
+    accuracy_level: int  # MatMulNBits accuracy_level of the decoder's layers
+    lm_head_accuracy_level: int  # and of its LM head
+    carried: tuple[str, ...]  # GGUF types carried over unchanged, e.g. ("Q4_1", "Q8_0")
+    quantized: tuple[str, ...]  # decoder initializers re-quantized by ONNX Runtime's quantizer
+
+
+@dataclass(frozen=True)
 class EmbeddingInfo:
     """The token embedding table, outside the graph (runtime/embedding.py reads it row by row):
-    raw little-endian values, row-major [V, h], no header."""
+    raw little-endian values, row-major [V, h], no header; or, when `quantized`, rows of the tied LM
+    head's MatMulNBits initializers inside the decoder's data file (no second copy)."""
 
     file: str  # relative to the artifact folder
-    dtype: str
+    dtype: str  # of the rows handed to the graph
     shape: tuple[int, int]  # (V, h)
+    quantized: QuantizedRows | None = None
 
 
 @dataclass(frozen=True)
@@ -195,6 +229,9 @@ class Manifest:
     heads: HeadsInfo | None = None  # None: exported without Medusa heads (no medusa drafter)
     feature_drafter: FeatureDrafterInfo | None = None  # None: exported without the feature drafter
     plan: DevicePlan | None = None  # set by `export --profile`
+    quantization: QuantizationInfo | None = None  # set by `export --dtype int8|int4`
+    min_step_rows: int = 2  # every decoder call runs at least this many rows (runtime/backend.py: one numeric route)
+    draft_shape: str = "tree"  # tree | chain: "chain" where only a chain verifies exactly (export --accuracy-level 4)
 
     def __post_init__(self) -> None:
         if self.format_version != FORMAT_VERSION:
@@ -203,7 +240,14 @@ class Manifest:
             )
         if self.max_capacity <= 0:
             raise ManifestError(f"max_capacity must be positive, got {self.max_capacity}")
-        for name in ("weight_dtype", "kv_dtype", "activation_dtype"):
+        if self.draft_shape not in ("tree", "chain"):
+            raise ManifestError(f"draft_shape {self.draft_shape!r} is not tree or chain: re-export the artifact")
+        if self.min_step_rows < 1:
+            raise ManifestError(f"min_step_rows must be at least 1, got {self.min_step_rows}: re-export the artifact")
+        if self.weight_dtype not in WEIGHT_DTYPES:
+            raise ManifestError(f"weight_dtype {self.weight_dtype!r} is not one of {', '.join(WEIGHT_DTYPES)}: "
+                                f"re-export with this version of specmemo")
+        for name in ("kv_dtype", "activation_dtype"):
             if getattr(self, name) not in BYTES_PER_ELEMENT:
                 raise ManifestError(f"{name} {getattr(self, name)!r} is not one of {', '.join(BYTES_PER_ELEMENT)}: "
                                     f"re-export with this version of specmemo")
@@ -226,8 +270,8 @@ class Manifest:
                                 f"{self.max_capacity}: re-export with --profile")
 
     @property
-    def bytes_per_weight(self) -> int:
-        return BYTES_PER_ELEMENT[self.weight_dtype]
+    def bits_per_weight(self) -> int:
+        return WEIGHT_DTYPES[self.weight_dtype]
 
     @property
     def bytes_per_kv_element(self) -> int:
@@ -263,6 +307,7 @@ def _build(cls: type, data: Any, where: str) -> Any:
 
 
 _NESTED = {"SharedInitializer": SharedInitializer, "ModelDims": ModelDims, "DecoderIO": DecoderIO,
+           "QuantizedRows": QuantizedRows, "QuantizationInfo": QuantizationInfo,
            "EmbeddingInfo": EmbeddingInfo, "TokenizerInfo": TokenizerInfo, "HeadsInfo": HeadsInfo,
            "DevicePlan": DevicePlan, "FeatureDrafterInfo": FeatureDrafterInfo}
 

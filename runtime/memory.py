@@ -202,7 +202,7 @@ def breakdown(fp: Footprint) -> list[tuple[str, float]]:
     ]
 
 
-INT4_BYTES_PER_WEIGHT = 4.5 / 8  # MatMulNBits, block 32: 4-bit weights plus an fp32 scale per 32 (estimate)
+INT4_BITS_PER_WEIGHT = 6.0  # MatMulNBits, block 32: 4-bit weights, an fp32 scale and a bias per 32 (carried Q4_1)
 
 
 def largest_context(manifest: Manifest, calibration: Calibration, *, budget: int) -> int:
@@ -231,8 +231,10 @@ def what_would_fit(artifact: Path, manifest: Manifest, calibration: Calibration,
         plain = lower_bound(replace(manifest, heads=None, drafter="lookup"),
                             replace(calibration, load_bytes=calibration.load_bytes - heads_bytes), context=context)
         options.append(f"no heads (--heads none, prompt lookup or plain decoding): {plain.total / MIB:.0f} MiB")
-    decoder_bytes = (artifact / manifest.decoder_data_file).stat().st_size
-    saved = int(decoder_bytes * (1 - INT4_BYTES_PER_WEIGHT / manifest.bytes_per_weight))
-    int4 = lower_bound(manifest, replace(calibration, load_bytes=calibration.load_bytes - saved), context=context)
-    options.append(f"int4 weights: ~{int4.total / MIB:.0f} MiB (estimate; this exporter writes float32 only so far)")
-    return options
+    if manifest.bits_per_weight > 4:
+        decoder_bytes = (artifact / manifest.decoder_data_file).stat().st_size
+        saved = int(decoder_bytes * (1 - INT4_BITS_PER_WEIGHT / manifest.bits_per_weight))
+        int4 = lower_bound(manifest, replace(calibration, load_bytes=calibration.load_bytes - saved), context=context)
+        options.append(f"int4 weights: ~{int4.total / MIB:.0f} MiB (estimate; re-export with --dtype int4)")
+    return options or [f"nothing smaller from this model: the load alone is {calibration.load_bytes / MIB:.0f} MiB, "
+                       f"raise the budget"]

@@ -170,3 +170,15 @@ def test_eval_drafter_runs_and_reports_identity(exported):
         assert r["controller"]["identical_to_greedy"] == "2/2"
         assert len(r["teacher_forced"]["top1_by_depth"]) == 4 and r["bound"] >= 1.0
     assert "medusa+lookup" in table(results)
+
+
+def test_best_path_follows_the_best_child_down_a_hand_drawn_tree():
+    #  0 ── 1 ── 3 ── 5
+    #  │    └─── 4
+    #  └─── 2 ── 6
+    tree = DraftTree(tokens=(10, 11, 12, 13, 14, 15, 16), parents=(-1, 0, 0, 1, 1, 3, 2),
+                     scores=(1.0, 0.6, 0.3, 0.5, 0.2, 0.4, 0.1))
+    chain = tree.best_path()
+    assert chain.tokens == (10, 11, 13, 15) and chain.parents == (-1, 0, 1, 2)
+    assert chain.scores == (1.0, 0.6, 0.5, 0.4)
+    assert DraftTree.root_only(7).best_path() == DraftTree.root_only(7)

@@ -28,7 +28,7 @@ def _broken(tiny_llama, tmp_path, edit):
 @pytest.mark.parametrize("edit, message", [
     (lambda d: d.pop("max_capacity"), "missing key 'max_capacity'"),
     (lambda d: d.update(kv_dtype="int3"), "kv_dtype 'int3' is not one of"),
-    (lambda d: d.update(format_version=2, capacity=2048), "manifest format 2 is not 4: re-export"),
+    (lambda d: d.update(format_version=2, capacity=2048), "manifest format 2 is not 5: re-export"),
     (lambda d: d.update(colour="red"), "unknown key 'colour'"),
     (lambda d: d["dims"].update(num_heads=5), "not a multiple of num_kv_heads"),
     (lambda d: d.update(format_version=99), "re-export"),
@@ -45,9 +45,9 @@ def test_bytes_per_element_are_three_named_decisions(tiny_llama):
     from dataclasses import replace
 
     manifest = load_manifest(tiny_llama)
-    assert (manifest.bytes_per_weight, manifest.bytes_per_kv_element, manifest.bytes_per_activation) == (4, 4, 4)
+    assert (manifest.bits_per_weight, manifest.bytes_per_kv_element, manifest.bytes_per_activation) == (32, 4, 4)
     assert replace(manifest, kv_dtype="float16").bytes_per_kv_element == 2
-    assert replace(manifest, kv_dtype="float16").bytes_per_weight == 4
+    assert replace(manifest, weight_dtype="int4").bits_per_weight == 4
 
 
 def test_missing_manifest(tmp_path):

@@ -121,14 +121,15 @@ def test_export_profile_writes_the_plan_or_refuses_and_keeps_the_old_artifact(ti
     assert manifest.max_capacity == 256  # the tiny model's positions (< 8192)
     assert manifest.plan.profile == "raspberry-pi-5-4gb" and manifest.plan.capacity == 256
     assert manifest.plan.budget == 3 * 2**30 and manifest.plan.tree <= manifest.plan.rows
-    assert "prefers int4 weights; this exporter writes float32 only" in capsys.readouterr().err
+    assert "profile raspberry-pi-5-4gb: int4 weights" in capsys.readouterr().err
+    assert manifest.weight_dtype == "int4"  # the profile's weight dtype (the tiny model through ORT's quantizer)
     before = (out / "manifest.json").read_text()
 
     tight = small_profile(tmp_path, "tight", "40MiB")
     assert main(["export", "--model", str(root / "hf"), "--out", str(out), "--profile", str(tight),
                  "--max-capacity", "128", "--no-validate"]) == 1
     err = capsys.readouterr().err.strip().splitlines()[-1]
-    assert "below the lower bound" in err and "what would fit:" in err and "int4 weights" in err
+    assert "below the lower bound" in err and "what would fit:" in err and "raise the budget" in err  # int4 already
     assert "nothing was written" in err
     assert (out / "manifest.json").read_text() == before  # the earlier export is intact
     assert not [p for p in out.parent.iterdir() if p.name.startswith(".sized")]  # no staging left behind

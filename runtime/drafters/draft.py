@@ -46,6 +46,19 @@ class DraftTree:
             return self
         return DraftTree(self.tokens[:size], self.parents[:size], self.scores[:size])
 
+    def best_path(self) -> DraftTree:
+        """The chain root → its best child → its best child ..., as a draft of its own (for graphs
+        where only a chain verifies exactly: manifest.draft_shape "chain")."""
+        nodes, at = [0], 0
+        while True:
+            child = next((i for i in range(at + 1, self.size) if self.parents[i] == at), None)  # best-first
+            if child is None:
+                break
+            nodes.append(child)
+            at = child
+        return DraftTree(tuple(self.tokens[i] for i in nodes), tuple(range(-1, len(nodes) - 1)),
+                         tuple(self.scores[i] for i in nodes))
+
     def expected_accepted(self) -> float:
         """Tokens a verify step of this tree gains if the scores are right: the root's bonus + sum of the rest."""
         return float(sum(self.scores))

@@ -65,6 +65,33 @@ def add_parser(sub) -> None:
     b.set_defaults(handler=cmd_bench_soak)
 
 
+    b = bench.add_parser("quality", help="what a weight dtype does to the model: argmax agreement, perplexity, size",
+                         description="Against a reference artifact (the float32 export): the reference's greedy "
+                                     "replies to the first --prompts MT-Bench questions, then for the reference and "
+                                     "each --artifact, teacher-forced along them, the share of positions whose "
+                                     "argmax is the reference's token; perplexity of 40 held-out ShareGPT replies "
+                                     "(the end of the file, which training does not reach); size on disk. Prints a "
+                                     "table, writes JSON.",
+                         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    b.add_argument("--reference", type=Path, default=Path("artifacts") / "smollm2-135m", help="the float32 artifact")
+    b.add_argument("--artifact", type=Path, action="append", required=True, help="an artifact to measure (repeat)")
+    b.add_argument("--prompts", type=positive, default=80, help="first N MT-Bench first turns")
+    b.add_argument("--max-new-tokens", type=positive, default=128)
+    b.add_argument("--threads", type=positive, default=2)
+    b.add_argument("--json", type=Path, default=Path("results") / "bench-quality.json", help="where to write JSON")
+    b.set_defaults(handler=cmd_bench_quality)
+
+
+def cmd_bench_quality(args: argparse.Namespace) -> int:
+    from specmemo.bench.quality import measure, table
+
+    results = measure(args.reference, args.artifact, prompts=args.prompts, max_new_tokens=args.max_new_tokens,
+                      threads=args.threads, out=args.json)
+    print(table(results))
+    print(f"wrote {args.json}")
+    return 0
+
+
 def _genai_dir(args: argparse.Namespace, source_model: str):
     if args.no_peer:
         return None

@@ -26,7 +26,11 @@ def add_parser(sub) -> None:
                                    "Spec-Bench JSONL per engine, PNG plots and report.md into --out.",
                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--model", default=DEFAULT_MODEL, help="the model (as exported)")
-    p.add_argument("--artifact", type=Path, help="the exported artifact (default artifacts/<model>)")
+    p.add_argument("--artifact", type=Path, help="the exported artifact (default artifacts/<model>, with --dtype int4 "
+                                                 "artifacts/<model>-int4)")
+    p.add_argument("--dtype", choices=("float32", "int4"), default="float32",
+                   help="which export to compare: int4 compares it with ONNX Runtime GenAI's int4 build "
+                        "(`specmemo export --dtype int4 --out artifacts/<model>-int4` first)")
     p.add_argument("--prompts", default="mt-bench",
                    help="'mt-bench' (the 80 MT-Bench questions) or a question.jsonl-style file (a `turns` list "
                         "per line); first turns are used")
@@ -45,6 +49,12 @@ def add_parser(sub) -> None:
     p.set_defaults(handler=cmd_compare)
 
 
+def genai_precision(weight_dtype: str) -> str:
+    """The ONNX Runtime GenAI build compared with an artifact: its model builder's int4 for our int4
+    (it re-quantizes the float32 weights with its own RTN), else fp32."""
+    return "int4" if weight_dtype == "int4" else "fp32"
+
+
 def cmd_compare(args: argparse.Namespace) -> int:
     from specmemo.bench import compare
     from specmemo.bench.plots import write_plots, write_report
@@ -55,7 +65,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     from specmemo.runtime.tokenizer import ChatTokenizer, Message
 
     apply_profile(args)
-    artifact = args.artifact or default_artifact(args.model)
+    artifact = args.artifact or default_artifact(args.model, args.dtype)
     manifest = load_manifest(artifact)
     if manifest.source_model != args.model:
         raise ConfigError(f"{artifact} was exported from {manifest.source_model!r}, not {args.model!r}: "
@@ -72,7 +82,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
         from specmemo.bench.peers import PeerUnavailableError, genai_model_dir
 
         try:
-            genai_dir = genai_model_dir(manifest.source_model)
+            genai_dir = genai_model_dir(manifest.source_model, genai_precision(manifest.weight_dtype))
             engines += (compare.PEER,)
         except PeerUnavailableError as err:
             log_stderr(f"ONNX Runtime GenAI row skipped: {err}")

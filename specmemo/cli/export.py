@@ -28,11 +28,23 @@ def add_parser(sub) -> None:
     p.add_argument("--top-k", type=positive, default=10, help="guesses per head in the heads graph (default 10)")
     p.add_argument("--feature-drafter", default="auto",
                    help="feature drafter folder (from train-drafter), 'none', or 'auto': the one shipped for the "
-                        "model alias if any (default auto)")
+                        "model alias if any, for float32 exports (default auto)")
     p.add_argument("--drafter", default=None,
                    help="the drafter written into the manifest as the artifact's default: medusa, lookup, or "
                         "several joined by '+' (default medusa+lookup with heads, else feature+lookup with a "
                         "feature drafter, else lookup)")
+    p.add_argument("--dtype", choices=("float32", "int8", "int4"), default=None,
+                   help="weights of the graphs' MatMuls: float32, or MatMulNBits. A GGUF source keeps its own "
+                        "quantized blocks (Q4_0/Q4_1 as 4-bit, Q8_0 as 8-bit: the same weights as the float32 "
+                        "reference, nothing re-quantized); everything else goes through ONNX Runtime's quantizer "
+                        "(RTN, asymmetric blocks). The tied embedding is then read from the LM head's rows "
+                        "(default: the --profile's weight dtype where it names int8/int4, else float32)")
+    p.add_argument("--block-size", type=positive, default=32,
+                   help="block of weights sharing a scale where ONNX Runtime's quantizer runs (default 32)")
+    p.add_argument("--accuracy-level", type=int, choices=range(5), default=0, metavar="{0..4}",
+                   help="MatMulNBits accuracy_level of the decoder layers: 0 computes in fp32; 4 quantizes "
+                        "activations to int8 per block (faster on x86, but a T-node verify then rounds apart "
+                        "from a 1-token step: see README \"int4\") (default 0)")
     p.add_argument("--no-validate", action="store_true", help="skip the ORT-vs-PyTorch validation")
     add_profile_options(p, budget=False,
                         purpose="size the artifact for the device: the plan (C, R, T_max within its app memory, "
@@ -46,7 +58,10 @@ def add_parser(sub) -> None:
                                    "above the tolerance.")
     p.add_argument("artifact", type=Path)
     p.add_argument("--model", help="the source model, if not the one the manifest names")
-    p.add_argument("--tolerance", type=float, default=1e-4, help="max |Δ| allowed (default 1e-4, fp32)")
+    p.add_argument("--tolerance", type=float, default=None,
+                   help="max |Δ| allowed (default 1e-4 for float32 weights; int8/int4 graphs are compared with the "
+                        "float32 model they came from, at the tolerance their accuracy level reaches: see "
+                        "export/validate.py)")
     p.add_argument("--threads", type=positive, default=2)
     p.set_defaults(handler=cmd_validate)
 
@@ -57,28 +72,33 @@ def cmd_export(args: argparse.Namespace) -> int:
     check_supported(args.model)  # from the GGUF header or config.json: refused before torch is even imported
     from specmemo.export.artifact import (DEFAULT_MAX_CAPACITY, ExportOptions, default_feature_drafter, default_heads,
                                           export_artifact)
+    from specmemo.export.weights_dtype import QuantOptions, WeightDtype
 
-    out = args.out or default_artifact(args.model)
     heads = {"auto": default_heads(args.model), "none": None}.get(args.heads, Path(args.heads))
-    feature = {"auto": default_feature_drafter(args.model), "none": None}.get(args.feature_drafter,
-                                                                              Path(args.feature_drafter))
     profile = apply_profile(args)
     finalize, max_capacity = None, args.max_capacity or DEFAULT_MAX_CAPACITY
     if profile is not None:
         from specmemo.export.sizing import profile_capacity, sized_for
 
-        if profile.weight_dtype.value != "float32":
-            log_stderr(f"profile {profile.name} prefers {profile.weight_dtype.value} weights; this exporter writes "
-                       f"float32 only so far: sizing for float32")
+        if args.dtype is None and profile.weight_dtype.value in ("int8", "int4"):
+            args.dtype = profile.weight_dtype.value
+            log_stderr(f"profile {profile.name}: {args.dtype} weights (--dtype overrides)")
         max_capacity = args.max_capacity or profile_capacity(args.model)
         finalize = sized_for(profile, threads=args.threads, capacity_given=args.max_capacity is not None,
                              log=log_stderr)
-    export_artifact(ExportOptions(model=args.model, out=out, max_capacity=max_capacity, heads=heads,
+    quant = QuantOptions(dtype=WeightDtype(args.dtype or "float32"), block_size=args.block_size,
+                         accuracy_level=args.accuracy_level)
+    out = args.out or default_artifact(args.model, quant.dtype.value)
+    # auto: the shipped feature drafter for float32 exports only; it does not pay on a CPU (README
+    # "Drafters") and a quantized export is sized for a device
+    auto = default_feature_drafter(args.model) if quant.dtype is WeightDtype.FLOAT32 else None
+    feature = {"auto": auto, "none": None}.get(args.feature_drafter, Path(args.feature_drafter))
+    export_artifact(ExportOptions(model=args.model, out=out, max_capacity=max_capacity, heads=heads, quant=quant,
                                   top_k=args.top_k, drafter=args.drafter, feature_drafter=feature), finalize=finalize)
     if args.no_validate:
         return 0
     print(f"validating {out} against PyTorch ...")
-    args.artifact, args.tolerance = out, 1e-4
+    args.artifact, args.tolerance = out, None
     return cmd_validate(args)
 
 

@@ -1,0 +1,181 @@
+"""Weight-only quantization of exported graphs: every MatMul on a constant weight becomes MatMulNBits.
+
+Two sources of quantized weights, one graph pattern:
+  - carried (`carry_matmuls`): a GGUF's own blocks (export/gguf_weights.py), not re-quantized, so the
+    int4 graph computes with the weights the fp32 reference dequantizes from the same file;
+  - quantized (`quantize_matmuls`): fp32 weights through ONNX Runtime's MatMulNBitsQuantizer (RTN or
+    HQQ), for HF-folder models and for the trained heads/drafter graphs.
+
+A carried MatMul with a per-block minimum (Q4_1: w = d·q + m) is
+
+    y = MatMulNBits(x; q, d, zero point 0) + BlockSum(x) @ mᵀ        BlockSum(x) [B, T, K/32]
+
+which reproduces x @ W to fp32 rounding (the "bias" MatMul is [K/32 × N], 1/32 of the weight's
+columns). Accuracy level 0 (fp32 compute) is the default: level 4 quantizes activations to int8,
+and a T-row verify then rounds differently from a 1-row step, so speculative output can leave greedy
+(export --accuracy-level documents the trade-off; README "int4").
+Shapes: B batch, T rows, K inputs, N outputs.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from specmemo.export.gguf_weights import QuantBlocks
+
+MS_DOMAIN = "com.microsoft"
+
+
+def _initializers(graph: onnx.GraphProto) -> dict[str, onnx.TensorProto]:
+    return {t.name: t for t in graph.initializer}
+
+
+def _exact_f16(values: np.ndarray) -> bool:
+    return bool(np.array_equal(values.astype(np.float16).astype(np.float32), values))
+
+
+def matmulnbits_tensors(name: str, blocks: QuantBlocks) -> tuple[list[onnx.TensorProto], list[onnx.NodeProto]]:
+    """The initializers of one MatMulNBits: `name.q` [N, nb, block·bits/8], `name.scales` [N, nb],
+    `name.zero_points` when the zero point is not MatMulNBits' default 2^(bits−1), `name.bias_t`
+    [nb, N] for a per-block minimum. Scales and minima that are float16 values (all GGUF ones are)
+    are stored as float16 (`name.scales.f16`) behind a Cast that ONNX Runtime folds once at load:
+    half the bytes on disk, the same float32 values in the graph. Returns (initializers, Cast nodes)."""
+    n, _ = blocks.shape
+    tensors, casts = [numpy_helper.from_array(blocks.packed(), f"{name}.q")], []
+    for suffix, values in (("scales", blocks.scale), ("bias_t", None if blocks.bias is None else blocks.bias.T)):
+        if values is None:
+            continue
+        values = np.ascontiguousarray(values)
+        if _exact_f16(values):
+            tensors.append(numpy_helper.from_array(values.astype(np.float16), f"{name}.{suffix}.f16"))
+            casts.append(helper.make_node("Cast", [f"{name}.{suffix}.f16"], [f"{name}.{suffix}"],
+                                          name=f"{name}.{suffix}.Cast", to=onnx.TensorProto.FLOAT))
+        else:
+            tensors.append(numpy_helper.from_array(values, f"{name}.{suffix}"))
+    if blocks.zero != 1 << (blocks.bits - 1):
+        nb = blocks.scale.shape[1]
+        per_byte = 8 // blocks.bits
+        zero = np.full((n, nb), blocks.zero, dtype=np.uint8)
+        if blocks.bits == 4:
+            zero = np.pad(zero, ((0, 0), (0, nb % 2)))
+            zero = zero[:, 0::2] | (zero[:, 1::2] << 4)
+        tensors.append(numpy_helper.from_array(np.ascontiguousarray(zero.reshape(n, -(-nb // per_byte))),
+                                               f"{name}.zero_points"))
+    return tensors, casts
+
+
+def carry_matmuls(model: onnx.ModelProto, carried: dict[str, QuantBlocks], *, accuracy_level: int = 0,
+                  levels: dict[str, int] | None = None) -> list[str]:
+    """Replace each MatMul whose weight initializer is named in `carried` ([K, N] fp32 → blocks of
+    its [N, K] transpose) by MatMulNBits (+ the block-sum bias term), at `accuracy_level` or the
+    level `levels` names for that weight. Returns the names replaced."""
+    graph = model.graph
+    inits = _initializers(graph)
+    block_sums: dict[str, str] = {}  # activation name → its BlockSum output, shared by MatMuls on one input
+    nodes, replaced = [], []
+    for node in graph.node:
+        weight = node.input[1] if node.op_type == "MatMul" and len(node.input) == 2 else None
+        if weight not in carried:
+            nodes.append(node)
+            continue
+        blocks, stored = carried[weight], inits[weight]
+        k, n = stored.dims
+        if blocks.shape != (n, k):
+            raise ValueError(f"{weight}: blocks {list(blocks.shape)} do not match the [{n}, {k}] weight")
+        tensors, casts = matmulnbits_tensors(weight, blocks)
+        graph.initializer.extend(tensors)
+        nodes += casts
+        names = [t.name for t in tensors]
+        inputs = [node.input[0], f"{weight}.q", f"{weight}.scales"]
+        if f"{weight}.zero_points" in names:
+            inputs.append(f"{weight}.zero_points")
+        main_out = node.output[0] if blocks.bias is None else f"{weight}.nbits_out"
+        nodes.append(helper.make_node("MatMulNBits", inputs, [main_out], name=f"{weight}.MatMulNBits",
+                                      domain=MS_DOMAIN, K=k, N=n, bits=blocks.bits, block_size=blocks.block,
+                                      accuracy_level=(levels or {}).get(weight, accuracy_level)))
+        if blocks.bias is not None:
+            summed = block_sums.get(node.input[0])
+            if summed is None:
+                summed = f"{node.input[0]}.block_sums"
+                nodes += _block_sum(node.input[0], summed, k, blocks.block, graph)
+                block_sums[node.input[0]] = summed
+            nodes += [helper.make_node("MatMul", [summed, f"{weight}.bias_t"], [f"{weight}.bias_out"],
+                                       name=f"{weight}.BiasMatMul"),
+                      helper.make_node("Add", [main_out, f"{weight}.bias_out"], [node.output[0]],
+                                       name=f"{weight}.BiasAdd")]
+        replaced.append(weight)
+    del graph.node[:]
+    graph.node.extend(nodes)
+    _drop_initializers(graph, set(replaced))
+    if not any(op.domain == MS_DOMAIN for op in model.opset_import):
+        model.opset_import.append(helper.make_opsetid(MS_DOMAIN, 1))
+    return replaced
+
+
+def _block_sum(source: str, out: str, k: int, block: int, graph: onnx.GraphProto) -> list[onnx.NodeProto]:
+    """out [B, T, K/block] = sums of `source` [B, T, K] over each block of inputs."""
+    shape, axes = f"{out}.shape", f"{out}.axes"
+    graph.initializer.extend([numpy_helper.from_array(np.array([0, 0, k // block, block], np.int64), shape),
+                              numpy_helper.from_array(np.array([-1], np.int64), axes)])
+    return [helper.make_node("Reshape", [source, shape], [f"{out}.blocks"], name=f"{out}.Reshape"),
+            helper.make_node("ReduceSum", [f"{out}.blocks", axes], [out], name=f"{out}.ReduceSum", keepdims=0)]
+
+
+def _drop_initializers(graph: onnx.GraphProto, names: set[str]) -> None:
+    kept = [t for t in graph.initializer if t.name not in names]
+    del graph.initializer[:]
+    graph.initializer.extend(kept)
+
+
+def gemms_as_matmuls(model: onnx.ModelProto) -> int:
+    """Gemm(x, W, b) with constant W (a traced nn.Linear) → MatMul(x, W as [in, out]) + Add(b), the
+    form ONNX Runtime's weight quantizer takes. Returns how many were rewritten."""
+    graph = model.graph
+    inits = _initializers(graph)
+    nodes, count = [], 0
+    for node in graph.node:
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        if node.op_type != "Gemm" or node.input[1] not in inits or attrs.get("transA", 0) or \
+                attrs.get("alpha", 1.0) != 1.0 or attrs.get("beta", 1.0) != 1.0:
+            nodes.append(node)
+            continue
+        weight = numpy_helper.to_array(inits[node.input[1]])
+        if attrs.get("transB", 0):
+            weight = weight.T
+        name = f"{node.input[1]}.t" if attrs.get("transB", 0) else node.input[1]
+        graph.initializer.append(numpy_helper.from_array(np.ascontiguousarray(weight), name))
+        has_bias = len(node.input) > 2 and node.input[2]
+        product = f"{node.output[0]}.product" if has_bias else node.output[0]
+        nodes.append(helper.make_node("MatMul", [node.input[0], name], [product], name=f"{node.name}.MatMul"))
+        if has_bias:
+            nodes.append(helper.make_node("Add", [product, node.input[2]], [node.output[0]], name=f"{node.name}.Add"))
+        count += 1
+    del graph.node[:]
+    graph.node.extend(nodes)
+    used = {i for n in graph.node for i in n.input}
+    _drop_initializers(graph, {t.name for t in graph.initializer if t.name not in used})
+    return count
+
+
+def quantize_matmuls(model: onnx.ModelProto, *, bits: int, block_size: int, accuracy_level: int,
+                     method: str = "rtn", exclude: tuple[str, ...] = ()) -> onnx.ModelProto:
+    """ONNX Runtime's own weight-only quantizer over every MatMul with a constant weight (asymmetric
+    blocks, `method` rtn | hqq), skipping nodes named in `exclude`. Returns the new model."""
+    import logging
+
+    from onnxruntime.quantization import matmul_nbits_quantizer as mnq
+
+    logging.getLogger("onnxruntime.quantization.matmul_nbits_quantizer").setLevel(logging.WARNING)  # a line per node
+
+    if method == "hqq":
+        config = mnq.HQQWeightOnlyQuantConfig(block_size=block_size, bits=bits)
+    else:
+        config = mnq.DefaultWeightOnlyQuantConfig(block_size=block_size, is_symmetric=False, bits=bits,
+                                                  accuracy_level=accuracy_level)
+    quantizer = mnq.MatMulNBitsQuantizer(model, bits=bits, block_size=block_size, is_symmetric=False,
+                                         accuracy_level=accuracy_level, nodes_to_exclude=list(exclude),
+                                         algo_config=config)
+    quantizer.process()
+    return quantizer.model.model

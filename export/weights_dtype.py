@@ -1,0 +1,157 @@
+"""`export --dtype`: turn the traced fp32 graphs into int4/int8 ones, in place in the staging folder.
+
+For a GGUF source the decoder's matrices are carried over from the GGUF blocks (no re-quantizing):
+
+    decoder initializer            GGUF tensor(s)
+    layers.i.qkv.weight_t          blk.i.attn_q | attn_k | attn_v   (rows stacked; llama Q/K rows un-permuted)
+    layers.i.o_proj.weight_t       blk.i.attn_output
+    layers.i.{gate,up,down}.weight_t   blk.i.ffn_{gate,up,down}
+    lm_head_t                      output.weight, or token_embd.weight when tied
+
+Every carried matrix is checked to dequantize bit for bit to the fp32 weight it replaces. Matrices
+of other GGUF types, HF-folder models and the heads/drafter graphs go through ONNX Runtime's
+quantizer (`quantize_matmuls`). The decoder's LM head, when tied, is also the embedding table: the
+runtime reads token rows from its MatMulNBits initializers (manifest.embedding), so no second copy.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+from specmemo.errors import ConfigError
+from specmemo.export.gguf_weights import GgufTensors, GgufWeightsError, QuantBlocks, carry, llama_rotary_order, stack
+from specmemo.export.quantize import carry_matmuls, gemms_as_matmuls, quantize_matmuls
+from specmemo.runtime.manifest import ModelDims
+
+LM_HEAD = "lm_head_t"
+
+
+class WeightDtype(str, Enum):
+    FLOAT32 = "float32"
+    INT8 = "int8"
+    INT4 = "int4"
+
+    @property
+    def bits(self) -> int:
+        return {"float32": 32, "int8": 8, "int4": 4}[self.value]
+
+
+@dataclass(frozen=True)
+class QuantOptions:
+    dtype: WeightDtype
+    block_size: int = 32
+    accuracy_level: int = 0  # of the layers: 0/1 fp32 compute; 4: int8 activations (faster; see README "int4")
+    lm_head_accuracy_level: int = 4  # of an 8-bit LM head: levels 0-3 take a slow path there (~300 ms / step)
+    requantize: bool = False  # True: ORT's quantizer even where GGUF blocks could be carried
+
+    def __post_init__(self) -> None:
+        if self.block_size < 16 or self.block_size & (self.block_size - 1):
+            raise ConfigError(f"--block-size must be a power of two >= 16, got {self.block_size}")
+        for level in (self.accuracy_level, self.lm_head_accuracy_level):
+            if level not in (0, 1, 2, 3, 4):
+                raise ConfigError(f"--accuracy-level must be 0-4, got {level}")
+
+
+@dataclass(frozen=True)
+class QuantReport:
+    carried: dict[str, str]  # decoder initializer → the GGUF type carried over
+    quantized: tuple[str, ...]  # initializers re-quantized by ONNX Runtime's quantizer
+
+
+def gguf_names(dims: ModelDims) -> dict[str, list[str]]:
+    """Decoder initializer → the GGUF tensors stacked (in row order) to make its [N, K] transpose."""
+    names = {}
+    for i in range(dims.num_layers):
+        blk = f"blk.{i}"
+        names[f"layers.{i}.qkv.weight_t"] = [f"{blk}.attn_q.weight", f"{blk}.attn_k.weight", f"{blk}.attn_v.weight"]
+        names[f"layers.{i}.o_proj.weight_t"] = [f"{blk}.attn_output.weight"]
+        for part in ("gate", "up", "down"):
+            names[f"layers.{i}.{part}.weight_t"] = [f"{blk}.ffn_{part}.weight"]
+    names[LM_HEAD] = ["output.weight"] if not dims.tie_word_embeddings else ["token_embd.weight"]
+    return names
+
+
+def _row_orders(tensor: str, rows: int, dims: ModelDims) -> list[np.ndarray]:
+    orders = [np.arange(rows)]
+    if tensor.endswith(("attn_q.weight", "attn_k.weight")):
+        heads = dims.num_heads if tensor.endswith("attn_q.weight") else dims.num_kv_heads
+        orders.append(llama_rotary_order(rows, heads))
+    return orders
+
+
+def carried_blocks(gguf: GgufTensors, model: onnx.ModelProto, dims: ModelDims) -> dict[str, QuantBlocks]:
+    """The decoder's matrices as the GGUF's own blocks, each checked against the traced fp32 weight.
+    Matrices whose GGUF type is not carried are left out (they are re-quantized)."""
+    inits = {t.name: t for t in model.graph.initializer}
+    out = {}
+    for name, tensors in gguf_names(dims).items():
+        if name == LM_HEAD and tensors[0] not in gguf:
+            tensors = ["token_embd.weight"]  # some GGUFs drop output.weight when tied
+        if name not in inits or any(t not in gguf for t in tensors):
+            continue
+        try:
+            parts = [gguf.blocks(t) for t in tensors]
+        except GgufWeightsError:
+            continue
+        reference = numpy_helper.to_array(inits[name]).T  # [N, K]
+        row, checked = 0, []
+        for tensor, part in zip(tensors, parts):
+            rows = part.shape[0]
+            checked.append(carry(part, reference[row:row + rows], name=f"{name} ({tensor})",
+                                 orders=_row_orders(tensor, rows, dims)))
+            row += rows
+        out[name] = stack(checked)
+    return out
+
+
+def quantize_decoder(path: Path, *, options: QuantOptions, dims: ModelDims, gguf: Path | None, log) -> QuantReport:
+    """Rewrite `path` (decoder.onnx + .data) with quantized MatMuls, in place."""
+    model = onnx.load(str(path), load_external_data=True)
+    carried: dict[str, QuantBlocks] = {}
+    if gguf is not None and not options.requantize:
+        carried = carried_blocks(GgufTensors(gguf), model, dims)  # at the GGUF's own precision (Q8_0 stays 8-bit)
+    replaced = carry_matmuls(model, carried, accuracy_level=options.accuracy_level,
+                             levels={LM_HEAD: options.lm_head_accuracy_level})
+    log(f"carried {len(replaced)} GGUF matrices as MatMulNBits "
+        f"({', '.join(sorted({b.source_type for b in carried.values()})) or 'none'})")
+    before = {t.name for t in model.graph.initializer}
+    bias_terms = tuple(n.name for n in model.graph.node if n.name.endswith(".BiasMatMul"))  # tiny, keep fp32
+    model = quantize_matmuls(model, bits=options.dtype.bits, block_size=options.block_size,
+                             accuracy_level=options.accuracy_level, exclude=bias_terms)
+    quantized = tuple(sorted(before - {t.name for t in model.graph.initializer} - set(replaced)))
+    if quantized:
+        log(f"quantized {len(quantized)} more matrices with ONNX Runtime's quantizer (RTN, block {options.block_size})")
+    save_external(model, path)
+    return QuantReport(carried={k: carried[k].source_type for k in replaced}, quantized=quantized)
+
+
+def quantize_graph(path: Path, *, options: QuantOptions, exclude: tuple[str, ...] = ()) -> None:
+    """A heads/drafter graph's MatMuls through ONNX Runtime's quantizer, in place."""
+    model = onnx.load(str(path), load_external_data=True)
+    gemms_as_matmuls(model)
+    model = quantize_matmuls(model, bits=options.dtype.bits, block_size=options.block_size,
+                             accuracy_level=options.accuracy_level, exclude=exclude)
+    save_external(model, path)
+
+
+def save_external(model: onnx.ModelProto, path: Path) -> None:
+    data = path.with_name(path.name + ".data")
+    data.unlink(missing_ok=True)
+    onnx.save_model(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
+                    location=data.name, size_threshold=1024)
+
+
+def external_location(path: Path, initializer: str) -> tuple[str, int, int]:
+    """(file, offset, length) of an initializer stored as external data."""
+    model = onnx.load(str(path), load_external_data=False)
+    tensor = next((t for t in model.graph.initializer if t.name == initializer), None)
+    if tensor is None or tensor.data_location != onnx.TensorProto.EXTERNAL:
+        raise GgufWeightsError(f"{path.name} has no external initializer {initializer!r}")
+    where = {e.key: e.value for e in tensor.external_data}
+    return where["location"], int(where.get("offset", 0)), int(where["length"])

@@ -1,0 +1,149 @@
+"""`specmemo bench quality`: what a weight format does to the model, against a reference artifact.
+
+  argmax agreement  teacher-forced along the reference's own greedy replies (MT-Bench first turns):
+                    the share of reply positions where the artifact's argmax is the reference's token
+  perplexity        of held-out ShareGPT assistant replies (conversations the heads/drafter were not
+                    trained on: taken from the end of the file), teacher-forced
+  size on disk      the artifact folder
+
+Every forward is one teacher-forced chain through the backend (chunks of the arena's rows), so the
+numbers are the graph's own, with the runtime's numeric route (backend.py: at least 2 rows a call).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from tqdm.auto import tqdm
+
+from specmemo.runtime import tree
+from specmemo.runtime.backend import OrtBackend
+from specmemo.runtime.engine import EngineConfig, Mode, open_engine
+from specmemo.runtime.session import DecoderSession, SessionConfig
+from specmemo.runtime.sizes import Sizes
+from specmemo.runtime.tokenizer import Message
+
+TEACHER_ROWS = 64  # positions per teacher-forced call
+HELD_OUT = 40  # ShareGPT conversations from the end of the file for perplexity
+MAX_PPL_TOKENS = 384  # per conversation: prompt + reply, cut
+
+
+@dataclass(frozen=True)
+class Quality:
+    artifact: str
+    weight_dtype: str
+    size_mb: float
+    agreement: float  # argmax == reference greedy token, share of positions
+    positions: int
+    perplexity: float
+    ppl_tokens: int
+
+
+def folder_mb(folder: Path) -> float:
+    return sum(p.stat().st_size for p in folder.iterdir() if p.is_file()) / 1e6
+
+
+def open_greedy(artifact: Path, threads: int):
+    return open_engine(EngineConfig(artifact=artifact, mode=Mode.GREEDY, threads=threads, capacity=1024),
+                       log=lambda *_: None)
+
+
+def open_teacher(artifact: Path, threads: int) -> OrtBackend:
+    """A backend whose calls return logits for TEACHER_ROWS positions at once."""
+    return OrtBackend(DecoderSession(artifact, SessionConfig(threads=threads, heads=False,
+                                                             sizes=Sizes(capacity=1024, rows=TEACHER_ROWS,
+                                                                         tree=TEACHER_ROWS))))
+
+
+def teacher_forced(backend: OrtBackend, ids: list[int]) -> np.ndarray:
+    """logits [len(ids), V] after each prefix of `ids`, one causal chain from an empty cache."""
+    backend.reset()
+    out = backend.forward(ids, tree.chain(len(ids)))
+    return np.array(out.logits, copy=True)
+
+
+def reference_replies(engine, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
+    replies = []
+    for ids in tqdm(prompts, desc="reference greedy replies", unit="prompt", leave=False):
+        replies.append(engine.generate(ids, max_new_tokens=max_new_tokens, ignore_eos=False).token_ids)
+    return replies
+
+
+def agreement(backend: OrtBackend, prompts: list[list[int]], replies: list[list[int]]) -> tuple[float, int]:
+    same = total = 0
+    for prompt, reply in zip(prompts, replies):
+        logits = teacher_forced(backend, prompt + reply[:-1])  # position of reply[i] predicts it
+        predicted = logits[len(prompt) - 1:].argmax(-1)
+        same += int((predicted == np.array(reply)).sum())
+        total += len(reply)
+    return same / max(total, 1), total
+
+
+def perplexity(backend: OrtBackend, texts: list[tuple[list[int], int]]) -> tuple[float, int]:
+    """texts: (ids, where the reply starts); mean NLL over reply tokens → exp."""
+    nll, count = 0.0, 0
+    for ids, start in texts:
+        logits = teacher_forced(backend, ids[:-1]).astype(np.float64)
+        logits -= logits.max(-1, keepdims=True)
+        logp = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+        targets = np.array(ids[1:])
+        rows = np.arange(start - 1, len(ids) - 1)
+        nll -= float(logp[rows, targets[rows]].sum())
+        count += len(rows)
+    return math.exp(nll / max(count, 1)), count
+
+
+def held_out_texts(tokenizer, count: int = HELD_OUT) -> list[tuple[list[int], int]]:
+    """(ids, reply start) of the last `count` two-message ShareGPT conversations in the file."""
+    from specmemo.datasets import sharegpt_conversations
+
+    pairs = [c[:2] for c in sharegpt_conversations() if len(c) >= 2 and c[0]["role"] == "user"
+             and c[1]["role"] == "assistant" and c[1]["content"].strip()]
+    texts = []
+    for first, reply in pairs[-count:]:
+        prompt = tokenizer.encode_chat([Message("user", first["content"][:1500])])
+        answer = tokenizer.encode(reply["content"])[: MAX_PPL_TOKENS - min(len(prompt), MAX_PPL_TOKENS // 2)]
+        prompt = prompt[: MAX_PPL_TOKENS // 2]
+        if len(answer) >= 8:
+            texts.append((prompt + answer, len(prompt)))
+    return texts
+
+
+def measure(reference: Path, artifacts: list[Path], *, prompts: int, max_new_tokens: int, threads: int,
+            out: Path | None) -> list[Quality]:
+    from specmemo.datasets import load_questions
+
+    ref = open_greedy(reference, threads)
+    questions = [q.turns[0] for q in load_questions()[:prompts]]
+    prompt_ids = [ref.tokenizer.encode_chat([Message("user", q)]) for q in questions]
+    replies = reference_replies(ref, prompt_ids, max_new_tokens)
+    texts = held_out_texts(ref.tokenizer)
+    del ref
+    results = []
+    for artifact in tqdm([reference, *artifacts], desc="teacher-forced", unit="artifact", leave=False):
+        backend = open_teacher(artifact, threads)
+        agree, positions = agreement(backend, prompt_ids, replies)
+        ppl, tokens = perplexity(backend, texts)
+        results.append(Quality(artifact=str(artifact), weight_dtype=backend.session.manifest.weight_dtype,
+                               size_mb=round(folder_mb(artifact), 1), agreement=agree, positions=positions,
+                               perplexity=ppl, ppl_tokens=tokens))
+        del backend
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps({"reference": str(reference), "prompts": prompts, "max_new_tokens": max_new_tokens,
+                                   "threads": threads, "results": [asdict(r) for r in results]}, indent=2) + "\n")
+    return results
+
+
+def table(results: list[Quality]) -> str:
+    lines = [f"{'artifact':<34} {'weights':<8} {'MB':>7} {'argmax = ref':>13} {'positions':>9} {'ppl':>8} {'tokens':>7}",
+             "-" * 92]
+    for r in results:
+        lines.append(f"{r.artifact[-34:]:<34} {r.weight_dtype:<8} {r.size_mb:>7.1f} {r.agreement:>13.4f} "
+                     f"{r.positions:>9} {r.perplexity:>8.3f} {r.ppl_tokens:>7}")
+    return "\n".join(lines)

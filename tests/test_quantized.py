@@ -1,0 +1,148 @@
+"""Quantized weights: GGUF blocks carried into MatMulNBits bit for bit, the quantized embedding rows,
+and the runtime's one numeric route (every call >= 2 rows), which makes speculative output equal
+greedy output on any graph, int4 at accuracy level 4 included."""
+
+from pathlib import Path
+
+import gguf
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from specmemo.export.gguf_weights import (FORMATS, GgufWeightsError, QuantBlocks, carry, decode,
+                                          llama_rotary_order)
+from specmemo.export.quantize import carry_matmuls
+from specmemo.export.weights_dtype import QuantOptions, WeightDtype
+from specmemo.runtime.embedding import EmbeddingTable
+from specmemo.runtime.manifest import EmbeddingInfo, QuantizedRows
+from specmemo.runtime.session import SessionConfig, session_options
+
+from conftest import export_tiny, tiny_config
+
+
+def raw_blocks(type_name: str, rows: int, cols: int, rng) -> np.ndarray:
+    """Random GGUF bytes [rows, cols/32 · block_bytes] of a type (scales kept small and positive)."""
+    fmt = FORMATS[type_name]
+    nb = cols // fmt.block
+    blocks = rng.integers(0, 256, (rows, nb, fmt.block_bytes), dtype=np.uint8)
+    blocks[..., 0:2] = np.asarray(rng.uniform(1e-3, 2e-2, (rows, nb)), np.float16)[..., None].view(np.uint8)
+    if fmt.has_bias:
+        blocks[..., 2:4] = np.asarray(rng.uniform(-0.2, 0.0, (rows, nb)), np.float16)[..., None].view(np.uint8)
+    return blocks.reshape(rows, -1)
+
+
+@pytest.mark.parametrize("type_name", sorted(FORMATS))
+def test_blocks_dequantize_bit_for_bit_like_gguf(type_name):
+    raw = raw_blocks(type_name, 6, 96, np.random.default_rng(0))
+    ours = decode(type_name, raw).dequantize()
+    theirs = gguf.quants.dequantize(raw, gguf.GGMLQuantizationType[type_name]).reshape(6, 96)
+    assert ours.dtype == np.float32 and np.array_equal(ours, theirs)
+
+
+def matmul_model(weight_t: np.ndarray) -> onnx.ModelProto:
+    k, n = weight_t.shape
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, "T", k])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, "T", n])],
+                              [numpy_helper.from_array(weight_t, "w")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)], ir_version=10)
+
+
+@pytest.mark.parametrize("type_name,level", [("Q4_0", 0), ("Q4_1", 0), ("Q4_1", 4), ("Q8_0", 4)])
+def test_carried_matmul_computes_with_the_gguf_weights(type_name, level):
+    rng = np.random.default_rng(1)
+    blocks = decode(type_name, raw_blocks(type_name, 48, 128, rng))
+    weight = blocks.dequantize()  # [N, K]
+    model = matmul_model(np.ascontiguousarray(weight.T))
+    assert carry_matmuls(model, {"w": blocks}, accuracy_level=level) == ["w"]
+    assert {n.op_type for n in model.graph.node} >= {"MatMulNBits"} and "w" not in {t.name for t in model.graph.initializer}
+    session = ort.InferenceSession(model.SerializeToString(), session_options(SessionConfig()))  # the process pool
+    x = rng.standard_normal((1, 5, 128)).astype(np.float32)
+    y = session.run(None, {"x": x})[0]
+    exact = x[0].astype(np.float64) @ weight.T.astype(np.float64)
+    # level 0 computes in fp32 (rounding only); level 4 quantizes x to int8 per block of 32
+    tolerance = 1e-5 if level == 0 else 2e-2
+    assert np.abs(y[0] - exact).max() <= tolerance * np.abs(exact).max()
+
+
+def test_llama_rotary_order_undoes_llama_cpp_permute():
+    heads, rows = 3, 24
+    w = np.arange(rows)
+    permuted = w.reshape(heads, 2, rows // heads // 2).swapaxes(1, 2).reshape(rows)  # llama.cpp's convert
+    assert np.array_equal(permuted[llama_rotary_order(rows, heads)], w)
+
+
+def test_carry_checks_the_weights_and_refuses_a_mismatch():
+    blocks = decode("Q4_1", raw_blocks("Q4_1", 8, 64, np.random.default_rng(2)))
+    weight = blocks.dequantize()
+    order = np.array([1, 0, 3, 2, 5, 4, 7, 6])
+    assert np.array_equal(carry(blocks, weight[order], name="w", orders=[np.arange(8), order]).dequantize(), weight[order])
+    with pytest.raises(GgufWeightsError, match="--dtype float32"):
+        carry(blocks, weight + 1e-3, name="w", orders=[np.arange(8)])
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_quantized_embedding_rows_read_back_exactly(tmp_path, bits):
+    rng = np.random.default_rng(3)
+    vocab, hidden = 10, 64
+    blocks = decode("Q8_0" if bits == 8 else "Q4_0", raw_blocks("Q8_0" if bits == 8 else "Q4_0", vocab, hidden, rng))
+    values, scales = blocks.packed().tobytes(), np.ascontiguousarray(blocks.scale).tobytes()
+    (tmp_path / "w.data").write_bytes(b"\0" * 16 + values + scales)  # an offset, as in a data file
+    info = EmbeddingInfo(file="w.data", dtype="float32", shape=(vocab, hidden),
+                         quantized=QuantizedRows(bits=bits, block_size=32, zero_point=blocks.zero, values_offset=16,
+                                                 scales_offset=16 + len(values)))
+    table = EmbeddingTable(tmp_path / "w.data", info)
+    out = np.zeros((3, hidden), np.float32)
+    table.lookup(np.array([7, 0, 9]), out)
+    assert np.array_equal(out, blocks.dequantize()[[7, 0, 9]])
+
+
+def rows_route(artifact: Path, steps: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Logits of `steps` chained tokens three ways on the same KV: one call of T = steps; calls of
+    1 row each; calls of 2 rows each (the token + a padding row), via the runtime's backend."""
+    from specmemo.runtime.backend import OrtBackend
+    from specmemo.runtime.session import DecoderSession, SessionConfig
+    from specmemo.runtime.sizes import Sizes
+
+    session = DecoderSession(artifact, SessionConfig(sizes=Sizes(capacity=48, rows=16, tree=16)))
+    backend = OrtBackend(session)
+    prompt = list(range(3, 11))
+    tokens = [int(t) for t in np.random.default_rng(4).integers(3, 60, steps)]
+    results = []
+    for min_rows in (None, 1, 2):
+        backend.reset()
+        backend.forward(prompt, list(range(-1, len(prompt) - 1)), last_only=True)
+        backend.commit(list(range(len(prompt))))
+        if min_rows is None:
+            out = backend.forward(tokens, list(range(-1, steps - 1)))
+            results.append(np.array(out.logits))
+            continue
+        backend.min_rows, rows = min_rows, []
+        for token in tokens:
+            rows.append(np.array(backend.forward([token], [-1]).logits[0]))
+            backend.commit([0])
+        backend.min_rows = session.manifest.min_step_rows
+        results.append(np.stack(rows))
+    return tuple(results)
+
+
+@pytest.fixture(scope="module")
+def tiny_int4(tmp_path_factory):
+    """The tiny Llama through ONNX Runtime's quantizer at accuracy level 4 (int8 activations)."""
+    return export_tiny(tiny_config("LlamaForCausalLM"), tmp_path_factory.mktemp("int4"),
+                       quant=QuantOptions(dtype=WeightDtype.INT4, accuracy_level=4))
+
+
+def test_tiny_int4_export_is_matmulnbits_and_one_route_is_bitwise(tiny_int4, tiny_llama):
+    from specmemo.runtime.manifest import load_manifest
+
+    manifest = load_manifest(tiny_int4)
+    assert manifest.weight_dtype == "int4" and manifest.quantization.accuracy_level == 4
+    ops = {n.op_type for n in onnx.load(str(tiny_int4 / "decoder.onnx"), load_external_data=False).graph.node}
+    assert "MatMulNBits" in ops and "MatMul" not in ops
+    for artifact in (tiny_llama, tiny_int4):
+        chain, single, padded = rows_route(artifact, 12)
+        assert np.array_equal(padded, chain), artifact  # >= 2 rows a call: bitwise, whatever T and row
+    assert not np.array_equal(single, chain)  # the M = 1 kernels round differently: why the padding row exists

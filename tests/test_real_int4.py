@@ -1,0 +1,102 @@
+"""The default model exported with --dtype int4: the GGUF's own Q4_1/Q8_0 blocks as MatMulNBits.
+
+Checks: every decoder matrix carried (nothing re-quantized), the weight bytes as arithmetic, the
+embedding rows read from the LM head's blocks equal to the fp32 model's, teacher-forced argmax
+agreement with Hugging Face's fp32 model, and speculative output token-identical to greedy output
+of the same int4 graph."""
+
+import numpy as np
+import pytest
+import torch
+
+from specmemo.export.artifact import ExportOptions, default_heads, export_artifact
+from specmemo.export.load import DEFAULT_MODEL, load_hf, resolve_model
+from specmemo.export.validate import chat_prompt_ids
+from specmemo.export.weights_dtype import QuantOptions, WeightDtype
+from specmemo.runtime import tree
+from specmemo.runtime.engine import EngineConfig, Mode, open_engine
+from specmemo.runtime.manifest import load_manifest
+from specmemo.runtime.tokenizer import Message
+
+pytestmark = pytest.mark.real_model
+
+PROMPTS = [
+    "What is the capital of France?",
+    "Write a short poem about the sea.",
+    "Explain in two sentences what a hash table is.",
+    "List three uses of a paperclip, one per line, then repeat the list.",
+]
+NEW_TOKENS = 64
+
+
+@pytest.fixture(scope="module")
+def int4(tmp_path_factory):
+    out = tmp_path_factory.mktemp("smollm2-int4") / "artifact"
+    export_artifact(ExportOptions(model=DEFAULT_MODEL, out=out, max_capacity=512, heads=default_heads(DEFAULT_MODEL),
+                                  quant=QuantOptions(dtype=WeightDtype.INT4)), log=lambda *_: None)
+    model, tokenizer = load_hf(resolve_model(DEFAULT_MODEL).hf_folder)
+    return out, model, tokenizer
+
+
+def test_every_matrix_is_carried_and_the_bytes_are_the_arithmetic(int4):
+    artifact, model, _ = int4
+    manifest = load_manifest(artifact)
+    d = manifest.dims
+    assert manifest.weight_dtype == "int4"
+    assert manifest.quantization.carried == ("Q4_1", "Q8_0") and manifest.quantization.quantized == ()
+    # Q4_1 [N, K]: 4-bit q, f16 scale and f16 minimum per 32, zero points 0 (4-bit, packed); Q8_0 LM head [V, h]
+    layer = [(d.num_heads + 2 * d.num_kv_heads) * d.head_dim, d.hidden_size]  # fused QKV rows, then o_proj
+    shapes = [(layer[0], d.hidden_size), (d.hidden_size, d.hidden_size), (d.intermediate_size, d.hidden_size),
+              (d.intermediate_size, d.hidden_size), (d.hidden_size, d.intermediate_size)]
+    q4_1 = sum(n * k // 2 + 2 * (n * k // 32) * 2 + n * -(-(k // 32) // 2) for n, k in shapes) * d.num_layers
+    q8_0 = d.vocab_size * d.hidden_size + d.vocab_size * (d.hidden_size // 32) * 2
+    stored = (artifact / manifest.decoder_data_file).stat().st_size
+    assert q4_1 + q8_0 <= stored <= (q4_1 + q8_0) * 1.005 + (1 << 20)  # + norms, rotary table, alignment
+    assert not (artifact / "embedding.bin").exists()  # the embedding is the LM head's rows
+
+
+def test_embedding_rows_are_the_fp32_models(int4):
+    artifact, model, _ = int4
+    engine = open_engine(EngineConfig(artifact=artifact, mode=Mode.GREEDY, capacity=128), log=lambda *_: None)
+    ids = np.array([0, 1, 2, 504, 12345, model.config.vocab_size - 1])
+    rows = np.zeros((len(ids), model.config.hidden_size), np.float32)
+    engine.session.embedding.lookup(ids, rows)
+    assert np.array_equal(rows, model.model.embed_tokens.weight.detach().numpy()[ids])
+
+
+@pytest.fixture(scope="module")
+def hf_replies(int4):
+    _, model, tokenizer = int4
+    replies = []
+    for prompt in PROMPTS[:3]:
+        ids = chat_prompt_ids(tokenizer, prompt)
+        with torch.no_grad():
+            out = model.generate(torch.tensor([ids]), max_new_tokens=NEW_TOKENS, do_sample=False,
+                                 attention_mask=torch.ones(1, len(ids), dtype=torch.long))
+        replies.append((ids, out[0, len(ids):].tolist()))
+    return replies
+
+
+def test_teacher_forced_argmax_agrees_with_the_fp32_model(int4, hf_replies):
+    artifact, _, _ = int4
+    engine = open_engine(EngineConfig(artifact=artifact, mode=Mode.GREEDY, capacity=256), log=lambda *_: None)
+    same = total = 0
+    for ids, reply in hf_replies:
+        engine.backend.reset()
+        out = engine.backend.forward(ids + reply[:-1], tree.chain(len(ids) + len(reply) - 1))
+        predicted = np.asarray(out.next_token_ids)[len(ids) - 1:]
+        same += int((predicted == np.array(reply)).sum())
+        total += len(reply)
+    assert same / total >= 0.97, f"{same}/{total}"  # the bench measures 80 MT-Bench replies (README "int4")
+
+
+@pytest.mark.parametrize("mode", [Mode.TREE, Mode.AUTO])
+def test_speculative_equals_greedy_of_the_same_int4_graph(int4, mode):
+    artifact, _, _ = int4
+    engine = open_engine(EngineConfig(artifact=artifact, mode=mode, capacity=256), log=lambda *_: None)
+    for prompt in PROMPTS:
+        ids = engine.tokenizer.encode_chat([Message("user", prompt)])
+        greedy = engine.generate(ids, max_new_tokens=NEW_TOKENS, mode=Mode.GREEDY, ignore_eos=True)
+        speculative = engine.generate(ids, max_new_tokens=NEW_TOKENS, ignore_eos=True)
+        assert speculative.token_ids == greedy.token_ids, prompt
+        assert max(speculative.stats.tree_sizes) > 1  # it did speculate
