@@ -87,6 +87,13 @@ class QuantBlocks:
         bias = None if self.bias is None else self.bias[order]
         return QuantBlocks(self.source_type, self.q[order], self.scale[order], bias, self.bits, self.block, self.zero)
 
+    def widened(self) -> QuantBlocks:
+        """The same weights with 8-bit q: q + 128 − zero, zero point 128 (MatMulNBits' 8-bit default)."""
+        if self.bits == 8:
+            return self
+        q = (self.q.astype(np.int16) + 128 - self.zero).astype(np.uint8)
+        return QuantBlocks(self.source_type, q, self.scale, self.bias, 8, self.block, 128)
+
     def packed(self) -> np.ndarray:
         """q as MatMulNBits stores it: [N, nb, block · bits / 8] uint8, element 2i in the low nibble."""
         n, k = self.q.shape

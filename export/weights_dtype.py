@@ -56,6 +56,9 @@ class QuantOptions:
         for level in (self.accuracy_level, self.lm_head_accuracy_level):
             if level not in (0, 1, 2, 3, 4):
                 raise ConfigError(f"--accuracy-level must be 0-4, got {level}")
+        if self.dtype is WeightDtype.INT8 and self.accuracy_level != 4:
+            raise ConfigError("--dtype int8 needs --accuracy-level 4: at levels 0-3 ONNX Runtime's CPU kernel for "
+                              "8-bit MatMulNBits takes a slow path (~300 ms for SmolLM2's LM head alone)")
 
 
 @dataclass(frozen=True)
@@ -116,6 +119,8 @@ def quantize_decoder(path: Path, *, options: QuantOptions, dims: ModelDims, gguf
     carried: dict[str, QuantBlocks] = {}
     if gguf is not None and not options.requantize:
         carried = carried_blocks(GgufTensors(gguf), model, dims)  # at the GGUF's own precision (Q8_0 stays 8-bit)
+        if options.dtype is WeightDtype.INT8:  # the same values, stored 8-bit (q + 128 − zero, zero point 128)
+            carried = {name: blocks.widened() for name, blocks in carried.items()}
     replaced = carry_matmuls(model, carried, accuracy_level=options.accuracy_level,
                              levels={LM_HEAD: options.lm_head_accuracy_level})
     log(f"carried {len(replaced)} GGUF matrices as MatMulNBits "

@@ -146,3 +146,24 @@ def test_tiny_int4_export_is_matmulnbits_and_one_route_is_bitwise(tiny_int4, tin
         chain, single, padded = rows_route(artifact, 12)
         assert np.array_equal(padded, chain), artifact  # >= 2 rows a call: bitwise, whatever T and row
     assert not np.array_equal(single, chain)  # the M = 1 kernels round differently: why the padding row exists
+
+
+def test_widened_blocks_are_the_same_weights_in_8_bits():
+    blocks = decode("Q4_1", raw_blocks("Q4_1", 4, 64, np.random.default_rng(5)))
+    wide = blocks.widened()
+    assert (wide.bits, wide.zero) == (8, 128) and np.array_equal(wide.dequantize(), blocks.dequantize())
+    assert wide.packed().shape == (4, 2, 32)
+
+
+def test_int8_needs_accuracy_level_4_and_then_verifies_chains(tmp_path_factory):
+    from specmemo.errors import ConfigError
+    from specmemo.runtime.manifest import load_manifest
+
+    with pytest.raises(ConfigError, match="--accuracy-level 4"):
+        QuantOptions(dtype=WeightDtype.INT8, accuracy_level=0)
+    artifact = export_tiny(tiny_config("LlamaForCausalLM"), tmp_path_factory.mktemp("int8"),
+                           quant=QuantOptions(dtype=WeightDtype.INT8, accuracy_level=4))
+    manifest = load_manifest(artifact)
+    assert manifest.weight_dtype == "int8" and manifest.draft_shape == "chain"
+    chain, _, padded = rows_route(artifact, 6)
+    assert np.array_equal(padded, chain)

@@ -41,10 +41,11 @@ def add_parser(sub) -> None:
                         "(default: the --profile's weight dtype where it names int8/int4, else float32)")
     p.add_argument("--block-size", type=positive, default=32,
                    help="block of weights sharing a scale where ONNX Runtime's quantizer runs (default 32)")
-    p.add_argument("--accuracy-level", type=int, choices=range(5), default=0, metavar="{0..4}",
+    p.add_argument("--accuracy-level", type=int, choices=range(5), default=None, metavar="{0..4}",
                    help="MatMulNBits accuracy_level of the decoder layers: 0 computes in fp32; 4 quantizes "
                         "activations to int8 per block (faster on x86, but a T-node verify then rounds apart "
-                        "from a 1-token step: see README \"int4\") (default 0)")
+                        "from a 1-token step, so such an artifact verifies chains only: see README "
+                        "\"int4\") (default 0 for int4, 4 for int8)")
     p.add_argument("--no-validate", action="store_true", help="skip the ORT-vs-PyTorch validation")
     add_profile_options(p, budget=False,
                         purpose="size the artifact for the device: the plan (C, R, T_max within its app memory, "
@@ -87,7 +88,8 @@ def cmd_export(args: argparse.Namespace) -> int:
         finalize = sized_for(profile, threads=args.threads, capacity_given=args.max_capacity is not None,
                              log=log_stderr)
     quant = QuantOptions(dtype=WeightDtype(args.dtype or "float32"), block_size=args.block_size,
-                         accuracy_level=args.accuracy_level)
+                         accuracy_level=args.accuracy_level if args.accuracy_level is not None
+                         else 4 if args.dtype == "int8" else 0)
     out = args.out or default_artifact(args.model, quant.dtype.value)
     # auto: the shipped feature drafter for float32 exports only; it does not pay on a CPU (README
     # "Drafters") and a quantized export is sized for a device
