@@ -27,7 +27,7 @@ from onnx import numpy_helper
 from specmemo.errors import ConfigError
 from specmemo.export.gguf_weights import GgufTensors, GgufWeightsError, QuantBlocks, carry, llama_rotary_order, stack
 from specmemo.export.quantize import carry_matmuls, gemms_as_matmuls, quantize_matmuls
-from specmemo.runtime.manifest import ModelDims
+from specmemo.runtime.manifest import WEIGHT_DTYPES, ModelDims
 
 LM_HEAD = "lm_head_t"
 
@@ -39,7 +39,7 @@ class WeightDtype(str, Enum):
 
     @property
     def bits(self) -> int:
-        return {"float32": 32, "int8": 8, "int4": 4}[self.value]
+        return WEIGHT_DTYPES[self.value]
 
 
 @dataclass(frozen=True)
