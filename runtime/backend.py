@@ -148,10 +148,10 @@ class OrtBackend:
         wanted = 1 if last_only else real  # logit rows asked for: the last node's, or every node's
         first = real - wanted
         gathered = max(wanted, min(self.min_rows, size, self.session.logit_rows))  # the LM head gets >= 2 rows too
-        arena["logits_indices"][:gathered] = self._arange[first : first + gathered] if first + gathered <= size \
-            else self._arange[size - gathered : size]
+        start = min(first, size - gathered)  # gathered rows [start, start + gathered) hold the wanted ones
+        arena["logits_indices"][:gathered] = self._arange[start : start + gathered]
         out = self.session.run(size, attended, gathered)
-        at = 0 if first + gathered <= size else first - (size - gathered)  # where the wanted rows start
+        at = first - start
         return Forward(out.next_token_ids[0][at : at + wanted], out.logits[0][at : at + wanted],
                        out.hidden_states[0][:real])
 

@@ -39,6 +39,9 @@ def add_parser(sub) -> None:
                         "reference, nothing re-quantized); everything else goes through ONNX Runtime's quantizer "
                         "(RTN, asymmetric blocks). The tied embedding is then read from the LM head's rows "
                         "(default: the --profile's weight dtype where it names int8/int4, else float32)")
+    p.add_argument("--requantize", action="store_true",
+                   help="with --dtype int8/int4 on a GGUF: quantize the dequantized weights again with ONNX Runtime's "
+                        "quantizer instead of carrying the GGUF's blocks (what ORT GenAI's builder does; changes the model)")
     p.add_argument("--block-size", type=positive, default=32,
                    help="block of weights sharing a scale where ONNX Runtime's quantizer runs (default 32)")
     p.add_argument("--accuracy-level", type=int, choices=range(5), default=None, metavar="{0..4}",
@@ -88,6 +91,7 @@ def cmd_export(args: argparse.Namespace) -> int:
         finalize = sized_for(profile, threads=args.threads, capacity_given=args.max_capacity is not None,
                              log=log_stderr)
     quant = QuantOptions(dtype=WeightDtype(args.dtype or "float32"), block_size=args.block_size,
+                         requantize=args.requantize,
                          accuracy_level=args.accuracy_level if args.accuracy_level is not None
                          else 4 if args.dtype == "int8" else 0)
     out = args.out or default_artifact(args.model, quant.dtype.value)
