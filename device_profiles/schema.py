@@ -18,6 +18,7 @@ File format (all keys required unless marked optional; sizes as "8GiB", "1.5GB")
     threads = 5                           # intra-op threads to run with (<= cpu_cores)
     execution_provider = "xnnpack"        # cpu | xnnpack | nnapi | qnn | coreml | cuda
     weight_dtype = "int4"                 # float32 | float16 | int8 | int4
+    kv_dtype = "float16"                  # optional: float32 (default) | float16, the KV buffer's elements
     notes = "..."                         # optional: how app_memory was derived
     [sources]                             # a source for each of: ram, app_memory, cpu_cores
     ram = "https://..."
@@ -68,6 +69,11 @@ class WeightDtype(str, Enum):
     INT4 = "int4"
 
 
+class KvDtype(str, Enum):
+    FLOAT32 = "float32"
+    FLOAT16 = "float16"
+
+
 @dataclass(frozen=True)
 class DeviceProfile:
     name: str
@@ -81,6 +87,7 @@ class DeviceProfile:
     weight_dtype: WeightDtype
     sources: dict[str, str]
     accelerator_memory: int | None = None  # bytes, a discrete GPU's own memory
+    kv_dtype: KvDtype = KvDtype.FLOAT32  # the KV buffer's elements (export --kv-dtype), decided apart from weights
     notes: str = ""
     file: str = ""  # where it was read from (for error messages)
 
@@ -89,7 +96,7 @@ class DeviceProfile:
             return ProfileError(f"{self.file or self.name}: key {key!r}: {why}")
 
         for key, enum in (("kind", DeviceKind), ("execution_provider", ExecutionProvider),
-                          ("weight_dtype", WeightDtype)):
+                          ("weight_dtype", WeightDtype), ("kv_dtype", KvDtype)):
             value = getattr(self, key)
             try:
                 object.__setattr__(self, key, enum(value))
@@ -122,7 +129,7 @@ def parse_profile(data: dict, *, file: str) -> DeviceProfile:
     unknown = sorted(set(data) - known)
     if unknown:
         raise ProfileError(f"{file}: key {unknown[0]!r}: unknown (known keys: {', '.join(sorted(known))})")
-    required = {f.name for f in fields(DeviceProfile) if f.name not in ("accelerator_memory", "notes", "file")}
+    required = {f.name for f in fields(DeviceProfile) if f.name not in ("accelerator_memory", "notes", "file", "kv_dtype")}
     missing = sorted(required - set(data))
     if missing:
         raise ProfileError(f"{file}: key {missing[0]!r}: missing")

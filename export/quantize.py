@@ -179,3 +179,56 @@ def quantize_matmuls(model: onnx.ModelProto, *, bits: int, block_size: int, accu
                                          algo_config=config)
     quantizer.process()
     return quantizer.model.model
+
+
+def rerank_argmax(model: onnx.ModelProto, *, weight: str, hidden: str, ids: str, k: int) -> bool:
+    """Make the graph's greedy token exact again over an 8-bit LM head run at accuracy level 4
+    (int8 activations): the `ArgMax` producing `ids` becomes
+
+        top k of the approximate logits                        candidates [B, N, k]
+        their rows, dequantized from the head's own blocks      rows [B, N, k, h] = d·(q − 128)
+        exact scores = Σ_h hidden · row in fp32                 [B, N, k]
+        ids = the candidate with the highest exact score        [B, N]
+
+    so `ids` is the fp32 argmax whenever it is among the k best approximate logits (no extra
+    weights: the rows are `weight.q` and `weight.scales`; the logits output stays approximate).
+    Every op works row by row, so a row's result does not depend on how many rows the call has.
+    `hidden` is the LM head's input [B, N, h]. Returns False when the graph has no such ArgMax."""
+    graph = model.graph
+    inits = _initializers(graph)
+    q = inits.get(f"{weight}.q")
+    argmax = next((n for n in graph.node if n.op_type == "ArgMax" and list(n.output) == [ids]), None)
+    if argmax is None or q is None or len(q.dims) != 3:
+        return False
+    _, blocks, block = q.dims  # [V, h/block, block] uint8 (q + 128)
+    p = f"{ids}.rerank"
+    graph.initializer.extend([
+        numpy_helper.from_array(np.array([k], np.int64), f"{p}.k"),
+        numpy_helper.from_array(np.array(128.0, np.float32), f"{p}.zero"),
+        numpy_helper.from_array(np.array([-1], np.int64), f"{p}.last"),
+        numpy_helper.from_array(np.array([2], np.int64), f"{p}.axis2"),
+        numpy_helper.from_array(np.array([0, 0, k, blocks * block], np.int64), f"{p}.rows_shape"),
+    ])
+    nodes = [
+        helper.make_node("TopK", [argmax.input[0], f"{p}.k"], [f"{p}.approx", f"{p}.candidates"], name=f"{p}.TopK",
+                         axis=-1),                                                                     # [B, N, k]
+        helper.make_node("Gather", [f"{weight}.q", f"{p}.candidates"], [f"{p}.q"], name=f"{p}.GatherQ"),  # [B,N,k,nb,blk]
+        helper.make_node("Cast", [f"{p}.q"], [f"{p}.qf"], name=f"{p}.CastQ", to=onnx.TensorProto.FLOAT),
+        helper.make_node("Sub", [f"{p}.qf", f"{p}.zero"], [f"{p}.centered"], name=f"{p}.Center"),
+        helper.make_node("Gather", [f"{weight}.scales", f"{p}.candidates"], [f"{p}.d"], name=f"{p}.GatherD"),  # [B,N,k,nb]
+        helper.make_node("Unsqueeze", [f"{p}.d", f"{p}.last"], [f"{p}.d1"], name=f"{p}.UnsqueezeD"),
+        helper.make_node("Mul", [f"{p}.centered", f"{p}.d1"], [f"{p}.blocks"], name=f"{p}.Dequantize"),
+        helper.make_node("Reshape", [f"{p}.blocks", f"{p}.rows_shape"], [f"{p}.rows"], name=f"{p}.Rows"),  # [B,N,k,h]
+        helper.make_node("Unsqueeze", [hidden, f"{p}.axis2"], [f"{p}.hidden"], name=f"{p}.UnsqueezeH"),  # [B,N,1,h]
+        helper.make_node("Mul", [f"{p}.rows", f"{p}.hidden"], [f"{p}.products"], name=f"{p}.Products"),
+        helper.make_node("ReduceSum", [f"{p}.products", f"{p}.last"], [f"{p}.exact"], name=f"{p}.Scores",
+                         keepdims=0),                                                                  # [B, N, k]
+        helper.make_node("ArgMax", [f"{p}.exact"], [f"{p}.best"], name=f"{p}.ArgMax", axis=-1, keepdims=1),
+        helper.make_node("GatherElements", [f"{p}.candidates", f"{p}.best"], [f"{p}.chosen"], name=f"{p}.Choose",
+                         axis=-1),                                                                     # [B, N, 1]
+        helper.make_node("Squeeze", [f"{p}.chosen", f"{p}.last"], [ids], name=f"{p}.Squeeze"),          # [B, N]
+    ]
+    kept = [n for n in graph.node if n is not argmax]
+    del graph.node[:]
+    graph.node.extend(kept + nodes)
+    return True

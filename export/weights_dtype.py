@@ -26,7 +26,8 @@ from onnx import numpy_helper
 
 from specmemo.errors import ConfigError
 from specmemo.export.gguf_weights import GgufTensors, GgufWeightsError, QuantBlocks, carry, llama_rotary_order, stack
-from specmemo.export.quantize import carry_matmuls, gemms_as_matmuls, quantize_matmuls
+from specmemo.export.quantize import carry_matmuls, gemms_as_matmuls, quantize_matmuls, rerank_argmax
+from specmemo.runtime.io_spec import NEXT_TOKEN_IDS
 from specmemo.runtime.manifest import WEIGHT_DTYPES, ModelDims
 
 LM_HEAD = "lm_head_t"
@@ -49,6 +50,7 @@ class QuantOptions:
     accuracy_level: int = 0  # of the layers: 0/1 fp32 compute; 4: int8 activations (faster; see README "int4")
     lm_head_accuracy_level: int = 4  # of an 8-bit LM head: levels 0-3 take a slow path there (~300 ms / step)
     requantize: bool = False  # True: ORT's quantizer even where GGUF blocks could be carried
+    lm_head_rerank: int = 8  # an 8-bit LM head at level 4: its argmax re-ranks the top k exactly (0: off)
 
     def __post_init__(self) -> None:
         if self.block_size < 16 or self.block_size & (self.block_size - 1):
@@ -56,6 +58,8 @@ class QuantOptions:
         for level in (self.accuracy_level, self.lm_head_accuracy_level):
             if level not in (0, 1, 2, 3, 4):
                 raise ConfigError(f"--accuracy-level must be 0-4, got {level}")
+        if not 0 <= self.lm_head_rerank <= 64:
+            raise ConfigError(f"--lm-head-rerank must be 0-64, got {self.lm_head_rerank}")
         if self.dtype is WeightDtype.INT8 and self.accuracy_level != 4:
             raise ConfigError("--dtype int8 needs --accuracy-level 4: at levels 0-3 ONNX Runtime's CPU kernel for "
                               "8-bit MatMulNBits takes a slow path (~300 ms for SmolLM2's LM head alone)")
@@ -65,6 +69,7 @@ class QuantOptions:
 class QuantReport:
     carried: dict[str, str]  # decoder initializer → the GGUF type carried over
     quantized: tuple[str, ...]  # initializers re-quantized by ONNX Runtime's quantizer
+    lm_head_rerank: int = 0  # k of the exact re-rank written into the graph (0: none)
 
 
 def gguf_names(dims: ModelDims) -> dict[str, list[str]]:
@@ -123,6 +128,7 @@ def quantize_decoder(path: Path, *, options: QuantOptions, dims: ModelDims, gguf
             carried = {name: blocks.widened() for name, blocks in carried.items()}
     replaced = carry_matmuls(model, carried, accuracy_level=options.accuracy_level,
                              levels={LM_HEAD: options.lm_head_accuracy_level})
+    rerank = _rerank_lm_head(model, carried.get(LM_HEAD), options)
     log(f"carried {len(replaced)} GGUF matrices as MatMulNBits "
         f"({', '.join(sorted({b.source_type for b in carried.values()})) or 'none'})")
     before = {t.name for t in model.graph.initializer}
@@ -133,7 +139,19 @@ def quantize_decoder(path: Path, *, options: QuantOptions, dims: ModelDims, gguf
     if quantized:
         log(f"quantized {len(quantized)} more matrices with ONNX Runtime's quantizer (RTN, block {options.block_size})")
     save_external(model, path)
-    return QuantReport(carried={k: carried[k].source_type for k in replaced}, quantized=quantized)
+    return QuantReport(carried={k: carried[k].source_type for k in replaced}, quantized=quantized,
+                       lm_head_rerank=rerank)
+
+
+def _rerank_lm_head(model: onnx.ModelProto, head: QuantBlocks | None, options: QuantOptions) -> int:
+    """An 8-bit carried LM head (Q8_0, no minimum) run with int8 activations rounds its logits far
+    from fp32 (README "int4"): re-rank its top k exactly in the graph. Returns the k written (0: none)."""
+    if head is None or head.bits != 8 or head.zero != 128 or head.bias is not None or options.lm_head_accuracy_level == 0 \
+            or not options.lm_head_rerank:
+        return 0
+    lm_head = next(n for n in model.graph.node if n.name == f"{LM_HEAD}.MatMulNBits")
+    done = rerank_argmax(model, weight=LM_HEAD, hidden=lm_head.input[0], ids=NEXT_TOKEN_IDS, k=options.lm_head_rerank)
+    return options.lm_head_rerank if done else 0
 
 
 def quantize_graph(path: Path, *, options: QuantOptions, exclude: tuple[str, ...] = ()) -> None:

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from specmemo.errors import ConfigError
 from specmemo.runtime import memory
 from specmemo.runtime.calibrate import memory_calibration
-from specmemo.runtime.manifest import Manifest
+from specmemo.runtime.manifest import Manifest, ModelFormat
 from specmemo.runtime.drafters import DrafterName, parse_drafter
 from specmemo.runtime.sizes import DEFAULT_PREFILL_CHUNK, Sizes, default_sizes, draft_tree_size
 
@@ -43,8 +43,11 @@ class EngineConfig:
     context: int | None = None  # with a budget: C = context instead of the largest that fits
     prefill_chunk: int = DEFAULT_PREFILL_CHUNK
     sampling: Sampling | None = None  # None: greedy acceptance
+    model_format: ModelFormat = ModelFormat.ONNX  # ort: the .ort graphs (`export --mobile`)
 
     def __post_init__(self) -> None:
+        if not isinstance(self.model_format, ModelFormat):
+            object.__setattr__(self, "model_format", ModelFormat(self.model_format))
         if not isinstance(self.mode, Mode):
             object.__setattr__(self, "mode", Mode(self.mode))
         if self.drafter is not None:

@@ -119,7 +119,8 @@ def open_engine(config: EngineConfig, *, log=print) -> Engine:
     sizes, plan = resolve_sizes(config, manifest, log=log)
     tokenizer = ChatTokenizer(config.artifact, manifest)
     session = DecoderSession(config.artifact, SessionConfig(threads=config.threads, sizes=sizes,
-                                                            heads=DrafterName.MEDUSA in names))
+                                                            heads=DrafterName.MEDUSA in names,
+                                                            model_format=config.model_format))
     drafter = open_drafter(session, names, max_tree=sizes.tree)
     return Engine(config=config, session=session, tokenizer=tokenizer, drafter=drafter, max_tree=sizes.tree,
                   plan=plan, log=log)

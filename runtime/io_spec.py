@@ -34,7 +34,7 @@ def present_value(layer: int) -> str:
     return f"present.{layer}.value"
 
 
-def decoder_inputs(dims: ModelDims, dtype: str) -> list[TensorSpec]:
+def decoder_inputs(dims: ModelDims, dtype: str, kv_dtype: str | None = None) -> list[TensorSpec]:
     kv_shape = ("B", dims.num_kv_heads, "C", dims.head_dim)
     specs = [
         TensorSpec(INPUTS_EMBEDS, dtype, ("B", "T", dims.hidden_size)),
@@ -43,11 +43,12 @@ def decoder_inputs(dims: ModelDims, dtype: str) -> list[TensorSpec]:
         TensorSpec(LOGITS_INDICES, "int64", ("B", "N")),
     ]
     for layer in range(dims.num_layers):
-        specs += [TensorSpec(past_key(layer), dtype, kv_shape), TensorSpec(past_value(layer), dtype, kv_shape)]
+        specs += [TensorSpec(past_key(layer), kv_dtype or dtype, kv_shape),
+                  TensorSpec(past_value(layer), kv_dtype or dtype, kv_shape)]
     return specs
 
 
-def decoder_outputs(dims: ModelDims, dtype: str) -> list[TensorSpec]:
+def decoder_outputs(dims: ModelDims, dtype: str, kv_dtype: str | None = None) -> list[TensorSpec]:
     kv_shape = ("B", dims.num_kv_heads, "C", dims.head_dim)
     specs = [
         TensorSpec(LOGITS, dtype, ("B", "N", dims.vocab_size)),
@@ -55,18 +56,20 @@ def decoder_outputs(dims: ModelDims, dtype: str) -> list[TensorSpec]:
         TensorSpec(HIDDEN_STATES, dtype, ("B", "T", dims.hidden_size)),
     ]
     for layer in range(dims.num_layers):
-        specs += [TensorSpec(present_key(layer), dtype, kv_shape), TensorSpec(present_value(layer), dtype, kv_shape)]
+        specs += [TensorSpec(present_key(layer), kv_dtype or dtype, kv_shape),
+                  TensorSpec(present_value(layer), kv_dtype or dtype, kv_shape)]
     return specs
 
 
-def decoder_io(dims: ModelDims, dtype: str) -> DecoderIO:
-    """What the exporter names and the manifest records; runtimes read it back from the manifest."""
+def decoder_io(dims: ModelDims, dtype: str, kv_dtype: str | None = None) -> DecoderIO:
+    """What the exporter names and the manifest records; runtimes read it back from the manifest.
+    `dtype`: the float activations; `kv_dtype`: the past/present buffers (default: `dtype`)."""
     kv = []
     for layer in range(dims.num_layers):
         kv += [(past_key(layer), present_key(layer)), (past_value(layer), present_value(layer))]
     return DecoderIO(
-        inputs=tuple(decoder_inputs(dims, dtype)),
-        outputs=tuple(decoder_outputs(dims, dtype)),
+        inputs=tuple(decoder_inputs(dims, dtype, kv_dtype)),
+        outputs=tuple(decoder_outputs(dims, dtype, kv_dtype)),
         inputs_embeds=INPUTS_EMBEDS,
         position_ids=POSITION_IDS,
         attention_bias=ATTENTION_BIAS,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import MISSING, asdict, dataclass, fields
+from enum import Enum
 from pathlib import Path
 from typing import Any
 
@@ -104,6 +105,32 @@ class QuantizationInfo:
     lm_head_accuracy_level: int  # and of its LM head
     carried: tuple[str, ...]  # GGUF types carried over unchanged, e.g. ("Q4_1", "Q8_0")
     quantized: tuple[str, ...]  # decoder initializers re-quantized by ONNX Runtime's quantizer
+    lm_head_rerank: int = 0  # next_token_ids re-ranks this many top logits exactly from the head's rows (0: off)
+
+
+class ModelFormat(str, Enum):
+    """Which file of each graph a runtime loads: the ONNX model (with external data) or, where the
+    artifact was exported with --mobile, ONNX Runtime's own format (for a reduced, mobile ORT build)."""
+
+    ONNX = "onnx"
+    ORT = "ort"
+
+
+@dataclass(frozen=True)
+class OrtFormatInfo:
+    """`export --mobile`: every graph again as `<name>.ort` (ONNX Runtime's converter, optimizations
+    baked in for `target_platform`), and the operators a reduced ORT build must include."""
+
+    files: tuple[str, ...]  # the .ort files, one per .onnx graph, same stem
+    required_operators: str  # required_operators.config: the reduced build's --include_ops_by_config
+    target_platform: str  # arm | amd64: whose platform-specific optimizations were applied
+    operators: tuple[str, ...]  # the config's lines, "domain;opset;Op,Op"
+    embedding: EmbeddingInfo | None = None  # the quantized rows inside decoder.ort (None: manifest.embedding)
+
+    def __post_init__(self) -> None:
+        if self.target_platform not in ("arm", "amd64"):
+            raise ManifestError(f"ort_format.target_platform {self.target_platform!r} is not arm or amd64: "
+                                f"re-export with --mobile")
 
 
 @dataclass(frozen=True)
@@ -232,6 +259,7 @@ class Manifest:
     quantization: QuantizationInfo | None = None  # set by `export --dtype int8|int4`
     min_step_rows: int = 2  # every decoder call runs at least this many rows (runtime/backend.py: one numeric route)
     draft_shape: str = "tree"  # tree | chain: "chain" where only a chain verifies exactly (export --accuracy-level 4)
+    ort_format: OrtFormatInfo | None = None  # set by `export --mobile`
 
     def __post_init__(self) -> None:
         if self.format_version != FORMAT_VERSION:
@@ -309,7 +337,7 @@ def _build(cls: type, data: Any, where: str) -> Any:
 _NESTED = {"SharedInitializer": SharedInitializer, "ModelDims": ModelDims, "DecoderIO": DecoderIO,
            "QuantizedRows": QuantizedRows, "QuantizationInfo": QuantizationInfo,
            "EmbeddingInfo": EmbeddingInfo, "TokenizerInfo": TokenizerInfo, "HeadsInfo": HeadsInfo,
-           "DevicePlan": DevicePlan, "FeatureDrafterInfo": FeatureDrafterInfo}
+           "DevicePlan": DevicePlan, "FeatureDrafterInfo": FeatureDrafterInfo, "OrtFormatInfo": OrtFormatInfo}
 
 
 def _convert(type_name: Any, value: Any, where: str) -> Any:
@@ -362,10 +390,32 @@ def load_manifest(artifact: str | Path) -> Manifest:
         files += [manifest.heads.file, manifest.heads.data_file]
     if manifest.feature_drafter is not None:
         files += [manifest.feature_drafter.file, manifest.feature_drafter.data_file]
+    if manifest.ort_format is not None:
+        files += [*manifest.ort_format.files, manifest.ort_format.required_operators]
     for name in files:
         if not (folder / name).is_file():
             raise ManifestError(f"{folder / name} named by the manifest is missing: re-export the artifact")
     return manifest
+
+
+def embedding_for(manifest: Manifest, model_format: ModelFormat) -> EmbeddingInfo:
+    """Where a runtime loading `model_format` reads token rows: the .ort set carries the LM head's rows
+    itself, so a device that ships only the .ort files needs no decoder.onnx.data."""
+    ort = manifest.ort_format
+    if ModelFormat(model_format) is ModelFormat.ORT and ort is not None and ort.embedding is not None:
+        return ort.embedding
+    return manifest.embedding
+
+
+def graph_file(manifest: Manifest, onnx_file: str, model_format: ModelFormat) -> str:
+    """The file a runtime loads for the graph `onnx_file` (e.g. decoder.onnx) in `model_format`."""
+    if ModelFormat(model_format) is ModelFormat.ONNX:
+        return onnx_file
+    ort_file = str(Path(onnx_file).with_suffix(".ort"))
+    if manifest.ort_format is None or ort_file not in manifest.ort_format.files:
+        raise ManifestError(f"the artifact has no {ort_file}: re-export it with --mobile, or load the ONNX files "
+                            f"(--model-format onnx)")
+    return ort_file
 
 
 def save_manifest(manifest: Manifest, artifact: str | Path) -> Path:

@@ -221,7 +221,8 @@ def largest_context(manifest: Manifest, calibration: Calibration, *, budget: int
 def what_would_fit(artifact: Path, manifest: Manifest, calibration: Calibration, *, budget: int,
                    context: int) -> list[str]:
     """For a refusal: the largest context that fits as exported, and the lower bound at `context`
-    without heads and with int4 weights (estimates: the load less the bytes those weights take)."""
+    without heads, with a float16 KV cache (exact: the arena's arithmetic) and with int4 weights
+    (estimates: the load less the bytes those weights take)."""
     options = []
     largest = largest_context(manifest, calibration, budget=budget)
     if largest:
@@ -231,6 +232,9 @@ def what_would_fit(artifact: Path, manifest: Manifest, calibration: Calibration,
         plain = lower_bound(replace(manifest, heads=None, drafter="lookup"),
                             replace(calibration, load_bytes=calibration.load_bytes - heads_bytes), context=context)
         options.append(f"no heads (--heads none, prompt lookup or plain decoding): {plain.total / MIB:.0f} MiB")
+    if manifest.kv_dtype == "float32":
+        half = lower_bound(replace(manifest, kv_dtype="float16"), calibration, context=context)
+        options.append(f"a float16 KV cache: {half.total / MIB:.0f} MiB (re-export with --kv-dtype float16)")
     if manifest.bits_per_weight > 4:
         decoder_bytes = (artifact / manifest.decoder_data_file).stat().st_size
         saved = int(decoder_bytes * (1 - INT4_BITS_PER_WEIGHT / manifest.bits_per_weight))

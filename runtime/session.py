@@ -21,7 +21,7 @@ from specmemo.errors import ConfigError, SpecMemoError
 
 from specmemo.runtime.arena import Arena, ArenaLayout
 from specmemo.runtime.embedding import EmbeddingTable
-from specmemo.runtime.manifest import Manifest, load_manifest
+from specmemo.runtime.manifest import Manifest, ModelFormat, embedding_for, graph_file, load_manifest
 from specmemo.runtime.rss import reset_peak_rss, rss_bytes
 from specmemo.runtime.sizes import Sizes, check_capacity, default_sizes
 
@@ -38,10 +38,13 @@ class SessionConfig:
     heads: bool = True  # load the Medusa heads graph too, when the artifact has one
     warm_up: bool = True  # run the largest step once at load, so ORT's arena reaches its peak up front
     profile: bool = False  # write an ORT profile (chrome trace) for this session
+    model_format: ModelFormat = ModelFormat.ONNX  # ORT: the .ort graphs of an `export --mobile` artifact
 
     def __post_init__(self) -> None:
         if self.threads < 1:
             raise ConfigError(f"threads must be >= 1, got {self.threads}")
+        if not isinstance(self.model_format, ModelFormat):
+            object.__setattr__(self, "model_format", ModelFormat(self.model_format))
         if self.batch != 1:
             raise ConfigError("only batch 1 is supported (GroupQueryAttention verifies T > 1 tokens for B = 1)")
 
@@ -118,7 +121,7 @@ def load_graph(path: Path, config: SessionConfig,
 
 def open_session(artifact: Path, manifest: Manifest, config: SessionConfig,
                  initializers: dict[str, ort.OrtValue] | None = None) -> ort.InferenceSession:
-    path = artifact / manifest.decoder_file
+    path = artifact / graph_file(manifest, manifest.decoder_file, config.model_format)
     session = load_graph(path, config, initializers)
     check_graph_matches(session, manifest, path)
     return session
@@ -177,14 +180,16 @@ class DecoderSession:
         m = self.manifest
         self.sizes = config.sizes or default_sizes(m, tree=None if config.heads and m.heads is not None else 1)
         check_capacity(m, self.sizes.capacity)
-        self.embedding = EmbeddingTable(self.artifact / m.embedding.file, m.embedding)
+        embedding = embedding_for(m, config.model_format)
+        self.embedding = EmbeddingTable(self.artifact / embedding.file, embedding)
         self.lm_head = load_shared_lm_head(self.artifact, m)
         shared = {} if self.lm_head is None else {m.heads.shared_lm_head.decoder_name: ort.OrtValue.ortvalue_from_numpy(self.lm_head)}
         self.session = open_session(self.artifact, m, config, shared)
         self.heads_session = None
         if config.heads and m.heads is not None:
             heads_shared = {} if self.lm_head is None else {m.heads.shared_lm_head.heads_name: shared[m.heads.shared_lm_head.decoder_name]}
-            self.heads_session = load_graph(self.artifact / m.heads.file, config, heads_shared)
+            self.heads_session = load_graph(self.artifact / graph_file(m, m.heads.file, config.model_format), config,
+                                            heads_shared)
         self._shared_values = shared  # ORT does not own these buffers: keep them alive
         self.rss_after_load = rss_bytes()
         reset_peak_rss()  # from here on, the peak RSS measures generation (the arena and the steps)

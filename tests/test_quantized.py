@@ -13,7 +13,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from specmemo.export.gguf_weights import (FORMATS, GgufWeightsError, QuantBlocks, carry, decode,
                                           llama_rotary_order)
-from specmemo.export.quantize import carry_matmuls
+from specmemo.export.quantize import carry_matmuls, rerank_argmax
 from specmemo.export.weights_dtype import QuantOptions, WeightDtype
 from specmemo.runtime.embedding import EmbeddingTable
 from specmemo.runtime.manifest import EmbeddingInfo, QuantizedRows
@@ -167,3 +167,41 @@ def test_int8_needs_accuracy_level_4_and_then_verifies_chains(tmp_path_factory):
     assert manifest.weight_dtype == "int8" and manifest.draft_shape == "chain"
     chain, _, padded = rows_route(artifact, 6)
     assert np.array_equal(padded, chain)
+
+
+def argmax_model(weight_t: np.ndarray) -> onnx.ModelProto:
+    """x [1, T, K] → logits = x @ w → next_token_ids = ArgMax(logits), like the decoder's head."""
+    k, n = weight_t.shape
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["logits"]),
+                               helper.make_node("ArgMax", ["logits"], ["ids"], axis=-1, keepdims=0)], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, "T", k])],
+                              [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, "T", n]),
+                               helper.make_tensor_value_info("ids", TensorProto.INT64, [1, "T"])],
+                              [numpy_helper.from_array(weight_t, "w")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)], ir_version=10)
+
+
+def test_rerank_makes_an_int8_activation_head_pick_the_exact_argmax():
+    """A Q8_0 head at accuracy level 4 rounds its logits far enough to pick a wrong token on some
+    rows; the re-rank's ids are the fp32 argmax on every row, and its logits are left untouched."""
+    rng = np.random.default_rng(3)
+    blocks = decode("Q8_0", raw_blocks("Q8_0", 512, 128, rng))
+    weight = blocks.dequantize()  # [N, K]
+    x = rng.standard_normal((1, 400, 128)).astype(np.float32)
+    exact = (x[0].astype(np.float64) @ weight.T.astype(np.float64)).argmax(-1)
+
+    def run(rerank: int):
+        model = argmax_model(np.ascontiguousarray(weight.T))
+        carry_matmuls(model, {"w": blocks}, accuracy_level=4)
+        head = next(n for n in model.graph.node if n.op_type == "MatMulNBits")
+        assert rerank_argmax(model, weight="w", hidden=head.input[0], ids="ids", k=rerank)
+        session = ort.InferenceSession(model.SerializeToString(), session_options(SessionConfig()))
+        logits, ids = session.run(None, {"x": x})
+        rows = session.run(None, {"x": x[:, :2]})[1]  # a row's pick does not depend on the call's row count
+        assert np.array_equal(rows[0], ids[0, :2])
+        return logits, ids[0]
+
+    approx_logits, approx = run(1)  # k = 1: the approximate argmax itself
+    logits, ids = run(8)
+    assert (approx != exact).sum() > 0, "level 4 agreed everywhere: the test no longer shows the re-rank"
+    assert np.array_equal(ids, exact) and np.array_equal(logits, approx_logits)

@@ -42,6 +42,7 @@ class OrtFeatureGraph:
         """session: the DecoderSession whose arena holds the drafter's KV views (drafter_kv.0/1)."""
         import onnxruntime as ort
 
+        from specmemo.runtime.manifest import graph_file
         from specmemo.runtime.session import SessionConfig, load_graph
 
         artifact, manifest, threads = session.artifact, session.manifest, session.config.threads
@@ -50,7 +51,8 @@ class OrtFeatureGraph:
             raise ManifestError(f"{artifact} was exported without the feature drafter: re-export with "
                                 f"--feature-drafter, or use --drafter medusa or lookup")
         self.info, d = info, manifest.dims
-        self.session = load_graph(artifact / info.file, SessionConfig(threads=threads))  # the process's thread pool
+        path = artifact / graph_file(manifest, info.file, session.config.model_format)
+        self.session = load_graph(path, SessionConfig(threads=threads))  # the process's thread pool
         names = {i.name for i in self.session.get_inputs()} | {o.name for o in self.session.get_outputs()}
         missing = (set(info.inputs) | set(info.outputs)) - names
         if missing:

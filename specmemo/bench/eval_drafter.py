@@ -54,6 +54,7 @@ class EvalDrafterConfig:
     threads: int = 2
     teacher_forced: bool = True  # False: only the timed, interleaved pass (identity and speed)
     out: Path = Path("results") / "eval-drafter"
+    model_format: str = "onnx"  # ort: the .ort graphs of an `export --mobile` artifact
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "workload", Workload(self.workload))
@@ -147,7 +148,8 @@ def encode(engine: Engine, config: EvalDrafterConfig) -> list[list[int]]:
 
 def run(config: EvalDrafterConfig, *, log=print) -> dict:
     engine = open_engine(EngineConfig(artifact=config.artifact, mode=Mode.TREE, drafter="+".join(
-        sorted({n.value for spec in config.drafters for n in parse_drafter(spec)})), threads=config.threads), log=log)
+        sorted({n.value for spec in config.drafters for n in parse_drafter(spec)})), threads=config.threads,
+        model_format=config.model_format), log=log)
     prompts = encode(engine, config)
     curve = engine.policy(Mode.AUTO).curve  # verify ms per T: measured once per machine (cached)
     engines = {spec: Engine(config=engine.config, session=engine.session, tokenizer=engine.tokenizer,

@@ -1,7 +1,8 @@
 """`specmemo bench quality`: what a weight format does to the model, against a reference artifact.
 
   argmax agreement  teacher-forced along the reference's own greedy replies (MT-Bench first turns):
-                    the share of reply positions where the artifact's argmax is the reference's token
+                    the share of reply positions where the artifact's greedy pick (its graph's next_token_ids,
+                    what decoding emits) is the reference's token
   perplexity        of held-out ShareGPT assistant replies (conversations the heads/drafter were not
                     trained on: taken from the end of the file), teacher-forced
   size on disk      the artifact folder
@@ -60,11 +61,11 @@ def open_teacher(artifact: Path, threads: int) -> OrtBackend:
                                                                          tree=TEACHER_ROWS))))
 
 
-def teacher_forced(backend: OrtBackend, ids: list[int]) -> np.ndarray:
-    """logits [len(ids), V] after each prefix of `ids`, one causal chain from an empty cache."""
+def teacher_forced(backend: OrtBackend, ids: list[int]):
+    """The graph's outputs after each prefix of `ids` (logits [len(ids), V], next_token_ids
+    [len(ids)]), one causal chain from an empty cache."""
     backend.reset()
-    out = backend.forward(ids, tree.chain(len(ids)))
-    return np.array(out.logits, copy=True)
+    return backend.forward(ids, tree.chain(len(ids)))
 
 
 def reference_replies(engine, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
@@ -77,8 +78,8 @@ def reference_replies(engine, prompts: list[list[int]], max_new_tokens: int) -> 
 def agreement(backend: OrtBackend, prompts: list[list[int]], replies: list[list[int]]) -> tuple[float, int]:
     same = total = 0
     for prompt, reply in zip(prompts, replies):
-        logits = teacher_forced(backend, prompt + reply[:-1])  # position of reply[i] predicts it
-        predicted = logits[len(prompt) - 1:].argmax(-1)
+        out = teacher_forced(backend, prompt + reply[:-1])  # position of reply[i] predicts it
+        predicted = np.asarray(out.next_token_ids)[len(prompt) - 1:]  # the graph's greedy pick, as decoding uses
         same += int((predicted == np.array(reply)).sum())
         total += len(reply)
     return same / max(total, 1), total
@@ -88,7 +89,7 @@ def perplexity(backend: OrtBackend, texts: list[tuple[list[int], int]]) -> tuple
     """texts: (ids, where the reply starts); mean NLL over reply tokens → exp."""
     nll, count = 0.0, 0
     for ids, start in texts:
-        logits = teacher_forced(backend, ids[:-1]).astype(np.float64)
+        logits = np.asarray(teacher_forced(backend, ids[:-1]).logits, dtype=np.float64)
         logits -= logits.max(-1, keepdims=True)
         logp = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
         targets = np.array(ids[1:])

@@ -9,7 +9,7 @@ from pathlib import Path
 import itertools
 import sys
 
-from specmemo.cli.options import add_artifact, positive
+from specmemo.cli.options import add_artifact, add_model_format, positive
 from specmemo.console import log_stderr
 from specmemo.export.load import DEFAULT_MODEL
 
@@ -53,6 +53,7 @@ def add_parser(sub) -> None:
                                    "writes OUT/<workload>.json.",
                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     add_artifact(p)
+    add_model_format(p)
     p.add_argument("--drafter", action="append", dest="drafters", metavar="NAME",
                    help="a drafter to evaluate (repeat the flag for several; default: medusa, lookup, "
                         "medusa+lookup)")
@@ -76,7 +77,8 @@ def cmd_eval_drafter(args: argparse.Namespace) -> int:
 
     config = EvalDrafterConfig(artifact=args.artifact, workload=args.workload, prompts=args.prompts,
                                max_new_tokens=args.max_new_tokens, max_tree=args.max_tree, threads=args.threads,
-                               teacher_forced=not args.no_teacher_forced, out=args.out, **({"drafters": tuple(args.drafters)} if args.drafters else {}))
+                               teacher_forced=not args.no_teacher_forced, out=args.out,
+                               model_format=args.model_format, **({"drafters": tuple(args.drafters)} if args.drafters else {}))
     results = run(config, log=log_stderr)
     print(table(results))
     print(f"wrote {write(results, config.out)}")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from specmemo.cli.options import add_profile_options, apply_profile, positive
+from specmemo.cli.options import add_model_format, add_profile_options, apply_profile, positive
 from specmemo.console import log_stderr
 from specmemo.export.load import DEFAULT_MODEL, default_artifact
 
@@ -49,6 +49,18 @@ def add_parser(sub) -> None:
                         "activations to int8 per block (faster on x86, but a T-node verify then rounds apart "
                         "from a 1-token step, so such an artifact verifies chains only: see README "
                         "\"int4\") (default 0 for int4, 4 for int8)")
+    p.add_argument("--lm-head-rerank", type=int, default=8, metavar="K",
+                   help="an 8-bit LM head (a GGUF's Q8_0) runs with int8 activations, fast but rounding its logits "
+                        "far from fp32; the graph's greedy token then re-ranks the top K of those logits exactly "
+                        "from the head's own rows (0 turns it off; default 8)")
+    p.add_argument("--kv-dtype", choices=["float32", "float16"], default=None,
+                   help="the KV buffer's elements: float16 halves the largest memory use after the weights "
+                        "(attention then computes in float16; see README \"int4\") (default: the --profile's, "
+                        "else float16 with --dtype int8/int4 and float32 with float32 weights)")
+    p.add_argument("--mobile", nargs="?", const="arm", choices=["arm", "amd64"], default=None,
+                   help="also write every graph in ONNX Runtime's own format (.ort, optimizations for this "
+                        "platform baked in; default arm) and required_operators.config, the operator list "
+                        "of a reduced ORT build; runtimes load them with --model-format ort")
     p.add_argument("--no-validate", action="store_true", help="skip the ORT-vs-PyTorch validation")
     add_profile_options(p, budget=False,
                         purpose="size the artifact for the device: the plan (C, R, T_max within its app memory, "
@@ -67,6 +79,7 @@ def add_parser(sub) -> None:
                         "float32 model they came from, at the tolerance their accuracy level reaches: see "
                         "export/validate.py)")
     p.add_argument("--threads", type=positive, default=2)
+    add_model_format(p)
     p.set_defaults(handler=cmd_validate)
 
 
@@ -87,11 +100,14 @@ def cmd_export(args: argparse.Namespace) -> int:
         if args.dtype is None and profile.weight_dtype.value in ("int8", "int4"):
             args.dtype = profile.weight_dtype.value
             log_stderr(f"profile {profile.name}: {args.dtype} weights (--dtype overrides)")
+        if args.kv_dtype is None:
+            args.kv_dtype = profile.kv_dtype.value
+            log_stderr(f"profile {profile.name}: {args.kv_dtype} KV cache (--kv-dtype overrides)")
         max_capacity = args.max_capacity or profile_capacity(args.model)
         finalize = sized_for(profile, threads=args.threads, capacity_given=args.max_capacity is not None,
                              log=log_stderr)
     quant = QuantOptions(dtype=WeightDtype(args.dtype or "float32"), block_size=args.block_size,
-                         requantize=args.requantize,
+                         requantize=args.requantize, lm_head_rerank=args.lm_head_rerank,
                          accuracy_level=args.accuracy_level if args.accuracy_level is not None
                          else 4 if args.dtype == "int8" else 0)
     out = args.out or default_artifact(args.model, quant.dtype.value)
@@ -100,17 +116,23 @@ def cmd_export(args: argparse.Namespace) -> int:
     auto = default_feature_drafter(args.model) if quant.dtype is WeightDtype.FLOAT32 else None
     feature = {"auto": auto, "none": None}.get(args.feature_drafter, Path(args.feature_drafter))
     export_artifact(ExportOptions(model=args.model, out=out, max_capacity=max_capacity, heads=heads, quant=quant,
-                                  top_k=args.top_k, drafter=args.drafter, feature_drafter=feature), finalize=finalize)
+                                  top_k=args.top_k, drafter=args.drafter, feature_drafter=feature, mobile=args.mobile,
+                                  kv_dtype=args.kv_dtype),
+                    finalize=finalize)
     if args.no_validate:
         return 0
-    print(f"validating {out} against PyTorch ...")
     args.artifact, args.tolerance = out, None
-    return cmd_validate(args)
+    failed = 0
+    for args.model_format in ("onnx",) + (("ort",) if args.mobile else ()):
+        print(f"validating {out} ({args.model_format} graphs) against PyTorch ...")
+        failed |= cmd_validate(args)
+    return failed
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
     from specmemo.export.validate import validate_artifact
 
-    report = validate_artifact(args.artifact, model=args.model, threads=args.threads, tolerance=args.tolerance)
+    report = validate_artifact(args.artifact, model=args.model, threads=args.threads, tolerance=args.tolerance,
+                               model_format=args.model_format)
     print(report.table())
     return 0 if report.passed else 1

@@ -38,6 +38,12 @@ def add_artifact(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--artifact", type=Path, default=DEFAULT_ARTIFACT, help="the exported artifact folder")
 
 
+def add_model_format(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model-format", choices=["onnx", "ort"], default="onnx",
+                        help="load the ONNX graphs, or the ORT-format ones an `export --mobile` artifact also has "
+                             "(what a reduced ONNX Runtime build on a phone loads)")
+
+
 def add_mode(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--mode", type=Mode, choices=list(Mode), default=Mode.AUTO, metavar="{greedy,tree,auto}",
                         help="greedy: plain decoding; tree: verify the drafter's whole tree each step ('medusa' "
@@ -70,6 +76,7 @@ def add_profile_options(parser: argparse.ArgumentParser, *, budget: bool = True,
 def add_decoding_options(parser: argparse.ArgumentParser) -> None:
     """What `generate` and `chat` share: the mode, the budget (or profile) or capacity, sampling."""
     add_mode(parser)
+    add_model_format(parser)
     add_profile_options(parser)
     parser.add_argument("--capacity", type=positive,
                         help="KV positions C to allocate without --budget/--profile (default: the manifest's plan, "
@@ -115,4 +122,5 @@ def engine_config(args: argparse.Namespace):
     sampling = Sampling(temperature=args.temperature, seed=args.seed) if args.temperature > 0 else None
     return EngineConfig(artifact=args.artifact, mode=args.mode, drafter=args.drafter, threads=args.threads,
                         budget=args.budget_bytes,
-                        capacity=args.capacity, context=getattr(args, "context", None), sampling=sampling)
+                        capacity=args.capacity, context=getattr(args, "context", None), sampling=sampling,
+                        model_format=args.model_format)
