@@ -14,6 +14,7 @@ which reproduces x @ W to fp32 rounding (the "bias" MatMul is [K/32 × N], 1/32 
 columns). Accuracy level 0 (fp32 compute) is the default: level 4 quantizes activations to int8,
 and a T-row verify then rounds differently from a 1-row step, so speculative output can leave greedy
 (export --accuracy-level documents the trade-off; README "int4").
+`rerank_argmax` makes the greedy token of an 8-bit LM head run with int8 activations exact again.
 Shapes: B batch, T rows, K inputs, N outputs.
 """
 

@@ -46,6 +46,7 @@ class EngineConfig:
     model_format: ModelFormat = ModelFormat.ONNX  # ort: the .ort graphs (`export --mobile`)
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "artifact", Path(self.artifact))  # a str is fine at the API
         if not isinstance(self.model_format, ModelFormat):
             object.__setattr__(self, "model_format", ModelFormat(self.model_format))
         if not isinstance(self.mode, Mode):

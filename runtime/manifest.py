@@ -258,7 +258,7 @@ class Manifest:
     plan: DevicePlan | None = None  # set by `export --profile`
     quantization: QuantizationInfo | None = None  # set by `export --dtype int8|int4`
     min_step_rows: int = 2  # every decoder call runs at least this many rows (runtime/backend.py: one numeric route)
-    draft_shape: str = "tree"  # tree | chain: "chain" where only a chain verifies exactly (export --accuracy-level 4)
+    draft_shape: str = "tree"  # tree | chain: "chain" where only a chain verifies exactly (level 4, float16 KV)
     ort_format: OrtFormatInfo | None = None  # set by `export --mobile`
 
     def __post_init__(self) -> None:

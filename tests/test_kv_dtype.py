@@ -35,6 +35,7 @@ def tiny_kv16(tiny_pair):
 def test_kv_buffers_are_float16_in_graph_manifest_and_arena(tiny_kv16):
     manifest = load_manifest(tiny_kv16)
     assert manifest.kv_dtype == "float16" and manifest.bytes_per_kv_element == 2
+    assert manifest.draft_shape == "chain"  # trees round apart in float16 attention (export/artifact.py)
     graph = onnx.load(str(tiny_kv16 / "decoder.onnx"), load_external_data=False).graph
     kv_types = {v.type.tensor_type.elem_type for v in list(graph.input) + list(graph.output) if "key" in v.name or "value" in v.name}
     assert kv_types == {onnx.TensorProto.FLOAT16}
