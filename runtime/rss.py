@@ -27,21 +27,6 @@ def reset_peak_rss() -> None:
         pass
 
 
-def release_free_heap() -> None:
-    """Hand the heap's freed pages back to the OS (glibc's malloc_trim; a no-op without glibc).
-    Parsing tokenizer.json leaves 16 MiB of freed chunks and ORT's session setup (constant folding,
-    prepacking) frees more; most of it is reused by later allocations, the rest stays resident unless
-    trimmed. Measured on the SmolLM2-135M int4 artifact: RSS after load 234-235 → 231 MiB."""
-    import ctypes
-    import ctypes.util
-
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        libc.malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
-
-
 def _proc_status_kib(key: str) -> int:
     try:
         with open("/proc/self/status") as status:

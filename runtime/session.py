@@ -22,7 +22,7 @@ from specmemo.errors import ConfigError, SpecMemoError
 from specmemo.runtime.arena import Arena, ArenaLayout
 from specmemo.runtime.embedding import EmbeddingTable
 from specmemo.runtime.manifest import Manifest, ModelFormat, embedding_for, graph_file, load_manifest
-from specmemo.runtime.rss import release_free_heap, reset_peak_rss, rss_bytes
+from specmemo.runtime.rss import reset_peak_rss, rss_bytes
 from specmemo.runtime.sizes import Sizes, check_capacity, default_sizes
 
 
@@ -191,7 +191,6 @@ class DecoderSession:
             self.heads_session = load_graph(self.artifact / graph_file(m, m.heads.file, config.model_format), config,
                                             heads_shared)
         self._shared_values = shared  # ORT does not own these buffers: keep them alive
-        release_free_heap()  # what parsing and session setup freed (rss.py)
         self.rss_after_load = rss_bytes()
         reset_peak_rss()  # from here on, the peak RSS measures generation (the arena and the steps)
         self.layout = ArenaLayout.for_manifest(m, self.sizes, batch=config.batch)

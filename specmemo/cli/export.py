@@ -55,7 +55,8 @@ def add_parser(sub) -> None:
                         "from the head's own rows (0 turns it off; default 8)")
     p.add_argument("--kv-dtype", choices=["float32", "float16"], default=None,
                    help="the KV buffer's elements: float16 halves the largest memory use after the weights "
-                        "(attention then computes in float16; see README \"int4\") (default: the --profile's, "
+                        "(attention then computes in float16, and the artifact verifies chains only; see README "
+                        "\"int4\") (default: the --profile's, "
                         "else float16 with --dtype int8/int4 and float32 with float32 weights)")
     p.add_argument("--mobile", nargs="?", const="arm", choices=["arm", "amd64"], default=None,
                    help="also write every graph in ONNX Runtime's own format (.ort, optimizations for this "
