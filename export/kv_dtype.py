@@ -18,8 +18,9 @@ import onnx
 from onnx import helper, numpy_helper
 
 from specmemo.errors import ConfigError
+from specmemo.runtime.manifest import BYTES_PER_ELEMENT
 
-KV_DTYPES = ("float32", "float16")
+KV_DTYPES = tuple(BYTES_PER_ELEMENT)  # the element types the manifest knows bytes for
 GQA_QKV, GQA_PAST_KEY, GQA_PAST_VALUE, GQA_COS, GQA_SIN, GQA_BIAS = 0, 3, 4, 7, 8, 10  # GroupQueryAttention inputs
 
 
