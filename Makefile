@@ -6,7 +6,7 @@ MODEL ?= smollm2-135m
 ARTIFACT ?= artifacts/$(MODEL)
 PROMPT ?= Give me three short tips for staying focused while studying.
 
-.PHONY: setup demo test bench bench-decode bench-soak compare-docs chat lock clean
+.PHONY: setup js-setup demo test bench bench-decode bench-soak bench-node compare-docs chat lock clean
 
 setup: $(VENV)/.installed
 
@@ -22,14 +22,33 @@ demo: setup
 	$(BIN)/specmemo plan --artifact $(ARTIFACT)
 	$(BIN)/specmemo generate --artifact $(ARTIFACT) --prompt "$(PROMPT)"
 
-test: setup
+# The TypeScript engine, the web page and the React Native app (android_demo/): npm ci from the
+# committed lock files (.npmrc keeps onnxruntime-node's install script offline), the engine's and
+# the page's builds, and Debian's Chromium for the browser test (no browser download).
+JS_DIRS := android_demo/engine android_demo/web android_demo/app
+
+js-setup: $(foreach d,$(JS_DIRS),$(d)/node_modules/.installed)
+	cd android_demo/engine && npm run --silent build
+	cd android_demo/web && npm run --silent build
+	@command -v chromium >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) \
+	  || (echo "Debian's chromium is needed for the browser test: apt-get install chromium" && false)
+
+android_demo/%/node_modules/.installed: android_demo/%/package-lock.json
+	cd android_demo/$* && npm ci --no-audit --no-fund --loglevel=error
+	touch $@
+
+test: setup js-setup
 	$(BIN)/python -m pytest
+	cd android_demo/engine && npm test --silent
 
 bench: setup
 	$(BIN)/specmemo bench step --artifact $(ARTIFACT)
 
 bench-decode: setup
 	$(BIN)/specmemo bench decode --artifact $(ARTIFACT) --torch-reference
+
+bench-node: setup js-setup
+	$(BIN)/specmemo bench node --artifact $(ARTIFACT)
 
 bench-soak: setup
 	$(BIN)/specmemo bench soak --artifact $(ARTIFACT)

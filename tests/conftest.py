@@ -100,3 +100,20 @@ def export_tiny(config, root: Path, max_capacity: int = 64, **options) -> Path:
                                   **options),
                     log=lambda *_: None)
     return root / "artifact"
+
+
+@pytest.fixture(scope="session")
+def smollm2_artifact(tmp_path_factory) -> Path:
+    """The default model exported as `make demo` exports it (float32, the shipped Medusa heads and
+    feature drafter), max capacity 1024: shared by the real-model tests of both runtimes."""
+    from specmemo.export.artifact import ExportOptions, default_feature_drafter, default_heads, export_artifact
+    from specmemo.export.load import DEFAULT_MODEL
+
+    out = tmp_path_factory.mktemp("smollm2") / "artifact"
+    heads = default_heads(DEFAULT_MODEL)
+    assert heads is not None, "the default model ships with trained heads"
+    feature = default_feature_drafter(DEFAULT_MODEL)
+    assert feature is not None, "the default model ships with a trained feature drafter"
+    export_artifact(ExportOptions(model=DEFAULT_MODEL, out=out, max_capacity=1024, heads=heads, feature_drafter=feature),
+                    log=lambda *_: None)
+    return out

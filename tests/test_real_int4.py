@@ -123,3 +123,18 @@ def test_speculative_equals_greedy_of_the_same_int4_graph(int4, mode, model_form
         speculative = engine.generate(ids, max_new_tokens=NEW_TOKENS, ignore_eos=True)
         assert speculative.token_ids == greedy.token_ids, prompt
         assert max(speculative.stats.tree_sizes) > 1  # it did speculate
+
+
+def test_typescript_engine_reads_the_same_int4_artifact_in_both_formats(int4):
+    """What the Android app loads (the .ort graphs, rows read from decoder.ort) and what Node loads
+    (.onnx): the TypeScript engine's ids equal the Python runtime's greedy ids (tests/test_typescript.py)."""
+    from tests.test_typescript import node
+
+    artifact, _, _ = int4
+    engine = open_engine(EngineConfig(artifact=artifact, mode=Mode.GREEDY, capacity=256), log=lambda *_: None)
+    prompt = PROMPTS[0]
+    expected = engine.generate(engine.tokenizer.encode_chat([Message("user", prompt)]), max_new_tokens=NEW_TOKENS).token_ids
+    for model_format in ("ort", "onnx"):
+        (out,) = node("generate", "--artifact", str(artifact), "--prompt", prompt, "--max-new-tokens", str(NEW_TOKENS),
+                      "--mode", "tree", "--capacity", "256", "--model-format", model_format)
+        assert out["token_ids"] == expected, model_format

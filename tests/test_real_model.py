@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from specmemo.export.artifact import ExportOptions, default_feature_drafter, default_heads, export_artifact
+from specmemo.export.artifact import default_heads
 from specmemo.export.heads import load_heads
 from specmemo.export.reference import TorchBackend, TorchDrafter
 from specmemo.export.load import DEFAULT_MODEL, load_hf, resolve_model
@@ -38,16 +38,9 @@ NEW_TOKENS = 48
 
 
 @pytest.fixture(scope="module")
-def real(tmp_path_factory):
-    out = tmp_path_factory.mktemp("smollm2") / "artifact"
-    heads = default_heads(DEFAULT_MODEL)
-    assert heads is not None, "the default model ships with trained heads"
-    feature = default_feature_drafter(DEFAULT_MODEL)
-    assert feature is not None, "the default model ships with a trained feature drafter"
-    export_artifact(ExportOptions(model=DEFAULT_MODEL, out=out, max_capacity=1024, heads=heads, feature_drafter=feature),
-                    log=lambda *_: None)
+def real(smollm2_artifact):
     model, tokenizer = load_hf(resolve_model(DEFAULT_MODEL).hf_folder)
-    return out, model, tokenizer
+    return smollm2_artifact, model, tokenizer
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""`specmemo bench step | decode | soak`: each prints a table and writes JSON (work in specmemo/bench/)."""
+"""`specmemo bench step | decode | soak | node`: each prints a table and writes JSON (work in specmemo/bench/)."""
 
 from __future__ import annotations
 
@@ -47,6 +47,22 @@ def add_parser(sub) -> None:
                    help="also measure full-tree Medusa on the PyTorch reference (fresh process, memory questions)")
     b.add_argument("--out", type=Path, default=Path("results") / "bench-decode", help="folder for JSONL + summary")
     b.set_defaults(handler=cmd_bench_decode)
+
+    b = bench.add_parser("node", help="the Python runtime vs the TypeScript engine on onnxruntime-node: decode tok/s",
+                         description="Decode MT-Bench first turns with `specmemo generate` and the TypeScript engine's "
+                                     "`specmemo-node generate` (android_demo/engine), each reply a fresh process, "
+                                     "interleaved question by question, same artifact, mode, threads and token count "
+                                     "(--ignore-eos). Prints decode tok/s per runtime and their ratio; checks the ids "
+                                     "are equal. Needs `make js-setup`.",
+                         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    add_artifact(b)
+    b.add_argument("--questions", type=positive, default=5, help="first N MT-Bench questions (first turns)")
+    b.add_argument("--max-new-tokens", type=positive, default=128)
+    b.add_argument("--modes", default="greedy,tree", help="comma-separated: greedy, tree, auto")
+    b.add_argument("--threads", type=positive, default=2)
+    b.add_argument("--capacity", type=positive, help="KV positions C (default: the manifest's plan, else its max)")
+    b.add_argument("--json", type=Path, default=Path("results") / "bench-node.json", help="where to write JSON")
+    b.set_defaults(handler=cmd_bench_node)
 
     b = bench.add_parser("soak", help="a long chat at a small capacity: evictions, and whether memory stays flat",
                          description="Chat for --turns turns (MT-Bench questions as user messages, in order, "
@@ -149,6 +165,20 @@ def cmd_bench_soak(args: argparse.Namespace) -> int:
     config = SoakConfig(artifact=args.artifact, turns=args.turns, capacity=args.capacity,
                         max_new_tokens=args.max_new_tokens, settle=args.settle, mode=args.mode, threads=args.threads)
     result = run_soak(config, log=log_stderr)
+    print(format_table(result))
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"wrote {args.json}")
+    return 0
+
+
+def cmd_bench_node(args: argparse.Namespace) -> int:
+    from specmemo.bench.node import NodeBenchConfig, format_table, run_node_bench
+
+    config = NodeBenchConfig(artifact=args.artifact, questions=args.questions, max_new_tokens=args.max_new_tokens,
+                             modes=tuple(m.strip() for m in args.modes.split(",")), threads=args.threads,
+                             capacity=args.capacity)
+    result = run_node_bench(config, log=log_stderr)
     print(format_table(result))
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(result, indent=2) + "\n")

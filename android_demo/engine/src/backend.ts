@@ -1,0 +1,142 @@
+/**
+ * The backend the decode loop runs on (runtime/backend.py OrtBackend): a KV buffer of `capacity`
+ * positions, `length` committed. `forward` runs T new tokens laid out as a tree on top of the
+ * committed positions; `commit` keeps a root-to-node path of them; `rewind` forgets positions.
+ *
+ * One numeric route: every call runs at least manifest.min_step_rows (2) rows and gathers at least
+ * as many LM-head rows; a 1-token step gets a padding row (the same token again, as its child) whose
+ * outputs are ignored. ONNX Runtime's CPU kernels take another path for a single row, so without it
+ * a row computed alone could differ from the same row inside a tree verify. The padding row costs
+ * one KV position: `capacity` is the buffer's less one.
+ */
+
+import { ContextOverflowError } from './errors';
+import { DecoderSession } from './session';
+import { chain, depths, treeBias } from './tree';
+
+const TREE_CACHE = 16; // tree shapes whose depths and bias stay cached
+
+export interface Forward {
+  nextTokenIds: number[]; // [N] greedy next token after each node (N = T, or 1 with lastOnly)
+  hiddenStates: Float32Array; // [T * h] (an arena view, valid until the next forward)
+}
+
+export function checkFits(length: number, added: number, capacity: number, reserved = 0): void {
+  if (length + added > capacity) {
+    const kept = reserved ? ` (${capacity} for tokens, ${reserved} for a padding row)` : '';
+    throw new ContextOverflowError(`${length} cached + ${added} new tokens exceed the KV capacity of ${capacity + reserved}${kept}: shorten the input or use a larger capacity`);
+  }
+}
+
+export class OrtBackend {
+  readonly minRows: number;
+  private readonly treeInputs = new Map<string, [number[], Float32Array]>();
+
+  constructor(readonly session: DecoderSession) {
+    this.minRows = Math.min(session.manifest.min_step_rows, session.rows);
+  }
+
+  get capacity(): number {
+    return this.session.kv.capacity - (this.minRows - 1);
+  }
+
+  get length(): number {
+    return this.session.kv.length;
+  }
+
+  get hiddenSize(): number {
+    return this.session.layout.hiddenSize;
+  }
+
+  /** Next tokens for every node, or with `lastOnly` for the last one (prefill, chunked by R rows). */
+  async forward(tokens: readonly number[], parents: readonly number[], lastOnly = false): Promise<Forward> {
+    checkFits(this.length, tokens.length, this.capacity, this.minRows - 1);
+    const s = this.session;
+    const size = tokens.length;
+    if (size <= s.rows && (lastOnly || size <= s.logitRows)) return this.runOnce(tokens, parents, 0, lastOnly);
+    if (parents.some((p, i) => p !== i - 1)) {
+      throw new RangeError(`a tree of ${size} nodes exceeds the arena's T_max of ${s.logitRows}: open the engine with larger sizes`);
+    }
+    const chunk = lastOnly ? s.rows : s.logitRows;
+    const ids: number[] = [];
+    const hidden: Float32Array[] = [];
+    let out: Forward | null = null;
+    for (let start = 0; start < size; start += chunk) {
+      const part = tokens.slice(start, start + chunk);
+      out = await this.runOnce(part, chain(part.length), start, lastOnly);
+      if (!lastOnly) {
+        ids.push(...out.nextTokenIds);
+        hidden.push(out.hiddenStates.slice());
+      }
+    }
+    if (lastOnly) return out!;
+    const all = new Float32Array(hidden.reduce((n, x) => n + x.length, 0));
+    hidden.reduce((at, x) => { all.set(x, at); return at + x.length; }, 0);
+    return { nextTokenIds: ids, hiddenStates: all };
+  }
+
+  private tree(parents: readonly number[]): [number[], Float32Array] {
+    const key = parents.join(',');
+    let cached = this.treeInputs.get(key);
+    if (cached === undefined) {
+      if (this.treeInputs.size >= TREE_CACHE) this.treeInputs.clear();
+      cached = [depths(parents), treeBias(parents)];
+      this.treeInputs.set(key, cached);
+    }
+    return cached;
+  }
+
+  /** One decoder call for `tokens` on top of the committed positions and `offset` uncommitted ones. */
+  private async runOnce(tokens: readonly number[], parents: readonly number[], offset: number, lastOnly: boolean): Promise<Forward> {
+    const real = tokens.length;
+    if (real < this.minRows) { // padding rows: a chain under the last node, never read
+      tokens = [...tokens, ...new Array<number>(this.minRows - real).fill(tokens[real - 1])];
+      parents = [...parents, ...Array.from({ length: this.minRows - real }, (_, i) => real - 1 + i)];
+    }
+    const a = this.session.arena;
+    const size = tokens.length;
+    const past = this.length + offset;
+    const attended = past + size;
+    const [depth, block] = this.tree(parents);
+    const ids = a.i64('input_ids');
+    const positions = a.i64('position_ids');
+    for (let i = 0; i < size; i++) {
+      ids[i] = BigInt(tokens[i]);
+      positions[i] = BigInt(past + depth[i]);
+    }
+    const bias = a.f32('attention_bias');
+    for (let i = 0; i < size; i++) {
+      bias.fill(0, i * attended, i * attended + past);
+      bias.set(block.subarray(i * size, (i + 1) * size), i * attended + past);
+    }
+    const wanted = lastOnly ? 1 : real; // logit rows asked for: the last node's, or every node's
+    const first = real - wanted;
+    const gathered = Math.max(wanted, Math.min(this.minRows, size, this.session.logitRows)); // the LM head gets >= 2 rows too
+    const start = Math.min(first, size - gathered); // gathered rows [start, start + gathered) hold the wanted ones
+    const indices = a.i64('logits_indices');
+    for (let i = 0; i < gathered; i++) indices[i] = BigInt(start + i);
+    const out = await this.session.run(size, attended, gathered);
+    const at = first - start;
+    const h = this.hiddenSize;
+    return {
+      nextTokenIds: Array.from(out.nextTokenIds.subarray(at, at + wanted), Number),
+      hiddenStates: out.hiddenStates.subarray(0, real * h),
+    };
+  }
+
+  /** Keep `nodes` (indices into the last forward, root first) as the next committed positions. */
+  commit(nodes: readonly number[]): void {
+    const start = this.length;
+    const sources = nodes.map((node) => start + node);
+    if (sources.some((source, i) => source !== start + i)) this.session.movePositions(sources, start);
+    this.session.commit(sources.length);
+  }
+
+  rewind(length: number): void {
+    this.session.rewind(length);
+  }
+
+  reset(): void {
+    this.session.rewind(0);
+  }
+}

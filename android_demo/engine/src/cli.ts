@@ -1,0 +1,94 @@
+#!/usr/bin/env node
+/**
+ * specmemo-node: the TypeScript engine from a terminal, on onnxruntime-node. Mirrors
+ * `specmemo generate` / `specmemo chat` so the two runtimes can be compared id for id.
+ */
+
+import { parseArgs } from 'node:util';
+
+import * as ort from 'onnxruntime-node';
+
+import { ChatSession } from './chat';
+import { Mode, openEngine } from './engine';
+import { ModelFormat } from './manifest';
+import { FolderSource } from './node';
+
+const HELP = `usage: specmemo-node <generate|chat> --artifact DIR [options]
+
+  generate   one reply to --prompt, through the model's chat template (like \`specmemo generate\`)
+  chat       a multi-turn conversation: each --message is a user turn, replies reuse the KV cache
+             (like \`specmemo chat\`); with --json, one JSON line per turn
+
+options:
+  --artifact DIR        the exported artifact folder (manifest.json, decoder.onnx, ...)
+  --prompt TEXT         the user message (generate)
+  --message TEXT        a user turn (chat; repeat for several turns)
+  --system TEXT         optional system message
+  --max-new-tokens N    default 256
+  --mode M              greedy | tree | auto (default auto): greedy output is the same token for
+                        token in every mode; tree and auto only change how many tokens a step verifies
+  --drafter D           medusa, lookup or medusa+lookup (default: the manifest's)
+  --capacity C          KV positions to allocate (default: the manifest's plan, else its max)
+  --threads N           ONNX Runtime intra-op threads (default 2)
+  --model-format F      onnx (default) or ort (the .ort graphs of an \`export --mobile\` artifact)
+  --ignore-eos          keep generating past end-of-turn (for measurements)
+  --json                print JSON: text, token_ids, stats (as \`specmemo generate --json\`)
+  -h, --help            this text`;
+
+async function main(): Promise<number> {
+  const { values, positionals } = parseArgs({
+    allowPositionals: true,
+    options: {
+      artifact: { type: 'string' }, prompt: { type: 'string' }, message: { type: 'string', multiple: true },
+      system: { type: 'string' }, 'max-new-tokens': { type: 'string', default: '256' }, mode: { type: 'string', default: 'auto' },
+      drafter: { type: 'string' }, capacity: { type: 'string' }, threads: { type: 'string', default: '2' },
+      'model-format': { type: 'string', default: 'onnx' }, 'ignore-eos': { type: 'boolean', default: false },
+      json: { type: 'boolean', default: false }, help: { type: 'boolean', short: 'h', default: false },
+    },
+  });
+  const command = positionals[0];
+  if (values.help || !command) {
+    console.log(HELP);
+    return values.help ? 0 : 2;
+  }
+  if (!['generate', 'chat'].includes(command)) throw new Error(`unknown command ${JSON.stringify(command)}: use generate or chat (see --help)`);
+  if (!values.artifact) throw new Error('--artifact is required: the folder `specmemo export` wrote');
+  const maxNewTokens = Number(values['max-new-tokens']);
+  const source = new FolderSource(values.artifact);
+  const engine = await openEngine({
+    ort, source, mode: values.mode as Mode, drafter: values.drafter, threads: Number(values.threads),
+    capacity: values.capacity === undefined ? undefined : Number(values.capacity),
+    modelFormat: values['model-format'] as ModelFormat, log: (line) => process.stderr.write(`${line}\n`),
+  });
+  try {
+    if (command === 'generate') {
+      if (values.prompt === undefined) throw new Error('--prompt is required for generate');
+      const messages = [...(values.system ? [{ role: 'system' as const, content: values.system }] : []),
+        { role: 'user' as const, content: values.prompt }];
+      const ids = engine.tokenizer.encodeChat(messages);
+      const result = await engine.generate(ids, {
+        maxNewTokens, ignoreEos: values['ignore-eos'],
+        onToken: values.json ? undefined : (id) => process.stdout.write(engine.tokenizer.decode([id])),
+      });
+      const text = engine.tokenizer.decode(result.tokenIds.filter((t) => !engine.tokenizer.eosTokenIds.has(t)));
+      if (values.json) console.log(JSON.stringify({ text, token_ids: result.tokenIds, prompt_ids: ids, plan: engine.plan, stats: result.stats }));
+      else process.stdout.write('\n');
+    } else {
+      const chat = new ChatSession(engine, { system: values.system, maxNewTokens });
+      for (const message of values.message ?? []) {
+        const reply = await chat.send(message);
+        if (values.json) console.log(JSON.stringify({ text: reply.text, token_ids: reply.tokenIds, reused: reply.reused, prefilled: reply.prefilled, stats: reply.stats }));
+        else console.log(`> ${message}\n${reply.text}\n[${reply.stats.decodeTokensPerS.toFixed(1)} tok/s, ${reply.stats.meanAccepted.toFixed(2)} accepted/step, reused ${reply.reused}]`);
+      }
+    }
+  } finally {
+    await engine.close();
+    source.close();
+  }
+  return 0;
+}
+
+main().then((code) => { process.exitCode = code; }, (err: Error) => {
+  process.stderr.write(`error: ${err.message.split('\n')[0]}\n`);
+  process.exitCode = 1;
+});

@@ -1,0 +1,57 @@
+/**
+ * Prompt lookup (runtime/drafters/lookup.py): draft the continuation of the longest earlier match
+ * of the context's last n tokens (n = MAX_NGRAM down to MIN_NGRAM) as one branch. No weights.
+ * Node d of a branch found by an n-gram scores HIT[n] ** d, a prior the controller corrects.
+ */
+
+import { DraftContext, DraftTree, Drafter } from './draft';
+
+export const MIN_NGRAM = 1;
+export const MAX_NGRAM = 4;
+export const LOOKUP_MAX_BRANCH = 10;
+const HIT: Record<number, number> = { 1: 0.35, 2: 0.55, 3: 0.7, 4: 0.8 };
+
+/** n-gram → the position after its most recent occurrence whose next token is known. */
+export class NgramIndex {
+  readonly tokens: number[] = [];
+  private readonly after = new Map<string, number>();
+
+  extend(tokens: readonly number[]): void {
+    const seen = this.tokens;
+    for (const token of tokens) {
+      const end = seen.length;
+      for (let n = MIN_NGRAM; n <= Math.min(MAX_NGRAM, end); n++) this.after.set(seen.slice(end - n, end).join(','), end);
+      seen.push(token);
+    }
+  }
+
+  /** [the tokens after the longest matching suffix's latest earlier occurrence, its n]; [[], 0] if none. */
+  continuation(length: number): [number[], number] {
+    const seen = this.tokens;
+    for (let n = Math.min(MAX_NGRAM, seen.length); n >= MIN_NGRAM; n--) {
+      const start = this.after.get(seen.slice(seen.length - n).join(','));
+      if (start !== undefined) return [seen.slice(start, start + length), n];
+    }
+    return [[], 0];
+  }
+}
+
+export class PromptLookup implements Drafter {
+  readonly name = 'lookup';
+  private index = new NgramIndex();
+  private source: number[] | null = null; // the context token list the index mirrors
+
+  async propose(context: DraftContext, budget: number): Promise<DraftTree> {
+    const tokens = context.tokens;
+    const root = tokens[tokens.length - 1];
+    if (tokens !== this.source || tokens.length < this.index.tokens.length) { // a new reply: index afresh
+      this.index = new NgramIndex();
+      this.source = tokens;
+    }
+    this.index.extend(tokens.slice(this.index.tokens.length));
+    const [branch, n] = this.index.continuation(Math.min(budget - 1, LOOKUP_MAX_BRANCH));
+    if (branch.length === 0) return DraftTree.rootOnly(root);
+    const hit = HIT[n];
+    return new DraftTree([root, ...branch], [-1, ...branch.map((_, i) => i)], [1, ...branch.map((_, d) => hit ** (d + 1))]);
+  }
+}

@@ -1,0 +1,83 @@
+/**
+ * The token embedding table [V, h], read from the artifact one row per token (runtime/embedding.py):
+ * the decoder graph takes embeddings, not ids, so the table is neither loaded nor mapped.
+ * Quantized artifacts keep no table of their own: a row is the tied LM head's MatMulNBits row in the
+ * decoder's data file (values, then scales), dequantized x = scale · (q − zero point) in float32,
+ * the arithmetic the exporter checked.
+ */
+
+import { EmbeddingInfo, ManifestError, QuantizedRows } from './manifest';
+import { ArtifactSource } from './source';
+
+/** IEEE half → float (exact). */
+export function halfToFloat(h: number): number {
+  const sign = h & 0x8000 ? -1 : 1;
+  const exponent = (h >> 10) & 0x1f;
+  const fraction = h & 0x3ff;
+  if (exponent === 0) return sign * 2 ** -14 * (fraction / 1024);
+  if (exponent === 31) return fraction ? NaN : sign * Infinity;
+  return sign * 2 ** (exponent - 15) * (1 + fraction / 1024);
+}
+
+export class EmbeddingTable {
+  readonly vocabSize: number; // V
+  readonly hiddenSize: number; // h
+  private readonly rowBytes: number;
+  private readonly blocks: number; // per row (quantized)
+  private readonly scaleBytes: number; // per row (quantized)
+
+  constructor(private readonly source: ArtifactSource, private readonly info: EmbeddingInfo) {
+    [this.vocabSize, this.hiddenSize] = info.shape;
+    const q = info.quantized;
+    if (q === null) {
+      if (info.dtype !== 'float32') throw new ManifestError(`embedding dtype ${info.dtype}: this runtime reads float32 rows; re-export the artifact`);
+      this.rowBytes = 4 * this.hiddenSize;
+      this.blocks = 0;
+      this.scaleBytes = 0;
+    } else {
+      this.rowBytes = (this.hiddenSize * q.bits) / 8;
+      this.blocks = this.hiddenSize / q.block_size;
+      this.scaleBytes = this.blocks * (q.scales_dtype === 'float16' ? 2 : 4);
+    }
+  }
+
+  /** Rows of `tokens` into `out` [T, h] (an arena view). */
+  async lookup(tokens: ArrayLike<number | bigint>, out: Float32Array): Promise<void> {
+    const h = this.hiddenSize;
+    for (let i = 0; i < tokens.length; i++) {
+      const token = Number(tokens[i]);
+      if (!(Number.isInteger(token) && token >= 0 && token < this.vocabSize)) {
+        throw new RangeError(`token id ${token} is outside the vocabulary of ${this.vocabSize}`);
+      }
+      const row = out.subarray(i * h, (i + 1) * h);
+      const q = this.info.quantized;
+      if (q === null) {
+        const bytes = await this.read(token * this.rowBytes, this.rowBytes);
+        new Uint8Array(row.buffer, row.byteOffset, this.rowBytes).set(bytes);
+      } else {
+        await this.dequantize(token, q, row);
+      }
+    }
+  }
+
+  private async read(offset: number, length: number): Promise<Uint8Array> {
+    const bytes = await this.source.readBytes(this.info.file, offset, length);
+    if (bytes.length !== length) throw new ManifestError(`${this.info.file} ended early at byte ${offset}: re-export the artifact`);
+    return bytes;
+  }
+
+  private async dequantize(token: number, q: QuantizedRows, row: Float32Array): Promise<void> {
+    const values = await this.read(q.values_offset + token * this.rowBytes, this.rowBytes);
+    const raw = await this.read(q.scales_offset + token * this.scaleBytes, this.scaleBytes);
+    const scales = new DataView(raw.buffer, raw.byteOffset, raw.byteLength);
+    const block = q.block_size;
+    for (let b = 0; b < this.blocks; b++) {
+      const scale = q.scales_dtype === 'float16' ? halfToFloat(scales.getUint16(2 * b, true)) : scales.getFloat32(4 * b, true);
+      for (let j = 0; j < block; j++) {
+        const at = b * block + j;
+        const value = q.bits === 8 ? values[at] : at % 2 === 0 ? values[at >> 1] & 0x0f : values[at >> 1] >> 4;
+        row[at] = (value - q.zero_point) * scale; // float32 store: one rounding, as numpy's float32 multiply
+      }
+    }
+  }
+}

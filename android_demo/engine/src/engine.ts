@@ -1,0 +1,182 @@
+/**
+ * An artifact opened for generation (runtime/engine.py): manifest → sizes → sessions and arena →
+ * drafter and width policy.
+ *
+ *   sizes    – C, R and T_max, decided once (sizes.resolveSizes: the manifest's device plan, or
+ *              `capacity` and the drafters' tree);
+ *   open     – DecoderSession (decoder + heads graphs, one arena), tokenizer;
+ *   drafter  – `drafter` or the manifest's choice, none in greedy mode;
+ *   policy   – greedy: none; tree: the drafter's whole tree; auto: the controller, over a verify
+ *              latency curve measured once per engine.
+ */
+
+import { OrtBackend, checkFits } from './backend';
+import { Controller, LatencyCurve, measureLatency } from './controller';
+import { FullWidth, Generation, WidthPolicy, generate } from './decode';
+import { Drafter, Merged } from './drafters/draft';
+import { PromptLookup } from './drafters/lookup';
+import { MedusaDrafter } from './drafters/medusa';
+import { DrafterName, parseDrafter } from './drafters/names';
+import { ConfigError } from './errors';
+import { allocationBytes, kvBytes } from './arena';
+import { Manifest, ManifestError, ModelFormat, parseManifest } from './manifest';
+import { DecoderSession, OrtModule } from './session';
+import { Sizes, exportedTree, resolveSizes } from './sizes';
+import { ArtifactSource } from './source';
+import { ChatTokenizer } from './tokenizer';
+
+export type Mode = 'greedy' | 'tree' | 'auto';
+const MODES: readonly Mode[] = ['greedy', 'tree', 'auto'];
+
+export interface EngineOptions {
+  ort: OrtModule; // onnxruntime-node, onnxruntime-web or onnxruntime-react-native
+  source: ArtifactSource;
+  mode?: Mode; // default auto
+  drafter?: string; // e.g. 'medusa+lookup'; default the manifest's; ignored in greedy mode
+  capacity?: number; // C; default the manifest's plan, else the graph's max capacity
+  threads?: number; // intra-op threads, default 2
+  modelFormat?: ModelFormat; // 'ort': the .ort graphs of an `export --mobile` artifact
+  executionProviders?: string[];
+  latencyCurve?: LatencyCurve; // skip measuring (auto mode)
+  log?: (line: string) => void;
+}
+
+export interface MemoryPlan {
+  capacity: number; // C
+  rows: number; // R
+  tree: number; // T_max
+  arenaBytes: number; // the one allocation: KV + step I/O
+  kvBytes: number; // 2·L·H_kv·C·D·bytes
+  summary: string;
+}
+
+export interface GenerateRequest {
+  maxNewTokens: number;
+  onToken?: (id: number) => void;
+  mode?: Mode;
+  cached?: number; // leading prompt tokens already committed (multi-turn)
+  policy?: WidthPolicy | null; // a policy that outlives the reply (chat keeps one controller)
+  ignoreEos?: boolean;
+  signal?: AbortSignal;
+}
+
+const MIB = 2 ** 20;
+
+function memoryPlan(m: Manifest, sizes: Sizes, session: DecoderSession): MemoryPlan {
+  const arena = allocationBytes(session.layout);
+  const kv = kvBytes(session.layout);
+  const d = m.dims;
+  const bytes = m.kv_dtype === 'float16' ? 2 : 4;
+  return {
+    capacity: sizes.capacity, rows: sizes.rows, tree: sizes.tree, arenaBytes: arena, kvBytes: kv,
+    summary: `C=${sizes.capacity} R=${sizes.rows} T_max=${sizes.tree}: KV ${(kv / MIB).toFixed(1)} MiB ` +
+      `(2·${d.num_layers}·${d.num_kv_heads}·${sizes.capacity}·${d.head_dim}·${bytes} B), arena ${(arena / MIB).toFixed(1)} MiB`,
+  };
+}
+
+/** The drafters an engine runs: none in greedy mode, else `drafter` or the manifest's choice. */
+export function drafterNames(mode: Mode, spec: string | undefined, m: Manifest): DrafterName[] {
+  if (mode === 'greedy') return [];
+  const chosen = spec ?? m.drafter;
+  return chosen ? parseDrafter(chosen) : [];
+}
+
+export class Engine {
+  readonly backend: OrtBackend;
+  private curve: LatencyCurve | null;
+
+  constructor(
+    readonly options: EngineOptions,
+    readonly manifest: Manifest,
+    readonly session: DecoderSession,
+    readonly tokenizer: ChatTokenizer,
+    readonly drafter: Drafter | null,
+    readonly maxTree: number, // T_max
+    readonly mode: Mode,
+    readonly plan: MemoryPlan,
+  ) {
+    this.backend = new OrtBackend(session);
+    this.curve = options.latencyCurve ?? null;
+  }
+
+  /** The width policy for `mode`: none for greedy, the whole tree for tree, a fresh controller for auto. */
+  async policy(mode: Mode = this.mode): Promise<WidthPolicy | null> {
+    if (mode === 'tree') return new FullWidth(this.maxTree);
+    if (mode !== 'auto') return null;
+    if (this.curve === null) {
+      this.options.log?.(`measuring ms per verify step for tree sizes up to ${this.maxTree} once ...`);
+      this.curve = await measureLatency(this.backend, this.maxTree);
+    }
+    return new Controller(this.curve, this.maxTree);
+  }
+
+  /** One reply; `cached` leading prompt tokens are already committed (the rest is rewound and prefilled). */
+  async generate(promptIds: readonly number[], request: GenerateRequest): Promise<Generation> {
+    const mode = request.mode ?? this.mode;
+    if (mode !== 'greedy' && this.drafter === null) throw new ConfigError(`mode ${mode} needs a drafter: open the engine in a speculative mode`);
+    const cached = request.cached ?? 0;
+    if (!(cached >= 0 && cached < promptIds.length) || cached > this.backend.length) {
+      throw new RangeError(`cached=${cached} must be committed (${this.backend.length} rows are) and leave at least one of the ${promptIds.length} prompt tokens to prefill`);
+    }
+    checkFits(cached, promptIds.length - cached, this.backend.capacity, this.backend.minRows - 1);
+    const speculative = mode !== 'greedy';
+    if (cached === 0) this.backend.reset();
+    else this.backend.rewind(cached);
+    return generate(this.backend, promptIds.slice(cached), {
+      maxNewTokens: request.maxNewTokens,
+      eosTokenIds: request.ignoreEos ? new Set() : this.tokenizer.eosTokenIds,
+      drafter: speculative ? this.drafter : null,
+      maxTree: speculative ? this.maxTree : 1,
+      history: promptIds.slice(0, cached),
+      onToken: request.onToken,
+      policy: request.policy !== undefined ? request.policy : await this.policy(mode),
+      chainsOnly: this.manifest.draft_shape === 'chain',
+      signal: request.signal,
+    });
+  }
+
+  async close(): Promise<void> {
+    await this.session.close();
+  }
+}
+
+export async function openEngine(options: EngineOptions): Promise<Engine> {
+  const source = options.source;
+  const m = parseManifest(await source.readText('manifest.json').catch((err: Error) => {
+    throw new ManifestError(`no manifest.json in ${source.where} (${err.message.split('\n')[0]}): run \`specmemo export --out <folder>\` first`);
+  }), `${source.where}/manifest.json`);
+  let mode = options.mode ?? 'auto';
+  if (!MODES.includes(mode)) throw new ConfigError(`unknown mode ${JSON.stringify(mode)}: use one of ${MODES.join(', ')}`);
+  const names = drafterNames(mode, options.drafter, m);
+  if (names.includes('medusa') && m.heads === null) {
+    throw new ManifestError(`${source.where} has no Medusa heads: use drafter 'lookup', or re-export with --heads`);
+  }
+  if (names.includes('feature')) {
+    throw new ConfigError("the feature drafter runs in the Python runtime only: use drafter 'medusa+lookup' or 'lookup'");
+  }
+  if (names.length === 0 && mode !== 'greedy') mode = 'greedy'; // nothing to speculate with
+  const sizes = resolveSizes(m, names, options.capacity);
+  const tokenizer = new ChatTokenizer(await source.readText(m.tokenizer.file), m.tokenizer);
+  const session = await DecoderSession.open(options.ort, source, m, {
+    threads: options.threads ?? 2, sizes, heads: names.includes('medusa'), modelFormat: options.modelFormat ?? 'onnx',
+    executionProviders: options.executionProviders,
+  });
+  const parts: Drafter[] = [];
+  for (const name of names) {
+    if (name === 'medusa') {
+      parts.push(new MedusaDrafter({
+        topK: m.heads!.top_k,
+        draft: (hidden) => {
+          session.arena.f32('heads_hidden').set(hidden);
+          return session.runHeads();
+        },
+      }, exportedTree(m).prefix(sizes.tree)));
+    } else if (name === 'lookup') {
+      parts.push(new PromptLookup());
+    }
+  }
+  const drafter = parts.length === 0 ? null : parts.length === 1 ? parts[0] : new Merged(parts);
+  const plan = memoryPlan(m, sizes, session);
+  options.log?.(`plan: ${plan.summary}`);
+  return new Engine(options, m, session, tokenizer, drafter, sizes.tree, mode, plan);
+}

@@ -1,0 +1,25 @@
+/** SpecMemo's runtime in TypeScript: the Python runtime's steps over onnxruntime-common. */
+
+export { ChatSession } from './chat';
+export type { Reply, SendOptions, Turn } from './chat';
+export { Controller, LatencyCurve, measureLatency } from './controller';
+export { accept, generate, prefill, verifyAndCommit, FullWidth } from './decode';
+export type { Generation, GenerationStats, WidthPolicy } from './decode';
+export { DraftTree, Merged, merge, ordered } from './drafters/draft';
+export { PromptLookup } from './drafters/lookup';
+export { MedusaDrafter } from './drafters/medusa';
+export { parseDrafter } from './drafters/names';
+export { Engine, openEngine } from './engine';
+export type { EngineOptions, GenerateRequest, MemoryPlan, Mode } from './engine';
+export { ArtifactError, ConfigError, ContextOverflowError } from './errors';
+export { ManifestError, parseManifest } from './manifest';
+export type { Manifest, ModelFormat } from './manifest';
+export { Arena, allocationBytes, kvBytes, layoutFor, views } from './arena';
+export { MedusaTree } from './medusaTree';
+export { makeSizes, resolveSizes } from './sizes';
+export type { Sizes } from './sizes';
+export type { ArtifactSource, GraphInput } from './source';
+export type { OrtModule } from './session';
+export { ChatTokenizer } from './tokenizer';
+export type { Message } from './tokenizer';
+export { chain, depths, treeBias } from './tree';

@@ -1,0 +1,217 @@
+/**
+ * manifest.json, the contract between the exporter and every runtime (runtime/manifest.py is the
+ * Python side). This runtime reads the manifest and nothing else about the model: names, dims,
+ * dtypes, capacity, tokenizer, chat template, drafters and tree all come from here.
+ *
+ * Keys keep the JSON's snake_case so a reader can put this file beside manifest.py. Every check
+ * fails with one line that names the fix (ManifestError), before any graph is opened.
+ */
+
+export const FORMAT_VERSION = 5;
+export const BYTES_PER_ELEMENT: Record<string, number> = { float32: 4, float16: 2 };
+
+export class ManifestError extends Error {
+  override name = 'ManifestError';
+}
+
+export interface ModelDims {
+  architecture: string;
+  vocab_size: number; // V
+  hidden_size: number; // h
+  intermediate_size: number;
+  num_layers: number; // L
+  num_heads: number; // H
+  num_kv_heads: number; // H_kv
+  head_dim: number; // D
+  rms_norm_eps: number;
+  rope_theta: number;
+  max_position_embeddings: number;
+}
+
+export interface TensorSpec {
+  name: string;
+  dtype: string;
+  shape: (number | string)[];
+}
+
+export interface DecoderIO {
+  inputs: TensorSpec[];
+  outputs: TensorSpec[];
+  inputs_embeds: string;
+  position_ids: string;
+  attention_bias: string;
+  logits_indices: string;
+  logits: string;
+  next_token_ids: string;
+  hidden_states: string;
+  kv_pairs: [string, string][]; // (past input, present output) bound to one buffer
+}
+
+/** Embedding rows stored as MatMulNBits stores the tied LM head (see runtime/manifest.py QuantizedRows). */
+export interface QuantizedRows {
+  bits: 4 | 8;
+  block_size: number;
+  zero_point: number;
+  values_offset: number;
+  scales_offset: number;
+  scales_dtype: 'float32' | 'float16';
+}
+
+export interface EmbeddingInfo {
+  file: string;
+  dtype: string;
+  shape: [number, number]; // [V, h]
+  quantized: QuantizedRows | null;
+}
+
+export interface TokenizerInfo {
+  file: string;
+  eos_token_ids: number[];
+  bos_token_id: number | null;
+  chat_template: string | null;
+  add_bos_token: boolean;
+}
+
+export interface SharedInitializer {
+  decoder_name: string;
+  heads_name: string;
+  file: string;
+  offset: number;
+  shape: number[];
+  dtype: string;
+}
+
+export interface HeadsInfo {
+  file: string;
+  data_file: string;
+  hidden: string; // input [B, h]
+  token_ids: string; // output [B, K, k] int64
+  probs: string; // output [B, K, k]
+  num_heads: number; // K
+  top_k: number; // k
+  mode: string;
+  tree: number[][]; // Medusa choices, parents first
+  accuracy: number[][];
+  shared_lm_head: SharedInitializer | null;
+}
+
+export interface DevicePlan {
+  profile: string;
+  budget: number;
+  capacity: number; // C
+  rows: number; // R
+  tree: number; // T_max
+}
+
+export interface OrtFormatInfo {
+  files: string[];
+  required_operators: string;
+  target_platform: string;
+  operators: string[];
+  embedding: EmbeddingInfo | null;
+}
+
+export interface Manifest {
+  format_version: number;
+  source_model: string;
+  dims: ModelDims;
+  weight_dtype: string;
+  kv_dtype: 'float32' | 'float16';
+  activation_dtype: 'float32' | 'float16';
+  max_capacity: number;
+  decoder_file: string;
+  decoder_data_file: string;
+  io: DecoderIO;
+  embedding: EmbeddingInfo;
+  tokenizer: TokenizerInfo;
+  drafter: string;
+  heads: HeadsInfo | null;
+  feature_drafter: unknown | null;
+  plan: DevicePlan | null;
+  min_step_rows: number;
+  draft_shape: 'tree' | 'chain';
+  ort_format: OrtFormatInfo | null;
+}
+
+export type ModelFormat = 'onnx' | 'ort';
+
+function need(condition: boolean, message: string): void {
+  if (!condition) throw new ManifestError(message);
+}
+
+/** Parse and check manifest.json's text; `where` names the file in messages. */
+export function parseManifest(text: string, where: string): Manifest {
+  let data: Record<string, unknown>;
+  try {
+    data = JSON.parse(text) as Record<string, unknown>;
+  } catch (err) {
+    throw new ManifestError(`${where} is not valid JSON (${(err as Error).message}): re-export the artifact`);
+  }
+  need(typeof data === 'object' && data !== null, `${where} is not a JSON object: re-export the artifact`);
+  need(data.format_version === FORMAT_VERSION,
+    `manifest format ${String(data.format_version)} is not ${FORMAT_VERSION}: re-export with this version of specmemo`);
+  for (const key of ['dims', 'io', 'embedding', 'tokenizer', 'max_capacity', 'kv_dtype', 'activation_dtype', 'decoder_file']) {
+    need(key in data, `${where} has no "${key}": re-export the artifact`);
+  }
+  const m = {
+    drafter: '', heads: null, feature_drafter: null, plan: null, min_step_rows: 2, draft_shape: 'tree', ort_format: null,
+    ...data,
+  } as unknown as Manifest;
+  const d = m.dims;
+  for (const key of ['vocab_size', 'hidden_size', 'intermediate_size', 'num_layers', 'num_heads', 'num_kv_heads', 'head_dim'] as const) {
+    need(Number.isInteger(d[key]) && d[key] > 0, `dims.${key} must be a positive integer, got ${String(d[key])}`);
+  }
+  need(d.num_heads % d.num_kv_heads === 0, `num_heads ${d.num_heads} is not a multiple of num_kv_heads ${d.num_kv_heads}`);
+  need(m.max_capacity > 0, `max_capacity must be positive, got ${m.max_capacity}`);
+  for (const key of ['kv_dtype', 'activation_dtype'] as const) {
+    need(m[key] in BYTES_PER_ELEMENT, `${key} ${JSON.stringify(m[key])} is not float32 or float16: re-export with this version of specmemo`);
+  }
+  need(m.activation_dtype === 'float32', `activation_dtype ${m.activation_dtype}: this runtime reads float32 activations; re-export with the default`);
+  need(m.draft_shape === 'tree' || m.draft_shape === 'chain', `draft_shape ${JSON.stringify(m.draft_shape)} is not tree or chain: re-export the artifact`);
+  need(m.min_step_rows >= 1, `min_step_rows must be at least 1, got ${m.min_step_rows}: re-export the artifact`);
+  need(m.io.kv_pairs.length === 2 * d.num_layers, `io.kv_pairs has ${m.io.kv_pairs.length} pairs, expected 2 x ${d.num_layers} layers`);
+  need(m.embedding.shape[0] === d.vocab_size && m.embedding.shape[1] === d.hidden_size,
+    `embedding.shape [${m.embedding.shape.join(', ')}] is not [V, h] = [${d.vocab_size}, ${d.hidden_size}]: re-export the artifact`);
+  if (m.heads !== null) {
+    for (const choice of m.heads.tree) {
+      need(choice.length <= m.heads.num_heads && Math.max(...choice) < m.heads.top_k,
+        `heads.tree: choice [${choice.join(', ')}] needs more than ${m.heads.num_heads} heads or rank >= top_k ${m.heads.top_k}: re-export the artifact`);
+    }
+  }
+  if (m.plan !== null) {
+    need(m.plan.capacity <= m.max_capacity, `plan.capacity ${m.plan.capacity} exceeds the graph's max capacity ${m.max_capacity}: re-export with --profile`);
+    need(m.plan.tree <= m.plan.rows, `plan.tree ${m.plan.tree} exceeds plan.rows ${m.plan.rows}: re-export with --profile`);
+  }
+  return m;
+}
+
+/** The file a runtime loads for the graph `onnxFile` in `format` (runtime/manifest.py graph_file). */
+export function graphFile(m: Manifest, onnxFile: string, format: ModelFormat): string {
+  if (format === 'onnx') return onnxFile;
+  const ortFile = onnxFile.replace(/\.onnx$/, '.ort');
+  if (m.ort_format === null || !m.ort_format.files.includes(ortFile)) {
+    throw new ManifestError(`the artifact has no ${ortFile}: re-export it with --mobile, or load the ONNX files (modelFormat 'onnx')`);
+  }
+  return ortFile;
+}
+
+/** The graph's external data files for `format` (an .ort graph carries its weights inside). */
+export function graphDataFiles(m: Manifest, onnxFile: string, format: ModelFormat): string[] {
+  if (format === 'ort') return [];
+  if (onnxFile === m.decoder_file) return [m.decoder_data_file];
+  const heads = m.heads;
+  if (heads !== null && onnxFile === heads.file) {
+    return heads.shared_lm_head === null ? [heads.data_file] : [heads.data_file, heads.shared_lm_head.file];
+  }
+  return [];
+}
+
+/** Where token rows are read: the .ort set carries the LM head's rows itself (runtime/manifest.py embedding_for). */
+export function embeddingFor(m: Manifest, format: ModelFormat): EmbeddingInfo {
+  const ort = m.ort_format;
+  return format === 'ort' && ort !== null && ort.embedding !== null ? ort.embedding : m.embedding;
+}
+
+export function bytesPerKvElement(m: Manifest): number {
+  return BYTES_PER_ELEMENT[m.kv_dtype];
+}

@@ -1,0 +1,60 @@
+/**
+ * C, R and T_max: the arena's free dimensions, decided once and passed down (runtime/sizes.py).
+ *
+ *   C      KV positions the arena holds (<= the graph's max_capacity)
+ *   R      most tokens one decoder call takes: the prefill chunk, and any tree up to R nodes
+ *   T_max  most tree nodes one step verifies, also N, the most logit rows a call returns
+ */
+
+import { ConfigError } from './errors';
+import { DrafterName } from './drafters/names';
+import { LOOKUP_MAX_BRANCH } from './drafters/lookup';
+import { Manifest, ManifestError } from './manifest';
+import { MedusaTree } from './medusaTree';
+
+export const DEFAULT_PREFILL_CHUNK = 64;
+
+export interface Sizes {
+  readonly capacity: number; // C
+  readonly rows: number; // R
+  readonly tree: number; // T_max (= N logit rows)
+}
+
+export function makeSizes(capacity: number, rows: number, tree: number): Sizes {
+  if (capacity < 2 || rows < 1 || !(tree >= 1 && tree <= rows)) {
+    throw new ConfigError(`need C >= 2, R >= 1 and 1 <= T_max <= R, got C=${capacity}, R=${rows}, T_max=${tree}`);
+  }
+  return Object.freeze({ capacity, rows, tree });
+}
+
+/** The Medusa tree the artifact was exported with (a one-node tree without heads). */
+export function exportedTree(m: Manifest): MedusaTree {
+  return new MedusaTree(m.heads === null ? [] : m.heads.tree);
+}
+
+export function checkCapacity(m: Manifest, capacity: number): number {
+  if (capacity > m.max_capacity) {
+    throw new ManifestError(`capacity ${capacity} exceeds the graph's max capacity ${m.max_capacity}: re-export with --max-capacity ${capacity}, or allocate less`);
+  }
+  return capacity;
+}
+
+/** T_max the drafters can use: the exported Medusa tree, prompt lookup's branch + the root; 1 without drafters. */
+export function draftTreeSize(m: Manifest, drafters: readonly DrafterName[]): number {
+  const sizes = [1];
+  if (drafters.includes('medusa')) sizes.push(exportedTree(m).size);
+  if (drafters.includes('lookup')) sizes.push(1 + LOOKUP_MAX_BRANCH);
+  return Math.max(...sizes);
+}
+
+/**
+ * The sizes an engine opens with: the manifest's device plan as written when it has one and no
+ * capacity is asked for; otherwise C = `capacity` (default the graph's max), T_max = the drafters'
+ * tree, R = the prefill chunk or the tree if larger (runtime/config.py resolve_sizes, without a budget).
+ */
+export function resolveSizes(m: Manifest, drafters: readonly DrafterName[], capacity?: number,
+  prefillChunk: number = DEFAULT_PREFILL_CHUNK): Sizes {
+  if (capacity === undefined && m.plan !== null) return makeSizes(m.plan.capacity, m.plan.rows, m.plan.tree);
+  const tree = draftTreeSize(m, drafters);
+  return makeSizes(checkCapacity(m, capacity ?? m.max_capacity), Math.max(prefillChunk, tree), tree);
+}

@@ -1,0 +1,49 @@
+/**
+ * Tokenizer and chat template from the artifact (runtime/tokenizer.py): Hugging Face's
+ * tokenizers.js over tokenizer.json and @huggingface/jinja over the manifest's chat template,
+ * rendered as `apply_chat_template` renders it; text is encoded without adding special tokens.
+ */
+
+import { Template } from '@huggingface/jinja';
+import { Tokenizer } from '@huggingface/tokenizers';
+
+import { TokenizerInfo } from './manifest';
+
+export interface Message {
+  role: 'system' | 'user' | 'assistant';
+  content: string;
+}
+
+export class ChatTokenizer {
+  readonly eosTokenIds: ReadonlySet<number>;
+  private readonly tokenizer: Tokenizer;
+  private readonly template: Template | null;
+
+  constructor(tokenizerJson: string, readonly info: TokenizerInfo) {
+    this.tokenizer = new Tokenizer(JSON.parse(tokenizerJson) as object, {});
+    this.eosTokenIds = new Set(info.eos_token_ids);
+    this.template = info.chat_template ? new Template(info.chat_template) : null;
+  }
+
+  render(messages: readonly Message[], addGenerationPrompt = true): string {
+    if (this.template === null) return messages.map((m) => m.content).join('\n'); // a base model
+    return this.template.render({
+      messages: messages.map((m) => ({ role: m.role, content: m.content })),
+      add_generation_prompt: addGenerationPrompt,
+    });
+  }
+
+  encode(text: string): number[] {
+    const ids = this.tokenizer.encode(text, { add_special_tokens: false }).ids;
+    const bos = this.info.bos_token_id;
+    return this.info.add_bos_token && bos !== null && ids[0] !== bos ? [bos, ...ids] : ids;
+  }
+
+  encodeChat(messages: readonly Message[]): number[] {
+    return this.encode(this.render(messages));
+  }
+
+  decode(ids: readonly number[]): string {
+    return this.tokenizer.decode([...ids], { skip_special_tokens: true, clean_up_tokenization_spaces: false });
+  }
+}

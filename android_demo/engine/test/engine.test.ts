@@ -1,0 +1,103 @@
+/** Unit tests of the engine's pure parts, by hand and against the Python runtime's rules. */
+
+import assert from 'node:assert/strict';
+import { test } from 'node:test';
+
+import { ALIGN, Arena, allocationBytes, kvBytes, views } from '../src/arena';
+import { LatencyCurve, ScoreCalibration } from '../src/controller';
+import { accept } from '../src/decode';
+import { DraftTree, merge, ordered } from '../src/drafters/draft';
+import { NgramIndex } from '../src/drafters/lookup';
+import { parseDrafter } from '../src/drafters/names';
+import { halfToFloat } from '../src/embedding';
+import { MedusaTree } from '../src/medusaTree';
+import { chain, depths, pathTo, treeBias } from '../src/tree';
+
+const X = -Infinity;
+
+test('a hand-drawn tree: depths, ancestor bias, paths', () => {
+  //      0
+  //    /   \
+  //   1     2
+  //   |
+  //   3
+  const parents = [-1, 0, 0, 1];
+  assert.deepEqual(depths(parents), [0, 1, 1, 2]);
+  assert.deepEqual([...treeBias(parents)], [
+    0, X, X, X,
+    0, 0, X, X,
+    0, X, 0, X,
+    0, 0, X, 0,
+  ]);
+  assert.deepEqual(pathTo(parents, 3), [0, 1, 3]);
+  assert.deepEqual(chain(3), [-1, 0, 1]);
+  assert.throws(() => depths([-1, 2, 0]), /parents must come before/);
+});
+
+test('greedy acceptance walks the argmax children', () => {
+  // tokens [root=5, 7, 8, 9]; the model wants 7 after the root, 9 after node 1, then 4
+  assert.deepEqual(accept([5, 7, 8, 9], [-1, 0, 0, 1], [7, 9, 0, 4]), [0, 1, 3]);
+  assert.deepEqual(accept([5, 7], [-1, 0], [6, 0]), [0]);
+});
+
+test('arena: 64-byte aligned views whose bytes add up to the allocation', () => {
+  const layout = { numLayers: 2, numKvHeads: 3, headDim: 16, hiddenSize: 48, vocabSize: 100, capacity: 37, rows: 5,
+    logitRows: 4, numHeads: 2, topK: 3, kvDtype: 'float16' as const, batch: 1 };
+  const arena = new Arena(layout);
+  const perView = 3 * 37 * 16 * 2; // B·H_kv·C·D·2 bytes (float16), one of 2L = 4 views
+  assert.equal(kvBytes(layout), 4 * Math.ceil(perView / ALIGN) * ALIGN);
+  assert.equal(arena.nbytes, allocationBytes(layout));
+  for (const name of views(layout).map((v) => v.name)) {
+    const view = name.startsWith('kv.') ? arena.kv()[Number(name.slice(3))] : name.endsWith('ids') || name.endsWith('indices') ? arena.i64(name) : arena.f32(name);
+    assert.equal(view.byteOffset % ALIGN, 0, name);
+  }
+  assert.equal(arena.f32('logits').length, 4 * 100);
+  assert.equal(arena.i64('heads_token_ids').length, 2 * 3);
+});
+
+test('drafts: ordered caps scores and keeps parents first; merge is a token trie', () => {
+  const tree = ordered([1, 2, 3, 4], [-1, 0, 0, 1], [1, 0.2, 0.5, 0.9], 4);
+  assert.deepEqual(tree.tokens, [1, 3, 2, 4]);
+  assert.deepEqual(tree.parents, [-1, 0, 0, 2]);
+  assert.deepEqual(tree.scores, [1, 0.5, 0.2, 0.2]);
+  const a = new DraftTree([1, 2, 3], [-1, 0, 1], [1, 0.5, 0.4]);
+  const b = new DraftTree([1, 2, 9], [-1, 0, 1], [1, 0.7, 0.6]);
+  const merged = merge(a, b, 8);
+  assert.deepEqual(merged.tokens, [1, 2, 9, 3]);
+  assert.deepEqual(merged.parents, [-1, 0, 1, 1]);
+  assert.deepEqual(merged.bestPath().tokens, [1, 2, 9]);
+  assert.equal(merge(a, b, 2).size, 2);
+});
+
+test('medusa tree: parents and candidate indices from choices', () => {
+  const medusa = new MedusaTree([[0], [1], [0, 0], [0, 1], [1, 0]]);
+  assert.deepEqual(medusa.parents(), [-1, 0, 0, 1, 1, 2]);
+  assert.deepEqual(medusa.candidateIndices(4), [0, 1, 4, 5, 4]);
+  assert.equal(medusa.prefix(3).size, 3);
+  assert.throws(() => new MedusaTree([[0, 0]]), /before its parent/);
+});
+
+test('prompt lookup continues the latest earlier match of the longest suffix', () => {
+  const index = new NgramIndex();
+  index.extend([1, 2, 3, 4, 9, 2, 3]);
+  assert.deepEqual(index.continuation(3), [[4, 9, 2], 2]);
+});
+
+test('controller pieces: latency interpolation and score bands as numpy does', () => {
+  const curve = new LatencyCurve([1, 2, 4], [10, 12, 20]);
+  assert.equal(curve.step(3), 16);
+  assert.equal(curve.step(9), 20);
+  const calibration = new ScoreCalibration();
+  assert.equal(calibration.band(0.0), 0);
+  assert.equal(calibration.band(0.02), 1); // side="right": an edge belongs to the band above
+  assert.equal(calibration.band(1.0), 9);
+  assert.ok(Math.abs(calibration.chance(0.95) - 0.95) < 1e-12);
+});
+
+test('float16 rows decode exactly; drafter names are checked', () => {
+  assert.equal(halfToFloat(0x3c00), 1);
+  assert.equal(halfToFloat(0xc000), -2);
+  assert.equal(halfToFloat(0x0001), 2 ** -24);
+  assert.deepEqual(parseDrafter('medusa+lookup'), ['medusa', 'lookup']);
+  assert.throws(() => parseDrafter('medusa+nope'), /unknown drafter "nope"/);
+});

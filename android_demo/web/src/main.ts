@@ -1,0 +1,339 @@
+/**
+ * The page: open an artifact (a picked folder, or `?artifact=<url>`), then chat with it on one
+ * ChatSession, tokens streaming into the log.
+ *
+ * URL parameters: artifact=<url of the artifact folder>, mode=greedy|tree|auto, max-new-tokens=N,
+ * drafter=<e.g. medusa+lookup>, capacity=N (KV positions), threads=N, system=<system prompt>,
+ * model-format=onnx|ort (the .ort graphs of an `export --mobile` artifact).
+ *
+ * For tests: <body data-state="idle|loading|ready|generating|error">; after each reply
+ * body.dataset.replyIds is the reply's token ids as JSON (and replyInterrupted "true"/"false"); the
+ * streaming reply's bubble counts its tokens in data-tokens; errors are shown in #error.
+ */
+import * as ort from 'onnxruntime-web/wasm';
+import { ChatSession, openEngine, type Engine, type Mode, type Reply } from '@specmemo/engine';
+
+import { forThePage } from './ortSessions';
+import { PickedFolderSource, UrlSource, type Progress } from './sources';
+
+type State = 'idle' | 'loading' | 'ready' | 'generating' | 'error';
+const MODES: readonly Mode[] = ['greedy', 'tree', 'auto'];
+
+function $<T extends HTMLElement>(id: string): T {
+  const el = document.getElementById(id);
+  if (!el) throw new Error(`#${id} is missing from index.html`);
+  return el as T;
+}
+
+const ui = {
+  folder: $<HTMLInputElement>('folder'),
+  mode: $<HTMLSelectElement>('mode'),
+  maxNewTokens: $<HTMLInputElement>('max-new-tokens'),
+  status: $('status'),
+  plan: $('plan'),
+  error: $('error'),
+  log: $('log'),
+  form: $<HTMLFormElement>('composer'),
+  message: $<HTMLTextAreaElement>('message'),
+  send: $<HTMLButtonElement>('send'),
+  stop: $<HTMLButtonElement>('stop'),
+  newChat: $<HTMLButtonElement>('new-chat'),
+  engineLog: $('engine-log'),
+  ortVersion: $('ort-version'),
+};
+
+// ---------------------------------------------------------------------------------------------------
+// Settings: URL parameters first, then the controls
+
+const params = new URLSearchParams(location.search);
+
+function intParam(name: string): number | undefined {
+  const raw = params.get(name);
+  if (raw === null || raw === '') return undefined;
+  const n = Number(raw);
+  if (!Number.isInteger(n) || n < 1) throw new Error(`?${name}=${raw}: expected a whole number >= 1`);
+  return n;
+}
+
+/** The controls' values from the URL (bad values are reported like any other error). */
+function applyParams(): void {
+  const mode = params.get('mode');
+  if (mode !== null) {
+    if (!MODES.includes(mode as Mode)) throw new Error(`?mode=${mode}: use one of ${MODES.join(', ')}`);
+    ui.mode.value = mode;
+  }
+  const maxNewTokens = intParam('max-new-tokens');
+  if (maxNewTokens !== undefined) ui.maxNewTokens.value = String(maxNewTokens);
+}
+
+/** ?model-format=ort: the .ort graphs of an `export --mobile` artifact (default: the .onnx ones). */
+function modelFormat(): 'onnx' | 'ort' {
+  const format = params.get('model-format') ?? 'onnx';
+  if (format !== 'onnx' && format !== 'ort') throw new Error(`?model-format=${format}: use onnx or ort`);
+  return format;
+}
+
+/**
+ * WASM threads need SharedArrayBuffer, which a browser gives only a crossOriginIsolated page (served
+ * with COOP: same-origin and COEP: require-corp). Otherwise one thread.
+ */
+function threadCount(): number {
+  const asked = intParam('threads');
+  if (!self.crossOriginIsolated) {
+    if (asked !== undefined && asked > 1) logLine(`threads=${asked} ignored: the page is not crossOriginIsolated (serve it with COOP/COEP headers)`);
+    return 1;
+  }
+  return asked ?? Math.max(1, Math.min(4, navigator.hardwareConcurrency || 1));
+}
+
+// ---------------------------------------------------------------------------------------------------
+// State and messages
+
+let engine: Engine | null = null;
+let source: PickedFolderSource | UrlSource | null = null; // kept to reopen with another mode
+let chat: ChatSession | null = null;
+let generation: AbortController | null = null;
+let readyStatus = 'Ready.'; // what the status line says between replies
+
+function setState(state: State): void {
+  document.body.dataset.state = state;
+  const ready = state === 'ready';
+  ui.message.disabled = !ready && state !== 'generating';
+  ui.send.disabled = !ready;
+  ui.stop.disabled = state !== 'generating';
+  ui.newChat.disabled = !ready;
+  ui.folder.disabled = state === 'loading' || state === 'generating';
+  ui.mode.disabled = ui.maxNewTokens.disabled = ui.folder.disabled;
+}
+
+function setStatus(text: string): void {
+  ui.status.textContent = text;
+}
+
+function showError(error: unknown): void {
+  const message = error instanceof Error ? error.message : String(error);
+  ui.error.textContent = message;
+  ui.error.hidden = false;
+  setStatus('Error.');
+  setState('error');
+  console.warn(`[specmemo] ${message}`); // a warning: the page shows it; tests read #error
+}
+
+function logLine(line: string): void {
+  ui.engineLog.textContent += `${line}\n`;
+}
+
+function megabytes(bytes: number): string {
+  return `${(bytes / 2 ** 20).toFixed(bytes < 10 * 2 ** 20 ? 2 : 1)} MB`;
+}
+
+/** Download progress over all files in flight: "downloading decoder.onnx.data 12.0 / 540.0 MB (+1 file)". */
+function progressReporter(): (p: Progress) => void {
+  const files = new Map<string, Progress>();
+  let last = 0;
+  return (p) => {
+    files.set(p.file, p);
+    const busy = [...files.values()].filter((f) => f.total === null || f.loaded < f.total);
+    const now = performance.now();
+    if (busy.length && now - last < 100) return; // at most ~10 updates a second
+    last = now;
+    if (!busy.length) return setStatus('Loading graphs…');
+    const loaded = busy.reduce((sum, f) => sum + f.loaded, 0);
+    const total = busy.every((f) => f.total !== null) ? busy.reduce((sum, f) => sum + (f.total ?? 0), 0) : null;
+    const biggest = busy.reduce((a, b) => ((b.total ?? b.loaded) > (a.total ?? a.loaded) ? b : a));
+    const more = busy.length > 1 ? ` (+${busy.length - 1} file${busy.length > 2 ? 's' : ''})` : '';
+    setStatus(`Downloading ${biggest.file}${more}: ${megabytes(loaded)}${total ? ` / ${megabytes(total)}` : ''}`);
+  };
+}
+
+function bubble(role: 'user' | 'assistant', text: string): HTMLDivElement {
+  const div = document.createElement('div');
+  div.className = `msg ${role}`;
+  const body = document.createElement('div');
+  body.className = 'text';
+  body.textContent = text;
+  div.append(body);
+  ui.log.append(div);
+  scrollToEnd(true);
+  return div;
+}
+
+/** Keep the newest text in view, unless the user scrolled up to read. */
+function scrollToEnd(always = false): void {
+  const log = ui.log;
+  if (always || log.scrollHeight - log.scrollTop - log.clientHeight < 80) log.scrollTop = log.scrollHeight;
+}
+
+function summarizeTree(sizes: readonly number[]): string {
+  if (!sizes.length) return '–';
+  const min = Math.min(...sizes);
+  const max = Math.max(...sizes);
+  const mean = sizes.reduce((a, b) => a + b, 0) / sizes.length;
+  return min === max ? String(max) : `${min}–${max} (mean ${mean.toFixed(1)})`;
+}
+
+function statsLine(reply: Reply, session: ChatSession): string {
+  const s = reply.stats;
+  const parts = [
+    `${s.newTokens} tokens`,
+    `${s.decodeTokensPerS.toFixed(1)} tok/s`,
+    `${s.meanAccepted.toFixed(2)} accepted/step`,
+    `T ${summarizeTree(s.treeSizes)}`,
+    `KV ${session.kvUsed()}/${session.capacity}`,
+    s.finishReason,
+    `reused ${reply.reused}, prefilled ${reply.prefilled}`,
+  ];
+  if (reply.dropped) parts.push(`dropped ${reply.dropped} old turn${reply.dropped > 1 ? 's' : ''}`);
+  return parts.join(' · ');
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Opening an artifact
+
+ort.env.wasm.wasmPaths = new URL('ort/', document.baseURI).href; // served by the page (vite.config.ts)
+ort.env.logLevel = 'warning';
+ui.ortVersion.textContent = ort.env.versions.web ?? '';
+const engineOrt = forThePage(ort); // the page kept responsive between steps: see ortSessions.ts
+
+function newChat(): void {
+  if (!engine) return;
+  const maxNewTokens = Number(ui.maxNewTokens.value);
+  chat = new ChatSession(engine, { system: params.get('system') ?? undefined, maxNewTokens: maxNewTokens >= 1 ? maxNewTokens : 256 });
+  ui.log.replaceChildren();
+  delete document.body.dataset.replyIds;
+}
+
+async function open(makeSource: () => PickedFolderSource | UrlSource): Promise<void> {
+  generation?.abort();
+  const previous = engine;
+  engine = null;
+  chat = null;
+  ui.error.hidden = true;
+  ui.plan.textContent = '';
+  ui.log.replaceChildren();
+  delete document.body.dataset.replyIds;
+  setState('loading');
+  try {
+    await previous?.close();
+    const opened = makeSource();
+    source = opened;
+    const threads = threadCount();
+    ort.env.wasm.numThreads = threads;
+    const mode = ui.mode.value as Mode;
+    logLine(`opening ${opened.where} (mode ${mode}, ${threads} WASM thread${threads > 1 ? 's' : ''}, crossOriginIsolated ${self.crossOriginIsolated})`);
+    setStatus(`Opening ${opened.where}…`);
+    const started = performance.now();
+    engine = await openEngine({
+      ort: engineOrt,
+      source: opened,
+      mode,
+      drafter: params.get('drafter') ?? undefined,
+      capacity: intParam('capacity'),
+      modelFormat: modelFormat(),
+      threads,
+      log: (line) => {
+        logLine(line);
+        if (document.body.dataset.state === 'loading') setStatus(line);
+      },
+    });
+    newChat();
+    const seconds = ((performance.now() - started) / 1000).toFixed(1);
+    ui.plan.textContent = `Memory plan: ${engine.plan.summary}`;
+    readyStatus = `Ready: ${opened.where}, mode ${engine.mode}, ${threads} thread${threads > 1 ? 's' : ''} (opened in ${seconds} s).`;
+    setStatus(readyStatus);
+    logLine(`ready in ${seconds} s`);
+    setState('ready');
+    ui.message.focus();
+  } catch (error) {
+    showError(error);
+  }
+}
+
+ui.folder.addEventListener('change', () => {
+  const files = ui.folder.files;
+  if (files && files.length) void open(() => new PickedFolderSource(files));
+});
+
+// ---------------------------------------------------------------------------------------------------
+// Chatting
+
+async function send(text: string): Promise<void> {
+  if (!chat || document.body.dataset.state !== 'ready' || !text.trim()) return;
+  const session = chat;
+  bubble('user', text);
+  const answer = bubble('assistant', '');
+  const body = answer.querySelector('.text') as HTMLDivElement;
+  answer.classList.add('streaming');
+  ui.message.value = '';
+  generation = new AbortController();
+  setState('generating');
+  setStatus('Generating…');
+  try {
+    const reply = await session.send(text, {
+      signal: generation.signal,
+      onToken: (_id, soFar) => {
+        body.textContent = soFar;
+        scrollToEnd();
+        answer.dataset.tokens = String(Number(answer.dataset.tokens ?? 0) + 1);
+      },
+    });
+    body.textContent = reply.text;
+    const stats = document.createElement('div');
+    stats.className = 'stats';
+    stats.textContent = statsLine(reply, session) + (reply.interrupted ? ' · stopped' : '');
+    answer.append(stats);
+    document.body.dataset.replyInterrupted = String(reply.interrupted);
+    document.body.dataset.replyIds = JSON.stringify(reply.tokenIds);
+    setStatus(reply.interrupted ? `Stopped. ${readyStatus}` : readyStatus);
+    setState('ready');
+  } catch (error) {
+    showError(error);
+  } finally {
+    answer.classList.remove('streaming');
+    scrollToEnd();
+    generation = null;
+  }
+  if (document.body.dataset.state === 'ready') ui.message.focus();
+}
+
+ui.form.addEventListener('submit', (event) => {
+  event.preventDefault();
+  void send(ui.message.value);
+});
+ui.message.addEventListener('keydown', (event) => {
+  if (event.key === 'Enter' && !event.shiftKey && !event.isComposing) {
+    event.preventDefault();
+    void send(ui.message.value);
+  }
+});
+ui.stop.addEventListener('click', () => generation?.abort());
+ui.newChat.addEventListener('click', () => {
+  chat?.reset();
+  ui.log.replaceChildren();
+  delete document.body.dataset.replyIds;
+  setStatus('New chat: the KV cache is empty.');
+});
+// Another mode needs another engine (same source: a URL's data files are not downloaded again);
+// another reply length, a new chat on the same engine.
+ui.mode.addEventListener('change', () => {
+  const current = source;
+  if (current && engine) void open(() => current);
+});
+ui.maxNewTokens.addEventListener('change', () => {
+  if (engine && document.body.dataset.state === 'ready') {
+    newChat();
+    setStatus(`New chat, replies up to ${chat?.maxNewTokens} tokens.`);
+  }
+});
+
+// ---------------------------------------------------------------------------------------------------
+// ?artifact=<url>
+
+setState('idle');
+try {
+  applyParams();
+  const artifact = params.get('artifact');
+  if (artifact) void open(() => new UrlSource(artifact, progressReporter()));
+} catch (error) {
+  showError(error);
+}

@@ -1,0 +1,183 @@
+#!/usr/bin/env node
+/**
+ * The page in headless Chromium, end to end: serve web/dist and an artifact folder on 127.0.0.1,
+ * open /?artifact=/artifact/, wait for the engine, send each message, wait for the reply.
+ *
+ *   node test/browser.mjs --artifact DIR --message TEXT [--message TEXT ...] --screenshot PNG
+ *        [--mode greedy|tree|auto] [--max-new-tokens N] [--threads N] [--no-isolation]
+ *        [--stop-after-tokens N] [--pick] [--model-format onnx|ort] [--chromium /usr/bin/chromium] [--timeout SECONDS]
+ *
+ * Prints one JSON line per message: {"ids": [...], "text": "...", "state": "...", "interrupted":
+ * bool, "stats": "...", "ms": N, "frames": N}; "frames" counts animation frames that painted a
+ * partial reply (the page stays live while generating). The first line also carries "loadMs",
+ * "crossOriginIsolated" and "threads". --stop-after-tokens N clicks Stop once the first reply has
+ * streamed N tokens. Exits 1 with a one-line error on a timeout, a page error, a console error, or
+ * the page's error state. --pick opens the artifact through the folder picker
+ * (<input webkitdirectory>, files read from disk by the browser) instead of ?artifact=/artifact/.
+ *
+ * The server sends COOP/COEP headers (the page is crossOriginIsolated, so ORT may use WASM threads)
+ * unless --no-isolation. No browser is downloaded: playwright-core drives the Chromium given.
+ */
+import { stat } from 'node:fs/promises';
+import { join, resolve } from 'node:path';
+import { parseArgs } from 'node:util';
+
+import { DIST, startServer } from '../serve.mjs';
+
+process.env.PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD = '1';
+
+function fail(message) {
+  process.stderr.write(`browser test: ${String(message).split('\n')[0]}\n`);
+  process.exit(1);
+}
+
+let args;
+try {
+  ({ values: args } = parseArgs({
+    options: {
+      artifact: { type: 'string' },
+      message: { type: 'string', multiple: true },
+      screenshot: { type: 'string' },
+      mode: { type: 'string' },
+      'max-new-tokens': { type: 'string' },
+      threads: { type: 'string' },
+      'stop-after-tokens': { type: 'string' },
+      pick: { type: 'boolean', default: false },
+      'model-format': { type: 'string' },
+      'no-isolation': { type: 'boolean', default: false },
+      chromium: { type: 'string', default: '/usr/bin/chromium' },
+      timeout: { type: 'string', default: '300' },
+    },
+  }));
+} catch (error) {
+  process.stderr.write(`browser test: ${error.message}\n`);
+  process.exit(2);
+}
+if (!args.artifact || !args.message?.length || !args.screenshot) {
+  process.stderr.write('usage: node test/browser.mjs --artifact DIR --message TEXT --screenshot PNG [--mode greedy|tree|auto] [--max-new-tokens N]\n');
+  process.exit(2);
+}
+
+const deadline = Date.now() + Number(args.timeout) * 1000;
+const left = () => Math.max(1, deadline - Date.now());
+
+// -------------------------------------------------------------------------------------------------
+// The browser
+
+let browser = null;
+let server = null;
+let page = null;
+const timer = setTimeout(() => {
+  process.stderr.write(`browser test: timed out after ${args.timeout} s\n`);
+  browser?.close().catch(() => {});
+  server?.close();
+  process.exit(1);
+}, left());
+timer.unref();
+
+async function main() {
+  for (const [what, path] of [['web/dist (run `npm run build`)', join(DIST, 'index.html')], ['the artifact', join(resolve(args.artifact), 'manifest.json')]]) {
+    if (!(await stat(path).catch(() => null))) throw new Error(`${path} is missing: ${what}`);
+  }
+  if (!(await stat(args.chromium).catch(() => null))) throw new Error(`${args.chromium} is missing: install Debian's chromium (apt-get install chromium) or pass --chromium`);
+  let chromium;
+  try {
+    ({ chromium } = await import('playwright-core'));
+  } catch {
+    throw new Error('playwright-core is not installed: run `make js-setup` (npm ci in android_demo/web)');
+  }
+  let base;
+  ({ server, url: base } = await startServer({ artifact: args.artifact, isolation: !args['no-isolation'] }));
+
+  browser = await chromium.launch({ executablePath: args.chromium, headless: true, args: ['--no-sandbox'], timeout: left() });
+  page = await browser.newPage({ viewport: { width: 900, height: 760 } });
+  const problems = [];
+  page.on('console', (msg) => {
+    if (msg.type() === 'error') problems.push(`console error: ${msg.text()}`);
+  });
+  page.on('pageerror', (error) => problems.push(`page error: ${error.message}`));
+  if (process.env.BROWSER_TEST_DEBUG) page.on('request', (r) => process.stderr.write(`request ${r.url()}\n`));
+  page.on('requestfailed', (req) => problems.push(`request failed: ${req.url()} (${req.failure()?.errorText})`));
+  const check = async () => {
+    if (problems.length) throw new Error(problems[0]);
+    const state = await page.evaluate(() => document.body.dataset.state);
+    if (state === 'error') throw new Error(`page error state: ${await page.textContent('#error')}`);
+  };
+
+  const query = new URLSearchParams(args.pick ? {} : { artifact: '/artifact/' });
+  if (args.mode) query.set('mode', args.mode);
+  if (args['max-new-tokens']) query.set('max-new-tokens', args['max-new-tokens']);
+  if (args.threads) query.set('threads', args.threads);
+  if (args['model-format']) query.set('model-format', args['model-format']);
+  const started = Date.now();
+  await page.goto(`${base}/?${query}`, { timeout: left() });
+  if (args.pick) await page.setInputFiles('#folder', resolve(args.artifact), { timeout: left() });
+  const settled = (states) => page.waitForFunction(
+    (wanted) => wanted.includes(document.body.dataset.state), states, { timeout: left(), polling: 50 });
+  await settled(['ready', 'error']);
+  await check();
+  const loadMs = Date.now() - started;
+  const env = await page.evaluate(() => ({ crossOriginIsolated: self.crossOriginIsolated, log: document.getElementById('engine-log')?.textContent ?? '' }));
+  const threads = Number(/(\d+) WASM thread/.exec(env.log)?.[1] ?? NaN);
+
+  const lines = [];
+  for (const [i, message] of args.message.entries()) {
+    const t0 = Date.now();
+    await page.fill('#message', message);
+    await page.evaluate(() => {
+      delete document.body.dataset.replyIds;
+      // Count the frames that show a reply still streaming (the page is not blocked while generating).
+      const sampler = { frames: 0, done: false };
+      window.__frames = sampler;
+      const frame = () => {
+        const last = [...document.querySelectorAll('.msg.assistant')].at(-1);
+        if (document.body.dataset.state === 'generating' && Number(last?.dataset.tokens ?? 0) > 0) sampler.frames++;
+        if (document.body.dataset.replyIds === undefined && document.body.dataset.state !== 'error') requestAnimationFrame(frame);
+      };
+      requestAnimationFrame(frame);
+    });
+    await page.click('#send');
+    if (i === 0 && args['stop-after-tokens']) {
+      const n = Number(args['stop-after-tokens']);
+      await page.waitForFunction((n) => Number([...document.querySelectorAll('.msg.assistant')].at(-1)?.dataset.tokens ?? 0) >= n
+        || document.body.dataset.replyIds !== undefined || document.body.dataset.state === 'error', n, { timeout: left(), polling: 'raf' });
+      // force: no wait for a stable layout (the reply grows under it). The reply may end before the
+      // click lands (Stop is then disabled): that is no error.
+      await page.click('#stop', { force: true, timeout: Math.min(10_000, left()) }).catch(async (error) => {
+        if (await page.evaluate(() => document.body.dataset.state === 'generating')) throw error;
+      });
+    }
+    await page.waitForFunction(
+      () => document.body.dataset.state === 'error' || (document.body.dataset.state === 'ready' && document.body.dataset.replyIds !== undefined),
+      undefined, { timeout: left(), polling: 50 });
+    await check();
+    const reply = await page.evaluate(() => {
+      const last = [...document.querySelectorAll('.msg.assistant')].at(-1);
+      return {
+        ids: JSON.parse(document.body.dataset.replyIds ?? 'null'),
+        text: last?.querySelector('.text')?.textContent ?? '',
+        state: document.body.dataset.state,
+        interrupted: document.body.dataset.replyInterrupted === 'true',
+        frames: window.__frames?.frames ?? 0,
+        stats: last?.querySelector('.stats')?.textContent ?? '',
+      };
+    });
+    const line = { ...reply, ms: Date.now() - t0 };
+    if (i === 0) Object.assign(line, { loadMs, crossOriginIsolated: env.crossOriginIsolated, threads });
+    lines.push(line);
+  }
+  await page.screenshot({ path: args.screenshot, fullPage: true });
+  await check();
+  for (const line of lines) process.stdout.write(`${JSON.stringify(line)}\n`);
+}
+
+try {
+  await main();
+} catch (error) {
+  await page?.screenshot({ path: args.screenshot, fullPage: true, timeout: 10_000 }).catch(() => {}); // to see what went wrong
+  await browser?.close().catch(() => {});
+  server?.close();
+  fail(error?.message ?? error);
+}
+await browser.close();
+server.close();

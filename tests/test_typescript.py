@@ -1,0 +1,128 @@
+"""The TypeScript engine (android_demo/engine) against the Python runtime, id for id.
+
+The engine runs under Node on onnxruntime-node, on artifacts the Python exporter writes inside the
+test run: a tiny random Llama with random Medusa heads (greedy, tree and auto; tree-shaped drafts,
+so the tree commit and the KV span re-layout run), multi-turn chat with KV reuse against Python's
+ChatSession, the arena's bytes against Python's ArenaLayout, and the real default model on three
+prompts against `specmemo generate --json`. Needs `make js-setup` (npm ci + tsc), which `make test`
+runs first."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from specmemo.runtime.arena import ArenaLayout
+from specmemo.runtime.chat import ChatSession
+from specmemo.runtime.engine import EngineConfig, Mode, open_engine
+from specmemo.runtime.manifest import load_manifest
+from specmemo.runtime.medusa_tree import grow_tree
+from specmemo.runtime.sizes import Sizes
+from specmemo.runtime.tokenizer import Message
+from tests.conftest import export_tiny, save_tiny_model, tiny_config
+from tests.test_heads import TOP_K, random_heads
+
+ROOT = Path(__file__).resolve().parents[1]
+CLI = ROOT / "android_demo" / "engine" / "dist" / "src" / "cli.js"
+LONG = " ".join(f"w{i}" for i in range(20, 120))  # ~100 tokens: the reply crosses the 128-position KV span
+USERS = ["w10 w11 w12 w13", "w20 w21 w22 w20 w21 w22", "w30 w31 w32 w33 w34"]
+
+
+def node(*args: str, timeout: int = 600) -> list[dict]:
+    """Run the engine's CLI; its JSON lines."""
+    if shutil.which("node") is None or not CLI.is_file():
+        pytest.fail(f"{CLI.relative_to(ROOT)} is missing: run `make js-setup` (npm ci + the TypeScript build)")
+    done = subprocess.run(["node", str(CLI), *args, "--json"], capture_output=True, text=True, timeout=timeout)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> Path:
+    """A tiny Llama with random subvocab heads and an 8-node tree, max capacity 160."""
+    from transformers import AutoModelForCausalLM
+
+    from specmemo.export.heads import save_heads
+
+    root = tmp_path_factory.mktemp("ts")
+    config = tiny_config("LlamaForCausalLM")
+    folder = save_tiny_model(config, root / "hf")
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype="float32").eval()
+    heads = random_heads(model.lm_head.weight.detach().t().contiguous(), mode="subvocab", subvocab_size=128)
+    accuracy = [[0.6 * 0.5**d * 0.6**r for r in range(TOP_K)] for d in range(heads.spec.num_heads)]
+    save_heads(heads, root / "heads", replace(heads.spec, tree=grow_tree(accuracy, 8).choices))
+    return export_tiny(config, root, max_capacity=160, heads=root / "heads", top_k=TOP_K)
+
+
+def python_reply(artifact: Path, prompt: str, mode: Mode, max_new_tokens: int) -> tuple[list[int], list[int]]:
+    engine = open_engine(EngineConfig(artifact=artifact, mode=mode), log=lambda _: None)
+    ids = engine.tokenizer.encode_chat([Message("user", prompt)])
+    return ids, engine.generate(ids, max_new_tokens=max_new_tokens).token_ids
+
+
+@pytest.mark.parametrize("mode", ["greedy", "tree", "auto"])
+def test_generate_equals_python_and_speculative_equals_greedy(tiny, mode):
+    prompt_ids, greedy = python_reply(tiny, LONG, Mode.GREEDY, 40)
+    (out,) = node("generate", "--artifact", str(tiny), "--prompt", LONG, "--max-new-tokens", "40", "--mode", mode)
+    assert out["prompt_ids"] == prompt_ids  # tokenizer and chat template
+    assert out["token_ids"] == greedy  # the Python runtime's greedy ids, in every mode
+    if mode == "tree":
+        assert max(out["stats"]["treeSizes"]) > 2  # trees were verified, not one-node steps
+        assert python_reply(tiny, LONG, Mode.TREE, 40)[1] == greedy
+
+
+def test_arena_bytes_are_pythons(tiny):
+    (out,) = node("generate", "--artifact", str(tiny), "--prompt", "w5", "--max-new-tokens", "2", "--mode", "tree",
+                  "--capacity", "100")
+    plan = out["plan"]
+    manifest = load_manifest(tiny)
+    layout = ArenaLayout.for_manifest(manifest, Sizes(capacity=plan["capacity"], rows=plan["rows"], tree=plan["tree"]))
+    assert (plan["capacity"], plan["rows"]) == (100, 64)
+    assert plan["arenaBytes"] == layout.allocation_bytes and plan["kvBytes"] == layout.kv_nbytes()
+
+
+@pytest.mark.parametrize("mode", [Mode.GREEDY, Mode.TREE])
+def test_multi_turn_chat_equals_pythons_chat_session(tiny, mode):
+    chat = ChatSession(open_engine(EngineConfig(artifact=tiny, mode=mode), log=lambda _: None), system="w5 w6",
+                       max_new_tokens=24)
+    expected = [chat.send(user) for user in USERS]
+    turns = node("chat", "--artifact", str(tiny), "--system", "w5 w6", "--max-new-tokens", "24", "--mode", mode.value,
+                 *[arg for user in USERS for arg in ("--message", user)])
+    assert [t["token_ids"] for t in turns] == [r.token_ids for r in expected]
+    assert [(t["reused"], t["prefilled"]) for t in turns] == [(r.reused, r.prefilled) for r in expected]
+    assert turns[1]["reused"] > 0  # the KV cache was reused across turns
+
+
+def test_bad_input_is_one_line(tiny, tmp_path):
+    done = subprocess.run(["node", str(CLI), "generate", "--artifact", str(tmp_path), "--prompt", "w5"],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1 and "manifest.json" in done.stderr and len(done.stderr.strip().splitlines()) == 1
+    done = subprocess.run(["node", str(CLI), "generate", "--artifact", str(tiny), "--prompt", "w5", "--drafter", "bogus"],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1 and "unknown drafter" in done.stderr
+
+
+REAL_PROMPTS = [
+    "What is the capital of France?",
+    "Write a short poem about the sea.",
+    "Give me three short tips for staying focused while studying.",
+]
+
+
+@pytest.mark.real_model
+def test_real_default_artifact_equals_specmemo_generate(smollm2_artifact):
+    for prompt in REAL_PROMPTS:
+        done = subprocess.run([sys.executable, "-m", "specmemo.cli", "generate", "--artifact", str(smollm2_artifact),
+                               "--prompt", prompt, "--max-new-tokens", "64", "--json"],
+                              capture_output=True, text=True, timeout=600, check=True)
+        expected = json.loads(done.stdout.strip().splitlines()[-1])["token_ids"]
+        for mode in ("greedy", "tree"):
+            (out,) = node("generate", "--artifact", str(smollm2_artifact), "--prompt", prompt, "--max-new-tokens", "64",
+                          "--mode", mode, "--drafter", "medusa+lookup")
+            assert out["token_ids"] == expected, (prompt, mode)

@@ -1,0 +1,148 @@
+"""The web page (android_demo/web: the TypeScript engine on onnxruntime-web, WASM) in headless
+Chromium on a tiny artifact with Medusa heads: every reply's token ids equal the Python runtime's,
+turn after turn on one chat, in greedy, tree and auto mode, from a URL or a picked folder; Stop ends a reply with a prefix of the
+full one and the chat goes on exactly.
+
+Needs `make js-setup` (node_modules and dist in android_demo/web) and Debian's chromium at
+/usr/bin/chromium. Screenshots go to the test's tmp folder, or to $SPECMEMO_WEB_SCREENSHOTS."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from conftest import export_tiny, save_tiny_model, tiny_config
+from transformers import AutoModelForCausalLM
+
+from specmemo.export.heads import save_heads
+from specmemo.runtime.chat import ChatSession, Turn
+from specmemo.runtime.engine import EngineConfig, Mode, open_engine
+from specmemo.runtime.medusa_tree import grow_tree
+from tests.test_heads import TOP_K, random_heads
+
+ROOT = Path(__file__).resolve().parents[1]
+WEB = ROOT / "android_demo" / "web"
+CHROMIUM = Path(os.environ.get("SPECMEMO_CHROMIUM", "/usr/bin/chromium"))
+MESSAGES = ["w10 w11 w12 w13", "w20 w21 w22", "w30 w31 w32 w33 w34"]
+MAX_NEW_TOKENS = 12
+
+
+def require_web() -> None:
+    """One line naming the fix, not a Node stack trace."""
+    for path in (WEB / "node_modules" / "playwright-core", WEB / "node_modules" / "onnxruntime-web", WEB / "dist" / "index.html"):
+        if not path.exists():
+            pytest.fail(f"{path.relative_to(ROOT)} is missing: run `make js-setup` (npm ci + npm run build in android_demo/web)",
+                        pytrace=False)
+    if shutil.which("node") is None:
+        pytest.fail("node is not on PATH: install Node.js 20, then run `make js-setup`", pytrace=False)
+    if not CHROMIUM.exists():
+        pytest.fail(f"{CHROMIUM} is missing: apt-get install chromium (or set SPECMEMO_CHROMIUM)", pytrace=False)
+
+
+@pytest.fixture(scope="module")
+def web_artifact(tmp_path_factory) -> Path:
+    """A tiny Llama with random Medusa heads (as tests/test_chat.py), exported with capacity 160."""
+    require_web()
+    root = tmp_path_factory.mktemp("web")
+    config = tiny_config("LlamaForCausalLM")
+    folder = save_tiny_model(config, root / "hf")
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype="float32").eval()
+    heads = random_heads(model.lm_head.weight.detach().t().contiguous())
+    accuracy = [[0.6 * 0.5**d * 0.6**r for r in range(TOP_K)] for d in range(heads.spec.num_heads)]
+    save_heads(heads, root / "heads", replace(heads.spec, tree=grow_tree(accuracy, 8).choices))
+    return export_tiny(config, root, max_capacity=160, heads=root / "heads", top_k=TOP_K)
+
+
+def python_chat(artifact: Path, mode: Mode, max_new_tokens: int) -> ChatSession:
+    engine = open_engine(EngineConfig(artifact=artifact, mode=mode), log=lambda _: None)
+    return ChatSession(engine, max_new_tokens=max_new_tokens)
+
+
+def python_replies(artifact: Path, mode: Mode, messages: list[str], max_new_tokens: int = MAX_NEW_TOKENS) -> list[list[int]]:
+    chat = python_chat(artifact, mode, max_new_tokens)
+    return [chat.send(message).token_ids for message in messages]
+
+
+def screenshot_path(tmp_path: Path, name: str) -> Path:
+    folder = Path(os.environ["SPECMEMO_WEB_SCREENSHOTS"]) if os.environ.get("SPECMEMO_WEB_SCREENSHOTS") else tmp_path
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder / f"{name}.png"
+
+
+def browser(artifact: Path, messages: list[str], screenshot: Path, *extra: str, mode: str,
+            max_new_tokens: int = MAX_NEW_TOKENS) -> list[dict]:
+    """node android_demo/web/test/browser.mjs: one JSON object per message."""
+    command = ["node", str(WEB / "test" / "browser.mjs"), "--artifact", str(artifact), "--screenshot", str(screenshot),
+               "--mode", mode, "--max-new-tokens", str(max_new_tokens), "--chromium", str(CHROMIUM), "--timeout", "240"]
+    for message in messages:
+        command += ["--message", message]
+    env = {**os.environ, "PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD": "1"}
+    done = subprocess.run(command + list(extra), cwd=WEB, env=env, capture_output=True, text=True, timeout=300)
+    if done.returncode != 0:
+        pytest.fail((done.stderr.strip().splitlines() or [f"browser.mjs exited {done.returncode}"])[-1], pytrace=False)
+    replies = [json.loads(line) for line in done.stdout.splitlines() if line.strip()]
+    assert len(replies) == len(messages), done.stdout
+    assert screenshot.is_file() and screenshot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    return replies
+
+
+@pytest.mark.parametrize("mode", [Mode.GREEDY, Mode.TREE])
+def test_page_replies_equal_the_python_runtime_turn_after_turn(web_artifact, tmp_path, mode):
+    expected = python_replies(web_artifact, mode, MESSAGES)
+    replies = browser(web_artifact, MESSAGES, screenshot_path(tmp_path, f"web-{mode.value}"), mode=mode.value)
+    for i, (reply, ids) in enumerate(zip(replies, expected)):
+        assert reply["state"] == "ready" and not reply["interrupted"]
+        assert reply["ids"] == ids, f"turn {i + 1}"
+        assert reply["text"] == " ".join(f"w{t}" for t in ids if t >= 5), f"turn {i + 1}"  # conftest's word-level vocab
+    assert replies[0]["crossOriginIsolated"] is True  # the test server sends COOP/COEP
+    assert "reused 0" in replies[0]["stats"] and "reused 0" not in replies[1]["stats"]  # turn 2 kept turn 1's KV
+
+
+def test_a_picked_folder_gives_the_same_replies(web_artifact, tmp_path):
+    """The folder picker (<input webkitdirectory>): files read by the browser, not fetched."""
+    expected = python_replies(web_artifact, Mode.TREE, MESSAGES[:2])
+    replies = browser(web_artifact, MESSAGES[:2], screenshot_path(tmp_path, "web-pick"), "--pick", mode="tree")
+    assert [r["ids"] for r in replies] == expected
+
+
+def test_auto_mode_replies_equal_greedy(web_artifact, tmp_path):
+    """Auto picks the tree size per step from a measured latency curve; the ids stay greedy's."""
+    expected = python_replies(web_artifact, Mode.GREEDY, MESSAGES[:2])
+    replies = browser(web_artifact, MESSAGES[:2], screenshot_path(tmp_path, "web-auto"), mode="auto")
+    assert [r["ids"] for r in replies] == expected
+
+
+def test_stop_keeps_a_prefix_and_the_next_turn_is_exact(web_artifact, tmp_path):
+    """Stop, clicked while the reply streams (so the page paints and takes input meanwhile), ends it
+    with a prefix of the full reply; the next turn, on that shortened history, is Python's."""
+    first, second = MESSAGES[0], MESSAGES[1]
+    max_new = 150
+    full = python_replies(web_artifact, Mode.GREEDY, [first], max_new)[0]
+    replies = browser(web_artifact, [first, second], screenshot_path(tmp_path, "web-stop"), "--stop-after-tokens", "2",
+                      mode="greedy", max_new_tokens=max_new)
+    stopped, nxt = replies
+    assert stopped["interrupted"] and "interrupted" in stopped["stats"], "the reply ran to its end before Stop landed"
+    assert 2 <= len(stopped["ids"]) < len(full) and stopped["ids"] == full[: len(stopped["ids"])]
+    assert stopped["frames"] >= 1  # a partial reply was painted before the click
+    chat = python_chat(web_artifact, Mode.GREEDY, max_new)
+    chat.turns = [Turn(first, stopped["text"])]
+    assert nxt["ids"] == chat.send(second).token_ids and not nxt["interrupted"]
+
+
+@pytest.mark.real_model
+@pytest.mark.parametrize("mode, messages, max_new_tokens", [
+    (Mode.GREEDY, ["Give me three short tips for staying focused while studying.", "Now say that in one sentence."], 32),
+    (Mode.TREE, ["What is the capital of France?"], 24),  # tree steps of T_max rows are slow in WASM: few tokens
+])
+def test_real_default_artifact_in_the_browser_equals_python(smollm2_artifact, tmp_path, mode, messages, max_new_tokens):
+    """SmolLM2-135M (float32, Medusa heads) in the page: the ids of every turn are the Python runtime's."""
+    require_web()
+    expected = python_replies(smollm2_artifact, mode, messages, max_new_tokens)
+    replies = browser(smollm2_artifact, messages, screenshot_path(tmp_path, f"web-smollm2-{mode.value}"), mode=mode.value,
+                      max_new_tokens=max_new_tokens)
+    assert [r["ids"] for r in replies] == expected
