@@ -8,19 +8,15 @@ import gc
 import io
 import json
 import tracemalloc
-from dataclasses import replace
 
 import pytest
-from conftest import export_tiny, save_tiny_model, tiny_config
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoTokenizer
 
-from specmemo.export.heads import save_heads
 from specmemo.export.reference import hf_greedy_reply
 from specmemo.runtime.backend import ContextOverflowError
 from specmemo.runtime.chat import ChatSession, common_prefix
 from specmemo.runtime.engine import EngineConfig, Mode, open_engine
-from specmemo.runtime.medusa_tree import grow_tree
-from tests.test_heads import TOP_K, random_heads
+from tests.test_heads import export_with_random_heads
 
 USERS = ["w10 w11 w12 w13", "w20 w21 w22", "w30 w31 w32 w33 w34", "w40 w41", "w50 w51 w52", "w60 w61 w62 w63"]
 
@@ -28,14 +24,7 @@ USERS = ["w10 w11 w12 w13", "w20 w21 w22", "w30 w31 w32 w33 w34", "w40 w41", "w5
 @pytest.fixture(scope="module")
 def chat_model(tmp_path_factory):
     """A tiny Llama with random heads, exported with capacity 160; its HF model and tokenizer."""
-    root = tmp_path_factory.mktemp("chat")
-    config = tiny_config("LlamaForCausalLM")
-    folder = save_tiny_model(config, root / "hf")
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype="float32").eval()
-    heads = random_heads(model.lm_head.weight.detach().t().contiguous())
-    accuracy = [[0.6 * 0.5**d * 0.6**r for r in range(TOP_K)] for d in range(heads.spec.num_heads)]
-    save_heads(heads, root / "heads", replace(heads.spec, tree=grow_tree(accuracy, 8).choices))
-    artifact = export_tiny(config, root, max_capacity=160, heads=root / "heads", top_k=TOP_K)
+    artifact, model, folder = export_with_random_heads(tmp_path_factory.mktemp("chat"))
     return artifact, model, AutoTokenizer.from_pretrained(folder)
 
 

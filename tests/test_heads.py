@@ -49,6 +49,18 @@ def random_heads(lm_head_t, mode="shared", seed=0, **spec) -> MedusaHeads:
     return heads
 
 
+def export_with_random_heads(root, *, mode="shared", max_capacity=160, tree_size=8, **spec):
+    """A tiny Llama with random Medusa heads and a greedy-grown tree of `tree_size` nodes, exported
+    into root/artifact: (artifact, the HF model, its folder)."""
+    config = tiny_config("LlamaForCausalLM")
+    folder = save_tiny_model(config, root / "hf")
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype="float32").eval()
+    heads = random_heads(model.lm_head.weight.detach().t().contiguous(), mode=mode, **spec)
+    accuracy = [[0.6 * 0.5**d * 0.6**r for r in range(TOP_K)] for d in range(heads.spec.num_heads)]
+    save_heads(heads, root / "heads", replace(heads.spec, tree=grow_tree(accuracy, tree_size).choices))
+    return export_tiny(config, root, max_capacity=max_capacity, heads=root / "heads", top_k=TOP_K), model, folder
+
+
 def test_fresh_heads_are_the_base_lm_head(tiny):
     """Blocks start at zero, so every head first predicts what the base model predicts next."""
     _, model, lm_head_t = tiny

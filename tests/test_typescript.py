@@ -13,7 +13,6 @@ import json
 import shutil
 import subprocess
 import sys
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -22,11 +21,9 @@ from specmemo.runtime.arena import ArenaLayout
 from specmemo.runtime.chat import ChatSession
 from specmemo.runtime.engine import EngineConfig, Mode, open_engine
 from specmemo.runtime.manifest import load_manifest
-from specmemo.runtime.medusa_tree import grow_tree
 from specmemo.runtime.sizes import Sizes
 from specmemo.runtime.tokenizer import Message
-from tests.conftest import export_tiny, save_tiny_model, tiny_config
-from tests.test_heads import TOP_K, random_heads
+from tests.test_heads import export_with_random_heads
 
 ROOT = Path(__file__).resolve().parents[1]
 CLI = ROOT / "android_demo" / "engine" / "dist" / "src" / "cli.js"
@@ -46,18 +43,7 @@ def node(*args: str, timeout: int = 600) -> list[dict]:
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory) -> Path:
     """A tiny Llama with random subvocab heads and an 8-node tree, max capacity 160."""
-    from transformers import AutoModelForCausalLM
-
-    from specmemo.export.heads import save_heads
-
-    root = tmp_path_factory.mktemp("ts")
-    config = tiny_config("LlamaForCausalLM")
-    folder = save_tiny_model(config, root / "hf")
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype="float32").eval()
-    heads = random_heads(model.lm_head.weight.detach().t().contiguous(), mode="subvocab", subvocab_size=128)
-    accuracy = [[0.6 * 0.5**d * 0.6**r for r in range(TOP_K)] for d in range(heads.spec.num_heads)]
-    save_heads(heads, root / "heads", replace(heads.spec, tree=grow_tree(accuracy, 8).choices))
-    return export_tiny(config, root, max_capacity=160, heads=root / "heads", top_k=TOP_K)
+    return export_with_random_heads(tmp_path_factory.mktemp("ts"), mode="subvocab", subvocab_size=128)[0]
 
 
 def python_reply(artifact: Path, prompt: str, mode: Mode, max_new_tokens: int) -> tuple[list[int], list[int]]:

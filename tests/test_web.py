@@ -12,18 +12,13 @@ import json
 import os
 import shutil
 import subprocess
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from conftest import export_tiny, save_tiny_model, tiny_config
-from transformers import AutoModelForCausalLM
 
-from specmemo.export.heads import save_heads
 from specmemo.runtime.chat import ChatSession, Turn
 from specmemo.runtime.engine import EngineConfig, Mode, open_engine
-from specmemo.runtime.medusa_tree import grow_tree
-from tests.test_heads import TOP_K, random_heads
+from tests.test_heads import export_with_random_heads
 
 ROOT = Path(__file__).resolve().parents[1]
 WEB = ROOT / "android_demo" / "web"
@@ -48,14 +43,7 @@ def require_web() -> None:
 def web_artifact(tmp_path_factory) -> Path:
     """A tiny Llama with random Medusa heads (as tests/test_chat.py), exported with capacity 160."""
     require_web()
-    root = tmp_path_factory.mktemp("web")
-    config = tiny_config("LlamaForCausalLM")
-    folder = save_tiny_model(config, root / "hf")
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype="float32").eval()
-    heads = random_heads(model.lm_head.weight.detach().t().contiguous())
-    accuracy = [[0.6 * 0.5**d * 0.6**r for r in range(TOP_K)] for d in range(heads.spec.num_heads)]
-    save_heads(heads, root / "heads", replace(heads.spec, tree=grow_tree(accuracy, 8).choices))
-    return export_tiny(config, root, max_capacity=160, heads=root / "heads", top_k=TOP_K)
+    return export_with_random_heads(tmp_path_factory.mktemp("web"))[0]
 
 
 def python_chat(artifact: Path, mode: Mode, max_new_tokens: int) -> ChatSession:
