@@ -5,6 +5,7 @@ import { test } from 'node:test';
 
 import { ALIGN, Arena, allocationBytes, kvBytes, views } from '../src/arena';
 import { LatencyCurve, ScoreCalibration } from '../src/controller';
+import { KVCache, OrtModule } from '../src/session';
 import { accept } from '../src/decode';
 import { DraftTree, merge, ordered } from '../src/drafters/draft';
 import { NgramIndex } from '../src/drafters/lookup';
@@ -100,4 +101,22 @@ test('float16 rows decode exactly; drafter names are checked', () => {
   assert.equal(halfToFloat(0x0001), 2 ** -24);
   assert.deepEqual(parseDrafter('medusa+lookup'), ['medusa', 'lookup']);
   assert.throws(() => parseDrafter('medusa+nope'), /unknown drafter "nope"/);
+});
+
+test('KV span: committed rows keep their values when the span grows and shrinks', () => {
+  // 3 heads (with 2, no head's new rows can land on another's old ones), D = 2, C = 8:
+  // rows r of head h hold [10·h + r, 10·h + r + 0.5]
+  const fakeOrt = { Tensor: class { constructor(readonly type: string, readonly data: unknown, readonly dims: number[]) {} } };
+  const view = new Float32Array(3 * 8 * 2);
+  const kv = new KVCache(fakeOrt as unknown as OrtModule, 'float32', [view], 3, 2, 8);
+  const rows = (span: number) => [0, 1, 2].map((h) => [0, 1, 2].map((r) => [...view.subarray((h * span + r) * 2, (h * span + r) * 2 + 2)]));
+  kv.tensorsFor(2, 0); // 2 attended positions: span 8 → SPAN_STEP-rounded, shrinks when SPAN_STEP < 8
+  const span = kv.span;
+  for (let h = 0; h < 3; h++) for (let r = 0; r < 3; r++) view.set([10 * h + r, 10 * h + r + 0.5], (h * span + r) * 2);
+  const before = rows(span);
+  (kv as unknown as { relayout(span: number, keep: number): void }).relayout(4, 3); // shrink to 4
+  assert.deepEqual(rows(4), before);
+  (kv as unknown as { relayout(span: number, keep: number): void }).relayout(8, 3); // grow to 8
+  assert.deepEqual(rows(8), before);
+  assert.deepEqual((kv.tensorsFor(3, 3)[0] as unknown as { dims: number[] }).dims, [1, 3, 8, 2]);
 });
