@@ -11,10 +11,9 @@
  *               to hold the prompt and the streamed tokens.
  */
 
-import { GenerationStats } from './decode';
+import { GenerationStats, WidthPolicy } from './decode';
 import { Engine } from './engine';
 import { ContextOverflowError } from './errors';
-import { WidthPolicy } from './decode';
 import { Message } from './tokenizer';
 
 export interface Turn {

@@ -19,7 +19,7 @@ import { MedusaDrafter } from './drafters/medusa';
 import { DrafterName, parseDrafter } from './drafters/names';
 import { ConfigError } from './errors';
 import { allocationBytes, kvBytes } from './arena';
-import { Manifest, ManifestError, ModelFormat, parseManifest } from './manifest';
+import { Manifest, ManifestError, ModelFormat, bytesPerKvElement, parseManifest } from './manifest';
 import { DecoderSession, OrtModule } from './session';
 import { Sizes, exportedTree, resolveSizes } from './sizes';
 import { ArtifactSource } from './source';
@@ -66,7 +66,7 @@ function memoryPlan(m: Manifest, sizes: Sizes, session: DecoderSession): MemoryP
   const arena = allocationBytes(session.layout);
   const kv = kvBytes(session.layout);
   const d = m.dims;
-  const bytes = m.kv_dtype === 'float16' ? 2 : 4;
+  const bytes = bytesPerKvElement(m);
   return {
     capacity: sizes.capacity, rows: sizes.rows, tree: sizes.tree, arenaBytes: arena, kvBytes: kv,
     summary: `C=${sizes.capacity} R=${sizes.rows} T_max=${sizes.tree}: KV ${(kv / MIB).toFixed(1)} MiB ` +

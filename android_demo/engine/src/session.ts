@@ -102,14 +102,14 @@ export class OutputRoute {
   inPlace: boolean | null = null;
 
   async run(session: Session, feeds: Record<string, Tensor>, outputs: Output[]): Promise<void> {
-    if (this.inPlace === null) {
-      for (const o of outputs) if (o.poison !== undefined) (o.view as Float32Array).fill(o.poison as number);
+    if (this.inPlace !== false) {
+      const probing = this.inPlace === null;
+      if (probing) for (const o of outputs) if (o.poison !== undefined) (o.view as Float32Array).fill(o.poison as number);
       await session.run(feeds, Object.fromEntries(outputs.map((o) => [o.name, o.tensor])));
-      this.inPlace = outputs.every((o) => o.poison === undefined || !o.view.some((x: number | bigint) => Object.is(x, o.poison)));
+      if (probing) {
+        this.inPlace = outputs.every((o) => o.poison === undefined || !o.view.some((x: number | bigint) => Object.is(x, o.poison)));
+      }
       if (this.inPlace) return;
-    } else if (this.inPlace) {
-      await session.run(feeds, Object.fromEntries(outputs.map((o) => [o.name, o.tensor])));
-      return;
     }
     const results = await session.run(feeds, outputs.map((o) => o.name));
     for (const o of outputs) (o.view as Float32Array).set(results[o.name].data as Float32Array);
