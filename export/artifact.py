@@ -10,6 +10,7 @@ from pathlib import Path
 
 import specmemo
 from specmemo.errors import ConfigError
+from specmemo.export.generation import generation_defaults
 from specmemo.export.decoder import Decoder, embedding_table
 from specmemo.export.dims import dims_from_config
 from specmemo.export.heads import SPEC_FILE, HeadsError, MedusaHeads, load_any_heads
@@ -133,6 +134,9 @@ def export_artifact(options: ExportOptions, *, log=print, finalize=None) -> Mani
     resolved = resolve_model(options.model)
     dims = dims_from_config(AutoConfig.from_pretrained(resolved.hf_folder, local_files_only=True))
     check_max_capacity(options.max_capacity, dims)
+    if options.kv_dtype == "float16" and (dims.qk_norm or dims.sliding_layers):
+        raise ConfigError(f"--kv-dtype float16 is not supported for {dims.architecture} yet (its attention takes Q, K, V "
+                          f"apart, or two biases): export with --kv-dtype float32")
     log(f"model {options.model}: {dims.architecture}, {dims.num_layers} layers, h={dims.hidden_size}, "
         f"heads {dims.num_heads}/{dims.num_kv_heads} kv, V={dims.vocab_size}, max capacity C={options.max_capacity}")
     hf_model, tokenizer = load_hf(resolved.hf_folder)
@@ -191,6 +195,7 @@ def export_artifact(options: ExportOptions, *, log=print, finalize=None) -> Mani
             quantization=quantization,
             draft_shape=draft_shape(quantization, options.kv_dtype),
             ort_format=ort_format,
+            generation=generation_defaults(resolved.hf_folder),
         )
         save_manifest(manifest, staging)
         if finalize is not None:

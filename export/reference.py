@@ -17,6 +17,14 @@ from specmemo.export.dims import dims_from_config
 from specmemo.export.heads import MedusaHeads
 from specmemo.runtime import tree
 from specmemo.runtime.backend import Forward, check_fits
+from specmemo.runtime.manifest import AttentionKind
+
+
+def final_logits(hf_model: Any, hidden: torch.Tensor) -> torch.Tensor:
+    """HF's logits from final hidden states [.., h]: the LM head, soft-capped where the model caps (Gemma)."""
+    logits = hf_model.lm_head(hidden)
+    cap = getattr(hf_model.config, "final_logit_softcapping", None)
+    return torch.tanh(logits / cap) * cap if cap else logits
 
 
 class PreallocatedLayer:
@@ -65,13 +73,16 @@ class TorchBackend:
         self.model = hf_model.eval()
         self._capacity = capacity or hf_model.config.max_position_embeddings
         self.preallocate = preallocate
+        self.sliding_window = dims_from_config(hf_model.config).sliding_window  # W (0: none)
         self.cache = self._make_cache()
         self._length = 0
 
     def _make_cache(self):
         from transformers import DynamicCache
 
-        cache = DynamicCache(config=self.model.config)
+        # Sliding-window layers keep every position here (the window is in their mask, see forward):
+        # HF's sliding cache layers drop rows by count, which a tree commit's index_select would break.
+        cache = DynamicCache() if self.sliding_window else DynamicCache(config=self.model.config)
         if self.preallocate:
             d = dims_from_config(self.model.config)
             buffer = torch.empty(2 * d.num_layers, 1, d.num_kv_heads, self._capacity, d.head_dim)  # [2L, B, H_kv, C, D]
@@ -95,14 +106,20 @@ class TorchBackend:
     def forward(self, tokens: list[int], parents: list[int], *, last_only: bool = False) -> Forward:
         check_fits(self._length, len(tokens), self._capacity)
         past = self._length
-        bias = torch.from_numpy(tree.attention_bias(parents, past))  # [1, 1, T, S]
-        positions = torch.from_numpy(tree.position_ids(parents, past))  # [1, T]
+        bias = tree.attention_bias(parents, past)  # [1, 1, T, S]
+        positions = tree.position_ids(parents, past)  # [1, T]
+        mask = torch.from_numpy(bias)
+        if self.sliding_window:  # per layer type, as Gemma 3 takes it: the window on the sliding layers' copy
+            local = bias.copy()
+            tree.apply_window(local[0, 0], positions[0], np.concatenate([np.arange(past), positions[0]]),
+                              self.sliding_window)
+            mask = {AttentionKind.FULL.value: mask, AttentionKind.SLIDING.value: torch.from_numpy(local)}
         hidden = self.model.model(
-            input_ids=torch.tensor([tokens]), attention_mask=bias, position_ids=positions,
+            input_ids=torch.tensor([tokens]), attention_mask=mask, position_ids=torch.from_numpy(positions),
             past_key_values=self.cache, use_cache=True,
         ).last_hidden_state[0]  # [T, h], after the final norm
         rows = hidden[-1:] if last_only else hidden
-        logits = self.model.lm_head(rows)  # [N, V]
+        logits = final_logits(self.model, rows)  # [N, V]
         return Forward(logits.argmax(-1).numpy(), logits.numpy(), hidden.numpy())
 
     def commit(self, nodes: list[int]) -> None:
@@ -120,6 +137,9 @@ class TorchBackend:
                 layer.keys = layer.keys.index_select(2, keep)  # [1, H_kv, S', D]
                 layer.values = layer.values.index_select(2, keep)
         self._length += len(nodes)
+
+    def keepable(self, length: int) -> int:
+        return min(length, self._length)  # every position stays in this cache
 
     def rewind(self, length: int) -> None:
         """Forget the committed positions from `length` on."""

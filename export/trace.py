@@ -13,7 +13,7 @@ from torch.export import Dim
 
 from specmemo.export.attention import ONNX_TRANSLATIONS
 from specmemo.export.decoder import Decoder
-from specmemo.runtime.manifest import DecoderIO
+from specmemo.runtime.manifest import DecoderIO, ModelDims
 
 OPSET = 23  # RMSNormalization is a standard op from 23 on
 
@@ -22,32 +22,38 @@ def example_inputs(decoder: Decoder) -> tuple:
     """Inputs for tracing, sized > 1 on every dynamic axis so none is specialised to a constant."""
     d = decoder.dims
     batch, steps, past, capacity = 2, 3, 4, 16
-    kv = tuple(torch.zeros(batch, d.num_kv_heads, capacity, d.head_dim) for _ in range(2 * d.num_layers))
+    past_w, capacity_w = 2, 12  # a sliding layer's own rows: sizes unlike the others', so no axis is unified
+    kv = tuple(torch.zeros(batch, d.num_kv_heads, capacity_w if i // 2 in d.sliding_layers else capacity, d.head_dim)
+               for i in range(2 * d.num_layers))
+    local = (torch.zeros(batch, 1, steps, past_w + steps),) if d.sliding_layers else ()  # attention_bias_local
     return (
         torch.zeros(batch, steps, d.hidden_size),  # inputs_embeds [B, T, h]
         torch.arange(past, past + steps).repeat(batch, 1),  # position_ids [B, T]
         torch.zeros(batch, 1, steps, past + steps),  # attention_bias [B, 1, T, S]
         torch.tensor([[0, 2]] * batch),  # logits_indices [B, N]
-        kv,
+        (*local, *kv),  # Decoder.forward's *rest
     )
 
 
-def dynamic_axes(num_layers: int) -> tuple:
+def dynamic_axes(dims: ModelDims) -> tuple:
     batch, steps, attended, capacity, kept = Dim("B"), Dim("T"), Dim("S"), Dim("C"), Dim("N")
-    kv = tuple({0: batch, 2: capacity} for _ in range(2 * num_layers))
-    return ({0: batch, 1: steps}, {0: batch, 1: steps}, {0: batch, 2: steps, 3: attended}, {0: batch, 1: kept}, kv)
+    attended_w, capacity_w = Dim("S_w"), Dim("C_w")
+    kv = tuple({0: batch, 2: capacity_w if i // 2 in dims.sliding_layers else capacity} for i in range(2 * dims.num_layers))
+    local = ({0: batch, 2: steps, 3: attended_w},) if dims.sliding_layers else ()
+    return ({0: batch, 1: steps}, {0: batch, 1: steps}, {0: batch, 2: steps, 3: attended}, {0: batch, 1: kept},
+            (*local, *kv))  # Decoder.forward's *rest
 
 
 def export_decoder(decoder: Decoder, io_names: DecoderIO, path: Path, *, verbose: bool = False) -> Path:
     """Write `path` (graph) and `path.data` (weights, external, memory-mappable)."""
-    *args, kv = example_inputs(decoder)
+    *args, rest = example_inputs(decoder)
     quiet = contextlib.nullcontext() if verbose else _silenced()
     with quiet, torch.no_grad():
         program = torch.onnx.export(
             decoder,
-            (*args, *kv),
+            (*args, *rest),
             dynamo=True,
-            dynamic_shapes=dynamic_axes(decoder.dims.num_layers),
+            dynamic_shapes=dynamic_axes(decoder.dims),
             custom_translation_table=ONNX_TRANSLATIONS,
             input_names=[spec.name for spec in io_names.inputs],
             output_names=[spec.name for spec in io_names.outputs],

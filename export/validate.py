@@ -19,6 +19,7 @@ from specmemo.errors import SpecMemoError
 
 from specmemo.export.heads import MedusaHeads, load_any_heads
 from specmemo.export.load import chat_prompt_ids, lm_head_t
+from specmemo.export.reference import final_logits
 from specmemo.runtime import tree
 from specmemo.runtime.backend import OrtBackend
 from specmemo.runtime.drafters.medusa import OrtMedusaHeads
@@ -107,7 +108,7 @@ class HFReference:
     def run(self, ids: list[int]) -> tuple[np.ndarray, np.ndarray]:
         """→ (logits [N, V], final hidden [N, h]) for every position of `ids`."""
         hidden = self.model.model(torch.tensor([ids])).last_hidden_state
-        return self.model.lm_head(hidden)[0].numpy(), hidden[0].numpy()
+        return final_logits(self.model, hidden)[0].numpy(), hidden[0].numpy()
 
 
 def _diff(a: np.ndarray, b: np.ndarray) -> float:

@@ -7,10 +7,12 @@ allocated bytes are the same number, not two estimates.
 
 The buffers (R rows per decoder call: the largest tree or prefill chunk; N logit rows):
   kv.{i}            [B, H_kv, C, D]   past and present of one KV input/output pair, updated in place
+                                    ([B, H_kv, C_w, D] for a sliding-window layer: sizes.window_capacity)
   input_ids         [R]   int64     the step's tokens, looked up into inputs_embeds
   inputs_embeds     [R * h]           the decoder's input
   position_ids      [R]   int64
   attention_bias    [R * C]           a [B, 1, T, S] step uses its first T * S elements
+  attention_bias_local [R * C_w]    the sliding layers' bias, when the model has them
   logits_indices    [R]   int64
   logits            [N * V]           a step with N logit rows uses its first N * V elements
   next_token_ids    [R]   int64
@@ -34,7 +36,7 @@ import numpy as np
 from specmemo.errors import ConfigError
 from specmemo.runtime.drafters.feature import SCRATCH_SLOTS
 from specmemo.runtime.manifest import Manifest
-from specmemo.runtime.sizes import Sizes
+from specmemo.runtime.sizes import Sizes, window_capacity
 
 ALIGN = 64  # bytes; every view starts on a cache line
 
@@ -55,6 +57,8 @@ class ArenaLayout:
     dtype: str = "float32"  # the other float views (the graph's activations)
     batch: int = 1  # B
     drafter_capacity: int = 0  # C_d rows of the feature drafter's KV (0: no feature drafter)
+    window_capacity: int = 0  # C_w rows of a sliding-window layer's KV (0: the model has none)
+    sliding_layers: tuple[int, ...] = ()  # which layers those are
 
     def __post_init__(self) -> None:
         if self.capacity < 2 or self.rows < 1 or self.logit_rows < 1:
@@ -70,13 +74,18 @@ class ArenaLayout:
                    hidden_size=d.hidden_size, vocab_size=d.vocab_size, capacity=sizes.capacity, rows=sizes.rows,
                    logit_rows=sizes.tree, num_heads=heads.num_heads if heads else 0,
                    top_k=heads.top_k if heads else 0, kv_dtype=manifest.kv_dtype, dtype=manifest.activation_dtype,
-                   batch=batch, drafter_capacity=sizes.capacity + SCRATCH_SLOTS if manifest.feature_drafter else 0)
+                   batch=batch, drafter_capacity=sizes.capacity + SCRATCH_SLOTS if manifest.feature_drafter else 0,
+                   window_capacity=window_capacity(manifest, sizes), sliding_layers=d.sliding_layers)
+
+    def layer_capacity(self, layer: int) -> int:
+        """C, or C_w for a sliding-window layer."""
+        return self.window_capacity if layer in self.sliding_layers else self.capacity
 
     def views(self) -> list[tuple[str, str, tuple[int, ...]]]:
         """(name, dtype, shape) of every buffer, in allocation order."""
         b, r, f = self.batch, self.rows, self.dtype
-        kv = (b, self.num_kv_heads, self.capacity, self.head_dim)
-        out = [(f"kv.{i}", self.kv_dtype, kv) for i in range(2 * self.num_layers)]
+        out = [(f"kv.{i}", self.kv_dtype, (b, self.num_kv_heads, self.layer_capacity(i // 2), self.head_dim))
+               for i in range(2 * self.num_layers)]
         out += [
             ("input_ids", "int64", (b * r,)),
             ("inputs_embeds", f, (b * r * self.hidden_size,)),
@@ -87,6 +96,8 @@ class ArenaLayout:
             ("next_token_ids", "int64", (b * r,)),
             ("hidden_states", f, (b * r * self.hidden_size,)),
         ]
+        if self.sliding_layers:
+            out.append(("attention_bias_local", f, (b * r * self.window_capacity,)))
         if self.num_heads:
             heads = (b, self.num_heads, self.top_k)
             out += [("heads_hidden", f, (b, self.hidden_size)), ("heads_token_ids", "int64", heads),

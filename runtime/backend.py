@@ -17,6 +17,7 @@ import numpy as np
 
 from specmemo.errors import SpecMemoError
 from specmemo.runtime import tree
+from specmemo.runtime.sizes import WINDOW_MARGIN
 
 if TYPE_CHECKING:  # the PyTorch reference uses this module without ONNX Runtime
     from specmemo.runtime.session import DecoderSession
@@ -46,6 +47,8 @@ class Backend(Protocol):
     def forward(self, tokens: list[int], parents: list[int], *, last_only: bool = False) -> Forward: ...
 
     def commit(self, nodes: list[int]) -> None: ...
+
+    def keepable(self, length: int) -> int: ...
 
     def rewind(self, length: int) -> None: ...
 
@@ -150,10 +153,28 @@ class OrtBackend:
         gathered = max(wanted, min(self.min_rows, size, self.session.logit_rows))  # the LM head gets >= 2 rows too
         start = min(first, size - gathered)  # gathered rows [start, start + gathered) hold the wanted ones
         arena["logits_indices"][:gathered] = self._arange[start : start + gathered]
-        out = self.session.run(size, attended, gathered)
+        attended_w = self._window_bias(past, size, block) if self.session.kv.sliding else 0
+        out = self.session.run(size, attended, gathered, attended_w)
         at = first - start
         return Forward(out.next_token_ids[0][at : at + wanted], out.logits[0][at : at + wanted],
                        out.hidden_states[0][:real])
+
+    def _window_bias(self, past: int, size: int, block: np.ndarray) -> int:
+        """The sliding layers' bias for this call (after sliding their buffers if the call would not fit):
+        the tree/causal block over their own rows, with the window applied. Returns S_w."""
+        s, window = self.session, self.session.manifest.dims.sliding_window
+        if past - s.kv.offset + size > s.kv.window_capacity:  # sizes.window_capacity: this always makes room
+            s.slide(max(s.kv.offset, past - (window - 1) - WINDOW_MARGIN), past)
+        first = s.kv.offset
+        past_w = past - first
+        attended_w = past_w + size
+        bias = s.arena["attention_bias_local"][: size * attended_w].reshape(size, attended_w)
+        bias[:, :past_w] = 0
+        bias[:, past_w:] = block
+        queries = s.arena["position_ids"][:size]
+        keys = np.concatenate([np.arange(first, past), queries])  # the position each of the S_w rows holds
+        tree.apply_window(bias, queries, keys, window)
+        return attended_w
 
     def commit(self, nodes: list[int]) -> None:
         """Keep `nodes` (indices into the last forward, root-to-node order) as committed positions."""
@@ -162,6 +183,11 @@ class OrtBackend:
         if sources != list(range(start, start + len(sources))):
             self.session.move_positions(sources, start)
         self.session.commit(len(sources))
+
+    def keepable(self, length: int) -> int:
+        """How much of a committed prefix of `length` positions can be kept (sliding layers may have
+        dropped what a rewind further back would need: then 0, a fresh prefill)."""
+        return self.session.keepable(length)
 
     def rewind(self, length: int) -> None:
         self.session.rewind(length)

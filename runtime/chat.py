@@ -151,7 +151,7 @@ class ChatSession:
         Ctrl-C (KeyboardInterrupt) ends the reply early and keeps what was streamed."""
         turns, prompt, dropped_tokens = self.fit(user)  # raises before anything changes
         dropped = len(self.turns) - len(turns)
-        keep = min(common_prefix(self.cached, prompt), len(prompt) - 1)
+        keep = self.engine.backend.keepable(min(common_prefix(self.cached, prompt), len(prompt) - 1))
         self.cached = self.cached[:keep]  # positions past `keep` are about to be overwritten
         self.turns, self.last_messages = turns, self.messages(turns, user)
         if dropped and on_evict is not None:
@@ -185,7 +185,7 @@ class ChatSession:
         """Record which tokens the committed positions hold: positions past the streamed tokens (a tree
         step's nodes after the stop token, or an interrupted step) are forgotten."""
         backend = self.engine.backend
-        self.cached = tokens[: min(backend.length, len(tokens))]
+        self.cached = tokens[: backend.keepable(min(backend.length, len(tokens)))]
         backend.rewind(len(self.cached))
 
     def reset(self) -> None:

@@ -19,7 +19,7 @@ from specmemo.runtime.drafters import DrafterName, parse_drafter
 from specmemo.runtime.sizes import DEFAULT_PREFILL_CHUNK, Sizes, default_sizes, draft_tree_size
 
 if TYPE_CHECKING:
-    from specmemo.runtime.decode import Sampling
+    from specmemo.runtime.sampling import Sampling
 
 
 class Mode(str, Enum):

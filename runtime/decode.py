@@ -11,9 +11,9 @@
   verify  – one decoder call over the T tree nodes (root = the token already chosen);
   accept  – greedy: walk down from the root while some child carries the base model's argmax
             after its parent; the argmax after the last accepted node is the next root (bonus).
-            Typical acceptance (with `Sampling`): a node is accepted when the base model gives
-            its token more than min(ε, α·exp(-entropy)) after its parent; the deepest accepted
-            node wins and the next root is sampled (seeded) after it;
+            With `Sampling` (runtime/sampling.py): rejection sampling down the tree against the base
+            model's distribution after each node (repetition penalty, temperature, top-k, top-p
+            applied), so every token is an exact draw; or Medusa's typical acceptance;
   commit  – keep the accepted nodes' K/V positions, contiguous after the committed ones.
 
 Plain greedy decoding is the same loop with a one-node tree (no drafter). Greedy speculative output
@@ -33,6 +33,7 @@ import numpy as np
 from specmemo.runtime import tree
 from specmemo.runtime.backend import Backend
 from specmemo.runtime.drafters.draft import DraftContext, Drafter, DraftTree
+from specmemo.runtime.sampling import Sampling, accept_sampled, sample_next
 
 
 class WidthPolicy(Protocol):
@@ -41,20 +42,6 @@ class WidthPolicy(Protocol):
     def choose(self, draft: DraftTree, draft_ms: float) -> int: ...  # T to verify, 1 <= T <= draft.size
 
     def observe(self, draft: DraftTree, size: int, path: list[int]) -> None: ...  # T verified, nodes accepted
-
-
-@dataclass(frozen=True)
-class Sampling:
-    """Typical acceptance (Medusa's defaults) with a seeded generator; temperature > 0."""
-
-    temperature: float = 0.7
-    posterior_threshold: float = 0.09  # ε
-    posterior_alpha: float = 0.3  # α
-    seed: int = 0
-
-    def __post_init__(self) -> None:
-        if self.temperature <= 0:
-            raise ValueError("sampling needs temperature > 0 (temperature 0 is greedy: pass no Sampling)")
 
 
 @dataclass
@@ -95,14 +82,14 @@ class Step:
 
 
 def prefill(backend: Backend, prompt: list[int], sampling: Sampling | None = None,
-            rng: np.random.Generator | None = None) -> Step:
+            rng: np.random.Generator | None = None, history: list[int] | tuple[int, ...] = ()) -> Step:
     """Run the prompt as one causal chain; return the first generated token and the last hidden state."""
     out = backend.forward(prompt, tree.chain(len(prompt)), last_only=True)
     backend.commit(list(range(len(prompt))))
     if sampling is None:
         root = int(out.next_token_ids[-1])
     else:
-        root = int(rng.choice(out.logits.shape[-1], p=softmax(out.logits[-1:], sampling.temperature)[0]))
+        root = sample_next(out.logits[-1], sampling, rng, [*history, *prompt])
     return Step(root, out.hidden_states[-1], out.hidden_states)
 
 
@@ -117,37 +104,16 @@ def accept(tokens: list[int], parents: list[int], next_ids: np.ndarray) -> list[
         path.append(child)
 
 
-def softmax(logits: np.ndarray, temperature: float) -> np.ndarray:
-    """[T, V] → probabilities at a temperature."""
-    z = logits / temperature
-    z = np.exp(z - z.max(-1, keepdims=True))
-    return z / z.sum(-1, keepdims=True)
-
-
-def accept_typical(tokens: list[int], parents: list[int], logits: np.ndarray, sampling: Sampling,
-                   rng: np.random.Generator) -> tuple[list[int], int]:
-    """Typical acceptance: (accepted path, next root sampled after its last node)."""
-    probs = softmax(logits, sampling.temperature)  # [T, V]
-    entropy = -(probs * np.log(probs + 1e-12)).sum(-1)  # [T]
-    threshold = np.minimum(sampling.posterior_threshold, sampling.posterior_alpha * np.exp(-entropy))
-    ok = [True] + [probs[p, t] > threshold[p] for p, t in zip(parents[1:], tokens[1:])]
-    for i, parent in enumerate(parents):  # an accepted node needs an accepted parent
-        ok[i] = ok[i] and (parent < 0 or ok[parent])
-    depth = tree.depths(parents)
-    last = max((i for i in range(len(tokens)) if ok[i]), key=lambda i: (depth[i], -i))
-    root = int(rng.choice(probs.shape[-1], p=probs[last]))
-    return tree.path_to(parents, last), root
-
-
 def verify_and_commit(backend: Backend, tokens: list[int], parents: list[int], sampling: Sampling | None = None,
-                      rng: np.random.Generator | None = None) -> tuple[list[int], Step]:
-    """verify → accept → commit; returns the accepted node indices (root first) and the next step."""
+                      rng: np.random.Generator | None = None, context: list[int] = ()) -> tuple[list[int], Step]:
+    """verify → accept → commit; returns the accepted node indices (root first) and the next step.
+    `context`: every decided token up to the tree's root (sampling's repetition penalty reads it)."""
     out = backend.forward(tokens, parents)
     if sampling is None:
         path = accept(tokens, parents, out.next_token_ids)
         root = int(out.next_token_ids[path[-1]])
     else:
-        path, root = accept_typical(tokens, parents, out.logits, sampling, rng)
+        path, root = accept_sampled(tokens, parents, out.logits, sampling, rng, context)
     last = path[-1]
     step = Step(root, out.hidden_states[last], out.hidden_states, path)  # arena views: read by the next draft
     backend.commit(path)
@@ -198,7 +164,7 @@ def generate(
     stats = result.stats
     stats.prompt_tokens = len(prompt)
     started = time.perf_counter()
-    step = prefill(backend, prompt, sampling, rng)
+    step = prefill(backend, prompt, sampling, rng, history)
     stats.prefill_s = time.perf_counter() - started
     stats.steps = 1
     context = [*history, *prompt, step.root]  # every decided token; the drafters read it
@@ -222,7 +188,7 @@ def generate(
         else:
             proposal = DraftTree.root_only(step.root)
         verified = proposal.prefix(policy.choose(proposal, draft_ms))
-        path, step = verify_and_commit(backend, list(verified.tokens), list(verified.parents), sampling, rng)
+        path, step = verify_and_commit(backend, list(verified.tokens), list(verified.parents), sampling, rng, context)
         policy.observe(proposal, verified.size, path)
         stats.steps += 1
         stats.draft_sizes.append(proposal.size)

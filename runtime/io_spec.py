@@ -2,7 +2,8 @@
 
 The exporter names the graph from these functions and writes them into the manifest; runtimes
 (Python, Android) read the names from the manifest. Symbolic axes: B batch, T new tokens this step,
-S attended length (past + T), N positions that get logits, C KV capacity; H_kv, D, V, h are fixed numbers from the dims.
+S attended length (past + T), N positions that get logits, C KV capacity; a sliding-window layer's
+buffer has C_w rows and its bias covers S_w of them; H_kv, D, V, h are fixed numbers from the dims.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from specmemo.runtime.manifest import DecoderIO, ModelDims, TensorSpec
 INPUTS_EMBEDS = "inputs_embeds"  # [B, T, h] float, rows of the embedding table (runtime/embedding.py)
 POSITION_IDS = "position_ids"  # [B, T] int64, depth-based for tree nodes
 ATTENTION_BIAS = "attention_bias"  # [B, 1, T, S] float, 0 = attend, -inf = masked
+ATTENTION_BIAS_LOCAL = "attention_bias_local"  # [B, 1, T, S_w] the sliding layers' bias (window applied)
 LOGITS_INDICES = "logits_indices"  # [B, N] int64, which of the T positions get logits
 LOGITS = "logits"  # [B, N, V] float
 NEXT_TOKEN_IDS = "next_token_ids"  # [B, N] int64, argmax of logits (in-graph)
@@ -34,30 +36,35 @@ def present_value(layer: int) -> str:
     return f"present.{layer}.value"
 
 
+def kv_shape(dims: ModelDims, layer: int) -> tuple[int | str, ...]:
+    """[B, H_kv, C, D], or [B, H_kv, C_w, D] for a sliding-window layer."""
+    return ("B", dims.num_kv_heads, "C_w" if layer in dims.sliding_layers else "C", dims.head_dim)
+
+
 def decoder_inputs(dims: ModelDims, dtype: str, kv_dtype: str | None = None) -> list[TensorSpec]:
-    kv_shape = ("B", dims.num_kv_heads, "C", dims.head_dim)
     specs = [
         TensorSpec(INPUTS_EMBEDS, dtype, ("B", "T", dims.hidden_size)),
         TensorSpec(POSITION_IDS, "int64", ("B", "T")),
         TensorSpec(ATTENTION_BIAS, dtype, ("B", 1, "T", "S")),
         TensorSpec(LOGITS_INDICES, "int64", ("B", "N")),
     ]
+    if dims.sliding_layers:
+        specs.append(TensorSpec(ATTENTION_BIAS_LOCAL, dtype, ("B", 1, "T", "S_w")))
     for layer in range(dims.num_layers):
-        specs += [TensorSpec(past_key(layer), kv_dtype or dtype, kv_shape),
-                  TensorSpec(past_value(layer), kv_dtype or dtype, kv_shape)]
+        specs += [TensorSpec(past_key(layer), kv_dtype or dtype, kv_shape(dims, layer)),
+                  TensorSpec(past_value(layer), kv_dtype or dtype, kv_shape(dims, layer))]
     return specs
 
 
 def decoder_outputs(dims: ModelDims, dtype: str, kv_dtype: str | None = None) -> list[TensorSpec]:
-    kv_shape = ("B", dims.num_kv_heads, "C", dims.head_dim)
     specs = [
         TensorSpec(LOGITS, dtype, ("B", "N", dims.vocab_size)),
         TensorSpec(NEXT_TOKEN_IDS, "int64", ("B", "N")),
         TensorSpec(HIDDEN_STATES, dtype, ("B", "T", dims.hidden_size)),
     ]
     for layer in range(dims.num_layers):
-        specs += [TensorSpec(present_key(layer), kv_dtype or dtype, kv_shape),
-                  TensorSpec(present_value(layer), kv_dtype or dtype, kv_shape)]
+        specs += [TensorSpec(present_key(layer), kv_dtype or dtype, kv_shape(dims, layer)),
+                  TensorSpec(present_value(layer), kv_dtype or dtype, kv_shape(dims, layer))]
     return specs
 
 
@@ -78,4 +85,5 @@ def decoder_io(dims: ModelDims, dtype: str, kv_dtype: str | None = None) -> Deco
         next_token_ids=NEXT_TOKEN_IDS,
         hidden_states=HIDDEN_STATES,
         kv_pairs=tuple(kv),
+        attention_bias_local=ATTENTION_BIAS_LOCAL if dims.sliding_layers else "",
     )

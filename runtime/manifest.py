@@ -18,14 +18,25 @@ from specmemo.errors import ConfigError, SpecMemoError
 from specmemo.runtime.drafters import DrafterName, parse_drafter
 
 MANIFEST_FILE = "manifest.json"
-FORMAT_VERSION = 5  # 2: inputs_embeds, the embedding table in its own file; 3: max_capacity, weight/kv/activation dtypes;
-# 4: drafter; 5: quantized weights (weight_dtype int8/int4, quantized embedding rows)
+FORMAT_VERSION = 6  # 2: inputs_embeds, the embedding table in its own file; 3: max_capacity, weight/kv/activation dtypes;
+# 4: drafter; 5: quantized weights (weight_dtype int8/int4, quantized embedding rows); 6: sliding-window layers
+# (their own KV buffers and attention_bias_local), generation defaults
 BYTES_PER_ELEMENT = {"float32": 4, "float16": 2}  # the element types KV cache and activations may take
 WEIGHT_DTYPES = {"float32": 32, "float16": 16, "int8": 8, "int4": 4}  # weight_dtype → bits of the widest decoder MatMul
 
 
 class ManifestError(SpecMemoError, ValueError):
     """The artifact folder or its manifest is missing, malformed or inconsistent."""
+
+
+class AttentionKind(str, Enum):
+    """What a layer attends to (Hugging Face's `layer_types` names)."""
+
+    FULL = "full_attention"  # every committed position
+    SLIDING = "sliding_attention"  # the last `sliding_window` positions (runtime: a KV buffer of C_w rows)
+
+
+HIDDEN_ACTS = ("silu", "gelu_pytorch_tanh")  # the MLP activations the exporter writes
 
 
 @dataclass(frozen=True)
@@ -43,6 +54,13 @@ class ModelDims:
     qkv_bias: bool
     tie_word_embeddings: bool
     max_position_embeddings: int
+    qk_norm: bool = False  # an RMSNorm on every query and key head before rotary (Qwen3, Gemma 3)
+    hidden_act: str = "silu"  # the MLP's gate activation (HIDDEN_ACTS)
+    embedding_scale: float = 1.0  # the graph multiplies inputs_embeds by it (Gemma: sqrt(h))
+    attention_scale: float = 0.0  # softmax(q·k · scale); 0: head_dim ** -0.5
+    final_logit_softcap: float = 0.0  # logits = cap · tanh(logits / cap); 0: none
+    sliding_window: int = 0  # W: a sliding layer's query at position p sees keys at positions > p - W
+    layer_types: tuple[str, ...] = ()  # AttentionKind per layer; (): every layer full
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
@@ -53,6 +71,24 @@ class ModelDims:
             raise ManifestError(f"num_heads {self.num_heads} is not a multiple of num_kv_heads {self.num_kv_heads}")
         if self.head_dim % 2:
             raise ManifestError(f"head_dim {self.head_dim} must be even for rotary embeddings")
+        if self.hidden_act not in HIDDEN_ACTS:
+            raise ManifestError(f"dims.hidden_act {self.hidden_act!r} is not one of {', '.join(HIDDEN_ACTS)}")
+        if self.layer_types and len(self.layer_types) != self.num_layers:
+            raise ManifestError(f"dims.layer_types has {len(self.layer_types)} entries for {self.num_layers} layers")
+        kinds = {kind.value for kind in AttentionKind}
+        if any(kind not in kinds for kind in self.layer_types):
+            raise ManifestError(f"dims.layer_types: each entry must be one of {', '.join(sorted(kinds))}")
+        if bool(self.sliding_layers) != (self.sliding_window > 0):
+            raise ManifestError("dims: sliding_attention layers need sliding_window > 0, and a window needs such layers")
+
+    @property
+    def sliding_layers(self) -> tuple[int, ...]:
+        """Indices of the layers that attend to a sliding window (their KV buffers hold C_w rows)."""
+        return tuple(i for i, kind in enumerate(self.layer_types) if kind == AttentionKind.SLIDING.value)
+
+    @property
+    def softmax_scale(self) -> float:
+        return self.attention_scale or self.head_dim**-0.5
 
 
 @dataclass(frozen=True)
@@ -74,6 +110,7 @@ class DecoderIO:
     next_token_ids: str
     hidden_states: str
     kv_pairs: tuple[tuple[str, str], ...]  # (past input, present output) bound to one buffer
+    attention_bias_local: str = ""  # [B, 1, T, S_w]: the sliding layers' bias over their own buffer ("": none)
 
 
 @dataclass(frozen=True)
@@ -217,6 +254,23 @@ class FeatureDrafterInfo:
 
 
 @dataclass(frozen=True)
+class GenerationDefaults:
+    """The sampling settings `chat` starts from: the model's own generation_config.json where it sets
+    them, else SpecMemo's defaults (export/generation.py). temperature 0 is greedy."""
+
+    temperature: float
+    top_p: float  # 1: off
+    top_k: int  # 0: off
+    repetition_penalty: float  # 1: off
+    source: str  # where the values came from
+
+    def __post_init__(self) -> None:
+        if self.temperature < 0 or not 0 < self.top_p <= 1 or self.top_k < 0 or self.repetition_penalty <= 0:
+            raise ManifestError(f"generation: temperature {self.temperature}, top_p {self.top_p}, top_k {self.top_k}, "
+                                f"repetition_penalty {self.repetition_penalty} are out of range: re-export the artifact")
+
+
+@dataclass(frozen=True)
 class DevicePlan:
     """What `specmemo export --profile` sized for a device; runtimes open the artifact with it
     unless told otherwise (a budget, a capacity or another profile)."""
@@ -260,6 +314,7 @@ class Manifest:
     min_step_rows: int = 2  # every decoder call runs at least this many rows (runtime/backend.py: one numeric route)
     draft_shape: str = "tree"  # tree | chain: "chain" where only a chain verifies exactly (level 4, float16 KV)
     ort_format: OrtFormatInfo | None = None  # set by `export --mobile`
+    generation: GenerationDefaults | None = None  # chat's sampling defaults (None: greedy)
 
     def __post_init__(self) -> None:
         if self.format_version != FORMAT_VERSION:
@@ -279,6 +334,9 @@ class Manifest:
             if getattr(self, name) not in BYTES_PER_ELEMENT:
                 raise ManifestError(f"{name} {getattr(self, name)!r} is not one of {', '.join(BYTES_PER_ELEMENT)}: "
                                     f"re-export with this version of specmemo")
+        if bool(self.io.attention_bias_local) != bool(self.dims.sliding_layers):
+            raise ManifestError("io.attention_bias_local must name an input exactly when the model has sliding layers: "
+                                "re-export the artifact")
         if len(self.io.kv_pairs) != 2 * self.dims.num_layers:
             raise ManifestError(f"io.kv_pairs has {len(self.io.kv_pairs)} pairs, expected 2 x {self.dims.num_layers} layers")
         if tuple(self.embedding.shape) != (self.dims.vocab_size, self.dims.hidden_size):
@@ -337,7 +395,7 @@ def _build(cls: type, data: Any, where: str) -> Any:
 _NESTED = {"SharedInitializer": SharedInitializer, "ModelDims": ModelDims, "DecoderIO": DecoderIO,
            "QuantizedRows": QuantizedRows, "QuantizationInfo": QuantizationInfo,
            "EmbeddingInfo": EmbeddingInfo, "TokenizerInfo": TokenizerInfo, "HeadsInfo": HeadsInfo,
-           "DevicePlan": DevicePlan, "FeatureDrafterInfo": FeatureDrafterInfo, "OrtFormatInfo": OrtFormatInfo}
+           "DevicePlan": DevicePlan, "GenerationDefaults": GenerationDefaults, "FeatureDrafterInfo": FeatureDrafterInfo, "OrtFormatInfo": OrtFormatInfo}
 
 
 def _convert(type_name: Any, value: Any, where: str) -> Any:

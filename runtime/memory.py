@@ -4,7 +4,8 @@
     load       = RSS after the sessions are open (process, ORT, tokenizer, weights as ORT holds them:
                  the files below plus ORT's packed copies); measured once per artifact and machine
     generation = arena + activations + step overhead
-      arena        exact: the layout in arena.py (KV 2·L·B·H_kv·C·D·bytes dominates), one allocation
+      arena        exact: the layout in arena.py (KV 2·L·B·H_kv·C·D·bytes dominates; a sliding-window
+                   layer holds C_w ≈ W + 64 + R rows instead of C), one allocation
       activations  ORT's intermediate tensors for a call of R rows attending to up to C rows:
                    R·(3·I + (H + 2·H_kv)·D + 2·h)·bytes (MLP gate/up/product, packed QKV, residual and
                    norm) + H·R·C·bytes (GroupQueryAttention's scores), the largest live set of one layer
@@ -63,6 +64,7 @@ class Footprint:
     step_overhead: int
     sizes: Sizes  # C, R, T_max priced
     bytes_per_kv_element: int
+    window_capacity: int = 0  # C_w of the sliding-window layers (0: none)
 
     @property
     def arena(self) -> int:
@@ -83,9 +85,12 @@ class Footprint:
         return self.load + self.generation + self.headroom
 
 
-def kv_bytes(dims: ModelDims, *, capacity: int, batch: int = 1, itemsize: int) -> int:
-    """2 (K and V) · L · B · H_kv · C · D · bytes per KV element."""
-    return 2 * dims.num_layers * batch * dims.num_kv_heads * capacity * dims.head_dim * itemsize
+def kv_bytes(dims: ModelDims, *, capacity: int, window_capacity: int = 0, batch: int = 1, itemsize: int) -> int:
+    """2 (K and V) · B · H_kv · D · bytes per KV element · rows, where rows = L · C, or with sliding-window
+    layers (L_w of them, C_w = sizes.window_capacity rows each) (L - L_w) · C + L_w · C_w."""
+    sliding = len(dims.sliding_layers)
+    rows = (dims.num_layers - sliding) * capacity + sliding * window_capacity
+    return 2 * batch * dims.num_kv_heads * dims.head_dim * itemsize * rows
 
 
 def activation_bytes(dims: ModelDims, *, rows: int, capacity: int, itemsize: int) -> int:
@@ -106,7 +111,8 @@ def footprint(manifest: Manifest, calibration: Calibration, sizes: Sizes, *, wei
         io=layout.allocation_bytes - layout.kv_nbytes(),
         activations=activation_bytes(manifest.dims, rows=sizes.rows, capacity=sizes.capacity,
                                      itemsize=manifest.bytes_per_activation),
-        step_overhead=calibration.step_overhead_bytes, sizes=sizes, bytes_per_kv_element=manifest.bytes_per_kv_element)
+        step_overhead=calibration.step_overhead_bytes, sizes=sizes, bytes_per_kv_element=manifest.bytes_per_kv_element,
+        window_capacity=layout.window_capacity)
 
 
 def useful_tree_size(manifest: Manifest) -> int:
@@ -187,12 +193,19 @@ def parse_size(text: str) -> int:
     return int(math.floor(float(match.group(1)) * _UNITS[unit]))
 
 
+def kv_label(fp: Footprint) -> str:
+    if not fp.window_capacity:
+        return f"KV cache: 2·L·H_kv·C·D·{fp.bytes_per_kv_element}, C={fp.sizes.capacity}"
+    return (f"KV cache: 2·H_kv·D·{fp.bytes_per_kv_element}·(L_full·C + L_w·C_w), C={fp.sizes.capacity}, "
+            f"C_w={fp.window_capacity}")
+
+
 def breakdown(fp: Footprint) -> list[tuple[str, float]]:
     """(label, MiB) rows for a table."""
     return [
         ("weights as stored (files)", fp.weights_stored / MIB),
         ("load: process + ORT + weights (measured once)", fp.load / MIB),
-        (f"KV cache: 2·L·H_kv·C·D·{fp.bytes_per_kv_element}, C={fp.sizes.capacity}", fp.kv / MIB),
+        (kv_label(fp), fp.kv / MIB),
         (f"arena I/O: ids, bias, logits, hidden (R={fp.sizes.rows}, T={fp.sizes.tree})", fp.io / MIB),
         (f"activations: R={fp.sizes.rows} rows over C={fp.sizes.capacity}", fp.activations / MIB),
         ("step overhead (measured once)", fp.step_overhead / MIB),

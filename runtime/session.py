@@ -20,6 +20,7 @@ import onnxruntime as ort
 from specmemo.errors import ConfigError, SpecMemoError
 
 from specmemo.runtime.arena import Arena, ArenaLayout
+from specmemo.runtime import tree
 from specmemo.runtime.embedding import EmbeddingTable
 from specmemo.runtime.manifest import Manifest, ModelFormat, embedding_for, graph_file, load_manifest
 from specmemo.runtime.rss import reset_peak_rss, rss_bytes
@@ -152,17 +153,33 @@ def load_shared_lm_head(artifact: Path, manifest: Manifest) -> np.ndarray | None
 
 @dataclass
 class KVCache:
-    """2L views [B, H_kv, C, D] into the arena; the first `length` positions are committed."""
+    """2L views [B, H_kv, C, D] into the arena; the first `length` positions are committed.
+
+    A sliding-window layer's views have C_w rows and hold consecutive positions from `offset` on (its
+    row r is position offset + r); every other layer's row r is position r. `sliding` lists the
+    buffers (indices into `buffers`) of the sliding layers."""
 
     buffers: list[np.ndarray]
+    sliding: tuple[int, ...] = ()
     length: int = 0
+    offset: int = 0  # o: the position a sliding layer's row 0 holds
 
     @property
-    def capacity(self) -> int:  # C, read off the views the arena allocated
-        return self.buffers[0].shape[2]
+    def capacity(self) -> int:  # C, read off a full layer's view as the arena allocated it
+        return next(b.shape[2] for i, b in enumerate(self.buffers) if i not in self.sliding)
+
+    @property
+    def window_capacity(self) -> int:  # C_w (0: no sliding layers)
+        return self.buffers[self.sliding[0]].shape[2] if self.sliding else 0
 
     def nbytes(self) -> int:
         return sum(buffer.nbytes for buffer in self.buffers)
+
+    def used_bytes(self) -> int:
+        """Bytes of the rows holding committed positions: `length` rows of a full layer, length - offset
+        of a sliding one."""
+        return sum(buffer[:, :, :1].nbytes * (self.length - (self.offset if i in self.sliding else 0))
+                   for i, buffer in enumerate(self.buffers))
 
 
 class DecoderSession:
@@ -195,7 +212,8 @@ class DecoderSession:
         reset_peak_rss()  # from here on, the peak RSS measures generation (the arena and the steps)
         self.layout = ArenaLayout.for_manifest(m, self.sizes, batch=config.batch)
         self.arena = Arena(self.layout)
-        self.kv = KVCache(buffers=self.arena.kv)
+        self.kv = KVCache(buffers=self.arena.kv, sliding=tuple(i for i in range(2 * m.dims.num_layers)
+                                                              if i // 2 in m.dims.sliding_layers))
         self.binding = self.session.io_binding()
         self._kv_values = [ort.OrtValue.ortvalue_from_numpy(buffer) for buffer in self.kv.buffers]  # wrap, no copy
         for (past, present), value in zip(m.io.kv_pairs, self._kv_values):
@@ -205,18 +223,21 @@ class DecoderSession:
             self.warm_up()
 
     def warm_up(self) -> None:
-        """Steps of 1, 2, 4, ... R rows attending to all C positions, and one heads call: ORT's arena
-        and its kernels' scratch buffers grow to what a generation can need now, not mid-reply.
-        Writes K/V positions [C - R, C), which no step reads before writing them again; commits nothing."""
-        attended, a = self.kv.capacity, self.arena
+        """Steps of 1, 2, 4, ... R rows attending to all C positions (a sliding layer: its C_w rows), and
+        one heads call: ORT's arena and its kernels' scratch buffers grow to what a generation can need
+        now, not mid-reply. Writes K/V rows [C - R, C) (and [C_w - R, C_w)), which no step reads before
+        writing them again; commits nothing."""
+        attended, attended_w, a = self.kv.capacity, self.kv.window_capacity, self.arena
         step_sizes = sorted({min(1 << i, self.rows) for i in range(self.rows.bit_length() + 1)} | {self.logit_rows})
-        for size in (s for s in step_sizes if s <= attended):
+        for size in (s for s in step_sizes if s <= min(attended, attended_w or attended)):
             a["input_ids"][:size] = 0
             a["position_ids"][:size] = np.arange(attended - size, attended)
             a["attention_bias"][: size * attended] = 0
+            if attended_w:
+                a["attention_bias_local"][: size * attended_w] = 0
             logit_rows = min(self.logit_rows, size)
             a["logits_indices"][:logit_rows] = np.arange(logit_rows)
-            self.run(size, attended, logit_rows)
+            self.run(size, attended, logit_rows, attended_w)
         if self.heads_session is not None:
             self.heads_session.run(None, {self.manifest.heads.hidden: a["heads_hidden"]})
 
@@ -232,15 +253,18 @@ class DecoderSession:
         args = (name, "cpu", 0, view.dtype, shape, view.ctypes.data)
         (self.binding.bind_output if output else self.binding.bind_input)(*args)
 
-    def run(self, size: int, attended: int, logit_rows: int) -> StepOutput:
+    def run(self, size: int, attended: int, logit_rows: int, attended_w: int = 0) -> StepOutput:
         """Run T = `size` tokens whose inputs the caller wrote into the arena's first T
-        input_ids/position_ids, first T * S attention_bias and first N logits_indices entries.
-        Returns views into the arena (valid until the next run); writes K/V positions [S - T, S)."""
+        input_ids/position_ids, first T * S attention_bias (and T * S_w attention_bias_local, S_w =
+        `attended_w`, for sliding layers) and first N logits_indices entries.
+        Returns views into the arena (valid until the next run); writes K/V rows [S - T, S) (and [S_w - T, S_w))."""
         if size > self.rows or logit_rows > self.logit_rows:
             raise ValueError(f"{size} tokens / {logit_rows} logit rows exceed the arena's {self.rows} / {self.logit_rows}")
-        if attended > self.kv.capacity:
+        if attended > self.kv.capacity or attended_w > self.kv.window_capacity:
             raise OverflowError(f"{attended} positions exceed the KV capacity {self.kv.capacity}")
         io, a, d = self.manifest.io, self.arena, self.manifest.dims
+        if self.kv.sliding:
+            self._bind(io.attention_bias_local, a["attention_bias_local"], (1, 1, size, attended_w))
         embeds = a["inputs_embeds"][: size * d.hidden_size].reshape(size, d.hidden_size)
         self.embedding.lookup(a["input_ids"][:size], embeds)
         self._bind(io.inputs_embeds, embeds, (1, size, d.hidden_size))
@@ -271,7 +295,14 @@ class DecoderSession:
         a["position_ids"][:size] = position_ids[0]
         a["attention_bias"][: size * attended] = attention_bias.reshape(-1)
         a["logits_indices"][:n] = logits_indices[0]
-        out = self.run(size, attended, n)
+        if self.kv.sliding:  # the same bias with the window applied, over rows that hold positions 0, 1, ...
+            if self.kv.offset or attended > self.kv.window_capacity:
+                raise ValueError("step() gives sliding layers the whole past: use OrtBackend past their window")
+            local = a["attention_bias_local"][: size * attended].reshape(size, attended)
+            local[:] = attention_bias[0, 0]
+            keys = np.concatenate([np.arange(self.kv.length), position_ids[0]])
+            tree.apply_window(local, position_ids[0], keys, self.manifest.dims.sliding_window)
+        out = self.run(size, attended, n, attended if self.kv.sliding else 0)
         return StepOutput(out.logits.copy(), out.next_token_ids.copy(), out.hidden_states.copy())
 
     def commit(self, count: int) -> None:
@@ -285,12 +316,39 @@ class DecoderSession:
         start+1, ... in every layer: the tree commit. One position at a time, so no temporary is allocated."""
         for target, source in enumerate(sources, start):
             if source != target:
-                for buffer in self.kv.buffers:
-                    buffer[:, :, target] = buffer[:, :, source]
+                for i, buffer in enumerate(self.kv.buffers):
+                    shift = self.kv.offset if i in self.kv.sliding else 0
+                    buffer[:, :, target - shift] = buffer[:, :, source - shift]
+
+    def slide(self, first: int, end: int) -> None:
+        """Sliding layers: move the rows of positions [first, end) to the front, so row 0 holds position
+        `first` (positions before it are dropped: no query from `end` on can see them)."""
+        shift = first - self.kv.offset
+        if shift <= 0:
+            return
+        for i in self.kv.sliding:
+            buffer = self.kv.buffers[i]
+            buffer[:, :, : end - first] = buffer[:, :, shift : shift + end - first]  # numpy copies overlaps safely
+        self.kv.offset = first
+
+    def keepable(self, length: int) -> int:
+        """The longest committed prefix of at most `length` positions a later step can build on: all of it,
+        unless a sliding layer has already dropped positions that a query at `length` would see (then 0)."""
+        length = min(length, self.kv.length)
+        if self.kv.offset and length - (self.manifest.dims.sliding_window - 1) < self.kv.offset:
+            return 0
+        return length
 
     def rewind(self, length: int) -> None:
-        """Forget the committed positions from `length` on (they are rewritten before they are read again)."""
-        self.kv.length = min(length, self.kv.length)
+        """Forget the committed positions from `length` on (they are rewritten before they are read again);
+        `length` must be keepable."""
+        length = min(length, self.kv.length)
+        if length != self.keepable(length):
+            raise ValueError(f"cannot rewind to {length}: the sliding layers kept positions from {self.kv.offset} "
+                             f"on only; rewind to keepable({length}) = 0")
+        self.kv.length = length
+        if length == 0:
+            self.kv.offset = 0
 
     def reset(self) -> None:
         self.rewind(0)

@@ -21,6 +21,7 @@ from specmemo.runtime.drafters.lookup import MAX_BRANCH as LOOKUP_MAX_BRANCH
 from specmemo.runtime.medusa_tree import MedusaTree
 
 DEFAULT_PREFILL_CHUNK = 64  # R when nothing else decides it: prompt tokens per decoder call
+WINDOW_MARGIN = 64  # positions a sliding layer keeps beyond its window (see window_capacity)
 
 
 @dataclass(frozen=True)
@@ -68,3 +69,19 @@ def default_sizes(manifest: Manifest, *, tree: int | None = None, capacity: int 
     tree = exported_tree(manifest).size if tree is None else tree
     return Sizes(capacity=check_capacity(manifest, capacity or manifest.max_capacity),
                  rows=max(prefill_chunk, tree), tree=tree)
+
+
+def window_capacity(manifest: Manifest, sizes: Sizes) -> int:
+    """C_w, the rows of a sliding layer's KV buffer (0: the model has none), never more than C.
+
+    A query at position p of a sliding layer reads keys at positions > p - W only. Its buffer holds
+    a run of consecutive positions [o, o + rows); before a call of up to R rows would overflow it, the
+    runtime slides (backend.py): it keeps the last W - 1 + WINDOW_MARGIN positions at the front. So
+    C_w = W - 1 + WINDOW_MARGIN + R (rounded up to 32) always fits the next call, one slide makes room
+    for at least WINDOW_MARGIN tokens (a copy of ~W rows every R or more tokens), and the committed
+    length can be rewound by up to WINDOW_MARGIN tokens (chat re-renders its template's tail) without
+    losing a key a later query needs."""
+    window = manifest.dims.sliding_window
+    if not window:
+        return 0
+    return min(sizes.capacity, -(-(window - 1 + WINDOW_MARGIN + sizes.rows) // 32) * 32)

@@ -35,6 +35,8 @@ class ChatTokenizer:
         self.bos_token_id = info.bos_token_id
         self.add_bos = info.add_bos_token
         self.template = None
+        # what HF's apply_chat_template hands every template besides the messages (Gemma's starts with bos_token)
+        self.special_tokens = {} if info.bos_token_id is None else {"bos_token": self.tokenizer.id_to_token(info.bos_token_id)}
         if info.chat_template:
             env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
             env.globals["raise_exception"] = _raise
@@ -45,7 +47,7 @@ class ChatTokenizer:
             return "\n".join(m.content for m in messages)
         return self.template.render(
             messages=[{"role": m.role, "content": m.content} for m in messages],
-            add_generation_prompt=add_generation_prompt,
+            add_generation_prompt=add_generation_prompt, **self.special_tokens,
         )
 
     def encode(self, text: str) -> list[int]:

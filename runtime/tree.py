@@ -49,6 +49,13 @@ def attention_bias(parents: list[int], past: int, dtype=np.float32) -> np.ndarra
     return bias
 
 
+def apply_window(bias: np.ndarray, query_positions: np.ndarray, key_positions: np.ndarray, window: int) -> None:
+    """Mask, in place, what a sliding-window layer may not see: bias [T, S_w] over keys at `key_positions`
+    [S_w], for queries at `query_positions` [T]; a query at position p sees keys at positions > p - W
+    (Hugging Face's sliding_window_overlay)."""
+    bias[key_positions[None, :] <= query_positions[:, None] - window] = MASKED
+
+
 def position_ids(parents: list[int], past: int) -> np.ndarray:
     """[1, T] position of each node: past + depth."""
     return (past + depths(parents))[None, :]

@@ -31,7 +31,7 @@ def make_tokenizer(vocab_size: int):
 
 def tiny_config(architecture: str, *, seed: int | None = None, **overrides):
     """A small random config. With a seed, the dims themselves are drawn at random (GQA kept valid)."""
-    from transformers import LlamaConfig, Qwen2Config
+    from transformers import Gemma3TextConfig, LlamaConfig, Qwen2Config, Qwen3Config
 
     rng = random.Random(seed)
     kv_heads = rng.choice([1, 2, 3]) if seed is not None else 2
@@ -56,7 +56,21 @@ def tiny_config(architecture: str, *, seed: int | None = None, **overrides):
         return LlamaConfig(architectures=[architecture], rope_theta=rng.choice([1e4, 1e5]), **dims)
     if architecture == "Qwen2ForCausalLM":
         return Qwen2Config(architectures=[architecture], rope_theta=rng.choice([1e4, 1e6]), **dims)
+    if architecture == "Qwen3ForCausalLM":  # QK-norm, no QKV bias
+        return Qwen3Config(architectures=[architecture], rope_theta=rng.choice([1e4, 1e6]), **dims)
+    if architecture == "Gemma3ForCausalLM":  # sliding layers with a window of 8, QK-norm, (1 + w) norms
+        layers = dims["num_hidden_layers"] = max(dims["num_hidden_layers"], 3)
+        kinds = ["sliding_attention", "full_attention"] + ["sliding_attention"] * (layers - 2)
+        return Gemma3TextConfig(architectures=[architecture], layer_types=kinds, sliding_window=8,
+                                query_pre_attn_scalar=24, final_logit_softcapping=20.0, **dims)
     raise ValueError(architecture)
+
+
+def llama3_config(**overrides):
+    """A tiny Llama with Llama 3.x rope scaling (the rotary table is not plain theta powers)."""
+    scaling = {"rope_type": "llama3", "rope_theta": 5e5, "factor": 8.0, "low_freq_factor": 1.0,
+               "high_freq_factor": 4.0, "original_max_position_embeddings": 32}
+    return tiny_config("LlamaForCausalLM", rope_parameters=scaling, **overrides)
 
 
 def save_tiny_model(config, folder: Path, *, seed: int = 0) -> Path:
@@ -70,6 +84,8 @@ def save_tiny_model(config, folder: Path, *, seed: int = 0) -> Path:
         for name, param in model.named_parameters():
             if "norm" not in name:
                 param.normal_(0.0, 0.08)
+            elif config.model_type in ("gemma3_text", "qwen3"):  # norms that are not all ones: (1 + w), QK-norm
+                param.add_(torch.randn_like(param) * 0.2)
     model.save_pretrained(folder)
     make_tokenizer(config.vocab_size).save_pretrained(folder)
     return folder

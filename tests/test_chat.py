@@ -147,7 +147,7 @@ def test_scripted_chat_from_stdin_writes_one_json_object_per_turn(chat_model, mo
     script = f"{USERS[0]}\n\n/stats\n{USERS[1]}\n/bogus\n/reset\n{USERS[2]}\n/exit\n{USERS[3]}\n"
     monkeypatch.setattr("sys.stdin", io.StringIO(script))
     assert main(["chat", "--artifact", str(artifact), "--json", "--max-new-tokens", "8", "--mode", "tree",
-                 "--system", "w5"]) == 0
+                 "--system", "w5", "--temperature", "0"]) == 0
     captured = capsys.readouterr()
     turns = [json.loads(line) for line in captured.out.splitlines() if line.startswith("{")]
     assert [t["user"] for t in turns] == USERS[:3]  # /exit stopped before the fourth
@@ -162,7 +162,8 @@ def test_one_shot_prompt(chat_model, capsys):
     from specmemo.cli import main
 
     artifact, model, tokenizer = chat_model
-    assert main(["chat", "--artifact", str(artifact), "--prompt", USERS[0], "--max-new-tokens", "5"]) == 0
+    assert main(["chat", "--artifact", str(artifact), "--prompt", USERS[0], "--max-new-tokens", "5",
+                 "--temperature", "0"]) == 0
     out = capsys.readouterr().out
     expected = hf_greedy_reply(model, tokenizer, [{"role": "user", "content": USERS[0]}], max_new_tokens=5)
     assert out.strip() == tokenizer.decode(expected, skip_special_tokens=True).strip()

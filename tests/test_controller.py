@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from specmemo.runtime.controller import Controller, LatencyCurve, ScoreCalibration
-from specmemo.runtime.decode import Sampling, accept_typical, generate
+from specmemo.runtime.decode import generate
+from specmemo.runtime.sampling import Sampling, accept_typical
 from specmemo.runtime.drafters.draft import DraftTree
 from specmemo.runtime.medusa_tree import MedusaTree
 from tests.test_heads import exported, tiny  # noqa: F401  (fixtures: tiny models with heads, 3 modes)

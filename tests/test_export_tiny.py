@@ -49,7 +49,7 @@ def test_qwen2_with_qkv_bias_matches_hf(tmp_path, tied):
     assert report.passed and report.max_logits_diff <= TOLERANCE
 
 
-@pytest.mark.parametrize("architecture", ["Qwen2ForCausalLM", "LlamaForCausalLM"])
+@pytest.mark.parametrize("architecture", ["Qwen2ForCausalLM", "LlamaForCausalLM", "Qwen3ForCausalLM", "Gemma3ForCausalLM"])
 def test_random_config_nobody_chose(tmp_path, random_seed, architecture):
     config = tiny_config(architecture, seed=random_seed)
     artifact = export_tiny(config, tmp_path)

@@ -184,8 +184,8 @@ CHAT_SCRIPT = [
 
 
 def test_scripted_five_turn_chat_equals_hf_generate_on_each_history(real, monkeypatch, capsys):
-    """`specmemo chat` with five user turns piped on stdin (the controller's mode, KV reused across
-    turns): each reply equals HF greedy `generate` on the same whole history."""
+    """`specmemo chat --temperature 0` with five user turns piped on stdin (the controller's mode, KV
+    reused across turns): each reply equals HF greedy `generate` on the same whole history."""
     import io
 
     from specmemo.cli import main
@@ -193,7 +193,7 @@ def test_scripted_five_turn_chat_equals_hf_generate_on_each_history(real, monkey
 
     artifact, model, tokenizer = real
     monkeypatch.setattr("sys.stdin", io.StringIO("\n".join(CHAT_SCRIPT) + "\n"))
-    assert main(["chat", "--artifact", str(artifact), "--json", "--max-new-tokens", "48"]) == 0
+    assert main(["chat", "--artifact", str(artifact), "--json", "--max-new-tokens", "48", "--temperature", "0"]) == 0
     turns = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert [t["user"] for t in turns] == CHAT_SCRIPT
     for i, turn in enumerate(turns):
@@ -201,3 +201,28 @@ def test_scripted_five_turn_chat_equals_hf_generate_on_each_history(real, monkey
         assert len(turn["messages"]) == 2 * i + 1  # the whole history, nothing dropped at C=1024
         if i:
             assert turn["reused"] > turn["prefilled"]  # earlier turns stayed in the KV buffer
+
+
+def test_default_chat_settings_do_not_loop_where_greedy_does(real):
+    """The issue's bar: a scripted 5-turn chat with the artifact's default settings (manifest
+    `generation`, what `chat` uses) has no reply that loops to the token limit; greedy on the same
+    script does loop (so the measure can tell). Figures: `specmemo bench chat` (README)."""
+    from specmemo.bench.chat_quality import SCRIPT, distinct_ngram_ratio, loops_to_the_limit
+    from specmemo.runtime.chat import ChatSession
+    from specmemo.runtime.engine import EngineConfig, open_engine
+    from specmemo.runtime.manifest import load_manifest
+    from specmemo.runtime.sampling import default_sampling
+
+    artifact = real[0]
+    defaults = load_manifest(artifact).generation
+    assert defaults is not None and defaults.temperature > 0
+
+    def replies(sampling):
+        chat = ChatSession(open_engine(EngineConfig(artifact=artifact, sampling=sampling), log=lambda *_: None),
+                           max_new_tokens=128)
+        return [chat.send(user) for user in SCRIPT]
+
+    sampled = replies(default_sampling(defaults))
+    print("distinct-4 per reply:", [round(distinct_ngram_ratio(r.token_ids), 3) for r in sampled])
+    assert not any(loops_to_the_limit(r.token_ids, r.stats.finish_reason) for r in sampled)
+    assert any(loops_to_the_limit(r.token_ids, r.stats.finish_reason) for r in replies(None))

@@ -1,4 +1,4 @@
-"""`specmemo bench step | decode | soak | node`: each prints a table and writes JSON (work in specmemo/bench/)."""
+"""`specmemo bench step | decode | soak | chat | node`: each prints a table and writes JSON (work in specmemo/bench/)."""
 
 from __future__ import annotations
 
@@ -80,6 +80,20 @@ def add_parser(sub) -> None:
     b.add_argument("--json", type=Path, default=Path("results") / "bench-soak.json", help="where to write JSON")
     b.set_defaults(handler=cmd_bench_soak)
 
+
+    b = bench.add_parser("chat", help="a scripted 5-turn chat: distinct-4-gram ratio per reply, defaults vs greedy",
+                         description="Send a fixed 5-turn script to a chat with the artifact's generation defaults "
+                                     "(what `chat` uses) and to one with greedy decoding. Per reply: tokens, why it "
+                                     "ended, distinct-4-gram ratio, whether it loops to the token limit. Prints a "
+                                     "table, writes JSON.",
+                         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    add_artifact(b)
+    b.add_argument("--max-new-tokens", type=positive, default=256)
+    b.add_argument("--seed", type=int, default=0, help="sampling seed")
+    add_mode(b)
+    b.add_argument("--threads", type=positive, default=2)
+    b.add_argument("--json", type=Path, default=Path("results") / "bench-chat.json", help="where to write JSON")
+    b.set_defaults(handler=cmd_bench_chat)
 
     b = bench.add_parser("quality", help="what a weight dtype does to the model: argmax agreement, perplexity, size",
                          description="Against a reference artifact (the float32 export): the reference's greedy "
@@ -165,6 +179,19 @@ def cmd_bench_soak(args: argparse.Namespace) -> int:
     config = SoakConfig(artifact=args.artifact, turns=args.turns, capacity=args.capacity,
                         max_new_tokens=args.max_new_tokens, settle=args.settle, mode=args.mode, threads=args.threads)
     result = run_soak(config, log=log_stderr)
+    print(format_table(result))
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"wrote {args.json}")
+    return 0
+
+
+def cmd_bench_chat(args: argparse.Namespace) -> int:
+    from specmemo.bench.chat_quality import ChatBenchConfig, format_table, run_chat_bench
+
+    config = ChatBenchConfig(artifact=args.artifact, max_new_tokens=args.max_new_tokens, mode=args.mode,
+                             threads=args.threads, seed=args.seed)
+    result = run_chat_bench(config, log=log_stderr)
     print(format_table(result))
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(result, indent=2) + "\n")

@@ -40,7 +40,7 @@ def add_parser(sub) -> None:
     p.add_argument("--system", help="system prompt (kept when old turns are dropped)")
     p.add_argument("--max-new-tokens", type=positive, default=256, help="per reply (default 256)")
     p.add_argument("--prompt", help="one-shot: answer this message and exit")
-    add_decoding_options(p)
+    add_decoding_options(p, samples_by_default=True)
     p.add_argument("--json", action="store_true", help="scripted mode: one JSON object per turn")
     p.set_defaults(handler=cmd_chat)
 def open_chat(args: argparse.Namespace):
@@ -66,10 +66,9 @@ def stats_lines(chat) -> list[str]:
 
     t, session = chat.totals, chat.engine.session
     mib = 2**20
-    kv_bytes = session.kv.nbytes()
-    position_bytes = kv_bytes // session.kv.capacity
+    kv_bytes, used_bytes = session.kv.nbytes(), session.kv.used_bytes()
     used = session.kv.length
-    arena, free = session.arena.nbytes, (session.kv.capacity - used) * position_bytes
+    arena, free = session.arena.nbytes, kv_bytes - used_bytes
     widths = ", ".join(f"T={size}: {count}" for size, count in sorted(t.tree_sizes.items())) or "none"
     plan = chat.engine.plan
     return [
@@ -77,7 +76,7 @@ def stats_lines(chat) -> list[str]:
         f"· prefill {t.prefilled} tokens in {t.prefill_s:.2f} s · {t.reused} KV positions reused across turns",
         f"mode {chat.engine.config.mode.value} · {t.mean_accepted:.2f} tokens per verify step over {t.verify_steps} "
         f"steps · T chosen (steps): {widths}",
-        f"KV {used}/{session.kv.capacity} positions ({used * position_bytes / mib:.1f} of {kv_bytes / mib:.1f} MiB) "
+        f"KV {used}/{session.kv.capacity} positions ({used_bytes / mib:.1f} of {kv_bytes / mib:.1f} MiB) "
         f"· arena {arena / mib:.1f} MiB: used {(arena - free) / mib:.1f}, free {free / mib:.1f} "
         f"· {len(chat.turns)} turns in context, {t.evictions} evicted",
         f"memory: RSS {rss_bytes() / mib:.0f} MiB, peak {peak_rss_bytes() / mib:.0f} MiB, after load "
@@ -155,6 +154,7 @@ def turn_json(chat, user: str, reply) -> dict:
 
 def run_interactive(chat) -> int:
     from specmemo.runtime.backend import ContextOverflowError
+    from specmemo.runtime.sampling import describe
 
     try:
         import readline  # noqa: F401  (line editing and history for input())
@@ -163,6 +163,7 @@ def run_interactive(chat) -> int:
     engine, manifest = chat.engine, chat.engine.session.manifest
     log_dim(f"specmemo chat · {manifest.source_model} · C={engine.session.kv.capacity} · mode "
             f"{engine.config.mode.value}, T_max={engine.max_tree}, drafter {engine.drafter.name if engine.drafter else 'none'} · /help for commands, Ctrl-D to leave")
+    log_dim(f"{describe(engine.config.sampling)} (--temperature 0: greedy)")
     while True:
         try:
             line = input("> ").strip()

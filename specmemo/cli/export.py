@@ -12,7 +12,7 @@ from specmemo.export.load import DEFAULT_MODEL, default_artifact
 
 def add_parser(sub) -> None:
     p = sub.add_parser("export", help="export a model to an ONNX artifact folder (then validate it)",
-                       description="Export a Llama/Qwen2 causal LM to ONNX: one decoder graph with an in-place "
+                       description="Export a Llama, Qwen2, Qwen3 or Gemma 3 causal LM to ONNX: one decoder graph with an in-place "
                                    "KV buffer and tree-attention inputs, external weights, tokenizer and "
                                    "manifest.json. Validates against PyTorch at the end. An unsupported model is "
                                    "refused from its GGUF header or config.json before anything is converted.")

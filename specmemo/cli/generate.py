@@ -21,7 +21,7 @@ def add_parser(sub) -> None:
     p.add_argument("--prompt", help="the user message (default: read stdin)")
     p.add_argument("--system", help="optional system message")
     p.add_argument("--max-new-tokens", type=positive, default=128)
-    add_decoding_options(p)
+    add_decoding_options(p, samples_by_default=False)
     p.add_argument("--context", type=positive, help="with --budget: allocate this many KV positions, not the most "
                                                     "that fit")
     p.add_argument("--ignore-eos", action="store_true", help="keep generating past end-of-turn (for measurements)")

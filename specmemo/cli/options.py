@@ -73,17 +73,56 @@ def add_profile_options(parser: argparse.ArgumentParser, *, budget: bool = True,
                         help=f"ORT intra-op threads (default: the profile's, else {DEFAULT_THREADS})")
 
 
-def add_decoding_options(parser: argparse.ArgumentParser) -> None:
-    """What `generate` and `chat` share: the mode, the budget (or profile) or capacity, sampling."""
+def add_decoding_options(parser: argparse.ArgumentParser, *, samples_by_default: bool) -> None:
+    """What `generate` and `chat` share: the mode, the budget (or profile) or capacity, sampling.
+    `samples_by_default`: chat samples with the artifact's generation defaults; generate is greedy."""
     add_mode(parser)
     add_model_format(parser)
     add_profile_options(parser)
     parser.add_argument("--capacity", type=positive,
                         help="KV positions C to allocate without --budget/--profile (default: the manifest's plan, "
                              "else the graph's max capacity)")
-    parser.add_argument("--temperature", type=float, default=0.0,
-                        help="0: greedy; > 0: sampling with typical acceptance (seeded)")
-    parser.add_argument("--seed", type=int, default=0, help="sampling seed")
+    sampling = parser.add_argument_group(
+        "sampling", "typical acceptance keeps speculation on while sampling; 0 temperature is exact greedy. "
+        + ("Default: the model's own settings from its generation_config, else SpecMemo's (temperature 0.7, top-p "
+           "0.9, top-k 40, repetition penalty 1.1), as the artifact's manifest records them (`generation`)."
+           if samples_by_default else
+           "Default: greedy, so replies and benchmarks are reproducible; with --temperature > 0 the other "
+           "settings default to the artifact's (manifest `generation`)."))
+    sampling.set_defaults(samples_by_default=samples_by_default)
+    sampling.add_argument("--temperature", type=float, default=None,
+                          help="0: greedy; > 0: sample (default: " + ("the artifact's" if samples_by_default else "0")
+                               + ")")
+    sampling.add_argument("--top-p", type=float, default=None, help="keep the most likely tokens up to this mass "
+                                                                     "(1: off)")
+    sampling.add_argument("--top-k", type=int, default=None, help="keep this many most likely tokens (0: off)")
+    sampling.add_argument("--repetition-penalty", type=float, default=None,
+                          help="> 1 discourages tokens already in the conversation (HF's rule; 1: off); applied at "
+                               "every tree node over the tokens before it, so speculation honours it exactly")
+    sampling.add_argument("--acceptance", choices=("exact", "typical"), default="exact",
+                          help="how a sampled tree is verified: exact (rejection sampling: the distribution of plain "
+                               "sampling) or typical (Medusa's typical acceptance: more tokens per step, not exact)")
+    sampling.add_argument("--seed", type=int, default=0, help="sampling seed")
+
+
+def sampling_from(args: argparse.Namespace, defaults):
+    """The Sampling `generate`/`chat` decode with (None: greedy): flags first, then the artifact's
+    GenerationDefaults (`defaults`, None for an artifact without them), then off."""
+    from specmemo.runtime.sampling import Sampling
+
+    temperature = args.temperature
+    if temperature is None:
+        temperature = defaults.temperature if args.samples_by_default and defaults is not None else 0.0
+    knobs = {"top_p": args.top_p, "top_k": args.top_k, "repetition_penalty": args.repetition_penalty}
+    if temperature <= 0:
+        given = [f"--{name.replace('_', '-')}" for name, value in knobs.items() if value is not None]
+        if given:
+            raise ConfigError(f"{', '.join(given)} needs sampling: add --temperature > 0 (temperature 0 is exact greedy)")
+        return None
+    fallback = {"top_p": 1.0, "top_k": 0, "repetition_penalty": 1.0}
+    values = {name: value if value is not None else getattr(defaults, name) if defaults is not None else fallback[name]
+              for name, value in knobs.items()}
+    return Sampling(temperature=temperature, seed=args.seed, acceptance=getattr(args, "acceptance", "exact"), **values)
 
 
 def local_cores() -> int:
@@ -116,10 +155,10 @@ def apply_profile(args: argparse.Namespace, *, log=log_dim):
 def engine_config(args: argparse.Namespace):
     """The EngineConfig that `generate` and `chat` open: mode, budget (or profile) or capacity, sampling."""
     from specmemo.runtime.config import EngineConfig
-    from specmemo.runtime.decode import Sampling
+    from specmemo.runtime.manifest import load_manifest
 
     apply_profile(args)
-    sampling = Sampling(temperature=args.temperature, seed=args.seed) if args.temperature > 0 else None
+    sampling = sampling_from(args, load_manifest(args.artifact).generation)
     return EngineConfig(artifact=args.artifact, mode=args.mode, drafter=args.drafter, threads=args.threads,
                         budget=args.budget_bytes,
                         capacity=args.capacity, context=getattr(args, "context", None), sampling=sampling,

@@ -7,7 +7,7 @@
  * fails with one line that names the fix (ManifestError), before any graph is opened.
  */
 
-export const FORMAT_VERSION = 5;
+export const FORMAT_VERSION = 6;
 export const BYTES_PER_ELEMENT: Record<string, number> = { float32: 4, float16: 2 };
 
 export class ManifestError extends Error {
@@ -26,6 +26,7 @@ export interface ModelDims {
   rms_norm_eps: number;
   rope_theta: number;
   max_position_embeddings: number;
+  sliding_window?: number; // W (Gemma 3): refused by this runtime for now
 }
 
 export interface TensorSpec {
@@ -169,6 +170,8 @@ export function parseManifest(text: string, where: string): Manifest {
   need(m.activation_dtype === 'float32', `activation_dtype ${m.activation_dtype}: this runtime reads float32 activations; re-export with the default`);
   need(m.draft_shape === 'tree' || m.draft_shape === 'chain', `draft_shape ${JSON.stringify(m.draft_shape)} is not tree or chain: re-export the artifact`);
   need(m.min_step_rows >= 1, `min_step_rows must be at least 1, got ${m.min_step_rows}: re-export the artifact`);
+  need(!d.sliding_window, `${m.source_model} has sliding-window layers (Gemma 3): this runtime does not run them yet; ` +
+    'use the Python runtime (specmemo chat)');
   need(m.io.kv_pairs.length === 2 * d.num_layers, `io.kv_pairs has ${m.io.kv_pairs.length} pairs, expected 2 x ${d.num_layers} layers`);
   need(m.embedding.shape[0] === d.vocab_size && m.embedding.shape[1] === d.hidden_size,
     `embedding.shape [${m.embedding.shape.join(', ')}] is not [V, h] = [${d.vocab_size}, ${d.hidden_size}]: re-export the artifact`);

@@ -23,13 +23,19 @@ export class ChatTokenizer {
     this.tokenizer = new Tokenizer(JSON.parse(tokenizerJson) as object, {});
     this.eosTokenIds = new Set(info.eos_token_ids);
     this.template = info.chat_template ? new Template(info.chat_template) : null;
+    // what HF's apply_chat_template hands every template besides the messages (Gemma's starts with bos_token)
+    this.bosToken = info.bos_token_id === null ? undefined
+      : this.tokenizer.decode([info.bos_token_id], { skip_special_tokens: false, clean_up_tokenization_spaces: false });
   }
+
+  private readonly bosToken: string | undefined;
 
   render(messages: readonly Message[], addGenerationPrompt = true): string {
     if (this.template === null) return messages.map((m) => m.content).join('\n'); // a base model
     return this.template.render({
       messages: messages.map((m) => ({ role: m.role, content: m.content })),
       add_generation_prompt: addGenerationPrompt,
+      ...(this.bosToken === undefined ? {} : { bos_token: this.bosToken }),
     });
   }
 

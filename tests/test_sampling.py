@@ -1,0 +1,99 @@
+"""Sampling: the per-node distribution (repetition penalty, temperature, top-k, top-p) by hand, the
+generation defaults an artifact carries, and how `chat`/`generate` pick them up."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import numpy as np
+import pytest
+
+from specmemo.errors import ConfigError
+from specmemo.export.generation import DEFAULTS, generation_defaults
+from specmemo.runtime.manifest import GenerationDefaults
+from specmemo.runtime.sampling import Sampling, accept_typical, distribution, node_distributions
+
+
+def test_top_k_and_top_p_keep_the_head_of_the_distribution():
+    logits = np.log(np.array([0.5, 0.2, 0.15, 0.1, 0.05]))
+    np.testing.assert_allclose(distribution(logits, Sampling(temperature=1.0)), [0.5, 0.2, 0.15, 0.1, 0.05])
+    np.testing.assert_allclose(distribution(logits, Sampling(temperature=1.0, top_k=2)), [5 / 7, 2 / 7, 0, 0, 0])
+    # top-p 0.8: 0.5 + 0.2 = 0.7 < 0.8, + 0.15 = 0.85 reaches it: three tokens kept
+    np.testing.assert_allclose(distribution(logits, Sampling(temperature=1.0, top_p=0.8)),
+                               np.array([0.5, 0.2, 0.15, 0, 0]) / 0.85)
+    hot = distribution(logits, Sampling(temperature=2.0))
+    np.testing.assert_allclose(hot, np.sqrt([0.5, 0.2, 0.15, 0.1, 0.05]) / np.sqrt([0.5, 0.2, 0.15, 0.1, 0.05]).sum())
+
+
+def test_repetition_penalty_is_hf_rule_and_each_tree_node_sees_its_own_path():
+    import torch
+    from transformers import RepetitionPenaltyLogitsProcessor
+
+    logits = np.array([2.0, -1.0, 0.5, 3.0, -2.0])
+    context = [0, 1]
+    ours = distribution(logits, Sampling(temperature=1.0, repetition_penalty=1.5), np.array(context))
+    hf = RepetitionPenaltyLogitsProcessor(1.5)(torch.tensor([context]), torch.from_numpy(logits[None]))[0]
+    np.testing.assert_allclose(ours, torch.softmax(hf.double(), -1).numpy(), rtol=1e-12)
+    # a tree: root (token 4, the last token of the context), node 1 = token 3 under it, node 2 = token 2 under it
+    tokens, parents = [4, 3, 2], [-1, 0, 0]
+    rows = np.tile(logits, (3, 1))
+    sampling = Sampling(temperature=1.0, repetition_penalty=1.5)
+    after = node_distributions(tokens, parents, rows, sampling, [*context, 4], [0, 1, 2])
+    np.testing.assert_allclose(after[0], distribution(logits, sampling, np.array([0, 1, 4])))
+    np.testing.assert_allclose(after[1], distribution(logits, sampling, np.array([0, 1, 4, 3])))  # its own token 3
+    np.testing.assert_allclose(after[2], distribution(logits, sampling, np.array([0, 1, 4, 2])))  # not its sibling's
+    assert not np.allclose(after[1], after[2])
+
+
+def test_typical_acceptance_rejects_a_token_top_k_cuts():
+    parents, tokens = [-1, 0], [0, 2]
+    logits = np.log(np.array([[0.45, 0.3, 0.25], [1 / 3, 1 / 3, 1 / 3]]))
+    path, _ = accept_typical(tokens, parents, logits, Sampling(temperature=1.0), np.random.default_rng(0))
+    assert path == [0, 1]  # p(2) = 0.25 > min(0.09, ...)
+    path, _ = accept_typical(tokens, parents, logits, Sampling(temperature=1.0, top_k=2), np.random.default_rng(0))
+    assert path == [0]  # top-2 keeps tokens 0 and 1: token 2 has probability 0
+
+
+def test_generation_defaults_take_what_the_model_sets(tmp_path):
+    assert generation_defaults(tmp_path) == GenerationDefaults(**DEFAULTS, source="SpecMemo defaults (the model sets none)")
+    (tmp_path / "generation_config.json").write_text(json.dumps({"do_sample": True, "temperature": 1.0, "top_k": 64,
+                                                                 "top_p": 0.95, "eos_token_id": [1, 106]}))
+    got = generation_defaults(tmp_path)
+    assert (got.temperature, got.top_p, got.top_k, got.repetition_penalty) == (1.0, 0.95, 64, DEFAULTS["repetition_penalty"])
+    assert got.source.startswith("generation_config.json: temperature, top_k, top_p")
+
+
+def args(**given) -> argparse.Namespace:
+    base = dict(temperature=None, top_p=None, top_k=None, repetition_penalty=None, seed=0, samples_by_default=True)
+    return argparse.Namespace(**{**base, **given})
+
+
+def test_chat_samples_with_the_artifact_defaults_generate_stays_greedy():
+    from specmemo.cli.options import sampling_from
+
+    defaults = GenerationDefaults(temperature=0.6, top_p=0.9, top_k=40, repetition_penalty=1.1, source="test")
+    assert sampling_from(args(), defaults) == Sampling(temperature=0.6, top_p=0.9, top_k=40, repetition_penalty=1.1)
+    assert sampling_from(args(temperature=0.0), defaults) is None  # exact greedy
+    assert sampling_from(args(top_k=5), defaults).top_k == 5  # a flag wins
+    assert sampling_from(args(samples_by_default=False), defaults) is None  # generate: greedy by default
+    assert sampling_from(args(samples_by_default=False, temperature=1.0), defaults).top_p == 0.9
+    assert sampling_from(args(), None) is None  # an artifact without defaults: greedy
+    with pytest.raises(ConfigError, match="--top-p needs sampling: add --temperature > 0"):
+        sampling_from(args(samples_by_default=False, top_p=0.5), defaults)
+
+
+def test_exact_acceptance_emits_draws_from_the_base_distribution():
+    """Whatever the draft, the token after the root (a kept child, or the resampled root) is distributed
+    as p: 40,000 seeded steps over a tree whose children are a likely token, an unlikely one and a
+    repeat of the first."""
+    from specmemo.runtime.sampling import accept_exact
+
+    p = np.array([0.1, 0.2, 0.6, 0.1])
+    tokens, parents = [0, 2, 3, 2, 1], [-1, 0, 0, 0, 1]  # children of the root: 2, 3, 2; a grandchild under 2
+    logits = np.log(np.tile(p, (5, 1)))
+    rng, sampling, counts = np.random.default_rng(7), Sampling(temperature=1.0), np.zeros(4)
+    for _ in range(40_000):
+        path, root = accept_exact(tokens, parents, logits, sampling, rng)
+        counts[tokens[path[1]] if len(path) > 1 else root] += 1
+    np.testing.assert_allclose(counts / counts.sum(), p, atol=0.008)  # 4 sigma at n = 40,000
