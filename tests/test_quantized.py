@@ -145,7 +145,9 @@ def test_tiny_int4_export_is_matmulnbits_and_one_route_is_bitwise(tiny_int4, tin
     for artifact in (tiny_llama, tiny_int4):
         chain, single, padded = rows_route(artifact, 12)
         assert np.array_equal(padded, chain), artifact  # >= 2 rows a call: bitwise, whatever T and row
-    assert not np.array_equal(single, chain)  # the M = 1 kernels round differently: why the padding row exists
+    # Why the padding row exists: on the machines this was first measured on, the M = 1 int8-activation
+    # kernels rounded apart from M >= 2; on an AMD EPYC (AVX-512 VNNI) they agreed. That is the CPU's
+    # business, so the one-route property above is asserted, not the difference.
 
 
 def test_widened_blocks_are_the_same_weights_in_8_bits():
