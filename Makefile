@@ -6,7 +6,7 @@ MODEL ?= smollm2-135m
 ARTIFACT ?= artifacts/$(MODEL)
 PROMPT ?= Give me three short tips for staying focused while studying.
 
-.PHONY: setup js-setup demo test bench bench-decode bench-soak bench-node compare-docs chat lock clean
+.PHONY: setup js-setup demo test bench bench-decode bench-batch bench-soak bench-node compare-docs chat serve lock clean
 
 setup: $(VENV)/.installed
 
@@ -46,6 +46,13 @@ bench: setup
 
 bench-decode: setup
 	$(BIN)/specmemo bench decode --artifact $(ARTIFACT) --torch-reference
+
+# MT-Bench at B = 1, 2, 4, 8, 10 (plain vs speculative, equivalence, memory) + the server load test: ~20 min
+bench-batch: setup
+	$(BIN)/specmemo bench batch --artifact $(ARTIFACT)
+
+serve: setup
+	$(BIN)/specmemo serve --artifact $(ARTIFACT)
 
 bench-node: setup js-setup
 	$(BIN)/specmemo bench node --artifact $(ARTIFACT)

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import specmemo
 from specmemo.errors import ConfigError
+from specmemo.export.batch_graph import DEFAULT_BATCHES, batch_support, write_batch_graph
 from specmemo.export.generation import generation_defaults
 from specmemo.export.decoder import Decoder, embedding_table
 from specmemo.export.dims import dims_from_config
@@ -50,6 +51,7 @@ class ExportOptions:
     feature_drafter: Path | None = None  # a feature-drafter folder (train-drafter); None = none
     mobile: str | None = None  # --mobile: also .ort graphs optimized for this platform (arm | amd64)
     kv_dtype: str | None = None  # --kv-dtype: the KV buffer's elements (export/kv_dtype.py); None: default_kv_dtype
+    batch: tuple[int, ...] = DEFAULT_BATCHES  # --batch: B of the batch graphs to write (export/batch_graph.py)
 
     def __post_init__(self) -> None:
         if self.drafter is not None:
@@ -197,6 +199,7 @@ def export_artifact(options: ExportOptions, *, log=print, finalize=None) -> Mani
             ort_format=ort_format,
             generation=generation_defaults(resolved.hf_folder),
         )
+        manifest = add_batch_graphs(staging, manifest, options.batch, log)
         save_manifest(manifest, staging)
         if finalize is not None:
             manifest = finalize(staging, manifest)
@@ -206,6 +209,23 @@ def export_artifact(options: ExportOptions, *, log=print, finalize=None) -> Mani
         raise
     log(f"wrote {out} in {time.perf_counter() - started:.0f} s")
     return manifest
+
+
+def add_batch_graphs(folder: Path, manifest: Manifest, batches: tuple[int, ...], log) -> Manifest:
+    """Write the batch graphs for `batches` (those the manifest lacks) and name them in the manifest;
+    an artifact the batch route does not serve yet gets none, with a line saying why."""
+    reason = batch_support(manifest)
+    if reason:
+        if batches:
+            log(f"no batch graphs: {reason}")
+        return manifest
+    have = {g.batch: g for g in manifest.batch_graphs}
+    for batch in batches:
+        if batch not in have:
+            have[batch] = write_batch_graph(folder, manifest, batch)
+    if batches:
+        log(f"batch graphs for B = {', '.join(str(b) for b in sorted(have))} (one attention node per row and layer)")
+    return replace(manifest, batch_graphs=tuple(have[b] for b in sorted(have)))
 
 
 def rewrite_graph(path: Path, rewrite) -> None:

@@ -197,12 +197,16 @@ def _convert_gguf(parts: list[Path], folder: Path, packaged: PackagedGguf | None
         staged.rename(folder)
 
 
-def load_hf(folder: Path) -> tuple[Any, Any]:
-    """(fp32 eval model, tokenizer) from a local HF folder; never reaches for a hub."""
+def load_hf(folder: Path, *, device_map: str | dict | None = None,
+            max_memory: dict | None = None) -> tuple[Any, Any]:
+    """(fp32 eval model, tokenizer) from a local HF folder; never reaches for a hub. `device_map` and
+    `max_memory` go to accelerate as in `from_pretrained` (e.g. "auto" with {0: "20GiB", "cpu": "64GiB"}
+    on a GPU server); None keeps the model on the CPU without accelerate."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype="float32", local_files_only=True).eval()
+    placement = {} if device_map is None else {"device_map": device_map, "max_memory": max_memory}
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype="float32", local_files_only=True, **placement).eval()
     tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
     return model, tokenizer
 

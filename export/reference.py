@@ -4,6 +4,10 @@ interface, so the one decode loop (runtime/decode.py) runs on it exactly as on O
 Tree steps go through HF's forward with a 4D additive attention mask [1, 1, T, S] and depth-based
 position ids; `commit` keeps the accepted nodes' K/V positions and drops the rest (Medusa-style). The
 Medusa heads run in torch (MedusaHeads.top_k) as the reference drafter.
+
+On a GPU server the same backend runs the model where `load_hf(device_map=..., max_memory=...)`
+(accelerate) placed it: inputs go to the device of the embedding, the KV cache lives beside each
+layer, and only the step's outputs come back to the CPU.
 """
 
 from __future__ import annotations
@@ -71,6 +75,7 @@ class TorchBackend:
 
     def __init__(self, hf_model: Any, *, capacity: int | None = None, preallocate: bool = False):
         self.model = hf_model.eval()
+        self.device = hf_model.get_input_embeddings().weight.device  # where inputs go (accelerate: the first layer's)
         self._capacity = capacity or hf_model.config.max_position_embeddings
         self.preallocate = preallocate
         self.sliding_window = dims_from_config(hf_model.config).sliding_window  # W (0: none)
@@ -85,7 +90,8 @@ class TorchBackend:
         cache = DynamicCache() if self.sliding_window else DynamicCache(config=self.model.config)
         if self.preallocate:
             d = dims_from_config(self.model.config)
-            buffer = torch.empty(2 * d.num_layers, 1, d.num_kv_heads, self._capacity, d.head_dim)  # [2L, B, H_kv, C, D]
+            buffer = torch.empty(2 * d.num_layers, 1, d.num_kv_heads, self._capacity, d.head_dim,
+                                 device=self.device)  # [2L, B, H_kv, C, D]
             buffer.zero_()  # resident, as Medusa's torch.zeros on the GPU is
             cache.layers = [PreallocatedLayer(buffer[2 * i], buffer[2 * i + 1]) for i in range(d.num_layers)]
         return cache
@@ -108,32 +114,32 @@ class TorchBackend:
         past = self._length
         bias = tree.attention_bias(parents, past)  # [1, 1, T, S]
         positions = tree.position_ids(parents, past)  # [1, T]
-        mask = torch.from_numpy(bias)
+        mask = torch.from_numpy(bias).to(self.device)
         if self.sliding_window:  # per layer type, as Gemma 3 takes it: the window on the sliding layers' copy
             local = bias.copy()
             tree.apply_window(local[0, 0], positions[0], np.concatenate([np.arange(past), positions[0]]),
                               self.sliding_window)
-            mask = {AttentionKind.FULL.value: mask, AttentionKind.SLIDING.value: torch.from_numpy(local)}
+            mask = {AttentionKind.FULL.value: mask, AttentionKind.SLIDING.value: torch.from_numpy(local).to(self.device)}
         hidden = self.model.model(
-            input_ids=torch.tensor([tokens]), attention_mask=mask, position_ids=torch.from_numpy(positions),
-            past_key_values=self.cache, use_cache=True,
+            input_ids=torch.tensor([tokens], device=self.device), attention_mask=mask,
+            position_ids=torch.from_numpy(positions).to(self.device), past_key_values=self.cache, use_cache=True,
         ).last_hidden_state[0]  # [T, h], after the final norm
         rows = hidden[-1:] if last_only else hidden
-        logits = final_logits(self.model, rows)  # [N, V]
-        return Forward(logits.argmax(-1).numpy(), logits.numpy(), hidden.numpy())
+        logits = final_logits(self.model, rows).float()  # [N, V]
+        return Forward(logits.argmax(-1).cpu().numpy(), logits.cpu().numpy(), hidden.float().cpu().numpy())
 
     def commit(self, nodes: list[int]) -> None:
         """Keep rows past + nodes (root-to-node order) as the next committed rows; drop the rest."""
         past = self._length
         if self.preallocate:
-            source = torch.tensor([past + n for n in nodes])
             for layer in self.cache.layers:
+                source = torch.tensor([past + n for n in nodes], device=layer.kbuf.device)
                 layer.kbuf[:, :, past : past + len(nodes)] = layer.kbuf[:, :, source]
                 layer.vbuf[:, :, past : past + len(nodes)] = layer.vbuf[:, :, source]
                 layer.length = past + len(nodes)
         else:
-            keep = torch.tensor(list(range(past)) + [past + n for n in nodes])
             for layer in self.cache.layers:
+                keep = torch.tensor(list(range(past)) + [past + n for n in nodes], device=layer.keys.device)
                 layer.keys = layer.keys.index_select(2, keep)  # [1, H_kv, S', D]
                 layer.values = layer.values.index_select(2, keep)
         self._length += len(nodes)

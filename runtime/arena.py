@@ -12,6 +12,8 @@ The buffers (R rows per decoder call: the largest tree or prefill chunk; N logit
   inputs_embeds     [R * h]           the decoder's input
   position_ids      [R]   int64
   attention_bias    [R * C]           a [B, 1, T, S] step uses its first T * S elements
+                    (B > 1, runtime/batch.py: [B * (R + 1)] positions and [B * (R + 1) * C] bias, each
+                    row's attention taking a padding row; attention_rows [B * (R + 1)], token_rows [B * R])
   attention_bias_local [R * C_w]    the sliding layers' bias, when the model has them
   logits_indices    [R]   int64
   logits            [N * V]           a step with N logit rows uses its first N * V elements
@@ -84,13 +86,14 @@ class ArenaLayout:
     def views(self) -> list[tuple[str, str, tuple[int, ...]]]:
         """(name, dtype, shape) of every buffer, in allocation order."""
         b, r, f = self.batch, self.rows, self.dtype
+        a = r + 1 if b > 1 else r  # attention rows per sequence: a batch adds each row's padding row (batch.py)
         out = [(f"kv.{i}", self.kv_dtype, (b, self.num_kv_heads, self.layer_capacity(i // 2), self.head_dim))
                for i in range(2 * self.num_layers)]
         out += [
             ("input_ids", "int64", (b * r,)),
             ("inputs_embeds", f, (b * r * self.hidden_size,)),
-            ("position_ids", "int64", (b * r,)),
-            ("attention_bias", f, (b * r * self.capacity,)),
+            ("position_ids", "int64", (b * a,)),  # a batch: the attention rows' positions
+            ("attention_bias", f, (b * a * self.capacity,)),
             ("logits_indices", "int64", (b * r,)),
             ("logits", f, (b * self.logit_rows * self.vocab_size,)),
             ("next_token_ids", "int64", (b * r,)),
@@ -98,6 +101,8 @@ class ArenaLayout:
         ]
         if self.sliding_layers:
             out.append(("attention_bias_local", f, (b * r * self.window_capacity,)))
+        if b > 1:  # which token each attention row takes, and which attention row each token's output is
+            out += [("attention_rows", "int64", (b * a,)), ("token_rows", "int64", (b * r,))]
         if self.num_heads:
             heads = (b, self.num_heads, self.top_k)
             out += [("heads_hidden", f, (b, self.hidden_size)), ("heads_token_ids", "int64", heads),

@@ -21,7 +21,7 @@ from specmemo.runtime.decode import FullWidth, Generation, generate
 from specmemo.runtime.drafters import Drafter, DrafterName, Merged
 from specmemo.runtime.drafters.feature import FeatureDrafter, OrtFeatureGraph
 from specmemo.runtime.drafters.lookup import PromptLookup
-from specmemo.runtime.drafters.medusa import MedusaDrafter, OrtMedusaHeads
+from specmemo.runtime.drafters.medusa import BatchedHeads, MedusaDrafter, OrtMedusaHeads
 from specmemo.runtime.manifest import ManifestError, load_manifest
 from specmemo.runtime.memory import Footprint
 from specmemo.runtime.session import DecoderSession, SessionConfig
@@ -124,3 +124,37 @@ def open_engine(config: EngineConfig, *, log=print) -> Engine:
     drafter = open_drafter(session, names, max_tree=sizes.tree)
     return Engine(config=config, session=session, tokenizer=tokenizer, drafter=drafter, max_tree=sizes.tree,
                   plan=plan, log=log)
+
+
+def open_pool(config: EngineConfig, *, batch: int, log=print):
+    """B sequences per call (runtime/batch.py) behind a SequencePool: the artifact's batch graph for
+    `batch`, sizes decided as for one engine (C per row), drafters per row (Medusa heads shared, prompt
+    lookup each its own; the feature drafter keeps one sequence's KV and is left out), the batch width
+    policy choosing T each step (1: plain decoding). Greedy mode: plain decoding only."""
+    from specmemo.runtime.batch import BatchBackend, BatchSession
+    from specmemo.runtime.pool import BatchWidth, FixedWidth, SequencePool
+
+    manifest = load_manifest(config.artifact)
+    names = tuple(n for n in drafters(config, manifest) if n is not DrafterName.FEATURE)
+    if DrafterName.MEDUSA in names and manifest.heads is None:
+        raise ManifestError(f"{config.artifact} has no Medusa heads: use --drafter lookup, or re-export with --heads")
+    if config.budget is not None:
+        raise ConfigError("a batch pool is sized by --capacity per row (and `specmemo plan --batch`), not --budget yet")
+    sizes, _ = resolve_sizes(replace(config, mode=Mode.TREE if names else Mode.GREEDY), manifest, log=log)
+    session = BatchSession(config.artifact, SessionConfig(threads=config.threads, sizes=sizes, batch=batch,
+                                                          heads=DrafterName.MEDUSA in names))
+    heads = BatchedHeads(OrtMedusaHeads(session)) if DrafterName.MEDUSA in names else None
+
+    def drafter(row: int) -> Drafter:
+        parts: list[Drafter] = []
+        if heads is not None:
+            parts.append(MedusaDrafter(heads.for_row(row), exported_tree(manifest).prefix(sizes.tree)))
+        if DrafterName.LOOKUP in names:
+            parts.append(PromptLookup())
+        return parts[0] if len(parts) == 1 else Merged(parts)
+
+    speculative = bool(names) and config.mode is not Mode.GREEDY
+    width = (FixedWidth(sizes.tree) if config.mode is Mode.TREE else BatchWidth(sizes.tree)) if speculative else FixedWidth(1)
+    return SequencePool(BatchBackend(session), drafter_factory=drafter if speculative else None,
+                        max_tree=sizes.tree if speculative else 1, width=width,
+                        prefetch=heads.prefetch if heads is not None and speculative else None)

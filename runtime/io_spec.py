@@ -8,7 +8,7 @@ buffer has C_w rows and its bias covers S_w of them; H_kv, D, V, h are fixed num
 
 from __future__ import annotations
 
-from specmemo.runtime.manifest import DecoderIO, ModelDims, TensorSpec
+from specmemo.runtime.manifest import BatchGraph, DecoderIO, ModelDims, TensorSpec
 
 INPUTS_EMBEDS = "inputs_embeds"  # [B, T, h] float, rows of the embedding table (runtime/embedding.py)
 POSITION_IDS = "position_ids"  # [B, T] int64, depth-based for tree nodes
@@ -86,4 +86,21 @@ def decoder_io(dims: ModelDims, dtype: str, kv_dtype: str | None = None) -> Deco
         hidden_states=HIDDEN_STATES,
         kv_pairs=tuple(kv),
         attention_bias_local=ATTENTION_BIAS_LOCAL if dims.sliding_layers else "",
+    )
+
+
+def row_name(name: str, row: int) -> str:
+    """A batch graph's per-row input/output (export/batch_graph.py): `attention_bias.row3`, `present.0.key.row3`."""
+    return f"{name}.row{row}"
+
+
+def batch_graph(io: DecoderIO, batch: int, file: str) -> BatchGraph:
+    """The names of the `batch`-row decoder: per row, the biases and the KV pairs of `io`."""
+    rows = range(batch)
+    return BatchGraph(
+        batch=batch,
+        file=file,
+        attention_bias=tuple(row_name(io.attention_bias, b) for b in rows),
+        attention_bias_local=tuple(row_name(io.attention_bias_local, b) for b in rows) if io.attention_bias_local else (),
+        kv_pairs=tuple((row_name(past, b), row_name(present, b)) for b in rows for past, present in io.kv_pairs),
     )

@@ -18,9 +18,9 @@ from specmemo.errors import ConfigError, SpecMemoError
 from specmemo.runtime.drafters import DrafterName, parse_drafter
 
 MANIFEST_FILE = "manifest.json"
-FORMAT_VERSION = 6  # 2: inputs_embeds, the embedding table in its own file; 3: max_capacity, weight/kv/activation dtypes;
+FORMAT_VERSION = 7  # 2: inputs_embeds, the embedding table in its own file; 3: max_capacity, weight/kv/activation dtypes;
 # 4: drafter; 5: quantized weights (weight_dtype int8/int4, quantized embedding rows); 6: sliding-window layers
-# (their own KV buffers and attention_bias_local), generation defaults
+# (their own KV buffers and attention_bias_local), generation defaults; 7: batch graphs
 BYTES_PER_ELEMENT = {"float32": 4, "float16": 2}  # the element types KV cache and activations may take
 WEIGHT_DTYPES = {"float32": 32, "float16": 16, "int8": 8, "int4": 4}  # weight_dtype → bits of the widest decoder MatMul
 
@@ -111,6 +111,29 @@ class DecoderIO:
     hidden_states: str
     kv_pairs: tuple[tuple[str, str], ...]  # (past input, present output) bound to one buffer
     attention_bias_local: str = ""  # [B, 1, T, S_w]: the sliding layers' bias over their own buffer ("": none)
+
+
+@dataclass(frozen=True)
+class BatchGraph:
+    """The decoder for B sequences in one call (export/batch_graph.py): the rows' tokens laid end to end
+    on the token axis ([1, n_0 + ... + n_{B-1}, h]), one GroupQueryAttention per row and layer over the
+    row's own KV buffers and bias, on T_b = n_b + 1 attention rows (the row's tokens and a padding row,
+    gathered by `attention_rows`). Inputs and outputs not named here are named as in `DecoderIO`
+    (position_ids is not an input: `attention_position_ids` carries the positions)."""
+
+    batch: int  # B
+    file: str  # its graph; the weights are the decoder's own data file
+    attention_bias: tuple[str, ...]  # [B] inputs [1, 1, T_b, S_b]
+    kv_pairs: tuple[tuple[str, str], ...]  # [B * 2L] (past, present), row b's 2L pairs at [b * 2L, (b + 1) * 2L)
+    attention_rows: str = "attention_rows"  # [A] int64, A = sum T_b: the token each attention row takes
+    attention_position_ids: str = "attention_position_ids"  # [1, A] int64
+    token_rows: str = "token_rows"  # [n] int64: the attention row of each token (its output)
+    attention_bias_local: tuple[str, ...] = ()  # [B] inputs [1, 1, T_b, S_w,b] (sliding layers)
+
+    def __post_init__(self) -> None:
+        if self.batch < 2 or len(self.attention_bias) != self.batch or len(self.kv_pairs) % self.batch:
+            raise ManifestError(f"batch_graphs: a graph for {self.batch} rows names {len(self.attention_bias)} biases "
+                                f"and {len(self.kv_pairs)} KV pairs: re-export the artifact")
 
 
 @dataclass(frozen=True)
@@ -315,6 +338,7 @@ class Manifest:
     draft_shape: str = "tree"  # tree | chain: "chain" where only a chain verifies exactly (level 4, float16 KV)
     ort_format: OrtFormatInfo | None = None  # set by `export --mobile`
     generation: GenerationDefaults | None = None  # chat's sampling defaults (None: greedy)
+    batch_graphs: tuple[BatchGraph, ...] = ()  # decoders for B > 1 sequences per call (export --batch)
 
     def __post_init__(self) -> None:
         if self.format_version != FORMAT_VERSION:
@@ -351,9 +375,22 @@ class Manifest:
         if DrafterName.FEATURE in names and self.feature_drafter is None:
             raise ManifestError(f"drafter {self.drafter!r} needs the feature drafter graph, which this artifact "
                                 f"lacks: re-export with --feature-drafter")
+        for graph in self.batch_graphs:
+            if len(graph.kv_pairs) != graph.batch * len(self.io.kv_pairs):
+                raise ManifestError(f"batch_graphs: the {graph.batch}-row graph names {len(graph.kv_pairs)} KV pairs, "
+                                    f"expected {graph.batch} x {len(self.io.kv_pairs)}: re-export the artifact")
         if self.plan is not None and self.plan.capacity > self.max_capacity:
             raise ManifestError(f"plan.capacity {self.plan.capacity} exceeds the graph's max capacity "
                                 f"{self.max_capacity}: re-export with --profile")
+
+    def batch_graph(self, batch: int) -> BatchGraph:
+        """The graph for `batch` rows; a one-line error naming the export that makes it."""
+        for graph in self.batch_graphs:
+            if graph.batch == batch:
+                return graph
+        made = ", ".join(str(g.batch) for g in self.batch_graphs) or "none"
+        raise ManifestError(f"this artifact has no graph for batch {batch} (it has: {made}): add one with "
+                            f"`specmemo export-batch --artifact DIR --batch {batch}`")
 
     @property
     def bits_per_weight(self) -> int:
@@ -404,6 +441,8 @@ def _convert(type_name: Any, value: Any, where: str) -> Any:
         return None if value is None else _convert(type_name.removesuffix(" | None"), value, where)
     if type_name in _NESTED:
         return _build(_NESTED[type_name], value, where)
+    if type_name.startswith("tuple[BatchGraph"):
+        return tuple(_build(BatchGraph, v, where) for v in _list(value, where))
     if type_name.startswith("tuple[TensorSpec"):
         return tuple(
             TensorSpec(name=v["name"], dtype=v["dtype"], shape=tuple(v["shape"])) for v in _list(value, where)
@@ -450,6 +489,7 @@ def load_manifest(artifact: str | Path) -> Manifest:
         files += [manifest.feature_drafter.file, manifest.feature_drafter.data_file]
     if manifest.ort_format is not None:
         files += [*manifest.ort_format.files, manifest.ort_format.required_operators]
+    files += [graph.file for graph in manifest.batch_graphs]
     for name in files:
         if not (folder / name).is_file():
             raise ManifestError(f"{folder / name} named by the manifest is missing: re-export the artifact")

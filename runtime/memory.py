@@ -65,6 +65,7 @@ class Footprint:
     sizes: Sizes  # C, R, T_max priced
     bytes_per_kv_element: int
     window_capacity: int = 0  # C_w of the sliding-window layers (0: none)
+    batch: int = 1  # B sequences priced
 
     @property
     def arena(self) -> int:
@@ -93,10 +94,12 @@ def kv_bytes(dims: ModelDims, *, capacity: int, window_capacity: int = 0, batch:
     return 2 * batch * dims.num_kv_heads * dims.head_dim * itemsize * rows
 
 
-def activation_bytes(dims: ModelDims, *, rows: int, capacity: int, itemsize: int) -> int:
-    """ORT's largest live set in one layer for R rows attending to up to C rows (see module doc)."""
+def activation_bytes(dims: ModelDims, *, rows: int, capacity: int, itemsize: int, batch: int = 1) -> int:
+    """ORT's largest live set in one layer for R rows attending to up to C rows (see module doc). With
+    B rows per call (runtime/batch.py) the token-wise terms take B·R rows; attention runs one row's
+    GroupQueryAttention at a time, so its scores stay H·R·C."""
     per_row = 3 * dims.intermediate_size + (dims.num_heads + 2 * dims.num_kv_heads) * dims.head_dim + 2 * dims.hidden_size
-    return rows * per_row * itemsize + dims.num_heads * rows * capacity * itemsize
+    return batch * rows * per_row * itemsize + dims.num_heads * rows * capacity * itemsize
 
 
 def weights_stored(artifact: Path, manifest: Manifest) -> int:
@@ -104,15 +107,17 @@ def weights_stored(artifact: Path, manifest: Manifest) -> int:
     return sum((artifact / name).stat().st_size for name in files)
 
 
-def footprint(manifest: Manifest, calibration: Calibration, sizes: Sizes, *, weights: int = 0) -> Footprint:
-    layout = ArenaLayout.for_manifest(manifest, sizes)
+def footprint(manifest: Manifest, calibration: Calibration, sizes: Sizes, *, weights: int = 0,
+              batch: int = 1) -> Footprint:
+    """`batch`: B sequences per call (runtime/batch.py): B KV rows and B·R token rows in the arena."""
+    layout = ArenaLayout.for_manifest(manifest, sizes, batch=batch)
     return Footprint(
         weights_stored=weights, load=calibration.load_bytes, kv=layout.kv_nbytes(),
         io=layout.allocation_bytes - layout.kv_nbytes(),
         activations=activation_bytes(manifest.dims, rows=sizes.rows, capacity=sizes.capacity,
-                                     itemsize=manifest.bytes_per_activation),
+                                     itemsize=manifest.bytes_per_activation, batch=batch),
         step_overhead=calibration.step_overhead_bytes, sizes=sizes, bytes_per_kv_element=manifest.bytes_per_kv_element,
-        window_capacity=layout.window_capacity)
+        window_capacity=layout.window_capacity, batch=batch)
 
 
 def useful_tree_size(manifest: Manifest) -> int:
@@ -194,6 +199,8 @@ def parse_size(text: str) -> int:
 
 
 def kv_label(fp: Footprint) -> str:
+    if fp.batch > 1:
+        return f"KV cache: 2·B·L·H_kv·C·D·{fp.bytes_per_kv_element}, B={fp.batch}, C={fp.sizes.capacity}"
     if not fp.window_capacity:
         return f"KV cache: 2·L·H_kv·C·D·{fp.bytes_per_kv_element}, C={fp.sizes.capacity}"
     return (f"KV cache: 2·H_kv·D·{fp.bytes_per_kv_element}·(L_full·C + L_w·C_w), C={fp.sizes.capacity}, "
@@ -207,7 +214,8 @@ def breakdown(fp: Footprint) -> list[tuple[str, float]]:
         ("load: process + ORT + weights (measured once)", fp.load / MIB),
         (kv_label(fp), fp.kv / MIB),
         (f"arena I/O: ids, bias, logits, hidden (R={fp.sizes.rows}, T={fp.sizes.tree})", fp.io / MIB),
-        (f"activations: R={fp.sizes.rows} rows over C={fp.sizes.capacity}", fp.activations / MIB),
+        (f"activations: {f'B·R={fp.batch}·' if fp.batch > 1 else 'R='}{fp.sizes.rows} rows over C={fp.sizes.capacity}",
+         fp.activations / MIB),
         ("step overhead (measured once)", fp.step_overhead / MIB),
         ("generation (arena + activations + overhead)", fp.generation / MIB),
         ("headroom (5% of generation: the model's error bound)", fp.headroom / MIB),

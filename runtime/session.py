@@ -46,8 +46,8 @@ class SessionConfig:
             raise ConfigError(f"threads must be >= 1, got {self.threads}")
         if not isinstance(self.model_format, ModelFormat):
             object.__setattr__(self, "model_format", ModelFormat(self.model_format))
-        if self.batch != 1:
-            raise ConfigError("only batch 1 is supported (GroupQueryAttention verifies T > 1 tokens for B = 1)")
+        if self.batch < 1:
+            raise ConfigError(f"batch must be >= 1, got {self.batch}")
 
 
 @dataclass
@@ -191,6 +191,8 @@ class DecoderSession:
     the arena with this step's shapes, so running a step allocates nothing."""
 
     def __init__(self, artifact: str | Path, config: SessionConfig = SessionConfig()):
+        if config.batch != 1:
+            raise ConfigError("DecoderSession runs one sequence; B > 1 sequences run in runtime.batch.BatchSession")
         self.artifact = Path(artifact)
         self.manifest = load_manifest(self.artifact)
         self.config = config

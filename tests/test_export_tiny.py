@@ -178,3 +178,24 @@ def test_rewind_then_rerun_gives_the_same_logits(tiny_llama, kind):
     np.testing.assert_allclose(again, first, atol=1e-5, rtol=0)
     backend.rewind(99)  # never forward: rewinding past the end keeps what is there
     assert backend.length == 10
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not __import__("torch").cuda.is_available(), reason="no GPU here (the GPU path: README, 'Past one machine')"))])
+def test_torch_reference_placed_by_accelerate_decodes_as_ort(tiny_llama, device):
+    """The PyTorch reference loaded through accelerate (`load_hf(device_map=..., max_memory=...)`, as on a
+    GPU server): greedy and speculative replies equal the ORT runtime's greedy reply."""
+    from specmemo.export.load import load_hf
+    from specmemo.export.reference import TorchBackend
+    from specmemo.runtime.decode import generate
+    from specmemo.runtime.drafters.lookup import PromptLookup
+
+    model, _ = load_hf(tiny_llama.parent / "hf", device_map={"": device}, max_memory=None)
+    assert next(model.parameters()).device.type == device
+    ids = prompt(load_manifest(tiny_llama).dims.vocab_size, 9)
+    want = generate(OrtBackend(DecoderSession(tiny_llama)), ids, max_new_tokens=30, eos_token_ids=set()).token_ids
+    torch_backend = TorchBackend(model, capacity=64)
+    assert generate(torch_backend, ids, max_new_tokens=30, eos_token_ids=set()).token_ids == want
+    torch_backend.reset()
+    assert generate(torch_backend, ids, max_new_tokens=30, eos_token_ids=set(), drafter=PromptLookup(),
+                    max_tree=6).token_ids == want

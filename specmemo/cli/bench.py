@@ -48,6 +48,46 @@ def add_parser(sub) -> None:
     b.add_argument("--out", type=Path, default=Path("results") / "bench-decode", help="folder for JSONL + summary")
     b.set_defaults(handler=cmd_bench_decode)
 
+    b = bench.add_parser("batch", help="tok/s per batch size B, speculative vs plain, equivalence, memory, server load",
+                         description="Decode MT-Bench first turns at each B in --batch: B = 1 on the one-sequence "
+                                     "engine, B > 1 as a sequence pool on the batch graph (continuous batching). At each "
+                                     "B, plain and speculative decoding run interleaved chunk by chunk in one process "
+                                     "(the batch width policy decides T per step), and every reply is compared token "
+                                     "for token with B = 1 greedy. Then each B in a fresh process for memory, and a load "
+                                     "test of `specmemo serve` (streaming clients on loopback: TTFT, tok/s, nothing "
+                                     "lost). Prints a table, writes summary.json.",
+                         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    add_artifact(b)
+    b.add_argument("--batch", type=sizes_list, default=(1, 2, 4, 8, 10), help="batch sizes B (each > 1 needs its "
+                                                                                 "batch graph: export-batch)")
+    b.add_argument("--questions", type=positive, default=80, help="first N MT-Bench questions (first turns)")
+    b.add_argument("--max-new-tokens", type=positive, default=128)
+    b.add_argument("--capacity", type=positive, default=512, help="KV positions per row (prompt + reply)")
+    b.add_argument("--threads", type=positive, default=2)
+    b.add_argument("--load-clients", type=int, default=16, help="streaming clients of the load test (0: skip it)")
+    b.add_argument("--load-requests", type=positive, default=3, help="requests each client sends, one after another")
+    b.add_argument("--load-batch", type=positive, default=8, help="the server's --batch in the load test")
+    b.add_argument("--no-memory", action="store_true", help="skip the fresh-process memory probes")
+    b.add_argument("--out", type=Path, default=Path("results") / "bench-batch", help="folder for summary.json")
+    b.set_defaults(handler=cmd_bench_batch)
+
+    b = bench.add_parser("attention", help="the attention routes a batch could take, one layer: ms and exactness",
+                         description="Time one layer's attention for B rows of T new tokens over ragged pasts in a C-position "
+                                     "buffer written in place: one GroupQueryAttention node for all rows (ORT refuses T > 1), "
+                                     "one GroupQueryAttention per row (the batch graph's route), and TensorScatter + ONNX "
+                                     "Attention (opset 23) over all C positions with a per-row mask. Dims default to "
+                                     "SmolLM2-135M's. Prints a table, writes JSON.",
+                         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    b.add_argument("--batch", type=sizes_list, default=(2, 4, 8))
+    b.add_argument("--tokens", type=sizes_list, default=(2, 8), help="T new tokens per row")
+    b.add_argument("--capacity", type=positive, default=512)
+    b.add_argument("--heads", type=positive, default=9)
+    b.add_argument("--kv-heads", type=positive, default=3)
+    b.add_argument("--head-dim", type=positive, default=64)
+    b.add_argument("--threads", type=positive, default=2)
+    b.add_argument("--out", type=Path, default=Path("results") / "bench-attention.json")
+    b.set_defaults(handler=cmd_bench_attention)
+
     b = bench.add_parser("node", help="the Python runtime vs the TypeScript engine on onnxruntime-node: decode tok/s",
                          description="Decode MT-Bench first turns with `specmemo generate` and the TypeScript engine's "
                                      "`specmemo-node generate` (android_demo/engine), each reply a fresh process, "
@@ -169,6 +209,48 @@ def cmd_bench_decode(args: argparse.Namespace) -> int:
     print(bench.format_bars(summary))
     for path in bench.write_results(summary, runs, config.out, manifest.source_model, tokenizer.decode):
         print(f"wrote {path}")
+    return 0
+
+
+def cmd_bench_attention(args: argparse.Namespace) -> int:
+    from specmemo.bench import attention_routes
+
+    rows = attention_routes.run(batches=args.batch, tokens=args.tokens, capacity=args.capacity, heads=args.heads,
+                                kv_heads=args.kv_heads, dim=args.head_dim, threads=args.threads, out=args.out,
+                                log=log_stderr)
+    print(attention_routes.format_table(rows))
+    print(f"wrote {args.out}")
+    return 0
+
+
+def cmd_bench_batch(args: argparse.Namespace) -> int:
+    from specmemo.bench import batch as bench
+    from specmemo.datasets import load_questions
+    from specmemo.runtime.manifest import load_manifest
+    from specmemo.runtime.tokenizer import ChatTokenizer, Message
+
+    manifest = load_manifest(args.artifact)
+    for b in args.batch:
+        if b > 1:
+            manifest.batch_graph(b)  # a one-line error naming export-batch, before anything runs
+    if args.load_clients:
+        manifest.batch_graph(args.load_batch)
+    config = bench.BatchBenchConfig(artifact=args.artifact, batches=tuple(sorted({1, *args.batch})),
+                                    questions=args.questions, max_new_tokens=args.max_new_tokens,
+                                    capacity=args.capacity, threads=args.threads, load_clients=args.load_clients,
+                                    load_requests=args.load_requests, out=args.out)
+    tokenizer = ChatTokenizer(args.artifact, manifest)
+    questions = [q.turns[0] for q in load_questions()[: config.questions]]
+    prompts = [tokenizer.encode_chat([Message("user", q)]) for q in questions]
+    speed, reference = bench.run_speed(config, prompts, tokenizer.eos_token_ids, log=log_stderr)
+    memory = [] if args.no_memory else bench.run_memory(config, prompts, log=log_stderr)
+    load = None
+    if config.load_clients:
+        texts = {q: tokenizer.decode(ids) for q, ids in zip(questions, reference)}
+        load = bench.run_load(config, questions, texts, batch=args.load_batch, log=log_stderr)
+    summary = bench.summarize(config, speed, memory, load)
+    print(bench.format_table(summary))
+    print(f"wrote {bench.write_results(summary, config.out)}")
     return 0
 
 

@@ -62,6 +62,9 @@ def add_parser(sub) -> None:
                    help="also write every graph in ONNX Runtime's own format (.ort, optimizations for this "
                         "platform baked in; default arm) and required_operators.config, the operator list "
                         "of a reduced ORT build; runtimes load them with --model-format ort")
+    p.add_argument("--batch", type=batch_sizes, default=None, metavar="B[,B...]",
+                   help="also write decoder graphs for B sequences per call (serve, bench batch): a few hundred KB "
+                        "each, reading the same weights file; 'none' for none (default 2,4,8,10)")
     p.add_argument("--no-validate", action="store_true", help="skip the ORT-vs-PyTorch validation")
     add_profile_options(p, budget=False,
                         purpose="size the artifact for the device: the plan (C, R, T_max within its app memory, "
@@ -82,6 +85,41 @@ def add_parser(sub) -> None:
     p.add_argument("--threads", type=positive, default=2)
     add_model_format(p)
     p.set_defaults(handler=cmd_validate)
+
+    p = sub.add_parser("export-batch", help="add batch graphs (B sequences per call) to an existing artifact",
+                       description="Write decoder.b<B>.onnx for each B into the artifact and name it in the manifest: "
+                                   "the decoder with one attention node per row and layer, reading the artifact's own "
+                                   "weights file (nothing is retraced or converted; seconds).")
+    p.add_argument("--artifact", type=Path, required=True)
+    p.add_argument("--batch", type=batch_sizes, required=True, metavar="B[,B...]", help="e.g. 16 or 2,4,8")
+    p.set_defaults(handler=cmd_export_batch)
+
+
+def batch_sizes(text: str) -> tuple[int, ...]:
+    """'2,4,8' → (2, 4, 8); 'none' → ()."""
+    if text.strip().lower() == "none":
+        return ()
+    try:
+        values = tuple(sorted({int(part) for part in text.split(",") if part.strip()}))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected numbers like 2,4,8 (or none), got {text!r}") from None
+    if not values or min(values) < 2:
+        raise argparse.ArgumentTypeError(f"batch sizes start at 2 (one sequence needs no batch graph), got {text!r}")
+    return values
+
+
+def cmd_export_batch(args: argparse.Namespace) -> int:
+    from specmemo.export.artifact import add_batch_graphs
+    from specmemo.export.batch_graph import batch_support
+    from specmemo.errors import ConfigError
+    from specmemo.runtime.manifest import load_manifest, save_manifest
+
+    manifest = load_manifest(args.artifact)
+    reason = batch_support(manifest)
+    if reason:
+        raise ConfigError(reason)
+    save_manifest(add_batch_graphs(args.artifact, manifest, args.batch, log_stderr), args.artifact)
+    return 0
 
 
 def cmd_export(args: argparse.Namespace) -> int:
@@ -118,7 +156,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     feature = {"auto": auto, "none": None}.get(args.feature_drafter, Path(args.feature_drafter))
     export_artifact(ExportOptions(model=args.model, out=out, max_capacity=max_capacity, heads=heads, quant=quant,
                                   top_k=args.top_k, drafter=args.drafter, feature_drafter=feature, mobile=args.mobile,
-                                  kv_dtype=args.kv_dtype),
+                                  kv_dtype=args.kv_dtype, **({} if args.batch is None else {"batch": args.batch})),
                     finalize=finalize)
     if args.no_validate:
         return 0

@@ -61,6 +61,22 @@ def add_parser(sub) -> None:
     p.add_argument("--out", type=Path, required=True)
     p.set_defaults(handler=cmd_subvocab_heads)
 
+    p = sub.add_parser("export-heads", help="write trained heads for vLLM or TensorRT-LLM (a GPU server)",
+                       description="Write Medusa heads in the format a GPU serving engine loads, for when one device "
+                                   "is not enough. vllm: config.json + model.safetensors as vLLM's Medusa loader reads "
+                                   "them; serve with speculative_config={\"method\": \"medusa\", \"model\": OUT, "
+                                   "\"num_speculative_tokens\": K}. medusa: a FasterDecoding/Medusa checkpoint "
+                                   "(config.json + medusa_lm_head.safetensors), the input of TensorRT-LLM's "
+                                   "examples/medusa/convert_checkpoint.py --medusa_model_dir OUT. README, \"Past one "
+                                   "machine\".",
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--model", default=DEFAULT_MODEL, help="alias, HF folder or .gguf (the heads' base model)")
+    p.add_argument("--heads", type=Path, default=None,
+                   help="heads folder (default: the heads shipped for --model)")
+    p.add_argument("--format", choices=["vllm", "medusa"], default="vllm")
+    p.add_argument("--out", type=Path, required=True)
+    p.set_defaults(handler=cmd_export_heads)
+
     p = sub.add_parser("eval-heads", help="head accuracy on MT-Bench, the Medusa tree grown from it, acceptance",
                        description="Decode greedy replies to MT-Bench first turns with the PyTorch reference "
                                    "Medusa decoder, score each head's top-1..top-k accuracy on them, grow the "
@@ -117,6 +133,23 @@ def cmd_subvocab_heads(args: argparse.Namespace) -> int:
     save_heads(to_subvocab(heads, frequent_tokens(predicted_token_counts(path), args.size)), args.out)
     print(f"wrote {args.out}: {args.size}-token sub-vocabulary heads from {args.heads}; "
           f"next: specmemo eval-heads --heads {args.out}")
+    return 0
+
+
+def cmd_export_heads(args: argparse.Namespace) -> int:
+    from specmemo.export.artifact import default_heads
+    from specmemo.export.heads import load_heads
+    from specmemo.export.load import lm_head_t, load_hf, resolve_model
+    from specmemo.export.serving_formats import ServingFormat, write_serving_format
+
+    folder = args.heads or default_heads(args.model)
+    if folder is None:
+        raise SpecMemoError(f"no heads ship for {args.model}: pass --heads (a train-heads folder)")
+    resolved = resolve_model(args.model)
+    model, _ = load_hf(resolved.hf_folder)
+    heads = load_heads(folder, lm_head_t(model), base_sha256=resolved.sha256)
+    write_serving_format(heads, args.out, ServingFormat(args.format), base_model=str(resolved.hf_folder))
+    print(f"wrote {args.out}: {heads.spec.num_heads} {heads.spec.mode.value} heads in {args.format} format")
     return 0
 
 

@@ -22,6 +22,9 @@ def add_parser(sub) -> None:
     add_profile_options(p)
     p.add_argument("--context", type=positive,
                    help="tokens the KV cache must hold (prompt + reply); default: the graph's max capacity")
+    p.add_argument("--batch", type=positive, default=1,
+                   help="price B sequences decoded together (serve, bench batch): B KV rows of C positions (C = "
+                        "--context) and B·R token rows per call")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     p.set_defaults(handler=cmd_plan)
 
@@ -48,12 +51,18 @@ def cmd_plan(args: argparse.Namespace) -> int:
         raise memory.BudgetError(f"{err}; what would fit: {'; '.join(options)}") from None
     budget = args.budget_bytes if args.budget_bytes is not None else (manifest.plan.budget if chosen else None)
     heads = manifest.heads.num_heads if manifest.heads else 0
+    if args.batch > 1:
+        base = chosen or memory.footprint(manifest, calibration, default_sizes(manifest, capacity=args.context))
+        chosen = memory.footprint(manifest, calibration, base.sizes, weights=memory.weights_stored(args.artifact, manifest),
+                                  batch=args.batch)
     if args.json:
         print(json.dumps({"lower_bound": _footprint_json(bound), "plan": chosen and _footprint_json(chosen),
                           "context": context, "budget": budget, "profile": profile.name if profile else None,
                           "heads": heads}))
         return 0
-    if args.budget_bytes is not None:
+    if args.batch > 1:
+        title = f"{args.batch} sequences decoded together (batch graph), C={chosen.sizes.capacity} positions each"
+    elif args.budget_bytes is not None:
         title = f"plan for {profile.name if profile else args.budget}"
     elif chosen is not None:
         title = f"plan for {manifest.plan.profile} (the manifest's, from export --profile)"
@@ -69,7 +78,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         print(f"  {label:<58} {mib:>9.1f} MiB")
     print(f"\nlower bound for a {context}-token context (useful tree: {bound.sizes.tree} nodes): "
           f"{bound.total / memory.MIB:.1f} MiB")
-    if chosen:
+    if chosen and args.batch == 1:
         s = chosen.sizes
         print(f"chosen: C={s.capacity}, R={s.rows} rows per call, T_max={s.tree}, K={heads} heads; "
               f"{chosen.total / memory.MIB:.1f} MiB of {budget / memory.MIB:.1f} MiB")

@@ -1,0 +1,226 @@
+"""B sequences per decoder call: the batch graph (export/batch_graph.py) over one arena of B KV rows.
+
+Each row is an independent sequence with its own committed length; a call runs any mix of rows —
+one row's prefill chunk beside another's draft tree — laid end to end on the token axis:
+
+  input_ids                 [n_0 + ... + n_{B-1}]   row b's n_b tokens, then row b + 1's
+  attention_rows            [A], A = sum (n_b + 1)    per row: its tokens' indices, then its last token's
+                                                      again (the padding row, export/batch_graph.py)
+  position_ids              [A]                       the attention rows' positions (padding: last + 1)
+  attention_bias            row b: [n_b + 1, S_b] at b * (R + 1) * C (its committed past + its tree + padding)
+  token_rows                [n]                       each token's attention row (the padding rows left out)
+  kv.{i}[b]                 [1, H_kv, C, D]          row b's buffer, bound in place as past and present
+  logits_indices            [N]                       positions (on the token axis) that get logits
+
+So every row's numbers are bit for bit those of the B = 1 decoder (its padding row included), while
+the MatMuls run each token once. A free row runs a 1-token stub at position 0 of its own (unused)
+buffer; its outputs are ignored. Rows accept different numbers of tokens and nothing is realigned:
+the commit moves each row's accepted K/V positions inside its own buffer (only when a tree accepted a
+side branch).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+
+from specmemo.errors import ConfigError
+from specmemo.runtime import tree
+from specmemo.runtime.arena import Arena, ArenaLayout
+from specmemo.runtime.backend import ContextOverflowError, Forward, check_fits
+from specmemo.runtime.embedding import EmbeddingTable
+from specmemo.runtime.manifest import load_manifest
+from specmemo.runtime.rss import reset_peak_rss, rss_bytes
+from specmemo.runtime.session import ArtifactError, SessionConfig, load_graph, load_shared_lm_head
+from specmemo.runtime.sizes import check_capacity, default_sizes
+
+STUB = 1  # tokens a free row runs
+
+
+@dataclass(frozen=True)
+class RowCall:
+    """One row's part of a call: `tokens` laid out as a tree (`parents`) on top of its committed positions."""
+
+    row: int
+    tokens: list[int]
+    parents: list[int]
+    last_only: bool = False  # logits for the last token only (prefill), else for every token
+
+
+class BatchSession:
+    """The batch graph (and the heads graph, for Medusa drafting one row at a time) over one arena of B rows."""
+
+    def __init__(self, artifact: str | Path, config: SessionConfig):
+        self.artifact = Path(artifact)
+        self.manifest = m = load_manifest(self.artifact)
+        self.config = config
+        if config.batch < 2:
+            raise ConfigError("a batch session needs --batch 2 or more (one sequence: DecoderSession)")
+        if m.dims.sliding_layers:
+            raise ConfigError(f"batching {m.dims.architecture} (sliding-window layers) is not built yet: "
+                              f"serve it with --batch 1")
+        self.graph = m.batch_graph(config.batch)
+        self.sizes = config.sizes or default_sizes(m, tree=None if config.heads and m.heads is not None else 1)
+        check_capacity(m, self.sizes.capacity)
+        self.embedding = EmbeddingTable(self.artifact / m.embedding.file, m.embedding)
+        self.lm_head = load_shared_lm_head(self.artifact, m)
+        shared = {} if self.lm_head is None else {m.heads.shared_lm_head.decoder_name: ort.OrtValue.ortvalue_from_numpy(self.lm_head)}
+        self.session = load_graph(self.artifact / self.graph.file, config, shared)
+        expected = {*self.graph.attention_bias, *(p for pair in self.graph.kv_pairs for p in pair)}
+        present = {i.name for i in self.session.get_inputs()} | {o.name for o in self.session.get_outputs()}
+        if not expected <= present:
+            raise ArtifactError(f"{self.artifact / self.graph.file} does not match its manifest: re-export the artifact")
+        self.heads_session = None
+        if config.heads and m.heads is not None:
+            heads_shared = {} if self.lm_head is None else {m.heads.shared_lm_head.heads_name: shared[m.heads.shared_lm_head.decoder_name]}
+            self.heads_session = load_graph(self.artifact / m.heads.file, config, heads_shared)
+        self._shared_values = shared
+        self.rss_after_load = rss_bytes()
+        reset_peak_rss()
+        self.layout = ArenaLayout.for_manifest(m, self.sizes, batch=config.batch)
+        self.arena = Arena(self.layout)
+        self.binding = self.session.io_binding()
+        pairs = len(m.io.kv_pairs)
+        self._kv_values = []
+        for b in range(config.batch):
+            for i, (past, present) in enumerate(self.graph.kv_pairs[b * pairs:(b + 1) * pairs]):
+                value = ort.OrtValue.ortvalue_from_numpy(self.arena.kv[i][b:b + 1])  # row b's view, no copy
+                self.binding.bind_ortvalue_input(past, value)
+                self.binding.bind_ortvalue_output(present, value)
+                self._kv_values.append(value)
+
+    @property
+    def batch(self) -> int:  # B
+        return self.config.batch
+
+    @property
+    def rows(self) -> int:  # R: most tokens of one row per call
+        return self.layout.rows
+
+    @property
+    def logit_rows(self) -> int:  # N per row
+        return self.layout.logit_rows
+
+    def _bind(self, name: str, view: np.ndarray, shape: tuple[int, ...], output: bool = False) -> None:
+        args = (name, "cpu", 0, view.dtype, shape, view.ctypes.data)
+        (self.binding.bind_output if output else self.binding.bind_input)(*args)
+
+    @property
+    def bias_stride(self) -> int:  # elements between two rows' biases: (R + 1) * C
+        return (self.rows + 1) * self.sizes.capacity
+
+    def run(self, sizes: list[int], attended: list[int], logit_rows: int) -> None:
+        """Run the call whose inputs the caller wrote into the arena: row b's n_b = sizes[b] tokens at
+        [sum(sizes[:b]), ...) of input_ids, its n_b + 1 attention rows in attention_rows/position_ids,
+        its [n_b + 1, S_b] bias at b * (R + 1) * C, token_rows, and `logit_rows` entries of logits_indices."""
+        io, a, d, g = self.manifest.io, self.arena, self.manifest.dims, self.graph
+        total = sum(sizes)
+        rows = total + len(sizes)  # A: each row's tokens and its padding row
+        for b, (size, span) in enumerate(zip(sizes, attended)):
+            self._bind(g.attention_bias[b], a["attention_bias"][b * self.bias_stride:], (1, 1, size + 1, span))
+        embeds = a["inputs_embeds"][: total * d.hidden_size].reshape(total, d.hidden_size)
+        self.embedding.lookup(a["input_ids"][:total], embeds)
+        self._bind(io.inputs_embeds, embeds, (1, total, d.hidden_size))
+        self._bind(g.attention_rows, a["attention_rows"], (rows,))
+        self._bind(g.attention_position_ids, a["position_ids"], (1, rows))
+        self._bind(g.token_rows, a["token_rows"], (total,))
+        self._bind(io.logits_indices, a["logits_indices"], (1, logit_rows))
+        self._bind(io.logits, a["logits"], (1, logit_rows, d.vocab_size), output=True)
+        self._bind(io.next_token_ids, a["next_token_ids"], (1, logit_rows), output=True)
+        self._bind(io.hidden_states, a["hidden_states"], (1, total, d.hidden_size), output=True)
+        self.session.run_with_iobinding(self.binding)
+
+
+class BatchBackend:
+    """B rows behind one decoder call each step: `forward` runs the calls given (free rows run a stub),
+    `commit` keeps a row's accepted nodes, `release` frees a row. Lengths are per row."""
+
+    def __init__(self, session: BatchSession):
+        self.session = session
+        self.lengths = [0] * session.batch
+        self._trees: dict[tuple[int, ...], tuple[np.ndarray, np.ndarray]] = {}
+
+    @property
+    def batch(self) -> int:
+        return self.session.batch
+
+    @property
+    def capacity(self) -> int:  # per row, less the padding row's position
+        return self.session.sizes.capacity - 1
+
+    def _tree(self, parents: list[int]) -> tuple[np.ndarray, np.ndarray]:
+        key = tuple(parents)
+        if key not in self._trees:
+            if len(self._trees) >= 64:
+                self._trees.clear()
+            self._trees[key] = (tree.depths(parents), tree.attention_bias(parents, 0)[0, 0])
+        return self._trees[key]
+
+    def forward(self, calls: list[RowCall]) -> dict[int, Forward]:
+        """One decoder call for every row: `calls` (at most one per row), a stub for the others.
+        Returns each called row's outputs (arena views, valid until the next forward)."""
+        s, a = self.session, self.session.arena
+        by_row = {call.row: call for call in calls}
+        if len(by_row) != len(calls) or any(not 0 <= r < self.batch for r in by_row):
+            raise ValueError(f"one call per row, rows 0..{self.batch - 1}: got rows {[c.row for c in calls]}")
+        sizes, attended, wanted_at, gathered = [], [], {}, []
+        start = at = 0  # where this row's tokens start on the token axis, and its rows on the attention axis
+        ids, rows, token_rows, positions = a["input_ids"], a["attention_rows"], a["token_rows"], a["position_ids"]
+        for b in range(self.batch):
+            call = by_row.get(b)
+            if call is None:  # a stub: 1 token at position 0 of the free row's buffer
+                tokens, parents, past = [0] * STUB, tree.chain(STUB), 0
+            else:
+                tokens, parents, past = call.tokens, call.parents, self.lengths[b]
+                if len(tokens) > s.rows or (not call.last_only and len(tokens) > s.logit_rows):
+                    raise ValueError(f"row {b}: {len(tokens)} tokens exceed the arena's {s.rows} rows / {s.logit_rows} "
+                                     f"logit rows per call")
+                check_fits(past, len(tokens), self.capacity, 1)
+            size = len(tokens)
+            depths, block = self._tree([*parents, size - 1])  # the padding row: a child of the last token
+            for i, token in enumerate(tokens):  # element-wise: no temporary array
+                ids[start + i] = token
+                rows[at + i] = start + i
+                token_rows[start + i] = at + i
+            rows[at + size] = start + size - 1
+            np.add(depths, past, out=positions[at:at + size + 1])
+            span = past + size + 1
+            bias = a["attention_bias"][b * s.bias_stride: b * s.bias_stride + (size + 1) * span].reshape(size + 1, span)
+            bias[:, :past] = 0
+            bias[:, past:] = block
+            if call is not None:
+                first = size - 1 if call.last_only else 0
+                wanted_at[b] = (len(gathered), size - first, start, size)
+                gathered.extend(range(start + first, start + size))
+            sizes.append(size)
+            attended.append(span)
+            start += size
+            at += size + 1
+        while len(gathered) < 2:  # the LM head runs >= 2 rows, as on the one-sequence route
+            gathered.append(next(i for i in range(start) if i not in gathered))
+        a["logits_indices"][: len(gathered)] = gathered
+        s.run(sizes, attended, len(gathered))
+        v, h = s.manifest.dims.vocab_size, s.manifest.dims.hidden_size
+        logits = a["logits"][: len(gathered) * v].reshape(len(gathered), v)
+        next_ids = a["next_token_ids"][: len(gathered)]
+        hidden = a["hidden_states"][: start * h].reshape(start, h)
+        return {b: Forward(next_ids[at:at + n], logits[at:at + n], hidden[first:first + size])
+                for b, (at, n, first, size) in wanted_at.items()}
+
+    def commit(self, row: int, nodes: list[int]) -> None:
+        """Keep `nodes` (indices into row's last call, root-to-node order) as its next committed positions."""
+        start = self.lengths[row]
+        if start + len(nodes) > self.session.sizes.capacity:
+            raise ContextOverflowError(f"row {row}: committing {len(nodes)} positions overflows the KV capacity")
+        for target, node in enumerate(nodes, start):
+            source = start + node
+            if source != target:
+                for buffer in self.session.arena.kv:
+                    buffer[row, :, target] = buffer[row, :, source]
+        self.lengths[row] = start + len(nodes)
+
+    def release(self, row: int) -> None:
+        self.lengths[row] = 0

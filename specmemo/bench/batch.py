@@ -1,0 +1,296 @@
+"""`specmemo bench batch`: throughput per batch size, speculative vs plain at each, output equivalence,
+memory per batch size, and a load test of `specmemo serve`.
+
+Speed, one process, threads pinned: for each B, the questions in chunks; each chunk decoded plainly
+and speculatively back to back (the order alternating chunk by chunk), so the two modes share the
+machine's state. B = 1 is the one-sequence engine (greedy; the controller for speculative); B > 1 a
+SequencePool on the batch graph (continuous batching within a chunk; the batch width policy decides
+T each step, T = 1 being plain decoding), and B = 1 greedy on two prompts of each chunk beside them (the
+×B=1 ratio). Every reply is compared token for token with B = 1 greedy.
+
+Memory, a fresh process per B: RSS after load and peak RSS while decoding B questions at once, beside
+the arena as allocated.
+
+Load test: the server on loopback, N streaming clients each sending R requests in turn (temperature 0),
+time to first token and per-request tokens/s, every reply checked against B = 1 greedy.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from specmemo.runtime.config import EngineConfig, Mode
+from specmemo.runtime.fresh_process import run_json, serve_json
+
+
+@dataclass(frozen=True)
+class BatchBenchConfig:
+    artifact: Path
+    batches: tuple[int, ...] = (1, 2, 4, 8, 10)
+    questions: int = 80
+    max_new_tokens: int = 128
+    capacity: int = 512  # KV positions per row: prompt + reply
+    threads: int = 2
+    load_clients: int = 16
+    load_requests: int = 3
+    out: Path = Path("results") / "bench-batch"
+
+
+@dataclass
+class Arm:
+    tokens: int = 0
+    seconds: float = 0.0
+    identical: int = 0
+    replies: int = 0
+    accepted: list[float] = field(default_factory=list)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.seconds if self.seconds else 0.0
+
+
+def chunks(items: list, size: int) -> list[list]:
+    return [items[i:i + size] for i in range(0, len(items), size)]
+
+
+def run_speed(config: BatchBenchConfig, prompts: list[list[int]], eos: frozenset[int], *, log=print) -> tuple[dict, list]:
+    from specmemo.runtime.engine import open_engine, open_pool
+    from specmemo.runtime.pool import BatchWidth, FixedWidth, Request
+
+    quiet = lambda _: None  # noqa: E731
+    engine = open_engine(EngineConfig(artifact=config.artifact, mode=Mode.AUTO, threads=config.threads,
+                                      capacity=config.capacity), log=quiet)
+    engine.policy(Mode.AUTO)  # the latency curve: read or measured now, not inside a timed reply
+    results = {}
+    one = {"plain": Arm(), "speculative": Arm()}
+    replies: dict[str, dict[int, list[int]]] = {"plain": {}, "speculative": {}}
+    indexed = list(enumerate(prompts))
+    for i, chunk in enumerate(chunks(indexed, 8)):
+        for name in (["plain", "speculative"] if i % 2 == 0 else ["speculative", "plain"]):
+            for j, prompt in chunk:
+                started = time.perf_counter()
+                out = engine.generate(prompt, max_new_tokens=config.max_new_tokens,
+                                      mode=Mode.GREEDY if name == "plain" else Mode.AUTO)
+                arm = one[name]
+                arm.seconds += time.perf_counter() - started
+                arm.tokens += len(out.token_ids)
+                arm.replies += 1
+                replies[name][j] = out.token_ids
+                if name == "speculative":
+                    arm.accepted.append(out.stats.mean_accepted)
+        log(f"B=1: {len(replies['plain'])}/{len(prompts)} questions")
+    reference = [replies["plain"][j] for j in range(len(prompts))]  # B = 1 greedy: what every reply must equal
+    one["plain"].identical = len(reference)
+    one["speculative"].identical = sum(replies["speculative"][j] == reference[j] for j in range(len(prompts)))
+    results[1] = one
+    for batch in (b for b in config.batches if b > 1):
+        pool = open_pool(EngineConfig(artifact=config.artifact, mode=Mode.AUTO, threads=config.threads,
+                                      capacity=config.capacity), batch=batch, log=quiet)
+        width = BatchWidth(pool.max_tree)  # one policy across the chunks: it keeps learning
+        arms = {"plain": Arm(), "speculative": Arm(), "b1_plain": Arm()}
+        indexed = list(enumerate(prompts))
+        for i, chunk in enumerate(chunks(indexed, max(2 * batch, 8))):
+            for j, prompt in chunk[:2]:  # B = 1 greedy beside this chunk: the ×B=1 ratio, measured side by side
+                started = time.perf_counter()
+                arms["b1_plain"].tokens += len(engine.generate(prompt, max_new_tokens=config.max_new_tokens,
+                                                               mode=Mode.GREEDY).token_ids)
+                arms["b1_plain"].seconds += time.perf_counter() - started
+            for name in (["plain", "speculative"] if i % 2 == 0 else ["speculative", "plain"]):
+                pool.width = FixedWidth(1) if name == "plain" else width
+                before = (pool.stats.row_steps, pool.stats.accepted)
+                started = time.perf_counter()
+                outs = pool.run([Request(p, config.max_new_tokens, eos) for _, p in chunk])
+                arm = arms[name]
+                arm.seconds += time.perf_counter() - started
+                arm.tokens += sum(len(o.token_ids) for o in outs)
+                arm.replies += len(outs)
+                arm.identical += sum(o.token_ids == reference[j] for o, (j, _) in zip(outs, chunk))
+                steps, gained = pool.stats.row_steps - before[0], pool.stats.accepted - before[1]
+                if name == "speculative" and steps:
+                    arm.accepted.append(gained / steps)
+        stats = pool.stats
+        log(f"B={batch}: plain {arms['plain'].tokens_per_s:.1f} tok/s, speculative "
+            f"{arms['speculative'].tokens_per_s:.1f} tok/s; commit {100 * stats.commit_s / stats.total_s:.2f}% "
+            f"of step time")
+        arms["shares"] = {"forward": stats.forward_s / stats.total_s, "draft": stats.draft_s / stats.total_s,
+                          "commit": stats.commit_s / stats.total_s, "other": stats.other_s / stats.total_s}
+        arms["width"] = {t: {"steps": width.count[t], "tokens_per_s_per_row": width.speed[t]} for t in width.arms}
+        results[batch] = arms
+        del pool
+    return results, reference
+
+
+def probe_memory(request: dict) -> dict:
+    """In a fresh process: a pool of B rows (or the one-sequence engine at B = 1) decoding B prompts at once."""
+    from specmemo.runtime.engine import open_engine, open_pool
+    from specmemo.runtime.pool import Request
+    from specmemo.runtime.rss import peak_rss_bytes
+
+    artifact, batch = Path(request["artifact"]), request["batch"]
+    config = EngineConfig(artifact=artifact, mode=Mode.GREEDY, threads=request["threads"], capacity=request["capacity"])
+    prompts = request["prompts"]
+    if batch == 1:
+        engine = open_engine(config, log=lambda _: None)
+        for prompt in prompts:
+            engine.generate(prompt, max_new_tokens=request["max_new_tokens"])
+        session = engine.session
+    else:
+        pool = open_pool(config, batch=batch, log=lambda _: None)
+        pool.run([Request(p, request["max_new_tokens"]) for p in prompts])
+        session = pool.backend.session
+    return {"batch": batch, "rss_after_load": session.rss_after_load, "peak_rss": peak_rss_bytes(),
+            "generation": peak_rss_bytes() - session.rss_after_load, "arena": session.arena.nbytes,
+            "kv": sum(b.nbytes for b in session.arena.kv)}
+
+
+def run_memory(config: BatchBenchConfig, prompts: list[list[int]], *, log=print) -> list[dict]:
+    probes = []
+    for batch in config.batches:
+        log(f"memory probe B={batch} (fresh process) ...")
+        request = {"artifact": str(config.artifact), "batch": batch, "prompts": prompts[:batch],
+                   "max_new_tokens": config.max_new_tokens, "threads": config.threads, "capacity": config.capacity}
+        probes.append(run_json("specmemo.bench.batch", request, what=f"the memory probe for B={batch}",
+                               fix="run `specmemo bench batch --batch 2` to see why"))
+    return probes
+
+
+def run_load(config: BatchBenchConfig, questions: list[str], reference: dict[str, str], *, batch: int,
+             log=print) -> dict:
+    """The server on loopback under `load_clients` streaming clients × `load_requests` requests each."""
+    import argparse
+    import socket
+
+    import httpx
+    import uvicorn
+
+    from specmemo.cli.serve import build_app
+
+    args = argparse.Namespace(artifact=config.artifact, mode=Mode.AUTO, drafter=None, batch=batch,
+                              capacity=config.capacity, max_queue=config.load_clients * config.load_requests,
+                              threads=config.threads, model_name="bench")
+    app, chat = build_app(args)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    while not server.started:
+        time.sleep(0.02)
+    url = f"http://127.0.0.1:{port}/v1/chat/completions"
+    records, errors = [], []
+
+    def client(index: int) -> None:
+        with httpx.Client(trust_env=False, timeout=600) as http:
+            for r in range(config.load_requests):
+                question = questions[(index * config.load_requests + r) % len(questions)]
+                body = {"model": "bench", "messages": [{"role": "user", "content": question}],
+                        "max_tokens": config.max_new_tokens, "temperature": 0, "stream": True,
+                        "stream_options": {"include_usage": True}}
+                started, first, text, usage, finish = time.perf_counter(), None, "", None, None
+                try:
+                    with http.stream("POST", url, json=body) as response:
+                        if response.status_code != 200:
+                            errors.append(f"HTTP {response.status_code}")
+                            continue
+                        for line in response.iter_lines():
+                            if not line.startswith("data: ") or line == "data: [DONE]":
+                                continue
+                            data = json.loads(line[6:])
+                            if data.get("usage"):
+                                usage = data["usage"]
+                            for choice in data.get("choices", []):
+                                piece = choice["delta"].get("content") or ""
+                                if piece and first is None:
+                                    first = time.perf_counter()
+                                text += piece
+                                finish = choice.get("finish_reason") or finish
+                except httpx.HTTPError as err:
+                    errors.append(type(err).__name__)
+                    continue
+                done = time.perf_counter()
+                records.append({"ttft": (first or done) - started, "seconds": done - started,
+                                "tokens": usage["completion_tokens"] if usage else 0, "finish": finish,
+                                "identical": text == reference[question]})
+
+    started = time.perf_counter()
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(config.load_clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - started
+    health = chat.worker.health()
+    server.should_exit = True
+    thread.join(timeout=15)
+    ttft = [r["ttft"] for r in records]
+    per_request = [r["tokens"] / (r["seconds"] - r["ttft"]) for r in records if r["tokens"] > 1 and r["seconds"] > r["ttft"]]
+    log(f"load: {len(records)} of {config.load_clients * config.load_requests} requests completed in {wall:.1f} s")
+    return {"clients": config.load_clients, "requests_each": config.load_requests, "batch": batch,
+            "sent": config.load_clients * config.load_requests, "completed": len(records),
+            "finished_with_reason": sum(r["finish"] in ("stop", "length") for r in records),
+            "identical_to_greedy": sum(r["identical"] for r in records), "errors": errors,
+            "ttft_p50_s": float(np.percentile(ttft, 50)) if ttft else None,
+            "ttft_p95_s": float(np.percentile(ttft, 95)) if ttft else None,
+            "request_tokens_per_s_p50": float(np.percentile(per_request, 50)) if per_request else None,
+            "aggregate_tokens_per_s": sum(r["tokens"] for r in records) / wall, "wall_s": wall,
+            "server_health": health}
+
+
+def summarize(config: BatchBenchConfig, speed: dict, memory: list[dict], load: dict | None) -> dict:
+    rows = []
+    base = speed[1]["plain"].tokens_per_s
+    for batch, arms in speed.items():
+        plain, spec = arms["plain"], arms["speculative"]
+        probe = next((m for m in memory if m["batch"] == batch), None)
+        local = arms.get("b1_plain", plain).tokens_per_s  # B = 1 greedy measured beside this B's chunks
+        rows.append({"batch": batch, "plain_tokens_per_s": plain.tokens_per_s,
+                     "speculative_tokens_per_s": spec.tokens_per_s,
+                     "speculative_over_plain": spec.tokens_per_s / plain.tokens_per_s if plain.tokens_per_s else None,
+                     "plain_over_b1_plain": plain.tokens_per_s / local if local else None,
+                     "b1_plain_beside": local, "plain_over_b1_phase": plain.tokens_per_s / base if base else None,
+                     "mean_accepted": float(np.mean(spec.accepted)) if spec.accepted else None,
+                     "identical_plain": plain.identical, "identical_speculative": spec.identical,
+                     "replies": plain.replies, "step_shares": arms.get("shares"), "width": arms.get("width"),
+                     "memory": probe})
+    return {"config": {k: str(v) if isinstance(v, Path) else v for k, v in config.__dict__.items()},
+            "rows": rows, "load": load}
+
+
+def format_table(summary: dict) -> str:
+    lines = [f"{'B':>3} {'plain tok/s':>12} {'spec tok/s':>11} {'spec/plain':>10} {'×B=1':>6} {'acc/step':>8} "
+             f"{'identical':>13} {'commit %':>8} {'KV MiB':>7} {'gen MiB':>8}"]
+    for r in summary["rows"]:
+        memory = r["memory"] or {}
+        shares = r["step_shares"] or {}
+        lines.append(f"{r['batch']:>3} {r['plain_tokens_per_s']:>12.1f} {r['speculative_tokens_per_s']:>11.1f} "
+                     f"{r['speculative_over_plain']:>10.2f} {r['plain_over_b1_plain']:>6.2f} "
+                     f"{r['mean_accepted'] or 0:>8.2f} "
+                     f"{r['identical_plain']:>3}+{r['identical_speculative']:>3}/{r['replies']:<3}   "
+                     f"{100 * shares.get('commit', 0):>8.2f} {memory.get('kv', 0) / 2**20:>7.1f} "
+                     f"{memory.get('generation', 0) / 2**20:>8.1f}")
+    load = summary.get("load")
+    if load:
+        lines.append(f"\nserver load test (B={load['batch']}, {load['clients']} streaming clients × {load['requests_each']} "
+                     f"requests): {load['completed']}/{load['sent']} completed, {load['identical_to_greedy']} identical "
+                     f"to greedy, errors {len(load['errors'])}; TTFT p50 {load['ttft_p50_s']:.2f} s, p95 "
+                     f"{load['ttft_p95_s']:.2f} s; per request {load['request_tokens_per_s_p50']:.1f} tok/s (p50), "
+                     f"aggregate {load['aggregate_tokens_per_s']:.1f} tok/s")
+    return "\n".join(lines)
+
+
+def write_results(summary: dict, out: Path) -> Path:
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "summary.json"
+    path.write_text(json.dumps(summary, indent=1) + "\n")
+    return path
+
+
+if __name__ == "__main__":  # the fresh-process memory probe
+    serve_json(probe_memory)

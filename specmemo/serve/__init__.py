@@ -1,0 +1,1 @@
+"""`specmemo serve`: an OpenAI-compatible HTTP server over a sequence pool (worker.py, app.py)."""

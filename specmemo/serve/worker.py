@@ -1,0 +1,139 @@
+"""The one thread that owns the sequence pool: requests wait in a bounded queue, join free rows
+between steps, stream their tokens back, and leave when done or when their client goes away.
+
+Everything the pool touches stays on this thread; other threads only `submit` and `cancel`, which
+take a lock and return at once. Tokens reach an asyncio handler through `loop.call_soon_threadsafe`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+from specmemo.errors import SpecMemoError
+from specmemo.runtime.pool import Request, SequencePool
+
+
+class QueueFull(SpecMemoError, RuntimeError):
+    """More requests are waiting than the server keeps: the client should retry later (HTTP 429)."""
+
+
+@dataclass
+class Job:
+    request: Request
+    loop: asyncio.AbstractEventLoop
+    events: asyncio.Queue  # ("tokens", [ids]) ... then ("done", finish_reason)
+    submitted: float = field(default_factory=time.perf_counter)
+    row: int | None = None
+    cancelled: bool = False
+
+    def send(self, kind: str, value) -> None:
+        self.loop.call_soon_threadsafe(self.events.put_nowait, (kind, value))
+
+
+@dataclass
+class Counters:
+    completed: int = 0
+    cancelled: int = 0
+    rejected: int = 0  # refused with 429
+    failed: int = 0
+
+
+class PoolWorker:
+    def __init__(self, pool: SequencePool, *, max_queue: int):
+        self.pool = pool
+        self.max_queue = max_queue
+        self.counters = Counters()
+        self._waiting: deque[Job] = deque()
+        self._jobs: dict[int, Job] = {}  # row → job (worker thread only)
+        self._cancel: set[int] = set()  # ids of jobs to drop
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._stop = False
+        self._thread = threading.Thread(target=self._run, name="specmemo-pool", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop = True
+        self._wake.set()
+        self._thread.join(timeout=10)
+
+    def submit(self, request: Request, loop: asyncio.AbstractEventLoop) -> Job:
+        job = Job(request, loop, asyncio.Queue())
+        with self._lock:
+            if len(self._waiting) >= self.max_queue:
+                self.counters.rejected += 1
+                raise QueueFull(f"{len(self._waiting)} requests are already waiting for one of "
+                                f"{self.pool.backend.batch} rows: retry later")
+            self._waiting.append(job)
+        self._wake.set()
+        return job
+
+    def cancel(self, job: Job) -> None:
+        """Drop `job` (its client went away): out of the queue now, out of its row before the next step."""
+        with self._lock:
+            job.cancelled = True
+            if job in self._waiting:
+                self._waiting.remove(job)
+                self.counters.cancelled += 1
+                return
+            self._cancel.add(id(job))
+        self._wake.set()
+
+    def health(self) -> dict:
+        with self._lock:
+            waiting = len(self._waiting)
+        return {"status": "ok", "rows": self.pool.backend.batch, "rows_busy": self.pool.active, "queued": waiting,
+                "completed": self.counters.completed, "cancelled": self.counters.cancelled,
+                "rejected": self.counters.rejected, "failed": self.counters.failed,
+                "steps": self.pool.stats.steps, "tokens": self.pool.stats.tokens}
+
+    def _admit(self) -> None:
+        with self._lock:
+            for row, job in list(self._jobs.items()):
+                if id(job) in self._cancel:
+                    self._cancel.discard(id(job))
+                    self.pool.cancel(row)
+                    del self._jobs[row]
+                    self.counters.cancelled += 1
+            while self._waiting and self.pool.free_rows:
+                job = self._waiting.popleft()
+                try:
+                    job.row = self.pool.add(job.request)
+                except SpecMemoError as err:  # checked up front by the app; kept as a guard
+                    self.counters.failed += 1
+                    job.send("error", str(err))
+                    continue
+                self._jobs[job.row] = job
+
+    def _run(self) -> None:
+        while not self._stop:
+            self._admit()
+            if not self.pool.active:
+                self._wake.wait(timeout=0.5)
+                self._wake.clear()
+                continue
+            try:
+                updates = self.pool.step()
+            except Exception as err:  # noqa: BLE001  (a failed step fails its requests, not the server)
+                for row, job in list(self._jobs.items()):
+                    self.pool.cancel(row)
+                    job.send("error", f"decoding failed: {err}")
+                    self.counters.failed += 1
+                self._jobs.clear()
+                continue
+            for update in updates:
+                job = self._jobs.get(update.row)
+                if job is None:
+                    continue
+                if update.tokens:
+                    job.send("tokens", list(update.tokens))
+                if update.finished:
+                    job.send("done", update.finish_reason)
+                    del self._jobs[update.row]
+                    self.counters.completed += 1

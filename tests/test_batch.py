@@ -1,0 +1,227 @@
+"""B sequences per call (runtime/batch.py, runtime/pool.py, export/batch_graph.py) against the
+one-sequence decoder: bit-for-bit outputs per row, and every row's greedy reply token for token its
+own B = 1 reply, under an oracle drafter that makes rows accept different lengths every step."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from conftest import export_tiny, tiny_config
+from specmemo.errors import ConfigError
+from specmemo.runtime import tree
+from specmemo.runtime.drafters.draft import DraftContext, DraftTree
+from specmemo.runtime.drafters.lookup import PromptLookup
+from specmemo.runtime.sizes import Sizes
+
+SIZES = Sizes(capacity=96, rows=8, tree=8)
+REPLY = 40
+
+
+@pytest.fixture(scope="module", params=["Qwen2ForCausalLM", "Qwen3ForCausalLM"])  # packed QKV; QK-norm (Q, K, V apart)
+def artifact(request, tmp_path_factory):
+    return export_tiny(tiny_config(request.param), tmp_path_factory.mktemp("batch"), max_capacity=128)
+
+
+@pytest.fixture(scope="module")
+def prompts():
+    rng = np.random.default_rng(7)
+    return [rng.integers(5, 256, size=n).tolist() for n in (3, 11, 20, 7, 5, 9, 14)]  # 20 > R: chunked prefill
+
+
+@pytest.fixture(scope="module")
+def references(artifact, prompts):
+    """Each prompt's greedy reply, decoded alone on the one-sequence route."""
+    from specmemo.runtime.backend import OrtBackend
+    from specmemo.runtime.decode import generate
+    from specmemo.runtime.session import DecoderSession, SessionConfig
+
+    backend = OrtBackend(DecoderSession(artifact, SessionConfig(sizes=SIZES, heads=False)))
+    out = []
+    for prompt in prompts:
+        backend.reset()
+        out.append(generate(backend, prompt, max_new_tokens=REPLY, eos_token_ids=set()).token_ids)
+    return out
+
+
+def open_pool(artifact, batch, **options):
+    from specmemo.runtime.batch import BatchBackend, BatchSession
+    from specmemo.runtime.pool import SequencePool
+    from specmemo.runtime.session import SessionConfig
+
+    session = BatchSession(artifact, SessionConfig(sizes=SIZES, heads=False, batch=batch))
+    return SequencePool(BatchBackend(session), **options)
+
+
+class Oracle:
+    """Knows every prompt's reference reply; proposes root → [a wrong child, then the next k right tokens,
+    then a wrong one], k different for every row and step, so rows accept 1 to 6 tokens and most commits
+    move K/V positions (the right branch is the root's second child)."""
+
+    name = "oracle"
+
+    def __init__(self, prompts, references, vocab):
+        self.replies = {tuple(p): r for p, r in zip(prompts, references)}
+        self.vocab, self.calls = vocab, 0
+
+    def propose(self, context: DraftContext, *, budget: int) -> DraftTree:
+        prompt = next(p for p in self.replies if tuple(context.tokens[: len(p)]) == p)
+        reply, at = self.replies[prompt], len(context.tokens) - len(prompt)  # context ends with reply[at - 1]
+        self.calls += 1
+        k = (self.calls * 7 + len(prompt) * 3) % 6
+        right = reply[at : at + k]
+        wrong = lambda t: (t + 1) % self.vocab  # noqa: E731
+        tokens = [context.root, wrong(reply[at] if at < len(reply) else 0), *right, wrong(right[-1] if right else 0)]
+        parents = [-1, 0, *([0] if right else []), *range(2, 2 + len(right) - 1), 1 + len(right) if right else 0]
+        tokens, parents = tokens[:budget], parents[:budget]
+        return DraftTree(tuple(tokens), tuple(parents), tuple([1.0] * len(tokens)))
+
+
+def test_batch_graph_rows_are_bitwise_the_one_sequence_graph(artifact):
+    """Random pasts and trees per row (one of them a single token), one call: each row's logits and K/V
+    equal the B = 1 decoder's on the one-sequence route (a 1-token step padded with its token again),
+    bit for bit."""
+    from specmemo.runtime.manifest import load_manifest
+    from specmemo.runtime.session import SessionConfig, load_graph
+
+    m = load_manifest(artifact)
+    graph = m.batch_graph(4)
+    batched, single = (load_graph(artifact / f, SessionConfig()) for f in (graph.file, m.decoder_file))
+    d, rng, capacity = m.dims, np.random.default_rng(3), 32
+    feeds, embeds, singles, attention_rows, positions, token_rows = {}, [], [], [], [], []
+    start = at = 0
+    for b, (past, parents) in enumerate([(0, [-1, 0]), (5, [-1, 0, 0, 1]), (9, [-1]), (17, [-1, 0, 1])]):
+        kv = [rng.standard_normal((1, d.num_kv_heads, capacity, d.head_dim)).astype(np.float32) for _ in m.io.kv_pairs]
+        n = len(parents)
+        x = rng.standard_normal((1, n, d.hidden_size)).astype(np.float32)
+        padded = [*parents, n - 1]  # every row's attention takes a padding row: its last token again
+        one_parents, one_x = (padded, np.concatenate([x, x[:, -1:]], 1)) if n == 1 else (parents, x)
+        one = {m.io.inputs_embeds: one_x, m.io.position_ids: tree.position_ids(one_parents, past),
+               m.io.attention_bias: tree.attention_bias(one_parents, past),
+               m.io.logits_indices: np.arange(len(one_parents))[None]}
+        one.update({past_name: k.copy() for (past_name, _), k in zip(m.io.kv_pairs, kv)})
+        singles.append(single.run(None, one))
+        embeds.append(x)
+        attention_rows += [*range(start, start + n), start + n - 1]
+        token_rows += list(range(at, at + n))
+        positions.append(tree.position_ids(padded, past))
+        feeds[graph.attention_bias[b]] = tree.attention_bias(padded, past)
+        feeds.update({name: k.copy() for (name, _), k in zip(graph.kv_pairs[b * len(kv):], kv)})
+        start, at = start + n, at + n + 1
+    feeds.update({m.io.inputs_embeds: np.concatenate(embeds, 1), m.io.logits_indices: np.arange(start)[None],
+                  graph.attention_rows: np.array(attention_rows), graph.token_rows: np.array(token_rows),
+                  graph.attention_position_ids: np.concatenate(positions, 1)})
+    out = batched.run(None, feeds)
+    names = [o.name for o in batched.get_outputs()]
+    start = 0
+    for b, ref in enumerate(singles):
+        n = embeds[b].shape[1]
+        assert np.array_equal(out[0][0, start:start + n], ref[0][0, :n]), f"row {b} logits"
+        for layer, (_, present) in enumerate(m.io.kv_pairs):
+            got = out[names.index(graph.kv_pairs[b * len(m.io.kv_pairs) + layer][1])]
+            past = [0, 5, 9, 17][b]
+            assert np.array_equal(got[:, :, : past + n], ref[3 + layer][:, :, : past + n]), f"row {b} K/V"
+        start += n
+
+
+@pytest.mark.parametrize("batch", [2, 4])
+def test_oracle_drafter_ragged_acceptance_equals_each_rows_greedy(artifact, prompts, references, batch):
+    from specmemo.runtime.manifest import load_manifest
+    from specmemo.runtime.pool import FixedWidth, Request
+
+    oracle = Oracle(prompts, references, load_manifest(artifact).dims.vocab_size)
+    pool = open_pool(artifact, batch, drafter_factory=lambda row: oracle, max_tree=8, width=FixedWidth(8))
+    per_step: list[list[int]] = []
+    steps_seen = pool.stats.steps
+
+    def watch(index, update):
+        nonlocal steps_seen
+        if pool.stats.steps != steps_seen:
+            per_step.append([])
+            steps_seen = pool.stats.steps
+        per_step[-1].append(len(update.tokens))
+
+    out = pool.run([Request(p, REPLY) for p in prompts], on_update=watch)
+    for i, (got, want) in enumerate(zip(out, references)):
+        assert got.token_ids == want, f"prompt {i}: batched reply differs from its own B=1 greedy reply"
+    ragged = [s for s in per_step if len(s) > 1 and len(set(s)) > 1]
+    assert len(ragged) >= 10, "the oracle should make rows accept different lengths in most steps"
+    assert max(max(s) for s in per_step) >= 5
+    assert pool.stats.commit_s > 0
+
+
+def test_lookup_and_plain_batches_equal_greedy_and_free_rows_run_stubs(artifact, prompts, references):
+    from specmemo.runtime.pool import FixedWidth, Request
+
+    for width in (1, 4):
+        pool = open_pool(artifact, 4, drafter_factory=lambda row: PromptLookup(), max_tree=8, width=FixedWidth(width))
+        assert [g.token_ids for g in pool.run([Request(p, REPLY) for p in prompts])] == references
+    pool = open_pool(artifact, 4)  # one request in four rows: three stubs
+    assert pool.run([Request(prompts[1], REPLY)])[0].token_ids == references[1]
+
+
+def test_cancel_frees_the_row_for_the_next_request(artifact, prompts, references):
+    from specmemo.runtime.pool import PoolFull, Request
+
+    pool = open_pool(artifact, 2)
+    first, second = pool.add(Request(prompts[0], REPLY)), pool.add(Request(prompts[1], REPLY))
+    for _ in range(5):
+        pool.step()
+    with pytest.raises(PoolFull):
+        pool.add(Request(prompts[2], REPLY))
+    pool.cancel(first)
+    assert pool.free_rows == [first]
+    again = pool.add(Request(prompts[3], REPLY))
+    done = {}
+    while pool.sequences:
+        for update in pool.step():
+            if update.finished:
+                done[update.row] = pool.completed[update.row].token_ids
+    assert done[again] == references[3] and done[second] == references[1]
+
+
+def test_batch_memory_is_priced_exactly(artifact):
+    from specmemo.runtime.batch import BatchSession
+    from specmemo.runtime.manifest import load_manifest
+    from specmemo.runtime.memory import Calibration, footprint, kv_bytes
+    from specmemo.runtime.session import SessionConfig
+
+    m = load_manifest(artifact)
+    session = BatchSession(artifact, SessionConfig(sizes=SIZES, heads=False, batch=8))
+    d = m.dims
+    assert sum(b.nbytes for b in session.arena.kv) == 8 * 2 * d.num_layers * d.num_kv_heads * SIZES.capacity * d.head_dim * 4
+    fp = footprint(m, Calibration(0, 0), SIZES, batch=8)
+    assert fp.kv == kv_bytes(d, capacity=SIZES.capacity, batch=8, itemsize=4)
+    assert fp.arena == session.arena.nbytes  # priced as allocated, to the byte
+    assert footprint(m, Calibration(0, 0), SIZES, batch=8).activations > footprint(m, Calibration(0, 0), SIZES).activations
+
+
+def test_missing_batch_graph_and_bad_sizes_are_one_line_errors(artifact, tmp_path):
+    from specmemo.runtime.manifest import ManifestError, load_manifest
+
+    with pytest.raises(ManifestError, match="export-batch --artifact DIR --batch 3"):
+        load_manifest(artifact).batch_graph(3)
+    cli = [sys.executable, "-m", "specmemo.cli", "export-batch", "--artifact", str(artifact), "--batch", "1"]
+    run = subprocess.run(cli, capture_output=True, text=True)
+    assert run.returncode == 2 and "batch sizes start at 2" in run.stderr
+    with pytest.raises(ConfigError, match="batch 2 or more"):
+        from specmemo.runtime.batch import BatchSession
+        from specmemo.runtime.session import SessionConfig
+
+        BatchSession(artifact, SessionConfig(sizes=SIZES, heads=False, batch=1))
+
+
+def test_export_batch_adds_a_graph(artifact, tmp_path):
+    import shutil
+
+    copy = tmp_path / "a"
+    shutil.copytree(artifact, copy)
+    cli = [sys.executable, "-m", "specmemo.cli", "export-batch", "--artifact", str(copy), "--batch", "3"]
+    subprocess.run(cli, check=True, capture_output=True)
+    manifest = json.loads((copy / "manifest.json").read_text())
+    assert [g["batch"] for g in manifest["batch_graphs"]] == [2, 3, 4, 8, 10]
+    assert (copy / "decoder.b3.onnx").stat().st_size < (copy / "decoder.onnx.data").stat().st_size

@@ -1,0 +1,203 @@
+"""`specmemo serve` on loopback with the official `openai` client as the real client: concurrent
+streams equal single-request greedy, bad requests are one-line 400s, overload is 429, and a client
+that goes away mid-stream frees its row."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import socket
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+
+from conftest import export_tiny, tiny_config
+
+CAPACITY = 128
+
+
+@pytest.fixture(scope="module")
+def artifact(tmp_path_factory):
+    return export_tiny(tiny_config("LlamaForCausalLM"), tmp_path_factory.mktemp("serve"), max_capacity=CAPACITY)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    """`specmemo serve`'s app under uvicorn on a thread, on a free loopback port."""
+
+    def __init__(self, artifact, *, batch: int, max_queue: int, step_delay: float = 0.0):
+        import uvicorn
+
+        from specmemo.cli.serve import build_app
+        from specmemo.runtime.config import Mode
+
+        args = argparse.Namespace(artifact=artifact, mode=Mode.AUTO, drafter=None, batch=batch, capacity=CAPACITY,
+                                  max_queue=max_queue, threads=2, model_name="tiny")
+        self.app, self.chat = build_app(args)
+        if step_delay:  # slow steps, so a test can act while a reply is still streaming
+            pool, step = self.chat.worker.pool, self.chat.worker.pool.step
+            pool.step = lambda: (time.sleep(step_delay), step())[1]
+        self.port = free_port()
+        self.server = uvicorn.Server(uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_level="error"))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.thread.start()
+        deadline = time.time() + 30
+        while not self.server.started:
+            assert time.time() < deadline, "the server did not start"
+            time.sleep(0.02)
+        self.url = f"http://127.0.0.1:{self.port}"
+
+    def client(self, **options):
+        import httpx
+        import openai
+
+        return openai.OpenAI(base_url=f"{self.url}/v1", api_key="unused", timeout=60,
+                             http_client=httpx.Client(trust_env=False), **options)
+
+    def health(self) -> dict:
+        import httpx
+
+        return httpx.Client(trust_env=False).get(f"{self.url}/health").json()
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=15)
+
+
+@pytest.fixture(scope="module")
+def server(artifact):
+    s = Server(artifact, batch=4, max_queue=16)
+    yield s
+    s.stop()
+
+
+def greedy_reply(artifact, prompt_ids: list[int], max_tokens: int) -> list[int]:
+    from specmemo.runtime.backend import OrtBackend
+    from specmemo.runtime.decode import generate
+    from specmemo.runtime.session import DecoderSession, SessionConfig
+    from specmemo.runtime.sizes import Sizes
+
+    backend = OrtBackend(DecoderSession(artifact, SessionConfig(sizes=Sizes(CAPACITY, 64, 1), heads=False)))
+    tokenizer = server_tokenizer(artifact)
+    return generate(backend, prompt_ids, max_new_tokens=max_tokens, eos_token_ids=tokenizer.eos_token_ids).token_ids
+
+
+def server_tokenizer(artifact):
+    from specmemo.runtime.manifest import load_manifest
+    from specmemo.runtime.tokenizer import ChatTokenizer
+
+    return ChatTokenizer(artifact, load_manifest(artifact))
+
+
+def test_sixteen_streaming_clients_get_single_request_greedy(server, artifact):
+    from specmemo.runtime.tokenizer import Message
+
+    tokenizer = server_tokenizer(artifact)
+    rng = np.random.default_rng(5)
+    questions = [" ".join(f"w{t}" for t in rng.integers(5, 250, size=rng.integers(3, 12))) for _ in range(48)]
+    expected = {q: tokenizer.decode(greedy_reply(artifact, tokenizer.encode_chat([Message("user", q)]), 24))
+                for q in questions}
+    assert server.client().models.list().data[0].id == "tiny"
+
+    def one_client(index: int) -> list[tuple[str, str]]:
+        client, got = server.client(), []
+        for question in questions[3 * index: 3 * index + 3]:
+            stream = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": question}],
+                                                    max_tokens=24, temperature=0, stream=True)
+            got.append((question, "".join(c.choices[0].delta.content or "" for c in stream if c.choices)))
+        return got
+
+    with ThreadPoolExecutor(16) as threads:
+        results = [pair for part in threads.map(one_client, range(16)) for pair in part]
+    assert len(results) == 48
+    for question, text in results:
+        assert text == expected[question], question
+    health = server.health()
+    assert health["completed"] >= 48 and health["failed"] == 0 and health["rows_busy"] == 0
+
+
+def test_non_streaming_reply_and_usage(server, artifact):
+    from specmemo.runtime.tokenizer import Message
+
+    tokenizer = server_tokenizer(artifact)
+    reply = server.client().chat.completions.create(model="tiny", messages=[{"role": "user", "content": "w7 w8 w9"}],
+                                                    max_tokens=10, temperature=0)
+    ids = greedy_reply(artifact, tokenizer.encode_chat([Message("user", "w7 w8 w9")]), 10)
+    assert reply.choices[0].message.content == tokenizer.decode(ids)
+    assert reply.usage.completion_tokens == len(ids)
+    assert reply.choices[0].finish_reason in ("stop", "length")
+
+
+def test_bad_requests_are_one_line_400s(server):
+    import httpx
+
+    http = httpx.Client(trust_env=False)
+    url = f"{server.url}/v1/chat/completions"
+    cases = [
+        (b"{not json", 400, "not JSON"),
+        (json.dumps({"model": "tiny", "messages": [{"role": "user", "content": "w5"}], "frobnicate": 1}), 400,
+         "unknown field 'frobnicate'"),
+        (json.dumps({"model": "tiny", "messages": []}), 400, "messages"),
+        (json.dumps({"model": "tiny", "messages": [{"role": "user", "content": "w5"}], "max_tokens": 100000}), 400,
+         "exceed the"),
+        (json.dumps({"model": "other", "messages": [{"role": "user", "content": "w5"}]}), 404, "not served here"),
+    ]
+    for body, status, words in cases:
+        response = http.post(url, content=body, headers={"content-type": "application/json"})
+        assert response.status_code == status, body
+        message = response.json()["error"]["message"]
+        assert words in message and "\n" not in message
+
+
+def test_overload_is_429_never_a_crash(artifact):
+    import openai
+
+    server = Server(artifact, batch=2, max_queue=1, step_delay=0.01)
+    try:
+        def ask(i: int) -> str:
+            try:
+                server.client(max_retries=0).chat.completions.create(
+                    model="tiny", messages=[{"role": "user", "content": f"w{10 + i}"}], max_tokens=20, temperature=0)
+                return "ok"
+            except openai.RateLimitError:
+                return "429"
+
+        with ThreadPoolExecutor(10) as threads:
+            outcomes = list(threads.map(ask, range(10)))
+        assert "429" in outcomes and "ok" in outcomes
+        health = server.health()
+        assert health["rejected"] == outcomes.count("429") and health["failed"] == 0
+        assert server.client().chat.completions.create(model="tiny", messages=[{"role": "user", "content": "w5"}],
+                                                       max_tokens=5, temperature=0).choices[0].message.content
+    finally:
+        server.stop()
+
+
+def test_a_client_killed_mid_stream_frees_its_row(artifact):
+    import httpx
+
+    server = Server(artifact, batch=2, max_queue=4, step_delay=0.02)
+    try:
+        body = {"model": "tiny", "messages": [{"role": "user", "content": "w9 w10"}], "max_tokens": 100,
+                "temperature": 0, "stream": True}
+        with httpx.Client(trust_env=False) as http:
+            with http.stream("POST", f"{server.url}/v1/chat/completions", json=body) as response:
+                lines = response.iter_lines()
+                chunks = [next(lines) for _ in range(6)]  # role chunk + a few tokens, then hang up
+        assert any('"content"' in c for c in chunks)
+        assert server.health()["rows_busy"] == 1 or server.health()["cancelled"] == 1
+        deadline = time.time() + 10
+        while (h := server.health())["rows_busy"] or not h["cancelled"]:
+            assert time.time() < deadline, f"the row was not freed: {h}"
+            time.sleep(0.05)
+        assert h == {**h, "rows_busy": 0, "cancelled": 1, "completed": 0}
+    finally:
+        server.stop()
