@@ -111,12 +111,18 @@ def rewrite(graph, manifest: Manifest, names: BatchGraph) -> None:
         for (past, present), (row_past, row_present) in zip(io.kv_pairs, names.kv_pairs[b * len(io.kv_pairs):]):
             kv_row[past, b], kv_row[present, b] = row_past, row_present
 
+    # torch.export reads the batch size B = 1 off whichever input it picked (a KV buffer, the bias): such
+    # shape arithmetic reads row 0's tensor instead, whose dim 0 is the same 1
+    same_b = {io.position_ids: names.attention_position_ids, **{bias: rows[0] for bias, rows in biases.items()}}
     kept = []
     for node in graph.node:
-        if node.op_type != GQA:  # shape arithmetic on a KV input reads row 0's (the same shape at B = 1)
+        if node.op_type != GQA:
             for i, name in enumerate(node.input):
-                if name in kv_inputs:
-                    node.input[i] = kv_row[name, 0]
+                if name in kv_inputs or name in same_b:
+                    if node.op_type != "Shape":
+                        raise ConfigError(f"batch graph: a {node.op_type} node reads {name!r} itself, not only its "
+                                          f"shape: this decoder cannot be batched yet")
+                    node.input[i] = kv_row[name, 0] if name in kv_inputs else same_b[name]
             kept.append(node)
             continue
         q, k, v, past_k, past_v, _, _, cos, sin, pos, bias = list(node.input)[:11]

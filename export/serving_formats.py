@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from specmemo.export.heads import MedusaHeads, ProjectionMode
+from specmemo.export.heads import HeadsError, MedusaHeads, ProjectionMode
 
 
 class ServingFormat(str, Enum):
@@ -70,8 +70,8 @@ def medusa_state(heads: MedusaHeads) -> tuple[dict, dict[str, torch.Tensor]]:
     """(config.json, tensors) of a FasterDecoding/Medusa checkpoint (TensorRT-LLM's input)."""
     spec = heads.spec
     if spec.mode is ProjectionMode.SUBVOCAB:
-        raise ValueError("a FasterDecoding checkpoint has no sub-vocabulary: export the shared heads these were "
-                         "derived from")
+        raise HeadsError("a FasterDecoding checkpoint has no sub-vocabulary: export shared or own heads (--heads "
+                         "export/shipped_heads/<model>-shared, or heads trained with --mode shared)")
     state = {}
     for k, layers in enumerate(_blocks(heads)):
         for j, (weight, bias) in enumerate(layers):
@@ -93,5 +93,6 @@ def write_serving_format(heads: MedusaHeads, out: Path, fmt: ServingFormat, *, b
     out.mkdir(parents=True, exist_ok=True)
     weights = "model.safetensors" if fmt is ServingFormat.VLLM else "medusa_lm_head.safetensors"
     save_file({name: t.contiguous().clone() for name, t in state.items()}, str(out / weights))
+    (out / weights).chmod(0o644)  # safetensors writes 0600; these are shared files
     (out / "config.json").write_text(json.dumps(config, indent=1) + "\n")
     return out

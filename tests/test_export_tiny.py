@@ -56,6 +56,20 @@ def test_random_config_nobody_chose(tmp_path, random_seed, architecture):
     report = validate(artifact, hf_model(artifact), prompt(config.vocab_size, seed=random_seed), tolerance=TOLERANCE)
     print(config, report.table())
     assert report.passed and report.max_logits_diff <= TOLERANCE
+    if load_manifest(artifact).batch_graphs:  # the batch graph rewritten from this random decoder: each row = B = 1
+        from specmemo.runtime.batch import BatchBackend, BatchSession
+        from specmemo.runtime.decode import generate
+        from specmemo.runtime.pool import Request, SequencePool
+
+        sizes = Sizes(capacity=64, rows=16, tree=1)
+        prompts = [prompt(config.vocab_size, 5, seed=1), prompt(config.vocab_size, 11, seed=2)]
+        one = OrtBackend(DecoderSession(artifact, SessionConfig(sizes=sizes, heads=False)))
+        want = []
+        for ids in prompts:
+            one.reset()
+            want.append(generate(one, ids, max_new_tokens=12, eos_token_ids=set()).token_ids)
+        pool = SequencePool(BatchBackend(BatchSession(artifact, SessionConfig(sizes=sizes, heads=False, batch=2))))
+        assert [g.token_ids for g in pool.run([Request(ids, 12) for ids in prompts])] == want
 
 
 def test_tree_step_equals_causal_paths(tiny_llama):

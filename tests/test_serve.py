@@ -201,3 +201,19 @@ def test_a_client_killed_mid_stream_frees_its_row(artifact):
         assert h == {**h, "rows_busy": 0, "cancelled": 1, "completed": 0}
     finally:
         server.stop()
+
+
+def test_serve_refuses_what_it_cannot_serve_in_one_line(artifact):
+    from specmemo.cli.serve import build_app
+    from specmemo.errors import ConfigError
+    from specmemo.runtime.config import Mode
+    from specmemo.runtime.manifest import ManifestError
+
+    def args(batch):
+        return argparse.Namespace(artifact=artifact, mode=Mode.AUTO, drafter=None, batch=batch, capacity=CAPACITY,
+                                  max_queue=None, threads=2, model_name=None)
+
+    with pytest.raises(ConfigError, match="--batch 2 or more"):
+        build_app(args(1))
+    with pytest.raises(ManifestError, match="export-batch --artifact DIR --batch 3"):
+        build_app(args(3))

@@ -134,3 +134,15 @@ def test_medusa_checkpoint_has_the_keys_tensorrt_llm_reads_and_round_trips(mode,
 def test_subvocab_heads_have_no_medusa_checkpoint(tmp_path):
     with pytest.raises(ValueError, match="no sub-vocabulary"):
         write_serving_format(random_heads(ProjectionMode.SUBVOCAB), tmp_path / "m", ServingFormat.MEDUSA)
+
+
+def test_export_heads_refuses_subvocab_heads_for_medusa_before_loading_the_model(tmp_path):
+    import subprocess
+    import sys
+    import time
+
+    started = time.perf_counter()
+    run = subprocess.run([sys.executable, "-m", "specmemo.cli", "export-heads", "--format", "medusa",
+                          "--out", str(tmp_path / "m")], capture_output=True, text=True)
+    assert run.returncode == 1 and "smollm2-135m-shared" in run.stderr and len(run.stderr.strip().splitlines()) == 1
+    assert time.perf_counter() - started < 10 and not (tmp_path / "m").exists()

@@ -142,9 +142,14 @@ def cmd_export_heads(args: argparse.Namespace) -> int:
     from specmemo.export.load import lm_head_t, load_hf, resolve_model
     from specmemo.export.serving_formats import ServingFormat, write_serving_format
 
+    from specmemo.export.heads import ProjectionMode, load_spec
+
     folder = args.heads or default_heads(args.model)
     if folder is None:
         raise SpecMemoError(f"no heads ship for {args.model}: pass --heads (a train-heads folder)")
+    if args.format == "medusa" and load_spec(folder).mode is ProjectionMode.SUBVOCAB:  # before the model loads
+        raise SpecMemoError(f"{folder} holds sub-vocabulary heads, which a FasterDecoding checkpoint cannot carry: "
+                            f"pass --heads export/shipped_heads/{args.model}-shared, or heads trained with --mode shared")
     resolved = resolve_model(args.model)
     model, _ = load_hf(resolved.hf_folder)
     heads = load_heads(folder, lm_head_t(model), base_sha256=resolved.sha256)

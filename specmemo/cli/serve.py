@@ -47,7 +47,15 @@ def build_app(args: argparse.Namespace):
     from specmemo.serve.app import ChatApp, make_app
     from specmemo.serve.worker import PoolWorker
 
+    from specmemo.errors import ConfigError
+    from specmemo.export.batch_graph import batch_support
+
+    if args.batch < 2:
+        raise ConfigError("serve runs a batch graph: --batch 2 or more (rows left free cost a 1-token stub each)")
     manifest = load_manifest(args.artifact)
+    reason = batch_support(manifest)
+    if reason:
+        raise ConfigError(f"serve decodes through a batch graph, and {reason}")
     manifest.batch_graph(args.batch)  # a one-line error naming export-batch, before anything loads
     config = EngineConfig(artifact=args.artifact, mode=args.mode, drafter=args.drafter, threads=args.threads,
                           capacity=args.capacity)
