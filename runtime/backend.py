@@ -26,6 +26,26 @@ if TYPE_CHECKING:  # the PyTorch reference uses this module without ONNX Runtime
 TREE_CACHE = 16  # tree shapes whose depths and bias stay cached (a new shape costs 15-60 us to compute)
 
 
+class TreeInputs:
+    """Per tree shape (its parents list): depths [T] int64 and the [T, T] ancestor bias, computed on first
+    use and kept for up to `limit` shapes (drafters that reorder their trees make new shapes; a full
+    cache starts afresh)."""
+
+    def __init__(self, dtype, limit: int = TREE_CACHE):
+        self.dtype, self.limit = dtype, limit
+        self._cached: dict[tuple[int, ...], tuple[np.ndarray, np.ndarray]] = {}
+
+    def __call__(self, parents: list[int]) -> tuple[np.ndarray, np.ndarray]:
+        key = tuple(parents)
+        cached = self._cached.get(key)
+        if cached is None:
+            if len(self._cached) >= self.limit:
+                self._cached.clear()
+            cached = (tree.depths(parents), tree.attention_bias(parents, 0, self.dtype)[0, 0])
+            self._cached[key] = cached
+        return cached
+
+
 class ContextOverflowError(SpecMemoError, OverflowError):
     """The tokens to run do not fit in the KV capacity."""
 
@@ -79,14 +99,13 @@ class OrtBackend:
     compute every committed token identically. The padding row costs one KV position: `capacity`
     is the buffer's less one.
 
-    Per tree shape (its parents list) the depths and the [T, T] ancestor bias are computed once
-    and cached (up to TREE_CACHE shapes: drafters that reorder their trees make new shapes, and a
-    full cache starts afresh); a step then fills arena views in place. A chain longer than the arena's rows
+    Per tree shape the depths and the [T, T] ancestor bias are computed once (TreeInputs); a step
+    then fills arena views in place. A chain longer than the arena's rows
     (a long prompt) runs in chunks of R rows, each attending to the positions written before it."""
 
     def __init__(self, session: DecoderSession):
         self.session = session
-        self._tree_inputs: dict[tuple[int, ...], tuple[np.ndarray, np.ndarray]] = {}
+        self._tree = TreeInputs(session.arena["attention_bias"].dtype)
         self._arange = np.arange(session.rows, dtype=np.int64)
         self.min_rows = min(session.manifest.min_step_rows, session.rows)  # R = 1: every call is 1 row anyway
 
@@ -119,17 +138,6 @@ class OrtBackend:
         if last_only:
             return out
         return Forward(*(np.concatenate(arrays) for arrays in zip(*((p.next_token_ids, p.logits, p.hidden_states) for p in parts))))
-
-    def _tree(self, parents: list[int]) -> tuple[np.ndarray, np.ndarray]:
-        """(depths [T] int64, bias [T, T]) of a tree (its parents list), computed on first use."""
-        key = tuple(parents)
-        cached = self._tree_inputs.get(key)
-        if cached is None:
-            if len(self._tree_inputs) >= TREE_CACHE:
-                self._tree_inputs.clear()
-            cached = (tree.depths(parents), tree.attention_bias(parents, 0, self.session.arena["attention_bias"].dtype)[0, 0])
-            self._tree_inputs[key] = cached
-        return cached
 
     def _run(self, tokens: list[int], parents: list[int], offset: int, last_only: bool) -> Forward:
         """One decoder call for `tokens` on top of the committed positions and `offset` uncommitted ones."""

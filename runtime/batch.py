@@ -30,7 +30,7 @@ import onnxruntime as ort
 from specmemo.errors import ConfigError
 from specmemo.runtime import tree
 from specmemo.runtime.arena import Arena, ArenaLayout
-from specmemo.runtime.backend import ContextOverflowError, Forward, check_fits
+from specmemo.runtime.backend import TREE_CACHE, ContextOverflowError, Forward, TreeInputs, check_fits
 from specmemo.runtime.embedding import EmbeddingTable
 from specmemo.runtime.manifest import load_manifest
 from specmemo.runtime.rss import reset_peak_rss, rss_bytes
@@ -141,7 +141,7 @@ class BatchBackend:
     def __init__(self, session: BatchSession):
         self.session = session
         self.lengths = [0] * session.batch
-        self._trees: dict[tuple[int, ...], tuple[np.ndarray, np.ndarray]] = {}
+        self._tree = TreeInputs(session.arena["attention_bias"].dtype, limit=4 * TREE_CACHE)  # B rows' shapes
 
     @property
     def batch(self) -> int:
@@ -150,14 +150,6 @@ class BatchBackend:
     @property
     def capacity(self) -> int:  # per row, less the padding row's position
         return self.session.sizes.capacity - 1
-
-    def _tree(self, parents: list[int]) -> tuple[np.ndarray, np.ndarray]:
-        key = tuple(parents)
-        if key not in self._trees:
-            if len(self._trees) >= 64:
-                self._trees.clear()
-            self._trees[key] = (tree.depths(parents), tree.attention_bias(parents, 0)[0, 0])
-        return self._trees[key]
 
     def forward(self, calls: list[RowCall]) -> dict[int, Forward]:
         """One decoder call for every row: `calls` (at most one per row), a stub for the others.
