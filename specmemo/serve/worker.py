@@ -21,7 +21,7 @@ class QueueFull(SpecMemoError, RuntimeError):
     """More requests are waiting than the server keeps: the client should retry later (HTTP 429)."""
 
 
-@dataclass
+@dataclass(eq=False)  # a job is itself: compared and removed by identity
 class Job:
     request: Request
     loop: asyncio.AbstractEventLoop
@@ -49,7 +49,6 @@ class PoolWorker:
         self.counters = Counters()
         self._waiting: deque[Job] = deque()
         self._jobs: dict[int, Job] = {}  # row → job (worker thread only)
-        self._cancel: set[int] = set()  # ids of jobs to drop
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._stop = False
@@ -82,8 +81,7 @@ class PoolWorker:
                 self._waiting.remove(job)
                 self.counters.cancelled += 1
                 return
-            self._cancel.add(id(job))
-        self._wake.set()
+        self._wake.set()  # the worker drops its row before the next step (job.cancelled)
 
     def health(self) -> dict:
         with self._lock:
@@ -96,8 +94,7 @@ class PoolWorker:
     def _admit(self) -> None:
         with self._lock:
             for row, job in list(self._jobs.items()):
-                if id(job) in self._cancel:
-                    self._cancel.discard(id(job))
+                if job.cancelled:
                     self.pool.cancel(row)
                     del self._jobs[row]
                     self.counters.cancelled += 1
