@@ -10,7 +10,8 @@ from pathlib import Path
 
 import specmemo
 from specmemo.errors import ConfigError
-from specmemo.export.batch_graph import DEFAULT_BATCHES, batch_support, write_batch_graph
+from specmemo.export.batch_graph import DEFAULT_BATCHES, write_batch_graph
+from specmemo.runtime.batch import batch_support
 from specmemo.export.generation import generation_defaults
 from specmemo.export.decoder import Decoder, embedding_table
 from specmemo.export.dims import dims_from_config

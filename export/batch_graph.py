@@ -31,20 +31,12 @@ from pathlib import Path
 
 from specmemo.errors import ConfigError
 from specmemo.runtime import io_spec
+from specmemo.runtime.batch import batch_support
 from specmemo.runtime.manifest import BatchGraph, Manifest
 
 GQA = "GroupQueryAttention"
 MAX_BATCH = 64
 DEFAULT_BATCHES = (2, 4, 8, 10)  # what `export` writes unless --batch says otherwise (bench batch measures these)
-
-
-def batch_support(manifest: Manifest) -> str:
-    """Why the batch route cannot serve this artifact yet ("" when it can)."""
-    if manifest.kv_dtype != "float32":
-        return f"batch graphs need a float32 KV buffer (this artifact's is {manifest.kv_dtype}): export with --kv-dtype float32"
-    if manifest.dims.sliding_layers:
-        return f"batching sliding-window layers ({manifest.dims.architecture}) is not built yet"
-    return ""
 
 
 def batch_file(batch: int) -> str:
@@ -76,33 +68,29 @@ def rewrite(graph, manifest: Manifest, names: BatchGraph) -> None:
     io, batch = manifest.io, names.batch
     kv_inputs = {past for past, _ in io.kv_pairs}
     kv_outputs = {present for _, present in io.kv_pairs}
-    biases = {io.attention_bias: names.attention_bias}
-    if io.attention_bias_local:
-        biases[io.attention_bias_local] = names.attention_bias_local
+    row_biases = names.attention_bias  # [B] inputs [1, 1, T_b, S_b]
     old_inputs = {i.name: i for i in graph.input}
     old_outputs = {o.name: o for o in graph.output}
 
-    new_nodes = []  # per-row lengths: T_b (split sizes) and GroupQueryAttention's seqlens_k / total per bias
+    new_nodes = []  # per-row lengths: T_b (split sizes) and GroupQueryAttention's seqlens_k / total
     int64 = lambda name, values: helper.make_tensor(name, TensorProto.INT64, [len(values)], values)  # noqa: E731
     graph.initializer.extend([int64("batch.i2", [2]), int64("batch.i3", [3]), int64("batch.i4", [4]),
                               int64("batch.one", [1]), int64("batch.zero", [0])])
-    lengths: dict[tuple[str, int], tuple[str, str]] = {}
-    for bias, rows in biases.items():
-        for b, row_bias in enumerate(rows):
-            p = f"batch.{bias}.{b}"
-            new_nodes += [
-                helper.make_node("Shape", [row_bias], [f"{p}.shape"]),
-                helper.make_node("Slice", [f"{p}.shape", "batch.i2", "batch.i3"], [f"{p}.T"]),
-                helper.make_node("Slice", [f"{p}.shape", "batch.i3", "batch.i4"], [f"{p}.S"]),
-                helper.make_node("Sub", [f"{p}.S", "batch.one"], [f"{p}.S-1"]),
-                helper.make_node("Cast", [f"{p}.S-1"], [f"{p}.seqlens"], to=TensorProto.INT32),  # [1]
-                helper.make_node("Squeeze", [f"{p}.S", "batch.zero"], [f"{p}.S0"]),
-                helper.make_node("Cast", [f"{p}.S0"], [f"{p}.total"], to=TensorProto.INT32),  # []
-            ]
-            lengths[bias, b] = (f"{p}.seqlens", f"{p}.total")
+    lengths: list[tuple[str, str]] = []  # per row: (seqlens_k, total_sequence_length)
+    for b, row_bias in enumerate(row_biases):
+        p = f"batch.bias.{b}"
+        new_nodes += [
+            helper.make_node("Shape", [row_bias], [f"{p}.shape"]),
+            helper.make_node("Slice", [f"{p}.shape", "batch.i2", "batch.i3"], [f"{p}.T"]),
+            helper.make_node("Slice", [f"{p}.shape", "batch.i3", "batch.i4"], [f"{p}.S"]),
+            helper.make_node("Sub", [f"{p}.S", "batch.one"], [f"{p}.S-1"]),
+            helper.make_node("Cast", [f"{p}.S-1"], [f"{p}.seqlens"], to=TensorProto.INT32),  # [1]
+            helper.make_node("Squeeze", [f"{p}.S", "batch.zero"], [f"{p}.S0"]),
+            helper.make_node("Cast", [f"{p}.S0"], [f"{p}.total"], to=TensorProto.INT32),  # []
+        ]
+        lengths.append((f"{p}.seqlens", f"{p}.total"))
     sizes = "batch.sizes"  # [B] int64: T_b of every row (its tokens and the padding row)
-    new_nodes.append(helper.make_node("Concat", [f"batch.{io.attention_bias}.{b}.T" for b in range(batch)], [sizes],
-                                      axis=0))
+    new_nodes.append(helper.make_node("Concat", [f"batch.bias.{b}.T" for b in range(batch)], [sizes], axis=0))
     positions = [f"batch.{io.position_ids}.{b}" for b in range(batch)]
     new_nodes.append(helper.make_node("Split", [names.attention_position_ids, sizes], positions, axis=1))
 
@@ -113,7 +101,7 @@ def rewrite(graph, manifest: Manifest, names: BatchGraph) -> None:
 
     # torch.export reads the batch size B = 1 off whichever input it picked (a KV buffer, the bias): such
     # shape arithmetic reads row 0's tensor instead, whose dim 0 is the same 1
-    same_b = {io.position_ids: names.attention_position_ids, **{bias: rows[0] for bias, rows in biases.items()}}
+    same_b = {io.position_ids: names.attention_position_ids, io.attention_bias: row_biases[0]}
     kept = []
     for node in graph.node:
         if node.op_type != GQA:
@@ -126,7 +114,7 @@ def rewrite(graph, manifest: Manifest, names: BatchGraph) -> None:
             kept.append(node)
             continue
         q, k, v, past_k, past_v, _, _, cos, sin, pos, bias = list(node.input)[:11]
-        if past_k not in kv_inputs or bias not in biases or pos != io.position_ids:
+        if past_k not in kv_inputs or bias != io.attention_bias or pos != io.position_ids:
             raise ConfigError(f"{node.name or GQA}: its KV, bias or positions are not the graph's own inputs; "
                               f"batch graphs need a float32 export (re-export with --kv-dtype float32)")
         out, present_k, present_v = list(node.output)[:3]
@@ -139,9 +127,9 @@ def rewrite(graph, manifest: Manifest, names: BatchGraph) -> None:
         row_outputs = []
         attributes = {a.name: helper.get_attribute_value(a) for a in node.attribute}
         for b in range(batch):
-            seqlens, total = lengths[bias, b]
+            seqlens, total = lengths[b]
             inputs = [split[q][b], split[k][b] if k else "", split[v][b] if v else "", kv_row[past_k, b],
-                      kv_row[past_v, b], seqlens, total, cos, sin, positions[b], biases[bias][b]]
+                      kv_row[past_v, b], seqlens, total, cos, sin, positions[b], row_biases[b]]
             row_outputs.append(f"{out}.row{b}")
             new_nodes.append(helper.make_node(GQA, inputs, [row_outputs[-1], kv_row[present_k, b], kv_row[present_v, b]],
                                               domain=node.domain, **attributes))
@@ -155,13 +143,12 @@ def rewrite(graph, manifest: Manifest, names: BatchGraph) -> None:
     def dims(value) -> list:
         return [d.dim_param or d.dim_value for d in value.type.tensor_type.shape.dim]
 
-    inputs = [i for i in graph.input if i.name not in kv_inputs and i.name not in biases and i.name != io.position_ids]
+    inputs = [i for i in graph.input if i.name not in kv_inputs and i.name not in (io.attention_bias, io.position_ids)]
     inputs += [helper.make_tensor_value_info(names.attention_rows, TensorProto.INT64, ["A"]),
                helper.make_tensor_value_info(names.attention_position_ids, TensorProto.INT64, [1, "A"]),
                helper.make_tensor_value_info(names.token_rows, TensorProto.INT64, ["n"])]
     for b in range(batch):
-        for bias in biases:
-            inputs.append(row_input(bias, b, [1, 1, f"T_{b}", f"S_{b}" if bias == io.attention_bias else f"S_w_{b}"]))
+        inputs.append(row_input(io.attention_bias, b, [1, 1, f"T_{b}", f"S_{b}"]))
         for past, _ in io.kv_pairs:
             inputs.append(row_input(past, b, [1, *dims(old_inputs[past])[1:]]))
     outputs = [o for o in graph.output if o.name not in kv_outputs]

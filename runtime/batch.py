@@ -32,12 +32,23 @@ from specmemo.runtime import tree
 from specmemo.runtime.arena import Arena, ArenaLayout
 from specmemo.runtime.backend import TREE_CACHE, ContextOverflowError, Forward, TreeInputs, check_fits
 from specmemo.runtime.embedding import EmbeddingTable
-from specmemo.runtime.manifest import load_manifest
+from specmemo.runtime.manifest import Manifest, load_manifest
 from specmemo.runtime.rss import reset_peak_rss, rss_bytes
-from specmemo.runtime.session import ArtifactError, SessionConfig, load_graph, load_shared_lm_head
+from specmemo.runtime.session import (ArtifactError, SessionConfig, bind_view, lm_head_initializers, load_graph,
+                                      load_shared_lm_head, open_heads)
 from specmemo.runtime.sizes import check_capacity, default_sizes
 
 STUB = 1  # tokens a free row runs
+
+
+def batch_support(manifest: Manifest) -> str:
+    """Why the batch route cannot run this artifact yet ("" when it can): decided here for the exporter,
+    the session and `serve`."""
+    if manifest.kv_dtype != "float32":
+        return f"batch graphs need a float32 KV buffer (this artifact's is {manifest.kv_dtype}): export with --kv-dtype float32"
+    if manifest.dims.sliding_layers:
+        return f"batching sliding-window layers ({manifest.dims.architecture}) is not built yet"
+    return ""
 
 
 @dataclass(frozen=True)
@@ -59,24 +70,21 @@ class BatchSession:
         self.config = config
         if config.batch < 2:
             raise ConfigError("a batch session needs --batch 2 or more (one sequence: DecoderSession)")
-        if m.dims.sliding_layers:
-            raise ConfigError(f"batching {m.dims.architecture} (sliding-window layers) is not built yet: "
-                              f"serve it with --batch 1")
+        reason = batch_support(m)
+        if reason:
+            raise ConfigError(reason)
         self.graph = m.batch_graph(config.batch)
         self.sizes = config.sizes or default_sizes(m, tree=None if config.heads and m.heads is not None else 1)
         check_capacity(m, self.sizes.capacity)
         self.embedding = EmbeddingTable(self.artifact / m.embedding.file, m.embedding)
         self.lm_head = load_shared_lm_head(self.artifact, m)
-        shared = {} if self.lm_head is None else {m.heads.shared_lm_head.decoder_name: ort.OrtValue.ortvalue_from_numpy(self.lm_head)}
+        shared, heads_shared = lm_head_initializers(m, self.lm_head)
         self.session = load_graph(self.artifact / self.graph.file, config, shared)
         expected = {*self.graph.attention_bias, *(p for pair in self.graph.kv_pairs for p in pair)}
         present = {i.name for i in self.session.get_inputs()} | {o.name for o in self.session.get_outputs()}
         if not expected <= present:
             raise ArtifactError(f"{self.artifact / self.graph.file} does not match its manifest: re-export the artifact")
-        self.heads_session = None
-        if config.heads and m.heads is not None:
-            heads_shared = {} if self.lm_head is None else {m.heads.shared_lm_head.heads_name: shared[m.heads.shared_lm_head.decoder_name]}
-            self.heads_session = load_graph(self.artifact / m.heads.file, config, heads_shared)
+        self.heads_session = open_heads(self.artifact, m, config, heads_shared)
         self._shared_values = shared
         self.rss_after_load = rss_bytes()
         reset_peak_rss()
@@ -105,8 +113,7 @@ class BatchSession:
         return self.layout.logit_rows
 
     def _bind(self, name: str, view: np.ndarray, shape: tuple[int, ...], output: bool = False) -> None:
-        args = (name, "cpu", 0, view.dtype, shape, view.ctypes.data)
-        (self.binding.bind_output if output else self.binding.bind_input)(*args)
+        bind_view(self.binding, name, view, shape, output)
 
     @property
     def bias_stride(self) -> int:  # elements between two rows' biases: (R + 1) * C

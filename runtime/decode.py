@@ -31,7 +31,7 @@ from typing import Protocol
 import numpy as np
 
 from specmemo.runtime import tree
-from specmemo.runtime.backend import Backend
+from specmemo.runtime.backend import Backend, Forward
 from specmemo.runtime.drafters.draft import DraftContext, Drafter, DraftTree
 from specmemo.runtime.sampling import Sampling, accept_sampled, sample_next
 
@@ -86,11 +86,14 @@ def prefill(backend: Backend, prompt: list[int], sampling: Sampling | None = Non
     """Run the prompt as one causal chain; return the first generated token and the last hidden state."""
     out = backend.forward(prompt, tree.chain(len(prompt)), last_only=True)
     backend.commit(list(range(len(prompt))))
+    return Step(first_token(out, sampling, rng, [*history, *prompt]), out.hidden_states[-1], out.hidden_states)
+
+
+def first_token(out: Forward, sampling: Sampling | None, rng: np.random.Generator | None, context: list[int]) -> int:
+    """The token after a prefill (`out` has the last prompt position's logits last): greedy, or a draw."""
     if sampling is None:
-        root = int(out.next_token_ids[-1])
-    else:
-        root = sample_next(out.logits[-1], sampling, rng, [*history, *prompt])
-    return Step(root, out.hidden_states[-1], out.hidden_states)
+        return int(out.next_token_ids[-1])
+    return sample_next(out.logits[-1], sampling, rng, context)
 
 
 def accept(tokens: list[int], parents: list[int], next_ids: np.ndarray) -> list[int]:
@@ -104,16 +107,22 @@ def accept(tokens: list[int], parents: list[int], next_ids: np.ndarray) -> list[
         path.append(child)
 
 
+def accept_tree(tokens: list[int], parents: list[int], out: Forward, sampling: Sampling | None = None,
+                rng: np.random.Generator | None = None, context: list[int] = ()) -> tuple[list[int], int]:
+    """The accepted nodes (root first) of a verified tree and the next root: greedy (`accept`, then the
+    argmax after the last accepted node), or exact rejection sampling."""
+    if sampling is None:
+        path = accept(tokens, parents, out.next_token_ids)
+        return path, int(out.next_token_ids[path[-1]])
+    return accept_sampled(tokens, parents, out.logits, sampling, rng, context)
+
+
 def verify_and_commit(backend: Backend, tokens: list[int], parents: list[int], sampling: Sampling | None = None,
                       rng: np.random.Generator | None = None, context: list[int] = ()) -> tuple[list[int], Step]:
     """verify → accept → commit; returns the accepted node indices (root first) and the next step.
     `context`: every decided token up to the tree's root (sampling's repetition penalty reads it)."""
     out = backend.forward(tokens, parents)
-    if sampling is None:
-        path = accept(tokens, parents, out.next_token_ids)
-        root = int(out.next_token_ids[path[-1]])
-    else:
-        path, root = accept_sampled(tokens, parents, out.logits, sampling, rng, context)
+    path, root = accept_tree(tokens, parents, out, sampling, rng, context)
     last = path[-1]
     step = Step(root, out.hidden_states[last], out.hidden_states, path)  # arena views: read by the next draft
     backend.commit(path)

@@ -128,7 +128,6 @@ class BatchGraph:
     attention_rows: str = "attention_rows"  # [A] int64, A = sum T_b: the token each attention row takes
     attention_position_ids: str = "attention_position_ids"  # [1, A] int64
     token_rows: str = "token_rows"  # [n] int64: the attention row of each token (its output)
-    attention_bias_local: tuple[str, ...] = ()  # [B] inputs [1, 1, T_b, S_w,b] (sliding layers)
 
     def __post_init__(self) -> None:
         if self.batch < 2 or len(self.attention_bias) != self.batch or len(self.kv_pairs) % self.batch:

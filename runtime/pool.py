@@ -28,9 +28,9 @@ from specmemo.errors import SpecMemoError
 from specmemo.runtime import tree
 from specmemo.runtime.backend import check_fits
 from specmemo.runtime.batch import BatchBackend, RowCall
-from specmemo.runtime.decode import Generation, accept
+from specmemo.runtime.decode import Generation, accept_tree, first_token
 from specmemo.runtime.drafters.draft import DraftContext, Drafter, DraftTree
-from specmemo.runtime.sampling import Sampling, accept_sampled, sample_next
+from specmemo.runtime.sampling import Sampling
 
 
 class PoolFull(SpecMemoError, RuntimeError):
@@ -194,9 +194,6 @@ class SequencePool:
         if self.sequences.pop(row, None) is not None:
             self.backend.release(row)
 
-    def generation(self, row: int) -> Generation:
-        return self.sequences[row].generation
-
     def step(self) -> list[Update]:
         """One decoder call for every active row; returns what each row decided."""
         if not self.sequences:
@@ -241,17 +238,12 @@ class SequencePool:
                 if seq.pending:
                     continue
                 seq.generation.stats.prefill_s = time.perf_counter() - seq.started
-                seq.root = self._first(seq, out)
+                seq.root = first_token(out, seq.request.sampling, seq.rng, seq.context)
                 seq.hidden, seq.rows, seq.path = out.hidden_states[-1], out.hidden_states, None
                 decided = [seq.root]
             else:
                 proposal = proposals[call.row]
-                if seq.request.sampling is None:
-                    path = accept(call.tokens, call.parents, out.next_token_ids)
-                    root = int(out.next_token_ids[path[-1]])
-                else:
-                    path, root = accept_sampled(call.tokens, call.parents, out.logits, seq.request.sampling, seq.rng,
-                                                seq.context)
+                path, root = accept_tree(call.tokens, call.parents, out, seq.request.sampling, seq.rng, seq.context)
                 self.backend.commit(call.row, path)
                 commit_s += time.perf_counter() - committing
                 seq.hidden, seq.rows, seq.path, seq.root = out.hidden_states[path[-1]], out.hidden_states, path, root
@@ -279,11 +271,6 @@ class SequencePool:
         self.stats.other_s += time.perf_counter() - started - forward_s - draft_s - commit_s
         self.stats.tokens += sum(len(u.tokens) for u in updates)
         return updates
-
-    def _first(self, seq: _Sequence, out) -> int:
-        if seq.request.sampling is None:
-            return int(out.next_token_ids[-1])
-        return sample_next(out.logits[-1], seq.request.sampling, seq.rng, seq.context)
 
     def _emit(self, row: int, seq: _Sequence, decided: list[int]) -> Update:
         result, request = seq.generation, seq.request

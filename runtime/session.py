@@ -151,6 +151,29 @@ def load_shared_lm_head(artifact: Path, manifest: Manifest) -> np.ndarray | None
     return array.reshape(shared.shape)
 
 
+def lm_head_initializers(manifest: Manifest, lm_head: np.ndarray | None) -> tuple[dict, dict]:
+    """(decoder's, heads graph's) initializers: the one shared LM head under each graph's name (none when
+    nothing is shared)."""
+    if lm_head is None:
+        return {}, {}
+    value, shared = ort.OrtValue.ortvalue_from_numpy(lm_head), manifest.heads.shared_lm_head
+    return {shared.decoder_name: value}, {shared.heads_name: value}
+
+
+def open_heads(artifact: Path, manifest: Manifest, config: SessionConfig,
+               initializers: dict[str, ort.OrtValue]) -> ort.InferenceSession | None:
+    """The Medusa heads graph, when the session asks for heads and the artifact has them."""
+    if not config.heads or manifest.heads is None:
+        return None
+    return load_graph(artifact / graph_file(manifest, manifest.heads.file, config.model_format), config, initializers)
+
+
+def bind_view(binding: ort.IOBinding, name: str, view: np.ndarray, shape: tuple[int, ...], output: bool = False) -> None:
+    """Bind `shape` elements of an arena view (its start) as an input or output: a pointer, no copy."""
+    args = (name, "cpu", 0, view.dtype, shape, view.ctypes.data)
+    (binding.bind_output if output else binding.bind_input)(*args)
+
+
 @dataclass
 class KVCache:
     """2L views [B, H_kv, C, D] into the arena; the first `length` positions are committed.
@@ -202,13 +225,9 @@ class DecoderSession:
         embedding = embedding_for(m, config.model_format)
         self.embedding = EmbeddingTable(self.artifact / embedding.file, embedding)
         self.lm_head = load_shared_lm_head(self.artifact, m)
-        shared = {} if self.lm_head is None else {m.heads.shared_lm_head.decoder_name: ort.OrtValue.ortvalue_from_numpy(self.lm_head)}
+        shared, heads_shared = lm_head_initializers(m, self.lm_head)
         self.session = open_session(self.artifact, m, config, shared)
-        self.heads_session = None
-        if config.heads and m.heads is not None:
-            heads_shared = {} if self.lm_head is None else {m.heads.shared_lm_head.heads_name: shared[m.heads.shared_lm_head.decoder_name]}
-            self.heads_session = load_graph(self.artifact / graph_file(m, m.heads.file, config.model_format), config,
-                                            heads_shared)
+        self.heads_session = open_heads(self.artifact, m, config, heads_shared)
         self._shared_values = shared  # ORT does not own these buffers: keep them alive
         self.rss_after_load = rss_bytes()
         reset_peak_rss()  # from here on, the peak RSS measures generation (the arena and the steps)
@@ -252,8 +271,7 @@ class DecoderSession:
         return self.layout.logit_rows
 
     def _bind(self, name: str, view: np.ndarray, shape: tuple[int, ...], output: bool = False) -> None:
-        args = (name, "cpu", 0, view.dtype, shape, view.ctypes.data)
-        (self.binding.bind_output if output else self.binding.bind_input)(*args)
+        bind_view(self.binding, name, view, shape, output)
 
     def run(self, size: int, attended: int, logit_rows: int, attended_w: int = 0) -> StepOutput:
         """Run T = `size` tokens whose inputs the caller wrote into the arena's first T

@@ -94,7 +94,6 @@ def run_speed(config: BatchBenchConfig, prompts: list[list[int]], eos: frozenset
                                       capacity=config.capacity), batch=batch, log=quiet)
         width = BatchWidth(pool.max_tree)  # one policy across the chunks: it keeps learning
         arms = {"plain": Arm(), "speculative": Arm(), "b1_plain": Arm()}
-        indexed = list(enumerate(prompts))
         for i, chunk in enumerate(chunks(indexed, max(2 * batch, 8))):
             for j, prompt in chunk[:2]:  # B = 1 greedy beside this chunk: the ×B=1 ratio, measured side by side
                 started = time.perf_counter()

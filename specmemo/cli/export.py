@@ -110,7 +110,7 @@ def batch_sizes(text: str) -> tuple[int, ...]:
 
 def cmd_export_batch(args: argparse.Namespace) -> int:
     from specmemo.export.artifact import add_batch_graphs
-    from specmemo.export.batch_graph import batch_support
+    from specmemo.runtime.batch import batch_support
     from specmemo.errors import ConfigError
     from specmemo.runtime.manifest import load_manifest, save_manifest
 

@@ -52,8 +52,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     budget = args.budget_bytes if args.budget_bytes is not None else (manifest.plan.budget if chosen else None)
     heads = manifest.heads.num_heads if manifest.heads else 0
     if args.batch > 1:
-        base = chosen or memory.footprint(manifest, calibration, default_sizes(manifest, capacity=args.context))
-        chosen = memory.footprint(manifest, calibration, base.sizes, weights=memory.weights_stored(args.artifact, manifest),
+        sizes = chosen.sizes if chosen else default_sizes(manifest, capacity=args.context)
+        chosen = memory.footprint(manifest, calibration, sizes, weights=memory.weights_stored(args.artifact, manifest),
                                   batch=args.batch)
     if args.json:
         print(json.dumps({"lower_bound": _footprint_json(bound), "plan": chosen and _footprint_json(chosen),

@@ -48,7 +48,7 @@ def build_app(args: argparse.Namespace):
     from specmemo.serve.worker import PoolWorker
 
     from specmemo.errors import ConfigError
-    from specmemo.export.batch_graph import batch_support
+    from specmemo.runtime.batch import batch_support
 
     if args.batch < 2:
         raise ConfigError("serve runs a batch graph: --batch 2 or more (rows left free cost a 1-token stub each)")
