@@ -80,9 +80,11 @@ class ExportOptions:
 
 
 def default_kv_dtype(weights: WeightDtype) -> str:
-    """float16 beside int8/int4 weights (an edge artifact: half the KV bytes; measured on SmolLM2 int4,
-    argmax agreement with fp32 0.9988 vs 1.0 and the same speed, README "int4"), else float32."""
-    return "float32" if weights is WeightDtype.FLOAT32 else "float16"
+    """float32: the speed choice wherever memory allows (float16 casts Q|K|V and the bias around every
+    attention node and runs GroupQueryAttention's float16 CPU kernel, and its trees round apart, so it
+    verifies chains only; README "int4"). A device profile that needs the bytes names float16
+    (phones and boards do), and `export --kv-dtype float16` asks for it."""
+    return "float32"
 
 
 def draft_shape(quantization: QuantizationInfo | None, kv_dtype: str) -> str:
@@ -259,7 +261,7 @@ def quantize_artifact(quant: QuantOptions, dims: ModelDims, resolved, staging: P
         log("the embedding table stays float32 (its LM head is untied or not carried from GGUF blocks)")
     for path in staging.iterdir():
         path.chmod(0o644)
-    info = QuantizationInfo(block_size=quant.block_size, accuracy_level=quant.accuracy_level,
+    info = QuantizationInfo(block_size=quant.block_size, accuracy_level=quant.accuracy_level, minimum=quant.minimum.value,
                             lm_head_accuracy_level=quant.lm_head_accuracy_level, lm_head_rerank=report.lm_head_rerank,
                             carried=tuple(sorted(set(report.carried.values()))), quantized=report.quantized)
     return info, embedding

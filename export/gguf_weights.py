@@ -59,7 +59,7 @@ class QuantBlocks:
     bias: np.ndarray | None  # [N, nb] float32 or None
     bits: int
     block: int
-    zero: int
+    zero: int | np.ndarray  # one zero point, or [N, nb] uint8: one per block (`with_zero_points`)
 
     def __post_init__(self) -> None:
         n, k = self.q.shape
@@ -76,7 +76,8 @@ class QuantBlocks:
     def dequantize(self) -> np.ndarray:
         """[N, K] float32, computed as gguf-py and transformers compute it (scale·q + bias in fp32)."""
         n, k = self.q.shape
-        q = (self.q.astype(np.int16) - self.zero).astype(np.float32).reshape(n, -1, self.block)
+        zero = self.zero if np.isscalar(self.zero) else self.zero.astype(np.int16)[..., None]
+        q = (self.q.astype(np.int16).reshape(n, -1, self.block) - zero).astype(np.float32)
         w = self.scale[..., None] * q
         if self.bias is not None:
             w = w + self.bias[..., None]
@@ -85,12 +86,33 @@ class QuantBlocks:
     def rows(self, order: np.ndarray) -> QuantBlocks:
         """The same blocks with output rows reordered (llama's rotary row permutation)."""
         bias = None if self.bias is None else self.bias[order]
-        return QuantBlocks(self.source_type, self.q[order], self.scale[order], bias, self.bits, self.block, self.zero)
+        zero = self.zero if np.isscalar(self.zero) else self.zero[order]
+        return QuantBlocks(self.source_type, self.q[order], self.scale[order], bias, self.bits, self.block, zero)
+
+    def with_zero_points(self, *, residual: bool = False) -> QuantBlocks:
+        """A per-block minimum (Q4_1: w = d·q + m) folded into an integer zero point per block:
+        w' = d·(q − z) with z = round(−m/d) clipped to [0, 2^bits). The same q and scales, no bias term
+        in the graph (MatMulNBits alone, as ORT GenAI's asymmetric blocks), but not the same weights:
+        each block moves by m + d·z, at most d/2 where the block spans 0. With `residual`, that
+        m + d·z is kept as the block's bias: the same weights, centred codes (MinimumForm.CENTERED)."""
+        if self.bias is None:
+            return self
+        safe = np.where(self.scale == 0, 1.0, self.scale)
+        zero = np.clip(np.rint(-self.bias / safe), 0, (1 << self.bits) - 1).astype(np.uint8)
+        rest = None
+        if residual:  # m + d·z: exact in float32 (f16 m, d and a 4-bit z), so d·(q − z) + rest is d·q + m in reals
+            wide = self.bias.astype(np.float64) + self.scale.astype(np.float64) * zero
+            rest = wide.astype(np.float32)
+            if not np.array_equal(rest.astype(np.float64), wide):
+                raise GgufWeightsError("a Q4_1 block's residual m + d·z is not exact in float32: export with --exact")
+        return QuantBlocks(self.source_type, self.q, self.scale, rest, self.bits, self.block, zero)
 
     def widened(self) -> QuantBlocks:
         """The same weights with 8-bit q: q + 128 − zero, zero point 128 (MatMulNBits' 8-bit default)."""
         if self.bits == 8:
             return self
+        if not np.isscalar(self.zero):
+            raise GgufWeightsError("per-block zero points are not widened to 8 bits")
         q = (self.q.astype(np.int16) + 128 - self.zero).astype(np.uint8)
         return QuantBlocks(self.source_type, q, self.scale, self.bias, 8, self.block, 128)
 
@@ -103,15 +125,46 @@ class QuantBlocks:
         return np.ascontiguousarray(q[..., 0::2] | (q[..., 1::2] << 4))
 
 
+def fold_bias(blocks: QuantBlocks) -> QuantBlocks:
+    """w = scale·(q − zero) + bias[n, k // block] as one matrix over K + P inputs: the first K are x, the
+    next nb the per-block sums of x (P = nb rounded up to a block, zero-padded): the bias values become
+    4-bit codes of extra blocks with their own f16 scale and zero point (asymmetric over each row's block
+    of biases). Not exact: a bias moves by at most half its block's step, range/30. Shapes [N, K + P]."""
+    n, k = blocks.shape
+    nb, blk = k // blocks.block, blocks.block
+    pad = -(-nb // blk) * blk
+    extra = np.zeros((n, pad), np.float32)
+    extra[:, :nb] = blocks.bias
+    valid = np.zeros((n, pad), bool)
+    valid[:, :nb] = True
+    groups, ok = extra.reshape(n, -1, blk), valid.reshape(n, -1, blk)  # [N, P/blk, blk]
+    lo = np.where(ok, groups, np.inf).min(-1)
+    hi = np.where(ok, groups, -np.inf).max(-1)
+    lo, hi = np.where(np.isfinite(lo), lo, 0.0), np.where(np.isfinite(hi), hi, 0.0)
+    top = (1 << blocks.bits) - 1
+    step = (hi - lo) / top
+    step = np.where(step > 0, step, np.where(np.abs(lo) > 0, np.abs(lo), 1.0))
+    step = step.astype(np.float16).astype(np.float32)  # stored as f16, like the GGUF's scales
+    zero = np.clip(np.rint(-lo / step), 0, top)
+    codes = np.clip(np.rint(groups / step[..., None]) + zero[..., None], 0, top)
+    codes = np.where(ok, codes, zero[..., None]).astype(np.uint8)  # padding inputs are 0; their codes dequantize to 0
+    base_zero = np.broadcast_to(np.asarray(blocks.zero, np.uint8), (n, nb))
+    return QuantBlocks(blocks.source_type, np.concatenate([blocks.q, codes.reshape(n, pad)], axis=1),
+                       np.concatenate([blocks.scale, step], axis=1), None, blocks.bits, blk,
+                       np.concatenate([base_zero, zero.astype(np.uint8)], axis=1))
+
+
 def stack(parts: list[QuantBlocks]) -> QuantBlocks:
     """Row-wise concatenation (the fused Q|K|V matrix); all parts must share one format."""
     first = parts[0]
-    if any((p.bits, p.block, p.zero, p.bias is None) != (first.bits, first.block, first.zero, first.bias is None)
-           for p in parts):
+    if any((p.bits, p.block, np.isscalar(p.zero), p.bias is None) !=
+           (first.bits, first.block, np.isscalar(first.zero), first.bias is None) for p in parts) or \
+            (np.isscalar(first.zero) and any(p.zero != first.zero for p in parts)):
         raise GgufWeightsError("cannot fuse matrices of different GGUF types: " + ", ".join(p.source_type for p in parts))
     bias = None if first.bias is None else np.concatenate([p.bias for p in parts])
+    zero = first.zero if np.isscalar(first.zero) else np.concatenate([p.zero for p in parts])
     return QuantBlocks(first.source_type, np.concatenate([p.q for p in parts]),
-                       np.concatenate([p.scale for p in parts]), bias, first.bits, first.block, first.zero)
+                       np.concatenate([p.scale for p in parts]), bias, first.bits, first.block, zero)
 
 
 def decode(type_name: str, raw: np.ndarray) -> QuantBlocks:

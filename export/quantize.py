@@ -24,7 +24,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from specmemo.export.gguf_weights import QuantBlocks
+from specmemo.export.gguf_weights import QuantBlocks, fold_bias
 
 MS_DOMAIN = "com.microsoft"
 
@@ -55,10 +55,10 @@ def matmulnbits_tensors(name: str, blocks: QuantBlocks) -> tuple[list[onnx.Tenso
                                           name=f"{name}.{suffix}.Cast", to=onnx.TensorProto.FLOAT))
         else:
             tensors.append(numpy_helper.from_array(values, f"{name}.{suffix}"))
-    if blocks.zero != 1 << (blocks.bits - 1):
+    if not np.isscalar(blocks.zero) or blocks.zero != 1 << (blocks.bits - 1):
         nb = blocks.scale.shape[1]
         per_byte = 8 // blocks.bits
-        zero = np.full((n, nb), blocks.zero, dtype=np.uint8)
+        zero = np.broadcast_to(np.asarray(blocks.zero, dtype=np.uint8), (n, nb)).copy()
         if blocks.bits == 4:
             zero = np.pad(zero, ((0, 0), (0, nb % 2)))
             zero = zero[:, 0::2] | (zero[:, 1::2] << 4)
@@ -68,13 +68,16 @@ def matmulnbits_tensors(name: str, blocks: QuantBlocks) -> tuple[list[onnx.Tenso
 
 
 def carry_matmuls(model: onnx.ModelProto, carried: dict[str, QuantBlocks], *, accuracy_level: int = 0,
-                  levels: dict[str, int] | None = None) -> list[str]:
+                  levels: dict[str, int] | None = None, fold: bool = False) -> list[str]:
     """Replace each MatMul whose weight initializer is named in `carried` ([K, N] fp32 → blocks of
     its [N, K] transpose) by MatMulNBits (+ the block-sum bias term), at `accuracy_level` or the
-    level `levels` names for that weight. Returns the names replaced."""
+    level `levels` names for that weight. `fold`: a bias term rides inside the MatMulNBits instead,
+    as extra inputs (the block sums, concatenated to x) with 4-bit codes (`fold_bias`): one node per
+    matrix, two per input. Returns the names replaced."""
     graph = model.graph
     inits = _initializers(graph)
     block_sums: dict[str, str] = {}  # activation name → its BlockSum output, shared by MatMuls on one input
+    augmented: dict[str, str] = {}  # activation name → [x, its block sums], shared likewise
     nodes, replaced = [], []
     for node in graph.node:
         weight = node.input[1] if node.op_type == "MatMul" and len(node.input) == 2 else None
@@ -85,11 +88,18 @@ def carry_matmuls(model: onnx.ModelProto, carried: dict[str, QuantBlocks], *, ac
         k, n = stored.dims
         if blocks.shape != (n, k):
             raise ValueError(f"{weight}: blocks {list(blocks.shape)} do not match the [{n}, {k}] weight")
+        source = node.input[0]
+        if fold and blocks.bias is not None:
+            if source not in augmented:
+                augmented[source] = f"{source}.with_block_sums"
+                nodes += _with_block_sums(source, augmented[source], k, blocks.block, graph)
+            source, blocks = augmented[source], fold_bias(blocks)
+            k = blocks.shape[1]
         tensors, casts = matmulnbits_tensors(weight, blocks)
         graph.initializer.extend(tensors)
         nodes += casts
         names = [t.name for t in tensors]
-        inputs = [node.input[0], f"{weight}.q", f"{weight}.scales"]
+        inputs = [source, f"{weight}.q", f"{weight}.scales"]
         if f"{weight}.zero_points" in names:
             inputs.append(f"{weight}.zero_points")
         main_out = node.output[0] if blocks.bias is None else f"{weight}.nbits_out"
@@ -113,6 +123,20 @@ def carry_matmuls(model: onnx.ModelProto, carried: dict[str, QuantBlocks], *, ac
     if not any(op.domain == MS_DOMAIN for op in model.opset_import):
         model.opset_import.append(helper.make_opsetid(MS_DOMAIN, 1))
     return replaced
+
+
+def _with_block_sums(source: str, out: str, k: int, block: int, graph: onnx.GraphProto) -> list[onnx.NodeProto]:
+    """out [B, T, K + P] = `source` [B, T, K] with its per-block sums appended (P: K/block rounded up to a
+    block, the rest zeros): one MatMul with a 0/1 indicator [K, P] (shared by every input of width K), a Concat."""
+    nb = k // block
+    pad = -(-nb // block) * block
+    indicator = f"block_sum_indicator.{k}.{block}"
+    if indicator not in {t.name for t in graph.initializer}:
+        ones = np.zeros((k, pad), np.float32)
+        ones[np.arange(k), np.arange(k) // block] = 1.0
+        graph.initializer.append(numpy_helper.from_array(ones, indicator))
+    return [helper.make_node("MatMul", [source, indicator], [f"{out}.sums"], name=f"{out}.BlockSums"),
+            helper.make_node("Concat", [source, f"{out}.sums"], [out], name=f"{out}.Concat", axis=-1)]
 
 
 def _block_sum(source: str, out: str, k: int, block: int, graph: onnx.GraphProto) -> list[onnx.NodeProto]:

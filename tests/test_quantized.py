@@ -207,3 +207,49 @@ def test_rerank_makes_an_int8_activation_head_pick_the_exact_argmax():
     logits, ids = run(8)
     assert (approx != exact).sum() > 0, "level 4 agreed everywhere: the test no longer shows the re-rank"
     assert np.array_equal(ids, exact) and np.array_equal(logits, approx_logits)
+
+
+def test_centered_minimum_keeps_the_weights_and_halves_the_int8_activation_error():
+    """Q4_1 with an integer zero point round(-m/d) and the residual m + d·z as the block-sum term: the
+    same weights (exact in reals), and at accuracy level 4 the int8 activations' error is weighted by
+    centred codes, as llama.cpp's is; with zero point 0 (block-sum) it is weighted by 0..15 codes.
+    Dropping the residual (zero-point) moves whole blocks: far worse than either."""
+    rng = np.random.default_rng(5)
+    blocks = decode("Q4_1", raw_blocks("Q4_1", 96, 256, rng))
+    centered = blocks.with_zero_points(residual=True)
+    reals = lambda b: (b.scale.astype(np.float64)[..., None] * (b.q.reshape(96, -1, 32).astype(np.float64)
+                       - (b.zero if np.isscalar(b.zero) else b.zero[..., None].astype(np.float64)))
+                       + b.bias.astype(np.float64)[..., None])
+    assert np.array_equal(reals(centered), reals(blocks)) and centered.zero.max() > 0
+    weight = blocks.dequantize()
+    x = (rng.standard_normal((1, 64, 256)) + 0.5).astype(np.float32)  # a mean, as real activations have
+    exact = x[0].astype(np.float64) @ weight.T.astype(np.float64)
+
+    def error(carried):
+        model = matmul_model(np.ascontiguousarray(weight.T))
+        carry_matmuls(model, {"w": carried}, accuracy_level=4)
+        y = ort.InferenceSession(model.SerializeToString(), session_options(SessionConfig())).run(None, {"x": x})[0][0]
+        return np.abs(y - exact).mean()
+
+    block_sum, centred, shifted = error(blocks), error(centered), error(blocks.with_zero_points())
+    assert centred < 0.75 * block_sum, (centred, block_sum)
+    assert shifted > 5 * centred, (shifted, centred)
+
+
+def test_folded_residual_rides_in_the_same_node():
+    """MinimumForm.FOLDED: the centred residual as 4-bit codes over the input's block sums, concatenated to x:
+    one MatMulNBits per matrix; at level 0 its output is the exact product but for the residual's own step."""
+    rng = np.random.default_rng(6)
+    blocks = decode("Q4_1", raw_blocks("Q4_1", 64, 256, rng)).with_zero_points(residual=True)
+    weight = blocks.dequantize()
+    model = matmul_model(np.ascontiguousarray(weight.T))
+    carry_matmuls(model, {"w": blocks}, accuracy_level=0, fold=True)
+    ops = sorted(n.op_type for n in model.graph.node if n.op_type != "Cast")
+    assert ops == ["Concat", "MatMul", "MatMulNBits"]
+    x = (rng.standard_normal((1, 16, 256)) + 0.5).astype(np.float32)
+    y = ort.InferenceSession(model.SerializeToString(), session_options(SessionConfig())).run(None, {"x": x})[0][0]
+    exact = x[0].astype(np.float64) @ weight.T.astype(np.float64)
+    sums = x[0].reshape(16, -1, 32).sum(-1)  # [T, nb]
+    step = (blocks.bias.max(1) - blocks.bias.min(1)) / 15  # [N]: the residual codes' step per row
+    bound = 0.5 * np.abs(sums).sum(1)[:, None] * step[None, :] * 1.01 + 1e-4 * np.abs(exact).max()
+    assert (np.abs(y - exact) <= bound).all() and np.abs(y - exact).max() > 0

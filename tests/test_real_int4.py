@@ -1,5 +1,6 @@
-"""The default model exported with --dtype int4 --mobile: the GGUF's own Q4_1/Q8_0 blocks as MatMulNBits,
-a float16 KV buffer (the int4 default), the LM head's exact re-rank, and the graphs again as .ort.
+"""The default model exported with --dtype int4 --mobile: the GGUF's own Q4_1/Q8_0 blocks as MatMulNBits at
+accuracy level 4 (Q4_1 minima centred: integer zero points + the exact residual term), a float32 KV buffer,
+the LM head's exact re-rank, and the graphs again as .ort.
 
 Checks: every decoder matrix carried (nothing re-quantized), the weight bytes as arithmetic, the
 embedding rows read from the LM head's blocks equal to the fp32 model's (and the same from decoder.ort),
@@ -46,7 +47,7 @@ def test_every_matrix_is_carried_and_the_bytes_are_the_arithmetic(int4):
     d = manifest.dims
     assert manifest.weight_dtype == "int4"
     assert manifest.quantization.carried == ("Q4_1", "Q8_0") and manifest.quantization.quantized == ()
-    # Q4_1 [N, K]: 4-bit q, f16 scale and f16 minimum per 32, zero points 0 (4-bit, packed); Q8_0 LM head [V, h]
+    # Q4_1 [N, K]: 4-bit q, f16 scale and f16 residual per 32, 4-bit zero points (packed); Q8_0 LM head [V, h]
     layer = [(d.num_heads + 2 * d.num_kv_heads) * d.head_dim, d.hidden_size]  # fused QKV rows, then o_proj
     shapes = [(layer[0], d.hidden_size), (d.hidden_size, d.hidden_size), (d.intermediate_size, d.hidden_size),
               (d.intermediate_size, d.hidden_size), (d.hidden_size, d.intermediate_size)]
@@ -89,9 +90,11 @@ def test_teacher_forced_argmax_agrees_with_the_fp32_model(int4, hf_replies):
         predicted = np.asarray(out.next_token_ids)[len(ids) - 1:]
         same += int((predicted == np.array(reply)).sum())
         total += len(reply)
-    # the LM head's exact re-rank (lm_head_rerank) makes the pick fp32's but for near-ties (README "int4")
-    assert load_manifest(artifact).quantization.lm_head_rerank == 8
-    assert same / total >= 0.99, f"{same}/{total}"
+    # int8 activations (accuracy level 4) move ~3% of picks, as llama.cpp's do on the same file (bench quality
+    # --peer llama.cpp: 97.1% vs 96.9%); the LM head's exact re-rank keeps its own share at 0 (README "int4")
+    quantization = load_manifest(artifact).quantization
+    assert quantization.lm_head_rerank == 8 and quantization.minimum == "centered" and quantization.accuracy_level == 4
+    assert same / total >= 0.92, f"{same}/{total}"  # ~120 positions here; the 1,234-position figure is 0.973
 
 
 def test_mobile_export_writes_ort_graphs_and_the_reduced_build_operators(int4):
@@ -99,7 +102,7 @@ def test_mobile_export_writes_ort_graphs_and_the_reduced_build_operators(int4):
     info = load_manifest(artifact).ort_format
     assert info.files == ("decoder.ort", "heads.ort") and all((artifact / f).stat().st_size > 0 for f in info.files)
     config = (artifact / info.required_operators).read_text()
-    assert "com.microsoft;1;GroupQueryAttention,MatMulNBits,QuickGelu" in config.splitlines()
+    assert "com.microsoft;1;GroupQueryAttention,MatMulNBits,QuickGelu,SkipSimplifiedLayerNormalization" in config.splitlines()
     assert [line for line in config.splitlines() if not line.startswith("#")] == list(info.operators)
     # the .ort set reads token rows from decoder.ort itself: the same values as from decoder.onnx.data
     manifest = load_manifest(artifact)

@@ -19,6 +19,25 @@ class PeerUnavailableError(SpecMemoError):
     """A peer engine is not installed or its model could not be built."""
 
 
+def gguf_file(model: str) -> Path:
+    """The model's own GGUF as one file (an alias's parts joined once into the cache), for llama.cpp."""
+    from specmemo.export.load import joined_gguf, resolve_model
+
+    parts = resolve_model(model).gguf_parts
+    if not parts:
+        raise PeerUnavailableError(f"{model} has no GGUF source: llama.cpp runs GGUF files only")
+    folder = cache_root() / "gguf" / resolve_model(model).hf_folder.name
+    folder.mkdir(parents=True, exist_ok=True)
+    return joined_gguf(parts, folder) if len(parts) > 1 and not (folder / "model.gguf").is_file() else \
+        (folder / "model.gguf" if len(parts) > 1 else parts[0])
+
+
+def genai_precision(weight_dtype: str) -> str:
+    """The ONNX Runtime GenAI build compared with an artifact: its model builder's int4 for our int4
+    (it re-quantizes the float32 weights with its own RTN), else fp32."""
+    return "int4" if weight_dtype == "int4" else "fp32"
+
+
 def genai_model_dir(model: str, precision: str = "fp32") -> Path:
     """The ONNX Runtime GenAI model for `model`, built once with its model builder (cached)."""
     try:

@@ -22,6 +22,7 @@ import numpy as np
 
 from tqdm.auto import tqdm
 
+from specmemo.errors import ConfigError
 from specmemo.runtime import tree
 from specmemo.runtime.backend import OrtBackend
 from specmemo.runtime.engine import EngineConfig, Mode, open_engine
@@ -75,21 +76,37 @@ def reference_replies(engine, prompts: list[list[int]], max_new_tokens: int) -> 
     return replies
 
 
+def ours(backend: OrtBackend):
+    """An artifact as a teacher-forced function: ids → (its graph's greedy pick, logits) at every position."""
+    def forced(ids: list[int]) -> tuple[np.ndarray, np.ndarray]:
+        out = teacher_forced(backend, ids)
+        return np.asarray(out.next_token_ids), np.asarray(out.logits)
+    return forced
+
+
 def agreement(backend: OrtBackend, prompts: list[list[int]], replies: list[list[int]]) -> tuple[float, int]:
+    return forced_agreement(ours(backend), prompts, replies)
+
+
+def forced_agreement(forced, prompts: list[list[int]], replies: list[list[int]]) -> tuple[float, int]:
     same = total = 0
     for prompt, reply in zip(prompts, replies):
-        out = teacher_forced(backend, prompt + reply[:-1])  # position of reply[i] predicts it
-        predicted = np.asarray(out.next_token_ids)[len(prompt) - 1:]  # the graph's greedy pick, as decoding uses
+        predicted, _ = forced(prompt + reply[:-1])  # position of reply[i] predicts it
+        predicted = predicted[len(prompt) - 1:]  # the graph's greedy pick, as decoding uses
         same += int((predicted == np.array(reply)).sum())
         total += len(reply)
     return same / max(total, 1), total
 
 
 def perplexity(backend: OrtBackend, texts: list[tuple[list[int], int]]) -> tuple[float, int]:
+    return forced_perplexity(ours(backend), texts)
+
+
+def forced_perplexity(forced, texts: list[tuple[list[int], int]]) -> tuple[float, int]:
     """texts: (ids, where the reply starts); mean NLL over reply tokens → exp."""
     nll, count = 0.0, 0
     for ids, start in texts:
-        logits = np.asarray(teacher_forced(backend, ids[:-1]).logits, dtype=np.float64)
+        logits = np.asarray(forced(ids[:-1])[1], dtype=np.float64)
         logits -= logits.max(-1, keepdims=True)
         logp = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
         targets = np.array(ids[1:])
@@ -115,8 +132,74 @@ def held_out_texts(tokenizer, count: int = HELD_OUT) -> list[tuple[list[int], in
     return texts
 
 
+class GenAIForced:
+    """ONNX Runtime GenAI's int4 `model.onnx` (its builder's own graph) run with plain ONNX Runtime: one
+    prefill over the whole sequence from an empty past gives logits at every position."""
+
+    weight_dtype = "int4"
+
+    def __init__(self, model_dir: Path, threads: int):
+        from specmemo.runtime.session import SessionConfig, load_graph
+
+        self.name, self.size_mb = f"onnxruntime-genai int4 ({model_dir.name})", folder_mb(model_dir)
+        self.session = load_graph(model_dir / "model.onnx", SessionConfig(threads=threads))
+        self.head_size = json.loads((model_dir / "genai_config.json").read_text())["model"]["decoder"]["head_size"]
+
+    def __call__(self, ids: list[int]) -> tuple[np.ndarray, np.ndarray]:
+        feeds = {}
+        for spec in self.session.get_inputs():
+            if spec.name == "input_ids":
+                feeds[spec.name] = np.array([ids], dtype=np.int64)
+            elif spec.name == "attention_mask":
+                feeds[spec.name] = np.ones((1, len(ids)), dtype=np.int64)
+            elif spec.name.startswith("past_key_values"):
+                feeds[spec.name] = np.zeros((1, spec.shape[1], 0, self.head_size), dtype=np.float32)
+        logits = self.session.run(["logits"], feeds)[0][0]
+        return logits.argmax(-1), logits
+
+
+class LlamaCppForced:
+    """llama.cpp (llama-cpp-python) on the model's own GGUF, every position's logits (`logits_all`): it
+    quantizes activations to 8 bits for its Q4_1/Q8_0 dot products, as accuracy level 4 does."""
+
+    weight_dtype = "gguf"
+
+    def __init__(self, gguf: Path, threads: int):
+        try:
+            import llama_cpp
+        except ImportError:
+            raise ConfigError("llama-cpp-python is not installed: build it from source (README \"Peers\")") from None
+        self.name, self.size_mb = f"llama.cpp ({gguf.name})", gguf.stat().st_size / 1e6
+        self.model = llama_cpp.Llama(str(gguf), n_threads=threads, n_threads_batch=threads, n_ctx=1024,
+                                     n_batch=512, logits_all=True, verbose=False)
+
+    def __call__(self, ids: list[int]) -> tuple[np.ndarray, np.ndarray]:
+        self.model.reset()
+        self.model.eval(ids)
+        logits = np.array(self.model.scores[: len(ids)], dtype=np.float32)
+        return logits.argmax(-1), logits
+
+
+def quality_peers(model: str, names: list[str]) -> tuple:
+    """Openers (threads → teacher-forced peer) for the peers named, on the reference's source model;
+    each is checked for availability before anything is measured."""
+    peers = []
+    for name in names:
+        if name == "genai":
+            from specmemo.bench.peers import genai_model_dir
+
+            folder = genai_model_dir(model, "int4")
+            peers.append(lambda threads, folder=folder: GenAIForced(folder, threads))
+        elif name == "llama.cpp":
+            from specmemo.bench.peers import gguf_file
+
+            gguf = gguf_file(model)
+            peers.append(lambda threads, gguf=gguf: LlamaCppForced(gguf, threads))
+    return tuple(peers)
+
+
 def measure(reference: Path, artifacts: list[Path], *, prompts: int, max_new_tokens: int, threads: int,
-            out: Path | None) -> list[Quality]:
+            out: Path | None, peers: tuple = ()) -> list[Quality]:
     from specmemo.datasets import load_questions
 
     ref = open_greedy(reference, threads)
@@ -134,6 +217,13 @@ def measure(reference: Path, artifacts: list[Path], *, prompts: int, max_new_tok
                                size_mb=round(folder_mb(artifact), 1), agreement=agree, positions=positions,
                                perplexity=ppl, ppl_tokens=tokens))
         del backend
+    for peer in peers:  # (name, open(threads) → forced) pairs, opened one at a time
+        forced = peer(threads)
+        agree, positions = forced_agreement(forced, prompt_ids, replies)
+        ppl, tokens = forced_perplexity(forced, texts)
+        results.append(Quality(artifact=forced.name, weight_dtype=forced.weight_dtype, size_mb=round(forced.size_mb, 1),
+                               agreement=agree, positions=positions, perplexity=ppl, ppl_tokens=tokens))
+        del forced
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps({"reference": str(reference), "prompts": prompts, "max_new_tokens": max_new_tokens,

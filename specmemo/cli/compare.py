@@ -49,12 +49,6 @@ def add_parser(sub) -> None:
     p.set_defaults(handler=cmd_compare)
 
 
-def genai_precision(weight_dtype: str) -> str:
-    """The ONNX Runtime GenAI build compared with an artifact: its model builder's int4 for our int4
-    (it re-quantizes the float32 weights with its own RTN), else fp32."""
-    return "int4" if weight_dtype == "int4" else "fp32"
-
-
 def cmd_compare(args: argparse.Namespace) -> int:
     from specmemo.bench import compare
     from specmemo.bench.plots import write_plots, write_report
@@ -79,7 +73,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     engines = compare.TORCH_ENGINES + compare.ORT_ENGINES
     genai_dir = None
     if not args.no_peer:
-        from specmemo.bench.peers import PeerUnavailableError, genai_model_dir
+        from specmemo.bench.peers import PeerUnavailableError, genai_model_dir, genai_precision
 
         try:
             genai_dir = genai_model_dir(manifest.source_model, genai_precision(manifest.weight_dtype))

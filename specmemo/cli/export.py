@@ -45,10 +45,20 @@ def add_parser(sub) -> None:
     p.add_argument("--block-size", type=positive, default=32,
                    help="block of weights sharing a scale where ONNX Runtime's quantizer runs (default 32)")
     p.add_argument("--accuracy-level", type=int, choices=range(5), default=None, metavar="{0..4}",
-                   help="MatMulNBits accuracy_level of the decoder layers: 0 computes in fp32; 4 quantizes "
-                        "activations to int8 per block (faster on x86, but a T-node verify then rounds apart "
-                        "from a 1-token step, so such an artifact verifies chains only: see README "
-                        "\"int4\") (default 0 for int4, 4 for int8)")
+                   help="MatMulNBits accuracy_level of the decoder layers: 4 quantizes activations to int8 per "
+                        "block (ONNX Runtime's fast x86/ARM kernels; a tree verify then rounds apart from a chain, "
+                        "so such an artifact verifies chains only); 0 computes in fp32, 3x slower here "
+                        "(default 4; 0 with --exact)")
+    p.add_argument("--exact", action="store_true",
+                   help="int4: the float32 model's weights and arithmetic, at 3-4x the step time: Q4_1 minima as "
+                        "an exact block-sum term and fp32-compute kernels (--minimum block-sum --accuracy-level 0); "
+                        "its argmax is the float32 model's on 99.9%% of positions (README \"int4\")")
+    p.add_argument("--minimum", choices=("centered", "folded", "block-sum", "zero-point"), default=None,
+                   help="how a Q4_1 block's minimum (w = d·q + m) reaches MatMulNBits, whose fast kernels take integer "
+                        "zero points only: centered = zero point round(-m/d) + an exact residual term (the same "
+                        "weights; int8 activations err as llama.cpp's do); block-sum = zero point 0 + the whole m as "
+                        "a term; zero-point = round(-m/d) alone (no extra nodes, ~25%% faster, but each block moves by "
+                        "up to half a step: 74%% argmax agreement) (default centered; block-sum with --exact)")
     p.add_argument("--lm-head-rerank", type=int, default=8, metavar="K",
                    help="an 8-bit LM head (a GGUF's Q8_0) runs with int8 activations, fast but rounding its logits "
                         "far from fp32; the graph's greedy token then re-ranks the top K of those logits exactly "
@@ -56,8 +66,7 @@ def add_parser(sub) -> None:
     p.add_argument("--kv-dtype", choices=["float32", "float16"], default=None,
                    help="the KV buffer's elements: float16 halves the largest memory use after the weights "
                         "(attention then computes in float16, and the artifact verifies chains only; see README "
-                        "\"int4\") (default: the --profile's, "
-                        "else float16 with --dtype int8/int4 and float32 with float32 weights)")
+                        "\"int4\") (default: the --profile's, else float32, the faster)")
     p.add_argument("--mobile", nargs="?", const="arm", choices=["arm", "amd64"], default=None,
                    help="also write every graph in ONNX Runtime's own format (.ort, optimizations for this "
                         "platform baked in; default arm) and required_operators.config, the operator list "
@@ -128,7 +137,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     check_supported(args.model)  # from the GGUF header or config.json: refused before torch is even imported
     from specmemo.export.artifact import (DEFAULT_MAX_CAPACITY, ExportOptions, default_feature_drafter, default_heads,
                                           export_artifact)
-    from specmemo.export.weights_dtype import QuantOptions, WeightDtype
+    from specmemo.export.weights_dtype import MinimumForm, QuantOptions, WeightDtype
 
     heads = {"auto": default_heads(args.model), "none": None}.get(args.heads, Path(args.heads))
     profile = apply_profile(args)
@@ -147,8 +156,9 @@ def cmd_export(args: argparse.Namespace) -> int:
                              log=log_stderr)
     quant = QuantOptions(dtype=WeightDtype(args.dtype or "float32"), block_size=args.block_size,
                          requantize=args.requantize, lm_head_rerank=args.lm_head_rerank,
+                         minimum=MinimumForm(args.minimum or ("block-sum" if args.exact else "centered")),
                          accuracy_level=args.accuracy_level if args.accuracy_level is not None
-                         else 4 if args.dtype == "int8" else 0)
+                         else 0 if args.exact and args.dtype != "int8" else 4)
     out = args.out or default_artifact(args.model, quant.dtype.value)
     # auto: the shipped feature drafter for float32 exports only; it does not pay on a CPU (README
     # "Drafters") and a quantized export is sized for a device
