@@ -125,33 +125,44 @@ class QuantBlocks:
         return np.ascontiguousarray(q[..., 0::2] | (q[..., 1::2] << 4))
 
 
-def fold_bias(blocks: QuantBlocks) -> QuantBlocks:
-    """w = scale·(q − zero) + bias[n, k // block] as one matrix over K + P inputs: the first K are x, the
-    next nb the per-block sums of x (P = nb rounded up to a block, zero-padded): the bias values become
-    4-bit codes of extra blocks with their own f16 scale and zero point (asymmetric over each row's block
-    of biases). Not exact: a bias moves by at most half its block's step, range/30. Shapes [N, K + P]."""
+def fold_bias(blocks: QuantBlocks, *, digits: int = 2) -> QuantBlocks:
+    """w = scale·(q − zero) + bias[n, k // block] as one matrix over K + digits·P inputs: the first K are x,
+    then `digits` copies of the nb per-block sums of x (P = nb rounded up to a block, zero-padded). The bias
+    values become 4-bit codes of extra blocks: the first copy's codes quantize each row's biases (asymmetric,
+    f16 step), each further copy's codes the error left by the ones before (about 1/15 of their step), like
+    the digits of a wider integer. Not exact: with two digits a bias is off by about range/225 at most
+    (tests/test_quantized.py). Shapes [N, K + digits·P]."""
     n, k = blocks.shape
     nb, blk = k // blocks.block, blocks.block
     pad = -(-nb // blk) * blk
-    extra = np.zeros((n, pad), np.float32)
-    extra[:, :nb] = blocks.bias
+    top = (1 << blocks.bits) - 1
     valid = np.zeros((n, pad), bool)
     valid[:, :nb] = True
-    groups, ok = extra.reshape(n, -1, blk), valid.reshape(n, -1, blk)  # [N, P/blk, blk]
-    lo = np.where(ok, groups, np.inf).min(-1)
-    hi = np.where(ok, groups, -np.inf).max(-1)
-    lo, hi = np.where(np.isfinite(lo), lo, 0.0), np.where(np.isfinite(hi), hi, 0.0)
-    top = (1 << blocks.bits) - 1
-    step = (hi - lo) / top
-    step = np.where(step > 0, step, np.where(np.abs(lo) > 0, np.abs(lo), 1.0))
-    step = step.astype(np.float16).astype(np.float32)  # stored as f16, like the GGUF's scales
-    zero = np.clip(np.rint(-lo / step), 0, top)
-    codes = np.clip(np.rint(groups / step[..., None]) + zero[..., None], 0, top)
-    codes = np.where(ok, codes, zero[..., None]).astype(np.uint8)  # padding inputs are 0; their codes dequantize to 0
+    ok = valid.reshape(n, -1, blk)  # [N, P/blk, blk]
+    left = np.zeros((n, pad), np.float64)
+    left[:, :nb] = blocks.bias
+    codes_all, steps_all, zeros_all = [], [], []
+    for _ in range(digits):
+        groups = left.reshape(n, -1, blk)
+        lo = np.where(ok, groups, np.inf).min(-1)
+        hi = np.where(ok, groups, -np.inf).max(-1)
+        lo, hi = np.minimum(np.where(np.isfinite(lo), lo, 0.0), 0.0), np.maximum(np.where(np.isfinite(hi), hi, 0.0), 0.0)
+        step = (hi - lo) / top  # over [lo, hi] ∋ 0: a zero point in [0, 15] reaches both ends
+        step = np.where(step > 0, step, 1.0)
+        half = step.astype(np.float16)  # stored as f16 like the GGUF's scales, rounded up so 15 steps span the range
+        half = np.where(half.astype(np.float64) < step, np.nextafter(half, np.float16(np.inf)), half)
+        step = half.astype(np.float64)
+        zero = np.clip(np.rint(-lo / step), 0, top)
+        codes = np.clip(np.rint(groups / step[..., None]) + zero[..., None], 0, top)
+        codes = np.where(ok, codes, zero[..., None])  # padding inputs are 0; their codes dequantize to 0
+        left = (groups - step[..., None] * (codes - zero[..., None])).reshape(n, pad)
+        codes_all.append(codes.astype(np.uint8).reshape(n, pad))
+        steps_all.append(step.astype(np.float32))
+        zeros_all.append(zero.astype(np.uint8))
     base_zero = np.broadcast_to(np.asarray(blocks.zero, np.uint8), (n, nb))
-    return QuantBlocks(blocks.source_type, np.concatenate([blocks.q, codes.reshape(n, pad)], axis=1),
-                       np.concatenate([blocks.scale, step], axis=1), None, blocks.bits, blk,
-                       np.concatenate([base_zero, zero.astype(np.uint8)], axis=1))
+    return QuantBlocks(blocks.source_type, np.concatenate([blocks.q, *codes_all], axis=1),
+                       np.concatenate([blocks.scale, *steps_all], axis=1), None, blocks.bits, blk,
+                       np.concatenate([base_zero, *zeros_all], axis=1))
 
 
 def stack(parts: list[QuantBlocks]) -> QuantBlocks:

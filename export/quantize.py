@@ -93,7 +93,7 @@ def carry_matmuls(model: onnx.ModelProto, carried: dict[str, QuantBlocks], *, ac
             if source not in augmented:
                 augmented[source] = f"{source}.with_block_sums"
                 nodes += _with_block_sums(source, augmented[source], k, blocks.block, graph)
-            source, blocks = augmented[source], fold_bias(blocks)
+            source, blocks = augmented[source], fold_bias(blocks, digits=FOLD_DIGITS)
             k = blocks.shape[1]
         tensors, casts = matmulnbits_tensors(weight, blocks)
         graph.initializer.extend(tensors)
@@ -125,15 +125,20 @@ def carry_matmuls(model: onnx.ModelProto, carried: dict[str, QuantBlocks], *, ac
     return replaced
 
 
+FOLD_DIGITS = 2  # 4-bit digits per folded bias (export/gguf_weights.py: fold_bias)
+
+
 def _with_block_sums(source: str, out: str, k: int, block: int, graph: onnx.GraphProto) -> list[onnx.NodeProto]:
-    """out [B, T, K + P] = `source` [B, T, K] with its per-block sums appended (P: K/block rounded up to a
-    block, the rest zeros): one MatMul with a 0/1 indicator [K, P] (shared by every input of width K), a Concat."""
+    """out [B, T, K + D·P] = `source` [B, T, K] with its per-block sums appended D = FOLD_DIGITS times (P:
+    K/block rounded up to a block, the rest zeros): one MatMul with a 0/1 indicator [K, D·P] (shared by every
+    input of width K), a Concat."""
     nb = k // block
     pad = -(-nb // block) * block
     indicator = f"block_sum_indicator.{k}.{block}"
     if indicator not in {t.name for t in graph.initializer}:
-        ones = np.zeros((k, pad), np.float32)
-        ones[np.arange(k), np.arange(k) // block] = 1.0
+        ones = np.zeros((k, FOLD_DIGITS * pad), np.float32)
+        for digit in range(FOLD_DIGITS):
+            ones[np.arange(k), digit * pad + np.arange(k) // block] = 1.0
         graph.initializer.append(numpy_helper.from_array(ones, indicator))
     return [helper.make_node("MatMul", [source, indicator], [f"{out}.sums"], name=f"{out}.BlockSums"),
             helper.make_node("Concat", [source, f"{out}.sums"], [out], name=f"{out}.Concat", axis=-1)]

@@ -11,7 +11,7 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from specmemo.export.gguf_weights import (FORMATS, GgufWeightsError, QuantBlocks, carry, decode,
+from specmemo.export.gguf_weights import (FORMATS, GgufWeightsError, QuantBlocks, carry, decode, fold_bias,
                                           llama_rotary_order)
 from specmemo.export.quantize import carry_matmuls, rerank_argmax
 from specmemo.export.weights_dtype import QuantOptions, WeightDtype
@@ -237,8 +237,8 @@ def test_centered_minimum_keeps_the_weights_and_halves_the_int8_activation_error
 
 
 def test_folded_residual_rides_in_the_same_node():
-    """MinimumForm.FOLDED: the centred residual as 4-bit codes over the input's block sums, concatenated to x:
-    one MatMulNBits per matrix; at level 0 its output is the exact product but for the residual's own step."""
+    """MinimumForm.FOLDED: the centred residual as two 4-bit digits over the input's block sums, concatenated to x
+    twice: one MatMulNBits per matrix; at level 0 its output is the exact product but for the last digit's step."""
     rng = np.random.default_rng(6)
     blocks = decode("Q4_1", raw_blocks("Q4_1", 64, 256, rng)).with_zero_points(residual=True)
     weight = blocks.dequantize()
@@ -246,10 +246,13 @@ def test_folded_residual_rides_in_the_same_node():
     carry_matmuls(model, {"w": blocks}, accuracy_level=0, fold=True)
     ops = sorted(n.op_type for n in model.graph.node if n.op_type != "Cast")
     assert ops == ["Concat", "MatMul", "MatMulNBits"]
+    folded = fold_bias(blocks)  # the residuals as the node holds them: two 4-bit digits over the block sums
+    s, z, q = (a.astype(np.float64) for a in (folded.scale[:, 8:], folded.zero[:, 8:], folded.q[:, 256:]))
+    held = (s[:, :, None] * (q.reshape(64, 2, 32) - z[:, :, None])).sum(1)[:, :8]  # [N, nb]
+    spread = blocks.bias.max(1) - blocks.bias.min(1)
+    assert (np.abs(held - blocks.bias).max(1) <= spread / 200).all()  # one digit alone: spread / 30
     x = (rng.standard_normal((1, 16, 256)) + 0.5).astype(np.float32)
     y = ort.InferenceSession(model.SerializeToString(), session_options(SessionConfig())).run(None, {"x": x})[0][0]
-    exact = x[0].astype(np.float64) @ weight.T.astype(np.float64)
-    sums = x[0].reshape(16, -1, 32).sum(-1)  # [T, nb]
-    step = (blocks.bias.max(1) - blocks.bias.min(1)) / 15  # [N]: the residual codes' step per row
-    bound = 0.5 * np.abs(sums).sum(1)[:, None] * step[None, :] * 1.01 + 1e-4 * np.abs(exact).max()
-    assert (np.abs(y - exact) <= bound).all() and np.abs(y - exact).max() > 0
+    sums = x[0].reshape(16, -1, 32).sum(-1).astype(np.float64)  # [T, nb]
+    expected = x[0].astype(np.float64) @ weight.T.astype(np.float64) + sums @ (held - blocks.bias).T
+    assert np.abs(y - expected).max() <= 1e-5 * np.abs(expected).max()

@@ -1,5 +1,6 @@
 """The default model exported with --dtype int4 --mobile: the GGUF's own Q4_1/Q8_0 blocks as MatMulNBits at
-accuracy level 4 (Q4_1 minima centred: integer zero points + the exact residual term), a float32 KV buffer,
+accuracy level 4 (Q4_1 minima folded: integer zero points, the residual as two 4-bit digits over the block sums
+appended to each input), a float32 KV buffer,
 the LM head's exact re-rank, and the graphs again as .ort.
 
 Checks: every decoder matrix carried (nothing re-quantized), the weight bytes as arithmetic, the
@@ -47,14 +48,17 @@ def test_every_matrix_is_carried_and_the_bytes_are_the_arithmetic(int4):
     d = manifest.dims
     assert manifest.weight_dtype == "int4"
     assert manifest.quantization.carried == ("Q4_1", "Q8_0") and manifest.quantization.quantized == ()
-    # Q4_1 [N, K]: 4-bit q, f16 scale and f16 residual per 32, 4-bit zero points (packed); Q8_0 LM head [V, h]
+    # Q4_1 [N, K] folded: K + 2·P inputs (P = K/32 block sums rounded up to 32, twice: two 4-bit digits of the
+    # residual), 4-bit codes, an f16 scale and a 4-bit zero point per block of 32; Q8_0 LM head [V, h]
     layer = [(d.num_heads + 2 * d.num_kv_heads) * d.head_dim, d.hidden_size]  # fused QKV rows, then o_proj
     shapes = [(layer[0], d.hidden_size), (d.hidden_size, d.hidden_size), (d.intermediate_size, d.hidden_size),
               (d.intermediate_size, d.hidden_size), (d.hidden_size, d.intermediate_size)]
-    q4_1 = sum(n * k // 2 + 2 * (n * k // 32) * 2 + n * -(-(k // 32) // 2) for n, k in shapes) * d.num_layers
+    wide = lambda k: k + 2 * -(-(k // 32) // 32) * 32  # noqa: E731
+    q4_1 = sum(n * wide(k) // 2 + (n * wide(k) // 32) * 2 + n * -(-(wide(k) // 32) // 2) for n, k in shapes) * d.num_layers
     q8_0 = d.vocab_size * d.hidden_size + d.vocab_size * (d.hidden_size // 32) * 2
     stored = (artifact / manifest.decoder_data_file).stat().st_size
-    assert q4_1 + q8_0 <= stored <= (q4_1 + q8_0) * 1.005 + (1 << 20)  # + norms, rotary table, alignment
+    indicators = 4 * sum({k: k * (wide(k) - k) for _, k in shapes}.values())  # fp32 0/1 [K, 2·P], one per width K
+    assert q4_1 + q8_0 + indicators <= stored <= (q4_1 + q8_0 + indicators) * 1.005 + (1 << 20)  # + norms, rotary table
     assert not (artifact / "embedding.bin").exists()  # the embedding is the LM head's rows
 
 
@@ -93,7 +97,7 @@ def test_teacher_forced_argmax_agrees_with_the_fp32_model(int4, hf_replies):
     # int8 activations (accuracy level 4) move ~3% of picks, as llama.cpp's do on the same file (bench quality
     # --peer llama.cpp: 97.1% vs 96.9%); the LM head's exact re-rank keeps its own share at 0 (README "int4")
     quantization = load_manifest(artifact).quantization
-    assert quantization.lm_head_rerank == 8 and quantization.minimum == "centered" and quantization.accuracy_level == 4
+    assert quantization.lm_head_rerank == 8 and quantization.minimum == "folded" and quantization.accuracy_level == 4
     assert same / total >= 0.92, f"{same}/{total}"  # ~120 positions here; the 1,234-position figure is 0.973
 
 

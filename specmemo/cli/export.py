@@ -53,12 +53,14 @@ def add_parser(sub) -> None:
                    help="int4: the float32 model's weights and arithmetic, at 3-4x the step time: Q4_1 minima as "
                         "an exact block-sum term and fp32-compute kernels (--minimum block-sum --accuracy-level 0); "
                         "its argmax is the float32 model's on 99.9%% of positions (README \"int4\")")
-    p.add_argument("--minimum", choices=("centered", "folded", "block-sum", "zero-point"), default=None,
+    p.add_argument("--minimum", choices=("folded", "centered", "block-sum", "zero-point"), default=None,
                    help="how a Q4_1 block's minimum (w = d·q + m) reaches MatMulNBits, whose fast kernels take integer "
-                        "zero points only: centered = zero point round(-m/d) + an exact residual term (the same "
-                        "weights; int8 activations err as llama.cpp's do); block-sum = zero point 0 + the whole m as "
-                        "a term; zero-point = round(-m/d) alone (no extra nodes, ~25%% faster, but each block moves by "
-                        "up to half a step: 74%% argmax agreement) (default centered; block-sum with --exact)")
+                        "zero points only: centered = zero point round(-m/d) + the exact residual m + d·z as a "
+                        "block-sum term beside the node (the same weights; int8 activations err as llama.cpp's do); "
+                        "folded = centered with the residual inside the node, two 4-bit digits over the block sums "
+                        "appended to x (off by range/450; 9%% faster); block-sum = zero point 0 + the whole m as a "
+                        "term; zero-point = round(-m/d) alone (each block moves by up to half a step: 74%% argmax "
+                        "agreement) (default folded; block-sum with --exact)")
     p.add_argument("--lm-head-rerank", type=int, default=8, metavar="K",
                    help="an 8-bit LM head (a GGUF's Q8_0) runs with int8 activations, fast but rounding its logits "
                         "far from fp32; the graph's greedy token then re-ranks the top K of those logits exactly "
@@ -156,7 +158,7 @@ def cmd_export(args: argparse.Namespace) -> int:
                              log=log_stderr)
     quant = QuantOptions(dtype=WeightDtype(args.dtype or "float32"), block_size=args.block_size,
                          requantize=args.requantize, lm_head_rerank=args.lm_head_rerank,
-                         minimum=MinimumForm(args.minimum or ("block-sum" if args.exact else "centered")),
+                         minimum=MinimumForm(args.minimum or ("block-sum" if args.exact else "folded")),
                          accuracy_level=args.accuracy_level if args.accuracy_level is not None
                          else 0 if args.exact and args.dtype != "int8" else 4)
     out = args.out or default_artifact(args.model, quant.dtype.value)
