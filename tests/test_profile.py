@@ -33,6 +33,7 @@ def test_trace_counts_only_the_last_runs(tmp_path):
 def test_components_follow_the_exporters_names():
     assert component("layers.0.qkv.weight_t.BiasMatMul", "MatMul") == "Q4_1 minimum term"
     assert component("mul_3.block_sums.ReduceSum", "ReduceSum") == "Q4_1 minimum term"
+    assert component("mul_3.with_block_sums.BlockSums", "MatMul") == "Q4_1 minimum term"
     assert component("next_token_ids.rerank.TopK", "TopK") == "LM head re-rank"
     assert component("lm_head_t.MatMulNBits", "MatMulNBits") == "LM head"
     assert component("/lm_head/MatMul_Q4", "MatMulNBits") == "LM head"

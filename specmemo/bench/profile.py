@@ -43,7 +43,7 @@ class ProfileConfig:
 
 def component(node: str, op: str) -> str:
     """The part of the model a node of ours belongs to, from the names the exporter gives them."""
-    if ".BiasMatMul" in node or ".BiasAdd" in node or ".block_sums" in node:
+    if any(part in node for part in (".BiasMatMul", ".BiasAdd", ".block_sums", ".with_block_sums")):
         return "Q4_1 minimum term"
     if ".rerank" in node:
         return "LM head re-rank"
@@ -229,9 +229,3 @@ def format_table(result: dict) -> str:
         extra = f", outside session.run {t['host_ms']:.3f} (wall {t['wall_ms']:.3f})" if "host_ms" in t else ""
         lines.append(f"  {name:<20} session.run {t['run_ms']:.3f} ms ({t['rows_per_call']} rows a call){extra}")
     return "\n".join(lines)
-
-
-def write_json(result: dict, path: Path) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(result, indent=2) + "\n")
-    return path

@@ -76,19 +76,21 @@ def reference_replies(engine, prompts: list[list[int]], max_new_tokens: int) -> 
     return replies
 
 
-def ours(backend: OrtBackend):
-    """An artifact as a teacher-forced function: ids → (its graph's greedy pick, logits) at every position."""
-    def forced(ids: list[int]) -> tuple[np.ndarray, np.ndarray]:
-        out = teacher_forced(backend, ids)
+class ArtifactForced:
+    """An artifact teacher-forced: ids → (its graph's greedy pick, logits) at every position. The peers below
+    answer the same call."""
+
+    def __init__(self, artifact: Path, threads: int):
+        self.backend = open_teacher(artifact, threads)
+        self.name, self.size_mb = str(artifact), folder_mb(artifact)
+        self.weight_dtype = self.backend.session.manifest.weight_dtype
+
+    def __call__(self, ids: list[int]) -> tuple[np.ndarray, np.ndarray]:
+        out = teacher_forced(self.backend, ids)
         return np.asarray(out.next_token_ids), np.asarray(out.logits)
-    return forced
 
 
-def agreement(backend: OrtBackend, prompts: list[list[int]], replies: list[list[int]]) -> tuple[float, int]:
-    return forced_agreement(ours(backend), prompts, replies)
-
-
-def forced_agreement(forced, prompts: list[list[int]], replies: list[list[int]]) -> tuple[float, int]:
+def agreement(forced, prompts: list[list[int]], replies: list[list[int]]) -> tuple[float, int]:
     same = total = 0
     for prompt, reply in zip(prompts, replies):
         predicted, _ = forced(prompt + reply[:-1])  # position of reply[i] predicts it
@@ -98,11 +100,7 @@ def forced_agreement(forced, prompts: list[list[int]], replies: list[list[int]])
     return same / max(total, 1), total
 
 
-def perplexity(backend: OrtBackend, texts: list[tuple[list[int], int]]) -> tuple[float, int]:
-    return forced_perplexity(ours(backend), texts)
-
-
-def forced_perplexity(forced, texts: list[tuple[list[int], int]]) -> tuple[float, int]:
+def perplexity(forced, texts: list[tuple[list[int], int]]) -> tuple[float, int]:
     """texts: (ids, where the reply starts); mean NLL over reply tokens → exp."""
     nll, count = 0.0, 0
     for ids, start in texts:
@@ -209,18 +207,11 @@ def measure(reference: Path, artifacts: list[Path], *, prompts: int, max_new_tok
     texts = held_out_texts(ref.tokenizer)
     del ref
     results = []
-    for artifact in tqdm([reference, *artifacts], desc="teacher-forced", unit="artifact", leave=False):
-        backend = open_teacher(artifact, threads)
-        agree, positions = agreement(backend, prompt_ids, replies)
-        ppl, tokens = perplexity(backend, texts)
-        results.append(Quality(artifact=str(artifact), weight_dtype=backend.session.manifest.weight_dtype,
-                               size_mb=round(folder_mb(artifact), 1), agreement=agree, positions=positions,
-                               perplexity=ppl, ppl_tokens=tokens))
-        del backend
-    for peer in peers:  # (name, open(threads) → forced) pairs, opened one at a time
-        forced = peer(threads)
-        agree, positions = forced_agreement(forced, prompt_ids, replies)
-        ppl, tokens = forced_perplexity(forced, texts)
+    openers = [lambda threads, a=a: ArtifactForced(a, threads) for a in (reference, *artifacts)] + list(peers)
+    for opener in tqdm(openers, desc="teacher-forced", unit="engine", leave=False):  # one open at a time
+        forced = opener(threads)
+        agree, positions = agreement(forced, prompt_ids, replies)
+        ppl, tokens = perplexity(forced, texts)
         results.append(Quality(artifact=forced.name, weight_dtype=forced.weight_dtype, size_mb=round(forced.size_mb, 1),
                                agreement=agree, positions=positions, perplexity=ppl, ppl_tokens=tokens))
         del forced
@@ -232,9 +223,9 @@ def measure(reference: Path, artifacts: list[Path], *, prompts: int, max_new_tok
 
 
 def table(results: list[Quality]) -> str:
-    lines = [f"{'artifact':<34} {'weights':<8} {'MB':>7} {'argmax = ref':>13} {'positions':>9} {'ppl':>8} {'tokens':>7}",
-             "-" * 92]
+    lines = [f"{'artifact / peer':<46} {'weights':<8} {'MB':>7} {'argmax = ref':>13} {'positions':>9} {'ppl':>8} "
+             f"{'tokens':>7}", "-" * 104]
     for r in results:
-        lines.append(f"{r.artifact[-34:]:<34} {r.weight_dtype:<8} {r.size_mb:>7.1f} {r.agreement:>13.4f} "
+        lines.append(f"{r.artifact[-46:]:<46} {r.weight_dtype:<8} {r.size_mb:>7.1f} {r.agreement:>13.4f} "
                      f"{r.positions:>9} {r.perplexity:>8.3f} {r.ppl_tokens:>7}")
     return "\n".join(lines)

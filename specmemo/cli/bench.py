@@ -185,7 +185,8 @@ def cmd_bench_quality(args: argparse.Namespace) -> int:
 
 
 def cmd_bench_profile(args: argparse.Namespace) -> int:
-    from specmemo.bench.profile import ProfileConfig, format_table, run_profile, write_json
+    from specmemo.bench.profile import ProfileConfig, format_table, run_profile
+    from specmemo.bench.step import write_json
     from specmemo.runtime.manifest import load_manifest
 
     genai_dir = None
