@@ -211,7 +211,7 @@ def quantize_matmuls(model: onnx.ModelProto, *, bits: int, block_size: int, accu
     return quantizer.model.model
 
 
-def rerank_argmax(model: onnx.ModelProto, *, weight: str, hidden: str, ids: str, k: int) -> bool:
+def rerank_argmax(model: onnx.ModelProto, *, weight: str, hidden: str, ids: str, k: int, scatter: bool = False) -> bool:
     """Make the graph's greedy token exact again over an 8-bit LM head run at accuracy level 4
     (int8 activations): the `ArgMax` producing `ids` becomes
 
@@ -221,7 +221,9 @@ def rerank_argmax(model: onnx.ModelProto, *, weight: str, hidden: str, ids: str,
         ids = the candidate with the highest exact score        [B, N]
 
     so `ids` is the fp32 argmax whenever it is among the k best approximate logits (no extra
-    weights: the rows are `weight.q` and `weight.scales`; the logits output stays approximate).
+    weights: the rows are `weight.q` and `weight.scales`). With `scatter` the exact scores also replace
+    those k entries of the logits output (the rest stay approximate): what sampling and perplexity read
+    of a narrowed head (narrow_lm_head) is then exact where the probability mass is.
     Every op works row by row, so a row's result does not depend on how many rows the call has.
     `hidden` is the LM head's input [B, N, h]. Returns False when the graph has no such ArgMax."""
     graph = model.graph
@@ -258,7 +260,55 @@ def rerank_argmax(model: onnx.ModelProto, *, weight: str, hidden: str, ids: str,
                          axis=-1),                                                                     # [B, N, 1]
         helper.make_node("Squeeze", [f"{p}.chosen", f"{p}.last"], [ids], name=f"{p}.Squeeze"),          # [B, N]
     ]
+    if scatter:  # logits = the approximate logits with the k candidates' exact scores written over them
+        logits, approx = argmax.input[0], f"{argmax.input[0]}.approx"
+        for node in graph.node:
+            node.output[:] = [approx if o == logits else o for o in node.output]
+        nodes[0].input[0] = approx
+        nodes.append(helper.make_node("ScatterElements", [approx, f"{p}.candidates", f"{p}.exact"], [logits],
+                                      name=f"{p}.Scatter", axis=-1))
     kept = [n for n in graph.node if n is not argmax]
     del graph.node[:]
     graph.node.extend(kept + nodes)
+    return True
+
+
+def rtn_blocks(weight: np.ndarray, *, bits: int, block: int, source: str) -> QuantBlocks:
+    """[N, K] float32 → asymmetric round-to-nearest blocks (each block's range, widened to hold 0, in 2^bits − 1
+    steps; an integer zero point per block), as ONNX Runtime's own quantizer makes them."""
+    n, k = weight.shape
+    groups = weight.reshape(n, k // block, block).astype(np.float64)
+    lo, hi = np.minimum(groups.min(-1), 0.0), np.maximum(groups.max(-1), 0.0)
+    top = (1 << bits) - 1
+    step = np.where(hi > lo, (hi - lo) / top, 1.0)
+    zero = np.clip(np.rint(-lo / step), 0, top)
+    q = np.clip(np.rint(groups / step[..., None]) + zero[..., None], 0, top).astype(np.uint8)
+    return QuantBlocks(source, q.reshape(n, k), step.astype(np.float32), None, bits, block, zero.astype(np.uint8))
+
+
+def narrow_lm_head(model: onnx.ModelProto, *, weight: str, head: QuantBlocks, accuracy_level: int) -> bool:
+    """The LM head's MatMulNBits reads 4-bit blocks re-quantized (rtn_blocks) from its 8-bit ones: half the bytes
+    a step. The 8-bit initializers stay in the graph for what reads rows of them (the re-rank's Gathers; the
+    runtime's embedding reads the same bytes from the file): with no MatMulNBits prepacking them, ONNX Runtime
+    leaves them a file mapping. Call before `rerank_argmax(..., scatter=True)`, which restores the greedy pick and
+    the top logits exactly. Returns False when the graph has no such head."""
+    graph = model.graph
+    node = next((n for n in graph.node if n.name == f"{weight}.MatMulNBits"), None)
+    if node is None or head.bits != 8:
+        return False
+    narrow = rtn_blocks(head.dequantize(), bits=4, block=head.block, source=f"{head.source_type}→4-bit")
+    tensors, casts = matmulnbits_tensors(f"{weight}.4bit", narrow)
+    graph.initializer.extend(tensors)
+    names = [t.name for t in tensors]
+    del node.input[1:]
+    node.input.extend([f"{weight}.4bit.q", f"{weight}.4bit.scales"]
+                      + ([f"{weight}.4bit.zero_points"] if f"{weight}.4bit.zero_points" in names else []))
+    for attr in node.attribute:
+        if attr.name == "bits":
+            attr.i = 4
+        elif attr.name == "accuracy_level":
+            attr.i = accuracy_level
+    at = list(graph.node).index(node)
+    for cast in reversed(casts):
+        graph.node.insert(at, cast)
     return True

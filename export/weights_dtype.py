@@ -27,7 +27,7 @@ from onnx import numpy_helper
 from specmemo.errors import ConfigError
 from specmemo.export.fuse_norms import fuse_skip_norms
 from specmemo.export.gguf_weights import GgufTensors, GgufWeightsError, QuantBlocks, carry, llama_rotary_order, stack
-from specmemo.export.quantize import carry_matmuls, gemms_as_matmuls, quantize_matmuls, rerank_argmax
+from specmemo.export.quantize import carry_matmuls, gemms_as_matmuls, narrow_lm_head, quantize_matmuls, rerank_argmax
 from specmemo.runtime.io_spec import NEXT_TOKEN_IDS
 from specmemo.runtime.manifest import WEIGHT_DTYPES, ModelDims
 
@@ -68,6 +68,7 @@ class QuantOptions:
     requantize: bool = False  # True: ORT's quantizer even where GGUF blocks could be carried
     lm_head_rerank: int = 8  # an 8-bit LM head at level 4: its argmax re-ranks the top k exactly (0: off)
     minimum: MinimumForm = MinimumForm.FOLDED  # of Q4_1 blocks (--exact: BLOCK_SUM)
+    lm_head_bits: int = 8  # an 8-bit GGUF head's MatMulNBits as carried, or 4: half the bytes, the top k re-ranked exactly
 
     def __post_init__(self) -> None:
         if self.block_size < 16 or self.block_size & (self.block_size - 1):
@@ -77,6 +78,11 @@ class QuantOptions:
                 raise ConfigError(f"--accuracy-level must be 0-4, got {level}")
         if not 0 <= self.lm_head_rerank <= 64:
             raise ConfigError(f"--lm-head-rerank must be 0-64, got {self.lm_head_rerank}")
+        if self.lm_head_bits not in (4, 8):
+            raise ConfigError(f"--lm-head-bits must be 4 or 8, got {self.lm_head_bits}")
+        if self.lm_head_bits == 4 and not self.lm_head_rerank:
+            raise ConfigError("--lm-head-bits 4 needs the exact re-rank (--lm-head-rerank K > 0): without it the greedy "
+                              "pick would be the 4-bit head's")
         if self.dtype is WeightDtype.INT8 and self.accuracy_level != 4:
             raise ConfigError("--dtype int8 needs --accuracy-level 4: at levels 0-3 ONNX Runtime's CPU kernel for "
                               "8-bit MatMulNBits takes a slow path (~300 ms for SmolLM2's LM head alone)")
@@ -149,7 +155,10 @@ def quantize_decoder(path: Path, *, options: QuantOptions, dims: ModelDims, gguf
     replaced = carry_matmuls(model, carried, accuracy_level=options.accuracy_level,
                              levels={LM_HEAD: options.lm_head_accuracy_level},
                              fold=options.minimum is MinimumForm.FOLDED)
-    rerank = _rerank_lm_head(model, carried.get(LM_HEAD), options)
+    head = carried.get(LM_HEAD)
+    narrowed = _reranked_head(head, options) and options.lm_head_bits == 4 and \
+        narrow_lm_head(model, weight=LM_HEAD, head=head, accuracy_level=options.lm_head_accuracy_level)
+    rerank = _rerank_lm_head(model, head, options, scatter=narrowed)
     fuse_skip_norms(model)  # residual add + RMSNorm as one node (export/fuse_norms.py)
     log(f"carried {len(replaced)} GGUF matrices as MatMulNBits "
         f"({', '.join(sorted({b.source_type for b in carried.values()})) or 'none'})")
@@ -165,14 +174,20 @@ def quantize_decoder(path: Path, *, options: QuantOptions, dims: ModelDims, gguf
                        lm_head_rerank=rerank)
 
 
-def _rerank_lm_head(model: onnx.ModelProto, head: QuantBlocks | None, options: QuantOptions) -> int:
-    """An 8-bit carried LM head (Q8_0, no minimum) run with int8 activations rounds its logits far
-    from fp32 (README "int4"): re-rank its top k exactly in the graph. Returns the k written (0: none)."""
-    if head is None or head.bits != 8 or head.zero != 128 or head.bias is not None or options.lm_head_accuracy_level == 0 \
-            or not options.lm_head_rerank:
+def _reranked_head(head: QuantBlocks | None, options: QuantOptions) -> bool:
+    """An 8-bit carried LM head (Q8_0, no minimum) run with int8 activations: its logits round far from fp32
+    (README "int4"), so the graph re-ranks its top k exactly."""
+    return head is not None and head.bits == 8 and np.isscalar(head.zero) and head.zero == 128 and head.bias is None \
+        and options.lm_head_accuracy_level != 0 and options.lm_head_rerank > 0
+
+
+def _rerank_lm_head(model: onnx.ModelProto, head: QuantBlocks | None, options: QuantOptions, *, scatter: bool) -> int:
+    """The exact re-rank of an 8-bit head's top k (and with `scatter`, of its top-k logits). Returns the k written."""
+    if not _reranked_head(head, options):
         return 0
     lm_head = next(n for n in model.graph.node if n.name == f"{LM_HEAD}.MatMulNBits")
-    done = rerank_argmax(model, weight=LM_HEAD, hidden=lm_head.input[0], ids=NEXT_TOKEN_IDS, k=options.lm_head_rerank)
+    done = rerank_argmax(model, weight=LM_HEAD, hidden=lm_head.input[0], ids=NEXT_TOKEN_IDS, k=options.lm_head_rerank,
+                         scatter=scatter)
     return options.lm_head_rerank if done else 0
 
 

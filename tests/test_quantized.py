@@ -13,7 +13,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from specmemo.export.gguf_weights import (FORMATS, GgufWeightsError, QuantBlocks, carry, decode, fold_bias,
                                           llama_rotary_order)
-from specmemo.export.quantize import carry_matmuls, rerank_argmax
+from specmemo.export.quantize import carry_matmuls, narrow_lm_head, rerank_argmax
 from specmemo.export.weights_dtype import QuantOptions, WeightDtype
 from specmemo.runtime.embedding import EmbeddingTable
 from specmemo.runtime.manifest import EmbeddingInfo, QuantizedRows
@@ -256,3 +256,25 @@ def test_folded_residual_rides_in_the_same_node():
     sums = x[0].reshape(16, -1, 32).sum(-1).astype(np.float64)  # [T, nb]
     expected = x[0].astype(np.float64) @ weight.T.astype(np.float64) + sums @ (held - blocks.bias).T
     assert np.abs(y - expected).max() <= 1e-5 * np.abs(expected).max()
+
+
+def test_a_narrowed_head_keeps_the_exact_pick_and_top_logits():
+    """narrow_lm_head + rerank_argmax(scatter=True): the head's MatMulNBits reads 4-bit blocks re-quantized from its
+    8-bit ones; the greedy pick is still the fp32 argmax of the 8-bit weights, and the k candidates' logits are
+    exact (the others are the 4-bit approximation)."""
+    rng = np.random.default_rng(7)
+    blocks = decode("Q8_0", raw_blocks("Q8_0", 512, 128, rng))
+    weight = blocks.dequantize()
+    x = rng.standard_normal((1, 200, 128)).astype(np.float32)
+    exact = x[0].astype(np.float64) @ weight.T.astype(np.float64)
+    model = argmax_model(np.ascontiguousarray(weight.T))
+    carry_matmuls(model, {"w": blocks}, accuracy_level=4)
+    head = next(n for n in model.graph.node if n.op_type == "MatMulNBits")
+    assert narrow_lm_head(model, weight="w", head=blocks, accuracy_level=4)
+    assert rerank_argmax(model, weight="w", hidden=head.input[0], ids="ids", k=8, scatter=True)
+    assert dict((a.name, a.i) for a in head.attribute if a.name == "bits") == {"bits": 4}
+    logits, ids = ort.InferenceSession(model.SerializeToString(), session_options(SessionConfig())).run(None, {"x": x})
+    assert np.array_equal(ids[0], exact.argmax(-1))
+    top = np.argsort(-logits[0], axis=-1)[:, :1]  # the best logit is one of the exactly scored candidates
+    assert np.allclose(np.take_along_axis(logits[0], top, -1), np.take_along_axis(exact, top, -1), rtol=1e-5, atol=1e-4)
+    assert np.abs(logits[0] - exact).max() > 1e-3  # the rest is the 4-bit head's

@@ -65,6 +65,11 @@ def add_parser(sub) -> None:
                    help="an 8-bit LM head (a GGUF's Q8_0) runs with int8 activations, fast but rounding its logits "
                         "far from fp32; the graph's greedy token then re-ranks the top K of those logits exactly "
                         "from the head's own rows (0 turns it off; default 8)")
+    p.add_argument("--lm-head-bits", type=int, choices=(4, 8), default=None,
+                   help="an 8-bit GGUF LM head (Q8_0) as MatMulNBits: 4 re-quantizes it for the logits (half the bytes a "
+                        "step), and the re-rank scores its top K exactly from the 8-bit rows, both the greedy pick and "
+                        "those K logits, the rest stay 4-bit: on SmolLM2 (K 32) -13 MiB peak RSS and ~3%% a step, but "
+                        "perplexity +1.2%% against +0.2%% with the 8-bit head; 8 keeps the GGUF's head (default 8)")
     p.add_argument("--kv-dtype", choices=["float32", "float16"], default=None,
                    help="the KV buffer's elements: float16 halves the largest memory use after the weights "
                         "(attention then computes in float16, and the artifact verifies chains only; see README "
@@ -159,6 +164,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     quant = QuantOptions(dtype=WeightDtype(args.dtype or "float32"), block_size=args.block_size,
                          requantize=args.requantize, lm_head_rerank=args.lm_head_rerank,
                          minimum=MinimumForm(args.minimum or ("block-sum" if args.exact else "folded")),
+                         lm_head_bits=args.lm_head_bits or 8,
                          accuracy_level=args.accuracy_level if args.accuracy_level is not None
                          else 0 if args.exact and args.dtype != "int8" else 4)
     out = args.out or default_artifact(args.model, quant.dtype.value)
