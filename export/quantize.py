@@ -11,9 +11,10 @@ A carried MatMul with a per-block minimum (Q4_1: w = d·q + m) is
     y = MatMulNBits(x; q, d, zero point 0) + BlockSum(x) @ mᵀ        BlockSum(x) [B, T, K/32]
 
 which reproduces x @ W to fp32 rounding (the "bias" MatMul is [K/32 × N], 1/32 of the weight's
-columns). Accuracy level 0 (fp32 compute) is the default: level 4 quantizes activations to int8,
-and a T-row verify then rounds differently from a 1-row step, so speculative output can leave greedy
-(export --accuracy-level documents the trade-off; README "int4").
+columns); that is `--exact`. The default centres the codes (an integer zero point per block, the
+residual as the bias) and, with `fold`, carries the residual inside the same MatMulNBits over the
+input's block sums appended to x (`_with_block_sums`, gguf_weights.fold_bias), at accuracy level 4
+(int8 activations, the fast kernels; export/weights_dtype.py: MinimumForm; README "int4").
 `rerank_argmax` makes the greedy token of an 8-bit LM head run with int8 activations exact again.
 Shapes: B batch, T rows, K inputs, N outputs.
 """

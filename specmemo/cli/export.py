@@ -35,8 +35,8 @@ def add_parser(sub) -> None:
                         "feature drafter, else lookup)")
     p.add_argument("--dtype", choices=("float32", "int8", "int4"), default=None,
                    help="weights of the graphs' MatMuls: float32, or MatMulNBits. A GGUF source keeps its own "
-                        "quantized blocks (Q4_0/Q4_1 as 4-bit, Q8_0 as 8-bit: the same weights as the float32 "
-                        "reference, nothing re-quantized); everything else goes through ONNX Runtime's quantizer "
+                        "quantized blocks (Q4_0/Q4_1 as 4-bit, Q8_0 as 8-bit; Q4_1 minima as --minimum says, the "
+                        "float32 reference's weights bit for bit with --exact); everything else goes through ONNX Runtime's quantizer "
                         "(RTN, asymmetric blocks). The tied embedding is then read from the LM head's rows "
                         "(default: the --profile's weight dtype where it names int8/int4, else float32)")
     p.add_argument("--requantize", action="store_true",
@@ -58,7 +58,7 @@ def add_parser(sub) -> None:
                         "zero points only: centered = zero point round(-m/d) + the exact residual m + d·z as a "
                         "block-sum term beside the node (the same weights; int8 activations err as llama.cpp's do); "
                         "folded = centered with the residual inside the node, two 4-bit digits over the block sums "
-                        "appended to x (off by range/450; 9%% faster); block-sum = zero point 0 + the whole m as a "
+                        "appended to x (off by at most range/225; 9%% faster); block-sum = zero point 0 + the whole m as a "
                         "term; zero-point = round(-m/d) alone (each block moves by up to half a step: 74%% argmax "
                         "agreement) (default folded; block-sum with --exact)")
     p.add_argument("--lm-head-rerank", type=int, default=8, metavar="K",
