@@ -261,7 +261,7 @@ def quantize_artifact(quant: QuantOptions, dims: ModelDims, resolved, staging: P
         log("the embedding table stays float32 (its LM head is untied or not carried from GGUF blocks)")
     for path in staging.iterdir():
         path.chmod(0o644)
-    info = QuantizationInfo(block_size=quant.block_size, accuracy_level=quant.accuracy_level, minimum=quant.minimum.value,
+    info = QuantizationInfo(block_size=quant.block_size, accuracy_level=quant.accuracy_level, minimum=quant.applied_minimum.value,
                             lm_head_accuracy_level=quant.lm_head_accuracy_level, lm_head_rerank=report.lm_head_rerank,
                             carried=tuple(sorted(set(report.carried.values()))), quantized=report.quantized)
     return info, embedding

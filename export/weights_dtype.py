@@ -67,8 +67,13 @@ class QuantOptions:
     lm_head_accuracy_level: int = 4  # of an 8-bit LM head: levels 0-3 take a slow path there (~300 ms / step)
     requantize: bool = False  # True: ORT's quantizer even where GGUF blocks could be carried
     lm_head_rerank: int = 8  # an 8-bit LM head at level 4: its argmax re-ranks the top k exactly (0: off)
-    minimum: MinimumForm = MinimumForm.FOLDED  # of Q4_1 blocks (--exact: BLOCK_SUM)
+    minimum: MinimumForm = MinimumForm.FOLDED  # of Q4_1 blocks (--exact: BLOCK_SUM); int8: applied_minimum
     lm_head_bits: int = 8  # an 8-bit GGUF head's MatMulNBits as carried, or 4: half the bytes, the top k re-ranked exactly
+
+    @property
+    def applied_minimum(self) -> MinimumForm:
+        """The form the export writes: int8 widens the blocks as they are (q + 128, the whole m as a block-sum term)."""
+        return MinimumForm.BLOCK_SUM if self.dtype is WeightDtype.INT8 else self.minimum
 
     def __post_init__(self) -> None:
         if self.block_size < 16 or self.block_size & (self.block_size - 1):
@@ -149,12 +154,12 @@ def quantize_decoder(path: Path, *, options: QuantOptions, dims: ModelDims, gguf
         carried = carried_blocks(GgufTensors(gguf), model, dims)  # at the GGUF's own precision (Q8_0 stays 8-bit)
         if options.dtype is WeightDtype.INT8:  # the same values, stored 8-bit (q + 128 − zero, zero point 128)
             carried = {name: blocks.widened() for name, blocks in carried.items()}
-        elif options.minimum is not MinimumForm.BLOCK_SUM:
-            residual = options.minimum in (MinimumForm.CENTERED, MinimumForm.FOLDED)
+        elif options.applied_minimum is not MinimumForm.BLOCK_SUM:
+            residual = options.applied_minimum in (MinimumForm.CENTERED, MinimumForm.FOLDED)
             carried = {name: blocks.with_zero_points(residual=residual) for name, blocks in carried.items()}
     replaced = carry_matmuls(model, carried, accuracy_level=options.accuracy_level,
                              levels={LM_HEAD: options.lm_head_accuracy_level},
-                             fold=options.minimum is MinimumForm.FOLDED)
+                             fold=options.applied_minimum is MinimumForm.FOLDED)
     head = carried.get(LM_HEAD)
     narrowed = _reranked_head(head, options) and options.lm_head_bits == 4 and \
         narrow_lm_head(model, weight=LM_HEAD, head=head, accuracy_level=options.lm_head_accuracy_level)

@@ -167,6 +167,7 @@ def test_int8_needs_accuracy_level_4_and_then_verifies_chains(tmp_path_factory):
                            quant=QuantOptions(dtype=WeightDtype.INT8, accuracy_level=4))
     manifest = load_manifest(artifact)
     assert manifest.weight_dtype == "int8" and manifest.draft_shape == "chain"
+    assert manifest.quantization.minimum == "block-sum"  # int8 widens Q4_1 blocks as they are (applied_minimum)
     chain, _, padded = rows_route(artifact, 6)
     assert np.array_equal(padded, chain)
 
