@@ -125,38 +125,40 @@ class QuantBlocks:
         return np.ascontiguousarray(q[..., 0::2] | (q[..., 1::2] << 4))
 
 
+def asymmetric_codes(groups: np.ndarray, bits: int, *, f16_step: bool = False
+                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Round-to-nearest asymmetric codes of each group's last axis: its range widened to hold 0 (so a zero point
+    in [0, 2^bits) reaches both ends) in 2^bits − 1 steps. `f16_step`: the step rounded up to an f16 value (stored
+    like the GGUF's scales; up, so the steps still span the range). Returns (codes uint8, step, zero point)."""
+    top = (1 << bits) - 1
+    lo, hi = np.minimum(groups.min(-1), 0.0), np.maximum(groups.max(-1), 0.0)
+    step = np.where(hi > lo, (hi - lo) / top, 1.0)
+    if f16_step:
+        half = step.astype(np.float16)
+        step = np.where(half.astype(np.float64) < step, np.nextafter(half, np.float16(np.inf)), half).astype(np.float64)
+    zero = np.clip(np.rint(-lo / step), 0, top)
+    codes = np.clip(np.rint(groups / step[..., None]) + zero[..., None], 0, top)
+    return codes.astype(np.uint8), step, zero
+
+
 def fold_bias(blocks: QuantBlocks, *, digits: int = 2) -> QuantBlocks:
     """w = scale·(q − zero) + bias[n, k // block] as one matrix over K + digits·P inputs: the first K are x,
     then `digits` copies of the nb per-block sums of x (P = nb rounded up to a block, zero-padded). The bias
     values become 4-bit codes of extra blocks: the first copy's codes quantize each row's biases (asymmetric,
     f16 step), each further copy's codes the error left by the ones before (about 1/15 of their step), like
     the digits of a wider integer. Not exact: with two digits a bias is off by about range/225 at most
-    (tests/test_quantized.py). Shapes [N, K + digits·P]."""
+    (tests/test_quantized.py). The padding entries are 0, so their codes are the zero point: they dequantize
+    to 0 and leave nothing for the next digit. Shapes [N, K + digits·P]."""
     n, k = blocks.shape
     nb, blk = k // blocks.block, blocks.block
     pad = -(-nb // blk) * blk
-    top = (1 << blocks.bits) - 1
-    valid = np.zeros((n, pad), bool)
-    valid[:, :nb] = True
-    ok = valid.reshape(n, -1, blk)  # [N, P/blk, blk]
-    left = np.zeros((n, pad), np.float64)
-    left[:, :nb] = blocks.bias
+    left = np.zeros((n, pad // blk, blk), np.float64)  # [N, P/blk, blk]: what the digits still have to hold
+    left.reshape(n, pad)[:, :nb] = blocks.bias
     codes_all, steps_all, zeros_all = [], [], []
     for _ in range(digits):
-        groups = left.reshape(n, -1, blk)
-        lo = np.where(ok, groups, np.inf).min(-1)
-        hi = np.where(ok, groups, -np.inf).max(-1)
-        lo, hi = np.minimum(np.where(np.isfinite(lo), lo, 0.0), 0.0), np.maximum(np.where(np.isfinite(hi), hi, 0.0), 0.0)
-        step = (hi - lo) / top  # over [lo, hi] ∋ 0: a zero point in [0, 15] reaches both ends
-        step = np.where(step > 0, step, 1.0)
-        half = step.astype(np.float16)  # stored as f16 like the GGUF's scales, rounded up so 15 steps span the range
-        half = np.where(half.astype(np.float64) < step, np.nextafter(half, np.float16(np.inf)), half)
-        step = half.astype(np.float64)
-        zero = np.clip(np.rint(-lo / step), 0, top)
-        codes = np.clip(np.rint(groups / step[..., None]) + zero[..., None], 0, top)
-        codes = np.where(ok, codes, zero[..., None])  # padding inputs are 0; their codes dequantize to 0
-        left = (groups - step[..., None] * (codes - zero[..., None])).reshape(n, pad)
-        codes_all.append(codes.astype(np.uint8).reshape(n, pad))
+        codes, step, zero = asymmetric_codes(left, blocks.bits, f16_step=True)
+        left = left - step[..., None] * (codes - zero[..., None])
+        codes_all.append(codes.reshape(n, pad))
         steps_all.append(step.astype(np.float32))
         zeros_all.append(zero.astype(np.uint8))
     base_zero = np.broadcast_to(np.asarray(blocks.zero, np.uint8), (n, nb))

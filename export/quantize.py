@@ -25,7 +25,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from specmemo.export.gguf_weights import QuantBlocks, fold_bias
+from specmemo.export.gguf_weights import QuantBlocks, asymmetric_codes, fold_bias
 
 MS_DOMAIN = "com.microsoft"
 
@@ -275,15 +275,10 @@ def rerank_argmax(model: onnx.ModelProto, *, weight: str, hidden: str, ids: str,
 
 
 def rtn_blocks(weight: np.ndarray, *, bits: int, block: int, source: str) -> QuantBlocks:
-    """[N, K] float32 → asymmetric round-to-nearest blocks (each block's range, widened to hold 0, in 2^bits − 1
-    steps; an integer zero point per block), as ONNX Runtime's own quantizer makes them."""
+    """[N, K] float32 → asymmetric round-to-nearest blocks (an integer zero point per block), as ONNX Runtime's
+    own quantizer makes them."""
     n, k = weight.shape
-    groups = weight.reshape(n, k // block, block).astype(np.float64)
-    lo, hi = np.minimum(groups.min(-1), 0.0), np.maximum(groups.max(-1), 0.0)
-    top = (1 << bits) - 1
-    step = np.where(hi > lo, (hi - lo) / top, 1.0)
-    zero = np.clip(np.rint(-lo / step), 0, top)
-    q = np.clip(np.rint(groups / step[..., None]) + zero[..., None], 0, top).astype(np.uint8)
+    q, step, zero = asymmetric_codes(weight.reshape(n, k // block, block).astype(np.float64), bits)
     return QuantBlocks(source, q.reshape(n, k), step.astype(np.float32), None, bits, block, zero.astype(np.uint8))
 
 

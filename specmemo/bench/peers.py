@@ -23,13 +23,16 @@ def gguf_file(model: str) -> Path:
     """The model's own GGUF as one file (an alias's parts joined once into the cache), for llama.cpp."""
     from specmemo.export.load import joined_gguf, resolve_model
 
-    parts = resolve_model(model).gguf_parts
+    resolved = resolve_model(model)
+    parts = resolved.gguf_parts
     if not parts:
         raise PeerUnavailableError(f"{model} has no GGUF source: llama.cpp runs GGUF files only")
-    folder = cache_root() / "gguf" / resolve_model(model).hf_folder.name
+    if len(parts) == 1:
+        return parts[0]
+    folder = cache_root() / "gguf" / resolved.hf_folder.name
     folder.mkdir(parents=True, exist_ok=True)
-    return joined_gguf(parts, folder) if len(parts) > 1 and not (folder / "model.gguf").is_file() else \
-        (folder / "model.gguf" if len(parts) > 1 else parts[0])
+    joined = folder / "model.gguf"  # joined_gguf's name for the joined parts
+    return joined if joined.is_file() else joined_gguf(parts, folder)
 
 
 def genai_precision(weight_dtype: str) -> str:

@@ -74,6 +74,14 @@ def read_trace(path: Path, runs: int) -> tuple[dict[str, float], dict[str, float
     return dict(by_op), dict(by_part), nodes // runs
 
 
+def account(session, steps: int) -> dict:
+    """A profiled session's trace read (read_trace over its last `steps` runs) and deleted."""
+    trace = Path(session.end_profiling())
+    by_op, by_component, nodes = read_trace(trace, steps)
+    trace.unlink(missing_ok=True)
+    return {"by_op": by_op, "by_component": by_component, "nodes": nodes}
+
+
 def _prompt(vocab: int, length: int) -> list[int]:
     """A fixed, ordinary-looking prompt: ids spread over the vocabulary (no special tokens at 0..10)."""
     return [int(11 + (i * 7919) % (vocab - 11)) for i in range(length)]
@@ -113,9 +121,7 @@ def _decode_pass(config: ProfileConfig, *, profile: bool) -> dict:
            "host_ms": 1e3 * statistics.median(w - r for w, r in measured),
            "rows_per_call": backend.min_rows}
     if profile:
-        trace = session.session.end_profiling()
-        out["by_op"], out["by_component"], out["nodes"] = read_trace(Path(trace), config.steps)
-        Path(trace).unlink(missing_ok=True)
+        out.update(account(session.session, config.steps))
     return out
 
 
@@ -166,9 +172,7 @@ def _genai_pass(config: ProfileConfig, *, profile: bool) -> dict:
         times.append(time.perf_counter() - started)
     out = {"run_ms": 1e3 * statistics.median(times[WARMUP_STEPS:]), "rows_per_call": 1}
     if profile:
-        trace = session.end_profiling()
-        out["by_op"], out["by_component"], out["nodes"] = read_trace(Path(trace), config.steps)
-        Path(trace).unlink(missing_ok=True)
+        out.update(account(session, config.steps))
     return out
 
 
