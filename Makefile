@@ -57,7 +57,7 @@ android_demo/%/node_modules/.installed: android_demo/%/package-lock.json
 
 test: setup js-setup
 	$(BIN)/python -m pytest
-	cd android_demo/engine && npm test --silent
+	for d in $(JS_DIRS); do (cd $$d && npm test --silent) || exit 1; done
 
 bench: setup
 	$(BIN)/specmemo bench step --artifact $(ARTIFACT)

@@ -344,7 +344,7 @@ def export_feature_drafter(folder: Path, hf_model, base_sha256: str, max_capacit
     from specmemo.export.drafter_graph import export_drafter_graph
     from specmemo.export.feature_drafter import load_drafter
     from specmemo.export.load import lm_head_t
-    from specmemo.runtime.drafters.feature import SCRATCH_SLOTS
+    from specmemo.runtime.sizes import SCRATCH_SLOTS
 
     capacity = max_capacity + SCRATCH_SLOTS
     dims = hf_model.config

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from specmemo.errors import SpecMemoError
-from specmemo.runtime.manifest import HIDDEN_ACTS, AttentionKind, ModelDims
+from specmemo.runtime.dims import HIDDEN_ACTS, AttentionKind, ModelDims
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "Gemma3ForCausalLM")
 GGUF_ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",

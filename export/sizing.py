@@ -2,7 +2,7 @@
 
 The graph is exported first (into the staging folder), because what loading it costs is measured,
 not guessed: the memory calibration runs on the staged artifact (on this machine), then
-memory.fit picks C, R and T_max for the profile's app memory and the plan goes into the manifest.
+plan.fit picks C, R and T_max for the profile's app memory and the plan goes into the manifest.
 Without an explicit --max-capacity the graph covers min(the model's positions, MAX_PROFILE_CAPACITY)
 and the plan takes the largest C that fits; with one, that context must fit, else the export is
 refused with what would fit (a smaller capacity, no heads, int4 weights) and nothing is written.
@@ -14,7 +14,8 @@ from dataclasses import replace
 from pathlib import Path
 
 from specmemo.runtime import memory
-from specmemo.runtime.calibrate import memory_calibration
+from specmemo.runtime import plan as plan_sizes
+from specmemo.runtime.measured import memory_calibration
 from specmemo.runtime.manifest import DevicePlan, Manifest, save_manifest
 
 MAX_PROFILE_CAPACITY = 8192  # default graph capacity with --profile (rotary table; the plan may use less)
@@ -30,17 +31,17 @@ def sized_for(profile, *, threads: int, capacity_given: bool, log=print):
         budget = profile.app_memory
         context = manifest.max_capacity
         if not capacity_given:  # the graph's max capacity is a ceiling: take the largest context that fits
-            context = min(context, memory.largest_context(manifest, calibration, budget=budget))
-        if context < min(MIN_PROFILE_CONTEXT, manifest.max_capacity) or memory.lower_bound(
+            context = min(context, plan_sizes.largest_context(manifest, calibration, budget=budget))
+        if context < min(MIN_PROFILE_CONTEXT, manifest.max_capacity) or plan_sizes.lower_bound(
                 manifest, calibration, context=context).total > budget:
             context = manifest.max_capacity if capacity_given else min(manifest.max_capacity, MIN_PROFILE_CONTEXT)
-            bound = memory.lower_bound(manifest, calibration, context=context)
-            options = memory.what_would_fit(staging, manifest, calibration, budget=budget, context=context)
+            bound = plan_sizes.lower_bound(manifest, calibration, context=context)
+            options = plan_sizes.what_would_fit(staging, manifest, calibration, budget=budget, context=context)
             raise memory.BudgetError(
                 f"profile {profile.name}: its app memory {budget / memory.MIB:.0f} MiB is below the lower bound of "
                 f"{bound.total / memory.MIB:.0f} MiB for a {context}-token context (load measured here "
                 f"{bound.load / memory.MIB:.0f} MiB); what would fit: {'; '.join(options)}; nothing was written")
-        plan = memory.fit(manifest, calibration, budget=budget, context=context, weights=weights)
+        plan = plan_sizes.fit(manifest, calibration, budget=budget, context=context, weights=weights)
         s = plan.sizes
         device_plan = DevicePlan(profile=profile.name, budget=budget, capacity=s.capacity, rows=s.rows, tree=s.tree)
         log(f"sized for {profile.name}: C={s.capacity}, R={s.rows}, T_max={s.tree}, "

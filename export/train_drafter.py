@@ -33,8 +33,8 @@ from specmemo.export.dims import dims_from_config
 from specmemo.export.drafter_card import hardware, write_card
 from specmemo.export.feature_drafter import FeatureDrafter, FeatureDrafterSpec, save_drafter
 from specmemo.export.load import lm_head_t
-from specmemo.export.train_heads import (Replies, TeacherCache, TrainConfig, _teacher, check_schedule,
-                                         frequent_tokens, learning_rate)
+from specmemo.export.teacher import Replies, TeacherCache, teacher
+from specmemo.export.train_heads import TrainConfig, check_schedule, frequent_tokens, learning_rate
 
 CHECKPOINT_FILE = "checkpoint.pt"
 NOISE = 0.1
@@ -82,11 +82,11 @@ def teacher_data(hf_model, tokenizer, conversations: list, config: DrafterTrainC
     if config.data in ("dataset", "both"):
         heads_config = TrainConfig(conversations=config.conversations, max_len=config.max_len, replies=Replies.DATASET,
                                    device=config.device, threads=config.threads)
-        caches.append(_teacher(hf_model, tokenizer, conversations[: config.conversations], heads_config, cache_key, log))
+        caches.append(teacher(hf_model, tokenizer, conversations[: config.conversations], heads_config, cache_key, log))
     if config.data in ("self", "both"):
         heads_config = TrainConfig(conversations=config.self_prompts, max_len=config.max_len, replies=Replies.SELF,
                                    reply_tokens=config.reply_tokens, device=config.device, threads=config.threads)
-        caches.append(_teacher(hf_model, tokenizer, conversations[: config.self_prompts], heads_config, cache_key, log))
+        caches.append(teacher(hf_model, tokenizer, conversations[: config.self_prompts], heads_config, cache_key, log))
     return concat(caches)
 
 

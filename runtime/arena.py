@@ -36,9 +36,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from specmemo.errors import ConfigError
-from specmemo.runtime.drafters.feature import SCRATCH_SLOTS
 from specmemo.runtime.manifest import Manifest
-from specmemo.runtime.sizes import Sizes, window_capacity
+from specmemo.runtime.sizes import SCRATCH_SLOTS, WINDOW_MARGIN, Sizes
 
 ALIGN = 64  # bytes; every view starts on a cache line
 
@@ -133,6 +132,22 @@ class ArenaLayout:
 
     def kv_nbytes(self) -> int:
         return sum(_aligned(np.dtype(dt).itemsize * int(np.prod(s))) for n, dt, s in self.views() if n.startswith("kv."))
+
+
+def window_capacity(manifest: Manifest, sizes: Sizes) -> int:
+    """C_w, the rows of a sliding layer's KV buffer (0: the model has none), never more than C.
+
+    A query at position p of a sliding layer reads keys at positions > p - W only. Its buffer holds
+    a run of consecutive positions [o, o + rows); before a call of up to R rows would overflow it, the
+    runtime slides (backend.py): it keeps the last W - 1 + WINDOW_MARGIN positions at the front. So
+    C_w = W - 1 + WINDOW_MARGIN + R (rounded up to 32) always fits the next call, one slide makes room
+    for at least WINDOW_MARGIN tokens (a copy of ~W rows every R or more tokens), and the committed
+    length can be rewound by up to WINDOW_MARGIN tokens (chat re-renders its template's tail) without
+    losing a key a later query needs."""
+    window = manifest.dims.sliding_window
+    if not window:
+        return 0
+    return min(sizes.capacity, -(-(window - 1 + WINDOW_MARGIN + sizes.rows) // 32) * 32)
 
 
 def _aligned(size: int) -> int:

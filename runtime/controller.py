@@ -6,7 +6,7 @@ nodes 1..T-1 tokens, where p_i is node i's score corrected by running statistics
 costs draft_ms (already spent) + verify_ms(T). The controller verifies the prefix with the most
 tokens per ms, from
   (a) the KV positions left in the arena (T never exceeds them; at 1 left it is plain decoding),
-  (b) a T → verify ms curve measured once for this artifact and machine (cached, calibrate.py),
+  (b) a T → verify ms curve measured once for this artifact and machine (cached, measured.py),
   (c) the drafting time, measured every step (a running mean),
   (d) a score calibration: per score band, how often a verified node of that band was accepted,
       starting from the raw scores as a prior worth PRIOR_TRIALS observations.
@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from specmemo.errors import ConfigError
-from specmemo.runtime import calibrate, decode, tree
+from specmemo.runtime import decode, measured, tree
 from specmemo.runtime.drafters.draft import DraftTree
 
 PRIOR_TRIALS = 16
@@ -83,12 +83,11 @@ def measure_latency(backend, max_size: int, *, context: int = 256, rounds: int =
 
 def latency_curve(artifact: Path, backend, max_size: int, *, threads: int, log=print) -> LatencyCurve:
     """The cached curve for this artifact and machine, measured on first use (~20 s)."""
-    path = calibrate.cache_file(artifact, "verify-latency", threads)
-    data = calibrate.cached(path)
+    path, data = measured.lookup(artifact, "verify-latency", threads)
     if data is None or max(data["sizes"]) < min(max_size, CURVE_SIZES[-1]):
         log(f"measuring ms per verify step for tree sizes up to {max_size} once (cached) ...")
         curve = measure_latency(backend, max_size)
-        calibrate.store(path, {k: list(v) for k, v in asdict(curve).items()})
+        measured.store(path, {k: list(v) for k, v in asdict(curve).items()})
         return curve
     return LatencyCurve(sizes=tuple(data["sizes"]), step_ms=tuple(data["step_ms"]))
 

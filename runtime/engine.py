@@ -1,9 +1,11 @@
 """An artifact opened for generation: plan → sessions and arena → drafter and width policy.
 
-    sizes    – C, the rows per call R and T_max, decided once by config.resolve_sizes (a budget
-               through memory.fit, the manifest's device plan, or --capacity and the drafters' tree);
-    open     – DecoderSession (decoder + heads graphs, one arena), tokenizer;
-    drafter  – --drafter or the manifest's choice (runtime/drafters), none in greedy mode;
+    measured – the memory calibration, read as data (measured.py), when a budget or the manifest's
+               device plan prices the arena;
+    plan     – plan.make_plan: mode, drafters, C, R, T_max, the arena layout and the numeric route,
+               decided once;
+    open     – DecoderSession (decoder + heads graphs, the plan's arena), tokenizer;
+    drafter  – the plan's drafters (runtime/drafters) over the session;
     policy   – greedy: none; tree: the drafter's whole tree (cut to the KV positions left); auto:
                the controller (verify latency curve measured once per machine, cached).
 """
@@ -15,17 +17,17 @@ from dataclasses import dataclass, field, replace
 
 from specmemo.errors import ConfigError
 from specmemo.runtime.backend import OrtBackend, check_fits
-from specmemo.runtime.config import EngineConfig, Mode, drafters, resolve_sizes
+from specmemo.runtime.config import EngineConfig, Mode
 from specmemo.runtime.controller import Controller, LatencyCurve, latency_curve
 from specmemo.runtime.decode import FullWidth, Generation, generate
-from specmemo.runtime.drafters import Drafter, DrafterName, Merged
+from specmemo.runtime.drafters import Drafter, DrafterName, Merged, parse_drafter
 from specmemo.runtime.drafters.feature import FeatureDrafter, OrtFeatureGraph
 from specmemo.runtime.drafters.lookup import PromptLookup
 from specmemo.runtime.drafters.medusa import BatchedHeads, MedusaDrafter, OrtMedusaHeads
-from specmemo.runtime.manifest import ManifestError, load_manifest
-from specmemo.runtime.memory import Footprint
+from specmemo.runtime.manifest import load_manifest
+from specmemo.runtime.medusa_tree import exported_tree
+from specmemo.runtime.plan import Plan, plan_for
 from specmemo.runtime.session import DecoderSession, SessionConfig
-from specmemo.runtime.sizes import exported_tree
 from specmemo.runtime.tokenizer import ChatTokenizer
 
 __all__ = ["Engine", "EngineConfig", "Mode", "open_drafter", "open_engine"]
@@ -37,14 +39,17 @@ class Engine:
     session: DecoderSession
     tokenizer: ChatTokenizer
     drafter: Drafter | None
-    max_tree: int  # T_max: the most nodes a step may verify
-    plan: Footprint | None  # the memory plan, when opened with a budget or the manifest's device plan
+    plan: Plan  # sizes, arena layout, numeric route; plan.footprint: the memory model's price, if priced
     controller: Controller | None = None
     log: Callable[[str], None] = field(default=print, repr=False)
 
     @property
     def backend(self) -> OrtBackend:
         return self._backend
+
+    @property
+    def max_tree(self) -> int:  # T_max: the most nodes a step may verify
+        return self.plan.sizes.tree
 
     def __post_init__(self) -> None:
         self._backend = OrtBackend(self.session)
@@ -108,22 +113,14 @@ def open_drafter(session: DecoderSession, names: tuple[DrafterName, ...], *, max
 
 def open_engine(config: EngineConfig, *, log=print) -> Engine:
     manifest = load_manifest(config.artifact)
-    names = drafters(config, manifest)
-    if DrafterName.MEDUSA in names and manifest.heads is None:
-        raise ManifestError(f"{config.artifact} has no Medusa heads: use --drafter lookup, or re-export with --heads")
-    if DrafterName.FEATURE in names and manifest.feature_drafter is None:
-        raise ManifestError(f"{config.artifact} has no feature drafter: use --drafter lookup, or re-export with "
-                            f"--feature-drafter")
-    if not names and config.mode is not Mode.GREEDY:  # nothing to speculate with: plain decoding
-        config = replace(config, mode=Mode.GREEDY)
-    sizes, plan = resolve_sizes(config, manifest, log=log)
+    plan = plan_for(config, manifest, log=log)
+    config = replace(config, mode=plan.mode)
     tokenizer = ChatTokenizer(config.artifact, manifest)
-    session = DecoderSession(config.artifact, SessionConfig(threads=config.threads, sizes=sizes,
-                                                            heads=DrafterName.MEDUSA in names,
+    session = DecoderSession(config.artifact, SessionConfig(threads=config.threads, sizes=plan.sizes,
+                                                            heads=DrafterName.MEDUSA in plan.drafters,
                                                             model_format=config.model_format))
-    drafter = open_drafter(session, names, max_tree=sizes.tree)
-    return Engine(config=config, session=session, tokenizer=tokenizer, drafter=drafter, max_tree=sizes.tree,
-                  plan=plan, log=log)
+    drafter = open_drafter(session, plan.drafters, max_tree=plan.sizes.tree)
+    return Engine(config=config, session=session, tokenizer=tokenizer, drafter=drafter, plan=plan, log=log)
 
 
 def open_pool(config: EngineConfig, *, batch: int, log=print):
@@ -134,13 +131,15 @@ def open_pool(config: EngineConfig, *, batch: int, log=print):
     from specmemo.runtime.batch import BatchBackend, BatchSession
     from specmemo.runtime.pool import BatchWidth, FixedWidth, SequencePool
 
-    manifest = load_manifest(config.artifact)
-    names = tuple(n for n in drafters(config, manifest) if n is not DrafterName.FEATURE)
-    if DrafterName.MEDUSA in names and manifest.heads is None:
-        raise ManifestError(f"{config.artifact} has no Medusa heads: use --drafter lookup, or re-export with --heads")
     if config.budget is not None:
         raise ConfigError("a batch pool is sized by --capacity per row (and `specmemo plan --batch`), not --budget yet")
-    sizes, _ = resolve_sizes(replace(config, mode=Mode.TREE if names else Mode.GREEDY), manifest, log=log)
+    manifest = load_manifest(config.artifact)
+    spec = config.drafter if config.drafter is not None else manifest.drafter
+    kept = ("+".join(n.value for n in parse_drafter(spec) if n is not DrafterName.FEATURE)
+            if spec and config.mode is not Mode.GREEDY else "")
+    plan = plan_for(replace(config, mode=Mode.TREE if kept else Mode.GREEDY, drafter=kept or None), manifest,
+                    batch=batch, log=log)
+    names, sizes = plan.drafters, plan.sizes
     session = BatchSession(config.artifact, SessionConfig(threads=config.threads, sizes=sizes, batch=batch,
                                                           heads=DrafterName.MEDUSA in names))
     heads = BatchedHeads(OrtMedusaHeads(session)) if DrafterName.MEDUSA in names else None

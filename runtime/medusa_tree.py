@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from specmemo.runtime import tree
 
 Choice = tuple[int, ...]
+USEFUL_GAIN = 0.5  # a useful tree keeps half the full tree's expected extra tokens per step (the lower bound's)
 
 
 @dataclass(frozen=True)
@@ -129,3 +130,25 @@ def grow_tree(rank_accuracy: Sequence[Sequence[float]], max_nodes: int) -> Medus
             for rank in range(len(rank_accuracy[len(choice)])):
                 offer(choice + (rank,))
     return MedusaTree(tuple(chosen))
+
+
+def exported_tree(manifest) -> MedusaTree:
+    """The Medusa tree an artifact was exported with (manifest.heads.tree); a one-node tree without heads."""
+    return MedusaTree.from_choices(manifest.heads.tree) if manifest.heads else MedusaTree(())
+
+
+def useful_tree_size(manifest) -> int:
+    """The smallest prefix of the exported tree with USEFUL_GAIN of its expected extra tokens per
+    step (from the manifest's accuracy table); 2 nodes without one; 1 without heads."""
+    medusa = exported_tree(manifest)
+    if medusa.size == 1:
+        return 1
+    accuracy = manifest.heads.accuracy
+    if not accuracy:
+        return 2
+    rank_hit = rank_accuracy_from_cumulative(accuracy)
+    full = expected_accepted(medusa, rank_hit) - 1
+    for size in range(2, medusa.size + 1):
+        if expected_accepted(medusa.prefix(size), rank_hit) - 1 >= USEFUL_GAIN * full:
+            return size
+    return medusa.size

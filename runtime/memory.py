@@ -1,4 +1,4 @@
-"""The memory model: what a generation holds, in bytes, as arithmetic; the lower bound; fit(budget).
+"""The memory model: what a generation holds, in bytes, as arithmetic (the price of a set of sizes).
 
     total      = load + generation
     load       = RSS after the sessions are open (process, ORT, tokenizer, weights as ORT holds them:
@@ -18,26 +18,21 @@
 The weights as stored (the artifact's data files) are shown beside `load` for reference. The
 embedding table is in neither term: the runtime reads its rows from the file (runtime/embedding.py).
 
-Lower bound: the smallest budget that still decodes speculatively with a useful tree over a
-context of N tokens: C = N, and the tree (and prefill chunk) cut to the smallest prefix of the
-exported tree that carries USEFUL_GAIN of its expected extra tokens per step. `fit` goes the other
-way: for a budget, the largest tree T_max (up to the exported one) and capacity C that fit.
+Choosing sizes from these prices (the lower bound, fit(budget)) is plan.py's: this module only prices.
 """
 
 from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 from specmemo.errors import SpecMemoError
 from specmemo.runtime.arena import ArenaLayout
 from specmemo.runtime.manifest import Manifest, ModelDims
-from specmemo.runtime.medusa_tree import expected_accepted, rank_accuracy_from_cumulative
-from specmemo.runtime.sizes import DEFAULT_PREFILL_CHUNK, Sizes, exported_tree
+from specmemo.runtime.sizes import Sizes
 
-USEFUL_GAIN = 0.5  # a useful tree keeps half the full tree's expected extra tokens per step
 HEADROOM = 0.05  # of predicted generation memory: the model's measured error is within ±5%
 MIB = 2**20
 
@@ -48,7 +43,7 @@ class BudgetError(SpecMemoError, ValueError):
 
 @dataclass(frozen=True)
 class Calibration:
-    """Measured once per artifact and machine (calibrate.py): what arithmetic cannot know."""
+    """Measured once per artifact and machine (calibrate.py, read back by measured.py): what arithmetic cannot know."""
 
     load_bytes: int  # RSS after the decoder and heads sessions are open
     step_overhead_bytes: int  # generation RSS beyond arena + activations formula, first steps
@@ -110,79 +105,14 @@ def weights_stored(artifact: Path, manifest: Manifest) -> int:
 def footprint(manifest: Manifest, calibration: Calibration, sizes: Sizes, *, weights: int = 0,
               batch: int = 1) -> Footprint:
     """`batch`: B sequences per call (runtime/batch.py): B KV rows and B·R token rows in the arena."""
+    activations = activation_bytes(manifest.dims, rows=sizes.rows, capacity=sizes.capacity,
+                                   itemsize=manifest.bytes_per_activation, batch=batch)
     layout = ArenaLayout.for_manifest(manifest, sizes, batch=batch)
     return Footprint(
         weights_stored=weights, load=calibration.load_bytes, kv=layout.kv_nbytes(),
-        io=layout.allocation_bytes - layout.kv_nbytes(),
-        activations=activation_bytes(manifest.dims, rows=sizes.rows, capacity=sizes.capacity,
-                                     itemsize=manifest.bytes_per_activation, batch=batch),
+        io=layout.allocation_bytes - layout.kv_nbytes(), activations=activations,
         step_overhead=calibration.step_overhead_bytes, sizes=sizes, bytes_per_kv_element=manifest.bytes_per_kv_element,
         window_capacity=layout.window_capacity, batch=batch)
-
-
-def useful_tree_size(manifest: Manifest) -> int:
-    """The smallest prefix of the exported tree with USEFUL_GAIN of its expected extra tokens per
-    step (from the manifest's accuracy table); 2 nodes without one; 1 without heads."""
-    medusa = exported_tree(manifest)
-    if medusa.size == 1:
-        return 1
-    accuracy = manifest.heads.accuracy
-    if not accuracy:
-        return 2
-    rank_hit = rank_accuracy_from_cumulative(accuracy)
-    full = expected_accepted(medusa, rank_hit) - 1
-    for size in range(2, medusa.size + 1):
-        if expected_accepted(medusa.prefix(size), rank_hit) - 1 >= USEFUL_GAIN * full:
-            return size
-    return medusa.size
-
-
-def lower_bound(manifest: Manifest, calibration: Calibration, *, context: int) -> Footprint:
-    """The smallest footprint that decodes speculatively with a useful tree over `context` tokens."""
-    tree = useful_tree_size(manifest)
-    return footprint(manifest, calibration, Sizes(capacity=max(context, tree + 1), rows=tree, tree=tree))
-
-
-def fit(manifest: Manifest, calibration: Calibration, *, budget: int, context: int | None = None,
-        prefill_chunk: int = DEFAULT_PREFILL_CHUNK, weights: int = 0, tree: int | None = None) -> Footprint:
-    """The plan for a budget: the drafters' tree (`tree`, default the exported Medusa tree) and
-    prefill chunk if they fit, cut down otherwise;
-    then C = context (or, with no context given, the largest C up to the graph's max capacity).
-    Refuses a budget below the lower bound, naming the bound."""
-    need = context or manifest.max_capacity
-    bound = lower_bound(manifest, calibration, context=need)
-    if budget < bound.total:
-        raise BudgetError(
-            f"budget {budget / MIB:.2f} MiB is below the lower bound of {bound.total / MIB:.2f} MiB for a "
-            f"{need}-token context (load {bound.load / MIB:.1f} MiB + generation {bound.generation / MIB:.1f} MiB "
-            f"+ headroom {bound.headroom / MIB:.1f} MiB): "
-            f"raise --budget, or lower --context")
-    full_tree = exported_tree(manifest).size if tree is None else tree
-    for tree in _descending(full_tree, min(full_tree, bound.sizes.tree)):
-        chunk_rows = max(tree, min(prefill_chunk, manifest.max_capacity))
-        for rows in (chunk_rows, tree):
-            at_bound = footprint(manifest, calibration, Sizes(capacity=need, rows=rows, tree=tree), weights=weights)
-            if at_bound.total <= budget:
-                capacity = need if context else _largest_capacity(manifest, calibration, budget, rows, tree)
-                return footprint(manifest, calibration, Sizes(capacity=capacity, rows=rows, tree=tree), weights=weights)
-    return replace(bound, weights_stored=weights)
-
-
-def _descending(high: int, low: int) -> list[int]:
-    return list(range(high, low - 1, -1)) or [low]
-
-
-def _largest_capacity(manifest: Manifest, calibration: Calibration, budget: int, rows: int, tree: int) -> int:
-    """Largest C ≤ the graph's max capacity with total ≤ budget (the footprint is linear in C)."""
-    def total(capacity: int) -> int:
-        return footprint(manifest, calibration, Sizes(capacity=capacity, rows=rows, tree=tree)).total
-
-    at_two = total(2)
-    per_position = total(3) - at_two
-    capacity = min(manifest.max_capacity, 2 + (budget - at_two) // max(per_position, 1))
-    while capacity > 2 and total(capacity) > budget:
-        capacity -= 1  # alignment can add a few bytes beyond the linear estimate
-    return capacity
 
 
 _UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "kib": 2**10, "m": 10**6, "mb": 10**6, "mib": 2**20,
@@ -226,40 +156,3 @@ def breakdown(fp: Footprint) -> list[tuple[str, float]]:
 INT4_BITS_PER_WEIGHT = 6.0  # in RAM: 4-bit weights + fp32 scale and minimum per 32 (carried Q4_1); SmolLM2 load measured 631 → 207 MiB
 
 
-def largest_context(manifest: Manifest, calibration: Calibration, *, budget: int) -> int:
-    """The largest context (C) whose lower bound fits the budget, up to the graph's capacity; 0 if none."""
-    low, high = 0, manifest.max_capacity  # bound(low) fits (or low = 0), bound(high + 1) does not
-    smallest = useful_tree_size(manifest) + 1
-    while low < high:
-        mid = (low + high + 1) // 2
-        if mid >= smallest and lower_bound(manifest, calibration, context=mid).total <= budget:
-            low = mid
-        else:
-            high = mid - 1
-    return low
-
-
-def what_would_fit(artifact: Path, manifest: Manifest, calibration: Calibration, *, budget: int,
-                   context: int) -> list[str]:
-    """For a refusal: the largest context that fits as exported, and the lower bound at `context`
-    without heads, with a float16 KV cache (exact: the arena's arithmetic) and with int4 weights
-    (estimates: the load less the bytes those weights take)."""
-    options = []
-    largest = largest_context(manifest, calibration, budget=budget)
-    if largest:
-        options.append(f"a context of at most {largest} tokens")
-    if manifest.heads is not None:
-        heads_bytes = (artifact / manifest.heads.data_file).stat().st_size
-        plain = lower_bound(replace(manifest, heads=None, drafter="lookup"),
-                            replace(calibration, load_bytes=calibration.load_bytes - heads_bytes), context=context)
-        options.append(f"no heads (--heads none, prompt lookup or plain decoding): {plain.total / MIB:.0f} MiB")
-    if manifest.kv_dtype == "float32":
-        half = lower_bound(replace(manifest, kv_dtype="float16"), calibration, context=context)
-        options.append(f"a float16 KV cache: {half.total / MIB:.0f} MiB (re-export with --kv-dtype float16)")
-    if manifest.bits_per_weight > 4:
-        decoder_bytes = (artifact / manifest.decoder_data_file).stat().st_size
-        saved = int(decoder_bytes * (1 - INT4_BITS_PER_WEIGHT / manifest.bits_per_weight))
-        int4 = lower_bound(manifest, replace(calibration, load_bytes=calibration.load_bytes - saved), context=context)
-        options.append(f"int4 weights: ~{int4.total / MIB:.0f} MiB (estimate; re-export with --dtype int4)")
-    return options or [f"nothing smaller from this model: the load alone is {calibration.load_bytes / MIB:.0f} MiB, "
-                       f"raise the budget"]

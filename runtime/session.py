@@ -24,7 +24,8 @@ from specmemo.runtime import tree
 from specmemo.runtime.embedding import EmbeddingTable
 from specmemo.runtime.manifest import Manifest, ModelFormat, embedding_for, graph_file, load_manifest
 from specmemo.runtime.rss import reset_peak_rss, rss_bytes
-from specmemo.runtime.sizes import Sizes, check_capacity, default_sizes
+from specmemo.runtime.plan import default_sizes
+from specmemo.runtime.sizes import Sizes, check_capacity
 
 
 class ArtifactError(SpecMemoError, RuntimeError):
@@ -34,7 +35,7 @@ class ArtifactError(SpecMemoError, RuntimeError):
 @dataclass(frozen=True)
 class SessionConfig:
     threads: int = 2  # intra-op threads; pinned so timings are comparable
-    sizes: Sizes | None = None  # C, R, T_max as decided (config.resolve_sizes); None: sizes.default_sizes
+    sizes: Sizes | None = None  # C, R, T_max as decided (plan.make_plan); None: plan.default_sizes
     batch: int = 1
     heads: bool = True  # load the Medusa heads graph too, when the artifact has one
     warm_up: bool = True  # run the largest step once at load, so ORT's arena reaches its peak up front

@@ -1,12 +1,13 @@
-"""C, R and T_max: the arena's free dimensions, decided once and passed down.
+"""C, R and T_max: the arena's free dimensions, and the fixed sizes they are decided from.
 
     C      KV positions the arena holds (<= the graph's max_capacity)
     R      most tokens one decoder call takes: the prefill chunk, and any tree up to R nodes
     T_max  most tree nodes one step verifies, which is also N, the most logit rows a call returns
 
-`config.resolve_sizes` decides them for an engine (a budget through `memory.fit`, the manifest's
-device plan as written, or the defaults below); the arena, the session, the memory model and the
-controller take the result and decide nothing again.
+`plan.make_plan` decides them for an engine (a budget through `plan.fit`, the manifest's device
+plan as written, or the defaults); the arena, the session, the memory model and the controller take
+the result and decide nothing again. The constants below are the sizes those decisions start from,
+kept here (not in the drafter or backend that uses them) so that sizing imports nothing above it.
 """
 
 from __future__ import annotations
@@ -15,13 +16,14 @@ from dataclasses import dataclass
 
 from specmemo.errors import ConfigError
 from specmemo.runtime.manifest import Manifest, ManifestError
-from specmemo.runtime.drafters import DrafterName
-from specmemo.runtime.drafters.feature import MAX_TREE as FEATURE_MAX_TREE
-from specmemo.runtime.drafters.lookup import MAX_BRANCH as LOOKUP_MAX_BRANCH
-from specmemo.runtime.medusa_tree import MedusaTree
 
 DEFAULT_PREFILL_CHUNK = 64  # R when nothing else decides it: prompt tokens per decoder call
-WINDOW_MARGIN = 64  # positions a sliding layer keeps beyond its window (see window_capacity)
+WINDOW_MARGIN = 64  # positions a sliding layer keeps beyond its window (arena.window_capacity)
+LOOKUP_MAX_BRANCH = 10  # prompt lookup's longest branch (nodes after the root)
+FEATURE_DEPTH = 2  # the feature drafter's depths drafted at most
+FEATURE_WIDTH = 4  # nodes it expands per depth
+FEATURE_MAX_TREE = 16  # T_max the engine sizes for the feature drafter (the controller verifies a prefix)
+SCRATCH_SLOTS = FEATURE_DEPTH * FEATURE_WIDTH  # its KV slots beyond C for tree rows ((DEPTH - 1) x WIDTH used)
 
 
 @dataclass(frozen=True)
@@ -36,11 +38,6 @@ class Sizes:
                               f"T_max={self.tree}")
 
 
-def exported_tree(manifest: Manifest) -> MedusaTree:
-    """The Medusa tree the artifact was exported with (a one-node tree without heads)."""
-    return MedusaTree.from_choices(manifest.heads.tree) if manifest.heads else MedusaTree(())
-
-
 def check_capacity(manifest: Manifest, capacity: int) -> int:
     if capacity > manifest.max_capacity:
         raise ManifestError(f"capacity {capacity} exceeds the graph's max capacity {manifest.max_capacity}: "
@@ -48,40 +45,7 @@ def check_capacity(manifest: Manifest, capacity: int) -> int:
     return capacity
 
 
-def draft_tree_size(manifest: Manifest, drafters: tuple[DrafterName, ...]) -> int:
-    """T_max the drafters can use: the largest of the exported Medusa tree, prompt lookup's longest
-    branch + the root and the feature drafter's tree (a merged tree is cut to it); 1 for plain
-    decoding (no drafters)."""
-    sizes = [1]
-    if DrafterName.MEDUSA in drafters:
-        sizes.append(exported_tree(manifest).size)
-    if DrafterName.LOOKUP in drafters:
-        sizes.append(1 + LOOKUP_MAX_BRANCH)
-    if DrafterName.FEATURE in drafters:
-        sizes.append(FEATURE_MAX_TREE)
-    return max(sizes)
-
-
-def default_sizes(manifest: Manifest, *, tree: int | None = None, capacity: int | None = None,
-                  prefill_chunk: int = DEFAULT_PREFILL_CHUNK) -> Sizes:
-    """Without a budget or a device plan: C = `capacity` (default the graph's max), T_max = `tree`
-    (default the exported Medusa tree; 1 for plain decoding), R = the prefill chunk or the tree if larger."""
-    tree = exported_tree(manifest).size if tree is None else tree
-    return Sizes(capacity=check_capacity(manifest, capacity or manifest.max_capacity),
-                 rows=max(prefill_chunk, tree), tree=tree)
-
-
-def window_capacity(manifest: Manifest, sizes: Sizes) -> int:
-    """C_w, the rows of a sliding layer's KV buffer (0: the model has none), never more than C.
-
-    A query at position p of a sliding layer reads keys at positions > p - W only. Its buffer holds
-    a run of consecutive positions [o, o + rows); before a call of up to R rows would overflow it, the
-    runtime slides (backend.py): it keeps the last W - 1 + WINDOW_MARGIN positions at the front. So
-    C_w = W - 1 + WINDOW_MARGIN + R (rounded up to 32) always fits the next call, one slide makes room
-    for at least WINDOW_MARGIN tokens (a copy of ~W rows every R or more tokens), and the committed
-    length can be rewound by up to WINDOW_MARGIN tokens (chat re-renders its template's tail) without
-    losing a key a later query needs."""
-    window = manifest.dims.sliding_window
-    if not window:
-        return 0
-    return min(sizes.capacity, -(-(window - 1 + WINDOW_MARGIN + sizes.rows) // 32) * 32)
+def route_rows(manifest: Manifest, sizes: Sizes) -> int:
+    """The numeric route: rows every decoder call runs (padding rows when fewer are real), the manifest's
+    min_step_rows as the exporter measured it, at most R (R = 1: every call is one row anyway)."""
+    return min(manifest.min_step_rows, sizes.rows)

@@ -7,3 +7,7 @@ class SpecMemoError(Exception):
 
 class ConfigError(SpecMemoError, ValueError):
     """An option or configuration value is out of range."""
+
+
+class ManifestError(SpecMemoError, ValueError):
+    """The artifact folder or its manifest is missing, malformed or inconsistent."""

@@ -21,7 +21,8 @@ from specmemo.runtime.manifest import load_manifest
 from specmemo.runtime.medusa_tree import MedusaTree, grow_tree
 from specmemo.runtime.memory import kv_bytes
 from specmemo.runtime.session import DecoderSession, SessionConfig
-from specmemo.runtime.sizes import WINDOW_MARGIN, Sizes, window_capacity
+from specmemo.runtime.arena import window_capacity
+from specmemo.runtime.sizes import WINDOW_MARGIN, Sizes
 
 TOLERANCE = 1e-4
 CONFIGS = {

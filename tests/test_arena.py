@@ -7,7 +7,8 @@ import pytest
 from specmemo.runtime import tree
 from specmemo.runtime.backend import OrtBackend
 from specmemo.runtime.decode import generate
-from specmemo.runtime.memory import Calibration, fit, footprint, lower_bound
+from specmemo.runtime.memory import Calibration, footprint
+from specmemo.runtime.plan import fit, lower_bound
 from specmemo.runtime.session import DecoderSession, SessionConfig
 from specmemo.runtime.sizes import Sizes
 

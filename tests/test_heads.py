@@ -192,7 +192,7 @@ def test_training_resumes_from_its_checkpoint(tiny, tmp_path):
 
 
 def test_head_targets_stay_inside_each_conversation():
-    from specmemo.export.train_heads import TeacherCache
+    from specmemo.export.teacher import TeacherCache
 
     target = np.array([0, 1, 1, 1, 0, 0, 1, 1], dtype=bool)  # two conversations: [0, 4) and [4, 8)
     cache = TeacherCache(np.zeros((8, 2), np.float32), np.zeros((8, 1), np.int32), np.ones((8, 1), np.float32),

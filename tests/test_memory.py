@@ -9,8 +9,9 @@ import pytest
 from specmemo.runtime.arena import ALIGN, Arena, ArenaLayout
 from specmemo.runtime.manifest import HeadsInfo, ModelDims, load_manifest
 from specmemo.runtime.sizes import Sizes
-from specmemo.runtime.memory import (BudgetError, Calibration, activation_bytes, fit, footprint, kv_bytes,
-                                     lower_bound, parse_size, useful_tree_size)
+from specmemo.runtime.medusa_tree import useful_tree_size
+from specmemo.runtime.memory import BudgetError, Calibration, activation_bytes, footprint, kv_bytes, parse_size
+from specmemo.runtime.plan import fit, lower_bound
 
 SMOLLM2 = ModelDims(architecture="LlamaForCausalLM", vocab_size=49152, hidden_size=576, intermediate_size=1536,
                     num_layers=30, num_heads=9, num_kv_heads=3, head_dim=64, rms_norm_eps=1e-5,

@@ -137,15 +137,16 @@ def test_export_profile_writes_the_plan_or_refuses_and_keeps_the_old_artifact(ti
     assert main(["chat", "--artifact", str(out), "--prompt", "w5 w6", "--max-new-tokens", "4"]) == 0
     assert "plan from the manifest: profile raspberry-pi-5-4gb" in capsys.readouterr().err
 
-    from specmemo.runtime import memory
+    from specmemo.runtime import plan as plan_sizes
     from specmemo.runtime.engine import EngineConfig, open_engine
     from specmemo.runtime.sizes import Sizes
 
     def no_refit(*_, **__):
         raise AssertionError("the manifest's plan was fitted again")
 
-    monkeypatch.setattr(memory, "fit", no_refit)  # export decided C, R and T_max: the runtime takes them as written
+    monkeypatch.setattr(plan_sizes, "fit", no_refit)  # export decided C, R and T_max: the runtime takes them as written
     engine = open_engine(EngineConfig(artifact=out), log=lambda _: None)
     plan = manifest.plan
     assert engine.session.sizes == engine.plan.sizes == Sizes(capacity=plan.capacity, rows=plan.rows, tree=plan.tree)
+    assert engine.plan.source is plan_sizes.Source.DEVICE_PLAN and engine.plan.footprint is not None
     shutil.rmtree(out)

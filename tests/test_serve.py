@@ -4,7 +4,6 @@ that goes away mid-stream frees its row."""
 
 from __future__ import annotations
 
-import argparse
 import json
 import socket
 import threading
@@ -36,12 +35,10 @@ class Server:
     def __init__(self, artifact, *, batch: int, max_queue: int, step_delay: float = 0.0):
         import uvicorn
 
-        from specmemo.cli.serve import build_app
-        from specmemo.runtime.config import Mode
+        from specmemo.serve.build import ServeConfig, build_app
 
-        args = argparse.Namespace(artifact=artifact, mode=Mode.AUTO, drafter=None, batch=batch, capacity=CAPACITY,
-                                  max_queue=max_queue, threads=2, model_name="tiny")
-        self.app, self.chat = build_app(args)
+        self.app, self.chat = build_app(ServeConfig(artifact=artifact, batch=batch, capacity=CAPACITY,
+                                                    max_queue=max_queue, threads=2, model_name="tiny"))
         if step_delay:  # slow steps, so a test can act while a reply is still streaming
             pool, step = self.chat.worker.pool, self.chat.worker.pool.step
             pool.step = lambda: (time.sleep(step_delay), step())[1]
@@ -204,16 +201,11 @@ def test_a_client_killed_mid_stream_frees_its_row(artifact):
 
 
 def test_serve_refuses_what_it_cannot_serve_in_one_line(artifact):
-    from specmemo.cli.serve import build_app
     from specmemo.errors import ConfigError
-    from specmemo.runtime.config import Mode
     from specmemo.runtime.manifest import ManifestError
-
-    def args(batch):
-        return argparse.Namespace(artifact=artifact, mode=Mode.AUTO, drafter=None, batch=batch, capacity=CAPACITY,
-                                  max_queue=None, threads=2, model_name=None)
+    from specmemo.serve.build import ServeConfig, build_app
 
     with pytest.raises(ConfigError, match="--batch 2 or more"):
-        build_app(args(1))
+        build_app(ServeConfig(artifact=artifact, batch=1, capacity=CAPACITY))
     with pytest.raises(ManifestError, match="export-batch --artifact DIR --batch 3"):
-        build_app(args(3))
+        build_app(ServeConfig(artifact=artifact, batch=3, capacity=CAPACITY))

@@ -28,12 +28,10 @@ import numpy as np
 
 from specmemo.runtime.drafters.draft import DraftContext, DraftTree, ordered
 from specmemo.runtime.manifest import FeatureDrafterInfo, ManifestError
+from specmemo.runtime.sizes import FEATURE_DEPTH, FEATURE_WIDTH
 
-DEPTH = 2  # depths drafted at most
-WIDTH = 4  # nodes expanded per depth
+DEPTH, WIDTH = FEATURE_DEPTH, FEATURE_WIDTH  # sizes.py: the arena's scratch slots and T_max are sized by them
 MIN_EXPAND = 0.05  # a depth is drafted only while its best node's path score is at least this
-MAX_TREE = 16  # T_max the engine sizes for this drafter (the controller verifies a prefix of it)
-SCRATCH_SLOTS = DEPTH * WIDTH  # KV slots beyond the decoder's capacity for tree rows ((DEPTH - 1) x WIDTH used)
 MASKED = np.float32(-np.inf)
 
 

@@ -14,10 +14,11 @@ further guess, so node d of a branch found by an n-gram scores HIT[n] ** d.
 from __future__ import annotations
 
 from specmemo.runtime.drafters.draft import DraftContext, DraftTree
+from specmemo.runtime.sizes import LOOKUP_MAX_BRANCH
 
 MIN_NGRAM = 1
 MAX_NGRAM = 4
-MAX_BRANCH = 10  # longest branch proposed (nodes after the root)
+MAX_BRANCH = LOOKUP_MAX_BRANCH  # longest branch proposed (nodes after the root; sizes.py)
 HIT = {1: 0.35, 2: 0.55, 3: 0.7, 4: 0.8}  # prior per match length n: chance each next token is right
 
 

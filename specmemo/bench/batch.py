@@ -162,18 +162,16 @@ def run_memory(config: BatchBenchConfig, prompts: list[list[int]], *, log=print)
 def run_load(config: BatchBenchConfig, questions: list[str], reference: dict[str, str], *, batch: int,
              log=print) -> dict:
     """The server on loopback under `load_clients` streaming clients × `load_requests` requests each."""
-    import argparse
     import socket
 
     import httpx
     import uvicorn
 
-    from specmemo.cli.serve import build_app
+    from specmemo.serve.build import ServeConfig, build_app
 
-    args = argparse.Namespace(artifact=config.artifact, mode=Mode.AUTO, drafter=None, batch=batch,
-                              capacity=config.capacity, max_queue=config.load_clients * config.load_requests,
-                              threads=config.threads, model_name="bench")
-    app, chat = build_app(args)
+    app, chat = build_app(ServeConfig(artifact=config.artifact, mode=Mode.AUTO, batch=batch, capacity=config.capacity,
+                                      max_queue=config.load_clients * config.load_requests, threads=config.threads,
+                                      model_name="bench"), log=log)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]

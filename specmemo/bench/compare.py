@@ -238,7 +238,7 @@ def summarize(config: CompareConfig, runs: dict[str, list[dict]], machine: dict)
 
 
 def machine_info(threads: int) -> dict:
-    from specmemo.runtime.calibrate import cpu_name
+    from specmemo.runtime.measured import cpu_name
 
     return {"platform": platform.platform(), "cpu": cpu_name(), "isa": isa(), "threads": threads,
             "python": platform.python_version()}

@@ -20,7 +20,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from specmemo.runtime.calibrate import memory_calibration
+from specmemo.runtime.measured import memory_calibration
 from specmemo.runtime.engine import EngineConfig, Mode, open_engine
 from specmemo.runtime.fresh_process import serve_json
 from specmemo.runtime.memory import footprint

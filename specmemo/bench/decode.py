@@ -25,7 +25,7 @@ from pathlib import Path
 
 from specmemo.bench.spec_bench import spec_bench_record
 from specmemo.errors import ConfigError
-from specmemo.runtime.calibrate import cpu_name, memory_calibration
+from specmemo.runtime.measured import cpu_name, memory_calibration
 from specmemo.runtime.engine import EngineConfig, Mode, open_engine
 from specmemo.runtime.fresh_process import run_json, serve_json
 from specmemo.runtime.memory import MIB, footprint

@@ -28,7 +28,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from specmemo.errors import ConfigError
-from specmemo.runtime.calibrate import cpu_name
+from specmemo.runtime.measured import cpu_name
 from specmemo.runtime.config import EngineConfig, Mode
 from specmemo.runtime.decode import prefill, verify_and_commit
 from specmemo.runtime.drafters import DraftContext, DraftTree, parse_drafter
@@ -154,7 +154,7 @@ def run(config: EvalDrafterConfig, *, log=print) -> dict:
     curve = engine.policy(Mode.AUTO).curve  # verify ms per T: measured once per machine (cached)
     engines = {spec: Engine(config=engine.config, session=engine.session, tokenizer=engine.tokenizer,
                             drafter=open_drafter(engine.session, parse_drafter(spec), max_tree=engine.max_tree),
-                            max_tree=engine.max_tree, plan=None, log=log) for spec in config.drafters}
+                            plan=engine.plan, log=log) for spec in config.drafters}
     results: dict = {"workload": config.workload.value, "prompts": len(prompts), "max_new_tokens": config.max_new_tokens,
                      "max_tree": config.max_tree, "threads": config.threads, "cpu": cpu_name(),
                      "verify_ms": dict(zip(curve.sizes, [round(v, 2) for v in curve.step_ms])), "drafters": {}}

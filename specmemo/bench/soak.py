@@ -19,7 +19,7 @@ from tqdm import tqdm
 from specmemo.errors import ConfigError
 from specmemo.datasets import load_questions
 from specmemo.runtime.backend import ContextOverflowError
-from specmemo.runtime.calibrate import cpu_name
+from specmemo.runtime.measured import cpu_name
 from specmemo.runtime.chat import ChatSession
 from specmemo.runtime.engine import EngineConfig, Mode, open_engine
 from specmemo.runtime.memory import MIB

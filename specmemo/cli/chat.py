@@ -70,7 +70,7 @@ def stats_lines(chat) -> list[str]:
     used = session.kv.length
     arena, free = session.arena.nbytes, kv_bytes - used_bytes
     widths = ", ".join(f"T={size}: {count}" for size, count in sorted(t.tree_sizes.items())) or "none"
-    plan = chat.engine.plan
+    plan = chat.engine.plan.footprint  # priced when opened with a budget or a device plan
     return [
         f"turns {t.turns} ({t.interrupted} interrupted) · {t.new_tokens} tokens · decode {t.decode_tokens_per_s:.1f} tok/s "
         f"· prefill {t.prefilled} tokens in {t.prefill_s:.2f} s · {t.reused} KV positions reused across turns",

@@ -57,8 +57,9 @@ def cmd_compare(args: argparse.Namespace) -> int:
     from specmemo.bench import compare
     from specmemo.bench.plots import write_plots, write_report
     from specmemo.datasets import load_questions
-    from specmemo.runtime.calibrate import memory_calibration
-    from specmemo.runtime.config import EngineConfig, Mode, resolve_sizes
+    from specmemo.runtime.measured import memory_calibration
+    from specmemo.runtime.config import EngineConfig, Mode
+    from specmemo.runtime.plan import plan_for
     from specmemo.runtime.manifest import load_manifest
     from specmemo.runtime.tokenizer import ChatTokenizer, Message
 
@@ -116,7 +117,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     memory_calibration(artifact, threads=args.threads, log=log_stderr)  # measured once, not inside a timed run
     ours = EngineConfig(artifact=artifact, mode=Mode.AUTO, threads=args.threads, budget=args.budget_bytes,
                         capacity=capacity)
-    sizes, _ = resolve_sizes(ours, manifest, log=log_stderr)  # the C the sized PyTorch Medusa engine copies
+    sizes = plan_for(ours, manifest, log=log_stderr).sizes  # the C the sized PyTorch Medusa engine copies
     config = compare.CompareConfig(
         artifact=artifact, model=manifest.source_model, prompts=prompts, max_new_tokens=args.max_new_tokens,
         rounds=args.rounds, threads=args.threads, budget=args.budget_bytes, capacity=capacity,

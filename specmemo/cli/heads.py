@@ -121,7 +121,8 @@ def cmd_train_heads(args: argparse.Namespace) -> int:
 def cmd_subvocab_heads(args: argparse.Namespace) -> int:
     from specmemo.export.heads import load_heads, save_heads, to_subvocab
     from specmemo.export.load import lm_head_t, load_hf, resolve_model
-    from specmemo.export.train_heads import TrainConfig, frequent_tokens, predicted_token_counts, teacher_cache_path
+    from specmemo.export.teacher import predicted_token_counts, teacher_cache_path
+    from specmemo.export.train_heads import TrainConfig, frequent_tokens
 
     resolved = resolve_model(args.model)
     path = teacher_cache_path(f"{resolved.sha256}|{args.data}", TrainConfig(conversations=args.conversations))

@@ -31,10 +31,11 @@ def add_parser(sub) -> None:
 
 def cmd_plan(args: argparse.Namespace) -> int:
     from specmemo.runtime import memory
-    from specmemo.runtime.calibrate import memory_calibration
-    from specmemo.runtime.config import EngineConfig, resolve_sizes
+    from specmemo.runtime.config import EngineConfig
     from specmemo.runtime.manifest import load_manifest
-    from specmemo.runtime.sizes import default_sizes, exported_tree
+    from specmemo.runtime.measured import memory_calibration
+    from specmemo.runtime.medusa_tree import exported_tree
+    from specmemo.runtime.plan import default_sizes, lower_bound, make_plan, what_would_fit
 
     profile = apply_profile(args)
     manifest = load_manifest(args.artifact)
@@ -42,12 +43,13 @@ def cmd_plan(args: argparse.Namespace) -> int:
     calibration = memory_calibration(args.artifact, threads=args.threads, log=log_stderr)
     context = args.context or (manifest.plan.capacity if manifest.plan and args.budget_bytes is None
                                else manifest.max_capacity)
-    bound = memory.lower_bound(manifest, calibration, context=context)
+    bound = lower_bound(manifest, calibration, context=context)
     try:
-        _, chosen = resolve_sizes(config, manifest, log=log_stderr)  # the sizes an engine opens with: one decision
+        chosen = make_plan(config, manifest, calibration=calibration,  # the plan an engine opens with: one decision
+                           log=log_stderr).footprint
     except memory.BudgetError as err:
         budget = args.budget_bytes or manifest.plan.budget
-        options = memory.what_would_fit(args.artifact, manifest, calibration, budget=budget, context=context)
+        options = what_would_fit(args.artifact, manifest, calibration, budget=budget, context=context)
         raise memory.BudgetError(f"{err}; what would fit: {'; '.join(options)}") from None
     budget = args.budget_bytes if args.budget_bytes is not None else (manifest.plan.budget if chosen else None)
     heads = manifest.heads.num_heads if manifest.heads else 0

@@ -53,18 +53,19 @@ def cmd_profiles(args: argparse.Namespace) -> int:
 
 def _plan_for(artifact: Path, profile) -> dict:
     from specmemo.runtime import memory
-    from specmemo.runtime.calibrate import memory_calibration
+    from specmemo.runtime import plan as plan_sizes
+    from specmemo.runtime.measured import memory_calibration
     from specmemo.runtime.manifest import load_manifest
 
     manifest = load_manifest(artifact)
     threads = min(profile.threads, local_cores())
     calibration = memory_calibration(artifact, threads=threads, log=log_dim)
     try:
-        plan = memory.fit(manifest, calibration, budget=profile.app_memory)
+        plan = plan_sizes.fit(manifest, calibration, budget=profile.app_memory)
     except memory.BudgetError:
-        bound = memory.lower_bound(manifest, calibration, context=manifest.max_capacity)
+        bound = plan_sizes.lower_bound(manifest, calibration, context=manifest.max_capacity)
         return {"fits": False, "lower_bound": bound.total,
-                "largest_context": memory.largest_context(manifest, calibration, budget=profile.app_memory)}
+                "largest_context": plan_sizes.largest_context(manifest, calibration, budget=profile.app_memory)}
     s = plan.sizes
     return {"fits": True, "capacity": s.capacity, "tree": s.tree, "rows": s.rows, "total": plan.total}
 

@@ -7,8 +7,7 @@ import argparse
 from specmemo.cli.options import add_artifact, add_mode, positive
 from specmemo.console import log_stderr
 
-DEFAULT_BATCH = 8
-DEFAULT_CONTEXT = 1024
+from specmemo.serve.build import DEFAULT_BATCH, DEFAULT_CONTEXT
 
 
 def add_parser(sub) -> None:
@@ -38,39 +37,14 @@ def add_parser(sub) -> None:
     p.set_defaults(handler=cmd_serve)
 
 
-def build_app(args: argparse.Namespace):
-    """The Starlette app for these arguments (the pool is opened here; its thread starts with the app)."""
-    from specmemo.runtime.config import EngineConfig
-    from specmemo.runtime.engine import open_pool
-    from specmemo.runtime.manifest import load_manifest
-    from specmemo.runtime.tokenizer import ChatTokenizer
-    from specmemo.serve.app import ChatApp, make_app
-    from specmemo.serve.worker import PoolWorker
-
-    from specmemo.errors import ConfigError
-    from specmemo.runtime.batch import batch_support
-
-    if args.batch < 2:
-        raise ConfigError("serve runs a batch graph: --batch 2 or more (rows left free cost a 1-token stub each)")
-    manifest = load_manifest(args.artifact)
-    reason = batch_support(manifest)
-    if reason:
-        raise ConfigError(f"serve decodes through a batch graph, and {reason}")
-    manifest.batch_graph(args.batch)  # a one-line error naming export-batch, before anything loads
-    config = EngineConfig(artifact=args.artifact, mode=args.mode, drafter=args.drafter, threads=args.threads,
-                          capacity=args.capacity)
-    pool = open_pool(config, batch=args.batch, log=log_stderr)
-    worker = PoolWorker(pool, max_queue=args.max_queue or 4 * args.batch)
-    chat = ChatApp(worker=worker, tokenizer=ChatTokenizer(args.artifact, manifest),
-                   model=args.model_name or manifest.source_model, defaults=manifest.generation,
-                   capacity=pool.backend.capacity)
-    return make_app(chat), chat
-
-
 def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
-    app, chat = build_app(args)
+    from specmemo.serve.build import ServeConfig, build_app
+
+    app, chat = build_app(ServeConfig(artifact=args.artifact, mode=args.mode, drafter=args.drafter, batch=args.batch,
+                                      capacity=args.capacity, max_queue=args.max_queue, threads=args.threads,
+                                      model_name=args.model_name), log=log_stderr)
     log_stderr(f"serving {chat.model} on http://{args.host}:{args.port}/v1 ({args.batch} rows of {chat.capacity} "
                f"positions, queue {chat.worker.max_queue})")
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning")

@@ -1,0 +1,254 @@
+"""The plan: every size an engine opens with, decided in one pass.
+
+    EngineConfig + Manifest + measured numbers (measured.py: a Calibration, as data) → Plan
+      drafters   --drafter or the manifest's choice; none in greedy mode
+      tree       T_max the drafters can use: the exported Medusa tree, prompt lookup's longest branch
+                 + the root, the feature drafter's tree (sizes.py), whichever is largest
+      sizes      C, R, T_max:  --budget   → fit (the largest tree and C that fit; C = --context
+                                             when given), priced by the memory model;
+                               a device plan in the manifest → as `export --profile` wrote it (fitted
+                                             again only for another --context);
+                               otherwise  → --capacity or the graph's max C, R = the prefill chunk or
+                                             the tree if larger
+      layout     the arena view by view (arena.ArenaLayout: B, C_w, KV dtype, the drafter's scratch)
+      route      rows every decoder call runs (the manifest's min_step_rows, at most R): greedy and
+                 speculative steps compute every committed token on one numeric route
+      footprint  the memory model's price of the layout (with a budget or a device plan)
+
+Nothing downstream decides these again: the session allocates `layout`, the backend pads calls to
+`min_rows`, the drafters and the controller take `sizes.tree`. This module reads the measured
+numbers as data (measured.py: cached; measured once, in a fresh process, on first use) and measures nothing
+itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from enum import Enum
+from pathlib import Path
+
+from specmemo.errors import ConfigError
+from specmemo.runtime import memory
+from specmemo.runtime.memory import MIB
+from specmemo.runtime.arena import ArenaLayout
+from specmemo.runtime.config import EngineConfig, Mode
+from specmemo.runtime.drafters import DrafterName, parse_drafter
+from specmemo.runtime.manifest import Manifest, ManifestError
+from specmemo.runtime.measured import memory_calibration
+from specmemo.runtime.medusa_tree import exported_tree, useful_tree_size
+from specmemo.runtime.sizes import (DEFAULT_PREFILL_CHUNK, FEATURE_MAX_TREE, LOOKUP_MAX_BRANCH, Sizes,
+                                    check_capacity, route_rows)
+
+
+class Source(str, Enum):
+    BUDGET = "budget"  # --budget, through fit
+    DEVICE_PLAN = "device plan"  # the manifest's plan from `export --profile`
+    DEFAULTS = "defaults"  # --capacity or the graph's max, the drafters' tree
+
+
+@dataclass(frozen=True)
+class Plan:
+    mode: Mode  # greedy when there is nothing to speculate with
+    drafters: tuple[DrafterName, ...]  # () in greedy mode
+    sizes: Sizes  # C, R, T_max
+    layout: ArenaLayout  # what the session allocates (B, C_w, KV dtype included)
+    min_rows: int  # the numeric route: rows every decoder call runs (padding rows when fewer are real)
+    useful_tree: int  # the lower bound's tree: the smallest prefix with medusa_tree.USEFUL_GAIN of the gain
+    source: Source
+    footprint: memory.Footprint | None = None  # priced from the calibration (budget or device plan)
+
+    def __post_init__(self) -> None:
+        s, layout = self.sizes, self.layout
+        if (layout.capacity, layout.rows, layout.logit_rows) != (s.capacity, s.rows, s.tree):
+            raise ConfigError(f"plan layout {layout.capacity}/{layout.rows}/{layout.logit_rows} does not match "
+                              f"C={s.capacity}, R={s.rows}, T_max={s.tree}")
+        if not 1 <= self.min_rows <= s.rows:
+            raise ConfigError(f"the numeric route needs 1 <= min_rows <= R, got {self.min_rows} (R={s.rows})")
+        if self.mode is Mode.GREEDY and self.drafters:
+            raise ConfigError("a greedy plan runs no drafters")
+
+    @property
+    def kv_dtype(self) -> str:
+        return self.layout.kv_dtype
+
+
+def drafter_names(config: EngineConfig, manifest: Manifest) -> tuple[DrafterName, ...]:
+    """The drafters an engine runs: none in greedy mode, else --drafter or the manifest's choice."""
+    if config.mode is Mode.GREEDY:
+        return ()
+    spec = manifest.drafter if config.drafter is None else config.drafter
+    return parse_drafter(spec) if spec else ()
+
+
+def draft_tree_size(manifest: Manifest, drafters: tuple[DrafterName, ...]) -> int:
+    """T_max the drafters can use: the largest of the exported Medusa tree, prompt lookup's longest
+    branch + the root and the feature drafter's tree (a merged tree is cut to it); 1 for plain
+    decoding (no drafters)."""
+    sizes = [1]
+    if DrafterName.MEDUSA in drafters:
+        sizes.append(exported_tree(manifest).size)
+    if DrafterName.LOOKUP in drafters:
+        sizes.append(1 + LOOKUP_MAX_BRANCH)
+    if DrafterName.FEATURE in drafters:
+        sizes.append(FEATURE_MAX_TREE)
+    return max(sizes)
+
+
+def default_sizes(manifest: Manifest, *, tree: int | None = None, capacity: int | None = None,
+                  prefill_chunk: int = DEFAULT_PREFILL_CHUNK) -> Sizes:
+    """Without a budget or a device plan: C = `capacity` (default the graph's max), T_max = `tree`
+    (default the exported Medusa tree; 1 for plain decoding), R = the prefill chunk or the tree if larger."""
+    tree = exported_tree(manifest).size if tree is None else tree
+    return Sizes(capacity=check_capacity(manifest, capacity or manifest.max_capacity),
+                 rows=max(prefill_chunk, tree), tree=tree)
+
+
+def needs_calibration(config: EngineConfig, manifest: Manifest) -> bool:
+    """Whether the plan is priced by the memory model: a budget, or the manifest's device plan."""
+    return config.budget is not None or (config.capacity is None and manifest.plan is not None)
+
+
+def check_drafters(config: EngineConfig, manifest: Manifest, names: tuple[DrafterName, ...]) -> None:
+    """The drafters named must be in the artifact: a one-line error naming the fix."""
+    if DrafterName.MEDUSA in names and manifest.heads is None:
+        raise ManifestError(f"{config.artifact} has no Medusa heads: use --drafter lookup, or re-export with --heads")
+    if DrafterName.FEATURE in names and manifest.feature_drafter is None:
+        raise ManifestError(f"{config.artifact} has no feature drafter: use --drafter lookup, or re-export with "
+                            f"--feature-drafter")
+
+
+def plan_for(config: EngineConfig, manifest: Manifest, *, batch: int = 1, log: Callable[[str], None] = print) -> Plan:
+    """The plan an engine opens with: the drafters checked against the artifact, the calibration read (measured
+    once per artifact and machine, in a fresh process) when a budget or the device plan prices the arena, then
+    the one sizing pass."""
+    check_drafters(config, manifest, drafter_names(config, manifest))  # before any measurement
+    calibration = (memory_calibration(config.artifact, threads=config.threads, log=log)
+                   if needs_calibration(config, manifest) else None)
+    return make_plan(config, manifest, calibration=calibration, batch=batch, log=log)
+
+
+def make_plan(config: EngineConfig, manifest: Manifest, *, calibration: memory.Calibration | None = None,
+              batch: int = 1, log: Callable[[str], None] = print) -> Plan:
+    """The one sizing pass (module doc). `calibration`: the measured numbers (measured.memory_calibration),
+    required when `needs_calibration`. `batch`: B sequences per call (runtime/batch.py), C per row."""
+    names = drafter_names(config, manifest)
+    mode = config.mode if names else Mode.GREEDY  # nothing to speculate with: plain decoding
+    tree, useful_tree = draft_tree_size(manifest, names), useful_tree_size(manifest)
+    device_plan, budget, source = manifest.plan, config.budget, Source.BUDGET
+    if budget is None and config.capacity is None and device_plan is not None:
+        log(f"plan from the manifest: profile {device_plan.profile}, budget {device_plan.budget / 2**30:.2f} GiB, "
+            f"C={device_plan.capacity}")
+        budget, source = device_plan.budget, Source.DEVICE_PLAN
+    footprint = None
+    if budget is None:
+        sizes, source = default_sizes(manifest, tree=tree, capacity=config.capacity,
+                                      prefill_chunk=config.prefill_chunk), Source.DEFAULTS
+    elif calibration is None:
+        raise ConfigError(f"sizing {config.artifact} for a budget needs its memory calibration "
+                          f"(measured.memory_calibration): pass calibration=")
+    elif source is Source.DEVICE_PLAN and config.context in (None, device_plan.capacity):  # priced, not fitted again
+        sizes = Sizes(capacity=device_plan.capacity, rows=device_plan.rows, tree=device_plan.tree)
+        footprint = memory.footprint(manifest, calibration, sizes, batch=batch)
+    else:
+        footprint = fit(manifest, calibration, budget=budget, context=config.context,
+                        prefill_chunk=config.prefill_chunk, tree=tree)
+        sizes = footprint.sizes
+    min_rows = route_rows(manifest, sizes)
+    if footprint is not None:  # the weight files, shown beside the measured load
+        footprint = replace(footprint, weights_stored=memory.weights_stored(config.artifact, manifest))
+    return Plan(mode=mode, drafters=names, sizes=sizes, layout=ArenaLayout.for_manifest(manifest, sizes, batch=batch),
+                min_rows=min_rows, useful_tree=useful_tree, source=source, footprint=footprint)
+
+
+def lower_bound(manifest: Manifest, calibration: memory.Calibration, *, context: int) -> memory.Footprint:
+    """The smallest footprint that decodes speculatively with a useful tree over `context` tokens."""
+    tree = useful_tree_size(manifest)
+    return memory.footprint(manifest, calibration, Sizes(capacity=max(context, tree + 1), rows=tree, tree=tree))
+
+
+def fit(manifest: Manifest, calibration: memory.Calibration, *, budget: int, context: int | None = None,
+        prefill_chunk: int = DEFAULT_PREFILL_CHUNK, weights: int = 0, tree: int | None = None) -> memory.Footprint:
+    """The plan for a budget: the drafters' tree (`tree`, default the exported Medusa tree) and
+    prefill chunk if they fit, cut down otherwise;
+    then C = context (or, with no context given, the largest C up to the graph's max capacity).
+    Refuses a budget below the lower bound, naming the bound."""
+    need = context or manifest.max_capacity
+    bound = lower_bound(manifest, calibration, context=need)
+    if budget < bound.total:
+        raise memory.BudgetError(
+            f"budget {budget / MIB:.2f} MiB is below the lower bound of {bound.total / MIB:.2f} MiB for a "
+            f"{need}-token context (load {bound.load / MIB:.1f} MiB + generation {bound.generation / MIB:.1f} MiB "
+            f"+ headroom {bound.headroom / MIB:.1f} MiB): "
+            f"raise --budget, or lower --context")
+    full_tree = exported_tree(manifest).size if tree is None else tree
+    for tree in _descending(full_tree, min(full_tree, bound.sizes.tree)):
+        chunk_rows = max(tree, min(prefill_chunk, manifest.max_capacity))
+        for rows in (chunk_rows, tree):
+            at_bound = memory.footprint(manifest, calibration, Sizes(capacity=need, rows=rows, tree=tree),
+                                        weights=weights)
+            if at_bound.total <= budget:
+                capacity = need if context else _largest_capacity(manifest, calibration, budget, rows, tree)
+                return memory.footprint(manifest, calibration, Sizes(capacity=capacity, rows=rows, tree=tree),
+                                        weights=weights)
+    return replace(bound, weights_stored=weights)
+
+
+
+def _descending(high: int, low: int) -> list[int]:
+    return list(range(high, low - 1, -1)) or [low]
+
+
+
+def _largest_capacity(manifest: Manifest, calibration: memory.Calibration, budget: int, rows: int, tree: int) -> int:
+    """Largest C ≤ the graph's max capacity with total ≤ budget (the footprint is linear in C)."""
+    def total(capacity: int) -> int:
+        return memory.footprint(manifest, calibration, Sizes(capacity=capacity, rows=rows, tree=tree)).total
+
+    at_two = total(2)
+    per_position = total(3) - at_two
+    capacity = min(manifest.max_capacity, 2 + (budget - at_two) // max(per_position, 1))
+    while capacity > 2 and total(capacity) > budget:
+        capacity -= 1  # alignment can add a few bytes beyond the linear estimate
+    return capacity
+
+
+
+def largest_context(manifest: Manifest, calibration: memory.Calibration, *, budget: int) -> int:
+    """The largest context (C) whose lower bound fits the budget, up to the graph's capacity; 0 if none."""
+    low, high = 0, manifest.max_capacity  # bound(low) fits (or low = 0), bound(high + 1) does not
+    smallest = useful_tree_size(manifest) + 1
+    while low < high:
+        mid = (low + high + 1) // 2
+        if mid >= smallest and lower_bound(manifest, calibration, context=mid).total <= budget:
+            low = mid
+        else:
+            high = mid - 1
+    return low
+
+
+
+def what_would_fit(artifact: Path, manifest: Manifest, calibration: memory.Calibration, *, budget: int,
+                   context: int) -> list[str]:
+    """For a refusal: the largest context that fits as exported, and the lower bound at `context`
+    without heads, with a float16 KV cache (exact: the arena's arithmetic) and with int4 weights
+    (estimates: the load less the bytes those weights take)."""
+    options = []
+    largest = largest_context(manifest, calibration, budget=budget)
+    if largest:
+        options.append(f"a context of at most {largest} tokens")
+    if manifest.heads is not None:
+        heads_bytes = (artifact / manifest.heads.data_file).stat().st_size
+        plain = lower_bound(replace(manifest, heads=None, drafter="lookup"),
+                            replace(calibration, load_bytes=calibration.load_bytes - heads_bytes), context=context)
+        options.append(f"no heads (--heads none, prompt lookup or plain decoding): {plain.total / MIB:.0f} MiB")
+    if manifest.kv_dtype == "float32":
+        half = lower_bound(replace(manifest, kv_dtype="float16"), calibration, context=context)
+        options.append(f"a float16 KV cache: {half.total / MIB:.0f} MiB (re-export with --kv-dtype float16)")
+    if manifest.bits_per_weight > 4:
+        decoder_bytes = (artifact / manifest.decoder_data_file).stat().st_size
+        saved = int(decoder_bytes * (1 - memory.INT4_BITS_PER_WEIGHT / manifest.bits_per_weight))
+        int4 = lower_bound(manifest, replace(calibration, load_bytes=calibration.load_bytes - saved), context=context)
+        options.append(f"int4 weights: ~{int4.total / MIB:.0f} MiB (estimate; re-export with --dtype int4)")
+    return options or [f"nothing smaller from this model: the load alone is {calibration.load_bytes / MIB:.0f} MiB, "
+                       f"raise the budget"]

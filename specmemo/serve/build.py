@@ -1,0 +1,58 @@
+"""What `specmemo serve` runs, built from its settings: the artifact's batch pool behind a worker thread,
+and the Starlette app over it. The CLI, the tests and `bench batch` build the same server here."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from specmemo.errors import ConfigError
+from specmemo.runtime.config import Mode
+
+DEFAULT_BATCH = 8
+DEFAULT_CONTEXT = 1024
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    artifact: Path
+    mode: Mode = Mode.AUTO
+    drafter: str | None = None  # None: the manifest's
+    batch: int = DEFAULT_BATCH  # B rows decoded together (the artifact's batch graph for B)
+    capacity: int = DEFAULT_CONTEXT  # KV positions per row: prompt + max_tokens of one request
+    max_queue: int | None = None  # requests waiting for a row before 429 (None: 4 x batch)
+    threads: int = 2
+    model_name: str | None = None  # the id /v1/models lists (None: the manifest's source model)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "artifact", Path(self.artifact))
+        object.__setattr__(self, "mode", Mode(self.mode))
+        if self.batch < 2:
+            raise ConfigError("serve runs a batch graph: --batch 2 or more (rows left free cost a 1-token stub each)")
+        if min(self.capacity, self.threads, self.max_queue or 1) < 1:
+            raise ConfigError("--capacity, --threads and --max-queue must be >= 1")
+
+
+def build_app(config: ServeConfig, *, log=print):
+    """(the Starlette app, its ChatApp): the pool is opened here; its thread starts with the app."""
+    from specmemo.runtime.batch import batch_support
+    from specmemo.runtime.config import EngineConfig
+    from specmemo.runtime.engine import open_pool
+    from specmemo.runtime.manifest import load_manifest
+    from specmemo.runtime.tokenizer import ChatTokenizer
+    from specmemo.serve.app import ChatApp, make_app
+    from specmemo.serve.worker import PoolWorker
+
+    manifest = load_manifest(config.artifact)
+    reason = batch_support(manifest)
+    if reason:
+        raise ConfigError(f"serve decodes through a batch graph, and {reason}")
+    manifest.batch_graph(config.batch)  # a one-line error naming export-batch, before anything loads
+    engine = EngineConfig(artifact=config.artifact, mode=config.mode, drafter=config.drafter, threads=config.threads,
+                          capacity=config.capacity)
+    pool = open_pool(engine, batch=config.batch, log=log)
+    worker = PoolWorker(pool, max_queue=config.max_queue or 4 * config.batch)
+    chat = ChatApp(worker=worker, tokenizer=ChatTokenizer(config.artifact, manifest),
+                   model=config.model_name or manifest.source_model, defaults=manifest.generation,
+                   capacity=pool.backend.capacity)
+    return make_app(chat), chat

@@ -1,0 +1,231 @@
+"""The runtime's shape, kept true (docs/architecture.md): no import circles under runtime/, calibration
+above the engine, constants where their concept lives, no module over 400 lines, and sizing decided in
+one pass that does not wander back and forth between files."""
+
+import ast
+import os
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE_DIRS = {"specmemo.runtime": ROOT / "runtime", "specmemo.export": ROOT / "export", "specmemo": ROOT / "specmemo",
+                "specmemo.device_profiles": ROOT / "device_profiles"}
+MAX_LINES = 400
+MAX_RETURNS = 5
+
+
+def runtime_modules() -> dict[str, Path]:
+    out = {}
+    for path in sorted((ROOT / "runtime").rglob("*.py")):
+        parts = path.relative_to(ROOT / "runtime").with_suffix("").parts
+        name = ".".join(("specmemo", "runtime", *parts)).removesuffix(".__init__")
+        out[name] = path
+    return out
+
+
+def imports_of(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
+    """The runtime modules `name` imports at run time (function-level imports too; `if TYPE_CHECKING:`
+    blocks are annotations only and left out). `from pkg import mod` counts as importing mod."""
+    tree = ast.parse(path.read_text())
+    typing_only = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+                   for n in ast.walk(node)}
+    package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+    found = set()
+    for node in ast.walk(tree):
+        if id(node) in typing_only:
+            continue
+        if isinstance(node, ast.ImportFrom):
+            base = package.split(".")[: len(package.split(".")) - node.level + 1] if node.level else []
+            module = ".".join(base + ([node.module] if node.module else []))
+            for alias in node.names:
+                found.add(f"{module}.{alias.name}" if f"{module}.{alias.name}" in modules else module)
+        elif isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+    return {m for m in found if m in modules and m != name}
+
+
+def import_graph() -> dict[str, set[str]]:
+    modules = runtime_modules()
+    return {name: imports_of(name, path, modules) for name, path in modules.items()}
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan)."""
+    index, low, stack, on_stack, found, counter = {}, {}, [], set(), [], [0]
+
+    def visit(v):
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in graph:
+        if v not in index:
+            visit(v)
+    return found
+
+
+def reachable(graph: dict[str, set[str]], start: str) -> set[str]:
+    seen, todo = set(), [start]
+    while todo:
+        for w in graph[todo.pop()]:
+            if w not in seen:
+                seen.add(w)
+                todo.append(w)
+    return seen
+
+
+def test_the_graph_reader_sees_a_circle_when_there_is_one():
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_import_circle_under_runtime():
+    graph = import_graph()
+    assert len(graph) >= 30
+    assert "specmemo.runtime.arena" in graph["specmemo.runtime.memory"]  # the reader follows real imports
+    assert cycles(graph) == []
+
+
+def test_calibration_sits_above_the_engine_and_sizing_below_the_drafters():
+    graph = import_graph()
+    assert "specmemo.runtime.engine" in graph["specmemo.runtime.calibrate"]  # it opens an engine to measure
+    for module in graph:
+        assert "specmemo.runtime.calibrate" not in graph[module], module  # nothing in the runtime imports it
+    sizing = {"specmemo.runtime.sizes", "specmemo.runtime.arena", "specmemo.runtime.memory", "specmemo.runtime.plan"}
+    for module in sizing:
+        below = reachable(graph, module)
+        assert not {m for m in below if m.startswith("specmemo.runtime.drafters.") and not m.endswith(".draft")}, module
+        assert {"specmemo.runtime.session", "specmemo.runtime.engine", "specmemo.runtime.controller"}.isdisjoint(below)
+
+
+def rooms_in_the_doc() -> list[set[str]]:
+    """docs/architecture.md's "Inside runtime/" table: the modules of each room, in dependency order."""
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    table = text.split("## Inside `runtime/`", 1)[1].split("##", 1)[0]
+    rooms = []
+    for line in table.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 3 and "`" in cells[1]:
+            rooms.append({"specmemo.runtime." + name for name in cells[1].replace("`", "").replace(" ", "").split(",")})
+    return rooms
+
+
+def test_the_architecture_doc_lists_every_runtime_module_in_the_room_it_imports_from():
+    graph, rooms = import_graph(), rooms_in_the_doc()
+    assert len(rooms) == 6
+    listed = set().union(*rooms)
+    assert listed == set(graph) - {"specmemo.runtime"}  # every module once, none that is gone
+    for i, room in enumerate(rooms):
+        allowed = set().union(*rooms[: i + 1])
+        for module in room:
+            assert graph[module] <= allowed | {"specmemo.runtime"}, (module, sorted(graph[module] - allowed))
+
+
+def test_no_module_is_over_400_lines():
+    too_long = []
+    for folder in PACKAGE_DIRS.values():
+        for path in folder.rglob("*.py"):
+            lines = len(path.read_text().splitlines())
+            if lines > MAX_LINES:
+                too_long.append(f"{path.relative_to(ROOT)}: {lines}")
+    assert too_long == []
+
+
+# --- the sizing pass, followed call by call ------------------------------------------------------
+
+
+def follow(call) -> list[tuple[str, list[str]]]:
+    """Run `call` under a profiler and return its stays: the runs of consecutive first calls into one
+    file, in order. Each function counts at its first call only (later calls repeat a path already
+    walked); dataclass validation (__post_init__), property reads and comprehensions are reads of data,
+    not steps of the decision, and are left out."""
+    root = str(ROOT)
+    seen, stays = set(), []
+
+    def is_read(frame) -> bool:
+        code = frame.f_code
+        if code.co_name.startswith("<") or code.co_name == "__post_init__":
+            return True
+        owner = frame.f_locals.get("self")
+        return owner is not None and isinstance(getattr(type(owner), code.co_name, None), property)
+
+    def profile(frame, event, arg):
+        path = frame.f_code.co_filename
+        if event != "call" or not path.startswith(root) or os.sep + ".venv" in path or is_read(frame):
+            return
+        key = (path, frame.f_code.co_qualname)
+        if key in seen:
+            return
+        seen.add(key)
+        where = os.path.relpath(path, root)
+        if not stays or stays[-1][0] != where:
+            stays.append((where, []))
+        stays[-1][1].append(frame.f_code.co_qualname)
+
+    sys.setprofile(profile)
+    try:
+        call()
+    finally:
+        sys.setprofile(None)
+    return stays
+
+
+def returns(stays) -> int:
+    """How many stays go back to a file the pass had already left."""
+    files = [where for where, _ in stays]
+    return sum(1 for i, where in enumerate(files) if where in files[:i])
+
+
+def test_returns_counts_a_file_left_and_entered_again():
+    assert returns([("a.py", ["f"]), ("b.py", ["g"]), ("a.py", ["h"]), ("c.py", ["k"]), ("b.py", ["m"])]) == 2
+
+
+@pytest.mark.real_model
+def test_the_sizing_pass_decides_in_one_place(smollm2_artifact, tmp_path, monkeypatch):
+    """EngineConfig + manifest → Plan (plan.plan_for, what open_engine calls) on the default, budget and
+    device-plan paths: at most MAX_RETURNS returns to a file already left; the plan is what the engine
+    opens with, and the session allocates its layout."""
+    from specmemo.runtime import measured
+    from specmemo.runtime.engine import EngineConfig, open_engine
+    from specmemo.runtime.manifest import DevicePlan, load_manifest
+    from specmemo.runtime.plan import Source, plan_for
+
+    monkeypatch.setenv("SPECMEMO_CACHE", str(tmp_path))
+    path, _ = measured.lookup(smollm2_artifact, "memory", 2)
+    measured.store(path, {"load_bytes": 700 * 2**20, "step_overhead_bytes": 3 * 2**20})  # data, as measured
+    manifest = load_manifest(smollm2_artifact)
+    device = replace(manifest, plan=DevicePlan(profile="p", budget=2**30, capacity=512, rows=64, tree=16))
+    quiet = {"log": lambda _: None}
+    paths = {Source.DEFAULTS: (EngineConfig(artifact=smollm2_artifact), manifest),
+             Source.BUDGET: (EngineConfig(artifact=smollm2_artifact, budget=900 * 2**20), manifest),
+             Source.DEVICE_PLAN: (EngineConfig(artifact=smollm2_artifact), device)}
+    for source, (config, m) in paths.items():
+        plans = []
+        stays = follow(lambda: plans.append(plan_for(config, m, **quiet)))
+        assert plans[0].source is source
+        assert stays[0] == ("runtime/plan.py", stays[0][1]) and len(stays) >= 4, stays  # the trace sees the pass
+        assert returns(stays) <= MAX_RETURNS, (source, stays)
+    engine = open_engine(EngineConfig(artifact=smollm2_artifact, budget=900 * 2**20, threads=2), **quiet)
+    assert engine.plan == plan_for(EngineConfig(artifact=smollm2_artifact, budget=900 * 2**20), manifest, **quiet)
+    assert engine.session.layout == engine.plan.layout and engine.session.arena.layout == engine.plan.layout
+    assert engine.backend.min_rows == engine.plan.min_rows
