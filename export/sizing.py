@@ -27,7 +27,7 @@ def sized_for(profile, *, threads: int, capacity_given: bool, log=print):
 
     def finalize(staging: Path, manifest: Manifest) -> Manifest:
         calibration = memory_calibration(staging, threads=threads, log=log)
-        weights = memory.weights_stored(staging, manifest)
+        weights = plan_sizes.weights_stored(staging, manifest)
         budget = profile.app_memory
         context = manifest.max_capacity
         if not capacity_given:  # the graph's max capacity is a ceiling: take the largest context that fits

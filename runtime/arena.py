@@ -130,7 +130,9 @@ class ArenaLayout:
         """What the arena allocates: the views plus ALIGN bytes of slack to align the first one."""
         return self.nbytes + ALIGN
 
+    @property
     def kv_nbytes(self) -> int:
+        """Bytes of the KV views (each aligned): the memory model's `kv` term."""
         return sum(_aligned(np.dtype(dt).itemsize * int(np.prod(s))) for n, dt, s in self.views() if n.startswith("kv."))
 
 

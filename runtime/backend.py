@@ -17,7 +17,8 @@ import numpy as np
 
 from specmemo.errors import SpecMemoError
 from specmemo.runtime import tree
-from specmemo.runtime.sizes import WINDOW_MARGIN, route_rows
+from specmemo.runtime.plan import route_rows
+from specmemo.runtime.sizes import WINDOW_MARGIN
 
 if TYPE_CHECKING:  # the PyTorch reference uses this module without ONNX Runtime
     from specmemo.runtime.session import DecoderSession
@@ -107,7 +108,7 @@ class OrtBackend:
         self.session = session
         self._tree = TreeInputs(session.arena["attention_bias"].dtype)
         self._arange = np.arange(session.rows, dtype=np.int64)
-        self.min_rows = route_rows(session.manifest, session.sizes)  # the plan's numeric route (sizes.py)
+        self.min_rows = route_rows(session.manifest, session.sizes)  # the plan's numeric route (plan.route_rows)
 
     @property
     def capacity(self) -> int:

@@ -36,8 +36,7 @@ from specmemo.runtime.manifest import Manifest, load_manifest
 from specmemo.runtime.rss import reset_peak_rss, rss_bytes
 from specmemo.runtime.session import (ArtifactError, SessionConfig, bind_view, lm_head_initializers, load_graph,
                                       load_shared_lm_head, open_heads)
-from specmemo.runtime.plan import default_sizes
-from specmemo.runtime.sizes import check_capacity
+from specmemo.runtime.plan import check_capacity, default_sizes
 
 STUB = 1  # tokens a free row runs
 

@@ -132,6 +132,11 @@ def grow_tree(rank_accuracy: Sequence[Sequence[float]], max_nodes: int) -> Medus
     return MedusaTree(tuple(chosen))
 
 
+def tree_sizes(manifest) -> tuple[int, int]:
+    """(exported, useful): the exported tree's nodes, and the smallest prefix worth verifying (the lower bound's)."""
+    return exported_tree(manifest).size, useful_tree_size(manifest)
+
+
 def exported_tree(manifest) -> MedusaTree:
     """The Medusa tree an artifact was exported with (manifest.heads.tree); a one-node tree without heads."""
     return MedusaTree.from_choices(manifest.heads.tree) if manifest.heads else MedusaTree(())

@@ -26,7 +26,6 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
-from pathlib import Path
 
 from specmemo.errors import SpecMemoError
 from specmemo.runtime.arena import ArenaLayout
@@ -97,11 +96,6 @@ def activation_bytes(dims: ModelDims, *, rows: int, capacity: int, itemsize: int
     return batch * rows * per_row * itemsize + dims.num_heads * rows * capacity * itemsize
 
 
-def weights_stored(artifact: Path, manifest: Manifest) -> int:
-    files = [manifest.decoder_data_file, manifest.embedding.file] + ([manifest.heads.data_file] if manifest.heads else [])
-    return sum((artifact / name).stat().st_size for name in files)
-
-
 def footprint(manifest: Manifest, calibration: Calibration, sizes: Sizes, *, weights: int = 0,
               batch: int = 1) -> Footprint:
     """`batch`: B sequences per call (runtime/batch.py): B KV rows and B·R token rows in the arena."""
@@ -109,8 +103,8 @@ def footprint(manifest: Manifest, calibration: Calibration, sizes: Sizes, *, wei
                                    itemsize=manifest.bytes_per_activation, batch=batch)
     layout = ArenaLayout.for_manifest(manifest, sizes, batch=batch)
     return Footprint(
-        weights_stored=weights, load=calibration.load_bytes, kv=layout.kv_nbytes(),
-        io=layout.allocation_bytes - layout.kv_nbytes(), activations=activations,
+        weights_stored=weights, load=calibration.load_bytes, kv=layout.kv_nbytes,
+        io=layout.allocation_bytes - layout.kv_nbytes, activations=activations,
         step_overhead=calibration.step_overhead_bytes, sizes=sizes, bytes_per_kv_element=manifest.bytes_per_kv_element,
         window_capacity=layout.window_capacity, batch=batch)
 

@@ -36,9 +36,8 @@ from specmemo.runtime.config import EngineConfig, Mode
 from specmemo.runtime.drafters import DrafterName, parse_drafter
 from specmemo.runtime.manifest import Manifest, ManifestError
 from specmemo.runtime.measured import memory_calibration
-from specmemo.runtime.medusa_tree import exported_tree, useful_tree_size
-from specmemo.runtime.sizes import (DEFAULT_PREFILL_CHUNK, FEATURE_MAX_TREE, LOOKUP_MAX_BRANCH, Sizes,
-                                    check_capacity, route_rows)
+from specmemo.runtime.medusa_tree import tree_sizes, useful_tree_size
+from specmemo.runtime.sizes import DEFAULT_PREFILL_CHUNK, FEATURE_MAX_TREE, LOOKUP_MAX_BRANCH, Sizes
 
 
 class Source(str, Enum):
@@ -81,13 +80,13 @@ def drafter_names(config: EngineConfig, manifest: Manifest) -> tuple[DrafterName
     return parse_drafter(spec) if spec else ()
 
 
-def draft_tree_size(manifest: Manifest, drafters: tuple[DrafterName, ...]) -> int:
-    """T_max the drafters can use: the largest of the exported Medusa tree, prompt lookup's longest
-    branch + the root and the feature drafter's tree (a merged tree is cut to it); 1 for plain
-    decoding (no drafters)."""
+def draft_tree_size(exported: int, drafters: tuple[DrafterName, ...]) -> int:
+    """T_max the drafters can use: the largest of the exported Medusa tree (`exported` nodes), prompt
+    lookup's longest branch + the root and the feature drafter's tree (a merged tree is cut to it); 1 for
+    plain decoding (no drafters)."""
     sizes = [1]
     if DrafterName.MEDUSA in drafters:
-        sizes.append(exported_tree(manifest).size)
+        sizes.append(exported)
     if DrafterName.LOOKUP in drafters:
         sizes.append(1 + LOOKUP_MAX_BRANCH)
     if DrafterName.FEATURE in drafters:
@@ -99,9 +98,28 @@ def default_sizes(manifest: Manifest, *, tree: int | None = None, capacity: int 
                   prefill_chunk: int = DEFAULT_PREFILL_CHUNK) -> Sizes:
     """Without a budget or a device plan: C = `capacity` (default the graph's max), T_max = `tree`
     (default the exported Medusa tree; 1 for plain decoding), R = the prefill chunk or the tree if larger."""
-    tree = exported_tree(manifest).size if tree is None else tree
+    tree = tree_sizes(manifest)[0] if tree is None else tree
     return Sizes(capacity=check_capacity(manifest, capacity or manifest.max_capacity),
                  rows=max(prefill_chunk, tree), tree=tree)
+
+
+def check_capacity(manifest: Manifest, capacity: int) -> int:
+    if capacity > manifest.max_capacity:
+        raise ManifestError(f"capacity {capacity} exceeds the graph's max capacity {manifest.max_capacity}: "
+                            f"re-export with --max-capacity {capacity}, or allocate less")
+    return capacity
+
+
+def route_rows(manifest: Manifest, sizes: Sizes) -> int:
+    """The numeric route: rows every decoder call runs (padding rows when fewer are real), the manifest's
+    min_step_rows as the exporter measured it, at most R (R = 1: every call is one row anyway)."""
+    return min(manifest.min_step_rows, sizes.rows)
+
+
+def weights_stored(artifact: Path, manifest: Manifest) -> int:
+    """Bytes of the artifact's weight files (shown beside the measured load; ORT's packed copies are in it)."""
+    files = [manifest.decoder_data_file, manifest.embedding.file] + ([manifest.heads.data_file] if manifest.heads else [])
+    return sum((artifact / name).stat().st_size for name in files)
 
 
 def needs_calibration(config: EngineConfig, manifest: Manifest) -> bool:
@@ -134,7 +152,8 @@ def make_plan(config: EngineConfig, manifest: Manifest, *, calibration: memory.C
     required when `needs_calibration`. `batch`: B sequences per call (runtime/batch.py), C per row."""
     names = drafter_names(config, manifest)
     mode = config.mode if names else Mode.GREEDY  # nothing to speculate with: plain decoding
-    tree, useful_tree = draft_tree_size(manifest, names), useful_tree_size(manifest)
+    exported, useful_tree = tree_sizes(manifest)
+    tree = draft_tree_size(exported, names)
     device_plan, budget, source = manifest.plan, config.budget, Source.BUDGET
     if budget is None and config.capacity is None and device_plan is not None:
         log(f"plan from the manifest: profile {device_plan.profile}, budget {device_plan.budget / 2**30:.2f} GiB, "
@@ -156,7 +175,7 @@ def make_plan(config: EngineConfig, manifest: Manifest, *, calibration: memory.C
         sizes = footprint.sizes
     min_rows = route_rows(manifest, sizes)
     if footprint is not None:  # the weight files, shown beside the measured load
-        footprint = replace(footprint, weights_stored=memory.weights_stored(config.artifact, manifest))
+        footprint = replace(footprint, weights_stored=weights_stored(config.artifact, manifest))
     return Plan(mode=mode, drafters=names, sizes=sizes, layout=ArenaLayout.for_manifest(manifest, sizes, batch=batch),
                 min_rows=min_rows, useful_tree=useful_tree, source=source, footprint=footprint)
 
@@ -181,7 +200,7 @@ def fit(manifest: Manifest, calibration: memory.Calibration, *, budget: int, con
             f"{need}-token context (load {bound.load / MIB:.1f} MiB + generation {bound.generation / MIB:.1f} MiB "
             f"+ headroom {bound.headroom / MIB:.1f} MiB): "
             f"raise --budget, or lower --context")
-    full_tree = exported_tree(manifest).size if tree is None else tree
+    full_tree = tree_sizes(manifest)[0] if tree is None else tree
     for tree in _descending(full_tree, min(full_tree, bound.sizes.tree)):
         chunk_rows = max(tree, min(prefill_chunk, manifest.max_capacity))
         for rows in (chunk_rows, tree):

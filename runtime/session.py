@@ -24,8 +24,8 @@ from specmemo.runtime import tree
 from specmemo.runtime.embedding import EmbeddingTable
 from specmemo.runtime.manifest import Manifest, ModelFormat, embedding_for, graph_file, load_manifest
 from specmemo.runtime.rss import reset_peak_rss, rss_bytes
-from specmemo.runtime.plan import default_sizes
-from specmemo.runtime.sizes import Sizes, check_capacity
+from specmemo.runtime.plan import check_capacity, default_sizes
+from specmemo.runtime.sizes import Sizes
 
 
 class ArtifactError(SpecMemoError, RuntimeError):

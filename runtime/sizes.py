@@ -15,7 +15,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from specmemo.errors import ConfigError
-from specmemo.runtime.manifest import Manifest, ManifestError
 
 DEFAULT_PREFILL_CHUNK = 64  # R when nothing else decides it: prompt tokens per decoder call
 WINDOW_MARGIN = 64  # positions a sliding layer keeps beyond its window (arena.window_capacity)
@@ -36,16 +35,3 @@ class Sizes:
         if self.capacity < 2 or self.rows < 1 or not 1 <= self.tree <= self.rows:
             raise ConfigError(f"need C >= 2, R >= 1 and 1 <= T_max <= R, got C={self.capacity}, R={self.rows}, "
                               f"T_max={self.tree}")
-
-
-def check_capacity(manifest: Manifest, capacity: int) -> int:
-    if capacity > manifest.max_capacity:
-        raise ManifestError(f"capacity {capacity} exceeds the graph's max capacity {manifest.max_capacity}: "
-                            f"re-export with --max-capacity {capacity}, or allocate less")
-    return capacity
-
-
-def route_rows(manifest: Manifest, sizes: Sizes) -> int:
-    """The numeric route: rows every decoder call runs (padding rows when fewer are real), the manifest's
-    min_step_rows as the exporter measured it, at most R (R = 1: every call is one row anyway)."""
-    return min(manifest.min_step_rows, sizes.rows)

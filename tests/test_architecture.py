@@ -15,6 +15,7 @@ PACKAGE_DIRS = {"specmemo.runtime": ROOT / "runtime", "specmemo.export": ROOT / 
                 "specmemo.device_profiles": ROOT / "device_profiles"}
 MAX_LINES = 400
 MAX_RETURNS = 5
+COMPREHENSIONS = ("<listcomp>", "<dictcomp>", "<setcomp>", "<genexpr>")
 
 
 def runtime_modules() -> dict[str, Path]:
@@ -154,33 +155,50 @@ def test_no_module_is_over_400_lines():
 # --- the sizing pass, followed call by call ------------------------------------------------------
 
 
-def follow(call) -> list[tuple[str, list[str]]]:
-    """Run `call` under a profiler and return its stays: the runs of consecutive first calls into one
-    file, in order. Each function counts at its first call only (later calls repeat a path already
-    walked); dataclass validation (__post_init__), property reads and comprehensions are reads of data,
-    not steps of the decision, and are left out."""
-    root = str(ROOT)
-    seen, stays = set(), []
+def follow(call) -> list[str]:
+    """Run `call` under a profiler and return its stays: the files control is in, in order, a new stay
+    each time it moves to another file, by a call or by a return to the caller. Each function counts at
+    its first call only, with everything under it (a later call walks a path already walked); reads of
+    data are left out with everything under them: dataclass validation (__post_init__), properties,
+    comprehensions."""
+    root = str(ROOT) + os.sep
+    seen, stays, walked, hidden = set(), [], set(), []
 
     def is_read(frame) -> bool:
         code = frame.f_code
-        if code.co_name.startswith("<") or code.co_name == "__post_init__":
+        if code.co_name in COMPREHENSIONS or code.co_name == "__post_init__":
             return True
         owner = frame.f_locals.get("self")
         return owner is not None and isinstance(getattr(type(owner), code.co_name, None), property)
 
-    def profile(frame, event, arg):
+    def ours(frame) -> bool:
         path = frame.f_code.co_filename
-        if event != "call" or not path.startswith(root) or os.sep + ".venv" in path or is_read(frame):
+        return path.startswith(root) and os.sep + ".venv" not in path
+
+    def enter(where: str) -> None:
+        if not stays or stays[-1] != where:
+            stays.append(where)
+
+    def profile(frame, event, arg):
+        if hidden:  # inside a read or a repeated call: only its own end matters
+            if event == "return" and frame is hidden[-1]:
+                hidden.pop()
             return
-        key = (path, frame.f_code.co_qualname)
-        if key in seen:
+        if not ours(frame):
             return
-        seen.add(key)
-        where = os.path.relpath(path, root)
-        if not stays or stays[-1][0] != where:
-            stays.append((where, []))
-        stays[-1][1].append(frame.f_code.co_qualname)
+        key = (frame.f_code.co_filename, frame.f_code.co_qualname)
+        if event == "call":
+            if key in seen or is_read(frame):
+                hidden.append(frame)
+                return
+            seen.add(key)
+            walked.add(frame)
+            enter(os.path.relpath(frame.f_code.co_filename, root))
+        elif event == "return" and frame in walked:
+            walked.discard(frame)
+            caller = frame.f_back
+            if caller is not None and ours(caller):
+                enter(os.path.relpath(caller.f_code.co_filename, root))
 
     sys.setprofile(profile)
     try:
@@ -190,25 +208,38 @@ def follow(call) -> list[tuple[str, list[str]]]:
     return stays
 
 
-def returns(stays) -> int:
+def returns(stays: list[str]) -> int:
     """How many stays go back to a file the pass had already left."""
-    files = [where for where, _ in stays]
-    return sum(1 for i, where in enumerate(files) if where in files[:i])
+    return sum(1 for i, where in enumerate(stays) if where in stays[:i])
 
 
 def test_returns_counts_a_file_left_and_entered_again():
-    assert returns([("a.py", ["f"]), ("b.py", ["g"]), ("a.py", ["h"]), ("c.py", ["k"]), ("b.py", ["m"])]) == 2
+    assert returns(["a.py", "b.py", "a.py", "c.py", "b.py", "a.py"]) == 3
+
+
+def test_follow_sees_calls_and_returns_between_files():
+    from specmemo.runtime.medusa_tree import MedusaTree
+
+    def two_files():
+        tree = MedusaTree.from_choices([(0,), (0, 0)])  # medusa_tree.py; its validation is a read
+        return tree.parents()  # back here, then medusa_tree again
+
+    stays = follow(two_files)
+    assert stays == ["tests/test_architecture.py", "runtime/medusa_tree.py", "tests/test_architecture.py",
+                     "runtime/medusa_tree.py", "tests/test_architecture.py"]
+    assert returns(stays) == 3
 
 
 @pytest.mark.real_model
 def test_the_sizing_pass_decides_in_one_place(smollm2_artifact, tmp_path, monkeypatch):
-    """EngineConfig + manifest → Plan (plan.plan_for, what open_engine calls) on the default, budget and
-    device-plan paths: at most MAX_RETURNS returns to a file already left; the plan is what the engine
-    opens with, and the session allocates its layout."""
+    """EngineConfig + manifest + the measured calibration (data) → Plan (plan.make_plan, what open_engine
+    runs once the numbers are read) on the default, greedy, budget and device-plan paths: at most
+    MAX_RETURNS returns to a file already left (the pass this replaced, config.resolve_sizes, made 21 on
+    the budget path); the plan is what the engine opens with, and the session allocates its layout."""
     from specmemo.runtime import measured
     from specmemo.runtime.engine import EngineConfig, open_engine
     from specmemo.runtime.manifest import DevicePlan, load_manifest
-    from specmemo.runtime.plan import Source, plan_for
+    from specmemo.runtime.plan import Source, make_plan, plan_for
 
     monkeypatch.setenv("SPECMEMO_CACHE", str(tmp_path))
     path, _ = measured.lookup(smollm2_artifact, "memory", 2)
@@ -216,15 +247,17 @@ def test_the_sizing_pass_decides_in_one_place(smollm2_artifact, tmp_path, monkey
     manifest = load_manifest(smollm2_artifact)
     device = replace(manifest, plan=DevicePlan(profile="p", budget=2**30, capacity=512, rows=64, tree=16))
     quiet = {"log": lambda _: None}
-    paths = {Source.DEFAULTS: (EngineConfig(artifact=smollm2_artifact), manifest),
-             Source.BUDGET: (EngineConfig(artifact=smollm2_artifact, budget=900 * 2**20), manifest),
-             Source.DEVICE_PLAN: (EngineConfig(artifact=smollm2_artifact), device)}
-    for source, (config, m) in paths.items():
+    calibration = measured.memory_calibration(smollm2_artifact, threads=2, **quiet)
+    paths = [(Source.DEFAULTS, EngineConfig(artifact=smollm2_artifact), manifest),
+             (Source.DEFAULTS, EngineConfig(artifact=smollm2_artifact, mode="greedy"), manifest),
+             (Source.BUDGET, EngineConfig(artifact=smollm2_artifact, budget=900 * 2**20), manifest),
+             (Source.DEVICE_PLAN, EngineConfig(artifact=smollm2_artifact), device)]
+    for source, config, m in paths:
         plans = []
-        stays = follow(lambda: plans.append(plan_for(config, m, **quiet)))
-        assert plans[0].source is source
-        assert stays[0] == ("runtime/plan.py", stays[0][1]) and len(stays) >= 4, stays  # the trace sees the pass
-        assert returns(stays) <= MAX_RETURNS, (source, stays)
+        stays = follow(lambda: plans.append(make_plan(config, m, calibration=calibration, **quiet)))
+        assert plans[0].source is source and plans[0] == plan_for(config, m, **quiet)
+        assert stays[:2] == ["tests/test_architecture.py", "runtime/plan.py"] and len(stays) >= 5, stays
+        assert returns(stays[1:-1]) <= MAX_RETURNS, (source, stays)  # from entering plan.py to leaving it
     engine = open_engine(EngineConfig(artifact=smollm2_artifact, budget=900 * 2**20, threads=2), **quiet)
     assert engine.plan == plan_for(EngineConfig(artifact=smollm2_artifact, budget=900 * 2**20), manifest, **quiet)
     assert engine.session.layout == engine.plan.layout and engine.session.arena.layout == engine.plan.layout

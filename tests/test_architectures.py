@@ -120,7 +120,7 @@ def test_sliding_layers_hold_window_capacity_rows_and_the_memory_model_counts_th
         assert shapes[2 * layer] == shapes[2 * layer + 1] == (1, d.num_kv_heads, rows, d.head_dim)
     expected = 2 * d.num_kv_heads * d.head_dim * 4 * (1 * 320 + 3 * 96)  # 1 full layer, 3 sliding
     assert session.kv.nbytes() == expected == kv_bytes(d, capacity=320, window_capacity=96, itemsize=4)
-    assert ArenaLayout.for_manifest(manifest, SMALL).kv_nbytes() == expected
+    assert ArenaLayout.for_manifest(manifest, SMALL).kv_nbytes == expected
     big = Sizes(capacity=64, rows=8, tree=8)  # C below the window's rows: sliding layers take C, never slide
     assert window_capacity(manifest, big) == 64
 

@@ -52,7 +52,7 @@ def test_arena_layout_bytes_by_hand():
                 + 128  # heads_token_ids [1, 3, 4] x 8 = 96 → 128
                 + 64)  # heads_probs [1, 3, 4] x 4 = 48 → 64
     assert layout.nbytes == expected
-    assert layout.kv_nbytes() == 4 * kv
+    assert layout.kv_nbytes == 4 * kv
     assert layout.allocation_bytes == expected + ALIGN
 
 

@@ -70,7 +70,7 @@ def test_arena_bytes_are_pythons(tiny):
     manifest = load_manifest(tiny)
     layout = ArenaLayout.for_manifest(manifest, Sizes(capacity=plan["capacity"], rows=plan["rows"], tree=plan["tree"]))
     assert (plan["capacity"], plan["rows"]) == (100, 64)
-    assert plan["arenaBytes"] == layout.allocation_bytes and plan["kvBytes"] == layout.kv_nbytes()
+    assert plan["arenaBytes"] == layout.allocation_bytes and plan["kvBytes"] == layout.kv_nbytes
 
 
 @pytest.mark.parametrize("mode", [Mode.GREEDY, Mode.TREE])

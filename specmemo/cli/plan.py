@@ -35,7 +35,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from specmemo.runtime.manifest import load_manifest
     from specmemo.runtime.measured import memory_calibration
     from specmemo.runtime.medusa_tree import exported_tree
-    from specmemo.runtime.plan import default_sizes, lower_bound, make_plan, what_would_fit
+    from specmemo.runtime.plan import default_sizes, lower_bound, make_plan, weights_stored, what_would_fit
 
     profile = apply_profile(args)
     manifest = load_manifest(args.artifact)
@@ -55,7 +55,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     heads = manifest.heads.num_heads if manifest.heads else 0
     if args.batch > 1:
         sizes = chosen.sizes if chosen else default_sizes(manifest, capacity=args.context)
-        chosen = memory.footprint(manifest, calibration, sizes, weights=memory.weights_stored(args.artifact, manifest),
+        chosen = memory.footprint(manifest, calibration, sizes, weights=weights_stored(args.artifact, manifest),
                                   batch=args.batch)
     if args.json:
         print(json.dumps({"lower_bound": _footprint_json(bound), "plan": chosen and _footprint_json(chosen),
@@ -71,7 +71,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     else:
         title = "at the graph's max capacity (no --budget)"
     shown = chosen or memory.footprint(manifest, calibration, default_sizes(manifest),
-                                       weights=memory.weights_stored(args.artifact, manifest))
+                                       weights=weights_stored(args.artifact, manifest))
     d = manifest.dims
     print(f"{args.artifact}: {d.num_layers} layers, H_kv={d.num_kv_heads}, D={d.head_dim}, V={d.vocab_size}, "
           f"max C={manifest.max_capacity}, tree {exported_tree(manifest).size} nodes, K={heads}")
