@@ -13,9 +13,17 @@ fp32 weights transformers loads from the same file (checked in `carry`).
   Q4_0   4     32     d       8     –      d f16 | 16 × (q[j] | q[j+16] << 4)
   Q4_1   4     32     d       0     m      d f16 | m f16 | 16 × (q[j] | q[j+16] << 4)
   Q8_0   8     32     d       128   –      d f16 | 32 × int8 (stored here as q + 128)
+  Q5_0   8     32     d       128   –      d f16 | 4 bytes: the 32 high bits | 16 × (q[j] | q[j+16] << 4) low bits
+                                            (5-bit q − 16, stored here as q + 112 over zero point 128)
+  Q4_K   4     32     d·sc_j  0     −dmin·m_j   per 256: d f16 | dmin f16 | 12 bytes of 6-bit sc_j, m_j (j < 8) |
+                                            128 bytes: sub-blocks 2i, 2i+1 in the low, high nibbles of 32 bytes
+  Q6_K   8     16     d·sc_j  128   –      per 256: 128 bytes low 4 bits | 64 bytes high 2 bits | 16 × int8 sc_j |
+                                            d f16 (6-bit q − 32, stored here as q + 96 over zero point 128)
 
-Other types (k-quants, 5-bit) are not carried: the exporter re-quantizes those tensors with ONNX
-Runtime's quantizer and says so.
+A Q4_K sub-block is a Q4_1 block (w = s·q + m) whose s and m are products of the super-block's f16 scale
+and a 6-bit integer, exact in float32; a Q6_K sub-block of 16 is an 8-bit block. Other types (Q5_K,
+Q2_K, Q3_K, 5-bit) are not carried: the exporter re-quantizes those tensors with ONNX Runtime's
+quantizer and says which (manifest `quantization.quantized`).
 Shapes: N output rows, K inputs, nb = K / block.
 """
 
@@ -46,7 +54,11 @@ FORMATS = {
     "Q4_0": GgufFormat(bits=4, block=32, block_bytes=18, zero=8, has_bias=False),
     "Q4_1": GgufFormat(bits=4, block=32, block_bytes=20, zero=0, has_bias=True),
     "Q8_0": GgufFormat(bits=8, block=32, block_bytes=34, zero=128, has_bias=False),
+    "Q5_0": GgufFormat(bits=8, block=32, block_bytes=22, zero=128, has_bias=False),
+    "Q4_K": GgufFormat(bits=4, block=32, block_bytes=144, zero=0, has_bias=True),  # block_bytes: per super-block
+    "Q6_K": GgufFormat(bits=8, block=16, block_bytes=210, zero=128, has_bias=False),
 }
+SUPER_BLOCK = 256  # k-quants: values per super-block
 
 
 @dataclass(frozen=True)
@@ -97,11 +109,14 @@ class QuantBlocks:
         m + d·z is kept as the block's bias: the same weights, centred codes (MinimumForm.CENTERED)."""
         if self.bias is None:
             return self
+        if not np.isscalar(self.zero):
+            raise GgufWeightsError("blocks that already have per-block zero points are not folded again")
         safe = np.where(self.scale == 0, 1.0, self.scale)
-        zero = np.clip(np.rint(-self.bias / safe), 0, (1 << self.bits) - 1).astype(np.uint8)
+        base = int(self.zero)  # q is stored over this zero point (8-bit widened blocks: 128)
+        zero = np.clip(base + np.rint(-self.bias / safe), 0, (1 << self.bits) - 1).astype(np.uint8)
         rest = None
-        if residual:  # m + d·z: exact in float32 (f16 m, d and a 4-bit z), so d·(q − z) + rest is d·q + m in reals
-            wide = self.bias.astype(np.float64) + self.scale.astype(np.float64) * zero
+        if residual:  # m + d·(z − base): exact in float32 (f16 m, d and a small integer), so d·(q − z) + rest is d·q + m
+            wide = self.bias.astype(np.float64) + self.scale.astype(np.float64) * (zero.astype(np.float64) - base)
             rest = wide.astype(np.float32)
             if not np.array_equal(rest.astype(np.float64), wide):
                 raise GgufWeightsError("a Q4_1 block's residual m + d·z is not exact in float32: export with --exact")
@@ -167,8 +182,40 @@ def fold_bias(blocks: QuantBlocks, *, digits: int = 2) -> QuantBlocks:
                        np.concatenate([base_zero, *zeros_all], axis=1))
 
 
+def split_blocks(blocks: QuantBlocks, block: int) -> QuantBlocks:
+    """The same weights in blocks of `block` (a divisor of the block size): each block's scale, bias and zero
+    point repeated over its pieces."""
+    if blocks.block == block:
+        return blocks
+    if blocks.block % block:
+        raise GgufWeightsError(f"blocks of {blocks.block} do not split into blocks of {block}")
+    times = blocks.block // block
+    bias = None if blocks.bias is None else np.repeat(blocks.bias, times, axis=1)
+    zero = blocks.zero if np.isscalar(blocks.zero) else np.repeat(blocks.zero, times, axis=1)
+    return QuantBlocks(blocks.source_type, blocks.q, np.repeat(blocks.scale, times, axis=1), bias, blocks.bits, block,
+                       zero)
+
+
+def common_form(parts: list[QuantBlocks]) -> list[QuantBlocks]:
+    """Parts of different types (Q4_K_M's Q4_K Q and K beside a Q6_K V) in one form MatMulNBits takes for the
+    fused matrix: 8-bit (widened), the smallest block, a bias array on every part (zeros where a type has none).
+    The same weights, bit for bit."""
+    block = min(p.block for p in parts)
+    out = []
+    for part in parts:
+        part = split_blocks(part, block).widened()
+        if part.bias is None:
+            part = QuantBlocks(part.source_type, part.q, part.scale, np.zeros_like(part.scale), part.bits, part.block,
+                               part.zero)
+        out.append(part)
+    return out
+
+
 def stack(parts: list[QuantBlocks]) -> QuantBlocks:
-    """Row-wise concatenation (the fused Q|K|V matrix); all parts must share one format."""
+    """Row-wise concatenation (the fused Q|K|V matrix); parts of different formats are first brought to
+    `common_form`."""
+    if len({(p.bits, p.block, p.bias is None, p.zero if np.isscalar(p.zero) else -1) for p in parts}) > 1:
+        parts = common_form(parts)
     first = parts[0]
     if any((p.bits, p.block, np.isscalar(p.zero), p.bias is None) !=
            (first.bits, first.block, np.isscalar(first.zero), first.bias is None) for p in parts) or \
@@ -180,10 +227,68 @@ def stack(parts: list[QuantBlocks]) -> QuantBlocks:
                        np.concatenate([p.scale for p in parts]), bias, first.bits, first.block, zero)
 
 
+def _f16(blocks: np.ndarray, start: int) -> np.ndarray:
+    return blocks[..., start:start + 2].copy().view(np.float16)[..., 0].astype(np.float32)
+
+
+def q4_k_scales_mins(packed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """[..., 12] uint8 → (sc, m) [..., 8] 6-bit integers each, as llama.cpp's get_scale_min_k4 unpacks them."""
+    sc = np.empty(packed.shape[:-1] + (8,), np.uint8)
+    mn = np.empty_like(sc)
+    sc[..., :4], mn[..., :4] = packed[..., 0:4] & 63, packed[..., 4:8] & 63
+    sc[..., 4:] = (packed[..., 8:12] & 0x0F) | ((packed[..., 0:4] >> 6) << 4)
+    mn[..., 4:] = (packed[..., 8:12] >> 4) | ((packed[..., 4:8] >> 6) << 4)
+    return sc, mn
+
+
+def decode_q4_k(raw: np.ndarray) -> QuantBlocks:
+    """[N, S · 144] → blocks of 32: w = (d·sc_j)·q + (−dmin·m_j), the Q4_1 form (S super-blocks per row)."""
+    n = raw.shape[0]
+    blocks = np.ascontiguousarray(raw).reshape(n, -1, 144)  # [N, S, 144]
+    d, dmin = _f16(blocks, 0), _f16(blocks, 2)  # [N, S]
+    sc, mn = q4_k_scales_mins(blocks[..., 4:16])  # [N, S, 8]
+    qs = blocks[..., 16:].reshape(n, -1, 4, 1, 32)  # [N, S, 4 pairs of sub-blocks, 1, 32 bytes]
+    q = np.concatenate([qs & 0x0F, qs >> 4], axis=3)  # [N, S, 4, 2, 32]: sub-block 2i low nibbles, 2i + 1 high
+    scale = d[..., None] * sc.astype(np.float32)  # exact: f16 × 6-bit
+    bias = -(dmin[..., None] * mn.astype(np.float32))
+    return QuantBlocks("Q4_K", q.reshape(n, -1), scale.reshape(n, -1), bias.reshape(n, -1), 4, 32, 0)
+
+
+def decode_q6_k(raw: np.ndarray) -> QuantBlocks:
+    """[N, S · 210] → 8-bit blocks of 16: w = (d·sc_j)·(q − 32), q stored as q + 96 over zero point 128."""
+    n = raw.shape[0]
+    blocks = np.ascontiguousarray(raw).reshape(n, -1, 210)
+    low = blocks[..., 0:128].reshape(n, -1, 2, 1, 64)  # two halves of 128 values: 64 bytes of low 4 bits
+    high = blocks[..., 128:192].reshape(n, -1, 2, 1, 32)  # 32 bytes of high 2 bits per half
+    shifts = np.array([0, 2, 4, 6], np.uint8).reshape(4, 1)
+    low4 = np.concatenate([low[..., :32] & 0x0F, low[..., 32:] & 0x0F, low[..., :32] >> 4, low[..., 32:] >> 4],
+                          axis=3)  # [N, S, 2, 4, 32]: groups of 32 in value order
+    q = low4 | (((high >> shifts) & 3) << 4)
+    scale = _f16(blocks, 208)[..., None] * blocks[..., 192:208].copy().view(np.int8).astype(np.float32)  # [N, S, 16]
+    return QuantBlocks("Q6_K", (q.reshape(n, -1) + 96).astype(np.uint8), scale.reshape(n, -1), None, 8, 16, 128)
+
+
+def decode_q5_0(raw: np.ndarray) -> QuantBlocks:
+    """[N, nb · 22] → 8-bit blocks of 32: w = d·(q − 16), q = low nibble | high bit << 4, stored as q + 112."""
+    n = raw.shape[0]
+    blocks = np.ascontiguousarray(raw).reshape(n, -1, 22)
+    high = blocks[..., 2:6].copy().view("<u4")  # [N, nb, 1]: bit j is element j's fifth bit
+    bits = ((high >> np.arange(32, dtype=np.uint32)) & 1).astype(np.uint8)  # [N, nb, 32]
+    low = np.concatenate([blocks[..., 6:] & 0x0F, blocks[..., 6:] >> 4], axis=-1)  # [N, nb, 32]
+    q = low | (bits << 4)
+    return QuantBlocks("Q5_0", (q.reshape(n, -1) + 112).astype(np.uint8), _f16(blocks, 0), None, 8, 32, 128)
+
+
 def decode(type_name: str, raw: np.ndarray) -> QuantBlocks:
-    """GGUF bytes [N, nb · block_bytes] (uint8) → QuantBlocks."""
+    """GGUF bytes [N, nb · block_bytes] (uint8; k-quants: per super-block) → QuantBlocks."""
     if type_name not in FORMATS:
         raise GgufWeightsError(f"GGUF type {type_name} is not carried (only {', '.join(FORMATS)})")
+    if type_name == "Q4_K":
+        return decode_q4_k(raw)
+    if type_name == "Q6_K":
+        return decode_q6_k(raw)
+    if type_name == "Q5_0":
+        return decode_q5_0(raw)
     fmt = FORMATS[type_name]
     n = raw.shape[0]
     blocks = np.ascontiguousarray(raw).reshape(n, -1, fmt.block_bytes)

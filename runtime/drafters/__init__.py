@@ -4,6 +4,8 @@
   feature – the feature drafter (EAGLE family): one layer unrolled on its own predicted hidden
             states, a tree grown by confidence (feature.py);
   lookup  – prompt lookup: the continuation of the context's longest earlier n-gram match (lookup.py);
+  model   – a draft model: a smaller LM of the same tokenizer drafting a chain (model.py); `model:DIR`
+            names its artifact, plain `model` the one the manifest names (`export --draft-model`);
   a+b     – both, merged into one tree (draft.merge), e.g. medusa+lookup.
 
 Adding a drafter is one module here with a class that has `name` and `propose`, its name in
@@ -17,28 +19,41 @@ from enum import Enum
 from specmemo.errors import ConfigError
 from specmemo.runtime.drafters.draft import DraftContext, DraftTree, Drafter, merge
 
-__all__ = ["DraftContext", "DraftTree", "Drafter", "DrafterName", "Merged", "parse_drafter"]
+__all__ = ["DraftContext", "DraftTree", "Drafter", "DrafterName", "Merged", "draft_model_dir", "parse_drafter"]
 
 
 class DrafterName(str, Enum):
     MEDUSA = "medusa"
     LOOKUP = "lookup"
     FEATURE = "feature"
+    MODEL = "model"
 
 
 def parse_drafter(spec: str) -> tuple[DrafterName, ...]:
-    """'medusa+lookup' → (MEDUSA, LOOKUP); one-line error naming the choices otherwise."""
+    """'medusa+lookup' → (MEDUSA, LOOKUP), 'model:DIR+lookup' → (MODEL, LOOKUP); a one-line error naming the
+    choices otherwise."""
     names = []
     for part in spec.split("+"):
         try:
-            name = DrafterName(part.strip())
+            name = DrafterName(part.strip().split(":", 1)[0])
         except ValueError:
             raise ConfigError(f"unknown drafter {part.strip()!r} in {spec!r}: use one of "
                               f"{', '.join(d.value for d in DrafterName)} or several joined by '+'") from None
         if name in names:
             raise ConfigError(f"drafter {name.value!r} is named twice in {spec!r}")
+        if ":" in part and (name is not DrafterName.MODEL or not part.split(":", 1)[1].strip()):
+            raise ConfigError(f"{part.strip()!r} in {spec!r}: only the draft model takes an argument, as model:DIR")
         names.append(name)
     return tuple(names)
+
+
+def draft_model_dir(spec: str) -> str | None:
+    """The DIR of a 'model:DIR' part of a drafter spec (None: no such part, or plain 'model')."""
+    for part in spec.split("+"):
+        name, _, argument = part.strip().partition(":")
+        if name == DrafterName.MODEL.value and argument.strip():
+            return argument.strip()
+    return None
 
 
 class Merged:

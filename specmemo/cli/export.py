@@ -35,7 +35,7 @@ def add_parser(sub) -> None:
                         "feature drafter, else lookup)")
     p.add_argument("--dtype", choices=("float32", "int8", "int4"), default=None,
                    help="weights of the graphs' MatMuls: float32, or MatMulNBits. A GGUF source keeps its own "
-                        "quantized blocks (Q4_0/Q4_1 as 4-bit, Q8_0 as 8-bit; Q4_1 minima as --minimum says, the "
+                        "quantized blocks (Q4_0/Q4_1/Q4_K as 4-bit, Q8_0/Q5_0/Q6_K as 8-bit; Q4_1/Q4_K minima as --minimum says, the "
                         "float32 reference's weights bit for bit with --exact); everything else goes through ONNX Runtime's quantizer "
                         "(RTN, asymmetric blocks). The tied embedding is then read from the LM head's rows "
                         "(default: the --profile's weight dtype where it names int8/int4, else float32)")

@@ -51,9 +51,11 @@ def add_mode(parser: argparse.ArgumentParser) -> None:
                              "from KV space, measured latency and acceptance, and decodes plainly when drafting "
                              "does not pay")
     parser.add_argument("--drafter", default=None,
-                        help="who proposes the tree: medusa (the heads graph), lookup (prompt lookup: "
-                             "continues an earlier match of the last tokens in the conversation; no weights), "
-                             "or both merged, medusa+lookup (default: the manifest's choice)")
+                        help="who proposes the tree: medusa (the heads graph), feature (the feature drafter), "
+                             "lookup (prompt lookup: continues an earlier match of the last tokens in the "
+                             "conversation; no weights), model:DIR (a smaller model's artifact of the same "
+                             "tokenizer drafts a chain, e.g. model:artifacts/qwen2.5-coder-0.5b-int4), or several "
+                             "merged, e.g. medusa+lookup (default: the manifest's choice)")
 
 
 def add_profile_options(parser: argparse.ArgumentParser, *, budget: bool = True,

@@ -1,0 +1,81 @@
+"""The draft model: a smaller causal LM of the same tokenizer (its own artifact, session and KV buffer)
+drafting a chain greedily, as llama.cpp's and vLLM's draft-model speculation do.
+
+  sync  – its KV buffer holds the tokens it was fed, position by position (`fed`). The longest prefix
+          of them that the context still starts with stays; the rest (guesses the target rejected) is
+          rewound. The context's tokens after that prefix (what the target accepted, and the root) run
+          as one causal chunk; the last row's argmax is the first guess;
+  chain – each guess is fed back as a one-token step whose argmax is the next guess, until the budget,
+          MODEL_MAX_CHAIN, or a chain whose score falls below MIN_SCORE; the last guess is not fed;
+  score – a guess's score is the draft model's probability of it, times its parent's: the chance the
+          chain gets that far if the two models agreed as often as the draft model is sure.
+
+Greedy speculation stays token-identical to greedy decoding whatever this proposes: the target
+verifies every guess. What the draft model costs per token is timed by the controller with the rest
+of the drafting.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from specmemo.runtime import tree
+from specmemo.runtime.drafters.draft import DraftContext, DraftTree
+from specmemo.runtime.sizes import MODEL_MAX_CHAIN
+
+MIN_SCORE = 0.02  # stop drafting once the chain's chance of getting this far drops below it
+
+
+def top_probability(logits: np.ndarray) -> float:
+    """The softmax probability of a logits row's argmax: 1 / Σ exp(l − max)."""
+    return float(1.0 / np.exp(logits - logits.max()).sum())
+
+
+class ModelDrafter:
+    name = "model"
+
+    def __init__(self, backend, *, max_chain: int = MODEL_MAX_CHAIN):
+        """backend: an OrtBackend over the draft model's DecoderSession (its own arena and KV buffer)."""
+        self.backend = backend
+        self.max_chain = max_chain
+        self.fed: list[int] = []  # the tokens whose K/V the draft model's buffer holds, in position order
+
+    def _sync(self, tokens: list[int]):
+        """Bring the draft KV to tokens[:-1] and run the root: its Forward (argmax and logits after the root),
+        or None if the context no longer fits the draft model's buffer."""
+        b = self.backend
+        keep = 0
+        limit = min(len(self.fed), len(tokens) - 1)  # the root always runs again: its logits are wanted
+        while keep < limit and self.fed[keep] == tokens[keep]:
+            keep += 1
+        keep = b.keepable(min(keep, b.length))
+        new = tokens[keep:]
+        if keep + len(new) + self.max_chain > b.capacity:
+            self.fed = []
+            b.reset()
+            return None
+        b.rewind(keep)
+        out = b.forward(new, tree.chain(len(new)), last_only=True)
+        b.commit(list(range(len(new))))
+        self.fed = tokens[:keep] + list(new)
+        return out
+
+    def propose(self, context: DraftContext, *, budget: int) -> DraftTree:
+        root, steps = context.root, min(budget - 1, self.max_chain)
+        if steps < 1:
+            return DraftTree.root_only(root)
+        out = self._sync(context.tokens)
+        if out is None:  # the context outgrew the draft model's buffer: no draft this step
+            return DraftTree.root_only(root)
+        guesses, scores, score = [], [], 1.0
+        while True:
+            guess = int(out.next_token_ids[-1])
+            score *= top_probability(out.logits[-1])
+            guesses.append(guess)
+            scores.append(score)
+            if len(guesses) >= steps or score < MIN_SCORE:
+                break
+            out = self.backend.forward([guess], [-1], last_only=True)
+            self.backend.commit([0])
+            self.fed.append(guess)
+        return DraftTree(tokens=(root, *guesses), parents=tuple(range(-1, len(guesses))), scores=(1.0, *scores))

@@ -1,0 +1,58 @@
+"""The draft model drafter (runtime/drafters/model.py): a second artifact of the same tokenizer drafting
+chains. Speculative output is token-identical to greedy with any draft model; a draft model that is the
+target itself has every guess accepted; a draft model of another tokenizer is refused in one line."""
+
+import pytest
+
+from conftest import export_tiny, tiny_config
+from specmemo.errors import ConfigError
+from specmemo.runtime.engine import EngineConfig, Mode, open_engine
+from specmemo.runtime.manifest import ManifestError
+from specmemo.runtime.sizes import MODEL_MAX_CHAIN
+
+PROMPTS = [[3, 7, 9, 11, 5], [20, 21, 22, 23, 24, 25, 26, 27], [100, 5, 100, 5, 100]]
+NEW = 40
+
+
+@pytest.fixture(scope="module")
+def other_draft(tmp_path_factory):
+    """Another random Llama of the same (word-level, 256-token) tokenizer, one layer."""
+    return export_tiny(tiny_config("LlamaForCausalLM", num_hidden_layers=1, intermediate_size=64),
+                       tmp_path_factory.mktemp("draft"), max_capacity=128)
+
+
+def replies(engine, mode):
+    return [engine.generate(p, max_new_tokens=NEW, ignore_eos=True, mode=mode) for p in PROMPTS]
+
+
+@pytest.mark.parametrize("which", ["itself", "another model"])
+def test_draft_model_speculation_is_greedy_token_for_token(tiny_llama, other_draft, which):
+    draft = tiny_llama if which == "itself" else other_draft
+    engine = open_engine(EngineConfig(artifact=tiny_llama, mode=Mode.TREE, drafter=f"model:{draft}", threads=2),
+                         log=lambda _: None)
+    assert engine.drafter.name == "model" and engine.max_tree == 1 + MODEL_MAX_CHAIN
+    assert engine.plan.draft_model == draft
+    greedy = replies(engine, Mode.GREEDY)
+    for mode in (Mode.TREE, Mode.AUTO):
+        speculative = replies(engine, mode)
+        assert [g.token_ids for g in speculative] == [g.token_ids for g in greedy]
+    stats = [g.stats for g in replies(engine, Mode.TREE)]
+    assert all(max(s.draft_sizes) > 1 for s in stats)  # it drafted
+    if which == "itself":  # the same graph drafts: every guess is the target's argmax, so all are accepted
+        for s in stats:
+            gained = s.accept_lengths[:-1]  # the last step may be cut by max_new_tokens
+            assert gained == [min(t, d) for t, d in zip(s.tree_sizes, s.draft_sizes)][: len(gained)], s
+
+
+def test_a_draft_model_of_another_tokenizer_is_refused_in_one_line(tiny_llama, tmp_path):
+    stranger = export_tiny(tiny_config("LlamaForCausalLM", vocab_size=300), tmp_path, max_capacity=64)
+    with pytest.raises(ManifestError, match="does not share .* tokenizer") as err:
+        open_engine(EngineConfig(artifact=tiny_llama, drafter=f"model:{stranger}"), log=lambda _: None)
+    assert "\n" not in str(err.value)
+
+
+def test_drafter_specs_with_a_model_are_checked_before_anything_loads(tiny_llama):
+    with pytest.raises(ConfigError, match="only the draft model takes an argument"):
+        EngineConfig(artifact=tiny_llama, drafter="lookup:x")
+    with pytest.raises(ConfigError, match="--draft-model"):
+        open_engine(EngineConfig(artifact=tiny_llama, drafter="model"), log=lambda _: None)
