@@ -17,7 +17,7 @@ from specmemo.runtime.fresh_process import serve_json
 from specmemo.runtime.manifest import load_manifest
 from specmemo.runtime.measured import cpu_name
 from specmemo.runtime.memory import activation_bytes
-from specmemo.runtime.rss import peak_rss_bytes
+from specmemo.runtime.rss import peak_rss_bytes, rss_bytes
 from specmemo.runtime.tokenizer import Message
 
 PROBE_CAPACITY, PROBE_TOKENS = 512, 300  # a short generation on a small arena
@@ -30,6 +30,7 @@ def measure_memory(request: dict) -> dict:
     import onnxruntime as ort
 
     artifact, threads = Path(request["artifact"]), request["threads"]
+    base = rss_bytes()  # the process before any session: what a second artifact in the same process does not add
     manifest = load_manifest(artifact)
     capacity = min(PROBE_CAPACITY, manifest.max_capacity)
     mode = Mode.TREE if manifest.drafter else Mode.GREEDY
@@ -42,7 +43,7 @@ def measure_memory(request: dict) -> dict:
     formula = activation_bytes(manifest.dims, rows=session.rows, capacity=capacity,
                                itemsize=manifest.bytes_per_activation)
     generation = peak_rss_bytes() - session.rss_after_load
-    return {"load_bytes": session.rss_after_load,
+    return {"load_bytes": session.rss_after_load, "base_bytes": base,
             "step_overhead_bytes": max(0, generation - session.arena.nbytes - formula),
             "probe": {"capacity": capacity, "rows": session.rows, "tree": session.logit_rows, "prompt": len(prompt),
                       "new_tokens": new, "mode": mode.value, "measured_generation_bytes": generation,

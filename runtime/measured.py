@@ -21,7 +21,7 @@ from specmemo.runtime.fresh_process import run_json
 from specmemo.runtime.manifest import MANIFEST_FILE
 from specmemo.runtime.memory import Calibration
 
-VERSION = 7  # bump when the runtime's memory or timing behaviour changes: old measurements are void
+VERSION = 8  # bump when the runtime's memory or timing behaviour changes: old measurements are void
 
 
 def cpu_name() -> str:
@@ -64,4 +64,5 @@ def memory_calibration(artifact: Path, *, threads: int = 2, log=print) -> Calibr
         data = run_json("specmemo.runtime.calibrate", {"artifact": str(artifact), "threads": threads},
                         what=f"memory calibration of {artifact}", fix="check the artifact with `specmemo validate`")
         store(path, data)
-    return Calibration(load_bytes=data["load_bytes"], step_overhead_bytes=data["step_overhead_bytes"])
+    return Calibration(load_bytes=data["load_bytes"], step_overhead_bytes=data["step_overhead_bytes"],
+                       base_bytes=data.get("base_bytes", 0))

@@ -46,6 +46,12 @@ class Calibration:
 
     load_bytes: int  # RSS after the decoder and heads sessions are open
     step_overhead_bytes: int  # generation RSS beyond arena + activations formula, first steps
+    base_bytes: int = 0  # RSS of the probe before it opened anything (Python, numpy, ONNX Runtime imported)
+
+    @property
+    def own_load_bytes(self) -> int:
+        """What opening this artifact adds to a process that is already running (a draft model beside a target)."""
+        return max(0, self.load_bytes - self.base_bytes)
 
 
 @dataclass(frozen=True)

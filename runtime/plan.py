@@ -34,7 +34,7 @@ from specmemo.runtime.memory import MIB
 from specmemo.runtime.arena import ArenaLayout
 from specmemo.runtime.config import EngineConfig, Mode
 from specmemo.runtime.drafters import DrafterName, draft_model_dir, parse_drafter
-from specmemo.runtime.manifest import Manifest, ManifestError
+from specmemo.runtime.manifest import Manifest, ManifestError, load_manifest
 from specmemo.runtime.measured import memory_calibration
 from specmemo.runtime.medusa_tree import tree_sizes, useful_tree_size
 from specmemo.runtime.sizes import DEFAULT_PREFILL_CHUNK, FEATURE_MAX_TREE, LOOKUP_MAX_BRANCH, MODEL_MAX_CHAIN, Sizes
@@ -47,6 +47,16 @@ class Source(str, Enum):
 
 
 @dataclass(frozen=True)
+class DraftModel:
+    """A draft model's artifact as the plan reads it (drafter "model"): its manifest and, when the plan is priced,
+    its memory calibration (measured alone: `own_load_bytes` is what it adds to the target's process)."""
+
+    folder: Path
+    manifest: Manifest
+    calibration: memory.Calibration | None = None
+
+
+@dataclass(frozen=True)
 class Plan:
     mode: Mode  # greedy when there is nothing to speculate with
     drafters: tuple[DrafterName, ...]  # () in greedy mode
@@ -56,6 +66,14 @@ class Plan:
     useful_tree: int  # the lower bound's tree: the smallest prefix with medusa_tree.USEFUL_GAIN of the gain
     source: Source
     draft_model: Path | None = None  # the draft model's artifact (drafter "model")
+    draft_footprint: memory.Footprint | None = None  # its own load and generation at draft_sizes (priced plans)
+
+    @property
+    def total(self) -> int | None:
+        """Bytes the priced plan holds: the target's footprint and the draft model's beside it."""
+        if self.footprint is None:
+            return None
+        return self.footprint.total + (self.draft_footprint.total if self.draft_footprint else 0)
     footprint: memory.Footprint | None = None  # priced from the calibration (budget or device plan)
 
     def __post_init__(self) -> None:
@@ -162,16 +180,38 @@ def plan_for(config: EngineConfig, manifest: Manifest, *, batch: int = 1, log: C
     """The plan an engine opens with: the drafters checked against the artifact, the calibration read (measured
     once per artifact and machine, in a fresh process) when a budget or the device plan prices the arena, then
     the one sizing pass."""
-    check_drafters(config, manifest, drafter_names(config, manifest))  # before any measurement
-    calibration = (memory_calibration(config.artifact, threads=config.threads, log=log)
-                   if needs_calibration(config, manifest) else None)
-    return make_plan(config, manifest, calibration=calibration, batch=batch, log=log)
+    names = drafter_names(config, manifest)
+    check_drafters(config, manifest, names)  # before any measurement
+    priced = needs_calibration(config, manifest)
+    calibration = memory_calibration(config.artifact, threads=config.threads, log=log) if priced else None
+    draft = read_draft(config, manifest, priced=priced, log=log)
+    return make_plan(config, manifest, calibration=calibration, draft=draft, batch=batch, log=log)
+
+
+def read_draft(config: EngineConfig, manifest: Manifest, *, priced: bool, log: Callable[[str], None] = print
+               ) -> DraftModel | None:
+    """The draft model's manifest (and its calibration, for a priced plan) when the drafters include one."""
+    names = drafter_names(config, manifest)
+    if DrafterName.MODEL not in names:
+        return None
+    folder = draft_model_folder(config, manifest, names)
+    return DraftModel(folder, load_manifest(folder),
+                      memory_calibration(folder, threads=config.threads, log=log) if priced else None)
+
+
+def draft_price(draft: DraftModel, sizes: Sizes) -> memory.Footprint:
+    """What the draft model adds beside the target: its own load (not a second process) and its generation at
+    draft_sizes, with its headroom."""
+    own = replace(draft.calibration, load_bytes=draft.calibration.own_load_bytes)
+    return memory.footprint(draft.manifest, own, draft_sizes(sizes, draft.manifest))
 
 
 def make_plan(config: EngineConfig, manifest: Manifest, *, calibration: memory.Calibration | None = None,
-              batch: int = 1, log: Callable[[str], None] = print) -> Plan:
+              draft: DraftModel | None = None, batch: int = 1, log: Callable[[str], None] = print) -> Plan:
     """The one sizing pass (module doc). `calibration`: the measured numbers (measured.memory_calibration),
-    required when `needs_calibration`. `batch`: B sequences per call (runtime/batch.py), C per row."""
+    required when `needs_calibration`; `draft`: the draft model's, when the drafters include one (a priced plan
+    holds both; what cannot hold the pair leaves the draft model out, and says so). `batch`: B sequences per
+    call (runtime/batch.py), C per row."""
     names = drafter_names(config, manifest)
     mode = config.mode if names else Mode.GREEDY  # nothing to speculate with: plain decoding
     exported, useful_tree = tree_sizes(manifest)
@@ -195,12 +235,30 @@ def make_plan(config: EngineConfig, manifest: Manifest, *, calibration: memory.C
         footprint = fit(manifest, calibration, budget=budget, context=config.context,
                         prefill_chunk=config.prefill_chunk, tree=tree)
         sizes = footprint.sizes
+    draft_footprint = None
+    if footprint is not None and draft is not None and DrafterName.MODEL in names:
+        draft_footprint = draft_price(draft, sizes)
+        if footprint.total + draft_footprint.total > budget and source is Source.BUDGET:
+            try:  # a smaller target arena beside the draft model
+                footprint = fit(manifest, calibration, budget=budget - draft_footprint.total, context=config.context,
+                                prefill_chunk=config.prefill_chunk, tree=tree)
+                sizes, draft_footprint = footprint.sizes, draft_price(draft, footprint.sizes)
+            except memory.BudgetError:
+                pass
+        if footprint.total + draft_footprint.total > budget:
+            rest = tuple(n for n in names if n is not DrafterName.MODEL)
+            log(f"the draft model {draft.folder} needs {draft_footprint.total / MIB:.0f} MiB beside the target's "
+                f"{footprint.total / MIB:.0f} MiB: over the budget of {budget / MIB:.0f} MiB, so it is left out "
+                f"({'drafting with ' + '+'.join(n.value for n in rest) if rest else 'plain decoding'})")
+            spec = "+".join(n.value for n in rest)
+            return make_plan(replace(config, drafter=spec or None, mode=config.mode if rest else Mode.GREEDY),
+                             manifest, calibration=calibration, batch=batch, log=log)
     min_rows = route_rows(manifest, sizes)
     if footprint is not None:  # the weight files, shown beside the measured load
         footprint = replace(footprint, weights_stored=weights_stored(config.artifact, manifest))
     return Plan(mode=mode, drafters=names, sizes=sizes, layout=ArenaLayout.for_manifest(manifest, sizes, batch=batch),
                 min_rows=min_rows, useful_tree=useful_tree, source=source, footprint=footprint,
-                draft_model=draft_model_folder(config, manifest, names))
+                draft_model=draft_model_folder(config, manifest, names), draft_footprint=draft_footprint)
 
 
 def lower_bound(manifest: Manifest, calibration: memory.Calibration, *, context: int) -> memory.Footprint:

@@ -56,3 +56,30 @@ def test_drafter_specs_with_a_model_are_checked_before_anything_loads(tiny_llama
         EngineConfig(artifact=tiny_llama, drafter="lookup:x")
     with pytest.raises(ConfigError, match="--draft-model"):
         open_engine(EngineConfig(artifact=tiny_llama, drafter="model"), log=lambda _: None)
+
+
+def test_a_priced_plan_holds_both_models_or_leaves_the_draft_model_out(tiny_llama, other_draft, tmp_path, monkeypatch):
+    """With a budget the plan prices the pair (the draft model's own load beside the target's process, its KV and
+    arena at draft_sizes); a budget that holds the target but not the pair drops the draft model and says so."""
+    from specmemo.runtime import measured
+    from specmemo.runtime.manifest import load_manifest
+    from specmemo.runtime.plan import draft_sizes, lower_bound, plan_for
+
+    monkeypatch.setenv("SPECMEMO_CACHE", str(tmp_path))
+    mib = 2**20
+    for folder, load in ((tiny_llama, 100 * mib), (other_draft, 90 * mib)):  # measured numbers, as data
+        path, _ = measured.lookup(folder, "memory", 2)
+        measured.store(path, {"load_bytes": load, "step_overhead_bytes": mib, "base_bytes": 60 * mib})
+    manifest = load_manifest(tiny_llama)
+    said = []
+    roomy = plan_for(EngineConfig(artifact=tiny_llama, budget=400 * mib, drafter=f"model:{other_draft}+lookup"),
+                     manifest, log=said.append)
+    assert "model" in [n.value for n in roomy.drafters] and roomy.draft_footprint is not None
+    assert roomy.draft_footprint.load == 30 * mib  # its own load: 90 MiB measured alone, 60 of them the process
+    assert roomy.draft_footprint.sizes == draft_sizes(roomy.sizes, load_manifest(other_draft))
+    assert roomy.total == roomy.footprint.total + roomy.draft_footprint.total <= 400 * mib
+    target_only = lower_bound(manifest, measured.memory_calibration(tiny_llama, threads=2), context=64).total
+    tight = plan_for(EngineConfig(artifact=tiny_llama, budget=target_only + mib, context=64,
+                                  drafter=f"model:{other_draft}+lookup"), manifest, log=said.append)
+    assert [n.value for n in tight.drafters] == ["lookup"] and tight.draft_footprint is None
+    assert any("draft model" in line and "left out (drafting with lookup)" in line for line in said), said

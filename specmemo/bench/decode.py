@@ -45,6 +45,7 @@ class DecodeBenchConfig:
     memory_questions: int = 8  # questions per fresh-process memory probe (0: skip)
     out: Path = Path("results") / "bench-decode"
     genai_dir: Path | None = None  # ONNX Runtime GenAI model: greedy peer row
+    drafter: str | None = None  # --drafter for the tree and controller modes (None: the manifest's)
 
     def __post_init__(self) -> None:
         if self.questions < 1 or self.max_new_tokens < 1 or self.memory_questions < 0:
@@ -90,7 +91,7 @@ def encode_questions(tokenizer, questions) -> list[list[int]]:
 
 def run_speed(config: DecodeBenchConfig, questions, *, log=print) -> dict[str, ModeRun]:
     engine = open_engine(EngineConfig(artifact=config.artifact, mode=Mode.TREE, threads=config.threads,
-                                      capacity=config.capacity, budget=config.budget), log=log)
+                                      capacity=config.capacity, budget=config.budget, drafter=config.drafter), log=log)
     engine.policy(Mode.AUTO)  # the latency curve: measured (or read) now, not inside a timed turn
     eos = engine.tokenizer.eos_token_ids
     prompts = encode_questions(engine.tokenizer, questions)
@@ -122,7 +123,7 @@ def probe_memory(request: dict) -> dict:
     generation memory beside the memory model's prediction."""
     artifact, mode, threads = Path(request["artifact"]), request["mode"], request["threads"]
     engine = open_engine(EngineConfig(artifact=artifact, mode=mode, threads=threads, capacity=request["capacity"],
-                                      budget=request["budget"]), log=lambda _: None)
+                                      budget=request["budget"], drafter=request.get("drafter")), log=lambda _: None)
     session = engine.session
     for prompt in request["prompts"]:
         engine.generate(prompt, max_new_tokens=request["max_new_tokens"])
@@ -140,7 +141,7 @@ def run_memory(config: DecodeBenchConfig, prompts: list[list[int]], *, log=print
         log(f"memory probe ({mode}, fresh process, {len(prompts)} questions) ...")
         request = {"artifact": str(config.artifact), "mode": mode, "prompts": prompts,
                    "max_new_tokens": config.max_new_tokens, "threads": config.threads,
-                   "capacity": config.capacity, "budget": config.budget}
+                   "capacity": config.capacity, "budget": config.budget, "drafter": config.drafter}
         probes.append(run_json("specmemo.bench.decode", request, what=f"the memory probe for {mode}",
                                fix=f"run `specmemo generate --artifact {config.artifact} --mode {mode}` to see why"))
     return probes

@@ -41,6 +41,8 @@ def add_parser(sub) -> None:
     b.add_argument("--capacity", type=positive, help="KV positions C (default: the manifest's plan, else the graph's "
                                                      "max capacity)")
     b.add_argument("--memory-questions", type=int, default=8, help="questions per fresh-process memory probe (0: skip)")
+    b.add_argument("--drafter", default=None, help="the tree and controller modes' drafter, e.g. model:DIR for a draft "
+                                                   "model's artifact (default: the manifest's)")
     add_profile_options(b)
     b.add_argument("--no-peer", action="store_true", help="skip the ONNX Runtime GenAI greedy row")
     b.add_argument("--torch-reference", action="store_true",
@@ -236,7 +238,7 @@ def cmd_bench_decode(args: argparse.Namespace) -> int:
     config = bench.DecodeBenchConfig(artifact=args.artifact, questions=args.questions,
                                      max_new_tokens=args.max_new_tokens, threads=args.threads, capacity=args.capacity,
                                      budget=args.budget_bytes, memory_questions=args.memory_questions, out=args.out,
-                                     genai_dir=_genai_dir(args, manifest.source_model))
+                                     genai_dir=_genai_dir(args, manifest.source_model), drafter=args.drafter)
     questions = load_questions()[: config.questions]
     runs = bench.run_speed(config, questions, log=log_stderr)
     tokenizer = ChatTokenizer(args.artifact, manifest)

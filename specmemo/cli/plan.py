@@ -25,6 +25,8 @@ def add_parser(sub) -> None:
     p.add_argument("--batch", type=positive, default=1,
                    help="price B sequences decoded together (serve, bench batch): B KV rows of C positions (C = "
                         "--context) and B·R token rows per call")
+    p.add_argument("--drafter", default=None, help="price the drafters too, e.g. model:DIR for a draft model beside "
+                                                   "the target (its load, KV buffer and arena; default: the manifest's)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     p.set_defaults(handler=cmd_plan)
 
@@ -35,18 +37,23 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from specmemo.runtime.manifest import load_manifest
     from specmemo.runtime.measured import memory_calibration
     from specmemo.runtime.medusa_tree import exported_tree
-    from specmemo.runtime.plan import default_sizes, lower_bound, make_plan, weights_stored, what_would_fit
+    from specmemo.runtime.plan import (default_sizes, draft_price, lower_bound, make_plan, read_draft, weights_stored,
+                                       what_would_fit)
 
     profile = apply_profile(args)
     manifest = load_manifest(args.artifact)
-    config = EngineConfig(artifact=args.artifact, threads=args.threads, budget=args.budget_bytes, context=args.context)
+    config = EngineConfig(artifact=args.artifact, threads=args.threads, budget=args.budget_bytes, context=args.context,
+                          drafter=args.drafter)
     calibration = memory_calibration(args.artifact, threads=args.threads, log=log_stderr)
     context = args.context or (manifest.plan.capacity if manifest.plan and args.budget_bytes is None
                                else manifest.max_capacity)
     bound = lower_bound(manifest, calibration, context=context)
+    draft_fp, draft = None, None
     try:
-        chosen = make_plan(config, manifest, calibration=calibration,  # the plan an engine opens with: one decision
-                           log=log_stderr).footprint
+        draft = read_draft(config, manifest, priced=True, log=log_stderr)
+        decided = make_plan(config, manifest, calibration=calibration, draft=draft,  # what an engine opens with
+                            log=log_stderr)
+        chosen, draft_fp = decided.footprint, decided.draft_footprint
     except memory.BudgetError as err:
         budget = args.budget_bytes or manifest.plan.budget
         options = what_would_fit(args.artifact, manifest, calibration, budget=budget, context=context)
@@ -58,9 +65,11 @@ def cmd_plan(args: argparse.Namespace) -> int:
         chosen = memory.footprint(manifest, calibration, sizes, weights=weights_stored(args.artifact, manifest),
                                   batch=args.batch)
     if args.json:
-        print(json.dumps({"lower_bound": _footprint_json(bound), "plan": chosen and _footprint_json(chosen),
-                          "context": context, "budget": budget, "profile": profile.name if profile else None,
-                          "heads": heads}))
+        out = {"lower_bound": _footprint_json(bound), "plan": chosen and _footprint_json(chosen), "context": context,
+               "budget": budget, "profile": profile.name if profile else None, "heads": heads}
+        if draft_fp is not None:
+            out.update(draft_model=_footprint_json(draft_fp), total=chosen.total + draft_fp.total)
+        print(json.dumps(out))
         return 0
     if args.batch > 1:
         title = f"{args.batch} sequences decoded together (batch graph), C={chosen.sizes.capacity} positions each"
@@ -72,6 +81,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
         title = "at the graph's max capacity (no --budget)"
     shown = chosen or memory.footprint(manifest, calibration, default_sizes(manifest),
                                        weights=weights_stored(args.artifact, manifest))
+    if draft_fp is None and draft is not None and args.batch == 1:  # unpriced plan: the pair at the graph's max C
+        draft_fp = draft_price(draft, shown.sizes)
     d = manifest.dims
     print(f"{args.artifact}: {d.num_layers} layers, H_kv={d.num_kv_heads}, D={d.head_dim}, V={d.vocab_size}, "
           f"max C={manifest.max_capacity}, tree {exported_tree(manifest).size} nodes, K={heads}")
@@ -80,10 +91,16 @@ def cmd_plan(args: argparse.Namespace) -> int:
         print(f"  {label:<58} {mib:>9.1f} MiB")
     print(f"\nlower bound for a {context}-token context (useful tree: {bound.sizes.tree} nodes): "
           f"{bound.total / memory.MIB:.1f} MiB")
+    if draft_fp is not None and args.batch == 1:
+        print(f"\ndraft model {draft.folder} beside it (its own load in this process, KV and arena at "
+              f"C={draft_fp.sizes.capacity}):")
+        for label, mib in memory.breakdown(draft_fp)[1:]:
+            print(f"  {label:<58} {mib:>9.1f} MiB")
     if chosen and args.batch == 1:
-        s = chosen.sizes
-        print(f"chosen: C={s.capacity}, R={s.rows} rows per call, T_max={s.tree}, K={heads} heads; "
-              f"{chosen.total / memory.MIB:.1f} MiB of {budget / memory.MIB:.1f} MiB")
+        s, total = chosen.sizes, chosen.total + (draft_fp.total if draft_fp else 0)
+        print(f"chosen: C={s.capacity}, R={s.rows} rows per call, T_max={s.tree}, K={heads} heads"
+              f"{', with the draft model' if draft_fp else ''}; {total / memory.MIB:.1f} MiB of "
+              f"{budget / memory.MIB:.1f} MiB")
     return 0
 
 
