@@ -10,6 +10,10 @@ tokens per ms, from
   (c) the drafting time, measured every step (a running mean),
   (d) a score calibration: per score band, how often a verified node of that band was accepted,
       starting from the raw scores as a prior worth PRIOR_TRIALS observations.
+A drafter whose cost grows with every node it drafts (a draft model: one call per guess, `draft_cost`
+PER_NODE) is also given a budget before it drafts: the T with the most expected tokens per ms when each
+node costs the measured ms per node and is reached as often as that depth was accepted so far (running
+counts per depth, from a prior of PRIOR_REACH).
 Before drafting it asks whether drafting pays at all: while the running mean of the drafted
 steps' expected rate falls below a plain step's rate, it decodes plainly, probing a draft now and
 then (after EXPLORE_EVERY steps, then twice as long each time, up to EXPLORE_MAX) so the
@@ -29,7 +33,7 @@ import numpy as np
 
 from specmemo.errors import ConfigError
 from specmemo.runtime import decode, measured, tree
-from specmemo.runtime.drafters.draft import DraftTree
+from specmemo.runtime.drafters.draft import DraftCost, DraftTree
 
 PRIOR_TRIALS = 16
 SCORE_BANDS = (0.0, 0.02, 0.05, 0.1, 0.2, 0.3, 0.45, 0.6, 0.75, 0.9, 1.0)  # band edges of raw scores
@@ -37,6 +41,8 @@ EXPLORE_EVERY = 32
 EXPLORE_MAX = 512
 FREE_DRAFT = 0.02  # drafting under 2% of a plain step always runs
 RATE_MEMORY = 16  # steps: the running mean of drafted steps' rate forgets with this time constant
+PRIOR_REACH = 0.5  # before any step: a drafted depth is reached (accepted down to it) half the time, per level
+PRIOR_DEPTH_TRIALS = 4
 
 
 @dataclass(frozen=True)
@@ -132,6 +138,7 @@ class Controller:
 
     curve: LatencyCurve
     max_size: int  # T_max from the plan
+    draft_cost: DraftCost = DraftCost.FIXED
     calibration: ScoreCalibration = field(default_factory=ScoreCalibration)
     decisions: list[Decision] = field(default_factory=list)
     draft_ms: float | None = None  # running mean of the drafting time
@@ -140,20 +147,39 @@ class Controller:
     _expected: float = 1.0
     _explore_gap: int = EXPLORE_EVERY
     _next_explore: int = EXPLORE_EVERY
+    node_ms: float | None = None  # running mean of drafting ms per drafted node (PER_NODE drafters)
 
     def __post_init__(self) -> None:
         if self.max_size < 1:
             raise ConfigError(f"the controller needs T_max >= 1, got {self.max_size}")
         self._verify_ms = np.array([self.curve.step(t) for t in range(1, self.max_size + 1)])  # [T_max] ms
+        self._reached = np.full(self.max_size, PRIOR_REACH ** np.arange(self.max_size) * PRIOR_DEPTH_TRIALS)  # [T_max]
+        self._drafted = np.full(self.max_size, float(PRIOR_DEPTH_TRIALS))  # depth d: steps that drafted it
 
     @property
     def plain_rate(self) -> float:
         return 1.0 / self._verify_ms[0]
 
+    def affordable(self, limit: int) -> int:
+        """PER_NODE drafters: the T ≤ limit with the most expected tokens per ms, each drafted node costing
+        node_ms, depth d reached as often as it was (so far); `limit` for other drafters or before a measurement."""
+        if self.draft_cost is not DraftCost.PER_NODE or self.node_ms is None or limit <= 1:
+            return limit
+        return int(np.argmax(self._budget_rates(limit))) + 1
+
+    def _budget_rates(self, limit: int) -> np.ndarray:
+        """[limit] expected tokens per ms of a PER_NODE draft of T = 1 .. limit nodes, before it is drafted."""
+        gains = np.cumsum(self._reached[:limit] / self._drafted[:limit])  # [T]: expected tokens, depth 0 = 1
+        return gains / (self.node_ms * np.arange(limit) + self._verify_ms[:limit])
+
     def budget(self, space_left: int) -> int:
         self._space = space_left
-        limit = max(1, min(self.max_size, space_left))
-        if limit == 1 or self.drafted_rate is None or self.drafted_rate > self.plain_rate:
+        limit = self.affordable(max(1, min(self.max_size, space_left)))
+        if limit > 1 and self.draft_cost is DraftCost.PER_NODE and self.node_ms is not None:
+            paying = self._budget_rates(limit)[-1] > self.plain_rate  # priced before drafting, from depth statistics
+            if paying:
+                return limit
+        elif limit == 1 or self.drafted_rate is None or self.drafted_rate > self.plain_rate:
             return limit
         if self.draft_ms is not None and self.draft_ms < FREE_DRAFT * self._verify_ms[0]:
             return limit
@@ -166,6 +192,9 @@ class Controller:
     def choose(self, draft: DraftTree, draft_ms: float) -> int:
         if draft_ms > 0:
             self.draft_ms = draft_ms if self.draft_ms is None else self.draft_ms + (draft_ms - self.draft_ms) / RATE_MEMORY
+            if draft.size > 1:
+                per = draft_ms / (draft.size - 1)
+                self.node_ms = per if self.node_ms is None else self.node_ms + (per - self.node_ms) / RATE_MEMORY
         size = min(draft.size, self.max_size)
         if size == 1 and draft_ms == 0:
             self._expected = 1.0
@@ -184,6 +213,8 @@ class Controller:
         self.decisions.append(Decision(drafted=draft.size, size=size, accepted=len(path), space_left=self._space,
                                        expected=self._expected))
         if size > 1:
+            self._drafted[1:size] += 1  # depths 1 .. size - 1 were verified; those down to the path's end reached
+            self._reached[1:len(path)] += 1
             accepted = np.zeros(size - 1, dtype=bool)
             accepted[[i - 1 for i in path[1:]]] = True
             self.calibration.observe(np.asarray(draft.scores[1:size]), accepted)

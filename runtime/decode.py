@@ -177,6 +177,10 @@ def generate(
     stats.prefill_s = time.perf_counter() - started
     stats.steps = 1
     context = [*history, *prompt, step.root]  # every decided token; the drafters read it
+    prepare = getattr(drafter, "prepare", None) if speculative else None
+    if prepare is not None:  # a drafter with its own model runs the prompt now, part of the time to first token
+        prepare(context)
+        stats.prefill_s = time.perf_counter() - started
     pending = [step.root]  # decided tokens not yet emitted
     while True:
         finished = _emit(result, pending, max_new_tokens, eos_token_ids, on_token)

@@ -22,6 +22,7 @@ from specmemo.runtime.config import EngineConfig, Mode
 from specmemo.runtime.controller import Controller, LatencyCurve, latency_curve
 from specmemo.runtime.decode import FullWidth, Generation, generate
 from specmemo.runtime.drafters import Drafter, DrafterName, Merged, parse_drafter
+from specmemo.runtime.drafters.draft import draft_cost
 from specmemo.runtime.drafters.feature import FeatureDrafter, OrtFeatureGraph
 from specmemo.runtime.drafters.lookup import PromptLookup
 from specmemo.runtime.drafters.medusa import BatchedHeads, MedusaDrafter, OrtMedusaHeads
@@ -67,7 +68,7 @@ class Engine:
         if self._curve is None:
             self._curve = latency_curve(self.config.artifact, self._backend, self.max_tree,
                                         threads=self.config.threads, log=self.log)
-        self.controller = Controller(curve=self._curve, max_size=self.max_tree)
+        self.controller = Controller(curve=self._curve, max_size=self.max_tree, draft_cost=draft_cost(self.drafter))
         return self.controller
 
     def generate(self, prompt_ids: list[int], *, max_new_tokens: int, on_token=None, ignore_eos: bool = False,

@@ -124,3 +124,26 @@ def test_sampling_is_reproducible_for_a_seed(exported):
     first = run(1)
     assert run(1) == first
     assert any(run(seed) != first for seed in (2, 3, 4))
+
+
+def test_a_per_node_drafter_gets_the_budget_that_pays_before_it_drafts():
+    """A draft model pays per guess: the controller asks for the T with the most expected tokens per ms (each
+    node at the measured ms, depth d reached as often as it was); a fixed-cost drafter gets the whole limit."""
+    from specmemo.runtime.controller import DraftCost
+    from specmemo.runtime.drafters.draft import DraftTree
+
+    curve = LatencyCurve(sizes=(1, 2, 4, 8), step_ms=(50.0, 52.0, 64.0, 92.0))  # a compute-bound verify
+    chain = DraftTree(tokens=tuple(range(9)), parents=tuple(range(-1, 8)), scores=(1.0,) + (0.9,) * 8)
+    fixed = Controller(curve=curve, max_size=9)
+    per_node = Controller(curve=curve, max_size=9, draft_cost=DraftCost.PER_NODE)
+    assert per_node.budget(100) == fixed.budget(100) == 9  # nothing measured yet: the whole tree
+    for controller in (fixed, per_node):
+        for _ in range(50):  # 17 ms per guess; every guess accepted
+            controller.choose(chain, draft_ms=8 * 17.0)
+            controller.observe(chain, 9, list(range(9)))
+    assert fixed.budget(100) == 9
+    assert per_node.budget(100) == 9  # all accepted: the longest chain pays
+    for _ in range(200):  # now the first guess is accepted 70% of the time, deeper ones never
+        per_node.choose(chain, draft_ms=8 * 17.0)
+        per_node.observe(chain, 9, [0, 1] if _ % 10 < 7 else [0])
+    assert per_node.budget(100) == 2  # one guess: 1.7 tokens for 69 ms beats every longer chain

@@ -63,6 +63,11 @@ class Merged:
         self.drafters = drafters
         self.name = "+".join(d.name for d in drafters)
 
+    def prepare(self, tokens: list[int]) -> None:
+        for drafter in self.drafters:
+            if hasattr(drafter, "prepare"):
+                drafter.prepare(tokens)
+
     def propose(self, context: DraftContext, *, budget: int) -> DraftTree:
         trees = [d.propose(context, budget=budget) for d in self.drafters]
         out = trees[0]

@@ -13,9 +13,24 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Protocol
 
 import numpy as np
+
+
+class DraftCost(str, Enum):
+    """How a drafter's time grows with its budget: what the controller prices before asking for a draft."""
+
+    FIXED = "fixed"  # one call drafts the whole tree (Medusa heads, the feature drafter, prompt lookup)
+    PER_NODE = "per_node"  # every drafted node costs a call (a draft model)
+
+
+def draft_cost(drafter) -> DraftCost:
+    """A drafter's DraftCost (its `draft_cost`, FIXED when it names none); merged drafters: PER_NODE if any part is."""
+    parts = getattr(drafter, "drafters", [drafter])
+    return DraftCost.PER_NODE if any(getattr(p, "draft_cost", DraftCost.FIXED) is DraftCost.PER_NODE for p in parts) \
+        else DraftCost.FIXED
 
 
 @dataclass(frozen=True)

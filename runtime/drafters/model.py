@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 
 from specmemo.runtime import tree
-from specmemo.runtime.drafters.draft import DraftContext, DraftTree
+from specmemo.runtime.drafters.draft import DraftContext, DraftCost, DraftTree
 from specmemo.runtime.sizes import MODEL_MAX_CHAIN
 
 MIN_SCORE = 0.02  # stop drafting once the chain's chance of getting this far drops below it
@@ -33,6 +33,7 @@ def top_probability(logits: np.ndarray) -> float:
 
 class ModelDrafter:
     name = "model"
+    draft_cost = DraftCost.PER_NODE  # one draft-model call per guess: the controller sizes the budget first
 
     def __init__(self, backend, *, max_chain: int = MODEL_MAX_CHAIN):
         """backend: an OrtBackend over the draft model's DecoderSession (its own arena and KV buffer)."""
@@ -59,6 +60,22 @@ class ModelDrafter:
         b.commit(list(range(len(new))))
         self.fed = tokens[:keep] + list(new)
         return out
+
+    def prepare(self, tokens: list[int]) -> None:
+        """A new reply's context before its first step (the decode loop calls it right after the target's
+        prefill): the prompt runs through the draft model now, so each step's sync is a few tokens."""
+        b = self.backend
+        keep = 0
+        while keep < min(len(self.fed), len(tokens) - 1) and self.fed[keep] == tokens[keep]:
+            keep += 1
+        keep = b.keepable(min(keep, b.length))
+        new = tokens[keep:-1]
+        if not new or keep + len(new) + self.max_chain + 1 > b.capacity:
+            return
+        b.rewind(keep)
+        b.forward(new, tree.chain(len(new)), last_only=True)
+        b.commit(list(range(len(new))))
+        self.fed = tokens[:keep] + list(new)
 
     def propose(self, context: DraftContext, *, budget: int) -> DraftTree:
         root, steps = context.root, min(budget - 1, self.max_chain)
