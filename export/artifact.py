@@ -24,7 +24,7 @@ from specmemo.export.trace import OPSET, export_decoder
 from specmemo.export.weights_dtype import (LM_HEAD, QuantOptions, WeightDtype, external_location, quantize_decoder,
                                           quantize_graph, save_external)
 from specmemo.runtime import io_spec
-from specmemo.runtime.drafters import DrafterName, parse_drafter
+from specmemo.runtime.drafters import DrafterName, draft_model_dir, parse_drafter
 from specmemo.export.feature_drafter import DRAFTER_SPEC_FILE
 from specmemo.runtime.manifest import (FeatureDrafterInfo, FORMAT_VERSION, EmbeddingInfo, Manifest, ModelDims,
                                        QuantizationInfo, QuantizedRows, TokenizerInfo, save_manifest)
@@ -53,10 +53,13 @@ class ExportOptions:
     mobile: str | None = None  # --mobile: also .ort graphs optimized for this platform (arm | amd64)
     kv_dtype: str | None = None  # --kv-dtype: the KV buffer's elements (export/kv_dtype.py); None: default_kv_dtype
     batch: tuple[int, ...] = DEFAULT_BATCHES  # --batch: B of the batch graphs to write (export/batch_graph.py)
+    draft_model: str | None = None  # --draft-model: a smaller model of the same tokenizer, exported into draft/
 
     def __post_init__(self) -> None:
         if self.drafter is not None:
             names = parse_drafter(self.drafter)
+            if DrafterName.MODEL in names and self.draft_model is None and draft_model_dir(self.drafter) is None:
+                raise ConfigError(f"--drafter {self.drafter} needs a draft model: pass --draft-model")
             if DrafterName.MEDUSA in names and self.heads is None:
                 raise ConfigError(f"--drafter {self.drafter} needs Medusa heads: pass --heads, or use --drafter lookup")
             if DrafterName.FEATURE in names and self.feature_drafter is None:
@@ -146,6 +149,8 @@ def export_artifact(options: ExportOptions, *, log=print, finalize=None) -> Mani
         f"heads {dims.num_heads}/{dims.num_kv_heads} kv, V={dims.vocab_size}, max capacity C={options.max_capacity}")
     hf_model, tokenizer = load_hf(resolved.hf_folder)
     heads = None if options.heads is None else checked_heads(options, hf_model, resolved.sha256)  # fail fast
+    if options.draft_model is not None:
+        check_same_tokenizer(options.draft_model, tokenizer)  # before minutes of export
 
     out = options.out.resolve()
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -203,6 +208,8 @@ def export_artifact(options: ExportOptions, *, log=print, finalize=None) -> Mani
             generation=generation_defaults(resolved.hf_folder),
         )
         manifest = add_batch_graphs(staging, manifest, options.batch, log)
+        if options.draft_model is not None:
+            manifest = add_draft_model(staging, manifest, options, log)
         save_manifest(manifest, staging)
         if finalize is not None:
             manifest = finalize(staging, manifest)
@@ -212,6 +219,33 @@ def export_artifact(options: ExportOptions, *, log=print, finalize=None) -> Mani
         raise
     log(f"wrote {out} in {time.perf_counter() - started:.0f} s")
     return manifest
+
+
+DRAFT_FOLDER = "draft"
+
+
+def check_same_tokenizer(draft_model: str, tokenizer) -> None:
+    """A draft model must read text with the target's token ids: one line naming both otherwise."""
+    from transformers import AutoTokenizer
+
+    theirs = AutoTokenizer.from_pretrained(resolve_model(draft_model).hf_folder, local_files_only=True)
+    if theirs.get_vocab() != tokenizer.get_vocab():
+        raise ConfigError(f"--draft-model {draft_model} does not share the model's tokenizer ({len(theirs.get_vocab())} "
+                          f"vs {len(tokenizer.get_vocab())} tokens, or other ids): pick a model of the same family")
+
+
+def add_draft_model(folder: Path, manifest: Manifest, options: ExportOptions, log) -> Manifest:
+    """The draft model exported into folder/draft with the same dtype, KV dtype and mobile graphs, a graph that
+    covers the target's context and a chain (sizes.MODEL_MAX_CHAIN), no heads and no batch graphs; the manifest
+    names it and drafts with it unless --drafter says otherwise."""
+    from specmemo.runtime.sizes import MODEL_MAX_CHAIN
+
+    log(f"exporting the draft model {options.draft_model} into {DRAFT_FOLDER}/ ...")
+    export_artifact(ExportOptions(model=options.draft_model, out=folder / DRAFT_FOLDER,
+                                  max_capacity=options.max_capacity + MODEL_MAX_CHAIN + 1, quant=options.quant,
+                                  drafter="lookup", mobile=options.mobile, kv_dtype=options.kv_dtype, batch=()),
+                    log=lambda line: log(f"  draft: {line}"))
+    return replace(manifest, draft_model=DRAFT_FOLDER, drafter=options.drafter or "model+lookup")
 
 
 def add_batch_graphs(folder: Path, manifest: Manifest, batches: tuple[int, ...], log) -> Manifest:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from specmemo.runtime.drafters import DrafterName, parse_drafter
 from specmemo.runtime.engine import EngineConfig, Mode, open_engine
 from specmemo.runtime.fresh_process import serve_json
 from specmemo.runtime.manifest import load_manifest
@@ -33,9 +34,12 @@ def measure_memory(request: dict) -> dict:
     base = rss_bytes()  # the process before any session: what a second artifact in the same process does not add
     manifest = load_manifest(artifact)
     capacity = min(PROBE_CAPACITY, manifest.max_capacity)
-    mode = Mode.TREE if manifest.drafter else Mode.GREEDY
-    engine = open_engine(EngineConfig(artifact=artifact, mode=mode, threads=threads, capacity=capacity),
-                         log=lambda _: None)
+    # the artifact alone: a draft model is measured in its own probe and priced beside it (plan.draft_price)
+    alone = "+".join(n.value for n in parse_drafter(manifest.drafter) if n is not DrafterName.MODEL) if manifest.drafter \
+        else ""
+    mode = Mode.TREE if alone else Mode.GREEDY
+    engine = open_engine(EngineConfig(artifact=artifact, mode=mode, threads=threads, capacity=capacity,
+                                      drafter=alone or None), log=lambda _: None)
     session = engine.session
     prompt = engine.tokenizer.encode_chat([Message("user", "Tell me about the sea.")])
     new = max(1, min(PROBE_TOKENS, capacity - len(prompt)))

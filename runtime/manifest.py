@@ -262,6 +262,8 @@ def load_manifest(artifact: str | Path) -> Manifest:
     if manifest.ort_format is not None:
         files += [*manifest.ort_format.files, manifest.ort_format.required_operators]
     files += [graph.file for graph in manifest.batch_graphs]
+    if manifest.draft_model:
+        files.append(f"{manifest.draft_model}/{MANIFEST_FILE}")
     for name in files:
         if not (folder / name).is_file():
             raise ManifestError(f"{folder / name} named by the manifest is missing: re-export the artifact")

@@ -83,3 +83,28 @@ def test_a_priced_plan_holds_both_models_or_leaves_the_draft_model_out(tiny_llam
                                   drafter=f"model:{other_draft}+lookup"), manifest, log=said.append)
     assert [n.value for n in tight.drafters] == ["lookup"] and tight.draft_footprint is None
     assert any("draft model" in line and "left out (drafting with lookup)" in line for line in said), said
+
+
+def test_export_draft_model_writes_the_pair_into_one_artifact(tiny_llama, other_draft, tmp_path):
+    """`export --draft-model`: the draft model in draft/ with the same dtype, named by the manifest, which then
+    drafts with it (model+lookup) token-identical to greedy; a draft model of another tokenizer is refused
+    before anything is written."""
+    from specmemo.runtime.manifest import load_manifest
+
+    hf = tiny_llama.parent / "hf"
+    artifact = export_tiny(tiny_config("LlamaForCausalLM"), tmp_path / "pair", max_capacity=64,
+                           draft_model=str(other_draft.parent / "hf"))
+    manifest = load_manifest(artifact)
+    assert manifest.draft_model == "draft" and manifest.drafter == "model+lookup"
+    assert load_manifest(artifact / "draft").max_capacity == 64 + MODEL_MAX_CHAIN + 1
+    engine = open_engine(EngineConfig(artifact=artifact, mode=Mode.TREE), log=lambda _: None)
+    assert engine.plan.draft_model == artifact / "draft"
+    greedy = replies(engine, Mode.GREEDY)
+    assert [g.token_ids for g in replies(engine, Mode.AUTO)] == [g.token_ids for g in greedy]
+    stranger = tmp_path / "stranger"
+    from conftest import save_tiny_model
+
+    save_tiny_model(tiny_config("LlamaForCausalLM", vocab_size=300), stranger)
+    with pytest.raises(ConfigError, match="does not share the model's tokenizer"):
+        export_tiny(tiny_config("LlamaForCausalLM"), tmp_path / "refused", max_capacity=64, draft_model=str(stranger))
+    assert not (tmp_path / "refused" / "artifact").exists() and hf.is_dir()

@@ -29,6 +29,11 @@ def add_parser(sub) -> None:
     p.add_argument("--feature-drafter", default="auto",
                    help="feature drafter folder (from train-drafter), 'none', or 'auto': the one shipped for the "
                         "model alias if any, for float32 exports (default auto)")
+    p.add_argument("--draft-model", default=None,
+                   help="a smaller model of the same tokenizer (alias, HF folder or .gguf), exported into the "
+                        "artifact's draft/ folder with the same --dtype; the artifact then drafts with it and prompt "
+                        "lookup (drafter model+lookup), e.g. --model qwen2.5-coder-1.5b --draft-model "
+                        "qwen2.5-coder-0.5b")
     p.add_argument("--drafter", default=None,
                    help="the drafter written into the manifest as the artifact's default: medusa, lookup, or "
                         "several joined by '+' (default medusa+lookup with heads, else feature+lookup with a "
@@ -174,7 +179,8 @@ def cmd_export(args: argparse.Namespace) -> int:
     feature = {"auto": auto, "none": None}.get(args.feature_drafter, Path(args.feature_drafter))
     export_artifact(ExportOptions(model=args.model, out=out, max_capacity=max_capacity, heads=heads, quant=quant,
                                   top_k=args.top_k, drafter=args.drafter, feature_drafter=feature, mobile=args.mobile,
-                                  kv_dtype=args.kv_dtype, **({} if args.batch is None else {"batch": args.batch})),
+                                  kv_dtype=args.kv_dtype, draft_model=args.draft_model,
+                                  **({} if args.batch is None else {"batch": args.batch})),
                     finalize=finalize)
     if args.no_validate:
         return 0
