@@ -177,7 +177,15 @@ def export_artifact(options: ExportOptions, *, log=print, finalize=None) -> Mani
                                                   options.max_capacity, options.top_k, staging, log)
         quantization = None
         if options.quant.dtype is not WeightDtype.FLOAT32:
-            quantization, embedding = quantize_artifact(options.quant, dims, resolved, staging, embedding, log)
+            activations = None
+            if options.quant.accuracy_level == 4:  # which matrices int8 input blocks hurt most (activation_outliers)
+                from specmemo.export.activation_outliers import matrix_inputs
+                from specmemo.export.load import chat_prompt_ids
+                from specmemo.export.validate import VALIDATION_PROMPT
+
+                activations = matrix_inputs(hf_model, chat_prompt_ids(tokenizer, VALIDATION_PROMPT))
+            quantization, embedding = quantize_artifact(options.quant, dims, resolved, staging, embedding, log,
+                                                        activations)
         tokenizer_info = write_tokenizer(tokenizer, hf_model.generation_config, staging)
         ort_format = None
         if options.mobile is not None:
@@ -275,7 +283,7 @@ def rewrite_graph(path: Path, rewrite) -> None:
 
 
 def quantize_artifact(quant: QuantOptions, dims: ModelDims, resolved, staging: Path, embedding: EmbeddingInfo,
-                      log) -> tuple[QuantizationInfo, EmbeddingInfo]:
+                      log, activations: dict | None = None) -> tuple[QuantizationInfo, EmbeddingInfo]:
     """decoder/heads/drafter graphs → MatMulNBits (export/weights_dtype.py); the embedding then reads the
     tied LM head's quantized rows where it can (no second copy, no fp32 table)."""
     from specmemo.export.load import joined_gguf
@@ -283,7 +291,8 @@ def quantize_artifact(quant: QuantOptions, dims: ModelDims, resolved, staging: P
     log(f"quantizing the graphs to {quant.dtype.value} (accuracy level {quant.accuracy_level}) ...")
     with tempfile.TemporaryDirectory(dir=staging.parent) as tmp:
         gguf = joined_gguf(resolved.gguf_parts, Path(tmp)) if resolved.gguf_parts else None
-        report = quantize_decoder(staging / DECODER_FILE, options=quant, dims=dims, gguf=gguf, log=log)
+        report = quantize_decoder(staging / DECODER_FILE, options=quant, dims=dims, gguf=gguf, log=log,
+                                  activations=activations)
     for graph in ("heads.onnx", "drafter.onnx"):
         if (staging / graph).is_file():
             quantize_graph(staging / graph, options=quant)
@@ -297,7 +306,8 @@ def quantize_artifact(quant: QuantOptions, dims: ModelDims, resolved, staging: P
         path.chmod(0o644)
     info = QuantizationInfo(block_size=quant.block_size, accuracy_level=quant.accuracy_level, minimum=quant.applied_minimum.value,
                             lm_head_accuracy_level=quant.lm_head_accuracy_level, lm_head_rerank=report.lm_head_rerank,
-                            carried=tuple(sorted(set(report.carried.values()))), quantized=report.quantized)
+                            carried=tuple(sorted(set(report.carried.values()))), quantized=report.quantized,
+                            fp32_compute=report.fp32_compute)
     return info, embedding
 
 

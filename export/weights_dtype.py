@@ -26,6 +26,7 @@ from onnx import numpy_helper
 
 from specmemo.errors import ConfigError
 from specmemo.export.fuse_norms import fuse_skip_norms
+from specmemo.export.activation_outliers import fp32_matrices
 from specmemo.export.gguf_weights import GgufTensors, GgufWeightsError, QuantBlocks, carry, llama_rotary_order, stack
 from specmemo.export.quantize import carry_matmuls, gemms_as_matmuls, narrow_lm_head, quantize_matmuls, rerank_argmax
 from specmemo.runtime.io_spec import NEXT_TOKEN_IDS
@@ -98,6 +99,7 @@ class QuantReport:
     carried: dict[str, str]  # decoder initializer → the GGUF type carried over
     quantized: tuple[str, ...]  # initializers re-quantized by ONNX Runtime's quantizer
     lm_head_rerank: int = 0  # k of the exact re-rank written into the graph (0: none)
+    fp32_compute: tuple[str, ...] = ()  # carried matrices kept at accuracy level 0 (activation_outliers.py)
 
 
 def gguf_names(dims: ModelDims) -> dict[str, list[str]]:
@@ -149,9 +151,19 @@ def carried_blocks(gguf: GgufTensors, model: onnx.ModelProto, dims: ModelDims) -
     return out
 
 
-def quantize_decoder(path: Path, *, options: QuantOptions, dims: ModelDims, gguf: Path | None, log) -> QuantReport:
-    """Rewrite `path` (decoder.onnx + .data) with quantized MatMuls, in place."""
+def quantize_decoder(path: Path, *, options: QuantOptions, dims: ModelDims, gguf: Path | None, log,
+                     activations: dict | None = None) -> QuantReport:
+    """Rewrite `path` (decoder.onnx + .data) with quantized MatMuls, in place. `activations`: the matrices'
+    inputs on the validation prompt (activation_outliers.matrix_inputs): at level 4, those int8 blocks hurt most
+    keep float32 compute."""
     model = onnx.load(str(path), load_external_data=True)
+    fp32 = ()
+    if activations and options.accuracy_level == 4:
+        inits = {t.name: t for t in model.graph.initializer}
+        fp32, _ = fp32_matrices(activations, lambda name: numpy_helper.to_array(inits[name]) if name in inits else None)
+        if fp32:
+            log(f"float32 compute (accuracy level 0) for {len(fp32)} matrices whose inputs int8 blocks hurt most: "
+                f"{', '.join(n.removesuffix('.weight_t') for n in fp32)}")
     carried: dict[str, QuantBlocks] = {}
     if gguf is not None and not options.requantize:
         carried = carried_blocks(GgufTensors(gguf), model, dims)  # at the GGUF's own precision (Q8_0 stays 8-bit)
@@ -161,7 +173,7 @@ def quantize_decoder(path: Path, *, options: QuantOptions, dims: ModelDims, gguf
             residual = options.applied_minimum in (MinimumForm.CENTERED, MinimumForm.FOLDED)
             carried = {name: blocks.with_zero_points(residual=residual) for name, blocks in carried.items()}
     replaced = carry_matmuls(model, carried, accuracy_level=options.accuracy_level,
-                             levels={LM_HEAD: options.lm_head_accuracy_level},
+                             levels={LM_HEAD: options.lm_head_accuracy_level, **{name: 0 for name in fp32}},
                              fold=options.applied_minimum is MinimumForm.FOLDED)
     head = carried.get(LM_HEAD)
     narrowed = _reranked_head(head, options) and options.lm_head_bits == 4 and \
@@ -179,7 +191,7 @@ def quantize_decoder(path: Path, *, options: QuantOptions, dims: ModelDims, gguf
         log(f"quantized {len(quantized)} more matrices with ONNX Runtime's quantizer (RTN, block {options.block_size})")
     save_external(model, path)
     return QuantReport(carried={k: carried[k].source_type for k in replaced}, quantized=quantized,
-                       lm_head_rerank=rerank)
+                       lm_head_rerank=rerank, fp32_compute=tuple(n for n in fp32 if n in replaced))
 
 
 def _reranked_head(head: QuantBlocks | None, options: QuantOptions) -> bool:

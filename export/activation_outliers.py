@@ -1,0 +1,77 @@
+"""Which matrices of a level-4 int4/int8 graph keep float32 compute (MatMulNBits accuracy level 0).
+
+At accuracy level 4 MatMulNBits quantizes its input to int8, symmetrically per block of 32 inputs. A row with
+a massive activation (Qwen2.5's first position, the attention sink: one channel ~150 where the rest are ~1)
+loses everything but the outlier in that block, and a matrix that reads such rows moves its output far more
+than the others do. On Qwen2.5-Coder-1.5B one layer's MLP input (layer 26) gave the first position's final
+hidden state an error of 19 (the next worst position: 2); at level 0 for that layer's gate and up, 0.3.
+
+So the exporter measures it: the validation prompt through the float32 model, each matrix's input rows X
+captured, and its error max |Q8(X)·W − X·W| simulated; a matrix whose error is OUTLIER_FACTOR times the
+median of all matrices' keeps float32 compute, with every matrix that reads the same input.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+OUTLIER_FACTOR = 20.0  # measured (x the median): Qwen2.5-Coder-1.5B layer 26 gate 27, then 10, 8; SmolLM2 down 29: 122, 11: 30, 28: 24, then 9
+INPUT_BLOCK = 32  # MatMulNBits' int8 activation blocks at level 4 (MLAS CompInt8: 32 inputs per scale)
+
+# the decoder's initializers (export/decoder.py) that read each Hugging Face projection's input
+READERS = {"q_proj": ("qkv",), "o_proj": ("o_proj",), "gate_proj": ("gate", "up"), "down_proj": ("down",)}
+
+
+def matrix_inputs(hf_model, prompt_ids: list[int]) -> dict[tuple[str, ...], np.ndarray]:
+    """(decoder initializers that share an input) → that input's rows [P, K] on the prompt, float32."""
+    import torch
+
+    captured, hooks = {}, []
+    for i, layer in enumerate(hf_model.model.layers):
+        for module_name, readers in READERS.items():
+            parent = layer.self_attn if module_name in ("q_proj", "o_proj") else layer.mlp
+            module = getattr(parent, module_name, None)
+            if module is None:
+                continue
+            names = tuple(f"layers.{i}.{reader}.weight_t" for reader in readers)
+
+            def keep(_, args, names=names):
+                captured[names] = args[0][0].detach().float().numpy().copy()
+
+            hooks.append(module.register_forward_pre_hook(keep))
+    try:
+        with torch.no_grad():
+            hf_model(torch.tensor([prompt_ids]))
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return captured
+
+
+def int8_blocks(x: np.ndarray, block: int = INPUT_BLOCK) -> np.ndarray:
+    """x [P, K] as level 4 sees it: symmetric int8 per block of `block` inputs, dequantized."""
+    p, k = x.shape
+    if k % block:
+        return x
+    blocks = x.reshape(p, k // block, block)
+    scale = np.abs(blocks).max(-1, keepdims=True) / 127
+    scale[scale == 0] = 1
+    return (np.rint(blocks / scale) * scale).reshape(p, k)
+
+
+def fp32_matrices(inputs: dict[tuple[str, ...], np.ndarray], weight, *,
+                  factor: float = OUTLIER_FACTOR) -> tuple[tuple[str, ...], dict[str, float]]:
+    """(the matrices that keep float32 compute, each matrix's simulated error). `weight(name)`: the initializer
+    as [K, N] float32, or None where the graph has no such matrix (read one at a time: no second model in RAM)."""
+    errors = {}
+    for names, x in inputs.items():
+        lost = int8_blocks(x) - x  # [P, K]: what int8 blocks take from the input
+        for name in names:
+            w = weight(name)
+            if w is not None:
+                errors[name] = float(np.abs(lost @ w).max())
+    if not errors:
+        return (), errors
+    median = float(np.median(list(errors.values())))
+    flagged = {names for names in inputs for name in names if errors.get(name, 0.0) > factor * median}
+    return tuple(sorted(name for names in flagged for name in names if name in errors)), errors
