@@ -150,6 +150,8 @@ def export_artifact(options: ExportOptions, *, log=print, finalize=None) -> Mani
     hf_model, tokenizer = load_hf(resolved.hf_folder)
     heads = None if options.heads is None else checked_heads(options, hf_model, resolved.sha256)  # fail fast
     if options.draft_model is not None:
+        from specmemo.export.draft_model import check_same_tokenizer
+
         check_same_tokenizer(options.draft_model, tokenizer)  # before minutes of export
 
     out = options.out.resolve()
@@ -217,6 +219,8 @@ def export_artifact(options: ExportOptions, *, log=print, finalize=None) -> Mani
         )
         manifest = add_batch_graphs(staging, manifest, options.batch, log)
         if options.draft_model is not None:
+            from specmemo.export.draft_model import add_draft_model
+
             manifest = add_draft_model(staging, manifest, options, log)
         save_manifest(manifest, staging)
         if finalize is not None:
@@ -227,33 +231,6 @@ def export_artifact(options: ExportOptions, *, log=print, finalize=None) -> Mani
         raise
     log(f"wrote {out} in {time.perf_counter() - started:.0f} s")
     return manifest
-
-
-DRAFT_FOLDER = "draft"
-
-
-def check_same_tokenizer(draft_model: str, tokenizer) -> None:
-    """A draft model must read text with the target's token ids: one line naming both otherwise."""
-    from transformers import AutoTokenizer
-
-    theirs = AutoTokenizer.from_pretrained(resolve_model(draft_model).hf_folder, local_files_only=True)
-    if theirs.get_vocab() != tokenizer.get_vocab():
-        raise ConfigError(f"--draft-model {draft_model} does not share the model's tokenizer ({len(theirs.get_vocab())} "
-                          f"vs {len(tokenizer.get_vocab())} tokens, or other ids): pick a model of the same family")
-
-
-def add_draft_model(folder: Path, manifest: Manifest, options: ExportOptions, log) -> Manifest:
-    """The draft model exported into folder/draft with the same dtype, KV dtype and mobile graphs, a graph that
-    covers the target's context and a chain (sizes.MODEL_MAX_CHAIN), no heads and no batch graphs; the manifest
-    names it and drafts with it unless --drafter says otherwise."""
-    from specmemo.runtime.sizes import MODEL_MAX_CHAIN
-
-    log(f"exporting the draft model {options.draft_model} into {DRAFT_FOLDER}/ ...")
-    export_artifact(ExportOptions(model=options.draft_model, out=folder / DRAFT_FOLDER,
-                                  max_capacity=options.max_capacity + MODEL_MAX_CHAIN + 1, quant=options.quant,
-                                  drafter="lookup", mobile=options.mobile, kv_dtype=options.kv_dtype, batch=()),
-                    log=lambda line: log(f"  draft: {line}"))
-    return replace(manifest, draft_model=DRAFT_FOLDER, drafter=options.drafter or "model+lookup")
 
 
 def add_batch_graphs(folder: Path, manifest: Manifest, batches: tuple[int, ...], log) -> Manifest:
