@@ -144,10 +144,7 @@ def carried_blocks(gguf: GgufTensors, model: onnx.ModelProto, dims: ModelDims) -
             checked.append(carry(part, reference[row:row + rows], name=f"{name} ({tensor})",
                                  orders=_row_orders(tensor, rows, dims)))
             row += rows
-        try:
-            out[name] = stack(checked)
-        except GgufWeightsError:  # parts of different types (Q4_K_M: a Q6_K V beside Q4_K Q and K): re-quantized
-            continue
+        out[name] = stack(checked)  # parts of different types (Q4_K_M's Q6_K V beside Q4_K Q, K) in one common form
     return out
 
 

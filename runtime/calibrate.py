@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from specmemo.runtime.drafters import DrafterName, parse_drafter
+from specmemo.runtime.drafters import DrafterName, without
 from specmemo.runtime.engine import EngineConfig, Mode, open_engine
 from specmemo.runtime.fresh_process import serve_json
 from specmemo.runtime.manifest import load_manifest
@@ -35,8 +35,7 @@ def measure_memory(request: dict) -> dict:
     manifest = load_manifest(artifact)
     capacity = min(PROBE_CAPACITY, manifest.max_capacity)
     # the artifact alone: a draft model is measured in its own probe and priced beside it (plan.draft_price)
-    alone = "+".join(n.value for n in parse_drafter(manifest.drafter) if n is not DrafterName.MODEL) if manifest.drafter \
-        else ""
+    alone = without(manifest.drafter, DrafterName.MODEL)
     mode = Mode.TREE if alone else Mode.GREEDY
     engine = open_engine(EngineConfig(artifact=artifact, mode=mode, threads=threads, capacity=capacity,
                                       drafter=alone or None), log=lambda _: None)

@@ -21,7 +21,7 @@ from specmemo.runtime.backend import OrtBackend, check_fits
 from specmemo.runtime.config import EngineConfig, Mode
 from specmemo.runtime.controller import Controller, LatencyCurve, latency_curve
 from specmemo.runtime.decode import FullWidth, Generation, generate
-from specmemo.runtime.drafters import Drafter, DrafterName, Merged, parse_drafter
+from specmemo.runtime.drafters import Drafter, DrafterName, Merged, without
 from specmemo.runtime.drafters.draft import draft_cost
 from specmemo.runtime.drafters.feature import FeatureDrafter, OrtFeatureGraph
 from specmemo.runtime.drafters.lookup import PromptLookup
@@ -161,8 +161,7 @@ def open_pool(config: EngineConfig, *, batch: int, log=print):
         raise ConfigError("a batch pool is sized by --capacity per row (and `specmemo plan --batch`), not --budget yet")
     manifest = load_manifest(config.artifact)
     spec = config.drafter if config.drafter is not None else manifest.drafter
-    kept = ("+".join(n.value for n in parse_drafter(spec) if n not in (DrafterName.FEATURE, DrafterName.MODEL))
-            if spec and config.mode is not Mode.GREEDY else "")
+    kept = without(spec, DrafterName.FEATURE, DrafterName.MODEL) if config.mode is not Mode.GREEDY else ""
     plan = plan_for(replace(config, mode=Mode.TREE if kept else Mode.GREEDY, drafter=kept or None), manifest,
                     batch=batch, log=log)
     names, sizes = plan.drafters, plan.sizes

@@ -294,10 +294,8 @@ def fit(manifest: Manifest, calibration: memory.Calibration, *, budget: int, con
     return replace(bound, weights_stored=weights)
 
 
-
 def _descending(high: int, low: int) -> list[int]:
     return list(range(high, low - 1, -1)) or [low]
-
 
 
 def _largest_capacity(manifest: Manifest, calibration: memory.Calibration, budget: int, rows: int, tree: int) -> int:
@@ -313,7 +311,6 @@ def _largest_capacity(manifest: Manifest, calibration: memory.Calibration, budge
     return capacity
 
 
-
 def largest_context(manifest: Manifest, calibration: memory.Calibration, *, budget: int) -> int:
     """The largest context (C) whose lower bound fits the budget, up to the graph's capacity; 0 if none."""
     low, high = 0, manifest.max_capacity  # bound(low) fits (or low = 0), bound(high + 1) does not
@@ -325,7 +322,6 @@ def largest_context(manifest: Manifest, calibration: memory.Calibration, *, budg
         else:
             high = mid - 1
     return low
-
 
 
 def what_would_fit(artifact: Path, manifest: Manifest, calibration: memory.Calibration, *, budget: int,

@@ -19,7 +19,8 @@ from enum import Enum
 from specmemo.errors import ConfigError
 from specmemo.runtime.drafters.draft import DraftContext, DraftTree, Drafter, merge
 
-__all__ = ["DraftContext", "DraftTree", "Drafter", "DrafterName", "Merged", "draft_model_dir", "parse_drafter"]
+__all__ = ["DraftContext", "DraftTree", "Drafter", "DrafterName", "Merged", "draft_model_dir", "parse_drafter",
+           "without"]
 
 
 class DrafterName(str, Enum):
@@ -45,6 +46,11 @@ def parse_drafter(spec: str) -> tuple[DrafterName, ...]:
             raise ConfigError(f"{part.strip()!r} in {spec!r}: only the draft model takes an argument, as model:DIR")
         names.append(name)
     return tuple(names)
+
+
+def without(spec: str | None, *dropped: DrafterName) -> str:
+    """The drafters of `spec` less `dropped`, as a spec ("" when none is left, or `spec` names none)."""
+    return "+".join(n.value for n in parse_drafter(spec) if n not in dropped) if spec else ""
 
 
 def draft_model_dir(spec: str) -> str | None:

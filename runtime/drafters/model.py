@@ -41,47 +41,39 @@ class ModelDrafter:
         self.max_chain = max_chain
         self.fed: list[int] = []  # the tokens whose K/V the draft model's buffer holds, in position order
 
-    def _sync(self, tokens: list[int]):
-        """Bring the draft KV to tokens[:-1] and run the root: its Forward (argmax and logits after the root),
-        or None if the context no longer fits the draft model's buffer."""
+    def _feed(self, tokens: list[int], *, rerun_last: bool, room: int):
+        """Make the draft KV hold `tokens`: keep the longest prefix of them it already holds (never the last one
+        with `rerun_last`: its logits are wanted), rewind the rest, run the others as one causal chunk. Returns
+        that chunk's Forward; None when nothing ran, or when the tokens and `room` positions after them no longer
+        fit the draft model's buffer (which then starts afresh)."""
         b = self.backend
-        keep = 0
-        limit = min(len(self.fed), len(tokens) - 1)  # the root always runs again: its logits are wanted
+        keep, limit = 0, min(len(self.fed), len(tokens) - rerun_last)
         while keep < limit and self.fed[keep] == tokens[keep]:
             keep += 1
         keep = b.keepable(min(keep, b.length))
         new = tokens[keep:]
-        if keep + len(new) + self.max_chain > b.capacity:
+        if len(tokens) + room > b.capacity:
             self.fed = []
             b.reset()
+            return None
+        if not new:
             return None
         b.rewind(keep)
         out = b.forward(new, tree.chain(len(new)), last_only=True)
         b.commit(list(range(len(new))))
-        self.fed = tokens[:keep] + list(new)
+        self.fed = list(tokens)
         return out
 
     def prepare(self, tokens: list[int]) -> None:
         """A new reply's context before its first step (the decode loop calls it right after the target's
         prefill): the prompt runs through the draft model now, so each step's sync is a few tokens."""
-        b = self.backend
-        keep = 0
-        while keep < min(len(self.fed), len(tokens) - 1) and self.fed[keep] == tokens[keep]:
-            keep += 1
-        keep = b.keepable(min(keep, b.length))
-        new = tokens[keep:-1]
-        if not new or keep + len(new) + self.max_chain + 1 > b.capacity:
-            return
-        b.rewind(keep)
-        b.forward(new, tree.chain(len(new)), last_only=True)
-        b.commit(list(range(len(new))))
-        self.fed = tokens[:keep] + list(new)
+        self._feed(tokens[:-1], rerun_last=False, room=self.max_chain + 1)
 
     def propose(self, context: DraftContext, *, budget: int) -> DraftTree:
         root, steps = context.root, min(budget - 1, self.max_chain)
         if steps < 1:
             return DraftTree.root_only(root)
-        out = self._sync(context.tokens)
+        out = self._feed(context.tokens, rerun_last=True, room=self.max_chain)  # the root runs: its argmax is guess 1
         if out is None:  # the context outgrew the draft model's buffer: no draft this step
             return DraftTree.root_only(root)
         guesses, scores, score = [], [], 1.0
