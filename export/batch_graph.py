@@ -94,6 +94,15 @@ def rewrite(graph, manifest: Manifest, names: BatchGraph) -> None:
     positions = [f"batch.{io.position_ids}.{b}" for b in range(batch)]
     new_nodes.append(helper.make_node("Split", [names.attention_position_ids, sizes], positions, axis=1))
 
+    # a float16 KV buffer (export/kv_dtype.py): attention reads Cast(attention_bias) → float16, once for all
+    # layers; each row's bias gets its own Cast
+    bias_casts = [n for n in graph.node if n.op_type == "Cast" and n.input[0] == io.attention_bias]
+    row_bias_for = {io.attention_bias: list(row_biases)}
+    for cast in bias_casts:
+        row_bias_for[cast.output[0]] = [f"{row_bias}.{cast.output[0]}" for row_bias in row_biases]
+        new_nodes += [helper.make_node("Cast", [row_bias], [name], to=helper.get_attribute_value(cast.attribute[0]))
+                      for row_bias, name in zip(row_biases, row_bias_for[cast.output[0]])]
+
     kv_row = {}  # (one-sequence past/present name, row) → the row's name
     for b in range(batch):
         for (past, present), (row_past, row_present) in zip(io.kv_pairs, names.kv_pairs[b * len(io.kv_pairs):]):
@@ -104,6 +113,8 @@ def rewrite(graph, manifest: Manifest, names: BatchGraph) -> None:
     same_b = {io.position_ids: names.attention_position_ids, io.attention_bias: row_biases[0]}
     kept = []
     for node in graph.node:
+        if node in bias_casts:  # replaced by the rows' own casts
+            continue
         if node.op_type != GQA:
             for i, name in enumerate(node.input):
                 if name in kv_inputs or name in same_b:
@@ -114,9 +125,9 @@ def rewrite(graph, manifest: Manifest, names: BatchGraph) -> None:
             kept.append(node)
             continue
         q, k, v, past_k, past_v, _, _, cos, sin, pos, bias = list(node.input)[:11]
-        if past_k not in kv_inputs or bias != io.attention_bias or pos != io.position_ids:
-            raise ConfigError(f"{node.name or GQA}: its KV, bias or positions are not the graph's own inputs; "
-                              f"batch graphs need a float32 export (re-export with --kv-dtype float32)")
+        if past_k not in kv_inputs or bias not in row_bias_for or pos != io.position_ids:
+            raise ConfigError(f"{node.name or GQA}: its KV, bias or positions are not the graph's own inputs (or the "
+                              f"bias's one cast): this decoder cannot be batched; re-export the artifact")
         out, present_k, present_v = list(node.output)[:3]
         split = {}
         for name in (q, k, v):
@@ -129,7 +140,7 @@ def rewrite(graph, manifest: Manifest, names: BatchGraph) -> None:
         for b in range(batch):
             seqlens, total = lengths[b]
             inputs = [split[q][b], split[k][b] if k else "", split[v][b] if v else "", kv_row[past_k, b],
-                      kv_row[past_v, b], seqlens, total, cos, sin, positions[b], row_biases[b]]
+                      kv_row[past_v, b], seqlens, total, cos, sin, positions[b], row_bias_for[bias][b]]
             row_outputs.append(f"{out}.row{b}")
             new_nodes.append(helper.make_node(GQA, inputs, [row_outputs[-1], kv_row[present_k, b], kv_row[present_v, b]],
                                               domain=node.domain, **attributes))

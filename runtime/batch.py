@@ -44,8 +44,6 @@ STUB = 1  # tokens a free row runs
 def batch_support(manifest: Manifest) -> str:
     """Why the batch route cannot run this artifact yet ("" when it can): decided here for the exporter,
     the session and `serve`."""
-    if manifest.kv_dtype != "float32":
-        return f"batch graphs need a float32 KV buffer (this artifact's is {manifest.kv_dtype}): export with --kv-dtype float32"
     if manifest.dims.sliding_layers:
         return f"batching sliding-window layers ({manifest.dims.architecture}) is not built yet"
     return ""

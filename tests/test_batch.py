@@ -22,9 +22,26 @@ SIZES = Sizes(capacity=96, rows=8, tree=8)
 REPLY = 40
 
 
-@pytest.fixture(scope="module", params=["Qwen2ForCausalLM", "Qwen3ForCausalLM"])  # packed QKV; QK-norm (Q, K, V apart)
+VARIANTS = {  # packed QKV; QK-norm (Q, K, V apart); the int4 default's form: MatMulNBits, float16 KV
+    "qwen2": ("Qwen2ForCausalLM", {}),
+    "qwen3": ("Qwen3ForCausalLM", {}),
+    "llama-int4-f16kv": ("LlamaForCausalLM", {"int4": True}),
+}
+
+
+@pytest.fixture(scope="module", params=list(VARIANTS))
 def artifact(request, tmp_path_factory):
-    return export_tiny(tiny_config(request.param), tmp_path_factory.mktemp("batch"), max_capacity=128)
+    from specmemo.export.weights_dtype import QuantOptions, WeightDtype
+
+    architecture, variant = VARIANTS[request.param]
+    options = ({"quant": QuantOptions(dtype=WeightDtype.INT4, accuracy_level=4), "kv_dtype": "float16"}
+               if variant.get("int4") else {})
+    out = export_tiny(tiny_config(architecture), tmp_path_factory.mktemp("batch"), max_capacity=128, **options)
+    if variant.get("int4"):
+        from specmemo.runtime.manifest import load_manifest
+
+        assert load_manifest(out).kv_dtype == "float16"  # what the device profiles' int4 exports hold
+    return out
 
 
 @pytest.fixture(scope="module")
@@ -95,7 +112,7 @@ def test_batch_graph_rows_are_bitwise_the_one_sequence_graph(artifact):
     feeds, embeds, singles, attention_rows, positions, token_rows = {}, [], [], [], [], []
     start = at = 0
     for b, (past, parents) in enumerate([(0, [-1, 0]), (5, [-1, 0, 0, 1]), (9, [-1]), (17, [-1, 0, 1])]):
-        kv = [rng.standard_normal((1, d.num_kv_heads, capacity, d.head_dim)).astype(np.float32) for _ in m.io.kv_pairs]
+        kv = [rng.standard_normal((1, d.num_kv_heads, capacity, d.head_dim)).astype(m.kv_dtype) for _ in m.io.kv_pairs]
         n = len(parents)
         x = rng.standard_normal((1, n, d.hidden_size)).astype(np.float32)
         padded = [*parents, n - 1]  # every row's attention takes a padding row: its last token again
@@ -192,10 +209,11 @@ def test_batch_memory_is_priced_exactly(artifact):
 
     m = load_manifest(artifact)
     session = BatchSession(artifact, SessionConfig(sizes=SIZES, heads=False, batch=8))
-    d = m.dims
-    assert sum(b.nbytes for b in session.arena.kv) == 8 * 2 * d.num_layers * d.num_kv_heads * SIZES.capacity * d.head_dim * 4
+    d, itemsize = m.dims, {"float32": 4, "float16": 2}[m.kv_dtype]
+    assert sum(b.nbytes for b in session.arena.kv) == (8 * 2 * d.num_layers * d.num_kv_heads * SIZES.capacity * d.head_dim
+                                                      * itemsize)
     fp = footprint(m, Calibration(0, 0), SIZES, batch=8)
-    assert fp.kv == kv_bytes(d, capacity=SIZES.capacity, batch=8, itemsize=4)
+    assert fp.kv == kv_bytes(d, capacity=SIZES.capacity, batch=8, itemsize=itemsize)
     assert fp.arena == session.arena.nbytes  # priced as allocated, to the byte
     assert footprint(m, Calibration(0, 0), SIZES, batch=8).activations > footprint(m, Calibration(0, 0), SIZES).activations
 
