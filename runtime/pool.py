@@ -30,7 +30,8 @@ from specmemo.runtime.backend import check_fits
 from specmemo.runtime.batch import BatchBackend, RowCall
 from specmemo.runtime.decode import Generation, accept_tree, first_token
 from specmemo.runtime.drafters.draft import DraftContext, Drafter, DraftTree
-from specmemo.runtime.sampling import Sampling
+from specmemo.runtime.logit_rules import LogitRules, TokenLogprob, apply, token_logprob
+from specmemo.runtime.sampling import Sampling, sample_next
 
 
 class PoolFull(SpecMemoError, RuntimeError):
@@ -43,6 +44,7 @@ class Request:
     max_new_tokens: int
     eos_token_ids: frozenset[int] = frozenset()
     sampling: Sampling | None = None  # None: greedy
+    rules: LogitRules | None = None  # penalties, logit bias, log-probabilities: one token a step (logit_rules.py)
 
     def __post_init__(self) -> None:
         if not self.prompt or self.max_new_tokens < 1:
@@ -57,6 +59,7 @@ class Update:
     tokens: tuple[int, ...]
     finished: bool = False
     finish_reason: str = ""  # eos | length | capacity | cancelled
+    logprobs: tuple[TokenLogprob, ...] = ()  # per token, when the request asked for them
 
 
 @dataclass
@@ -92,6 +95,7 @@ class _Sequence:
     rows: np.ndarray | None = None
     path: list[int] | None = None
     started: float = field(default_factory=time.perf_counter)
+    logprob: TokenLogprob | None = None  # the root's, when the request asked for log-probabilities
 
 
 class BatchWidth:
@@ -185,7 +189,8 @@ class SequencePool:
         row = free[0]
         self.backend.release(row)
         rng = np.random.default_rng(request.sampling.seed) if request.sampling is not None else None
-        drafter = self.drafter_factory(row) if self.drafter_factory and self.max_tree > 1 else None
+        drafts = self.drafter_factory and self.max_tree > 1 and request.rules is None  # logit_rules.py: plain steps
+        drafter = self.drafter_factory(row) if drafts else None
         self.sequences[row] = _Sequence(request, list(request.prompt), list(request.prompt), drafter, rng)
         return row
 
@@ -238,12 +243,17 @@ class SequencePool:
                 if seq.pending:
                     continue
                 seq.generation.stats.prefill_s = time.perf_counter() - seq.started
-                seq.root = first_token(out, seq.request.sampling, seq.rng, seq.context)
+                seq.root = (self._choose(seq, out, -1) if seq.request.rules is not None
+                            else first_token(out, seq.request.sampling, seq.rng, seq.context))
                 seq.hidden, seq.rows, seq.path = out.hidden_states[-1], out.hidden_states, None
                 decided = [seq.root]
             else:
                 proposal = proposals[call.row]
-                path, root = accept_tree(call.tokens, call.parents, out, seq.request.sampling, seq.rng, seq.context)
+                if seq.request.rules is not None:  # a root-only call: the rules choose the next token
+                    path, root = [0], self._choose(seq, out, 0)
+                else:
+                    path, root = accept_tree(call.tokens, call.parents, out, seq.request.sampling, seq.rng,
+                                             seq.context)
                 self.backend.commit(call.row, path)
                 commit_s += time.perf_counter() - committing
                 seq.hidden, seq.rows, seq.path, seq.root = out.hidden_states[path[-1]], out.hidden_states, path, root
@@ -272,27 +282,41 @@ class SequencePool:
         self.stats.tokens += sum(len(u.tokens) for u in updates)
         return updates
 
+    def _choose(self, seq: _Sequence, out, node: int) -> int:
+        """The token after `node` of a call under the request's LogitRules: greedy (the graph's argmax when
+        the rules leave the logits alone) or a draw; its log-probability kept for the update."""
+        rules, sampling = seq.request.rules, seq.request.sampling
+        z = apply(out.logits[node], rules, seq.context[len(seq.request.prompt):])
+        if sampling is not None:
+            token = sample_next(z, sampling, seq.rng, seq.context)
+        else:
+            token = int(np.argmax(z)) if rules.changes_logits else int(out.next_token_ids[node])
+        seq.logprob = token_logprob(z, token, rules.logprobs) if rules.logprobs is not None else None
+        return token
+
     def _emit(self, row: int, seq: _Sequence, decided: list[int]) -> Update:
         result, request = seq.generation, seq.request
         emitted = []
+        logprobs = (seq.logprob,) if seq.logprob is not None else ()  # a rules row decides one token a step
         for token in decided:
             result.token_ids.append(token)
             emitted.append(token)
             reason = ("eos" if token in request.eos_token_ids else
                       "length" if len(result.token_ids) >= request.max_new_tokens else "")
             if reason:
-                return self._finish(row, seq, emitted, reason)
+                return self._finish(row, seq, emitted, reason, logprobs)
         if self.backend.lengths[row] >= self.backend.capacity:
-            return self._finish(row, seq, emitted, "capacity")
-        return Update(row, tuple(emitted))
+            return self._finish(row, seq, emitted, "capacity", logprobs)
+        return Update(row, tuple(emitted), logprobs=logprobs)
 
-    def _finish(self, row: int, seq: _Sequence, emitted: list[int], reason: str) -> Update:
+    def _finish(self, row: int, seq: _Sequence, emitted: list[int], reason: str,
+                logprobs: tuple[TokenLogprob, ...] = ()) -> Update:
         stats = seq.generation.stats
         stats.finish_reason = reason
         stats.prompt_tokens = len(seq.request.prompt)
         stats.new_tokens = len(seq.generation.token_ids)
         stats.decode_s = time.perf_counter() - seq.started - stats.prefill_s
-        return Update(row, tuple(emitted), finished=True, finish_reason=reason)
+        return Update(row, tuple(emitted), finished=True, finish_reason=reason, logprobs=logprobs)
 
     def run(self, requests: list[Request], *, on_update: Callable[[int, Update], None] | None = None) -> list[Generation]:
         """Every request to the end, in order of arrival: each joins as soon as a row is free

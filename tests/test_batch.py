@@ -243,3 +243,54 @@ def test_export_batch_adds_a_graph(artifact, tmp_path):
     manifest = json.loads((copy / "manifest.json").read_text())
     assert [g["batch"] for g in manifest["batch_graphs"]] == [2, 3, 4, 8, 10]
     assert (copy / "decoder.b3.onnx").stat().st_size < (copy / "decoder.onnx.data").stat().st_size
+
+
+def rules_reference(artifact, prompt, rules, new):
+    """Plain decoding on the one-sequence route with the rules applied to each step's logits (the same
+    arithmetic as logit_rules.apply, written out here), greedy."""
+    from specmemo.runtime.backend import OrtBackend
+    from specmemo.runtime.session import DecoderSession, SessionConfig
+
+    backend = OrtBackend(DecoderSession(artifact, SessionConfig(sizes=SIZES, heads=False)))
+    out = backend.forward(prompt, tree.chain(len(prompt)), last_only=True)
+    backend.commit(list(range(len(prompt))))
+    tokens = []
+    while True:
+        z = np.array(out.logits[-1], dtype=np.float64)
+        for token in set(tokens):
+            z[token] -= rules.frequency_penalty * tokens.count(token) + rules.presence_penalty
+        for token, bias in rules.logit_bias:
+            z[token] += bias
+        tokens.append(int(np.argmax(z)))
+        if len(tokens) == new:
+            return tokens
+        out = backend.forward(tokens[-1:], [-1])
+        backend.commit([0])
+
+
+def test_penalties_bias_and_logprobs_decode_plainly_per_row(artifact, prompts, references):
+    """Rows with OpenAI's penalties / logit bias / logprobs beside drafting rows: each decodes one token a
+    step by the rules (== a plain one-sequence loop applying them), logprobs alone leave greedy's tokens,
+    and the drafting rows stay token for token greedy."""
+    from specmemo.runtime.logit_rules import LogitRules
+    from specmemo.runtime.pool import Request
+
+    vocab = 256
+    penalised = LogitRules(presence_penalty=1.5, frequency_penalty=0.5)
+    biased = LogitRules(logit_bias=((references[1][0], -100.0), (17, 5.0)))
+    logprobs_only = LogitRules(logprobs=3)
+    pool = open_pool(artifact, 4, drafter_factory=lambda row: Oracle(prompts, references, vocab), max_tree=8)
+    requests = [Request(prompts[0], REPLY, rules=penalised), Request(prompts[1], REPLY, rules=biased),
+                Request(prompts[2], REPLY, rules=logprobs_only), Request(prompts[3], REPLY)]
+    seen = {i: [] for i in range(len(requests))}
+    results = pool.run(requests, on_update=lambda i, u: seen[i].extend(u.logprobs))
+    assert results[0].token_ids == rules_reference(artifact, prompts[0], penalised, REPLY) != references[0]
+    assert results[1].token_ids == rules_reference(artifact, prompts[1], biased, REPLY)
+    assert results[1].token_ids[0] != references[1][0]
+    assert results[2].token_ids == references[2] and results[3].token_ids == references[3]
+    assert [lp.token for lp in seen[2]] == references[2]  # one per token, the chosen one's
+    for lp in seen[2]:
+        assert len(lp.top) == 3 and lp.top[0][0] == lp.token and lp.logprob == lp.top[0][1] <= 0.0
+        assert lp.top[0][1] >= lp.top[1][1] >= lp.top[2][1]
+    assert seen[0] == seen[1] == seen[3] == []
+    assert max(results[3].stats.tree_sizes) > 1 and max(results[0].stats.tree_sizes + [1]) == 1

@@ -32,13 +32,13 @@ def free_port() -> int:
 class Server:
     """`specmemo serve`'s app under uvicorn on a thread, on a free loopback port."""
 
-    def __init__(self, artifact, *, batch: int, max_queue: int, step_delay: float = 0.0):
+    def __init__(self, artifact, *, batch: int, max_queue: int, step_delay: float = 0.0, **options):
         import uvicorn
 
         from specmemo.serve.build import ServeConfig, build_app
 
         self.app, self.chat = build_app(ServeConfig(artifact=artifact, batch=batch, capacity=CAPACITY,
-                                                    max_queue=max_queue, threads=2, model_name="tiny"))
+                                                    max_queue=max_queue, threads=2, model_name="tiny", **options))
         if step_delay:  # slow steps, so a test can act while a reply is still streaming
             pool, step = self.chat.worker.pool, self.chat.worker.pool.step
             pool.step = lambda: (time.sleep(step_delay), step())[1]
@@ -52,11 +52,11 @@ class Server:
             time.sleep(0.02)
         self.url = f"http://127.0.0.1:{self.port}"
 
-    def client(self, **options):
+    def client(self, api_key: str = "unused", **options):
         import httpx
         import openai
 
-        return openai.OpenAI(base_url=f"{self.url}/v1", api_key="unused", timeout=60,
+        return openai.OpenAI(base_url=f"{self.url}/v1", api_key=api_key, timeout=60,
                              http_client=httpx.Client(trust_env=False), **options)
 
     def health(self) -> dict:

@@ -1,13 +1,17 @@
-"""The HTTP side of `specmemo serve`: OpenAI's chat completions API on Starlette.
+"""The HTTP side of `specmemo serve`: OpenAI's chat completions and completions APIs on Starlette.
 
-  GET  /health               rows busy, queue length, counters (a cancelled stream shows up here)
+  GET  /health               rows busy, queue length, counters (open even when keys are set)
+  GET  /metrics              Prometheus text (metrics.py)
   GET  /v1/models            the one model served
   POST /v1/chat/completions  messages → a reply; `stream: true` sends server-sent events as tokens decide
+  POST /v1/completions       a prompt (text or token ids) → its continuation, `echo` and `logprobs` as OpenAI's
 
-Requests are checked before they queue: bad JSON, unknown fields or values out of range → 400 with a
-one-line reason (OpenAI's error object); a prompt plus max_tokens beyond a row's context → 400; the
-queue full → 429 (never a crash); an unknown model → 404. Sampling follows the request (temperature
-0 is greedy) or, where it says nothing, the model's own defaults, as `specmemo chat` does.
+A body is checked before it queues (api.py): size, UTF-8, nesting, fields and types → 400 (413 for
+size) with one line in OpenAI's error object; the prompt is tokenized off the event loop and checked
+against --max-prompt-tokens and the row's context; the queue full → 429 with Retry-After; an unknown
+model → 404. `stop` ends a reply before the stop string (stops.py); penalties, `logit_bias` and
+`logprobs` decode their row one token a step (runtime/logit_rules.py); every other request speculates,
+and the reply looks the same either way. A client that goes away frees its row.
 """
 
 from __future__ import annotations
@@ -17,189 +21,366 @@ import contextlib
 import json
 import time
 import uuid
-from typing import Literal
+from dataclasses import dataclass, field
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.applications import Starlette
+from starlette.requests import ClientDisconnect
 from starlette.requests import Request as HttpRequest
-from starlette.responses import JSONResponse, StreamingResponse
+from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from specmemo.errors import ConfigError
+from specmemo.runtime.logit_rules import LogitRules, TokenLogprob
 from specmemo.runtime.pool import Request
 from specmemo.runtime.sampling import Sampling, default_sampling
 from specmemo.runtime.tokenizer import ChatTokenizer, Message
+from specmemo.serve import stops
+from specmemo.serve.api import BadRequest, ChatRequest, CompletionRequest, Limits, parse
+from specmemo.serve.keys import RequireKey
+from specmemo.serve.metrics import Metrics
 from specmemo.serve.worker import PoolWorker, QueueFull
 
-FINISH = {"eos": "stop", "length": "length", "capacity": "length"}
+FINISH = {"eos": "stop", "length": "length", "capacity": "length", "stop": "stop"}
+BODY_TIMEOUT_S = 30.0  # a client that has not sent its whole body by then is dropped (408)
 
 
-class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    role: Literal["system", "user", "assistant"]
-    content: str
-    name: str | None = None
+def error(status: int, message: str, kind: str = "invalid_request_error", param: str | None = None,
+          headers: dict | None = None) -> JSONResponse:
+    return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": None}},
+                        status_code=status, headers=headers)
 
 
-class StreamOptions(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    include_usage: bool = False
+@dataclass
+class Reply:
+    """One request's reply as it decodes: token ids, their log-probabilities, the text a client may see."""
+
+    stops: list[str]
+    prompt_tokens: int
+    arrived: float = field(default_factory=time.perf_counter)
+    ids: list[int] = field(default_factory=list)
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+    sent: str = ""  # text already handed out
+    finish: str | None = None
+    first: float | None = None
+    last: float | None = None
+
+    def add(self, ids: list[int], logprobs: list[TokenLogprob], tokenizer: ChatTokenizer) -> str:
+        """New tokens → the text newly safe to send ("" while a character or a stop string is incomplete)."""
+        now = time.perf_counter()
+        self.first, self.last = self.first or now, now
+        self.ids += ids
+        self.logprobs += logprobs
+        text = tokenizer.decode(self.ids)
+        if text.endswith("\ufffd"):  # a character still split across tokens
+            return ""
+        piece = stops.cut(text, self.stops)
+        if piece.stopped:
+            self.finish = "stop"
+        return self._advance(piece.text)
+
+    def end(self, reason: str, tokenizer: ChatTokenizer) -> str:
+        """The pool finished the row: the rest of the text (a stop may still cut it)."""
+        piece = stops.cut(tokenizer.decode(self.ids), self.stops, final=True)
+        self.finish = self.finish or ("stop" if piece.stopped else FINISH.get(reason, reason))
+        return self._advance(piece.text)
+
+    def _advance(self, text: str) -> str:
+        new = text[len(self.sent):] if len(text) > len(self.sent) else ""
+        self.sent = max(self.sent, text, key=len)
+        return new
 
 
-class ChatRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    model: str
-    messages: list[ChatMessage] = Field(min_length=1)
-    max_tokens: int | None = Field(default=None, ge=1)
-    max_completion_tokens: int | None = Field(default=None, ge=1)
-    stream: bool = False
-    stream_options: StreamOptions | None = None
-    temperature: float | None = Field(default=None, ge=0, le=2)
-    top_p: float | None = Field(default=None, gt=0, le=1)
-    seed: int | None = None
-    n: Literal[1] = 1
-    user: str | None = None
-
-
-def error(status: int, message: str, kind: str = "invalid_request_error") -> JSONResponse:
-    return JSONResponse({"error": {"message": message, "type": kind, "param": None, "code": None}}, status_code=status)
-
-
-def one_line(err: ValidationError) -> str:
-    first = err.errors()[0]
-    where = ".".join(str(p) for p in first["loc"]) or "body"
-    if first["type"] == "extra_forbidden":
-        return f"unknown field {where!r}: this server takes model, messages, max_tokens, stream, temperature, top_p, seed"
-    return f"{where}: {first['msg']}"
-
-
-class ChatApp:
-    def __init__(self, *, worker: PoolWorker, tokenizer: ChatTokenizer, model: str, defaults, capacity: int):
+class ServeApp:
+    def __init__(self, *, worker: PoolWorker, tokenizer: ChatTokenizer, model: str, defaults, capacity: int,
+                 limits: Limits = Limits(), keys: tuple[str, ...] = ()):
         self.worker, self.tokenizer, self.model = worker, tokenizer, model
-        self.defaults, self.capacity = defaults, capacity
+        self.defaults, self.capacity, self.limits, self.keys = defaults, capacity, limits, keys
+        self.vocab = worker.pool.backend.session.manifest.dims.vocab_size
+        self.metrics = Metrics(worker, capacity=capacity)
         self.created = int(time.time())
 
     def routes(self) -> list[Route]:
-        return [Route("/health", self.health), Route("/v1/models", self.models),
-                Route("/v1/chat/completions", self.chat, methods=["POST"])]
+        return [Route("/health", self.health), Route("/metrics", self.scrape), Route("/v1/models", self.models),
+                Route("/v1/chat/completions", self.chat, methods=["POST"]),
+                Route("/v1/completions", self.completions, methods=["POST"])]
 
     async def health(self, request: HttpRequest) -> JSONResponse:
         return JSONResponse({**self.worker.health(), "model": self.model, "context": self.capacity})
+
+    async def scrape(self, request: HttpRequest) -> Response:
+        return Response(self.metrics.text(), media_type=self.metrics.content_type)
 
     async def models(self, request: HttpRequest) -> JSONResponse:
         return JSONResponse({"object": "list", "data": [{"id": self.model, "object": "model", "created": self.created,
                                                          "owned_by": "specmemo"}]})
 
-    def sampling(self, body: ChatRequest) -> Sampling | None:
-        base = default_sampling(self.defaults, seed=body.seed or 0)
+    # -- one request, both endpoints -------------------------------------------------------------
+
+    async def chat(self, request: HttpRequest):
+        return await self._serve(request, "chat")
+
+    async def completions(self, request: HttpRequest):
+        return await self._serve(request, "completions")
+
+    async def _serve(self, request: HttpRequest, kind: str):
+        try:
+            body = parse(await self._body(request), kind, self.limits)
+            if body.model != self.model:
+                return self._refuse(error(404, f"model {body.model!r} is not served here: GET /v1/models lists "
+                                               f"{self.model!r}", "not_found_error", "model"))
+            prompt, echo = await self._prompt(body)
+            job_request = self._request(body, prompt)
+        except BadRequest as err:
+            return self._refuse(error(err.status, str(err), param=err.param))
+        except ClientDisconnect:
+            return Response(status_code=499)
+        reply = Reply(body.stops, len(prompt))
+        if job_request is None:  # completions with max_tokens 0: the prompt back, nothing decoded
+            return JSONResponse(self._completion_body(f"cmpl-{uuid.uuid4().hex[:24]}", echo, reply, "length"))
+        try:
+            job = self.worker.submit(job_request, asyncio.get_running_loop())
+        except QueueFull as err:
+            return self._refuse(error(429, str(err), "rate_limit_error", headers={"Retry-After": "1"}))
+        except ConfigError as err:
+            return self._refuse(error(400, str(err)))
+        if body.stream:
+            include_usage = bool(body.stream_options and body.stream_options.include_usage)
+            return StreamingResponse(self._stream(job, reply, kind, echo, body, include_usage),
+                                     media_type="text/event-stream")
+        reason = await self._collect(job, reply, request)
+        if reason == "error":
+            return error(500, "decoding failed; see the server log", "server_error")
+        reply_id = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex[:24]}"
+        if kind == "chat":
+            choice = {"index": 0, "message": {"role": "assistant", "content": reply.sent},
+                      "logprobs": self._chat_logprobs(reply.logprobs) if body.logprobs else None,
+                      "finish_reason": reply.finish}
+            return JSONResponse({"id": reply_id, "object": "chat.completion", "created": int(time.time()),
+                                 "model": self.model, "choices": [choice], "usage": usage(reply)})
+        return JSONResponse(self._completion_body(reply_id, echo, reply, reply.finish,
+                                                  logprobs=body.logprobs is not None))
+
+    async def _body(self, request: HttpRequest) -> bytes:
+        """The body, read with a time limit and cut off past --max-body-bytes (never buffered whole)."""
+        declared = request.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > self.limits.max_body_bytes:
+            raise BadRequest(f"the body is {declared} bytes, over this server's {self.limits.max_body_bytes} "
+                             f"(serve --max-body-bytes)", status=413)
+
+        async def read() -> bytes:
+            chunks, size = [], 0
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > self.limits.max_body_bytes:
+                    raise BadRequest(f"the body is over this server's {self.limits.max_body_bytes} bytes "
+                                     f"(serve --max-body-bytes)", status=413)
+                chunks.append(chunk)
+            return b"".join(chunks)
+
+        try:
+            return await asyncio.wait_for(read(), BODY_TIMEOUT_S)
+        except asyncio.TimeoutError:
+            raise BadRequest(f"the body did not arrive within {BODY_TIMEOUT_S:.0f} s", status=408) from None
+
+    async def _prompt(self, body: ChatRequest | CompletionRequest) -> tuple[list[int], str]:
+        """Prompt token ids (tokenized off the event loop) and, for completions with echo, its text."""
+        if isinstance(body, ChatRequest):
+            messages = [Message("system" if m.role == "developer" else m.role, m.text) for m in body.messages]
+            ids, echo = await asyncio.to_thread(self.tokenizer.encode_chat, messages), ""
+        else:
+            prompt = body.prompt
+            if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
+                if len(prompt) != 1:
+                    raise BadRequest("one prompt per request here (n = 1): send the prompts one by one", param="prompt")
+                prompt = prompt[0]
+            if isinstance(prompt, str):
+                ids = await asyncio.to_thread(self.tokenizer.encode, prompt)
+            else:
+                ids = list(prompt)
+                if any(not 0 <= t < self.vocab for t in ids):
+                    raise BadRequest(f"prompt token ids must be in [0, {self.vocab})", param="prompt")
+            echo = (prompt if isinstance(prompt, str) else self.tokenizer.decode(ids)) if body.echo else ""
+            if body.echo and body.logprobs is not None:
+                raise BadRequest("echo with logprobs (scoring the prompt's own tokens) is not supported: ask for "
+                                 "one or the other", param="echo")
+        if not ids:
+            raise BadRequest("the prompt is empty", param="prompt")
+        limit = self.limits.max_prompt_tokens
+        if limit is not None and len(ids) > limit:
+            raise BadRequest(f"the prompt is {len(ids)} tokens, over this server's {limit} (serve --max-prompt-tokens)")
+        return ids, echo
+
+    def _request(self, body: ChatRequest | CompletionRequest, prompt: list[int]) -> Request | None:
+        room = self.capacity - len(prompt)
+        wanted = body.wanted
+        cap = self.limits.max_tokens
+        if cap is not None and wanted is not None and wanted > cap:
+            raise BadRequest(f"max_tokens {wanted} is over this server's {cap} (serve --max-tokens)", param="max_tokens")
+        if wanted == 0:
+            return None
+        if room < 1 or (wanted is not None and wanted > room):
+            raise BadRequest(f"the prompt ({len(prompt)} tokens) + max_tokens ({wanted or 1}) exceed the "
+                             f"{self.capacity}-token context of a row: lower max_tokens, or restart serve with a "
+                             f"larger --capacity", param="max_tokens")
+        top = (body.top_logprobs or 0) if isinstance(body, ChatRequest) else body.logprobs
+        wants_logprobs = body.logprobs if isinstance(body, ChatRequest) else body.logprobs is not None
+        rules = None
+        if body.presence_penalty or body.frequency_penalty or body.bias or wants_logprobs:
+            rules = LogitRules(presence_penalty=body.presence_penalty, frequency_penalty=body.frequency_penalty,
+                               logit_bias=body.bias, logprobs=top if wants_logprobs else None)
+            try:
+                rules.check_vocab(self.vocab)
+            except ConfigError as err:
+                raise BadRequest(str(err), param="logit_bias") from None
+        return Request(prompt, min(wanted or room, cap or room), self.tokenizer.eos_token_ids, self.sampling(body),
+                       rules)
+
+    def sampling(self, body) -> Sampling | None:
+        seed = int(body.seed or 0) % 2**64  # OpenAI's seeds are any int64; numpy's are >= 0
+        base = default_sampling(self.defaults, seed=seed)
         temperature = body.temperature if body.temperature is not None else (base.temperature if base else 0.0)
         if temperature == 0:
             return None
         top_p = body.top_p if body.top_p is not None else (base.top_p if base else 1.0)
         top_k, penalty = (base.top_k, base.repetition_penalty) if base else (0, 1.0)
-        return Sampling(temperature=temperature, top_p=top_p, top_k=top_k, repetition_penalty=penalty,
-                        seed=body.seed or 0)
+        return Sampling(temperature=temperature, top_p=top_p, top_k=top_k, repetition_penalty=penalty, seed=seed)
 
-    async def chat(self, request: HttpRequest):
-        try:
-            body = ChatRequest.model_validate(json.loads(await request.body()))
-        except json.JSONDecodeError as err:
-            return error(400, f"the body is not JSON ({err.msg} at line {err.lineno} column {err.colno})")
-        except ValidationError as err:
-            return error(400, one_line(err))
-        if body.model != self.model:
-            return error(404, f"model {body.model!r} is not served here: GET /v1/models lists {self.model!r}",
-                         "not_found_error")
-        prompt = self.tokenizer.encode_chat([Message(m.role, m.content) for m in body.messages])
-        room = self.capacity - len(prompt)
-        wanted = body.max_completion_tokens or body.max_tokens
-        if room < 1 or (wanted is not None and wanted > room):
-            return error(400, f"the prompt ({len(prompt)} tokens) + max_tokens ({wanted or 1}) exceed the {self.capacity}-token "
-                              f"context of a row: lower max_tokens, or restart serve with a larger --capacity")
-        try:
-            job = self.worker.submit(Request(prompt, wanted or room, self.tokenizer.eos_token_ids, self.sampling(body)),
-                                     asyncio.get_running_loop())
-        except QueueFull as err:
-            return JSONResponse({"error": {"message": str(err), "type": "rate_limit_error", "param": None,
-                                           "code": None}}, status_code=429, headers={"Retry-After": "1"})
-        except ConfigError as err:
-            return error(400, str(err))
-        reply_id = f"chatcmpl-{uuid.uuid4().hex[:24]}"
-        if body.stream:
-            include_usage = bool(body.stream_options and body.stream_options.include_usage)
-            return StreamingResponse(self.stream(job, reply_id, len(prompt), include_usage),
-                                     media_type="text/event-stream")
-        try:
-            ids, reason = await self.collect(job)
-        except RuntimeError as err:
-            return error(500, str(err), "server_error")
-        return JSONResponse({
-            "id": reply_id, "object": "chat.completion", "created": int(time.time()), "model": self.model,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": self.tokenizer.decode(ids)},
-                         "finish_reason": FINISH.get(reason, reason)}],
-            "usage": usage(len(prompt), len(ids))})
+    def _refuse(self, response: JSONResponse) -> JSONResponse:
+        self.metrics.refused(response.status_code)
+        return response
 
-    async def collect(self, job) -> tuple[list[int], str]:
-        ids = []
-        while True:
-            kind, value = await job.events.get()
-            if kind == "tokens":
-                ids.extend(value)
-            elif kind == "done":
-                return ids, value
+    # -- decoding events → replies ------------------------------------------------------------------
+
+    async def _next(self, job, reply: Reply) -> tuple[str, str, list[TokenLogprob]]:
+        """The next piece of the reply: (text, finish reason or "", new log-probabilities)."""
+        kind, value = await job.events.get()
+        if kind == "tokens":
+            ids, logprobs = value
+            text = reply.add(ids, logprobs, self.tokenizer)
+            if reply.finish == "stop":  # a stop string: the row is not needed any more
+                self.worker.cancel(job)
+                return text, "stop", logprobs
+            return text, "", logprobs
+        if kind == "done":
+            return reply.end(value, self.tokenizer), reply.finish, []
+        reply.finish = "error"
+        return "", "error", []
+
+    def _ended(self, reply: Reply) -> None:
+        self.metrics.ended(reason=reply.finish or "cancelled", prompt_tokens=reply.prompt_tokens, tokens=len(reply.ids),
+                           ttft=reply.first and reply.first - reply.arrived,
+                           last=reply.last and reply.last - reply.arrived)
+
+    async def _collect(self, job, reply: Reply, request: HttpRequest) -> str:
+        """The whole reply; a client that disconnects meanwhile cancels its row."""
+        gone = asyncio.create_task(_disconnected(request))
+        try:
+            while True:
+                piece = asyncio.create_task(self._next(job, reply))
+                await asyncio.wait({piece, gone}, return_when=asyncio.FIRST_COMPLETED)
+                if not piece.done():
+                    piece.cancel()
+                    self.worker.cancel(job)
+                    reply.finish = None
+                    return "cancelled"
+                _, finish, _ = piece.result()
+                if finish:
+                    return finish
+        finally:
+            gone.cancel()
+            self._ended(reply)
+
+    async def _stream(self, job, reply: Reply, kind: str, echo: str, body, include_usage: bool):
+        """Server-sent events in OpenAI's chunk format; a client that goes away cancels its row."""
+        reply_id = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex[:24]}"
+        chat = kind == "chat"
+        logprobs = body.logprobs if chat else body.logprobs is not None
+
+        def chunk(text: str | None, finish: str | None = None, lps: list[TokenLogprob] = ()) -> str:
+            if chat:
+                delta = {"role": "assistant", "content": ""} if text is None else ({"content": text} if text else {})
+                choice = {"index": 0, "delta": delta, "logprobs": self._chat_logprobs(lps) if logprobs and lps else None,
+                          "finish_reason": finish}
+                data = {"id": reply_id, "object": "chat.completion.chunk", "created": int(time.time()),
+                        "model": self.model, "choices": [choice]}
             else:
-                raise RuntimeError(value)
-
-    async def stream(self, job, reply_id: str, prompt_tokens: int, include_usage: bool):
-        """Server-sent events, OpenAI's chunk format; a client that goes away cancels its row."""
-        def chunk(delta: dict, finish: str | None = None) -> str:
-            data = {"id": reply_id, "object": "chat.completion.chunk", "created": int(time.time()), "model": self.model,
-                    "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+                choice = {"index": 0, "text": text or "", "finish_reason": finish,
+                          "logprobs": self._legacy_logprobs(lps, 0) if logprobs and lps else None}
+                data = {"id": reply_id, "object": "text_completion", "created": int(time.time()), "model": self.model,
+                        "choices": [choice]}
             return f"data: {json.dumps(data)}\n\n"
 
-        ids, sent, done = [], "", False
+        done = False
         try:
-            yield chunk({"role": "assistant", "content": ""})
+            yield chunk(None if chat else echo)
             while True:
-                kind, value = await job.events.get()
-                if kind == "error":
-                    yield f"data: {json.dumps({'error': {'message': value, 'type': 'server_error'}})}\n\n"
+                text, finish, lps = await self._next(job, reply)
+                if finish == "error":
+                    yield f"data: {json.dumps({'error': {'message': 'decoding failed', 'type': 'server_error'}})}\n\n"
                     done = True
                     return
-                if kind == "tokens":
-                    ids.extend(value)
-                    text = self.tokenizer.decode(ids)
-                    if text.endswith("\ufffd"):  # a character still split across tokens: wait for the rest
-                        continue
-                    if len(text) > len(sent):
-                        yield chunk({"content": text[len(sent):]})
-                        sent = text
-                    continue
-                done = True
-                text = self.tokenizer.decode(ids)
-                if len(text) > len(sent):
-                    yield chunk({"content": text[len(sent):]})
-                yield chunk({}, FINISH.get(value, value))
-                if include_usage:
-                    data = {"id": reply_id, "object": "chat.completion.chunk", "created": int(time.time()),
-                            "model": self.model, "choices": [], "usage": usage(prompt_tokens, len(ids))}
-                    yield f"data: {json.dumps(data)}\n\n"
-                yield "data: [DONE]\n\n"
-                return
+                if text or lps:
+                    yield chunk(text, None, lps)
+                if finish:
+                    done = True
+                    yield chunk("" if chat else "", finish)
+                    if include_usage:
+                        data = {"id": reply_id, "object": "chat.completion.chunk" if chat else "text_completion",
+                                "created": int(time.time()), "model": self.model, "choices": [], "usage": usage(reply)}
+                        yield f"data: {json.dumps(data)}\n\n"
+                    yield "data: [DONE]\n\n"
+                    return
         finally:
             if not done:  # the client disconnected (Starlette cancelled this generator) before the end
                 self.worker.cancel(job)
+                reply.finish = None
+            self._ended(reply)
+
+    def _token_text(self, token: int) -> str:
+        return self.tokenizer.decode([token])
+
+    def _chat_logprobs(self, logprobs: list[TokenLogprob]) -> dict:
+        def entry(token: int, value: float) -> dict:
+            text = self._token_text(token)
+            return {"token": text, "logprob": value, "bytes": list(text.encode())}
+        return {"content": [{**entry(lp.token, lp.logprob), "top_logprobs": [entry(t, v) for t, v in lp.top]}
+                            for lp in logprobs]}
+
+    def _legacy_logprobs(self, logprobs: list[TokenLogprob], offset: int) -> dict:
+        tokens = [self._token_text(lp.token) for lp in logprobs]
+        offsets = [offset + sum(len(t) for t in tokens[:i]) for i in range(len(tokens))]
+        return {"tokens": tokens, "token_logprobs": [lp.logprob for lp in logprobs],
+                "top_logprobs": [{self._token_text(t): v for t, v in lp.top} for lp in logprobs],
+                "text_offset": offsets}
+
+    def _completion_body(self, reply_id: str, echo: str, reply: Reply, finish: str | None, *,
+                         logprobs: bool = False) -> dict:
+        choice = {"index": 0, "text": echo + reply.sent, "finish_reason": finish,
+                  "logprobs": self._legacy_logprobs(reply.logprobs, len(echo)) if logprobs else None}
+        return {"id": reply_id, "object": "text_completion", "created": int(time.time()), "model": self.model,
+                "choices": [choice], "usage": usage(reply)}
 
 
-def usage(prompt: int, completion: int) -> dict:
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+async def _disconnected(request: HttpRequest) -> None:
+    """Returns when the client goes away (its body was read already)."""
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return
 
 
-def make_app(chat: ChatApp) -> Starlette:
+def usage(reply: Reply) -> dict:
+    return {"prompt_tokens": reply.prompt_tokens, "completion_tokens": len(reply.ids),
+            "total_tokens": reply.prompt_tokens + len(reply.ids)}
+
+
+def make_app(app: ServeApp) -> Starlette:
     @contextlib.asynccontextmanager
-    async def lifespan(app):
-        chat.worker.start()
+    async def lifespan(_):
+        app.worker.start()
         yield
-        chat.worker.stop()
+        app.worker.stop()
 
-    return Starlette(routes=chat.routes(), lifespan=lifespan)
+    starlette = Starlette(routes=app.routes(), lifespan=lifespan)
+    starlette.add_middleware(RequireKey, keys=app.keys, on_refused=app.metrics.refused)
+    return starlette

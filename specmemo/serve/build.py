@@ -3,11 +3,12 @@ and the Starlette app over it. The CLI, the tests and `bench batch` build the sa
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from specmemo.errors import ConfigError
 from specmemo.runtime.config import Mode
+from specmemo.serve.api import Limits
 
 DEFAULT_BATCH = 8
 DEFAULT_CONTEXT = 1024
@@ -23,6 +24,8 @@ class ServeConfig:
     max_queue: int | None = None  # requests waiting for a row before 429 (None: 4 x batch)
     threads: int = 2
     model_name: str | None = None  # the id /v1/models lists (None: the manifest's source model)
+    limits: Limits = field(default_factory=Limits)  # body bytes, messages, prompt tokens, max_tokens per request
+    keys: tuple[str, ...] = ()  # API keys (keys.py); () : open
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "artifact", Path(self.artifact))
@@ -34,13 +37,13 @@ class ServeConfig:
 
 
 def build_app(config: ServeConfig, *, log=print):
-    """(the Starlette app, its ChatApp): the pool is opened here; its thread starts with the app."""
+    """(the Starlette app, its ServeApp): the pool is opened here; its thread starts with the app."""
     from specmemo.runtime.batch import batch_support
     from specmemo.runtime.config import EngineConfig
     from specmemo.runtime.engine import open_pool
     from specmemo.runtime.manifest import load_manifest
     from specmemo.runtime.tokenizer import ChatTokenizer
-    from specmemo.serve.app import ChatApp, make_app
+    from specmemo.serve.app import ServeApp, make_app
     from specmemo.serve.worker import PoolWorker
 
     manifest = load_manifest(config.artifact)
@@ -52,7 +55,7 @@ def build_app(config: ServeConfig, *, log=print):
                           capacity=config.capacity)
     pool = open_pool(engine, batch=config.batch, log=log)
     worker = PoolWorker(pool, max_queue=config.max_queue or 4 * config.batch)
-    chat = ChatApp(worker=worker, tokenizer=ChatTokenizer(config.artifact, manifest),
-                   model=config.model_name or manifest.source_model, defaults=manifest.generation,
-                   capacity=pool.backend.capacity)
-    return make_app(chat), chat
+    served = ServeApp(worker=worker, tokenizer=ChatTokenizer(config.artifact, manifest),
+                      model=config.model_name or manifest.source_model, defaults=manifest.generation,
+                      capacity=pool.backend.capacity, limits=config.limits, keys=config.keys)
+    return make_app(served), served

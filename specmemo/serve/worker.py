@@ -25,7 +25,7 @@ class QueueFull(SpecMemoError, RuntimeError):
 class Job:
     request: Request
     loop: asyncio.AbstractEventLoop
-    events: asyncio.Queue  # ("tokens", [ids]) ... then ("done", finish_reason)
+    events: asyncio.Queue  # ("tokens", ([ids], [TokenLogprob])) ... then ("done", finish_reason) or ("error", why)
     submitted: float = field(default_factory=time.perf_counter)
     row: int | None = None
     cancelled: bool = False
@@ -83,6 +83,10 @@ class PoolWorker:
                 return
         self._wake.set()  # the worker drops its row before the next step (job.cancelled)
 
+    def waiting(self) -> int:
+        with self._lock:
+            return len(self._waiting)
+
     def health(self) -> dict:
         with self._lock:
             waiting = len(self._waiting)
@@ -102,7 +106,7 @@ class PoolWorker:
                 job = self._waiting.popleft()
                 try:
                     job.row = self.pool.add(job.request)
-                except SpecMemoError as err:  # checked up front by the app; kept as a guard
+                except Exception as err:  # noqa: BLE001  (checked up front by the app; a guard: the thread lives on)
                     self.counters.failed += 1
                     job.send("error", str(err))
                     continue
@@ -110,27 +114,37 @@ class PoolWorker:
 
     def _run(self) -> None:
         while not self._stop:
-            self._admit()
-            if not self.pool.active:
-                self._wake.wait(timeout=0.5)
-                self._wake.clear()
-                continue
             try:
-                updates = self.pool.step()
-            except Exception as err:  # noqa: BLE001  (a failed step fails its requests, not the server)
-                for row, job in list(self._jobs.items()):
-                    self.pool.cancel(row)
-                    job.send("error", f"decoding failed: {err}")
-                    self.counters.failed += 1
-                self._jobs.clear()
+                self._iteration()
+            except Exception as err:  # noqa: BLE001  (never let the one pool thread die: fail what it held)
+                self._fail_all(f"the server failed: {err}")
+
+    def _fail_all(self, message: str) -> None:
+        for row, job in list(self._jobs.items()):
+            self.pool.cancel(row)
+            job.send("error", message)
+            self.counters.failed += 1
+        self._jobs.clear()
+
+    def _iteration(self) -> None:
+        """Admit waiting jobs, run one step, hand each job its tokens."""
+        self._admit()
+        if not self.pool.active:
+            self._wake.wait(timeout=0.5)
+            self._wake.clear()
+            return
+        try:
+            updates = self.pool.step()
+        except Exception as err:  # noqa: BLE001  (a failed step fails its requests, not the server)
+            self._fail_all(f"decoding failed: {err}")
+            return
+        for update in updates:
+            job = self._jobs.get(update.row)
+            if job is None:
                 continue
-            for update in updates:
-                job = self._jobs.get(update.row)
-                if job is None:
-                    continue
-                if update.tokens:
-                    job.send("tokens", list(update.tokens))
-                if update.finished:
-                    job.send("done", update.finish_reason)
-                    del self._jobs[update.row]
-                    self.counters.completed += 1
+            if update.tokens:
+                job.send("tokens", (list(update.tokens), list(update.logprobs)))
+            if update.finished:
+                job.send("done", update.finish_reason)
+                del self._jobs[update.row]
+                self.counters.completed += 1

@@ -1,0 +1,227 @@
+"""The request bodies `serve` takes, as OpenAI defines them, and how a body becomes one or a one-line 400.
+
+Fields are in three sets per endpoint:
+  taken    – honoured (the pydantic models below);
+  ignored  – OpenAI's bookkeeping fields that change nothing here (metadata, store, user, ...): accepted;
+  refused  – OpenAI fields this server does not do (tools, audio, n > 1, ...): a 400 naming the field.
+Any other field is not OpenAI's: a 400 naming it. Checked before anything is tokenized: the body's size,
+UTF-8, JSON nesting depth and types, then the message count.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+MAX_STOPS = 4  # OpenAI's limit
+MAX_DEPTH = 32  # JSON nesting a real request never needs (messages → content parts → part is depth 4)
+
+
+class BadRequest(ValueError):
+    """A request refused with 400 (or `status`) and a one-line reason."""
+
+    def __init__(self, message: str, status: int = 400, param: str | None = None):
+        super().__init__(message)
+        self.status, self.param = status, param
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one request may ask for (`serve` flags; defaults sized for a small box)."""
+
+    max_body_bytes: int = 1 << 20  # --max-body-bytes: 1 MiB
+    max_messages: int = 256  # --max-messages
+    max_prompt_tokens: int | None = None  # --max-prompt-tokens (None: a row's context)
+    max_tokens: int | None = None  # --max-tokens: the most new tokens one request may ask for (None: the context)
+
+    def __post_init__(self) -> None:
+        if min(self.max_body_bytes, self.max_messages, self.max_prompt_tokens or 1, self.max_tokens or 1) < 1:
+            raise ValueError("--max-body-bytes, --max-messages, --max-prompt-tokens and --max-tokens must be >= 1")
+
+
+class TextPart(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    role: Literal["system", "developer", "user", "assistant"]
+    content: str | list[TextPart]
+    name: str | None = None
+
+    @property
+    def text(self) -> str:
+        return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    include_usage: bool = False
+
+
+class ResponseFormat(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    type: Literal["text", "json_object", "json_schema"]
+
+
+class Common(BaseModel):
+    """What chat and completions share: sampling, stops, penalties, bias, streaming."""
+
+    model_config = ConfigDict(extra="forbid", strict=False)
+    model: str
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    temperature: float | None = Field(default=None, ge=0, le=2)
+    top_p: float | None = Field(default=None, gt=0, le=1)
+    seed: int | None = Field(default=None, ge=-(2**63), lt=2**64)
+    n: Literal[1] = 1
+    stop: str | list[str] | None = None
+    presence_penalty: float = Field(default=0.0, ge=-2, le=2)
+    frequency_penalty: float = Field(default=0.0, ge=-2, le=2)
+    logit_bias: dict[str, float] | None = None
+
+    @field_validator("stop")
+    @classmethod
+    def _stops(cls, value):
+        stops = [value] if isinstance(value, str) else (value or [])
+        if len(stops) > MAX_STOPS or any(not s for s in stops):
+            raise ValueError(f"at most {MAX_STOPS} non-empty stop strings")
+        return stops
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _bias(cls, value):
+        for token, bias in (value or {}).items():
+            if not token.isdigit() or not -100 <= bias <= 100:
+                raise ValueError("keys are token ids (digits), values in [-100, 100]")
+        return value
+
+    @property
+    def stops(self) -> list[str]:
+        return list(self.stop or [])
+
+    @property
+    def bias(self) -> tuple[tuple[int, float], ...]:
+        return tuple((int(t), float(b)) for t, b in (self.logit_bias or {}).items())
+
+
+class ChatRequest(Common):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_tokens: int | None = Field(default=None, ge=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(default=None, ge=0, le=20)
+    response_format: ResponseFormat | None = None
+
+    @property
+    def wanted(self) -> int | None:
+        return self.max_completion_tokens or self.max_tokens
+
+
+class CompletionRequest(Common):
+    prompt: str | list[str] | list[int] | list[list[int]]
+    max_tokens: int = Field(default=16, ge=0)  # OpenAI's default; 0 with echo: the prompt back
+    echo: bool = False
+    logprobs: int | None = Field(default=None, ge=0, le=5)
+    best_of: Literal[1] | None = None
+
+    @property
+    def wanted(self) -> int:
+        return self.max_tokens
+
+
+TAKEN = {"chat": set(ChatRequest.model_fields), "completions": set(CompletionRequest.model_fields)}
+IGNORED = {"chat": {"metadata", "store", "user", "service_tier", "parallel_tool_calls", "prompt_cache_key",
+                    "safety_identifier"},
+           "completions": {"user", "suffix"}}
+REFUSED = {  # OpenAI's fields this server does not do, and why
+    "chat": {"tools": "tool calling", "tool_choice": "tool calling", "functions": "function calling",
+             "function_call": "function calling", "audio": "audio output", "modalities": "modalities other than text",
+             "prediction": "predicted outputs", "web_search_options": "web search",
+             "reasoning_effort": "reasoning models", "verbosity": "verbosity control"},
+    "completions": {},
+}
+
+
+def parse(raw: bytes, kind: str, limits: Limits) -> ChatRequest | CompletionRequest:
+    """The body → a request, or BadRequest with one line: size, UTF-8, JSON, nesting, fields, types."""
+    if len(raw) > limits.max_body_bytes:
+        raise BadRequest(f"the body is {len(raw)} bytes, over this server's {limits.max_body_bytes} "
+                         f"(serve --max-body-bytes)", status=413)
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise BadRequest(f"the body is not UTF-8 (byte {err.start}): send JSON encoded as UTF-8") from None
+    depth = nesting(text)
+    if depth > MAX_DEPTH:
+        raise BadRequest(f"the body nests {depth} levels deep; requests need at most {MAX_DEPTH}")
+    try:
+        body = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise BadRequest(f"the body is not JSON ({err.msg} at line {err.lineno} column {err.colno})") from None
+    if not isinstance(body, dict):
+        raise BadRequest("the body must be a JSON object")
+    check_fields(body, kind)
+    try:
+        request = (ChatRequest if kind == "chat" else CompletionRequest).model_validate(
+            {k: v for k, v in body.items() if k not in IGNORED[kind]})
+    except ValidationError as err:
+        raise BadRequest(one_line(err)) from None
+    if kind == "chat":
+        check_chat(request, limits)
+    return request
+
+
+def nesting(text: str) -> int:
+    """The deepest [ / { nesting in a JSON text, strings skipped (before json.loads can recurse on it)."""
+    depth = deepest = 0
+    in_string = escaped = False
+    for char in text:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif char == "\\":
+                escaped = True
+            elif char == '"':
+                in_string = False
+        elif char == '"':
+            in_string = True
+        elif char in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif char in "]}":
+            depth -= 1
+    return deepest
+
+
+def check_fields(body: dict, kind: str) -> None:
+    for name in body:
+        if name in REFUSED[kind]:
+            raise BadRequest(f"{name!r} is not supported by this server ({REFUSED[kind][name]}): leave it out",
+                             param=name)
+        if name not in TAKEN[kind] and name not in IGNORED[kind]:
+            endpoint = "chat completions" if kind == "chat" else "completions"
+            raise BadRequest(f"unknown field {name!r}: not part of OpenAI's {endpoint} API", param=name)
+
+
+def check_chat(request: ChatRequest, limits: Limits) -> None:
+    if len(request.messages) > limits.max_messages:
+        raise BadRequest(f"{len(request.messages)} messages, over this server's {limits.max_messages} "
+                         f"(serve --max-messages)")
+    if request.response_format is not None and request.response_format.type != "text":
+        raise BadRequest(f"response_format {request.response_format.type!r} is not supported (no constrained "
+                         f"decoding here): ask for JSON in the prompt, or leave response_format out",
+                         param="response_format")
+    if request.top_logprobs is not None and not request.logprobs:
+        raise BadRequest("top_logprobs needs logprobs: true", param="top_logprobs")
+
+
+def one_line(err: ValidationError) -> str:
+    first = err.errors()[0]
+    where = ".".join(str(p) for p in first["loc"]) or "body"
+    return f"{where}: {first['msg']}"

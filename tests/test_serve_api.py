@@ -1,0 +1,313 @@
+"""`serve` as real clients use it: the `openai` client's stop, logprobs, penalties, logit_bias and
+/v1/completions (text and token prompts, echo, streaming); OpenAI's other fields accepted or refused by
+name; API keys; limits on bodies, messages, prompts and max_tokens; /metrics against client-side
+counts; and a fuzz of the HTTP surface that must only ever see 4xx."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import socket
+
+import numpy as np
+import pytest
+
+from conftest import export_tiny, tiny_config
+from tests.test_serve import CAPACITY, Server, greedy_reply, server_tokenizer
+
+QUESTION = "w11 w42 w7 w99"
+NEW = 24
+
+
+@pytest.fixture(scope="module")
+def artifact(tmp_path_factory):
+    return export_tiny(tiny_config("LlamaForCausalLM"), tmp_path_factory.mktemp("serve-api"), max_capacity=CAPACITY)
+
+
+@pytest.fixture(scope="module")
+def server(artifact):
+    from specmemo.serve.api import Limits
+
+    s = Server(artifact, batch=4, max_queue=16, limits=Limits(max_body_bytes=64 << 10, max_messages=8,
+                                                               max_prompt_tokens=64, max_tokens=48))
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="module")
+def greedy(artifact):
+    """The chat question's single-request greedy reply: (ids, text)."""
+    from specmemo.runtime.tokenizer import Message
+
+    tokenizer = server_tokenizer(artifact)
+    ids = greedy_reply(artifact, tokenizer.encode_chat([Message("user", QUESTION)]), NEW)
+    return ids, tokenizer.decode(ids)
+
+
+def ask(client, **options):
+    return client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": QUESTION}],
+                                          max_tokens=NEW, temperature=0, **options)
+
+
+def test_stop_strings_end_the_reply_before_them_streamed_or_not(server, greedy):
+    _, text = greedy
+    words = text.split()
+    assert len(words) > 6
+    stop = " " + words[4]  # inside the reply, across a token boundary
+    expected = text[: text.index(stop)]
+    reply = ask(server.client(), stop=[stop, "never appears"])
+    assert reply.choices[0].message.content == expected and reply.choices[0].finish_reason == "stop"
+    assert reply.usage.completion_tokens < NEW
+    stream = ask(server.client(), stop=stop, stream=True)
+    chunks = [c for c in stream if c.choices]
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == expected
+    assert chunks[-1].choices[0].finish_reason == "stop"
+    assert server.health()["rows_busy"] == 0
+
+
+def test_logprobs_follow_the_greedy_tokens(server, greedy):
+    ids, text = greedy
+    reply = ask(server.client(), logprobs=True, top_logprobs=2)
+    assert reply.choices[0].message.content == text  # logprobs change nothing but the row's drafting
+    content = reply.choices[0].logprobs.content
+    assert len(content) == len(ids) == reply.usage.completion_tokens
+    for entry in content:
+        assert entry.logprob <= 0 and len(entry.top_logprobs) == 2
+        assert entry.top_logprobs[0].logprob == entry.logprob >= entry.top_logprobs[1].logprob
+    streamed = [lp for c in ask(server.client(), logprobs=True, stream=True) if c.choices and c.choices[0].logprobs
+                for lp in c.choices[0].logprobs.content]
+    assert [lp.logprob for lp in streamed] == [e.logprob for e in content]
+
+
+def test_penalties_and_logit_bias_change_the_reply(server, greedy):
+    ids, text = greedy
+    banned = ask(server.client(), logit_bias={str(ids[0]): -100})
+    assert banned.choices[0].message.content.split()[0] != text.split()[0]
+    penalised = ask(server.client(), frequency_penalty=2.0, presence_penalty=2.0)
+    assert len(set(penalised.choices[0].message.content.split())) >= len(set(text.split()))
+    with pytest.raises(Exception, match="outside this model's vocabulary"):
+        ask(server.client(), logit_bias={"100000": 5})
+
+
+def test_completions_text_tokens_echo_and_logprobs(server, artifact):
+    tokenizer = server_tokenizer(artifact)
+    prompt = "w3 w9 w27 w81"
+    ids = tokenizer.encode(prompt)
+    expected = tokenizer.decode(greedy_reply(artifact, ids, 12))
+    client = server.client()
+    done = client.completions.create(model="tiny", prompt=prompt, max_tokens=12, temperature=0)
+    assert done.choices[0].text == expected and done.usage.prompt_tokens == len(ids)
+    assert client.completions.create(model="tiny", prompt=ids, max_tokens=12, temperature=0).choices[0].text == expected
+    echoed = client.completions.create(model="tiny", prompt=prompt, max_tokens=12, temperature=0, echo=True)
+    assert echoed.choices[0].text == prompt + expected
+    assert client.completions.create(model="tiny", prompt=prompt, max_tokens=0, echo=True).choices[0].text == prompt
+    scored = client.completions.create(model="tiny", prompt=prompt, max_tokens=12, temperature=0, logprobs=2)
+    lp = scored.choices[0].logprobs
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == 12 and "".join(lp.tokens) != ""
+    assert all(len(top) <= 2 for top in lp.top_logprobs) and lp.text_offset[0] == 0
+    streamed = client.completions.create(model="tiny", prompt=prompt, max_tokens=12, temperature=0, stream=True)
+    assert "".join(c.choices[0].text for c in streamed if c.choices) == expected
+
+
+def test_openai_fields_are_taken_ignored_or_refused_by_name(server):
+    import httpx
+
+    http = httpx.Client(trust_env=False)
+    base = {"model": "tiny", "messages": [{"role": "user", "content": "w5"}], "max_tokens": 4}
+    ok = {"metadata": {"a": "b"}, "store": False, "user": "u1", "seed": -3, "temperature": 0.7, "n": 1, "service_tier": "auto",
+          "response_format": {"type": "text"},
+          "messages": [{"role": "developer", "content": "w1"}, {"role": "user", "content": [{"type": "text",
+                                                                                             "text": "w5"}]}]}
+    assert http.post(f"{server.url}/v1/chat/completions", json={**base, **ok}).status_code == 200
+    cases = [({"tools": []}, "'tools' is not supported"), ({"frobnicate": 1}, "unknown field 'frobnicate'"),
+             ({"response_format": {"type": "json_object"}}, "response_format 'json_object' is not supported"),
+             ({"n": 2}, "n:"), ({"stop": ["a", "b", "c", "d", "e"]}, "stop"), ({"temperature": "hot"}, "temperature"),
+             ({"top_logprobs": 2}, "top_logprobs needs logprobs"), ({"max_tokens": 49}, "serve --max-tokens"),
+             ({"messages": [{"role": "user", "content": "w5"}] * 9}, "serve --max-messages"),
+             ({"messages": [{"role": "user", "content": "w5 " * 70}]}, "serve --max-prompt-tokens"),
+             ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
+              "messages.0.content")]
+    for extra, words in cases:
+        response = http.post(f"{server.url}/v1/chat/completions", json={**base, **extra})
+        assert response.status_code == 400, extra
+        message = response.json()["error"]["message"]
+        assert words in message and "\n" not in message, (extra, message)
+    refused = http.post(f"{server.url}/v1/completions", json={"model": "tiny", "prompt": "w1", "echo": True,
+                                                              "logprobs": 1})
+    assert refused.status_code == 400 and "echo with logprobs" in refused.json()["error"]["message"]
+
+
+def test_malformed_bodies_are_400_never_500(server):
+    import httpx
+
+    http = httpx.Client(trust_env=False)
+    url = f"{server.url}/v1/chat/completions"
+    cases = [(b'{"model": "tiny", "messages": [{"role": "user", "content": "\xff\xfe"}]}', 400, "not UTF-8"),
+             (b"[" * 100000 + b"]" * 100000, 413, "max-body-bytes"),
+             (b"[" * 5000 + b"]" * 5000, 400, "nests 5000 levels"),
+             (b"[1, 2]", 400, "JSON object"), (b"", 400, "not JSON"),
+             (json.dumps({"model": "tiny", "messages": "hi"}).encode(), 400, "messages")]
+    for body, status, words in cases:
+        response = http.post(url, content=body, headers={"content-type": "application/json"})
+        assert response.status_code == status and words in response.json()["error"]["message"], (body[:40], response.text)
+
+
+def test_keys_guard_everything_but_health(artifact):
+    import httpx
+
+    from specmemo.errors import ConfigError
+    from specmemo.serve.keys import check_exposure, keys_from
+
+    assert keys_from(["k1"], env="k2,,k3") == ("k1", "k2", "k3") and keys_from(None, env="") == ()
+    with pytest.raises(ConfigError, match="--api-key KEY") as refused:
+        check_exposure("0.0.0.0", (), allow_no_key=False)
+    assert "\n" not in str(refused.value)
+    for host, keys, allow in (("127.0.0.1", (), False), ("::1", (), False), ("localhost", (), False),
+                              ("0.0.0.0", ("k",), False), ("0.0.0.0", (), True)):
+        check_exposure(host, keys, allow)
+    server = Server(artifact, batch=2, max_queue=4, keys=("sesame", "open-up"))
+    try:
+        http = httpx.Client(trust_env=False)
+        chat = {"model": "tiny", "messages": [{"role": "user", "content": "w5"}], "max_tokens": 2}
+        for method, path, body in (("GET", "/v1/models", None), ("GET", "/metrics", None), ("GET", "/nowhere", None),
+                                   ("POST", "/v1/chat/completions", chat), ("POST", "/v1/completions", {})):
+            for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "sesame"},
+                            {"Authorization": "Basic sesame"}):
+                response = http.request(method, server.url + path, json=body, headers=headers)
+                assert response.status_code == 401 and response.json()["error"]["code"] == "invalid_api_key", path
+        assert http.get(server.url + "/health").status_code == 200
+        assert server.client(api_key="open-up").chat.completions.create(**chat).choices[0].message.content is not None
+        assert server.client(api_key="sesame").models.list().data[0].id == "tiny"
+        metrics = http.get(server.url + "/metrics", headers={"Authorization": "Bearer sesame"}).text
+        assert 'specmemo_http_refusals_total{status="401"} 20.0' in metrics
+    finally:
+        server.stop()
+
+
+def scrape(server) -> dict[str, float]:
+    import httpx
+
+    values = {}
+    for line in httpx.Client(trust_env=False).get(server.url + "/metrics").text.splitlines():
+        if line and not line.startswith("#"):
+            name, value = line.rsplit(" ", 1)
+            values[name] = float(value)
+    return values
+
+
+def test_metrics_move_with_the_client_side_counts(artifact):
+    from concurrent.futures import ThreadPoolExecutor
+
+    server = Server(artifact, batch=4, max_queue=16)
+    try:
+        before = scrape(server)
+        assert before["specmemo_rows"] == 4 and before["specmemo_kv_positions_capacity"] == 4 * (CAPACITY - 1)
+
+        def one(i: int):
+            return server.client().chat.completions.create(
+                model="tiny", messages=[{"role": "user", "content": f"w{10 + i} w{20 + i}"}], max_tokens=8 + i % 5,
+                temperature=0)
+
+        with ThreadPoolExecutor(8) as threads:
+            replies = list(threads.map(one, range(12)))
+        after = scrape(server)
+        finished = sum(v for k, v in after.items() if k.startswith("specmemo_requests_finished_total"))
+        assert finished == 12
+        by_reason = {r: sum(1 for x in replies if x.choices[0].finish_reason == r) for r in ("stop", "length")}
+        for reason, count in by_reason.items():
+            assert after.get(f'specmemo_requests_finished_total{{reason="{reason}"}}', 0) == count
+        assert after["specmemo_generation_tokens_total"] == sum(x.usage.completion_tokens for x in replies)
+        assert after["specmemo_prompt_tokens_total"] == sum(x.usage.prompt_tokens for x in replies)
+        assert after["specmemo_time_to_first_token_seconds_count"] == 12
+        assert after["specmemo_verify_row_steps"] > 0 and after["specmemo_accepted_tokens_per_step"] >= 1.0
+        assert after["specmemo_requests_running"] == after["specmemo_requests_waiting"] == 0
+    finally:
+        server.stop()
+
+
+def rss() -> int:
+    with open(f"/proc/{os.getpid()}/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+WRONG = {  # values no field of that name accepts
+    "model": [None, [], {}, 5], "messages": [None, "x", [], {}, [1], [{"role": "robot", "content": "x"}]],
+    "max_tokens": ["x", -5, [], 0.5, 10**6], "temperature": ["hot", -1, 5, []], "stop": [5, [1], {}, ["a"] * 5],
+    "logit_bias": ["x", {"a": 1}, {"1": 500}], "stream": ["maybe", [], {}], "seed": ["x", 1.5, []],
+    "top_p": [0, 2, "x"], "n": [2, 0], "logprobs": ["x", []], "top_logprobs": [-1, 21]}
+
+
+def malformed(rng: random.Random) -> tuple[str, str, bytes, dict]:
+    """One malformed request: (method, path, body, headers)."""
+    good = {"model": "tiny", "messages": [{"role": "user", "content": "w5"}], "max_tokens": 2}
+    kind = rng.randrange(9)
+    if kind == 0:  # random bytes
+        return "POST", "/v1/chat/completions", bytes(rng.randrange(256) for _ in range(rng.randrange(1, 200))), {}
+    if kind == 1:  # truncated JSON
+        text = json.dumps(good).encode()
+        return "POST", "/v1/chat/completions", text[: rng.randrange(len(text))], {}
+    if kind == 2:  # a known field with a value of the wrong type or out of range
+        field, value = rng.choice([(f, v) for f, values in WRONG.items() for v in values])
+        return "POST", "/v1/chat/completions", json.dumps({**good, field: value}).encode(), {}
+    if kind == 3:  # deep nesting
+        depth = rng.randrange(40, 3000)
+        return "POST", "/v1/completions", b'{"prompt": ' + b"[" * depth + b"]" * depth + b"}", {}
+    if kind == 4:  # invalid UTF-8 inside a string
+        return "POST", "/v1/completions", b'{"model": "tiny", "prompt": "\xc3\x28\xa0\xa1"}', {}
+    if kind == 5:  # a body over the limit
+        return "POST", "/v1/chat/completions", b" " * (65 << 10), {}
+    if kind == 6:  # bad token ids or out-of-range numbers
+        return "POST", "/v1/completions", json.dumps({"model": "tiny", "prompt": [rng.choice([-1, 10**9, 300])],
+                                                      "max_tokens": rng.choice([-1, 10**6, 3])}).encode(), {}
+    if kind == 7:  # header abuse: odd content types and encodings on a body that lacks its model
+        return "POST", "/v1/chat/completions", json.dumps({"messages": good["messages"]}).encode(), {
+            "content-type": rng.choice(["text/plain", "application/x-www-form-urlencoded", "", "a" * 4000]),
+            "content-encoding": rng.choice(["gzip", "identity", "br"])}
+    return rng.choice(["PUT", "DELETE", "GET"]), rng.choice(["/v1/chat/completions", "/v1/completions"]), b"", {}
+
+
+def test_fuzz_two_thousand_malformed_requests_get_only_4xx(server):
+    import httpx
+
+    rng, http = random.Random(11), httpx.Client(trust_env=False, timeout=30)
+    statuses = {}
+    baseline = None
+    for i in range(2200):
+        method, path, body, headers = malformed(rng)
+        try:
+            status = http.request(method, server.url + path, content=body, headers=headers).status_code
+        except httpx.HTTPError:  # a request the client itself refuses to send (a lying length): no server answer
+            status = "client"
+        statuses[status] = statuses.get(status, 0) + 1
+        if i == 200:
+            baseline = rss()  # after warm-up: caches, first allocations
+    assert not [s for s in statuses if isinstance(s, int) and not 400 <= s < 500], statuses
+    assert sum(v for s, v in statuses.items() if s != "client") >= 2000, statuses
+    assert abs(rss() - baseline) <= 0.05 * baseline, (rss(), baseline)
+    reply = server.client().chat.completions.create(model="tiny", messages=[{"role": "user", "content": "w5"}],
+                                                    max_tokens=4, temperature=0)
+    assert reply.choices[0].message.content is not None
+    health = server.health()
+    assert health["rows_busy"] == 0 and health["failed"] == 0 and health["queued"] == 0
+
+
+def test_raw_header_abuse_keeps_the_server_answering(server):
+    """Requests httpx would not send: broken request lines, huge headers, a body shorter than its length."""
+    port = int(server.url.rsplit(":", 1)[1])
+    raw = [b"GARBAGE\r\n\r\n", b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n" + b"X-A: " + b"a" * 70000 + b"\r\n\r\n",
+           b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 50\r\n\r\n{\"model\"",
+           b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n"]
+    for request in raw:
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+            s.sendall(request)
+            s.shutdown(socket.SHUT_WR)
+            answer = b""
+            try:
+                while chunk := s.recv(65536):
+                    answer += chunk
+            except (ConnectionResetError, socket.timeout):
+                pass
+            assert not answer.startswith(b"HTTP/1.1 5"), (request[:30], answer[:80])
+    assert server.health()["status"] == "ok"
+    np.testing.assert_equal(server.health()["failed"], 0)
