@@ -11,7 +11,6 @@ from pathlib import Path
 import specmemo
 from specmemo.errors import ConfigError
 from specmemo.export.batch_graph import DEFAULT_BATCHES, write_batch_graph
-from specmemo.runtime.batch import batch_support
 from specmemo.export.generation import generation_defaults
 from specmemo.export.decoder import Decoder, embedding_table
 from specmemo.export.dims import dims_from_config
@@ -234,13 +233,7 @@ def export_artifact(options: ExportOptions, *, log=print, finalize=None) -> Mani
 
 
 def add_batch_graphs(folder: Path, manifest: Manifest, batches: tuple[int, ...], log) -> Manifest:
-    """Write the batch graphs for `batches` (those the manifest lacks) and name them in the manifest;
-    an artifact the batch route does not serve yet gets none, with a line saying why."""
-    reason = batch_support(manifest)
-    if reason:
-        if batches:
-            log(f"no batch graphs: {reason}")
-        return manifest
+    """Write the batch graphs for `batches` (those the manifest lacks) and name them in the manifest."""
     have = {g.batch: g for g in manifest.batch_graphs}
     for batch in batches:
         if batch not in have:

@@ -11,7 +11,9 @@ the token axis, [1, T_0 + ... + T_{B-1}, h], and each GroupQueryAttention node b
 
 with T_b and S_b read from row b's bias [1, 1, T_b, S_b]. Each row attends to its own committed
 positions only and writes its new K/V rows in place at [S_b - T_b, S_b) of its own buffer: rows
-accept different numbers of tokens and nothing is realigned.
+accept different numbers of tokens and nothing is realigned. A sliding-window layer reads row b's own
+sliding bias [1, 1, T_b, S_w_b] over its own window buffer (whose rows the runtime slides per row), and a
+float16 KV graph's one Cast of the bias becomes one Cast per row.
 
 The padding row. The one-sequence route runs every call on at least 2 rows (runtime/backend.py: ONNX
 Runtime's one-row kernels round differently), so a 1-token step carries a padding row, the same token
@@ -31,7 +33,6 @@ from pathlib import Path
 
 from specmemo.errors import ConfigError
 from specmemo.runtime import io_spec
-from specmemo.runtime.batch import batch_support
 from specmemo.runtime.manifest import BatchGraph, Manifest
 
 GQA = "GroupQueryAttention"
@@ -50,9 +51,6 @@ def write_batch_graph(artifact: Path, manifest: Manifest, batch: int) -> BatchGr
 
     if not 2 <= batch <= MAX_BATCH:
         raise ConfigError(f"--batch takes 2 to {MAX_BATCH} rows, got {batch}")
-    reason = batch_support(manifest)
-    if reason:
-        raise ConfigError(reason)
     model = onnx.load(str(artifact / manifest.decoder_file), load_external_data=False)
     names = io_spec.batch_graph(manifest.io, batch, batch_file(batch))
     rewrite(model.graph, manifest, names)
@@ -69,6 +67,7 @@ def rewrite(graph, manifest: Manifest, names: BatchGraph) -> None:
     kv_inputs = {past for past, _ in io.kv_pairs}
     kv_outputs = {present for _, present in io.kv_pairs}
     row_biases = names.attention_bias  # [B] inputs [1, 1, T_b, S_b]
+    row_biases_local = names.attention_bias_local  # [B] inputs [1, 1, T_b, S_w_b] (sliding layers), or ()
     old_inputs = {i.name: i for i in graph.input}
     old_outputs = {o.name: o for o in graph.output}
 
@@ -76,30 +75,24 @@ def rewrite(graph, manifest: Manifest, names: BatchGraph) -> None:
     int64 = lambda name, values: helper.make_tensor(name, TensorProto.INT64, [len(values)], values)  # noqa: E731
     graph.initializer.extend([int64("batch.i2", [2]), int64("batch.i3", [3]), int64("batch.i4", [4]),
                               int64("batch.one", [1]), int64("batch.zero", [0])])
-    lengths: list[tuple[str, str]] = []  # per row: (seqlens_k, total_sequence_length)
-    for b, row_bias in enumerate(row_biases):
-        p = f"batch.bias.{b}"
-        new_nodes += [
-            helper.make_node("Shape", [row_bias], [f"{p}.shape"]),
-            helper.make_node("Slice", [f"{p}.shape", "batch.i2", "batch.i3"], [f"{p}.T"]),
-            helper.make_node("Slice", [f"{p}.shape", "batch.i3", "batch.i4"], [f"{p}.S"]),
-            helper.make_node("Sub", [f"{p}.S", "batch.one"], [f"{p}.S-1"]),
-            helper.make_node("Cast", [f"{p}.S-1"], [f"{p}.seqlens"], to=TensorProto.INT32),  # [1]
-            helper.make_node("Squeeze", [f"{p}.S", "batch.zero"], [f"{p}.S0"]),
-            helper.make_node("Cast", [f"{p}.S0"], [f"{p}.total"], to=TensorProto.INT32),  # []
-        ]
-        lengths.append((f"{p}.seqlens", f"{p}.total"))
+    lengths: dict[str, list[tuple[str, str]]] = {}  # bias → per row: (seqlens_k, total_sequence_length)
+    for graph_bias, rows_of_bias in ((io.attention_bias, row_biases), (io.attention_bias_local, row_biases_local)):
+        lengths[graph_bias] = [_row_lengths(new_nodes, row_bias) for row_bias in rows_of_bias]
     sizes = "batch.sizes"  # [B] int64: T_b of every row (its tokens and the padding row)
-    new_nodes.append(helper.make_node("Concat", [f"batch.bias.{b}.T" for b in range(batch)], [sizes], axis=0))
+    new_nodes.append(helper.make_node("Concat", [f"{row_bias}.T" for row_bias in row_biases], [sizes], axis=0))
     positions = [f"batch.{io.position_ids}.{b}" for b in range(batch)]
     new_nodes.append(helper.make_node("Split", [names.attention_position_ids, sizes], positions, axis=1))
 
     # a float16 KV buffer (export/kv_dtype.py): attention reads Cast(attention_bias) → float16, once for all
     # layers; each row's bias gets its own Cast
     bias_casts = [n for n in graph.node if n.op_type == "Cast" and n.input[0] == io.attention_bias]
-    row_bias_for = {io.attention_bias: list(row_biases)}
+    row_bias_for = {io.attention_bias: list(row_biases)}  # the bias a node reads → the rows' (and their lengths)
+    if io.attention_bias_local:
+        row_bias_for[io.attention_bias_local] = list(row_biases_local)
+    lengths_for = {io.attention_bias: lengths[io.attention_bias], io.attention_bias_local: lengths.get(io.attention_bias_local)}
     for cast in bias_casts:
         row_bias_for[cast.output[0]] = [f"{row_bias}.{cast.output[0]}" for row_bias in row_biases]
+        lengths_for[cast.output[0]] = lengths[io.attention_bias]
         new_nodes += [helper.make_node("Cast", [row_bias], [name], to=helper.get_attribute_value(cast.attribute[0]))
                       for row_bias, name in zip(row_biases, row_bias_for[cast.output[0]])]
 
@@ -108,9 +101,18 @@ def rewrite(graph, manifest: Manifest, names: BatchGraph) -> None:
         for (past, present), (row_past, row_present) in zip(io.kv_pairs, names.kv_pairs[b * len(io.kv_pairs):]):
             kv_row[past, b], kv_row[present, b] = row_past, row_present
 
-    # torch.export reads the batch size B = 1 off whichever input it picked (a KV buffer, the bias): such
-    # shape arithmetic reads row 0's tensor instead, whose dim 0 is the same 1
-    same_b = {io.position_ids: names.attention_position_ids, io.attention_bias: row_biases[0]}
+    # torch.export reads B = 1 and T off whichever input it picked (a KV buffer, a bias): such shape
+    # arithmetic reads row 0's KV buffer (dim 0 the same 1), or for a bias a [1, 1, n, 1] stand-in whose
+    # dim 2 is the batch's token count n (a bias's S differs per row; nothing that survives reads it)
+    proxy = "batch.bias_shape"
+    new_nodes += [helper.make_node("Shape", [io.inputs_embeds], ["batch.embeds_shape"]),
+                  helper.make_node("Slice", ["batch.embeds_shape", "batch.one", "batch.i2"], ["batch.n"]),
+                  helper.make_node("Concat", ["batch.one", "batch.one", "batch.n", "batch.one"], ["batch.proxy_shape"],
+                                   axis=0),
+                  helper.make_node("ConstantOfShape", ["batch.proxy_shape"], [proxy])]
+    same_b = {io.position_ids: names.attention_position_ids, io.attention_bias: proxy}
+    if io.attention_bias_local:
+        same_b[io.attention_bias_local] = proxy
     kept = []
     for node in graph.node:
         if node in bias_casts:  # replaced by the rows' own casts
@@ -138,7 +140,7 @@ def rewrite(graph, manifest: Manifest, names: BatchGraph) -> None:
         row_outputs = []
         attributes = {a.name: helper.get_attribute_value(a) for a in node.attribute}
         for b in range(batch):
-            seqlens, total = lengths[b]
+            seqlens, total = lengths_for[bias][b]
             inputs = [split[q][b], split[k][b] if k else "", split[v][b] if v else "", kv_row[past_k, b],
                       kv_row[past_v, b], seqlens, total, cos, sin, positions[b], row_bias_for[bias][b]]
             row_outputs.append(f"{out}.row{b}")
@@ -154,12 +156,15 @@ def rewrite(graph, manifest: Manifest, names: BatchGraph) -> None:
     def dims(value) -> list:
         return [d.dim_param or d.dim_value for d in value.type.tensor_type.shape.dim]
 
-    inputs = [i for i in graph.input if i.name not in kv_inputs and i.name not in (io.attention_bias, io.position_ids)]
+    biases = (io.attention_bias, io.attention_bias_local, io.position_ids)
+    inputs = [i for i in graph.input if i.name not in kv_inputs and i.name not in biases]
     inputs += [helper.make_tensor_value_info(names.attention_rows, TensorProto.INT64, ["A"]),
                helper.make_tensor_value_info(names.attention_position_ids, TensorProto.INT64, [1, "A"]),
                helper.make_tensor_value_info(names.token_rows, TensorProto.INT64, ["n"])]
     for b in range(batch):
         inputs.append(row_input(io.attention_bias, b, [1, 1, f"T_{b}", f"S_{b}"]))
+        if io.attention_bias_local:
+            inputs.append(row_input(io.attention_bias_local, b, [1, 1, f"T_{b}", f"S_w_{b}"]))
         for past, _ in io.kv_pairs:
             inputs.append(row_input(past, b, [1, *dims(old_inputs[past])[1:]]))
     outputs = [o for o in graph.output if o.name not in kv_outputs]
@@ -178,6 +183,24 @@ def rewrite(graph, manifest: Manifest, names: BatchGraph) -> None:
         graph.initializer.remove(tensor)
     del graph.node[:]
     graph.node.extend(_sorted(nodes, {i.name for i in inputs} | {t.name for t in graph.initializer}))
+
+
+def _row_lengths(nodes: list, row_bias: str) -> tuple[str, str]:
+    """Nodes reading T_b and S_b off a row's bias [1, 1, T_b, S_b] into `nodes`: GroupQueryAttention's
+    seqlens_k [1] (S_b - 1) and total_sequence_length [] (S_b), int32; `{row_bias}.T` [1] int64 for the split."""
+    from onnx import TensorProto, helper
+
+    p = row_bias
+    nodes += [
+        helper.make_node("Shape", [row_bias], [f"{p}.shape"]),
+        helper.make_node("Slice", [f"{p}.shape", "batch.i2", "batch.i3"], [f"{p}.T"]),
+        helper.make_node("Slice", [f"{p}.shape", "batch.i3", "batch.i4"], [f"{p}.S"]),
+        helper.make_node("Sub", [f"{p}.S", "batch.one"], [f"{p}.S-1"]),
+        helper.make_node("Cast", [f"{p}.S-1"], [f"{p}.seqlens"], to=TensorProto.INT32),  # [1]
+        helper.make_node("Squeeze", [f"{p}.S", "batch.zero"], [f"{p}.S0"]),
+        helper.make_node("Cast", [f"{p}.S0"], [f"{p}.total"], to=TensorProto.INT32),  # []
+    ]
+    return f"{p}.seqlens", f"{p}.total"
 
 
 def _live(nodes: list, wanted: set[str]) -> list:

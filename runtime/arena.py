@@ -99,7 +99,7 @@ class ArenaLayout:
             ("hidden_states", f, (b * r * self.hidden_size,)),
         ]
         if self.sliding_layers:
-            out.append(("attention_bias_local", f, (b * r * self.window_capacity,)))
+            out.append(("attention_bias_local", f, (b * a * self.window_capacity,)))
         if b > 1:  # which token each attention row takes, and which attention row each token's output is
             out += [("attention_rows", "int64", (b * a,)), ("token_rows", "int64", (b * r,))]
         if self.num_heads:

@@ -37,16 +37,9 @@ from specmemo.runtime.rss import reset_peak_rss, rss_bytes
 from specmemo.runtime.session import (ArtifactError, SessionConfig, bind_view, lm_head_initializers, load_graph,
                                       load_shared_lm_head, open_heads)
 from specmemo.runtime.plan import check_capacity, default_sizes
+from specmemo.runtime.sizes import WINDOW_MARGIN
 
 STUB = 1  # tokens a free row runs
-
-
-def batch_support(manifest: Manifest) -> str:
-    """Why the batch route cannot run this artifact yet ("" when it can): decided here for the exporter,
-    the session and `serve`."""
-    if manifest.dims.sliding_layers:
-        return f"batching sliding-window layers ({manifest.dims.architecture}) is not built yet"
-    return ""
 
 
 @dataclass(frozen=True)
@@ -68,9 +61,6 @@ class BatchSession:
         self.config = config
         if config.batch < 2:
             raise ConfigError("a batch session needs --batch 2 or more (one sequence: DecoderSession)")
-        reason = batch_support(m)
-        if reason:
-            raise ConfigError(reason)
         self.graph = m.batch_graph(config.batch)
         self.sizes = config.sizes or default_sizes(m, tree=None if config.heads and m.heads is not None else 1)
         check_capacity(m, self.sizes.capacity)
@@ -117,15 +107,23 @@ class BatchSession:
     def bias_stride(self) -> int:  # elements between two rows' biases: (R + 1) * C
         return (self.rows + 1) * self.sizes.capacity
 
-    def run(self, sizes: list[int], attended: list[int], logit_rows: int) -> None:
+    @property
+    def local_stride(self) -> int:  # between two rows' sliding-layer biases: (R + 1) * C_w
+        return (self.rows + 1) * self.layout.window_capacity
+
+    def run(self, sizes: list[int], attended: list[int], logit_rows: int, attended_w: list[int] = ()) -> None:
         """Run the call whose inputs the caller wrote into the arena: row b's n_b = sizes[b] tokens at
         [sum(sizes[:b]), ...) of input_ids, its n_b + 1 attention rows in attention_rows/position_ids,
-        its [n_b + 1, S_b] bias at b * (R + 1) * C, token_rows, and `logit_rows` entries of logits_indices."""
+        its [n_b + 1, S_b] bias at b * (R + 1) * C (and its sliding layers' [n_b + 1, S_w_b] at b * (R + 1) * C_w),
+        token_rows, and `logit_rows` entries of logits_indices."""
         io, a, d, g = self.manifest.io, self.arena, self.manifest.dims, self.graph
         total = sum(sizes)
         rows = total + len(sizes)  # A: each row's tokens and its padding row
         for b, (size, span) in enumerate(zip(sizes, attended)):
             self._bind(g.attention_bias[b], a["attention_bias"][b * self.bias_stride:], (1, 1, size + 1, span))
+        for b, (size, span) in enumerate(zip(sizes, attended_w)):
+            self._bind(g.attention_bias_local[b], a["attention_bias_local"][b * self.local_stride:],
+                       (1, 1, size + 1, span))
         embeds = a["inputs_embeds"][: total * d.hidden_size].reshape(total, d.hidden_size)
         self.embedding.lookup(a["input_ids"][:total], embeds)
         self._bind(io.inputs_embeds, embeds, (1, total, d.hidden_size))
@@ -146,6 +144,9 @@ class BatchBackend:
     def __init__(self, session: BatchSession):
         self.session = session
         self.lengths = [0] * session.batch
+        self.offsets = [0] * session.batch  # per row: the position its sliding layers' row 0 holds
+        layout = session.layout
+        self.sliding = [i for i in range(2 * layout.num_layers) if i // 2 in layout.sliding_layers]  # KV buffer indices
         self._tree = TreeInputs(session.arena["attention_bias"].dtype, limit=4 * TREE_CACHE)  # B rows' shapes
 
     @property
@@ -163,7 +164,7 @@ class BatchBackend:
         by_row = {call.row: call for call in calls}
         if len(by_row) != len(calls) or any(not 0 <= r < self.batch for r in by_row):
             raise ValueError(f"one call per row, rows 0..{self.batch - 1}: got rows {[c.row for c in calls]}")
-        sizes, attended, wanted_at, gathered = [], [], {}, []
+        sizes, attended, attended_w, wanted_at, gathered = [], [], [], {}, []
         start = at = 0  # where this row's tokens start on the token axis, and its rows on the attention axis
         ids, rows, token_rows, positions = a["input_ids"], a["attention_rows"], a["token_rows"], a["position_ids"]
         for b in range(self.batch):
@@ -188,6 +189,8 @@ class BatchBackend:
             bias = a["attention_bias"][b * s.bias_stride: b * s.bias_stride + (size + 1) * span].reshape(size + 1, span)
             bias[:, :past] = 0
             bias[:, past:] = block
+            if self.sliding:
+                attended_w.append(self._window_bias(b, past, size + 1, block, positions[at:at + size + 1]))
             if call is not None:
                 first = size - 1 if call.last_only else 0
                 wanted_at[b] = (len(gathered), size - first, start, size)
@@ -199,13 +202,39 @@ class BatchBackend:
         while len(gathered) < 2:  # the LM head runs >= 2 rows, as on the one-sequence route
             gathered.append(next(i for i in range(start) if i not in gathered))
         a["logits_indices"][: len(gathered)] = gathered
-        s.run(sizes, attended, len(gathered))
+        s.run(sizes, attended, len(gathered), attended_w)
         v, h = s.manifest.dims.vocab_size, s.manifest.dims.hidden_size
         logits = a["logits"][: len(gathered) * v].reshape(len(gathered), v)
         next_ids = a["next_token_ids"][: len(gathered)]
         hidden = a["hidden_states"][: start * h].reshape(start, h)
         return {b: Forward(next_ids[at:at + n], logits[at:at + n], hidden[first:first + size])
                 for b, (at, n, first, size) in wanted_at.items()}
+
+    def _window_bias(self, row: int, past: int, size: int, block: np.ndarray, queries: np.ndarray) -> int:
+        """Row `row`'s sliding layers' bias for `size` attention rows at `queries` (after sliding its buffers if
+        the call would not fit), the tree block over their own rows with the window applied. Returns S_w."""
+        s, window = self.session, self.session.manifest.dims.sliding_window
+        capacity_w = s.layout.window_capacity
+        if past - self.offsets[row] + size > capacity_w:  # keep the last W - 1 + margin positions that fit
+            keep = min(capacity_w - size, window - 1 + WINDOW_MARGIN)
+            self._slide(row, max(self.offsets[row], past - keep), past)
+        first = self.offsets[row]
+        past_w = past - first
+        span = past_w + size
+        bias = s.arena["attention_bias_local"][row * s.local_stride: row * s.local_stride + size * span]
+        bias = bias.reshape(size, span)
+        bias[:, :past_w] = 0
+        bias[:, past_w:] = block
+        tree.apply_window(bias, queries, np.concatenate([np.arange(first, past), queries]), window)
+        return span
+
+    def _slide(self, row: int, first: int, end: int) -> None:
+        """Row `row`'s sliding layers: the rows of positions [first, end) to the front (row 0 holds `first`)."""
+        shift = first - self.offsets[row]
+        for i in self.sliding:
+            buffer = self.session.arena.kv[i]
+            buffer[row, :, : end - first] = buffer[row, :, shift: shift + end - first]
+        self.offsets[row] = first
 
     def commit(self, row: int, nodes: list[int]) -> None:
         """Keep `nodes` (indices into row's last call, root-to-node order) as its next committed positions."""
@@ -215,9 +244,11 @@ class BatchBackend:
         for target, node in enumerate(nodes, start):
             source = start + node
             if source != target:
-                for buffer in self.session.arena.kv:
-                    buffer[row, :, target] = buffer[row, :, source]
+                for i, buffer in enumerate(self.session.arena.kv):
+                    shift = self.offsets[row] if i in self.sliding else 0
+                    buffer[row, :, target - shift] = buffer[row, :, source - shift]
         self.lengths[row] = start + len(nodes)
 
     def release(self, row: int) -> None:
         self.lengths[row] = 0
+        self.offsets[row] = 0

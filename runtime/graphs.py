@@ -104,11 +104,13 @@ class BatchGraph:
     file: str  # its graph; the weights are the decoder's own data file
     attention_bias: tuple[str, ...]  # [B] inputs [1, 1, T_b, S_b]
     kv_pairs: tuple[tuple[str, str], ...]  # [B * 2L] (past, present), row b's 2L pairs at [b * 2L, (b + 1) * 2L)
+    attention_bias_local: tuple[str, ...] = ()  # [B] inputs [1, 1, T_b, S_w_b]: the sliding layers' (when any)
     attention_rows: str = "attention_rows"  # [A] int64, A = sum T_b: the token each attention row takes
     attention_position_ids: str = "attention_position_ids"  # [1, A] int64
     token_rows: str = "token_rows"  # [n] int64: the attention row of each token (its output)
 
     def __post_init__(self) -> None:
-        if self.batch < 2 or len(self.attention_bias) != self.batch or len(self.kv_pairs) % self.batch:
+        if (self.batch < 2 or len(self.attention_bias) != self.batch or len(self.kv_pairs) % self.batch
+                or len(self.attention_bias_local) not in (0, self.batch)):
             raise ManifestError(f"batch_graphs: a graph for {self.batch} rows names {len(self.attention_bias)} biases "
                                 f"and {len(self.kv_pairs)} KV pairs: re-export the artifact")

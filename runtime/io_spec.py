@@ -101,5 +101,6 @@ def batch_graph(io: DecoderIO, batch: int, file: str) -> BatchGraph:
         batch=batch,
         file=file,
         attention_bias=tuple(row_name(io.attention_bias, b) for b in rows),
+        attention_bias_local=tuple(row_name(io.attention_bias_local, b) for b in rows) if io.attention_bias_local else (),
         kv_pairs=tuple((row_name(past, b), row_name(present, b)) for b in rows for past, present in io.kv_pairs),
     )

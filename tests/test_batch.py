@@ -26,7 +26,15 @@ VARIANTS = {  # packed QKV; QK-norm (Q, K, V apart); the int4 default's form: Ma
     "qwen2": ("Qwen2ForCausalLM", {}),
     "qwen3": ("Qwen3ForCausalLM", {}),
     "llama-int4-f16kv": ("LlamaForCausalLM", {"int4": True}),
+    "gemma3": ("Gemma3ForCausalLM", {}),  # sliding-window layers (W = 8): their own bias and buffers per row
 }
+
+
+def windowed(bias: np.ndarray, positions: np.ndarray, past: int, window: int) -> np.ndarray:
+    """A [1, 1, T, S] bias over positions 0.. with a sliding window applied (keys at 0..past-1, then the queries)."""
+    local = bias.copy()
+    tree.apply_window(local[0, 0], positions[0], np.concatenate([np.arange(past), positions[0]]), window)
+    return local
 
 
 @pytest.fixture(scope="module", params=list(VARIANTS))
@@ -120,6 +128,9 @@ def test_batch_graph_rows_are_bitwise_the_one_sequence_graph(artifact):
         one = {m.io.inputs_embeds: one_x, m.io.position_ids: tree.position_ids(one_parents, past),
                m.io.attention_bias: tree.attention_bias(one_parents, past),
                m.io.logits_indices: np.arange(len(one_parents))[None]}
+        if m.io.attention_bias_local:
+            one[m.io.attention_bias_local] = windowed(one[m.io.attention_bias], one[m.io.position_ids], past,
+                                                      d.sliding_window)
         one.update({past_name: k.copy() for (past_name, _), k in zip(m.io.kv_pairs, kv)})
         singles.append(single.run(None, one))
         embeds.append(x)
@@ -127,6 +138,9 @@ def test_batch_graph_rows_are_bitwise_the_one_sequence_graph(artifact):
         token_rows += list(range(at, at + n))
         positions.append(tree.position_ids(padded, past))
         feeds[graph.attention_bias[b]] = tree.attention_bias(padded, past)
+        if m.io.attention_bias_local:
+            feeds[graph.attention_bias_local[b]] = windowed(feeds[graph.attention_bias[b]], positions[-1], past,
+                                                            d.sliding_window)
         feeds.update({name: k.copy() for (name, _), k in zip(graph.kv_pairs[b * len(kv):], kv)})
         start, at = start + n, at + n + 1
     feeds.update({m.io.inputs_embeds: np.concatenate(embeds, 1), m.io.logits_indices: np.arange(start)[None],
@@ -213,7 +227,8 @@ def test_batch_memory_is_priced_exactly(artifact):
     assert sum(b.nbytes for b in session.arena.kv) == (8 * 2 * d.num_layers * d.num_kv_heads * SIZES.capacity * d.head_dim
                                                       * itemsize)
     fp = footprint(m, Calibration(0, 0), SIZES, batch=8)
-    assert fp.kv == kv_bytes(d, capacity=SIZES.capacity, batch=8, itemsize=itemsize)
+    assert fp.kv == kv_bytes(d, capacity=SIZES.capacity, window_capacity=session.layout.window_capacity, batch=8,
+                             itemsize=itemsize)
     assert fp.arena == session.arena.nbytes  # priced as allocated, to the byte
     assert footprint(m, Calibration(0, 0), SIZES, batch=8).activations > footprint(m, Calibration(0, 0), SIZES).activations
 
@@ -294,3 +309,32 @@ def test_penalties_bias_and_logprobs_decode_plainly_per_row(artifact, prompts, r
         assert lp.top[0][1] >= lp.top[1][1] >= lp.top[2][1]
     assert seen[0] == seen[1] == seen[3] == []
     assert max(results[3].stats.tree_sizes) > 1 and max(results[0].stats.tree_sizes + [1]) == 1
+
+
+def test_sliding_rows_slide_on_their_own_and_stay_each_rows_greedy(tmp_path_factory, prompts):
+    """Gemma 3 (W = 8) past its sliding layers' buffers (C_w = 96 of C = 200): every row slides its own
+    window buffers when its next call would not fit, at its own time, under ragged oracle acceptance;
+    each reply equals its one-sequence greedy reply (which slides on its own schedule)."""
+    from specmemo.runtime.backend import OrtBackend
+    from specmemo.runtime.batch import BatchBackend, BatchSession
+    from specmemo.runtime.decode import generate
+    from specmemo.runtime.pool import Request, SequencePool
+    from specmemo.runtime.session import DecoderSession, SessionConfig
+
+    sizes, reply = Sizes(capacity=200, rows=8, tree=8), 150
+    artifact = export_tiny(tiny_config("Gemma3ForCausalLM"), tmp_path_factory.mktemp("sliding"), max_capacity=256)
+    single = OrtBackend(DecoderSession(artifact, SessionConfig(sizes=sizes, heads=False)))
+    references = []
+    for prompt in prompts:
+        single.reset()
+        references.append(generate(single, prompt, max_new_tokens=reply, eos_token_ids=set()).token_ids)
+    session = BatchSession(artifact, SessionConfig(sizes=sizes, heads=False, batch=4))
+    assert session.layout.window_capacity == 96 < max(len(p) for p in prompts) + reply
+    backend = BatchBackend(session)
+    slid = set()
+    slide = backend._slide
+    backend._slide = lambda row, first, end: (slid.add(row), slide(row, first, end))[1]
+    pool = SequencePool(backend, drafter_factory=lambda row: Oracle(prompts, references, 256), max_tree=8)
+    results = pool.run([Request(p, reply) for p in prompts])
+    assert [r.token_ids for r in results] == references
+    assert slid == {0, 1, 2, 3} and max(max(r.stats.accept_lengths) for r in results) > 2

@@ -38,7 +38,6 @@ class ServeConfig:
 
 def build_app(config: ServeConfig, *, log=print):
     """(the Starlette app, its ServeApp): the pool is opened here; its thread starts with the app."""
-    from specmemo.runtime.batch import batch_support
     from specmemo.runtime.config import EngineConfig
     from specmemo.runtime.engine import open_pool
     from specmemo.runtime.manifest import load_manifest
@@ -47,9 +46,6 @@ def build_app(config: ServeConfig, *, log=print):
     from specmemo.serve.worker import PoolWorker
 
     manifest = load_manifest(config.artifact)
-    reason = batch_support(manifest)
-    if reason:
-        raise ConfigError(f"serve decodes through a batch graph, and {reason}")
     manifest.batch_graph(config.batch)  # a one-line error naming export-batch, before anything loads
     engine = EngineConfig(artifact=config.artifact, mode=config.mode, drafter=config.drafter, threads=config.threads,
                           capacity=config.capacity)
