@@ -9,6 +9,7 @@ import json
 import os
 import random
 import socket
+import time
 
 import numpy as np
 import pytest
@@ -199,7 +200,7 @@ def scrape(server) -> dict[str, float]:
 def test_metrics_move_with_the_client_side_counts(artifact):
     from concurrent.futures import ThreadPoolExecutor
 
-    server = Server(artifact, batch=4, max_queue=16)
+    server = Server(artifact, batch=4, max_queue=16, step_delay=0.01)  # slow steps: scrapes land mid-run
     try:
         before = scrape(server)
         assert before["specmemo_rows"] == 4 and before["specmemo_kv_positions_capacity"] == 4 * (CAPACITY - 1)
@@ -210,8 +211,17 @@ def test_metrics_move_with_the_client_side_counts(artifact):
                 temperature=0)
 
         with ThreadPoolExecutor(8) as threads:
-            replies = list(threads.map(one, range(12)))
+            running = threads.map(one, range(12))
+            during = []
+            for _ in range(20):
+                time.sleep(0.05)
+                during.append(scrape(server))
+            replies = list(running)
         after = scrape(server)
+        assert max(d["specmemo_requests_running"] for d in during) > 0
+        assert max(d["specmemo_kv_positions_used"] for d in during) > 0
+        moving = [d["specmemo_verify_row_steps"] for d in during]
+        assert moving == sorted(moving) and moving[-1] > moving[0]  # counters move while the load runs
         finished = sum(v for k, v in after.items() if k.startswith("specmemo_requests_finished_total"))
         assert finished == 12
         by_reason = {r: sum(1 for x in replies if x.choices[0].finish_reason == r) for r in ("stop", "length")}
