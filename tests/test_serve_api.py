@@ -340,3 +340,21 @@ def test_harness_task_is_what_lm_eval_reads(tmp_path):
     assert harness.exact(" 42", "42") and not harness.exact(" 4 2x", "42")
     with pytest.raises(ConfigError, match="make harness-setup"):
         harness.HarnessConfig(artifact=tmp_path, harness_python=tmp_path / "nope" / "python")
+
+
+def test_a_non_streaming_client_that_hangs_up_frees_its_row(artifact):
+    import httpx
+
+    server = Server(artifact, batch=2, max_queue=4, step_delay=0.05)  # 100 tokens: ~5 s, the client waits 0.5 s
+    try:
+        body = {"model": "tiny", "messages": [{"role": "user", "content": "w9 w10"}], "max_tokens": 100,
+                "temperature": 0}
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.Client(trust_env=False, timeout=0.5).post(f"{server.url}/v1/chat/completions", json=body)
+        deadline = time.time() + 4
+        while (h := server.health())["rows_busy"] or not h["cancelled"]:
+            assert time.time() < deadline, f"the row was not freed: {h}"
+            time.sleep(0.05)
+        assert h["completed"] == 0 and h["cancelled"] == 1
+    finally:
+        server.stop()
