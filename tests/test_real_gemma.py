@@ -85,29 +85,10 @@ def test_gemma3_past_the_window_equals_hf_sliding_window_generate(gemma):
 def test_serve_batches_gemma3_as_single_request_greedy(gemma):
     """`serve --batch 8` on Gemma 3 (sliding layers: each row its own window bias and buffers): 16 concurrent
     clients x 3 requests, every reply the one-sequence greedy reply of the same graph."""
-    from concurrent.futures import ThreadPoolExecutor
-
     from specmemo.datasets import load_questions
-    from specmemo.runtime.tokenizer import Message
-    from tests.test_serve import Server, greedy_reply, server_tokenizer
+    from tests.test_serve import sixteen_clients_get_single_request_greedy
 
     artifact, _, _ = gemma
     assert load_manifest(artifact).batch_graph(8).attention_bias_local
-    tokenizer = server_tokenizer(artifact)
     questions = [q.turns[0] for q in load_questions() if len(q.turns[0]) < 200][:12] * 4
-    expected = {q: tokenizer.decode(greedy_reply(artifact, tokenizer.encode_chat([Message("user", q)]), 16))
-                for q in set(questions)}
-    server = Server(artifact, batch=8, max_queue=64)
-    try:
-        def one_client(index: int) -> list[tuple[str, str]]:
-            client = server.client()
-            return [(q, client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": q}],
-                                                       max_tokens=16, temperature=0).choices[0].message.content)
-                    for q in questions[3 * index: 3 * index + 3]]
-
-        with ThreadPoolExecutor(16) as threads:
-            results = [pair for part in threads.map(one_client, range(16)) for pair in part]
-        assert len(results) == 48 and all(text == expected[q] for q, text in results)
-        assert server.health()["failed"] == 0
-    finally:
-        server.stop()
+    sixteen_clients_get_single_request_greedy(artifact, questions, 16)

@@ -161,27 +161,9 @@ def int4_f16kv(tmp_path_factory):
 def test_serve_batches_the_float16_kv_int4_artifact_as_single_request_greedy(int4_f16kv):
     """`serve --batch 8` on it: 16 concurrent clients x 3 requests, every reply the one-sequence greedy reply
     of the same graph (each row's numbers are its own, whatever the batch around it)."""
-    from concurrent.futures import ThreadPoolExecutor
-
     from specmemo.datasets import load_questions
-    from tests.test_serve import Server, greedy_reply, server_tokenizer
+    from tests.test_serve import sixteen_clients_get_single_request_greedy
 
     assert load_manifest(int4_f16kv).kv_dtype == "float16"
-    tokenizer = server_tokenizer(int4_f16kv)
     questions = [q.turns[0] for q in load_questions()[:48] if len(q.turns[0]) < 300][:24] * 2
-    expected = {q: tokenizer.decode(greedy_reply(int4_f16kv, tokenizer.encode_chat([Message("user", q)]), 24))
-                for q in set(questions)}
-    server = Server(int4_f16kv, batch=8, max_queue=64)
-    try:
-        def one_client(index: int) -> list[tuple[str, str]]:
-            client = server.client()
-            return [(q, client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": q}],
-                                                       max_tokens=24, temperature=0).choices[0].message.content)
-                    for q in questions[3 * index: 3 * index + 3]]
-
-        with ThreadPoolExecutor(16) as threads:
-            results = [pair for part in threads.map(one_client, range(16)) for pair in part]
-        assert len(results) == 48 and all(text == expected[q] for q, text in results)
-        assert server.health()["failed"] == 0
-    finally:
-        server.stop()
+    sixteen_clients_get_single_request_greedy(int4_f16kv, questions, 24)

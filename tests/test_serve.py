@@ -94,6 +94,31 @@ def server_tokenizer(artifact):
     return ChatTokenizer(artifact, load_manifest(artifact))
 
 
+def sixteen_clients_get_single_request_greedy(artifact, questions: list[str], max_tokens: int) -> None:
+    """`serve --batch 8` on `artifact`: 16 concurrent clients x 3 of the 48 `questions` each, every reply the
+    one-sequence greedy reply of the same graph (real-model checks: tests/test_real_int4.py, test_real_gemma.py)."""
+    from specmemo.runtime.tokenizer import Message
+
+    assert len(questions) == 48
+    tokenizer = server_tokenizer(artifact)
+    expected = {q: tokenizer.decode(greedy_reply(artifact, tokenizer.encode_chat([Message("user", q)]), max_tokens))
+                for q in set(questions)}
+    server = Server(artifact, batch=8, max_queue=64)
+    try:
+        def one_client(index: int) -> list[tuple[str, str]]:
+            client = server.client()
+            return [(q, client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": q}],
+                                                       max_tokens=max_tokens, temperature=0).choices[0].message.content)
+                    for q in questions[3 * index: 3 * index + 3]]
+
+        with ThreadPoolExecutor(16) as threads:
+            results = [pair for part in threads.map(one_client, range(16)) for pair in part]
+        assert len(results) == 48 and all(text == expected[q] for q, text in results)
+        assert server.health()["failed"] == 0
+    finally:
+        server.stop()
+
+
 def test_sixteen_streaming_clients_get_single_request_greedy(server, artifact):
     from specmemo.runtime.tokenizer import Message
 
