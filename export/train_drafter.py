@@ -58,9 +58,10 @@ class DrafterTrainConfig:
     threads: int = 2
     device: str = "cpu"
     checkpoint_every: int = 50
+    features: str = ""  # data "features": the feature cache's settings (export/feature_cache.py), as JSON
 
     def __post_init__(self) -> None:
-        if self.data not in ("dataset", "self", "both"):
+        if self.data not in ("dataset", "self", "both", "features"):
             raise ConfigError(f"--data must be dataset, self or both, got {self.data!r}")
         for name in ("subvocab_size", "conversations", "self_prompts", "batch_sequences", "threads", "max_len"):
             if getattr(self, name) < 1:
@@ -159,13 +160,15 @@ def batch_loss(drafter: FeatureDrafter, batch, config: DrafterTrainConfig) -> tu
 
 def train_drafter(*, hf_model: Any, tokenizer: Any, conversations: list, config: DrafterTrainConfig, out: Path,
                   base_sha256: str = "", cache_key: str | None = None, card: dict | None = None,
-                  log=print) -> FeatureDrafterSpec:
-    """Train a feature drafter for `hf_model`; save drafter.safetensors + drafter.json into `out`."""
+                  features: TeacherCache | None = None, log=print) -> FeatureDrafterSpec:
+    """Train a feature drafter for `hf_model`; save drafter.safetensors + drafter.json into `out`. `features`:
+    a feature cache (export/feature_cache.py) instead of the teacher pass over `conversations`."""
     torch.manual_seed(config.seed)
     torch.set_num_threads(config.threads)
     started = time.perf_counter()
     hf_model = hf_model.to(config.device)
-    cache = teacher_data(hf_model, tokenizer, conversations, config, cache_key, log)
+    cache = features if features is not None else teacher_data(hf_model, tokenizer, conversations, config, cache_key,
+                                                                log)
     dims = dims_from_config(hf_model.config)
     spec = FeatureDrafterSpec.for_base(dims, subvocab_size=config.subvocab_size, base_sha256=base_sha256)
     token_map = frequent_tokens(cache, spec.subvocab_size)
@@ -188,9 +191,28 @@ def train_drafter(*, hf_model: Any, tokenizer: Any, conversations: list, config:
     return spec
 
 
+VALIDATION_SHARE = 0.03  # of the sequences, held out (the last ones): depth-1 top-1 printed per epoch
+
+
+def validate(drafter: FeatureDrafter, cache: TeacherCache, held_out: list[tuple[int, int]], embed, inverse,
+             config: DrafterTrainConfig) -> float:
+    """Depth-1 top-1 on the held-out sequences: the drafter's argmax equals the base model's next token."""
+    hits, rows = 0.0, 0.0
+    with torch.no_grad():
+        for start in range(0, len(held_out), config.batch_sequences):
+            picked = held_out[start:start + config.batch_sequences]
+            batch = make_batch(cache, picked, embed, inverse, config.device, 0.0, torch.Generator().manual_seed(0))
+            _, top1, _ = batch_loss(drafter, batch, config)
+            count = float(batch[-1].sum())
+            hits, rows = hits + top1 * count, rows + count
+    return hits / rows if rows else float("nan")
+
+
 def train_loop(drafter: FeatureDrafter, cache: TeacherCache, embed: torch.Tensor, inverse: torch.Tensor,
                config: DrafterTrainConfig, out: Path, *, log=print) -> dict:
     seqs = sequences(cache)
+    held = max(1, int(len(seqs) * VALIDATION_SHARE)) if len(seqs) >= 20 else 0
+    seqs, held_out = (seqs[:-held], seqs[-held:]) if held else (seqs, [])
     per_epoch = math.ceil(len(seqs) / config.batch_sequences)
     total_steps = max(1, int(per_epoch * config.epochs))
     params = [p for p in drafter.parameters() if p.requires_grad]
@@ -211,6 +233,7 @@ def train_loop(drafter: FeatureDrafter, cache: TeacherCache, embed: torch.Tensor
         f"on {len(seqs):,} sequences ({int(cache.target.sum()):,} target positions) x {config.epochs:g} epochs "
         f"= {total_steps} steps of {config.batch_sequences}")
     window: list[tuple[float, float]] = []
+    validation: list[float] = []
     bar = tqdm(total=total_steps, initial=step, desc="train drafter", unit="step", dynamic_ncols=True)
     while step < total_steps:
         epoch, offset = divmod(step, per_epoch)
@@ -230,6 +253,10 @@ def train_loop(drafter: FeatureDrafter, cache: TeacherCache, embed: torch.Tensor
         bar.set_postfix(loss=f"{np.mean([w[0] for w in window]):.3f}", top1=f"{np.mean([w[1] for w in window]):.3f}")
         bar.update(1)
         history.append(window[-1][0])
+        if held_out and (step % per_epoch == 0 or step == total_steps):
+            score = validate(drafter, cache, held_out, embed, inverse, config)
+            validation.append(score)
+            bar.write(f"epoch {step / per_epoch:.2f}: validation depth-1 top-1 {score:.3f} ({len(held_out)} sequences)")
         if step % config.checkpoint_every == 0 or step == total_steps:
             tmp = checkpoint.with_suffix(".tmp")
             torch.save({"drafter": drafter.state_dict(), "optimizer": optimizer.state_dict(), "step": step,
@@ -238,4 +265,5 @@ def train_loop(drafter: FeatureDrafter, cache: TeacherCache, embed: torch.Tensor
     bar.close()
     return {"steps": total_steps, "sequences": len(seqs), "loss_first": history[0] if history else None,
             "loss_last50": float(np.mean(history[-50:])) if history else None,
-            "train_top1_last50": float(np.mean([w[1] for w in window])) if window else None}
+            "train_top1_last50": float(np.mean([w[1] for w in window])) if window else None,
+            "validation_top1_by_epoch": [round(v, 4) for v in validation]}

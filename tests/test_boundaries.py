@@ -43,8 +43,8 @@ def launched_modules() -> list[tuple[Path, str]]:
     """(caller file, module) for every fresh process started through fresh_process.run_json."""
     found = []
     for path in sorted(ROOT.glob("*/**/*.py")):
-        if ".venv" in path.parts or "tests" in path.parts:
-            continue
+        if any(part.startswith(".") or part in ("tests", "node_modules") for part in path.relative_to(ROOT).parts):
+            continue  # venvs (.venv, .harness-venv), caches, the tests themselves
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", "")) == "run_json":
                 first = node.args[0] if node.args else None

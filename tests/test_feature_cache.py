@@ -1,0 +1,87 @@
+"""The feature cache (export/feature_cache.py) and training from it: shards hold the ONNX decoder's own hidden
+states and the base model's top-20 next tokens, a stopped run resumes to the same bytes, other settings are
+refused in one line, and `train-drafter --features` trains from the shards with a validation score per epoch."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from conftest import export_tiny, tiny_config
+from specmemo.errors import ConfigError
+from specmemo.export.feature_cache import SETTINGS_FILE, FeatureCacheConfig, cache_features, load_features
+from tests.test_heads import conversations
+
+CONFIG = FeatureCacheConfig(tokens=600, self_every=3, max_len=64, reply_tokens=12, shard_tokens=150, rows=16)
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory):
+    root = tmp_path_factory.mktemp("features")
+    artifact = export_tiny(tiny_config("LlamaForCausalLM"), root, max_capacity=128)
+    return artifact, root / "hf"
+
+
+def run(base, out, config=CONFIG):
+    artifact, hf = base
+    data = conversations(256, count=60, seed=3)
+    return cache_features(artifact=artifact, conversations=iter(data), hf_tokenizer=AutoTokenizer.from_pretrained(hf),
+                          data="toy", config=config, out=out, log=lambda *_: None)
+
+
+def test_shards_hold_the_decoders_features_and_resume_to_the_same_bytes(base, tmp_path):
+    from specmemo.runtime import tree
+    from specmemo.runtime.backend import OrtBackend
+    from specmemo.runtime.session import DecoderSession, SessionConfig
+    from specmemo.runtime.sizes import Sizes
+
+    done = run(base, tmp_path / "a")
+    assert len(done["shards"]) >= 3 and sum(s["positions"] for s in done["shards"]) >= CONFIG.tokens
+    cache = load_features(tmp_path / "a")
+    assert cache.hidden.dtype == np.float16 and cache.top_ids.shape == (cache.positions, 20)
+    assert cache.starts[-1] == cache.positions and cache.target.any()
+    # a conversation's features are the decoder's own, its top-1 the decoder's argmax
+    a, b = int(cache.starts[1]), int(cache.starts[2])
+    backend = OrtBackend(DecoderSession(base[0], SessionConfig(sizes=Sizes(128, 16, 16), heads=False)))
+    ids = cache.tokens[a:b].tolist()
+    out = backend.forward(ids, tree.chain(len(ids)))
+    assert np.array_equal(cache.hidden[a:b], out.hidden_states[: len(ids)].astype(np.float16))
+    assert np.array_equal(cache.top_ids[a:b, 0], out.next_token_ids)
+    assert np.all(np.diff(cache.top_probs[a:b].astype(np.float32), axis=1) <= 0)
+    # a self reply (conversation 0) marks its reply tokens only; a teacher-forced one its assistant turns
+    assert not cache.target[: int(cache.starts[1])][:3].any()
+    # stopped after its first shard (the others lost): the same command finishes to the same bytes
+    shutil.copytree(tmp_path / "a", tmp_path / "b")
+    settings = json.loads((tmp_path / "b" / SETTINGS_FILE).read_text())
+    for shard in settings["shards"][1:]:
+        shutil.rmtree(tmp_path / "b" / shard["name"])
+    settings["shards"] = settings["shards"][:1]
+    (tmp_path / "b" / SETTINGS_FILE).write_text(json.dumps(settings))
+    assert run(base, tmp_path / "b") == done
+    resumed = load_features(tmp_path / "b")
+    for name in ("hidden", "tokens", "target", "starts", "top_ids", "top_probs"):
+        assert np.array_equal(getattr(resumed, name), getattr(cache, name)), name
+    with pytest.raises(ConfigError, match="other settings"):
+        run(base, tmp_path / "a", FeatureCacheConfig(**{**CONFIG.__dict__, "max_len": 32}))
+    with pytest.raises(ConfigError, match="cache-features --out"):
+        load_features(tmp_path / "nothing")
+
+
+def test_train_drafter_from_features_reports_validation_per_epoch(base, tmp_path):
+    from specmemo.export.train_drafter import DrafterTrainConfig, train_drafter
+
+    run(base, tmp_path / "features", FeatureCacheConfig(**{**CONFIG.__dict__, "tokens": 1500}))
+    cache = load_features(tmp_path / "features")
+    model = AutoModelForCausalLM.from_pretrained(base[1], dtype="float32").eval()
+    config = DrafterTrainConfig(subvocab_size=96, data="features", max_len=64, epochs=3, batch_sequences=4, lr=3e-3,
+                                warmup_steps=2, features="toy")
+    spec = train_drafter(hf_model=model, tokenizer=None, conversations=[], config=config, out=tmp_path / "drafter",
+                         features=cache, log=lambda *_: None)
+    train = spec.card["train"]
+    assert len(train["validation_top1_by_epoch"]) == 3 and train["tokens"] == cache.positions
+    assert train["loss_last50"] < train["loss_first"]
+    assert (tmp_path / "drafter" / "drafter.safetensors").is_file()
