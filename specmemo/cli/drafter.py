@@ -135,7 +135,6 @@ def cmd_cache_features(args: argparse.Namespace) -> int:
 
 def cmd_train_drafter(args: argparse.Namespace) -> int:
     from specmemo.datasets import sharegpt_conversations
-    from specmemo.export.load import load_hf, resolve_model
     from specmemo.export.train_drafter import DrafterTrainConfig, train_drafter
 
     if args.features is not None:
@@ -144,11 +143,9 @@ def cmd_train_drafter(args: argparse.Namespace) -> int:
                                 self_prompts=args.self_prompts, max_len=args.max_len, epochs=args.epochs,
                                 batch_sequences=args.batch_sequences, lr=args.lr, seed=args.seed,
                                 threads=args.threads, device=args.device)
-    resolved = resolve_model(args.model)
     data = None if args.sharegpt == "sharegpt" else Path(args.sharegpt)
     conversations = list(itertools.islice(sharegpt_conversations(data), max(config.conversations, config.self_prompts)))
-    hf_model, tokenizer = load_hf(resolved.hf_folder)
-    command = "specmemo " + " ".join(sys.argv[1:]) if sys.argv[0].endswith("specmemo") else None
+    resolved, hf_model, tokenizer, command = _base_model(args)
     card = {"command": command, "model": args.model,
             "data": f"{args.data}: ShareGPT ({args.sharegpt}) first {config.conversations} usable conversations "
                     f"teacher-forced and/or the base model's greedy replies to the first turns of the first "
@@ -158,11 +155,20 @@ def cmd_train_drafter(args: argparse.Namespace) -> int:
     return 0
 
 
+def _base_model(args: argparse.Namespace):
+    """(resolved --model, the HF model, its tokenizer, the command line for the card)."""
+    from specmemo.export.load import load_hf, resolve_model
+
+    resolved = resolve_model(args.model)
+    hf_model, tokenizer = load_hf(resolved.hf_folder)
+    command = "specmemo " + " ".join(sys.argv[1:]) if sys.argv[0].endswith("specmemo") else None
+    return resolved, hf_model, tokenizer, command
+
+
 def _train_from_features(args: argparse.Namespace) -> int:
     import json
 
     from specmemo.export.feature_cache import SETTINGS_FILE, load_features
-    from specmemo.export.load import load_hf, resolve_model
     from specmemo.export.train_drafter import DrafterTrainConfig, train_drafter
 
     cache = load_features(args.features)
@@ -170,9 +176,7 @@ def _train_from_features(args: argparse.Namespace) -> int:
     config = DrafterTrainConfig(subvocab_size=args.subvocab_size, data="features", max_len=settings["max_len"],
                                 epochs=args.epochs, batch_sequences=args.batch_sequences, lr=args.lr, seed=args.seed,
                                 threads=args.threads, device=args.device, features=json.dumps(settings, sort_keys=True))
-    resolved = resolve_model(args.model)
-    hf_model, tokenizer = load_hf(resolved.hf_folder)
-    command = "specmemo " + " ".join(sys.argv[1:]) if sys.argv[0].endswith("specmemo") else None
+    resolved, hf_model, tokenizer, command = _base_model(args)
     card = {"command": command, "model": args.model,
             "data": f"feature cache {args.features}: {cache.positions:,} positions of ShareGPT ({settings['data']}), "
                     f"every {settings['self_every']}th conversation the base model's own greedy reply, max "
