@@ -74,9 +74,6 @@ class ExportOptions:
         if self.kv_dtype is None:
             object.__setattr__(self, "kv_dtype", default_kv_dtype(self.quant.dtype))
         check_kv_dtype(self.kv_dtype)
-        if self.kv_dtype != "float32" and self.feature_drafter is not None:
-            raise ConfigError(f"--kv-dtype {self.kv_dtype}: the feature drafter's graph keeps a float32 KV buffer; "
-                              f"export it with --feature-drafter none, or keep --kv-dtype float32")
         if self.mobile is not None and self.mobile not in TARGET_PLATFORMS:
             raise ConfigError(f"--mobile takes {' or '.join(TARGET_PLATFORMS)}, got {self.mobile!r}")
 
@@ -176,6 +173,8 @@ def export_artifact(options: ExportOptions, *, log=print, finalize=None) -> Mani
         if options.feature_drafter is not None:
             feature_info = export_feature_drafter(options.feature_drafter, hf_model, resolved.sha256,
                                                   options.max_capacity, options.top_k, staging, log)
+            if options.kv_dtype == "float16":  # its KV views are the arena's, in the manifest's KV dtype
+                rewrite_graph(staging / feature_info.file, kv_as_float16)
         quantization = None
         if options.quant.dtype is not WeightDtype.FLOAT32:
             activations = None

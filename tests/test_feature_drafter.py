@@ -153,3 +153,30 @@ def test_training_learns_is_deterministic_and_resumes(tiny, tmp_path):
         train_drafter(hf_model=model, tokenizer=tokenizer, conversations=data,
                       config=DrafterTrainConfig(**{**config.__dict__, "lr": 1e-2}), out=tmp_path / "a",
                       log=lambda *_: None)
+
+
+def test_a_float16_kv_artifact_drafts_through_a_float16_drafter_buffer(tiny, tmp_path):
+    """export --kv-dtype float16 beside a feature drafter: the drafter graph's KV I/O are float16 like the
+    decoder's (one KV dtype for the arena's views), and its drafts decode exactly the same graph's greedy."""
+    import shutil
+
+    import onnx
+
+    from specmemo.export.feature_drafter import save_drafter
+    from specmemo.runtime.engine import EngineConfig, Mode, open_engine
+
+    folder, model, _ = tiny
+    shutil.copytree(folder, tmp_path / "hf")
+    save_drafter(random_drafter(model), tmp_path / "drafter")
+    artifact = export_tiny(None, tmp_path, max_capacity=64, feature_drafter=tmp_path / "drafter", kv_dtype="float16")
+    graph = onnx.load(str(artifact / "drafter.onnx"), load_external_data=False).graph
+    kv = {v.type.tensor_type.elem_type for v in list(graph.input) + list(graph.output)
+          if v.name.startswith(("draft_past_", "draft_present_"))}
+    assert kv == {onnx.TensorProto.FLOAT16}
+    engine = open_engine(EngineConfig(artifact=artifact, mode=Mode.TREE, drafter="feature", capacity=64),
+                         log=lambda *_: None)
+    for seed in range(2):
+        prompt = np.random.default_rng(seed).integers(5, model.config.vocab_size, 9).tolist()
+        greedy = engine.generate(prompt, max_new_tokens=30, mode=Mode.GREEDY, ignore_eos=True).token_ids
+        drafted = engine.generate(prompt, max_new_tokens=30, ignore_eos=True)
+        assert drafted.token_ids == greedy and max(drafted.stats.tree_sizes) > 1
