@@ -75,9 +75,11 @@ def rewrite(graph, manifest: Manifest, names: BatchGraph) -> None:
     int64 = lambda name, values: helper.make_tensor(name, TensorProto.INT64, [len(values)], values)  # noqa: E731
     graph.initializer.extend([int64("batch.i2", [2]), int64("batch.i3", [3]), int64("batch.i4", [4]),
                               int64("batch.one", [1]), int64("batch.zero", [0])])
-    lengths: dict[str, list[tuple[str, str]]] = {}  # bias → per row: (seqlens_k, total_sequence_length)
+    # the bias an attention node reads → per row: (the row's input for it, its (seqlens_k, total_sequence_length))
+    per_row: dict[str, list[tuple[str, tuple[str, str]]]] = {}
     for graph_bias, rows_of_bias in ((io.attention_bias, row_biases), (io.attention_bias_local, row_biases_local)):
-        lengths[graph_bias] = [_row_lengths(new_nodes, row_bias) for row_bias in rows_of_bias]
+        if rows_of_bias:
+            per_row[graph_bias] = [(row_bias, _row_lengths(new_nodes, row_bias)) for row_bias in rows_of_bias]
     sizes = "batch.sizes"  # [B] int64: T_b of every row (its tokens and the padding row)
     new_nodes.append(helper.make_node("Concat", [f"{row_bias}.T" for row_bias in row_biases], [sizes], axis=0))
     positions = [f"batch.{io.position_ids}.{b}" for b in range(batch)]
@@ -86,15 +88,12 @@ def rewrite(graph, manifest: Manifest, names: BatchGraph) -> None:
     # a float16 KV buffer (export/kv_dtype.py): attention reads Cast(attention_bias) → float16, once for all
     # layers; each row's bias gets its own Cast
     bias_casts = [n for n in graph.node if n.op_type == "Cast" and n.input[0] == io.attention_bias]
-    row_bias_for = {io.attention_bias: list(row_biases)}  # the bias a node reads → the rows' (and their lengths)
-    if io.attention_bias_local:
-        row_bias_for[io.attention_bias_local] = list(row_biases_local)
-    lengths_for = {io.attention_bias: lengths[io.attention_bias], io.attention_bias_local: lengths.get(io.attention_bias_local)}
     for cast in bias_casts:
-        row_bias_for[cast.output[0]] = [f"{row_bias}.{cast.output[0]}" for row_bias in row_biases]
-        lengths_for[cast.output[0]] = lengths[io.attention_bias]
-        new_nodes += [helper.make_node("Cast", [row_bias], [name], to=helper.get_attribute_value(cast.attribute[0]))
-                      for row_bias, name in zip(row_biases, row_bias_for[cast.output[0]])]
+        cast_to, cast_rows = helper.get_attribute_value(cast.attribute[0]), []
+        for row_bias, lengths in per_row[io.attention_bias]:
+            cast_rows.append((f"{row_bias}.{cast.output[0]}", lengths))
+            new_nodes.append(helper.make_node("Cast", [row_bias], [cast_rows[-1][0]], to=cast_to))
+        per_row[cast.output[0]] = cast_rows
 
     kv_row = {}  # (one-sequence past/present name, row) → the row's name
     for b in range(batch):
@@ -127,7 +126,7 @@ def rewrite(graph, manifest: Manifest, names: BatchGraph) -> None:
             kept.append(node)
             continue
         q, k, v, past_k, past_v, _, _, cos, sin, pos, bias = list(node.input)[:11]
-        if past_k not in kv_inputs or bias not in row_bias_for or pos != io.position_ids:
+        if past_k not in kv_inputs or bias not in per_row or pos != io.position_ids:
             raise ConfigError(f"{node.name or GQA}: its KV, bias or positions are not the graph's own inputs (or the "
                               f"bias's one cast): this decoder cannot be batched; re-export the artifact")
         out, present_k, present_v = list(node.output)[:3]
@@ -140,9 +139,9 @@ def rewrite(graph, manifest: Manifest, names: BatchGraph) -> None:
         row_outputs = []
         attributes = {a.name: helper.get_attribute_value(a) for a in node.attribute}
         for b in range(batch):
-            seqlens, total = lengths_for[bias][b]
+            row_bias, (seqlens, total) = per_row[bias][b]
             inputs = [split[q][b], split[k][b] if k else "", split[v][b] if v else "", kv_row[past_k, b],
-                      kv_row[past_v, b], seqlens, total, cos, sin, positions[b], row_bias_for[bias][b]]
+                      kv_row[past_v, b], seqlens, total, cos, sin, positions[b], row_bias]
             row_outputs.append(f"{out}.row{b}")
             new_nodes.append(helper.make_node(GQA, inputs, [row_outputs[-1], kv_row[present_k, b], kv_row[present_v, b]],
                                               domain=node.domain, **attributes))

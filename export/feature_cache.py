@@ -23,14 +23,14 @@ import json
 import shutil
 import time
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
 from tqdm.auto import tqdm
 
 from specmemo.errors import ConfigError
-from specmemo.export.teacher import TEACHER_TOP, Example, TeacherCache, tokenize_conversation
+from specmemo.export.teacher import TEACHER_TOP, Example, TeacherCache, concat, tokenize_conversation
 
 SETTINGS_FILE = "features.json"
 FIELDS = ("hidden", "tokens", "target", "starts", "top_ids", "top_probs")
@@ -180,14 +180,8 @@ def load_features(folder: Path) -> TeacherCache:
     for shard in shards:
         path = folder / shard["name"]
         try:
-            loaded.append({name: np.load(path / f"{name}.npy", mmap_mode="r") for name in FIELDS})
+            loaded.append(TeacherCache(**{name: np.load(path / f"{name}.npy", mmap_mode="r") for name in FIELDS}))
         except (OSError, ValueError) as err:
             raise ConfigError(f"{path} is damaged ({err}): delete it and its entry in {settings}, then resume") from None
-    offsets = np.cumsum([0] + [len(s["tokens"]) for s in loaded[:-1]])
-    return TeacherCache(hidden=np.concatenate([s["hidden"] for s in loaded]),
-                        top_ids=np.concatenate([s["top_ids"] for s in loaded]),
-                        top_probs=np.concatenate([s["top_probs"] for s in loaded]).astype(np.float32),
-                        target=np.concatenate([s["target"] for s in loaded]),
-                        starts=np.concatenate([loaded[0]["starts"][:1]] + [s["starts"][1:] + o
-                                                                            for s, o in zip(loaded, offsets)]),
-                        tokens=np.concatenate([s["tokens"] for s in loaded]))
+    joined = concat(loaded)
+    return replace(joined, top_probs=np.asarray(joined.top_probs, dtype=np.float32))

@@ -120,6 +120,19 @@ class TeacherCache:
         return len(self.target)
 
 
+def concat(caches: list[TeacherCache]) -> TeacherCache:
+    """Several caches as one: positions end to end, conversation starts shifted."""
+    if len(caches) == 1:
+        return caches[0]
+    offsets = np.cumsum([0] + [c.positions for c in caches[:-1]])
+    return TeacherCache(hidden=np.concatenate([c.hidden for c in caches]),
+                        top_ids=np.concatenate([c.top_ids for c in caches]),
+                        top_probs=np.concatenate([c.top_probs for c in caches]),
+                        target=np.concatenate([c.target for c in caches]),
+                        starts=np.concatenate([caches[0].starts[:1]] + [c.starts[1:] + o for c, o in zip(caches, offsets)]),
+                        tokens=np.concatenate([c.tokens for c in caches]))
+
+
 @torch.no_grad()
 def build_teacher_cache(hf_model: Any, examples: list[Example], *, device: str = "cpu") -> TeacherCache:
     projection = lm_head_t(hf_model)  # [h, V]

@@ -33,7 +33,7 @@ from specmemo.export.dims import dims_from_config
 from specmemo.export.drafter_card import hardware, write_card
 from specmemo.export.feature_drafter import FeatureDrafter, FeatureDrafterSpec, save_drafter
 from specmemo.export.load import lm_head_t
-from specmemo.export.teacher import Replies, TeacherCache, teacher
+from specmemo.export.teacher import Replies, TeacherCache, concat, teacher
 from specmemo.export.train_heads import TrainConfig, check_schedule, frequent_tokens, learning_rate
 
 CHECKPOINT_FILE = "checkpoint.pt"
@@ -89,18 +89,6 @@ def teacher_data(hf_model, tokenizer, conversations: list, config: DrafterTrainC
                                    reply_tokens=config.reply_tokens, device=config.device, threads=config.threads)
         caches.append(teacher(hf_model, tokenizer, conversations[: config.self_prompts], heads_config, cache_key, log))
     return concat(caches)
-
-
-def concat(caches: list[TeacherCache]) -> TeacherCache:
-    if len(caches) == 1:
-        return caches[0]
-    offsets = np.cumsum([0] + [c.positions for c in caches[:-1]])
-    return TeacherCache(hidden=np.concatenate([c.hidden for c in caches]),
-                        top_ids=np.concatenate([c.top_ids for c in caches]),
-                        top_probs=np.concatenate([c.top_probs for c in caches]),
-                        target=np.concatenate([c.target for c in caches]),
-                        starts=np.concatenate([caches[0].starts[:1]] + [c.starts[1:] + o for c, o in zip(caches, offsets)]),
-                        tokens=np.concatenate([c.tokens for c in caches]))
 
 
 def sequences(cache: TeacherCache) -> list[tuple[int, int]]:

@@ -174,15 +174,10 @@ class OrtBackend:
         s, window = self.session, self.session.manifest.dims.sliding_window
         if past - s.kv.offset + size > s.kv.window_capacity:  # sizes.window_capacity: this always makes room
             s.slide(max(s.kv.offset, past - (window - 1) - WINDOW_MARGIN), past)
-        first = s.kv.offset
-        past_w = past - first
-        attended_w = past_w + size
+        attended_w = past - s.kv.offset + size
         bias = s.arena["attention_bias_local"][: size * attended_w].reshape(size, attended_w)
-        bias[:, :past_w] = 0
-        bias[:, past_w:] = block
-        queries = s.arena["position_ids"][:size]
-        keys = np.concatenate([np.arange(first, past), queries])  # the position each of the S_w rows holds
-        tree.apply_window(bias, queries, keys, window)
+        tree.window_bias(bias, block, first=s.kv.offset, past=past, queries=s.arena["position_ids"][:size],
+                         window=window)
         return attended_w
 
     def commit(self, nodes: list[int]) -> None:

@@ -218,14 +218,10 @@ class BatchBackend:
         if past - self.offsets[row] + size > capacity_w:  # keep the last W - 1 + margin positions that fit
             keep = min(capacity_w - size, window - 1 + WINDOW_MARGIN)
             self._slide(row, max(self.offsets[row], past - keep), past)
-        first = self.offsets[row]
-        past_w = past - first
-        span = past_w + size
+        span = past - self.offsets[row] + size
         bias = s.arena["attention_bias_local"][row * s.local_stride: row * s.local_stride + size * span]
-        bias = bias.reshape(size, span)
-        bias[:, :past_w] = 0
-        bias[:, past_w:] = block
-        tree.apply_window(bias, queries, np.concatenate([np.arange(first, past), queries]), window)
+        tree.window_bias(bias.reshape(size, span), block, first=self.offsets[row], past=past, queries=queries,
+                         window=window)
         return span
 
     def _slide(self, row: int, first: int, end: int) -> None:

@@ -56,6 +56,16 @@ def apply_window(bias: np.ndarray, query_positions: np.ndarray, key_positions: n
     bias[key_positions[None, :] <= query_positions[:, None] - window] = MASKED
 
 
+def window_bias(bias: np.ndarray, block: np.ndarray, *, first: int, past: int, queries: np.ndarray,
+                window: int) -> None:
+    """A sliding layer's bias [T, S_w], in place, over its buffer's rows: the committed positions
+    first .. past - 1 (open), then the T queries at `queries` (the tree `block` [T, T]), the window applied."""
+    past_w = past - first
+    bias[:, :past_w] = 0
+    bias[:, past_w:] = block
+    apply_window(bias, queries, np.concatenate([np.arange(first, past), queries]), window)
+
+
 def position_ids(parents: list[int], past: int) -> np.ndarray:
     """[1, T] position of each node: past + depth."""
     return (past + depths(parents))[None, :]

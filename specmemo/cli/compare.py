@@ -110,7 +110,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
             log_stderr(f"llama.cpp rows skipped: {err}")
     if manifest.heads is None:
         engines = tuple(e for e in engines if e not in compare.TORCH_ENGINES or e == compare.REFERENCE)
-    if not drafter or drafter == "none":
+    if not drafter:  # the artifact names none and --drafter gave none: nothing to speculate with
         engines = tuple(e for e in engines if e in compare.PLAIN_ENGINES)
     if args.engines is not None:
         unknown = sorted(set(args.engines) - set(engines))

@@ -41,6 +41,12 @@ class Limits:
         if min(self.max_body_bytes, self.max_messages, self.max_prompt_tokens or 1, self.max_tokens or 1) < 1:
             raise ValueError("--max-body-bytes, --max-messages, --max-prompt-tokens and --max-tokens must be >= 1")
 
+    def check_body_size(self, size: int) -> None:
+        """413 for a body (declared, read so far, or whole) over --max-body-bytes."""
+        if size > self.max_body_bytes:
+            raise BadRequest(f"the body is {size} bytes or more, over this server's {self.max_body_bytes} "
+                             f"(serve --max-body-bytes)", status=413)
+
 
 class TextPart(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -122,6 +128,11 @@ class ChatRequest(Common):
     def wanted(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens
 
+    @property
+    def logprob_top(self) -> int | None:
+        """None: no log-probabilities; k: the chosen token's and the top k alternatives'."""
+        return (self.top_logprobs or 0) if self.logprobs else None
+
 
 class CompletionRequest(Common):
     prompt: str | list[str] | list[int] | list[list[int]]
@@ -133,6 +144,10 @@ class CompletionRequest(Common):
     @property
     def wanted(self) -> int:
         return self.max_tokens
+
+    @property
+    def logprob_top(self) -> int | None:
+        return self.logprobs
 
 
 TAKEN = {"chat": set(ChatRequest.model_fields), "completions": set(CompletionRequest.model_fields)}
@@ -150,9 +165,7 @@ REFUSED = {  # OpenAI's fields this server does not do, and why
 
 def parse(raw: bytes, kind: str, limits: Limits) -> ChatRequest | CompletionRequest:
     """The body → a request, or BadRequest with one line: size, UTF-8, JSON, nesting, fields, types."""
-    if len(raw) > limits.max_body_bytes:
-        raise BadRequest(f"the body is {len(raw)} bytes, over this server's {limits.max_body_bytes} "
-                         f"(serve --max-body-bytes)", status=413)
+    limits.check_body_size(len(raw))
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as err:

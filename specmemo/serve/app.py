@@ -40,8 +40,12 @@ from specmemo.serve.keys import RequireKey
 from specmemo.serve.metrics import Metrics
 from specmemo.serve.worker import PoolWorker, QueueFull
 
-FINISH = {"eos": "stop", "length": "length", "capacity": "length", "stop": "stop"}
+FINISH = {"eos": "stop", "length": "length", "capacity": "length"}  # the pool's finish reasons → OpenAI's
 BODY_TIMEOUT_S = 30.0  # a client that has not sent its whole body by then is dropped (408)
+
+
+def reply_id(kind: str) -> str:
+    return f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex[:24]}"
 
 
 def error(status: int, message: str, kind: str = "invalid_request_error", param: str | None = None,
@@ -136,7 +140,7 @@ class ServeApp:
             return Response(status_code=499)
         reply = Reply(body.stops, len(prompt))
         if job_request is None:  # completions with max_tokens 0: the prompt back, nothing decoded
-            return JSONResponse(self._completion_body(f"cmpl-{uuid.uuid4().hex[:24]}", echo, reply, "length"))
+            return JSONResponse(self._completion_body(reply_id(kind), echo, reply, "length"))
         try:
             job = self.worker.submit(job_request, asyncio.get_running_loop())
         except QueueFull as err:
@@ -150,30 +154,26 @@ class ServeApp:
         reason = await self._collect(job, reply, request)
         if reason == "error":
             return error(500, "decoding failed; see the server log", "server_error")
-        reply_id = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex[:24]}"
+        logprobs = body.logprob_top is not None
         if kind == "chat":
             choice = {"index": 0, "message": {"role": "assistant", "content": reply.sent},
-                      "logprobs": self._chat_logprobs(reply.logprobs) if body.logprobs else None,
+                      "logprobs": self._chat_logprobs(reply.logprobs) if logprobs else None,
                       "finish_reason": reply.finish}
-            return JSONResponse({"id": reply_id, "object": "chat.completion", "created": int(time.time()),
+            return JSONResponse({"id": reply_id(kind), "object": "chat.completion", "created": int(time.time()),
                                  "model": self.model, "choices": [choice], "usage": usage(reply)})
-        return JSONResponse(self._completion_body(reply_id, echo, reply, reply.finish,
-                                                  logprobs=body.logprobs is not None))
+        return JSONResponse(self._completion_body(reply_id(kind), echo, reply, reply.finish, logprobs=logprobs))
 
     async def _body(self, request: HttpRequest) -> bytes:
         """The body, read with a time limit and cut off past --max-body-bytes (never buffered whole)."""
         declared = request.headers.get("content-length", "")
-        if declared.isdigit() and int(declared) > self.limits.max_body_bytes:
-            raise BadRequest(f"the body is {declared} bytes, over this server's {self.limits.max_body_bytes} "
-                             f"(serve --max-body-bytes)", status=413)
+        if declared.isdigit():
+            self.limits.check_body_size(int(declared))
 
         async def read() -> bytes:
             chunks, size = [], 0
             async for chunk in request.stream():
                 size += len(chunk)
-                if size > self.limits.max_body_bytes:
-                    raise BadRequest(f"the body is over this server's {self.limits.max_body_bytes} bytes "
-                                     f"(serve --max-body-bytes)", status=413)
+                self.limits.check_body_size(size)
                 chunks.append(chunk)
             return b"".join(chunks)
 
@@ -222,12 +222,10 @@ class ServeApp:
             raise BadRequest(f"the prompt ({len(prompt)} tokens) + max_tokens ({wanted or 1}) exceed the "
                              f"{self.capacity}-token context of a row: lower max_tokens, or restart serve with a "
                              f"larger --capacity", param="max_tokens")
-        top = (body.top_logprobs or 0) if isinstance(body, ChatRequest) else body.logprobs
-        wants_logprobs = body.logprobs if isinstance(body, ChatRequest) else body.logprobs is not None
         rules = None
-        if body.presence_penalty or body.frequency_penalty or body.bias or wants_logprobs:
+        if body.presence_penalty or body.frequency_penalty or body.bias or body.logprob_top is not None:
             rules = LogitRules(presence_penalty=body.presence_penalty, frequency_penalty=body.frequency_penalty,
-                               logit_bias=body.bias, logprobs=top if wants_logprobs else None)
+                               logit_bias=body.bias, logprobs=body.logprob_top)
             try:
                 rules.check_vocab(self.vocab)
             except ConfigError as err:
@@ -292,21 +290,21 @@ class ServeApp:
 
     async def _stream(self, job, reply: Reply, kind: str, echo: str, body, include_usage: bool):
         """Server-sent events in OpenAI's chunk format; a client that goes away cancels its row."""
-        reply_id = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex[:24]}"
+        chunk_id = reply_id(kind)
         chat = kind == "chat"
-        logprobs = body.logprobs if chat else body.logprobs is not None
+        logprobs = body.logprob_top is not None
 
         def chunk(text: str | None, finish: str | None = None, lps: list[TokenLogprob] = ()) -> str:
             if chat:
                 delta = {"role": "assistant", "content": ""} if text is None else ({"content": text} if text else {})
                 choice = {"index": 0, "delta": delta, "logprobs": self._chat_logprobs(lps) if logprobs and lps else None,
                           "finish_reason": finish}
-                data = {"id": reply_id, "object": "chat.completion.chunk", "created": int(time.time()),
+                data = {"id": chunk_id, "object": "chat.completion.chunk", "created": int(time.time()),
                         "model": self.model, "choices": [choice]}
             else:
                 choice = {"index": 0, "text": text or "", "finish_reason": finish,
                           "logprobs": self._legacy_logprobs(lps, 0) if logprobs and lps else None}
-                data = {"id": reply_id, "object": "text_completion", "created": int(time.time()), "model": self.model,
+                data = {"id": chunk_id, "object": "text_completion", "created": int(time.time()), "model": self.model,
                         "choices": [choice]}
             return f"data: {json.dumps(data)}\n\n"
 
@@ -323,9 +321,9 @@ class ServeApp:
                     yield chunk(text, None, lps)
                 if finish:
                     done = True
-                    yield chunk("" if chat else "", finish)
+                    yield chunk("", finish)
                     if include_usage:
-                        data = {"id": reply_id, "object": "chat.completion.chunk" if chat else "text_completion",
+                        data = {"id": chunk_id, "object": "chat.completion.chunk" if chat else "text_completion",
                                 "created": int(time.time()), "model": self.model, "choices": [], "usage": usage(reply)}
                         yield f"data: {json.dumps(data)}\n\n"
                     yield "data: [DONE]\n\n"
@@ -353,11 +351,11 @@ class ServeApp:
                 "top_logprobs": [{self._token_text(t): v for t, v in lp.top} for lp in logprobs],
                 "text_offset": offsets}
 
-    def _completion_body(self, reply_id: str, echo: str, reply: Reply, finish: str | None, *,
+    def _completion_body(self, completion_id: str, echo: str, reply: Reply, finish: str | None, *,
                          logprobs: bool = False) -> dict:
         choice = {"index": 0, "text": echo + reply.sent, "finish_reason": finish,
                   "logprobs": self._legacy_logprobs(reply.logprobs, len(echo)) if logprobs else None}
-        return {"id": reply_id, "object": "text_completion", "created": int(time.time()), "model": self.model,
+        return {"id": completion_id, "object": "text_completion", "created": int(time.time()), "model": self.model,
                 "choices": [choice], "usage": usage(reply)}
 
 

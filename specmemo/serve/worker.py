@@ -88,9 +88,7 @@ class PoolWorker:
             return len(self._waiting)
 
     def health(self) -> dict:
-        with self._lock:
-            waiting = len(self._waiting)
-        return {"status": "ok", "rows": self.pool.backend.batch, "rows_busy": self.pool.active, "queued": waiting,
+        return {"status": "ok", "rows": self.pool.backend.batch, "rows_busy": self.pool.active, "queued": self.waiting(),
                 "completed": self.counters.completed, "cancelled": self.counters.cancelled,
                 "rejected": self.counters.rejected, "failed": self.counters.failed,
                 "steps": self.pool.stats.steps, "tokens": self.pool.stats.tokens}
