@@ -130,28 +130,55 @@ class FeatureDrafter(nn.Module):
         return g @ self.projection  # [..., N]
 
     # ---- training: causal over S rows ----
-    def forward(self, features: torch.Tensor, next_embeds: torch.Tensor, positions: torch.Tensor,
-                key_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """features, next_embeds [B, S, h], positions [B, S] (t + 1), key_mask [B, S] bool (False: padding)
-        → (predicted next features [B, S, h], logits [B, S, N])."""
+    def _attend(self, x: torch.Tensor, positions: torch.Tensor, keys: list, values: list,
+                mask: torch.Tensor) -> torch.Tensor:
+        """x [B, S, h] → the layer's output g [B, S, h]; this pass's K/V [B, H_kv, S, D] are appended to
+        keys/values, and the rows attend to all of them under mask [B or 1, 1, S, len(keys) * S]."""
         s = self.spec
-        batch, rows, _ = features.shape
-        x = self.fc(torch.cat([features, next_embeds], dim=-1))  # [B, S, h]
+        batch, rows, _ = x.shape
         q, k, v = self.qkv(self.input_norm(x)).split(
             [s.num_heads * s.head_dim, s.num_kv_heads * s.head_dim, s.num_kv_heads * s.head_dim], dim=-1)
         cos, sin = self.cos_cache[positions].unsqueeze(1), self.sin_cache[positions].unsqueeze(1)  # [B, 1, S, D/2]
         q = apply_rotary(q.view(batch, rows, s.num_heads, s.head_dim).transpose(1, 2), cos, sin)
-        k = apply_rotary(k.view(batch, rows, s.num_kv_heads, s.head_dim).transpose(1, 2), cos, sin)
-        v = v.view(batch, rows, s.num_kv_heads, s.head_dim).transpose(1, 2)
+        keys.append(apply_rotary(k.view(batch, rows, s.num_kv_heads, s.head_dim).transpose(1, 2), cos, sin))
+        values.append(v.view(batch, rows, s.num_kv_heads, s.head_dim).transpose(1, 2))
         group = s.num_heads // s.num_kv_heads
-        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
-        mask = torch.ones(rows, rows, dtype=torch.bool, device=x.device).tril()  # [S, S] causal
-        if key_mask is not None:
-            mask = mask & key_mask[:, None, None, :]  # [B, 1, S, S]
+        k = torch.cat(keys, dim=2).repeat_interleave(group, dim=1)
+        v = torch.cat(values, dim=2).repeat_interleave(group, dim=1)
         attn = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # [B, H, S, D]
         x = x + self.o_proj(attn.transpose(1, 2).reshape(batch, rows, s.num_heads * s.head_dim))
-        g = self.norm(self._mlp(x))
-        return g, self._head(g)
+        return self.norm(self._mlp(x))
+
+    def forward(self, features: torch.Tensor, next_embeds: torch.Tensor, positions: torch.Tensor,
+                key_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """features, next_embeds [B, S, h], positions [B, S] (t + 1), key_mask [B, S] bool (False: padding)
+        → (predicted next features [B, S, h], logits [B, S, N])."""
+        (g, logits), = self.unroll(features, next_embeds, positions, key_mask, depths=1)
+        return g, logits
+
+    def unroll(self, features: torch.Tensor, next_embeds: torch.Tensor, positions: torch.Tensor,
+               key_mask: torch.Tensor | None = None, *, depths: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """The drafter as the runtime unrolls it, for every row at once ("training-time test"): pass p
+        (1..depths) row i is the depth-p draft row after a real prefix of rows ≤ i - p + 1 — its feature
+        is pass p-1's prediction at row i - 1 (pass 1: the real f_i), its token the real token i + 1, and
+        it attends to pass-1 rows j ≤ i - p + 1 and to pass-q row i - (p - q) for q = 2..p (its
+        ancestors' rows and its own), as runtime/drafters/feature.py grows a tree. Its logits guess
+        token i + 2, as pass 1's do; rows i < p - 1 have no real prefix (callers mask them).
+        → [(g [B, S, h], logits [B, S, N]) per pass]."""
+        rows = features.shape[1]
+        i = torch.arange(rows, device=features.device)[:, None]
+        j = torch.arange(rows, device=features.device)[None]
+        keys, values, out, feature = [], [], [], features
+        for p in range(1, depths + 1):
+            if p > 1:  # row i takes the previous pass's prediction at row i - 1
+                feature = torch.cat([torch.zeros_like(g[:, :1]), g[:, :-1]], dim=1)
+            blocks = [j <= i - p + 1] + [j == i - (p - q) for q in range(2, p + 1)]
+            mask = torch.cat(blocks, dim=1)[None, None]  # [1, 1, S, p * S]
+            if key_mask is not None:
+                mask = mask & key_mask.repeat(1, p)[:, None, None, :]  # [B, 1, S, p * S]
+            g = self._attend(self.fc(torch.cat([feature, next_embeds], dim=-1)), positions, keys, values, mask)
+            out.append((g, self._head(g)))
+        return out
 
     # ---- the exported step: W rows on a fixed KV buffer ----
     def step(self, features, next_embeds, position_ids, attention_bias, past_key, past_value):

@@ -31,7 +31,7 @@ from specmemo.errors import ConfigError
 from specmemo.export.decoder import embedding_table, rotary_table
 from specmemo.export.dims import dims_from_config
 from specmemo.export.drafter_card import hardware, write_card
-from specmemo.export.feature_drafter import FeatureDrafter, FeatureDrafterSpec, save_drafter
+from specmemo.export.feature_drafter import FeatureDrafter, FeatureDrafterSpec, load_drafter, save_drafter
 from specmemo.export.load import lm_head_t
 from specmemo.export.teacher import Replies, TeacherCache, concat, teacher
 from specmemo.export.train_heads import TrainConfig, check_schedule, frequent_tokens, learning_rate
@@ -59,11 +59,14 @@ class DrafterTrainConfig:
     device: str = "cpu"
     checkpoint_every: int = 50
     features: str = ""  # data "features": the feature cache's settings (export/feature_cache.py), as JSON
+    unroll: int = 1  # depths trained: 1 = EAGLE-1 (real features + noise); p > 1 adds the drafter's own p-deep unroll
+    init: str = ""  # a drafter folder to start from (fine-tuning): its weights and sub-vocabulary
+
 
     def __post_init__(self) -> None:
         if self.data not in ("dataset", "self", "both", "features"):
             raise ConfigError(f"--data must be dataset, self or both, got {self.data!r}")
-        for name in ("subvocab_size", "conversations", "self_prompts", "batch_sequences", "threads", "max_len"):
+        for name in ("subvocab_size", "conversations", "self_prompts", "batch_sequences", "threads", "max_len", "unroll"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"--{name.replace('_', '-')} must be >= 1")
         check_schedule(epochs=self.epochs, lr=self.lr, device=self.device)
@@ -133,17 +136,25 @@ def make_batch(cache: TeacherCache, picked: list[tuple[int, int]], embed: torch.
             probs.to(device), torch.from_numpy(loss_mask).to(device))
 
 
-def batch_loss(drafter: FeatureDrafter, batch, config: DrafterTrainConfig) -> tuple[torch.Tensor, float, float]:
-    """(loss, top-1 agreement with the teacher, feature loss) on the masked rows."""
+def batch_loss(drafter: FeatureDrafter, batch, config: DrafterTrainConfig,
+               depths: int | None = None) -> tuple[torch.Tensor, list[tuple[float, float]], float]:
+    """(loss, per depth (top-1 hits, rows) against the teacher's next token, depth-1 feature loss) on the
+    masked rows; depths (default config.unroll) passes of FeatureDrafter.unroll, the loss their mean."""
     features, next_embeds, positions, key_mask, goal, ids, probs, mask = batch
-    predicted, logits = drafter(features, next_embeds, positions, key_mask)
-    rows = mask.sum().clamp(min=1)
-    regression = (F.smooth_l1_loss(predicted, goal, reduction="none").mean(-1) * mask).sum() / rows
-    log_probs = torch.log_softmax(logits, dim=-1)  # [B, S, N]
-    kl = (probs * (torch.log(probs.clamp(min=1e-12)) - log_probs.gather(-1, ids))).sum(-1)  # [B, S]
-    classification = (kl * mask).sum() / rows
-    hit = (log_probs.argmax(-1) == ids[..., 0]) & mask & (probs[..., 0] > 0)
-    return regression + config.cls_weight * classification, float(hit.sum()) / float(rows), float(regression.detach())
+    passes = drafter.unroll(features, next_embeds, positions, key_mask, depths=depths or config.unroll)
+    loss, counts, first_regression = 0.0, [], 0.0
+    for p, (predicted, logits) in enumerate(passes, start=1):
+        valid = mask.clone()
+        valid[:, : p - 1] = False  # rows i < p - 1 have no real prefix at depth p
+        rows = valid.sum().clamp(min=1)
+        regression = (F.smooth_l1_loss(predicted, goal, reduction="none").mean(-1) * valid).sum() / rows
+        log_probs = torch.log_softmax(logits, dim=-1)  # [B, S, N]
+        kl = (probs * (torch.log(probs.clamp(min=1e-12)) - log_probs.gather(-1, ids))).sum(-1)  # [B, S]
+        loss = loss + (regression + config.cls_weight * (kl * valid).sum() / rows) / len(passes)
+        hit = (log_probs.argmax(-1) == ids[..., 0]) & valid & (probs[..., 0] > 0)
+        counts.append((float(hit.sum()), float(valid.sum())))
+        first_regression = first_regression or float(regression.detach())
+    return loss, counts, first_regression
 
 
 def train_drafter(*, hf_model: Any, tokenizer: Any, conversations: list, config: DrafterTrainConfig, out: Path,
@@ -159,9 +170,17 @@ def train_drafter(*, hf_model: Any, tokenizer: Any, conversations: list, config:
                                                                 log)
     dims = dims_from_config(hf_model.config)
     spec = FeatureDrafterSpec.for_base(dims, subvocab_size=config.subvocab_size, base_sha256=base_sha256)
-    token_map = frequent_tokens(cache, spec.subvocab_size)
     cos, sin = rotary_table(hf_model, config.max_len + 2, dims.head_dim)
-    drafter = FeatureDrafter(spec, lm_head_t=lm_head_t(hf_model).cpu(), token_map=token_map, cos=cos, sin=sin)
+    if config.init:  # fine-tune: the start's weights and token map (same base model, same sizes)
+        drafter = load_drafter(Path(config.init), lm_head_t=lm_head_t(hf_model).cpu(), cos=cos, sin=sin,
+                               base_sha256=base_sha256).train()
+        if drafter.spec.subvocab_size != spec.subvocab_size:
+            raise ConfigError(f"--init {config.init} has a sub-vocabulary of {drafter.spec.subvocab_size}, not "
+                              f"--subvocab-size {spec.subvocab_size}: pass --subvocab-size {drafter.spec.subvocab_size}")
+        token_map = drafter.token_map.cpu()
+    else:
+        token_map = frequent_tokens(cache, spec.subvocab_size)
+        drafter = FeatureDrafter(spec, lm_head_t=lm_head_t(hf_model).cpu(), token_map=token_map, cos=cos, sin=sin)
     drafter = drafter.to(config.device)
     embed = embedding_table(hf_model).to(config.device)  # [V, h], frozen
     inverse = torch.full((spec.vocab_size,), -1, dtype=torch.long)
@@ -179,21 +198,22 @@ def train_drafter(*, hf_model: Any, tokenizer: Any, conversations: list, config:
     return spec
 
 
-VALIDATION_SHARE = 0.03  # of the sequences, held out (the last ones): depth-1 top-1 printed per epoch
+VALIDATION_SHARE = 0.03  # of the sequences, held out (the last ones): top-1 per depth printed per epoch
+VALIDATION_DEPTHS = 4
 
 
 def validate(drafter: FeatureDrafter, cache: TeacherCache, held_out: list[tuple[int, int]], embed, inverse,
-             config: DrafterTrainConfig) -> float:
-    """Depth-1 top-1 on the held-out sequences: the drafter's argmax equals the base model's next token."""
-    hits, rows = 0.0, 0.0
+             config: DrafterTrainConfig) -> list[float]:
+    """Top-1 per depth 1..VALIDATION_DEPTHS on the held-out sequences: the drafter, unrolled as the
+    runtime drafts (FeatureDrafter.unroll), guesses the base model's next token given the real prefix."""
+    hits, rows = np.zeros(VALIDATION_DEPTHS), np.zeros(VALIDATION_DEPTHS)
     with torch.no_grad():
         for start in range(0, len(held_out), config.batch_sequences):
             picked = held_out[start:start + config.batch_sequences]
             batch = make_batch(cache, picked, embed, inverse, config.device, 0.0, torch.Generator().manual_seed(0))
-            _, top1, _ = batch_loss(drafter, batch, config)
-            count = float(batch[-1].sum())
-            hits, rows = hits + top1 * count, rows + count
-    return hits / rows if rows else float("nan")
+            _, counts, _ = batch_loss(drafter, batch, config, depths=VALIDATION_DEPTHS)
+            hits, rows = hits + [c[0] for c in counts], rows + [c[1] for c in counts]
+    return [float(h / r) if r else float("nan") for h, r in zip(hits, rows)]
 
 
 def train_loop(drafter: FeatureDrafter, cache: TeacherCache, embed: torch.Tensor, inverse: torch.Tensor,
@@ -221,7 +241,7 @@ def train_loop(drafter: FeatureDrafter, cache: TeacherCache, embed: torch.Tensor
         f"on {len(seqs):,} sequences ({int(cache.target.sum()):,} target positions) x {config.epochs:g} epochs "
         f"= {total_steps} steps of {config.batch_sequences}")
     window: list[tuple[float, float]] = []
-    validation: list[float] = []
+    validation: list[list[float]] = []
     bar = tqdm(total=total_steps, initial=step, desc="train drafter", unit="step", dynamic_ncols=True)
     while step < total_steps:
         epoch, offset = divmod(step, per_epoch)
@@ -231,7 +251,8 @@ def train_loop(drafter: FeatureDrafter, cache: TeacherCache, embed: torch.Tensor
             group["lr"] = learning_rate(step, total_steps, config)
         noise = torch.Generator().manual_seed(config.seed * 1_000_003 + step)
         batch = make_batch(cache, picked, embed, inverse, config.device, config.noise, noise)
-        loss, top1, _ = batch_loss(drafter, batch, config)
+        loss, counts, _ = batch_loss(drafter, batch, config)
+        top1 = counts[0][0] / max(counts[0][1], 1.0)  # depth 1
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -244,7 +265,8 @@ def train_loop(drafter: FeatureDrafter, cache: TeacherCache, embed: torch.Tensor
         if held_out and (step % per_epoch == 0 or step == total_steps):
             score = validate(drafter, cache, held_out, embed, inverse, config)
             validation.append(score)
-            bar.write(f"epoch {step / per_epoch:.2f}: validation depth-1 top-1 {score:.3f} ({len(held_out)} sequences)")
+            bar.write(f"epoch {step / per_epoch:.2f}: validation top-1 by depth "
+                      f"{' '.join(f'{v:.3f}' for v in score)} ({len(held_out)} sequences)")
         if step % config.checkpoint_every == 0 or step == total_steps:
             tmp = checkpoint.with_suffix(".tmp")
             torch.save({"drafter": drafter.state_dict(), "optimizer": optimizer.state_dict(), "step": step,
@@ -254,4 +276,5 @@ def train_loop(drafter: FeatureDrafter, cache: TeacherCache, embed: torch.Tensor
     return {"steps": total_steps, "sequences": len(seqs), "loss_first": history[0] if history else None,
             "loss_last50": float(np.mean(history[-50:])) if history else None,
             "train_top1_last50": float(np.mean([w[1] for w in window])) if window else None,
-            "validation_top1_by_epoch": [round(v, 4) for v in validation]}
+            "validation_top1_by_epoch": [round(v[0], 4) for v in validation],
+            "validation_top1_by_depth": [round(v, 4) for v in validation[-1]] if validation else None}

@@ -22,7 +22,6 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from specmemo.errors import ConfigError
@@ -58,6 +57,7 @@ class TrainConfig:
     threads: int = 2
     device: str = "cpu"
     checkpoint_every: int = 100
+    features: str = ""  # trained from a feature cache (export/feature_cache.py): its settings, as JSON
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "mode", ProjectionMode(self.mode))
@@ -124,7 +124,7 @@ def batch_loss(heads: MedusaHeads, cache: TeacherCache, rows: np.ndarray, valid:
                inverse: torch.Tensor | None) -> tuple[torch.Tensor, list[float]]:
     """Mean over heads of KL(teacher || head); also each head's top-1 agreement with the teacher."""
     device = heads.lm_head_t.device
-    logits = heads(torch.from_numpy(cache.hidden[rows]).to(device))  # [R, K, V']
+    logits = heads(torch.from_numpy(cache.hidden[rows].astype(np.float32)).to(device))  # [R, K, V'] (a feature cache is float16)
     log_probs = torch.log_softmax(logits, dim=-1)
     total, agreement = 0.0, []
     for k in range(config.num_heads):
@@ -225,13 +225,14 @@ def _save_checkpoint(path: Path, heads: MedusaHeads, optimizer, step: int, histo
 
 def train_heads(*, hf_model: Any, tokenizer: Any, conversations: list[list[dict[str, str]]], config: TrainConfig,
                 out: Path, base_sha256: str = "", cache_key: str | None = None, card: dict | None = None,
-                log=print) -> HeadsSpec:
-    """Train heads for `hf_model` and save them (heads.safetensors + heads.json) into `out`."""
+                features: TeacherCache | None = None, log=print) -> HeadsSpec:
+    """Train heads for `hf_model` and save them (heads.safetensors + heads.json) into `out`. `features`: a
+    feature cache (export/feature_cache.py, the drafter's training data) instead of the teacher pass."""
     torch.manual_seed(config.seed)
     torch.set_num_threads(config.threads)
     started = time.perf_counter()
     hf_model = hf_model.to(config.device)
-    cache = teacher(hf_model, tokenizer, conversations, config, cache_key, log)
+    cache = features if features is not None else teacher(hf_model, tokenizer, conversations, config, cache_key, log)
     base_lm_head = lm_head_t(hf_model)  # [h, V]
     hidden, vocab = base_lm_head.shape
     spec = HeadsSpec(hidden_size=hidden, vocab_size=vocab, num_heads=config.num_heads,
@@ -242,7 +243,7 @@ def train_heads(*, hf_model: Any, tokenizer: Any, conversations: list[list[dict[
     heads = MedusaHeads(spec, base_lm_head, token_map).to(config.device)
     out.mkdir(parents=True, exist_ok=True)
     summary = train_loop(heads, cache, config, out, log=log)
-    summary.update(conversations=len(conversations), conversations_kept=len(cache.starts) - 1, tokens=int(cache.positions),
+    summary.update(conversations=len(conversations) or len(cache.starts) - 1, conversations_kept=len(cache.starts) - 1, tokens=int(cache.positions),
                    minutes=round((time.perf_counter() - started) / 60, 1))
     spec = replace(spec, card={**(card or {}), "train": {**_config_record(config), **summary}})
     save_heads(heads.cpu(), out, spec)

@@ -155,6 +155,7 @@ def test_score_draft_by_hand():
     record = TeacherForced()
     score_draft(draft, [b, d, e], record, max_tree=4)
     assert record.depth_tries[:3] == [1, 1, 0] and record.depth_hits[:2] == [0, 1]  # depth 2: d is b's best child
+    assert record.depth_top5[:2] == [1, 1]  # b is among the root's children
     assert record.chain_accepted == [1] and record.tree_accepted == [3]
     assert record.tree_accepted_by_size == {2: [1], 4: [2]}  # the first 4 nodes hold b but not d
 
@@ -169,6 +170,9 @@ def test_eval_drafter_runs_and_reports_identity(exported):
         r = results["drafters"][name]
         assert r["controller"]["identical_to_greedy"] == "2/2"
         assert len(r["teacher_forced"]["top1_by_depth"]) == 4 and r["bound"] >= 1.0
+        forced = r["teacher_forced"]
+        assert all(t5 >= t1 for t1, t5 in zip(forced["top1_by_depth"], forced["top5_by_depth"]) if t1 is not None)
+        assert r["draft_share_of_verify"] > 0
     assert "medusa+lookup" in table(results)
 
 

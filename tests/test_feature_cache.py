@@ -1,6 +1,7 @@
 """The feature cache (export/feature_cache.py) and training from it: shards hold the ONNX decoder's own hidden
 states and the base model's top-20 next tokens, a stopped run resumes to the same bytes, other settings are
-refused in one line, and `train-drafter --features` trains from the shards with a validation score per epoch."""
+refused in one line, and `train-drafter --features` trains from the shards with a validation score per epoch
+and depth (`train-heads --features` too)."""
 
 from __future__ import annotations
 
@@ -83,5 +84,16 @@ def test_train_drafter_from_features_reports_validation_per_epoch(base, tmp_path
                          features=cache, log=lambda *_: None)
     train = spec.card["train"]
     assert len(train["validation_top1_by_epoch"]) == 3 and train["tokens"] == cache.positions
+    by_depth = train["validation_top1_by_depth"]  # the drafter unrolled 4 deep, as it drafts
+    assert len(by_depth) == 4 and by_depth[0] == train["validation_top1_by_epoch"][-1]
+    assert all(0.0 <= v <= 1.0 for v in by_depth)
     assert train["loss_last50"] < train["loss_first"]
     assert (tmp_path / "drafter" / "drafter.safetensors").is_file()
+    # the Medusa heads train from the same shards
+    from specmemo.export.train_heads import TrainConfig, train_heads
+
+    heads = train_heads(hf_model=model, tokenizer=None, conversations=[], out=tmp_path / "heads", features=cache,
+                        config=TrainConfig(num_heads=2, num_layers=1, max_len=64, epochs=3, batch_rows=64,
+                                           warmup_steps=2, features="toy"), log=lambda *_: None).card["train"]
+    assert heads["tokens"] == cache.positions and heads["loss_last50"] < heads["loss_first"]
+    assert (tmp_path / "heads" / "heads.safetensors").is_file()

@@ -68,6 +68,42 @@ def test_training_forward_equals_the_exported_step(tiny):
     torch.testing.assert_close(g_tree, g[:, 5:], atol=1e-5, rtol=1e-5)
 
 
+@torch.no_grad()
+@pytest.mark.parametrize("length", [1, 3, 5])
+def test_unroll_is_the_runtime_tree_depth_by_depth(tiny, length):
+    """FeatureDrafter.unroll (training, validation) pass p row i equals the depth-p row the runtime
+    drafts with step() on a KV buffer (runtime/drafters/feature.py): L real rows, then one row per
+    depth fed the previous depth's predicted feature, attending to the real rows and its ancestors."""
+    _, model, _ = tiny
+    drafter = random_drafter(model)
+    s = drafter.spec
+    rows, depths = 9, 4
+    features, embeds = torch.randn(1, rows, s.hidden_size), torch.randn(1, rows, s.hidden_size)
+    positions = torch.arange(1, rows + 1)[None]
+    passes = drafter.unroll(features, embeds, positions, depths=depths)
+    g_forward, logits_forward = drafter(features, embeds, positions)
+    torch.testing.assert_close(passes[0][0], g_forward)
+    torch.testing.assert_close(passes[0][1], logits_forward)
+    kv = [torch.zeros(1, s.num_kv_heads, 32, s.head_dim) for _ in range(2)]
+    causal = torch.where(torch.ones(length, length).tril().bool(), 0.0, float("-inf"))[None, None]
+    g, _, k, v = drafter.step(features[:, :length], embeds[:, :length], positions[:, :length], causal, *kv)
+    torch.testing.assert_close(g[:, -1], passes[0][0][:, length - 1], atol=1e-5, rtol=1e-5)
+    feature, used = g[:, -1:], length
+    for p in range(2, depths + 1):
+        i = length + p - 2  # the depth-p row after L real rows (its token: the real token i + 1)
+        bias = torch.zeros(1, 1, 1, used + 1)  # real rows, the ancestors' scratch rows, itself
+        g, logits, k, v = drafter.step(feature, embeds[:, i:i + 1], positions[:, i:i + 1], bias, k, v)
+        torch.testing.assert_close(g[:, 0], passes[p - 1][0][:, i], atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(logits[:, 0], passes[p - 1][1][:, i], atol=1e-4, rtol=1e-4)
+        feature, used = g, used + 1
+    # a padded batch row: its real rows' passes are unchanged by the padding
+    padded = drafter.unroll(torch.cat([features, torch.randn(1, 3, s.hidden_size)], 1),
+                            torch.cat([embeds, torch.randn(1, 3, s.hidden_size)], 1), torch.arange(1, rows + 4)[None],
+                            torch.tensor([[True] * rows + [False] * 3]), depths=depths)
+    for (g_pad, _), (g_ref, _) in zip(padded, passes):
+        torch.testing.assert_close(g_pad[:, :rows], g_ref, atol=1e-5, rtol=1e-5)
+
+
 @pytest.fixture(scope="module")
 def with_drafter(tiny, tmp_path_factory):
     """The tiny model exported with a random feature drafter (its folder saved beside)."""
@@ -146,6 +182,13 @@ def test_training_learns_is_deterministic_and_resumes(tiny, tmp_path):
     assert a.keys() == b.keys() and all(torch.equal(a[name], b[name]) for name in a)
     train = runs["a"].card["train"]
     assert train["loss_last50"] < train["loss_first"]
+    # fine-tuning run "a" at --unroll 2: starts from its weights and sub-vocabulary, trains both depths
+    unrolled = train_drafter(hf_model=model, tokenizer=tokenizer, conversations=data, out=tmp_path / "unroll",
+                             config=DrafterTrainConfig(**{**config.__dict__, "unroll": 2, "init": str(tmp_path / "a")}),
+                             log=lambda *_: None).card["train"]
+    tuned = load_file(str(tmp_path / "unroll" / "drafter.safetensors"))
+    assert unrolled["unroll"] == 2 and torch.equal(tuned["token_map"], a["token_map"])
+    assert not torch.equal(tuned["fc.weight"], a["fc.weight"])
     # resuming: a longer run picks up the finished one's checkpoint only if the settings match
     from specmemo.errors import ConfigError
 

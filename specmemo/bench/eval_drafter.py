@@ -69,6 +69,7 @@ class TeacherForced:
     steps: int = 0
     depth_hits: list[int] = field(default_factory=lambda: [0] * DEPTHS)  # best child right, given the prefix was
     depth_tries: list[int] = field(default_factory=lambda: [0] * DEPTHS)
+    depth_top5: list[int] = field(default_factory=lambda: [0] * DEPTHS)  # the true token among the 5 best children
     chain_accepted: list[int] = field(default_factory=list)  # per step, 1 + matched depth along the best path
     tree_accepted: list[int] = field(default_factory=list)  # per step, 1 + matched depth anywhere in the tree
     tree_nodes: list[int] = field(default_factory=list)
@@ -78,6 +79,7 @@ class TeacherForced:
     def summary(self) -> dict:
         return {"steps": self.steps,
                 "top1_by_depth": [round(h / t, 4) if t else None for h, t in zip(self.depth_hits, self.depth_tries)],
+                "top5_by_depth": [round(h / t, 4) if t else None for h, t in zip(self.depth_top5, self.depth_tries)],
                 "chain_accepted": round(float(np.mean(self.chain_accepted)), 3),
                 "tree_accepted": round(float(np.mean(self.tree_accepted)), 3),
                 "tree_nodes": round(float(np.mean(self.tree_nodes)), 2),
@@ -98,6 +100,7 @@ def score_draft(draft: DraftTree, future: list[int], record: TeacherForced, max_
         if depth < DEPTHS:
             record.depth_tries[depth] += 1
             record.depth_hits[depth] += draft.tokens[kids[0]] == future[depth]
+            record.depth_top5[depth] += any(draft.tokens[k] == future[depth] for k in kids[:5])
         match = next((k for k in kids if draft.tokens[k] == future[depth]), None)
         if match is None:
             break
@@ -183,6 +186,9 @@ def run(config: EvalDrafterConfig, *, log=print) -> dict:
             "identical_to_greedy": f"{t['identical']}/{len(prompts)}"}
         if forced is not None:
             results["drafters"][spec]["bound"] = round(speedup_bound(forced, curve), 3)
+            # a draft's cost against one verify step of the tree it drafts (issue 34: <= 15% on int4)
+            results["drafters"][spec]["draft_share_of_verify"] = round(
+                forced["draft_ms"] / curve.step(config.max_tree), 3)
     return results
 
 
@@ -220,6 +226,12 @@ def table(results: dict) -> str:
         lines.append(f"{spec:<16}{quality}{ctl['tokens_per_s']:>8.1f}{ctl['speedup_vs_greedy']:>9.2f}"
                      f"{r.get('bound', float('nan')):>7.2f}{ctl['accepted_per_step']:>9.2f}"
                      f"{ctl['verified_nodes_per_step']:>7.1f}{ctl['identical_to_greedy']:>7}")
+    for spec, r in results["drafters"].items():
+        forced = r.get("teacher_forced")
+        if forced is not None:
+            top5 = " / ".join("-" if v is None else f"{v:.2f}" for v in forced["top5_by_depth"])
+            lines.append(f"{spec}: top-5 @ depth 1/2/3/4 {top5}; a draft costs {r['draft_share_of_verify']:.0%} of a "
+                         f"{results['max_tree']}-node verify step")
     lines.append(f"teacher-forced with trees of up to {results['max_tree']} nodes: chain/tree = tokens a verify step "
                  f"would gain from the draft's best path / whole tree; bound = the best speed-up any controller "
                  f"gets from those trees at this machine's verify ms per T (verify_ms: {results['verify_ms']})")

@@ -7,9 +7,8 @@ import argparse
 from pathlib import Path
 
 import itertools
-import sys
 
-from specmemo.cli.options import add_artifact, add_model_format, positive
+from specmemo.cli.options import add_artifact, add_model_format, base_model, positive
 from specmemo.console import log_stderr
 from specmemo.export.load import DEFAULT_MODEL
 
@@ -40,6 +39,13 @@ def add_parser(sub) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=positive, default=2)
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    p.add_argument("--unroll", type=positive, default=1,
+                   help="depths trained: 1 = on the base model's real features (EAGLE-1); p > 1 also trains the "
+                        "drafter on its own predictions p deep, as it drafts (EAGLE-3's training-time test; "
+                        "about p(p+1)/2 times the compute per step)")
+    p.add_argument("--init", type=Path, default=None, metavar="DRAFTER_DIR",
+                   help="start from this drafter's weights and sub-vocabulary (fine-tuning, e.g. with --unroll 2 "
+                        "after a first run at --unroll 1)")
     p.add_argument("--features", type=Path, default=None, metavar="DIR",
                    help="train from a feature cache (specmemo cache-features) instead of phase 1; --data, "
                         "--conversations and --self-prompts then say nothing")
@@ -142,10 +148,11 @@ def cmd_train_drafter(args: argparse.Namespace) -> int:
     config = DrafterTrainConfig(subvocab_size=args.subvocab_size, data=args.data, conversations=args.conversations,
                                 self_prompts=args.self_prompts, max_len=args.max_len, epochs=args.epochs,
                                 batch_sequences=args.batch_sequences, lr=args.lr, seed=args.seed,
-                                threads=args.threads, device=args.device)
+                                threads=args.threads, device=args.device, unroll=args.unroll,
+                                init=str(args.init or ""))
     data = None if args.sharegpt == "sharegpt" else Path(args.sharegpt)
     conversations = list(itertools.islice(sharegpt_conversations(data), max(config.conversations, config.self_prompts)))
-    resolved, hf_model, tokenizer, command = _base_model(args)
+    resolved, hf_model, tokenizer, command = base_model(args)
     card = {"command": command, "model": args.model,
             "data": f"{args.data}: ShareGPT ({args.sharegpt}) first {config.conversations} usable conversations "
                     f"teacher-forced and/or the base model's greedy replies to the first turns of the first "
@@ -153,16 +160,6 @@ def cmd_train_drafter(args: argparse.Namespace) -> int:
     train_drafter(hf_model=hf_model, tokenizer=tokenizer, conversations=conversations, config=config, out=args.out,
                   base_sha256=resolved.sha256, cache_key=f"{resolved.sha256}|{args.sharegpt}", card=card, log=log_stderr)
     return 0
-
-
-def _base_model(args: argparse.Namespace):
-    """(resolved --model, the HF model, its tokenizer, the command line for the card)."""
-    from specmemo.export.load import load_hf, resolve_model
-
-    resolved = resolve_model(args.model)
-    hf_model, tokenizer = load_hf(resolved.hf_folder)
-    command = "specmemo " + " ".join(sys.argv[1:]) if sys.argv[0].endswith("specmemo") else None
-    return resolved, hf_model, tokenizer, command
 
 
 def _train_from_features(args: argparse.Namespace) -> int:
@@ -175,8 +172,9 @@ def _train_from_features(args: argparse.Namespace) -> int:
     settings = json.loads((args.features / SETTINGS_FILE).read_text())["settings"]
     config = DrafterTrainConfig(subvocab_size=args.subvocab_size, data="features", max_len=settings["max_len"],
                                 epochs=args.epochs, batch_sequences=args.batch_sequences, lr=args.lr, seed=args.seed,
-                                threads=args.threads, device=args.device, features=json.dumps(settings, sort_keys=True))
-    resolved, hf_model, tokenizer, command = _base_model(args)
+                                threads=args.threads, device=args.device, unroll=args.unroll,
+                                init=str(args.init or ""), features=json.dumps(settings, sort_keys=True))
+    resolved, hf_model, tokenizer, command = base_model(args)
     card = {"command": command, "model": args.model,
             "data": f"feature cache {args.features}: {cache.positions:,} positions of ShareGPT ({settings['data']}), "
                     f"every {settings['self_every']}th conversation the base model's own greedy reply, max "

@@ -8,7 +8,7 @@ import itertools
 import sys
 from pathlib import Path
 
-from specmemo.cli.options import positive
+from specmemo.cli.options import base_model, positive
 from specmemo.errors import SpecMemoError
 from specmemo.export.load import DEFAULT_MODEL
 
@@ -44,6 +44,9 @@ def add_parser(sub) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=positive, default=2, help="torch threads")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    p.add_argument("--features", type=Path, default=None, metavar="DIR",
+                   help="train from a feature cache (specmemo cache-features, the feature drafter's data) instead "
+                        "of the teacher pass; --data, --replies, --conversations and --max-len then say nothing")
     p.set_defaults(handler=cmd_train_heads)
 
     p = sub.add_parser("subvocab-heads", help="restrict trained shared heads to the N most predicted tokens",
@@ -106,6 +109,8 @@ def cmd_train_heads(args: argparse.Namespace) -> int:
                          reply_tokens=args.reply_tokens, conversations=args.conversations,
                          max_len=args.max_len, epochs=args.epochs, batch_rows=args.batch_rows, lr=args.lr,
                          seed=args.seed, threads=args.threads, device=args.device)
+    if args.features is not None:
+        return _train_heads_from_features(args, config)
     resolved = resolve_model(args.model)
     data = None if args.data == "sharegpt" else Path(args.data)
     conversations = list(itertools.islice(sharegpt_conversations(data), config.conversations))
@@ -115,6 +120,25 @@ def cmd_train_heads(args: argparse.Namespace) -> int:
             f"usable conversations (user/assistant alternating), max {config.max_len} tokens each"}
     train_heads(hf_model=hf_model, tokenizer=tokenizer, conversations=conversations, config=config,
                 out=args.out, base_sha256=resolved.sha256, cache_key=f"{resolved.sha256}|{args.data}", card=card)
+    return 0
+
+
+def _train_heads_from_features(args: argparse.Namespace, config) -> int:
+    import json
+    from dataclasses import replace
+
+    from specmemo.export.feature_cache import SETTINGS_FILE, load_features
+    from specmemo.export.train_heads import train_heads
+
+    cache = load_features(args.features)
+    settings = json.loads((args.features / SETTINGS_FILE).read_text())["settings"]
+    config = replace(config, max_len=settings["max_len"], features=json.dumps(settings, sort_keys=True))
+    resolved, hf_model, tokenizer, command = base_model(args)
+    card = {"command": command, "model": args.model,
+            "data": f"feature cache {args.features}: {cache.positions:,} positions of ShareGPT ({settings['data']}), "
+                    f"every {settings['self_every']}th conversation the base model's own greedy reply"}
+    train_heads(hf_model=hf_model, tokenizer=tokenizer, conversations=[], config=config, out=args.out,
+                base_sha256=resolved.sha256, card=card, features=cache)
     return 0
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 from pathlib import Path
 
 from specmemo.console import log_dim
@@ -165,3 +166,13 @@ def engine_config(args: argparse.Namespace):
                         budget=args.budget_bytes,
                         capacity=args.capacity, context=getattr(args, "context", None), sampling=sampling,
                         model_format=args.model_format)
+
+
+def base_model(args: argparse.Namespace):
+    """(resolved args.model, the HF model, its tokenizer, the command line for the card)."""
+    from specmemo.export.load import load_hf, resolve_model
+
+    resolved = resolve_model(args.model)
+    hf_model, tokenizer = load_hf(resolved.hf_folder)
+    command = "specmemo " + " ".join(sys.argv[1:]) if sys.argv[0].endswith("specmemo") else None
+    return resolved, hf_model, tokenizer, command
