@@ -62,7 +62,6 @@ class DrafterTrainConfig:
     unroll: int = 1  # depths trained: 1 = EAGLE-1 (real features + noise); p > 1 adds the drafter's own p-deep unroll
     init: str = ""  # a drafter folder to start from (fine-tuning): its weights and sub-vocabulary
 
-
     def __post_init__(self) -> None:
         if self.data not in ("dataset", "self", "both", "features"):
             raise ConfigError(f"--data must be dataset, self or both, got {self.data!r}")
@@ -137,12 +136,11 @@ def make_batch(cache: TeacherCache, picked: list[tuple[int, int]], embed: torch.
 
 
 def batch_loss(drafter: FeatureDrafter, batch, config: DrafterTrainConfig,
-               depths: int | None = None) -> tuple[torch.Tensor, list[tuple[float, float]], float]:
-    """(loss, per depth (top-1 hits, rows) against the teacher's next token, depth-1 feature loss) on the
-    masked rows; depths (default config.unroll) passes of FeatureDrafter.unroll, the loss their mean."""
+               depths: int | None = None) -> tuple[torch.Tensor, list[tuple[float, float]]]:
+    """(loss, per depth (top-1 hits, rows) against the teacher's next token) on the masked rows; depths (default config.unroll) passes of FeatureDrafter.unroll, the loss their mean."""
     features, next_embeds, positions, key_mask, goal, ids, probs, mask = batch
     passes = drafter.unroll(features, next_embeds, positions, key_mask, depths=depths or config.unroll)
-    loss, counts, first_regression = 0.0, [], 0.0
+    loss, counts = 0.0, []
     for p, (predicted, logits) in enumerate(passes, start=1):
         valid = mask.clone()
         valid[:, : p - 1] = False  # rows i < p - 1 have no real prefix at depth p
@@ -153,8 +151,7 @@ def batch_loss(drafter: FeatureDrafter, batch, config: DrafterTrainConfig,
         loss = loss + (regression + config.cls_weight * (kl * valid).sum() / rows) / len(passes)
         hit = (log_probs.argmax(-1) == ids[..., 0]) & valid & (probs[..., 0] > 0)
         counts.append((float(hit.sum()), float(valid.sum())))
-        first_regression = first_regression or float(regression.detach())
-    return loss, counts, first_regression
+    return loss, counts
 
 
 def train_drafter(*, hf_model: Any, tokenizer: Any, conversations: list, config: DrafterTrainConfig, out: Path,
@@ -211,7 +208,7 @@ def validate(drafter: FeatureDrafter, cache: TeacherCache, held_out: list[tuple[
         for start in range(0, len(held_out), config.batch_sequences):
             picked = held_out[start:start + config.batch_sequences]
             batch = make_batch(cache, picked, embed, inverse, config.device, 0.0, torch.Generator().manual_seed(0))
-            _, counts, _ = batch_loss(drafter, batch, config, depths=VALIDATION_DEPTHS)
+            _, counts = batch_loss(drafter, batch, config, depths=VALIDATION_DEPTHS)
             hits, rows = hits + [c[0] for c in counts], rows + [c[1] for c in counts]
     return [float(h / r) if r else float("nan") for h, r in zip(hits, rows)]
 
@@ -251,7 +248,7 @@ def train_loop(drafter: FeatureDrafter, cache: TeacherCache, embed: torch.Tensor
             group["lr"] = learning_rate(step, total_steps, config)
         noise = torch.Generator().manual_seed(config.seed * 1_000_003 + step)
         batch = make_batch(cache, picked, embed, inverse, config.device, config.noise, noise)
-        loss, counts, _ = batch_loss(drafter, batch, config)
+        loss, counts = batch_loss(drafter, batch, config)
         top1 = counts[0][0] / max(counts[0][1], 1.0)  # depth 1
         optimizer.zero_grad(set_to_none=True)
         loss.backward()

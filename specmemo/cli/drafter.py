@@ -8,7 +8,7 @@ from pathlib import Path
 
 import itertools
 
-from specmemo.cli.options import add_artifact, add_model_format, base_model, positive
+from specmemo.cli.options import add_artifact, add_model_format, base_model, feature_cache, positive
 from specmemo.console import log_stderr
 from specmemo.export.load import DEFAULT_MODEL
 
@@ -165,20 +165,15 @@ def cmd_train_drafter(args: argparse.Namespace) -> int:
 def _train_from_features(args: argparse.Namespace) -> int:
     import json
 
-    from specmemo.export.feature_cache import SETTINGS_FILE, load_features
     from specmemo.export.train_drafter import DrafterTrainConfig, train_drafter
 
-    cache = load_features(args.features)
-    settings = json.loads((args.features / SETTINGS_FILE).read_text())["settings"]
+    cache, settings, data = feature_cache(args.features)
     config = DrafterTrainConfig(subvocab_size=args.subvocab_size, data="features", max_len=settings["max_len"],
                                 epochs=args.epochs, batch_sequences=args.batch_sequences, lr=args.lr, seed=args.seed,
                                 threads=args.threads, device=args.device, unroll=args.unroll,
                                 init=str(args.init or ""), features=json.dumps(settings, sort_keys=True))
     resolved, hf_model, tokenizer, command = base_model(args)
-    card = {"command": command, "model": args.model,
-            "data": f"feature cache {args.features}: {cache.positions:,} positions of ShareGPT ({settings['data']}), "
-                    f"every {settings['self_every']}th conversation the base model's own greedy reply, max "
-                    f"{settings['max_len']} tokens each"}
+    card = {"command": command, "model": args.model, "data": data}
     train_drafter(hf_model=hf_model, tokenizer=tokenizer, conversations=[], config=config, out=args.out,
                   base_sha256=resolved.sha256, card=card, features=cache, log=log_stderr)
     return 0

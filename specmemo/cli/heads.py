@@ -8,7 +8,7 @@ import itertools
 import sys
 from pathlib import Path
 
-from specmemo.cli.options import base_model, positive
+from specmemo.cli.options import base_model, feature_cache, positive
 from specmemo.errors import SpecMemoError
 from specmemo.export.load import DEFAULT_MODEL
 
@@ -127,16 +127,12 @@ def _train_heads_from_features(args: argparse.Namespace, config) -> int:
     import json
     from dataclasses import replace
 
-    from specmemo.export.feature_cache import SETTINGS_FILE, load_features
     from specmemo.export.train_heads import train_heads
 
-    cache = load_features(args.features)
-    settings = json.loads((args.features / SETTINGS_FILE).read_text())["settings"]
+    cache, settings, data = feature_cache(args.features)
     config = replace(config, max_len=settings["max_len"], features=json.dumps(settings, sort_keys=True))
     resolved, hf_model, tokenizer, command = base_model(args)
-    card = {"command": command, "model": args.model,
-            "data": f"feature cache {args.features}: {cache.positions:,} positions of ShareGPT ({settings['data']}), "
-                    f"every {settings['self_every']}th conversation the base model's own greedy reply"}
+    card = {"command": command, "model": args.model, "data": data}
     train_heads(hf_model=hf_model, tokenizer=tokenizer, conversations=[], config=config, out=args.out,
                 base_sha256=resolved.sha256, card=card, features=cache)
     return 0

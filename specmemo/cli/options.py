@@ -176,3 +176,17 @@ def base_model(args: argparse.Namespace):
     hf_model, tokenizer = load_hf(resolved.hf_folder)
     command = "specmemo " + " ".join(sys.argv[1:]) if sys.argv[0].endswith("specmemo") else None
     return resolved, hf_model, tokenizer, command
+
+
+def feature_cache(folder: Path):
+    """(the shards of `specmemo cache-features --out folder`, their settings, a line for a card)."""
+    import json
+
+    from specmemo.export.feature_cache import SETTINGS_FILE, load_features
+
+    cache = load_features(folder)
+    settings = json.loads((folder / SETTINGS_FILE).read_text())["settings"]
+    line = (f"feature cache {folder}: {cache.positions:,} positions of ShareGPT ({settings['data']}), every "
+            f"{settings['self_every']}th conversation the base model's own greedy reply, max {settings['max_len']} "
+            f"tokens each")
+    return cache, settings, line
