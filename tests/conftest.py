@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+os.environ["SPECMEMO_NO_VLLM_INSTALL"] = "1"  # make test never installs vLLM (bench/vllm_env.py)
+
 CHAT_TEMPLATE = (
     "{% for m in messages %}<|{{ m['role'] }}|> {{ m['content'] }} <|end|> {% endfor %}"
     "{% if add_generation_prompt %}<|assistant|> {% endif %}"

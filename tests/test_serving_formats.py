@@ -1,8 +1,9 @@
-"""Heads written for vLLM and TensorRT-LLM (export/serving_formats.py), loaded the way those engines'
-loaders read them, draft what our heads draft."""
+"""Drafters written for vLLM and TensorRT-LLM (export/serving_formats.py), loaded the way those engines'
+loaders read them, draft what our drafters draft (`specmemo bench vllm` loads them in vLLM itself)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -11,6 +12,7 @@ from torch import nn
 
 from specmemo.export.heads import HeadsSpec, MedusaHeads, ProjectionMode, load_medusa_checkpoint
 from specmemo.export.serving_formats import ServingFormat, write_serving_format
+from tests.test_heads import tiny  # noqa: F401  (fixture)
 
 H, V, K, LAYERS = 32, 97, 3, 2
 
@@ -95,20 +97,69 @@ def test_vllm_format_loads_every_parameter_and_drafts_the_same_tokens(mode, tmp_
     assert config["model_type"] == "medusa" and config["architectures"] == ["MedusaModel"]
     # vLLM's MedusaConfig.from_pretrained renames any key holding "num" and "heads" to num_heads: only ours may
     assert [k for k in config if "num" in k and "heads" in k] == ["num_heads"]
+    state = load_file(str(out / "model.safetensors"))
+    # vLLM 0.32 refuses a token_map ("not initialized from checkpoint"): sub-vocabulary heads go out whole
+    assert "token_map" not in state and config["truncated_vocab_size"] == V
     model = VllmMedusa(config)
-    loaded = model.load_weights(load_file(str(out / "model.safetensors")))
+    loaded = model.load_weights(state)
     assert loaded == set(dict(model.named_parameters())), "every vLLM parameter is loaded from the file"
     x = torch.randn(5, H)
     with torch.no_grad():
-        ours = heads(x)  # [5, K, V or N]
+        # sub-vocabulary heads: the same blocks through the whole base LM head
+        ours = heads.drafts(x) @ heads.lm_head_t if mode is ProjectionMode.SUBVOCAB else heads(x)  # [5, K, V]
         theirs = model.logits(x)
     for k in range(K):
-        ids = ours[:, k].argmax(-1)
-        if heads.token_map is not None:
-            ids = heads.token_map[ids]
-        assert torch.equal(theirs[k].argmax(-1), ids)
-        if mode is not ProjectionMode.SUBVOCAB:
-            torch.testing.assert_close(theirs[k], ours[:, k], rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(theirs[k], ours[:, k], rtol=1e-5, atol=1e-5)
+        assert torch.equal(theirs[k].argmax(-1), ours[:, k].argmax(-1))
+
+
+@torch.no_grad()
+def test_vllm_eagle_folder_is_the_feature_drafter_as_mistral_layers(tiny, tmp_path):
+    """vLLM's EagleMistralForCausalLM is fc(cat(E(x), f)) → HF-named Mistral decoder layers → norm; built
+    here from the exported config.json with transformers' own MistralModel, it gives our drafter's
+    predicted features (positions one lower, as vLLM numbers them) and so its drafts over the full vocabulary."""
+    from safetensors.torch import load_file
+    from transformers import AutoConfig, MistralModel
+
+    from specmemo.export.feature_drafter import save_drafter
+    from specmemo.export.serving_formats import write_vllm_eagle
+    from tests.test_feature_drafter import random_drafter
+
+    folder, model, lm_head_t = tiny
+    drafter = random_drafter(model)
+    out = write_vllm_eagle(save_drafter(drafter, tmp_path / "drafter"), tmp_path / "eagle", base_folder=folder)
+    config = json.loads((out / "config.json").read_text())
+    assert config["architectures"] == ["MistralForCausalLM"] and config["num_hidden_layers"] == 1
+    state = load_file(str(out / "model.safetensors"))
+    assert not any("embed_tokens" in n or "lm_head" in n for n in state), "vLLM shares the target's"
+    hf_config = AutoConfig.for_model(**{k: v for k, v in config.items() if not k.startswith(("specmemo", "base_model"))})
+    theirs = MistralModel(hf_config).eval()
+    missing, unexpected = theirs.load_state_dict({n.removeprefix("model."): t for n, t in state.items()
+                                                  if n != "model.fc.weight"}, strict=False)
+    assert missing == ["embed_tokens.weight"] and unexpected == []
+    s = drafter.spec
+    rows = 9
+    features, embeds = torch.randn(2, rows, s.hidden_size), torch.randn(2, rows, s.hidden_size)
+    positions = torch.arange(1, rows + 1)[None].repeat(2, 1)
+    g, logits = drafter(features, embeds, positions)
+    x = torch.nn.functional.linear(torch.cat([embeds, features], dim=-1), state["model.fc.weight"])
+    g_vllm = theirs(inputs_embeds=x, position_ids=positions - 1).last_hidden_state
+    torch.testing.assert_close(g_vllm, g, rtol=1e-4, atol=1e-4)
+    full = g_vllm @ lm_head_t  # [2, rows, V]: vLLM's draft logits through the shared LM head
+    torch.testing.assert_close(full[..., drafter.token_map], logits, rtol=1e-4, atol=1e-4)
+
+
+def test_vllm_eagle_refuses_a_drafter_of_another_base_model(tiny, tmp_path):
+    from specmemo.export.feature_drafter import DrafterError, save_drafter
+    from specmemo.export.serving_formats import write_vllm_eagle
+    from tests.test_feature_drafter import random_drafter
+
+    folder, model, _ = tiny
+    drafter = random_drafter(model)
+    saved = save_drafter(drafter, tmp_path / "d", dataclasses.replace(drafter.spec, base_sha256="a" * 64))
+    with pytest.raises(DrafterError, match="not bbbbbbbb"):
+        write_vllm_eagle(saved, tmp_path / "eagle", base_folder=folder, base_sha256="b" * 64)
+    assert not (tmp_path / "eagle").exists()
 
 
 @pytest.mark.parametrize("mode", [ProjectionMode.SHARED, ProjectionMode.OWN])

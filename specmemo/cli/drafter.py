@@ -1,4 +1,4 @@
-"""`specmemo train-drafter | eval-drafter`: the feature drafter for a base model (torch side, imported
+"""`specmemo train-drafter | eval-drafter | export-drafter`: the feature drafter for a base model (torch side, imported
 when the command runs), and any drafter's accuracy and what it buys, on MT-Bench or a quoting workload."""
 
 from __future__ import annotations
@@ -102,6 +102,20 @@ def add_parser(sub) -> None:
                    help="also record the figures in this feature-drafter folder's drafter.json and CARD.md")
     p.set_defaults(handler=cmd_eval_drafter)
 
+    p = sub.add_parser("export-drafter", help="write the feature drafter for vLLM (its EAGLE draft model)",
+                       description="Write a feature drafter as vLLM loads an EAGLE draft model (config.json + "
+                                   "model.safetensors, vLLM's EagleMistralForCausalLM: our layer exactly, drafting over "
+                                   "the full vocabulary through the target's LM head). Serve with "
+                                   "speculative_config={\"method\": \"eagle\", \"model\": OUT, "
+                                   "\"num_speculative_tokens\": 2}. docs/scale-out.md.",
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--model", default=DEFAULT_MODEL, help="alias, HF folder or .gguf (the drafter's base model)")
+    p.add_argument("--drafter", type=Path, default=None,
+                   help="feature drafter folder (default: the one shipped for --model)")
+    p.add_argument("--format", choices=["vllm"], default="vllm")
+    p.add_argument("--out", type=Path, required=True)
+    p.set_defaults(handler=cmd_export_drafter)
+
 
 def cmd_eval_drafter(args: argparse.Namespace) -> int:
     from specmemo.bench.eval_drafter import EvalDrafterConfig, run, table, write
@@ -117,6 +131,21 @@ def cmd_eval_drafter(args: argparse.Namespace) -> int:
         from specmemo.export.drafter_card import record_evaluation
 
         print(f"wrote {record_evaluation(args.card, results)}")
+    return 0
+
+
+def cmd_export_drafter(args: argparse.Namespace) -> int:
+    from specmemo.errors import SpecMemoError
+    from specmemo.export.artifact import default_feature_drafter
+    from specmemo.export.load import resolve_model
+    from specmemo.export.serving_formats import write_vllm_eagle
+
+    folder = args.drafter or default_feature_drafter(args.model)
+    if folder is None:
+        raise SpecMemoError(f"no feature drafter ships for {args.model}: pass --drafter (a train-drafter folder)")
+    resolved = resolve_model(args.model)
+    write_vllm_eagle(folder, args.out, base_folder=resolved.hf_folder, base_sha256=resolved.sha256)
+    print(f"wrote {args.out}: the feature drafter {folder} as vLLM's EAGLE draft model (method \"eagle\")")
     return 0
 
 
