@@ -47,6 +47,18 @@ def test_chain_decode_is_greedy_and_counts_every_draft_of_a_perfect_drafter(tiny
     assert record.tokens == sum(map(len, greedy))
 
 
+def test_a_medusa_chain_is_every_heads_top1_as_vllm_proposes(tmp_path):
+    from tests.test_heads import export_with_random_heads
+
+    artifact, _, _ = export_with_random_heads(tmp_path, tree_size=4)  # a tree too small to hold the K-deep path
+    engine = open_engine(EngineConfig(artifact=artifact, mode=Mode.TREE, drafter="medusa", threads=2),
+                         log=lambda _: None)
+    greedy = [engine.generate(p, max_new_tokens=NEW, mode=Mode.GREEDY).token_ids for p in PROMPTS]
+    record = bench.Chain()
+    assert [bench.chain_decode(engine, p, 3, NEW, frozenset(), record) for p in PROMPTS] == greedy
+    assert record.drafts > 0 and record.draft_tokens == 3 * record.drafts
+
+
 def test_acceptance_length_is_vllms_mean():
     assert bench.acceptance_length(87, 167) == round(1 + 87 / 167, 3)
     assert bench.acceptance_length(0, 0) is None

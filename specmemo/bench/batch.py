@@ -161,86 +161,35 @@ def run_memory(config: BatchBenchConfig, prompts: list[list[int]], *, log=print)
 
 def run_load(config: BatchBenchConfig, questions: list[str], reference: dict[str, str], *, batch: int,
              log=print) -> dict:
-    """The server on loopback under `load_clients` streaming clients × `load_requests` requests each."""
-    import socket
-
-    import httpx
+    """The server in this process on loopback under `load_clients` streaming clients × `load_requests`
+    requests each (bench/serve_load.load_test)."""
     import uvicorn
 
+    from specmemo.bench.harness import free_port
+    from specmemo.bench.serve_load import Load, load_test
     from specmemo.serve.build import ServeConfig, build_app
 
     app, chat = build_app(ServeConfig(artifact=config.artifact, mode=Mode.AUTO, batch=batch, capacity=config.capacity,
                                       max_queue=config.load_clients * config.load_requests, threads=config.threads,
                                       model_name="bench"), log=log)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     while not server.started:
         time.sleep(0.02)
-    url = f"http://127.0.0.1:{port}/v1/chat/completions"
-    records, errors = [], []
-
-    def client(index: int) -> None:
-        with httpx.Client(trust_env=False, timeout=600) as http:
-            for r in range(config.load_requests):
-                question = questions[(index * config.load_requests + r) % len(questions)]
-                body = {"model": "bench", "messages": [{"role": "user", "content": question}],
-                        "max_tokens": config.max_new_tokens, "temperature": 0, "stream": True,
-                        "stream_options": {"include_usage": True}}
-                started, first, text, usage, finish = time.perf_counter(), None, "", None, None
-                try:
-                    with http.stream("POST", url, json=body) as response:
-                        if response.status_code != 200:
-                            errors.append(f"HTTP {response.status_code}")
-                            continue
-                        for line in response.iter_lines():
-                            if not line.startswith("data: ") or line == "data: [DONE]":
-                                continue
-                            data = json.loads(line[6:])
-                            if data.get("usage"):
-                                usage = data["usage"]
-                            for choice in data.get("choices", []):
-                                piece = choice["delta"].get("content") or ""
-                                if piece and first is None:
-                                    first = time.perf_counter()
-                                text += piece
-                                finish = choice.get("finish_reason") or finish
-                except httpx.HTTPError as err:
-                    errors.append(type(err).__name__)
-                    continue
-                done = time.perf_counter()
-                records.append({"ttft": (first or done) - started, "seconds": done - started,
-                                "tokens": usage["completion_tokens"] if usage else 0, "finish": finish,
-                                "identical": text == reference[question]})
-
-    started = time.perf_counter()
-    threads = [threading.Thread(target=client, args=(i,)) for i in range(config.load_clients)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    wall = time.perf_counter() - started
-    health = chat.worker.health()
-    server.should_exit = True
-    thread.join(timeout=15)
-    ttft = [r["ttft"] for r in records]
-    per_request = [r["tokens"] / (r["seconds"] - r["ttft"]) for r in records if r["tokens"] > 1 and r["seconds"] > r["ttft"]]
-    log(f"load: {len(records)} of {config.load_clients * config.load_requests} requests completed in {wall:.1f} s")
-    return {"clients": config.load_clients, "requests_each": config.load_requests, "batch": batch,
-            "sent": config.load_clients * config.load_requests, "completed": len(records),
-            "finished_with_reason": sum(r["finish"] in ("stop", "length") for r in records),
-            "identical_to_greedy": sum(r["identical"] for r in records), "errors": errors,
-            "ttft_p50_s": float(np.percentile(ttft, 50)) if ttft else None,
-            "ttft_p95_s": float(np.percentile(ttft, 95)) if ttft else None,
-            "request_tokens_per_s_p50": float(np.percentile(per_request, 50)) if per_request else None,
-            "aggregate_tokens_per_s": sum(r["tokens"] for r in records) / wall, "wall_s": wall,
-            "server_health": health}
+    try:
+        result = load_test(f"http://127.0.0.1:{port}/v1", "bench", questions, reference,
+                           Load(config.load_clients, config.load_requests, config.max_new_tokens), log=log)
+    finally:
+        health = chat.worker.health()
+        server.should_exit = True
+        thread.join(timeout=15)
+    return {**result, "batch": batch, "server_health": health}
 
 
-def summarize(config: BatchBenchConfig, speed: dict, memory: list[dict], load: dict | None) -> dict:
+def summarize(config: BatchBenchConfig, speed: dict, memory: list[dict], load: dict | None,
+              peers: dict | None = None) -> dict:
     rows = []
     base = speed[1]["plain"].tokens_per_s
     for batch, arms in speed.items():
@@ -257,7 +206,7 @@ def summarize(config: BatchBenchConfig, speed: dict, memory: list[dict], load: d
                      "replies": plain.replies, "step_shares": arms.get("shares"), "width": arms.get("width"),
                      "memory": probe})
     return {"config": {k: str(v) if isinstance(v, Path) else v for k, v in config.__dict__.items()},
-            "rows": rows, "load": load}
+            "rows": rows, "load": load, "serving_peers": peers}
 
 
 def format_table(summary: dict) -> str:
@@ -279,6 +228,17 @@ def format_table(summary: dict) -> str:
                      f"to greedy, errors {len(load['errors'])}; TTFT p50 {load['ttft_p50_s']:.2f} s, p95 "
                      f"{load['ttft_p95_s']:.2f} s; per request {load['request_tokens_per_s_p50']:.1f} tok/s (p50), "
                      f"aggregate {load['aggregate_tokens_per_s']:.1f} tok/s")
+    peers = summary.get("serving_peers")
+    if peers:
+        first = next(iter(peers.values()))
+        lines.append(f"\nserving, {first['clients']} streaming clients × {first['requests_each']} requests (openai client), "
+                     f"batch {first['batch']}, one server at a time:")
+        lines.append(f"{'server':<10}{'done':>7}{'agg tok/s':>10}{'TTFT p50':>9}{'p95':>7}{'req tok/s':>10}"
+                     f"{'peak RSS MiB':>13}{'= greedy':>9}")
+        for name, r in peers.items():
+            lines.append(f"{name:<10}{r['completed']:>3}/{r['sent']:<3}{r['aggregate_tokens_per_s']:>10.1f}"
+                         f"{r['ttft_p50_s'] or 0:>9.2f}{r['ttft_p95_s'] or 0:>7.2f}{r['request_tokens_per_s_p50'] or 0:>10.1f}"
+                         f"{r['peak_rss_bytes'] / 2**20:>13.0f}{r['identical_to_greedy']:>9}")
     return "\n".join(lines)
 
 

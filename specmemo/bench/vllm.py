@@ -4,13 +4,13 @@ on the same prompts, in one run.
   1. vLLM's venv, made or reused (bench/vllm_env.py);
   2. our drafters in vLLM's formats (export/serving_formats.py): the Medusa heads (method "medusa",
      K = the heads' count) and the feature drafter (method "eagle", K = runtime FEATURE_DEPTH);
-  3. our runtime, one process: B = 1 and B = 8 greedy and speculative (its controller, the artifact's
+  3. vLLM: one fresh worker process per configuration (greedy, medusa, eagle, its own ngram): B = 1
+     (prompts one by one) and B = 8 (all at once, max_num_seqs 8), greedy; acceptance from vLLM's own
+     vllm:spec_decode_* counters; every speculative reply compared with vLLM's greedy reply;
+  4. our runtime, one process: B = 1 and B = 8 greedy and speculative (its controller, the artifact's
      drafter), interleaved chunk by chunk (bench/batch.run_speed); then for each drafter a speculative
      decode with a fixed chain of K (each step the draft's best path, K deep, verified): vLLM's
-     speculative step, so its acceptance is what vLLM's should be;
-  4. vLLM: one fresh worker process per configuration (greedy, medusa, eagle, its own ngram): B = 1
-     (prompts one by one) and B = 8 (all at once, max_num_seqs 8), greedy; acceptance from vLLM's own
-     vllm:spec_decode_* counters; every speculative reply compared with vLLM's greedy reply.
+     speculative step, so its acceptance is what vLLM's should be.
 
 Acceptance length = 1 + accepted draft tokens per drafting step (vLLM's "mean acceptance length").
 Prompts are MT-Bench first turns, chat template applied by our tokenizer; both engines get the same
@@ -91,6 +91,18 @@ def acceptance_length(accepted: int, drafts: int) -> float | None:
     return round(1 + accepted / drafts, 3) if drafts else None
 
 
+def draft_chain(drafter, context, k: int, budget: int):
+    """The K-token chain vLLM's proposer for this drafter would verify: Medusa, every head's top-1 (vLLM's
+    MedusaProposer; the exported tree need not hold that path); otherwise the draft's best path, cut to K."""
+    from specmemo.runtime.drafters import DraftTree
+
+    if getattr(drafter, "name", "") == "medusa":
+        ids, _ = drafter.heads.draft(context.hidden)  # [K_heads, top_k], best first
+        tokens = (context.root, *ids[:k, 0].tolist())
+        return DraftTree(tokens, tuple(range(-1, len(tokens) - 1)), (1.0,) * len(tokens))
+    return drafter.propose(context, budget=budget).best_path().prefix(k + 1)  # root + K
+
+
 def chain_decode(engine, prompt: list[int], k: int, max_new_tokens: int, eos: frozenset[int], record: Chain) -> list[int]:
     """Greedy speculative decoding where every step verifies the draft's best path cut to K tokens."""
     from specmemo.runtime.decode import prefill, verify_and_commit
@@ -102,8 +114,8 @@ def chain_decode(engine, prompt: list[int], k: int, max_new_tokens: int, eos: fr
     step = prefill(backend, prompt)
     context, reply = [*prompt, step.root], [step.root]
     while len(reply) < max_new_tokens and reply[-1] not in eos and backend.length + k + 1 <= backend.capacity:
-        draft = engine.drafter.propose(DraftContext(context, step.hidden, step.rows, step.path), budget=engine.max_tree)
-        chain = draft.best_path().prefix(k + 1)  # root + K
+        chain = draft_chain(engine.drafter, DraftContext(context, step.hidden, step.rows, step.path), k,
+                            engine.max_tree)
         path, step = verify_and_commit(backend, list(chain.tokens), list(chain.parents))
         if chain.size > 1:
             record.drafts += 1
@@ -167,15 +179,16 @@ def run_vllm(config: VllmBenchConfig, python: Path, prompts: list[list[int]], sp
     """One worker process (vLLM's venv) for one speculative configuration."""
     with tempfile.TemporaryDirectory(prefix="specmemo-vllm-") as tmp:
         job, result = Path(tmp) / "job.json", Path(tmp) / "out.json"
-        job.write_text(json.dumps({"model": str(config.model_folder), "prompts": prompts,
+        job.write_text(json.dumps({"model": str(config.model_folder.resolve()), "prompts": prompts,
                                    "max_tokens": config.max_new_tokens, "batches": list(config.batches),
                                    "speculative_config": spec}))
         started = time.perf_counter()
         done = subprocess.run([str(python), "-I", str(WORKER), str(job), str(result)], capture_output=True, text=True,
                               env=worker_env(config.threads), cwd=tmp)
         if done.returncode != 0 or not result.is_file():
-            tail = [line for line in (done.stderr or "").splitlines() if "Error" in line][-1:] or done.stderr.splitlines()[-1:]
-            raise ConfigError(f"vLLM ({name}) failed: {' '.join(tail)[:400]} (rerun the worker by hand: {python} -I "
+            lines = (done.stderr or "").splitlines()
+            at = max((i for i, line in enumerate(lines) if "Error" in line), default=len(lines) - 1)
+            raise ConfigError(f"vLLM ({name}) failed: {' | '.join(lines[at:at + 3])[:500]} (the worker: {python} -I "
                               f"{WORKER} JOB OUT)")
         out = json.loads(result.read_text())
     log(f"vllm {name}: {time.perf_counter() - started:.0f} s (engine load {out['load_s']:.0f} s)")
@@ -245,7 +258,7 @@ def plot(summary: dict, path: Path) -> Path:
     for i, (name, values) in enumerate(bars.items()):
         ax.bar([j + i * width for j in range(len(batches))], values, width, label=name)
     ax.set_xticks([j + 0.4 - width / 2 for j in range(len(batches))], [f"B = {b}" for b in batches])
-    ax.set_ylabel("decode tokens/s")
+    ax.set_ylabel("generated tokens/s (wall, prefill included)")
     ax.legend(fontsize=8, ncol=2)
     return _save(fig, ax, f"SpecMemo runtime vs vLLM (CPU), {summary['prompts']} MT-Bench prompts", path)
 
@@ -257,6 +270,7 @@ def export_drafters(*, model: str, heads: Path | None, drafter: Path | None, out
     from specmemo.export.serving_formats import ServingFormat, write_serving_format, write_vllm_eagle
 
     resolved = resolve_model(model)
+    out = out.resolve()  # vLLM reads a relative path that is not a folder in its cwd as a hub repo id
     folders = {}
     if heads is not None:
         hf_model, _ = load_hf(resolved.hf_folder)
@@ -272,8 +286,8 @@ def export_drafters(*, model: str, heads: Path | None, drafter: Path | None, out
 
 def run(config: VllmBenchConfig, prompts: list[list[int]], *, log=print) -> dict:
     python = ensure_venv(config.venv, log=log)
-    ours, reference = run_ours(config, prompts, log=log)
     vllm = {name: run_vllm(config, python, prompts, spec, name, log=log) for name, (_, _, spec) in config.arms().items()}
+    ours, reference = run_ours(config, prompts, log=log)
     return summarize(config, ours, reference, vllm)
 
 

@@ -70,6 +70,12 @@ def add_parser(sub) -> None:
     b.add_argument("--load-requests", type=positive, default=3, help="requests each client sends, one after another")
     b.add_argument("--load-batch", type=positive, default=8, help="the server's --batch in the load test")
     b.add_argument("--no-memory", action="store_true", help="skip the fresh-process memory probes")
+    b.add_argument("--peer", choices=("none", "vllm"), default="none",
+                   help="vllm: run the load test against `specmemo serve` and `vllm serve` (the artifact's model, "
+                        "float32, max-num-seqs = --load-batch), each in its own process, one after the other: "
+                        "throughput, TTFT, peak RSS side by side (vLLM from its own venv, as bench vllm)")
+    b.add_argument("--venv", type=Path, default=None, help="vLLM's venv for --peer vllm (default: <cache>/vllm-venv, "
+                                                          "made if missing)")
     b.add_argument("--out", type=Path, default=Path("results") / "bench-batch", help="folder for summary.json")
     b.set_defaults(handler=cmd_bench_batch)
 
@@ -390,13 +396,28 @@ def cmd_bench_batch(args: argparse.Namespace) -> int:
     tokenizer = ChatTokenizer(args.artifact, manifest)
     questions = [q.turns[0] for q in load_questions()[: config.questions]]
     prompts = [tokenizer.encode_chat([Message("user", q)]) for q in questions]
+    python = None
+    if args.peer == "vllm" and config.load_clients:  # set up (or fail) before minutes of measuring
+        from specmemo.bench.vllm_env import default_venv, ensure_venv
+
+        python = ensure_venv(args.venv or default_venv(), log=log_stderr)
     speed, reference = bench.run_speed(config, prompts, tokenizer.eos_token_ids, log=log_stderr)
     memory = [] if args.no_memory else bench.run_memory(config, prompts, log=log_stderr)
-    load = None
+    load, peers = None, None
     if config.load_clients:
         texts = {q: tokenizer.decode(ids) for q, ids in zip(questions, reference)}
-        load = bench.run_load(config, questions, texts, batch=args.load_batch, log=log_stderr)
-    summary = bench.summarize(config, speed, memory, load)
+        if python is None:
+            load = bench.run_load(config, questions, texts, batch=args.load_batch, log=log_stderr)
+        else:
+            from specmemo.bench.serve_load import Load, compare_servers
+            from specmemo.export.load import resolve_model
+
+            peers = compare_servers(artifact=args.artifact, model_folder=resolve_model(manifest.source_model).hf_folder,
+                                    python=python, questions=questions, reference=texts,
+                                    load=Load(config.load_clients, config.load_requests, config.max_new_tokens),
+                                    batch=args.load_batch, capacity=config.capacity, threads=config.threads,
+                                    log=log_stderr)
+    summary = bench.summarize(config, speed, memory, load, peers)
     print(bench.format_table(summary))
     print(f"wrote {bench.write_results(summary, config.out)}")
     return 0
