@@ -215,8 +215,8 @@ def load_drafter_spec(folder: Path) -> FeatureDrafterSpec:
     return FeatureDrafterSpec.from_json(path.read_text(), str(path))
 
 
-def load_drafter(folder: Path, *, lm_head_t: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                 base_sha256: str = "") -> FeatureDrafter:
+def load_drafter_state(folder: Path, *, base_sha256: str = "") -> tuple[FeatureDrafterSpec, dict[str, torch.Tensor]]:
+    """(spec, tensors) of a drafter folder, refused when it was trained on other base weights."""
     from safetensors.torch import load_file
 
     spec = load_drafter_spec(folder)
@@ -226,7 +226,13 @@ def load_drafter(folder: Path, *, lm_head_t: torch.Tensor, cos: torch.Tensor, si
     path = Path(folder) / DRAFTER_FILE
     if not path.is_file():
         raise DrafterError(f"{path} is missing: retrain the drafter or restore the file")
-    state = load_file(str(path))
+    return spec, load_file(str(path))
+
+
+def load_drafter(folder: Path, *, lm_head_t: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                 base_sha256: str = "") -> FeatureDrafter:
+    spec, state = load_drafter_state(folder, base_sha256=base_sha256)
+    path = Path(folder) / DRAFTER_FILE
     drafter = FeatureDrafter(spec, lm_head_t=lm_head_t, token_map=state["token_map"], cos=cos, sin=sin)
     missing, unexpected = drafter.load_state_dict(state, strict=False)
     if missing or unexpected:

@@ -132,18 +132,11 @@ def write_serving_format(heads: MedusaHeads, out: Path, fmt: ServingFormat, *, b
 
 def write_vllm_eagle(drafter: Path, out: Path, *, base_folder: Path, base_sha256: str = "") -> Path:
     """A feature drafter folder (drafter.json + drafter.safetensors) → vLLM's EAGLE folder in `out`."""
-    from safetensors.torch import load_file
+    from specmemo.export.feature_drafter import load_drafter_state
 
-    from specmemo.export.feature_drafter import DRAFTER_FILE, DrafterError, load_drafter_spec
-
-    spec = load_drafter_spec(drafter)
-    if base_sha256 and spec.base_sha256 and spec.base_sha256 != base_sha256:
-        raise DrafterError(f"{drafter} was trained on base weights {spec.base_sha256[:16]}, not {base_sha256[:16]}: "
-                           f"pass the drafter trained for this --model")
-    if not (drafter / DRAFTER_FILE).is_file():
-        raise DrafterError(f"{drafter / DRAFTER_FILE} is missing: retrain the drafter or restore the file")
+    spec, tensors = load_drafter_state(drafter, base_sha256=base_sha256)
     base_config = json.loads((base_folder / "config.json").read_text())
-    config, state = vllm_eagle_state(load_file(str(drafter / DRAFTER_FILE)), spec, base_config)
+    config, state = vllm_eagle_state(tensors, spec, base_config)
     return _write(out, config, state, "model.safetensors", str(base_folder))
 
 

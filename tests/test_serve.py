@@ -5,7 +5,6 @@ that goes away mid-stream frees its row."""
 from __future__ import annotations
 
 import json
-import socket
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -15,18 +14,14 @@ import pytest
 
 from conftest import export_tiny, tiny_config
 
+from specmemo.bench.serve_load import free_port
+
 CAPACITY = 128
 
 
 @pytest.fixture(scope="module")
 def artifact(tmp_path_factory):
     return export_tiny(tiny_config("LlamaForCausalLM"), tmp_path_factory.mktemp("serve"), max_capacity=CAPACITY)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Server:

@@ -10,8 +10,7 @@ import time
 import pytest
 from conftest import export_tiny, tiny_config
 
-from specmemo.bench.harness import free_port
-from specmemo.bench.serve_load import API_KEY, Load, load_test, specmemo_serve, tree_rss_bytes
+from specmemo.bench.serve_load import API_KEY, Load, free_port, load_test, specmemo_serve, tree_rss_bytes
 from specmemo.runtime.config import EngineConfig, Mode
 from specmemo.runtime.engine import open_engine
 from specmemo.runtime.tokenizer import Message

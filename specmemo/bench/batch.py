@@ -165,8 +165,7 @@ def run_load(config: BatchBenchConfig, questions: list[str], reference: dict[str
     requests each (bench/serve_load.load_test)."""
     import uvicorn
 
-    from specmemo.bench.harness import free_port
-    from specmemo.bench.serve_load import Load, load_test
+    from specmemo.bench.serve_load import Load, free_port, load_test
     from specmemo.serve.build import ServeConfig, build_app
 
     app, chat = build_app(ServeConfig(artifact=config.artifact, mode=Mode.AUTO, batch=batch, capacity=config.capacity,

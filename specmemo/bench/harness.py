@@ -15,13 +15,12 @@ from __future__ import annotations
 import json
 import os
 import random
-import socket
 import subprocess
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from specmemo.bench.serve_load import free_port, specmemo_serve
 from specmemo.errors import ConfigError
 
 TASK = "specmemo_arithmetic"
@@ -81,33 +80,6 @@ def write_task(folder: Path, items: list[dict]) -> Path:
     return folder
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start_server(config: HarnessConfig, port: int) -> subprocess.Popen:
-    """`specmemo serve` in its own process, with a key, waited for on /health."""
-    import httpx
-
-    command = [sys.executable, "-m", "specmemo.cli", "serve", "--artifact", str(config.artifact), "--batch",
-               str(config.batch), "--port", str(port), "--threads", str(config.threads), "--model-name", "served",
-               "--api-key", API_KEY, "--capacity", "512"]
-    server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    deadline = time.time() + 300
-    while time.time() < deadline:
-        if server.poll() is not None:
-            raise ConfigError(f"serve exited: {(server.stderr.read() or '').strip().splitlines()[-1:]}")
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2, trust_env=False).status_code == 200:
-                return server
-        except httpx.HTTPError:
-            time.sleep(0.5)
-    server.kill()
-    raise ConfigError("serve did not answer /health within 300 s")
-
-
 def run_harness(config: HarnessConfig, port: int, task_dir: Path, out: Path) -> list[dict]:
     """lm_eval over the task through the server; its logged samples (doc, filtered response)."""
     args = (f"base_url=http://127.0.0.1:{port}/v1/completions,model=served,tokenizer_backend=None,"
@@ -149,15 +121,15 @@ def run(config: HarnessConfig, *, log=print) -> dict:
     task_dir = write_task(config.out / "task", items)
     port = free_port()
     log(f"serve on 127.0.0.1:{port} (batch {config.batch}, with an API key) ...")
-    server = start_server(config, port)
+    server = specmemo_serve(config.artifact, port, batch=config.batch, capacity=512, threads=config.threads,
+                            model_name="served", api_key=API_KEY)
     try:
         log(f"lm_eval local-completions: {len(items)} questions through /v1/completions ...")
         started = time.perf_counter()
         samples = run_harness(config, port, task_dir, config.out / "lm_eval")
         harness_s = time.perf_counter() - started
     finally:
-        server.terminate()
-        server.wait(timeout=30)
+        server.stop()
     by_doc = {s["doc_id"]: s for s in samples}
     served = [by_doc[i]["filtered_resps"][0] if isinstance(by_doc[i]["filtered_resps"][0], str)
               else by_doc[i]["filtered_resps"][0][0] for i in range(len(items))]

@@ -10,6 +10,7 @@ serves. `specmemo_serve` and `vllm_serve` start the two servers the same way for
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 import threading
@@ -152,11 +153,21 @@ class ServerProcess:
 API_KEY = "bench-key"  # both servers are started with it, as a deployment would be
 
 
-def specmemo_serve(artifact: Path, port: int, *, batch: int, capacity: int, threads: int, max_queue: int) -> ServerProcess:
-    return ServerProcess("specmemo serve", [sys.executable, "-m", "specmemo.cli", "serve", "--artifact", str(artifact),
-                                            "--batch", str(batch), "--capacity", str(capacity), "--threads", str(threads),
-                                            "--max-queue", str(max_queue), "--port", str(port), "--model-name", "bench",
-                                            "--api-key", API_KEY], port)
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def specmemo_serve(artifact: Path, port: int, *, batch: int, capacity: int, threads: int, max_queue: int | None = None,
+                   model_name: str = "bench", api_key: str = API_KEY) -> ServerProcess:
+    """`specmemo serve` in its own process, with an API key (bench harness, bench batch --peer vllm)."""
+    command = [sys.executable, "-m", "specmemo.cli", "serve", "--artifact", str(artifact), "--batch", str(batch),
+               "--capacity", str(capacity), "--threads", str(threads), "--port", str(port), "--model-name", model_name,
+               "--api-key", api_key]
+    if max_queue is not None:
+        command += ["--max-queue", str(max_queue)]
+    return ServerProcess("specmemo serve", command, port)
 
 
 def vllm_serve(python: Path, model_folder: Path, port: int, *, batch: int, threads: int) -> ServerProcess:
@@ -177,8 +188,6 @@ def compare_servers(*, artifact: Path, model_folder: Path, python: Path, questio
                     reference: dict[str, str], load: Load, batch: int, capacity: int, threads: int, log=print) -> dict:
     """The same load test against `specmemo serve` and then `vllm serve` (one at a time, same machine):
     {name: load_test's figures + peak_rss_bytes of the server's processes}."""
-    from specmemo.bench.harness import free_port
-
     out = {}
     starters = {"specmemo": lambda port: specmemo_serve(artifact, port, batch=batch, capacity=capacity, threads=threads,
                                                         max_queue=load.clients * load.requests),

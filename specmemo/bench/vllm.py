@@ -135,13 +135,13 @@ def chain_decode(engine, prompt: list[int], k: int, max_new_tokens: int, eos: fr
     return reply
 
 
-def run_ours(config: VllmBenchConfig, prompts: list[list[int]], *, log) -> tuple[dict, list[list[int]]]:
+def run_ours(config: VllmBenchConfig, prompts: list[list[int]], eos: frozenset[int], *,
+             log) -> tuple[dict, list[list[int]]]:
     """Our runtime: B = 1 / 8 greedy and controller (run_speed), then each drafter's K-chain decode."""
     from specmemo.bench.batch import BatchBenchConfig, run_speed
     from specmemo.runtime.drafters import parse_drafter
     from specmemo.runtime.engine import Engine, open_drafter, open_engine
 
-    eos = _eos(config)
     speed, reference = run_speed(BatchBenchConfig(artifact=config.artifact, batches=config.batches,
                                                   questions=len(prompts), max_new_tokens=config.max_new_tokens,
                                                   capacity=config.capacity, threads=config.threads), prompts, eos,
@@ -165,13 +165,6 @@ def run_ours(config: VllmBenchConfig, prompts: list[list[int]], *, log) -> tuple
         out["chains"][arm] = {"drafter": drafter, "k": k, **record.summary()}
         log(f"ours, {drafter} chains of {k}: acceptance length {out['chains'][arm]['acceptance_length']}")
     return out, reference
-
-
-def _eos(config: VllmBenchConfig) -> frozenset[int]:
-    from specmemo.runtime.manifest import load_manifest
-    from specmemo.runtime.tokenizer import ChatTokenizer
-
-    return ChatTokenizer(config.artifact, load_manifest(config.artifact)).eos_token_ids
 
 
 def run_vllm(config: VllmBenchConfig, python: Path, prompts: list[list[int]], spec: dict | None, name: str, *,
@@ -284,10 +277,11 @@ def export_drafters(*, model: str, heads: Path | None, drafter: Path | None, out
     return folders
 
 
-def run(config: VllmBenchConfig, prompts: list[list[int]], *, log=print) -> dict:
+def run(config: VllmBenchConfig, prompts: list[list[int]], eos: frozenset[int], *, log=print) -> dict:
+    """prompts: token ids (our chat template), the same for both engines; eos: the artifact's stop ids."""
     python = ensure_venv(config.venv, log=log)
     vllm = {name: run_vllm(config, python, prompts, spec, name, log=log) for name, (_, _, spec) in config.arms().items()}
-    ours, reference = run_ours(config, prompts, log=log)
+    ours, reference = run_ours(config, prompts, eos, log=log)
     return summarize(config, ours, reference, vllm)
 
 

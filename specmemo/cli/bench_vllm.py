@@ -81,7 +81,7 @@ def cmd_bench_vllm(args: argparse.Namespace) -> int:
                                    max_new_tokens=args.max_new_tokens, batches=tuple(sorted({1, *args.batch})),
                                    threads=args.threads, capacity=capacity, venv=args.venv or default_venv(),
                                    out=args.out)
-    summary = bench.run(config, prompts, log=log_stderr)
+    summary = bench.run(config, prompts, tokenizer.eos_token_ids, log=log_stderr)
     print(bench.format_table(summary))
     for path in bench.write_results(summary, config.out):
         print(f"wrote {path}")
