@@ -1,4 +1,4 @@
-"""Which matrices of a level-4 int4/int8 graph keep float32 compute (MatMulNBits accuracy level 0).
+"""Which input channels of a level-4 int4/int8 graph are computed apart in float32 (LLM.int8()'s decomposition).
 
 At accuracy level 4 MatMulNBits quantizes its input to int8, symmetrically per block of 32 inputs. A row with
 a massive activation (Qwen2.5's first position, the attention sink: one channel ~150 where the rest are ~1)
@@ -8,7 +8,12 @@ hidden state an error of 19 (the next worst position: 2); at level 0 for that la
 
 So the exporter measures it: the validation prompt through the float32 model, each matrix's input rows X
 captured, and its error max |Q8(X)·W − X·W| simulated; a matrix whose error is OUTLIER_FACTOR times the
-median of all matrices' keeps float32 compute, with every matrix that reads the same input.
+median of all matrices' is flagged, with every matrix that reads the same input. For a flagged input the
+channels with the largest magnitudes are taken out, one by one, until every reader's error is no worse than
+the worst unflagged matrix's: those few channels are computed apart, x[:, c] · W[c, :] in float32, and the
+rest of x (the channels zeroed) stays on the level-4 kernel (quantize.carry_matmuls). Keeping the whole
+matrix at accuracy level 0 does the same for its error but, at two or more rows a call, MatMulNBits' level-0
+path dequantizes the whole matrix every call.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from __future__ import annotations
 import numpy as np
 
 OUTLIER_FACTOR = 20.0  # measured (x the median): Qwen2.5-Coder-1.5B layer 26 gate 27, then 10, 8; SmolLM2 down 29: 122, 11: 30, 28: 24, then 9
+MAX_CHANNELS = 32  # channels computed apart per input, at most (beyond: the input is no outlier case)
 INPUT_BLOCK = 32  # MatMulNBits' int8 activation blocks at level 4 (MLAS CompInt8: 32 inputs per scale)
 
 # the decoder's initializers (export/decoder.py) that read each Hugging Face projection's input
@@ -75,3 +81,32 @@ def fp32_matrices(inputs: dict[tuple[str, ...], np.ndarray], weight, *,
     median = float(np.median(list(errors.values())))
     flagged = {names for names in inputs for name in names if errors.get(name, 0.0) > factor * median}
     return tuple(sorted(name for names in flagged for name in names if name in errors)), errors
+
+
+def outlier_channels(inputs: dict[tuple[str, ...], np.ndarray], weight, *, factor: float = OUTLIER_FACTOR,
+                     most: int = MAX_CHANNELS) -> tuple[dict[str, tuple[int, ...]], dict[str, float]]:
+    """(matrix → the input channels computed apart in float32, each matrix's simulated error after that).
+    `weight(name)`: the initializer as [K, N] float32 or None, as for `fp32_matrices`. A flagged input whose
+    readers stay above the bar with `most` channels out is returned with all `most` (the best it gets)."""
+    flagged, errors = fp32_matrices(inputs, weight, factor=factor)
+    if not flagged:
+        return {}, errors
+    bar = max(e for name, e in errors.items() if name not in flagged)
+    channels, after = {}, dict(errors)
+    for names, x in inputs.items():
+        readers = [name for name in names if name in flagged]
+        if not readers:
+            continue
+        weights = {name: weight(name) for name in readers}
+        order = np.argsort(-np.abs(x).max(axis=0), kind="stable")  # channels by their largest magnitude
+        for count in range(1, most + 1):
+            kept = x.copy()
+            kept[:, order[:count]] = 0.0
+            lost = int8_blocks(kept) - kept
+            worst = {name: float(np.abs(lost @ w).max()) for name, w in weights.items()}
+            if max(worst.values()) <= bar or count == most:
+                break
+        after.update(worst)
+        for name in readers:
+            channels[name] = tuple(sorted(int(c) for c in order[:count]))
+    return channels, after

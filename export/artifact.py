@@ -276,7 +276,8 @@ def quantize_artifact(quant: QuantOptions, dims: ModelDims, resolved, staging: P
     info = QuantizationInfo(block_size=quant.block_size, accuracy_level=quant.accuracy_level, minimum=quant.applied_minimum.value,
                             lm_head_accuracy_level=quant.lm_head_accuracy_level, lm_head_rerank=report.lm_head_rerank,
                             carried=tuple(sorted(set(report.carried.values()))), quantized=report.quantized,
-                            fp32_compute=report.fp32_compute)
+                            outlier_channels=tuple((name, c) for name, channels in sorted(report.outlier_channels.items())
+                                                   for c in channels))
     return info, embedding
 
 

@@ -182,6 +182,22 @@ def fold_bias(blocks: QuantBlocks, *, digits: int = 2) -> QuantBlocks:
                        np.concatenate([base_zero, *zeros_all], axis=1))
 
 
+def q4_1_blocks(blocks: QuantBlocks, *, block: int = 32) -> QuantBlocks:
+    """Wide blocks (Q6_K, Q5_0, Q8_0 as 8-bit) re-quantized to the Q4_1 form, as llama.cpp's quantize_row_q4_1
+    makes it: per block of 32, m = min, d = (max − min)/15 (both rounded to f16, as Q4_1 stores them), q =
+    round((w − m)/d) in 0..15. Half the bytes a step and the same route as the Q4_K blocks beside it (the folded
+    minimum), but not the GGUF's weights: each moves by up to d/2 (weights_dtype.WideBlocks)."""
+    w = blocks.dequantize().astype(np.float64)
+    n, k = w.shape
+    groups = w.reshape(n, k // block, block)
+    lo = groups.min(-1).astype(np.float16).astype(np.float64)
+    step = ((groups.max(-1) - lo) / 15).astype(np.float16).astype(np.float64)
+    safe = np.where(step == 0, 1.0, step)
+    q = np.clip(np.rint((groups - lo[..., None]) / safe[..., None]), 0, 15).astype(np.uint8)
+    return QuantBlocks(f"{blocks.source_type}→Q4_1", q.reshape(n, k), step.astype(np.float32), lo.astype(np.float32),
+                       4, block, 0)
+
+
 def split_blocks(blocks: QuantBlocks, block: int) -> QuantBlocks:
     """The same weights in blocks of `block` (a divisor of the block size): each block's scale, bias and zero
     point repeated over its pieces."""

@@ -69,16 +69,19 @@ def matmulnbits_tensors(name: str, blocks: QuantBlocks) -> tuple[list[onnx.Tenso
 
 
 def carry_matmuls(model: onnx.ModelProto, carried: dict[str, QuantBlocks], *, accuracy_level: int = 0,
-                  levels: dict[str, int] | None = None, fold: bool = False) -> list[str]:
+                  levels: dict[str, int] | None = None, fold: bool = False,
+                  outliers: dict[str, tuple[int, ...]] | None = None) -> list[str]:
     """Replace each MatMul whose weight initializer is named in `carried` ([K, N] fp32 → blocks of
     its [N, K] transpose) by MatMulNBits (+ the block-sum bias term), at `accuracy_level` or the
     level `levels` names for that weight. `fold`: a bias term rides inside the MatMulNBits instead,
     as extra inputs (the block sums, concatenated to x) with 4-bit codes (`fold_bias`): one node per
-    matrix, two per input. Returns the names replaced."""
+    matrix, two per input. `outliers`: weight → input channels computed apart (`_outlier_term`).
+    Returns the names replaced."""
     graph = model.graph
     inits = _initializers(graph)
     block_sums: dict[tuple[str, int], str] = {}  # (activation, block) → its BlockSum output, shared by MatMuls on one input
     augmented: dict[tuple[str, int], str] = {}  # (activation, block) → [x, its block sums], shared likewise
+    split: dict[str, tuple[str, str]] = {}  # activation → (its inlier channels, its outlier channels), shared likewise
     nodes, replaced = [], []
     for node in graph.node:
         weight = node.input[1] if node.op_type == "MatMul" and len(node.input) == 2 else None
@@ -89,7 +92,15 @@ def carry_matmuls(model: onnx.ModelProto, carried: dict[str, QuantBlocks], *, ac
         k, n = stored.dims
         if blocks.shape != (n, k):
             raise ValueError(f"{weight}: blocks {list(blocks.shape)} do not match the [{n}, {k}] weight")
-        source = node.input[0]
+        x, out = node.input[0], node.output[0]
+        channels = (outliers or {}).get(weight)
+        if channels:
+            if x not in split:
+                split[x] = (f"{x}.inliers", f"{x}.outliers")
+                nodes += _split_channels(x, *split[x], k, channels, graph)
+            nodes += _outlier_term(weight, split[x][1], stored, channels, f"{weight}.outlier_out", graph)
+            x, out = split[x][0], f"{weight}.inlier_out"
+        source = x
         if fold and blocks.bias is not None:
             key = (source, blocks.block)
             if key not in augmented:
@@ -104,20 +115,22 @@ def carry_matmuls(model: onnx.ModelProto, carried: dict[str, QuantBlocks], *, ac
         inputs = [source, f"{weight}.q", f"{weight}.scales"]
         if f"{weight}.zero_points" in names:
             inputs.append(f"{weight}.zero_points")
-        main_out = node.output[0] if blocks.bias is None else f"{weight}.nbits_out"
+        main_out = out if blocks.bias is None else f"{weight}.nbits_out"
         nodes.append(helper.make_node("MatMulNBits", inputs, [main_out], name=f"{weight}.MatMulNBits",
                                       domain=MS_DOMAIN, K=k, N=n, bits=blocks.bits, block_size=blocks.block,
                                       accuracy_level=(levels or {}).get(weight, accuracy_level)))
         if blocks.bias is not None:
-            summed = block_sums.get((node.input[0], blocks.block))
+            summed = block_sums.get((x, blocks.block))
             if summed is None:
-                summed = f"{node.input[0]}.block_sums" + ("" if blocks.block == 32 else f".{blocks.block}")
-                nodes += _block_sum(node.input[0], summed, k, blocks.block, graph)
-                block_sums[(node.input[0], blocks.block)] = summed
+                summed = f"{x}.block_sums" + ("" if blocks.block == 32 else f".{blocks.block}")
+                nodes += _block_sum(x, summed, k, blocks.block, graph)
+                block_sums[(x, blocks.block)] = summed
             nodes += [helper.make_node("MatMul", [summed, f"{weight}.bias_t"], [f"{weight}.bias_out"],
                                        name=f"{weight}.BiasMatMul"),
-                      helper.make_node("Add", [main_out, f"{weight}.bias_out"], [node.output[0]],
-                                       name=f"{weight}.BiasAdd")]
+                      helper.make_node("Add", [main_out, f"{weight}.bias_out"], [out], name=f"{weight}.BiasAdd")]
+        if channels:
+            nodes.append(helper.make_node("Add", [out, f"{weight}.outlier_out"], [node.output[0]],
+                                          name=f"{weight}.OutlierAdd"))
         replaced.append(weight)
     del graph.node[:]
     graph.node.extend(nodes)
@@ -127,23 +140,45 @@ def carry_matmuls(model: onnx.ModelProto, carried: dict[str, QuantBlocks], *, ac
     return replaced
 
 
+def _split_channels(source: str, inliers: str, outliers: str, k: int, channels: tuple[int, ...],
+                    graph: onnx.GraphProto) -> list[onnx.NodeProto]:
+    """inliers [B, T, K] = `source` with `channels` zeroed (what the level-4 kernel reads), outliers [B, T, c] =
+    those channels alone (LLM.int8()'s decomposition: export/activation_outliers.py)."""
+    mask = np.ones(k, np.float32)
+    mask[list(channels)] = 0.0
+    graph.initializer.extend([numpy_helper.from_array(mask, f"{inliers}.mask"),
+                              numpy_helper.from_array(np.array(channels, np.int64), f"{outliers}.channels")])
+    return [helper.make_node("Mul", [source, f"{inliers}.mask"], [inliers], name=f"{inliers}.Mask"),
+            helper.make_node("Gather", [source, f"{outliers}.channels"], [outliers], name=f"{outliers}.Gather",
+                             axis=-1)]
+
+
+def _outlier_term(weight: str, outliers: str, stored: onnx.TensorProto, channels: tuple[int, ...], out: str,
+                  graph: onnx.GraphProto) -> list[onnx.NodeProto]:
+    """out [B, T, N] = outliers [B, T, c] @ the weight's rows for those channels [c, N], float32: the traced weight's
+    own values (the carried blocks dequantize to them bit for bit)."""
+    rows = numpy_helper.to_array(stored)[list(channels)]
+    graph.initializer.append(numpy_helper.from_array(np.ascontiguousarray(rows), f"{weight}.outlier_rows"))
+    return [helper.make_node("MatMul", [outliers, f"{weight}.outlier_rows"], [out], name=f"{weight}.OutlierMatMul")]
+
+
+NARROW_BLOCK = 32  # the narrowed LM head's 4-bit blocks (MatMulNBits' fast kernels; GenAI's head uses the same)
 FOLD_DIGITS = 2  # 4-bit digits per folded bias (export/gguf_weights.py: fold_bias)
 
 
 def _with_block_sums(source: str, out: str, k: int, block: int, graph: onnx.GraphProto) -> list[onnx.NodeProto]:
     """out [B, T, K + D·P] = `source` [B, T, K] with its per-block sums appended D = FOLD_DIGITS times (P:
-    K/block rounded up to a block, the rest zeros): one MatMul with a 0/1 indicator [K, D·P] (shared by every
-    input of width K), a Concat."""
+    K/block rounded up to a block, the rest zeros). The sums read only x (Reshape + ReduceSum over each block,
+    `_block_sum`), then Pad to P and one Concat: no weight-sized constant is read a step."""
     nb = k // block
     pad = -(-nb // block) * block
-    indicator = f"block_sum_indicator.{k}.{block}"
-    if indicator not in {t.name for t in graph.initializer}:
-        ones = np.zeros((k, FOLD_DIGITS * pad), np.float32)
-        for digit in range(FOLD_DIGITS):
-            ones[np.arange(k), digit * pad + np.arange(k) // block] = 1.0
-        graph.initializer.append(numpy_helper.from_array(ones, indicator))
-    return [helper.make_node("MatMul", [source, indicator], [f"{out}.sums"], name=f"{out}.BlockSums"),
-            helper.make_node("Concat", [source, f"{out}.sums"], [out], name=f"{out}.Concat", axis=-1)]
+    sums = f"{out}.sums"
+    nodes = _block_sum(source, sums if pad == nb else f"{sums}.unpadded", k, block, graph)
+    if pad != nb:
+        pads = f"{out}.pads"
+        graph.initializer.append(numpy_helper.from_array(np.array([0, 0, 0, 0, 0, pad - nb], np.int64), pads))
+        nodes.append(helper.make_node("Pad", [f"{sums}.unpadded", pads], [sums], name=f"{out}.Pad"))
+    return nodes + [helper.make_node("Concat", [source] + [sums] * FOLD_DIGITS, [out], name=f"{out}.Concat", axis=-1)]
 
 
 def _block_sum(source: str, out: str, k: int, block: int, graph: onnx.GraphProto) -> list[onnx.NodeProto]:
@@ -151,8 +186,8 @@ def _block_sum(source: str, out: str, k: int, block: int, graph: onnx.GraphProto
     shape, axes = f"{out}.shape", f"{out}.axes"
     graph.initializer.extend([numpy_helper.from_array(np.array([0, 0, k // block, block], np.int64), shape),
                               numpy_helper.from_array(np.array([-1], np.int64), axes)])
-    return [helper.make_node("Reshape", [source, shape], [f"{out}.blocks"], name=f"{out}.Reshape"),
-            helper.make_node("ReduceSum", [f"{out}.blocks", axes], [out], name=f"{out}.ReduceSum", keepdims=0)]
+    return [helper.make_node("Reshape", [source, shape], [f"{out}.blocks"], name=f"{out}.BlockSums.Reshape"),
+            helper.make_node("ReduceSum", [f"{out}.blocks", axes], [out], name=f"{out}.BlockSums", keepdims=0)]
 
 
 def _drop_initializers(graph: onnx.GraphProto, names: set[str]) -> None:
@@ -293,7 +328,7 @@ def narrow_lm_head(model: onnx.ModelProto, *, weight: str, head: QuantBlocks, ac
     node = next((n for n in graph.node if n.name == f"{weight}.MatMulNBits"), None)
     if node is None or head.bits != 8:
         return False
-    narrow = rtn_blocks(head.dequantize(), bits=4, block=head.block, source=f"{head.source_type}→4-bit")
+    narrow = rtn_blocks(head.dequantize(), bits=4, block=max(head.block, NARROW_BLOCK), source=f"{head.source_type}→4-bit")
     tensors, casts = matmulnbits_tensors(f"{weight}.4bit", narrow)
     graph.initializer.extend(tensors)
     names = [t.name for t in tensors]
@@ -303,6 +338,8 @@ def narrow_lm_head(model: onnx.ModelProto, *, weight: str, head: QuantBlocks, ac
     for attr in node.attribute:
         if attr.name == "bits":
             attr.i = 4
+        elif attr.name == "block_size":
+            attr.i = narrow.block
         elif attr.name == "accuracy_level":
             attr.i = accuracy_level
     at = list(graph.node).index(node)

@@ -16,7 +16,7 @@ runtime reads token rows from its MatMulNBits initializers (manifest.embedding),
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
 
@@ -26,8 +26,9 @@ from onnx import numpy_helper
 
 from specmemo.errors import ConfigError
 from specmemo.export.fuse_norms import fuse_skip_norms
-from specmemo.export.activation_outliers import fp32_matrices
-from specmemo.export.gguf_weights import GgufTensors, GgufWeightsError, QuantBlocks, carry, llama_rotary_order, stack
+from specmemo.export.activation_outliers import outlier_channels
+from specmemo.export.gguf_weights import (GgufTensors, GgufWeightsError, QuantBlocks, carry, llama_rotary_order,
+                                          q4_1_blocks, stack)
 from specmemo.export.quantize import carry_matmuls, gemms_as_matmuls, narrow_lm_head, quantize_matmuls, rerank_argmax
 from specmemo.runtime.io_spec import NEXT_TOKEN_IDS
 from specmemo.runtime.manifest import WEIGHT_DTYPES, ModelDims
@@ -60,6 +61,16 @@ class MinimumForm(str, Enum):
     FOLDED = "folded"  # centred, the residual as two 4-bit digits over extra inputs (the block sums) of the same node
 
 
+class WideBlocks(str, Enum):
+    """What becomes of the decoder's 8-bit GGUF matrices (Q4_K_M's Q6_K V and down projections, a Q5_0 or Q8_0 in
+    the body): MatMulNBits reads an 8-bit block of 16 at twice the time of a 4-bit block of 32, and a Q6_K V beside
+    Q4_K Q and K turns the whole fused QKV into 8-bit blocks of 16 (gguf_weights.common_form). The LM head is not
+    one of them (QuantOptions.lm_head_bits)."""
+
+    CARRIED = "8-bit"  # the GGUF's own blocks, widened to 8 bits
+    Q4_1 = "4-bit"  # re-quantized to the Q4_1 form (gguf_weights.q4_1_blocks): the Q4_K route beside them
+
+
 @dataclass(frozen=True)
 class QuantOptions:
     dtype: WeightDtype
@@ -70,6 +81,7 @@ class QuantOptions:
     lm_head_rerank: int = 8  # an 8-bit LM head at level 4: its argmax re-ranks the top k exactly (0: off)
     minimum: MinimumForm = MinimumForm.FOLDED  # of Q4_1 blocks (--exact: BLOCK_SUM); int8: applied_minimum
     lm_head_bits: int = 8  # an 8-bit GGUF head's MatMulNBits as carried, or 4: half the bytes, the top k re-ranked exactly
+    wide_blocks: WideBlocks = WideBlocks.CARRIED  # the body's 8-bit GGUF matrices
 
     @property
     def applied_minimum(self) -> MinimumForm:
@@ -99,7 +111,8 @@ class QuantReport:
     carried: dict[str, str]  # decoder initializer → the GGUF type carried over
     quantized: tuple[str, ...]  # initializers re-quantized by ONNX Runtime's quantizer
     lm_head_rerank: int = 0  # k of the exact re-rank written into the graph (0: none)
-    fp32_compute: tuple[str, ...] = ()  # carried matrices kept at accuracy level 0 (activation_outliers.py)
+    outlier_channels: dict[str, tuple[int, ...]] = field(default_factory=dict)  # input channels computed apart in
+    # float32 per carried matrix (activation_outliers.py)
 
 
 def gguf_names(dims: ModelDims) -> dict[str, list[str]]:
@@ -123,9 +136,11 @@ def _row_orders(tensor: str, rows: int, dims: ModelDims) -> list[np.ndarray]:
     return orders
 
 
-def carried_blocks(gguf: GgufTensors, model: onnx.ModelProto, dims: ModelDims) -> dict[str, QuantBlocks]:
-    """The decoder's matrices as the GGUF's own blocks, each checked against the traced fp32 weight.
-    Matrices whose GGUF type is not carried are left out (they are re-quantized)."""
+def carried_blocks(gguf: GgufTensors, model: onnx.ModelProto, dims: ModelDims,
+                   wide: WideBlocks = WideBlocks.CARRIED) -> dict[str, QuantBlocks]:
+    """The decoder's matrices as the GGUF's own blocks, each checked against the traced fp32 weight (`wide`:
+    what becomes of the body's 8-bit ones). Matrices whose GGUF type is not carried are left out (they are
+    re-quantized)."""
     inits = {t.name: t for t in model.graph.initializer}
     out = {}
     for name, tensors in gguf_names(dims).items():
@@ -144,6 +159,8 @@ def carried_blocks(gguf: GgufTensors, model: onnx.ModelProto, dims: ModelDims) -
             checked.append(carry(part, reference[row:row + rows], name=f"{name} ({tensor})",
                                  orders=_row_orders(tensor, rows, dims)))
             row += rows
+        if wide is WideBlocks.Q4_1 and name != LM_HEAD:
+            checked = [q4_1_blocks(part) if part.bits == 8 else part for part in checked]
         out[name] = stack(checked)  # parts of different types (Q4_K_M's Q6_K V beside Q4_K Q, K) in one common form
     return out
 
@@ -154,24 +171,25 @@ def quantize_decoder(path: Path, *, options: QuantOptions, dims: ModelDims, gguf
     inputs on the validation prompt (activation_outliers.matrix_inputs): at level 4, those int8 blocks hurt most
     keep float32 compute."""
     model = onnx.load(str(path), load_external_data=True)
-    fp32 = ()
+    outliers: dict[str, tuple[int, ...]] = {}
     if activations and options.accuracy_level == 4:
         inits = {t.name: t for t in model.graph.initializer}
-        fp32, _ = fp32_matrices(activations, lambda name: numpy_helper.to_array(inits[name]) if name in inits else None)
-        if fp32:
-            log(f"float32 compute (accuracy level 0) for {len(fp32)} matrices whose inputs int8 blocks hurt most: "
-                f"{', '.join(n.removesuffix('.weight_t') for n in fp32)}")
+        outliers, _ = outlier_channels(activations,
+                                       lambda name: numpy_helper.to_array(inits[name]) if name in inits else None)
+        for name, channels in outliers.items():
+            log(f"{name.removesuffix('.weight_t')}: input channels {', '.join(map(str, channels))} computed apart in "
+                f"float32 (int8 blocks of this input hurt most)")
     carried: dict[str, QuantBlocks] = {}
     if gguf is not None and not options.requantize:
-        carried = carried_blocks(GgufTensors(gguf), model, dims)  # at the GGUF's own precision (Q8_0 stays 8-bit)
+        carried = carried_blocks(GgufTensors(gguf), model, dims, options.wide_blocks)  # at the GGUF's own precision (Q8_0 stays 8-bit)
         if options.dtype is WeightDtype.INT8:  # the same values, stored 8-bit (q + 128 − zero, zero point 128)
             carried = {name: blocks.widened() for name, blocks in carried.items()}
         elif options.applied_minimum is not MinimumForm.BLOCK_SUM:
             residual = options.applied_minimum in (MinimumForm.CENTERED, MinimumForm.FOLDED)
             carried = {name: blocks.with_zero_points(residual=residual) for name, blocks in carried.items()}
     replaced = carry_matmuls(model, carried, accuracy_level=options.accuracy_level,
-                             levels={LM_HEAD: options.lm_head_accuracy_level, **{name: 0 for name in fp32}},
-                             fold=options.applied_minimum is MinimumForm.FOLDED)
+                             levels={LM_HEAD: options.lm_head_accuracy_level},
+                             fold=options.applied_minimum is MinimumForm.FOLDED, outliers=outliers)
     head = carried.get(LM_HEAD)
     narrowed = _reranked_head(head, options) and options.lm_head_bits == 4 and \
         narrow_lm_head(model, weight=LM_HEAD, head=head, accuracy_level=options.lm_head_accuracy_level)
@@ -180,7 +198,7 @@ def quantize_decoder(path: Path, *, options: QuantOptions, dims: ModelDims, gguf
     log(f"carried {len(replaced)} GGUF matrices as MatMulNBits "
         f"({', '.join(sorted({b.source_type for b in carried.values()})) or 'none'})")
     before = {t.name for t in model.graph.initializer}
-    bias_terms = tuple(n.name for n in model.graph.node if n.name.endswith((".BiasMatMul", ".BlockSums")))  # keep fp32
+    bias_terms = tuple(n.name for n in model.graph.node if n.name.endswith((".BiasMatMul", ".BlockSums", ".OutlierMatMul")))  # keep fp32
     model = quantize_matmuls(model, bits=options.dtype.bits, block_size=options.block_size,
                              accuracy_level=options.accuracy_level, exclude=bias_terms)
     quantized = tuple(sorted(before - {t.name for t in model.graph.initializer} - set(replaced)))
@@ -188,7 +206,8 @@ def quantize_decoder(path: Path, *, options: QuantOptions, dims: ModelDims, gguf
         log(f"quantized {len(quantized)} more matrices with ONNX Runtime's quantizer (RTN, block {options.block_size})")
     save_external(model, path)
     return QuantReport(carried={k: carried[k].source_type for k in replaced}, quantized=quantized,
-                       lm_head_rerank=rerank, fp32_compute=tuple(n for n in fp32 if n in replaced))
+                       lm_head_rerank=rerank,
+                       outlier_channels={n: c for n, c in outliers.items() if n in replaced})
 
 
 def _reranked_head(head: QuantBlocks | None, options: QuantOptions) -> bool:

@@ -6,7 +6,8 @@ nodes 1..T-1 tokens, where p_i is node i's score corrected by running statistics
 costs draft_ms (already spent) + verify_ms(T). The controller verifies the prefix with the most
 tokens per ms, from
   (a) the KV positions left in the arena (T never exceeds them; at 1 left it is plain decoding),
-  (b) a T → verify ms curve measured once for this artifact and machine (cached, measured.py),
+  (b) a T → verify ms curve measured once for this artifact and machine in about a second (a few sizes,
+      a short past; cached, measured.py), each verified size then refined by the loop's own timings,
   (c) the drafting time, measured every step (a running mean),
   (d) a score calibration: per score band, how often a verified node of that band was accepted,
       starting from the raw scores as a prior worth PRIOR_TRIALS observations.
@@ -57,17 +58,24 @@ class LatencyCurve:
             raise ConfigError("a latency curve needs one time per tree size")
 
     def step(self, size: int) -> float:
-        """ms for a verify step of T nodes, linear between measured sizes (flat beyond the last)."""
-        return float(np.interp(size, self.sizes, self.step_ms))
+        """ms for a verify step of T nodes: linear between measured sizes, and beyond the last along the
+        last two (never below the last: a wider verify does not get cheaper)."""
+        if size <= self.sizes[-1] or len(self.sizes) < 2:
+            return float(np.interp(size, self.sizes, self.step_ms))
+        slope = (self.step_ms[-1] - self.step_ms[-2]) / (self.sizes[-1] - self.sizes[-2])
+        return float(self.step_ms[-1] + max(slope, 0.0) * (size - self.sizes[-1]))
 
 
-CURVE_SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
+CURVE_SIZES = (1, 2, 4, 8, 16)  # measured at first use; wider trees extrapolate, and the loop refines what it verifies
+CURVE_CONTEXT = 32  # past positions under the measured steps: a short prompt, so the first use costs about a second
 
 
-def measure_latency(backend, max_size: int, *, context: int = 256, rounds: int = 5, steps: int = 6) -> LatencyCurve:
+def measure_latency(backend, max_size: int, *, context: int = CURVE_CONTEXT, rounds: int = 2,
+                    steps: int = 3) -> LatencyCurve:
     """ms per verify step for each T in CURVE_SIZES up to `max_size`, timed the way the loop runs
     it (verify → accept → commit, so Python costs count), on a `context`-token past that each step
-    rewinds to; interleaved in rounds, median of round medians. Drafting is timed in the loop."""
+    rewinds to; interleaved in rounds, median of round medians (each round's first step dropped).
+    Drafting is timed in the loop, and the controller refines the curve with every verify it times."""
     sizes = [s for s in CURVE_SIZES if s <= min(max_size, backend.capacity - 2)] or [1]
     backend.reset()
     prompt = [1] * max(1, min(context, backend.capacity - sizes[-1] - 1))
@@ -88,9 +96,10 @@ def measure_latency(backend, max_size: int, *, context: int = 256, rounds: int =
 
 
 def latency_curve(artifact: Path, backend, max_size: int, *, threads: int, log=print) -> LatencyCurve:
-    """The cached curve for this artifact and machine, measured on first use (~20 s)."""
+    """The cached curve for this artifact and machine, measured on first use (about a second)."""
     path, data = measured.lookup(artifact, "verify-latency", threads)
-    if data is None or max(data["sizes"]) < min(max_size, CURVE_SIZES[-1]):
+    wanted = max(s for s in CURVE_SIZES if s <= max(max_size, 1))  # the widest size measure_latency would time
+    if data is None or max(data["sizes"]) < min(wanted, backend.capacity - 2):
         log(f"measuring ms per verify step for tree sizes up to {max_size} once (cached) ...")
         curve = measure_latency(backend, max_size)
         measured.store(path, {k: list(v) for k, v in asdict(curve).items()})
@@ -209,7 +218,12 @@ class Controller:
         self._expected = float(gains[best])
         return best + 1
 
-    def observe(self, draft: DraftTree, size: int, path: list[int]) -> None:
+    def observe(self, draft: DraftTree, size: int, path: list[int], verify_ms: float | None = None) -> None:
+        """`verify_ms`: the loop's timing of this step's verify (decoder call, accept, commit): the curve's
+        point at this T moves toward it (a running mean), so a curve measured briefly, elsewhere or for another
+        load of the machine converges on what the steps cost now."""
+        if verify_ms is not None and 0 < verify_ms < 1e5:
+            self._verify_ms[size - 1] += (verify_ms - self._verify_ms[size - 1]) / RATE_MEMORY
         self.decisions.append(Decision(drafted=draft.size, size=size, accepted=len(path), space_left=self._space,
                                        expected=self._expected))
         if size > 1:

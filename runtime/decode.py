@@ -41,7 +41,8 @@ class WidthPolicy(Protocol):
 
     def choose(self, draft: DraftTree, draft_ms: float) -> int: ...  # T to verify, 1 <= T <= draft.size
 
-    def observe(self, draft: DraftTree, size: int, path: list[int]) -> None: ...  # T verified, nodes accepted
+    def observe(self, draft: DraftTree, size: int, path: list[int], verify_ms: float | None = None) -> None: ...
+    # T verified, nodes accepted, and the verify's wall ms (decoder call, accept, commit)
 
 
 @dataclass
@@ -141,7 +142,7 @@ class FullWidth:
     def choose(self, draft: DraftTree, draft_ms: float) -> int:
         return draft.size
 
-    def observe(self, draft: DraftTree, size: int, path: list[int]) -> None:
+    def observe(self, draft: DraftTree, size: int, path: list[int], verify_ms: float | None = None) -> None:
         pass
 
 
@@ -201,8 +202,9 @@ def generate(
         else:
             proposal = DraftTree.root_only(step.root)
         verified = proposal.prefix(policy.choose(proposal, draft_ms))
+        verifying = time.perf_counter()
         path, step = verify_and_commit(backend, list(verified.tokens), list(verified.parents), sampling, rng, context)
-        policy.observe(proposal, verified.size, path)
+        policy.observe(proposal, verified.size, path, 1e3 * (time.perf_counter() - verifying))
         stats.steps += 1
         stats.draft_sizes.append(proposal.size)
         stats.tree_sizes.append(verified.size)

@@ -45,7 +45,8 @@ class QuantizationInfo:
     quantized: tuple[str, ...]  # decoder initializers re-quantized by ONNX Runtime's quantizer
     lm_head_rerank: int = 0  # next_token_ids re-ranks this many top logits exactly from the head's rows (0: off)
     minimum: str = "block-sum"  # how Q4_1 minima reach MatMulNBits: block-sum | centered | zero-point (export/weights_dtype.py)
-    fp32_compute: tuple[str, ...] = ()  # matrices kept at accuracy level 0: int8 blocks of their inputs hurt most
+    outlier_channels: tuple[tuple[str, int], ...] = ()  # (matrix, input channel) computed apart in float32: int8
+    # blocks of those inputs hurt most (export/activation_outliers.py)
 
 
 class ModelFormat(str, Enum):

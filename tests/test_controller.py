@@ -30,7 +30,18 @@ def test_latency_curve_interpolates():
     curve = LatencyCurve(sizes=(1, 2, 4), step_ms=(10.0, 11.0, 15.0))
     assert curve.step(1) == 10.0
     assert curve.step(3) == pytest.approx(13.0)
-    assert curve.step(8) == pytest.approx(15.0)  # flat beyond the last measured size
+    assert curve.step(8) == pytest.approx(23.0)  # beyond the last measured size: along the last two (2 ms a node)
+    assert LatencyCurve(sizes=(1, 8), step_ms=(10.0, 9.0)).step(16) == 9.0  # never cheaper for more nodes
+
+
+def test_the_loops_own_timings_refine_the_curve():
+    """A curve measured under other load (10 ms at T=2) meets verifies that cost 30 ms: T=2 stops paying."""
+    controller = Controller(curve=LatencyCurve(sizes=(1, 2), step_ms=(10.0, 10.0)), max_size=2)
+    assert controller.choose(draft(0.5), 0.0) == 2  # 1.525 tokens / 10 ms
+    for _ in range(60):
+        controller.observe(draft(0.5), 2, [0], verify_ms=30.0)
+    assert controller._verify_ms[1] == pytest.approx(30.0, rel=0.05)
+    assert controller.choose(draft(0.5), 0.0) == 1  # now 1.525 / ~30 ms < 1 / 10 ms
 
 
 def test_controller_maximises_tokens_per_ms():

@@ -276,10 +276,29 @@ def uses_draft_model(drafter: str | None) -> bool:
 
 
 def machine_info(threads: int) -> dict:
+    """Where a result came from: the commit (with "+dirty" when the tree had changes), the CPU and its ISA, the
+    threads and ONNX Runtime's version; every results JSON carries it."""
+    import onnxruntime
+
     from specmemo.runtime.measured import cpu_name
 
-    return {"platform": platform.platform(), "cpu": cpu_name(), "isa": isa(), "threads": threads,
-            "python": platform.python_version()}
+    return {"commit": source_commit(), "platform": platform.platform(), "cpu": cpu_name(), "isa": isa(),
+            "threads": threads, "onnxruntime": onnxruntime.__version__, "python": platform.python_version()}
+
+
+def source_commit() -> str:
+    """The checkout's HEAD, "+dirty" when tracked files differ from it; "unknown" outside a git checkout."""
+    import subprocess
+
+    root = Path(__file__).resolve().parents[2]
+    try:
+        head = subprocess.run(["git", "-C", str(root), "rev-parse", "--short=12", "HEAD"], capture_output=True,
+                              text=True, timeout=10, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=10, check=True).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return head + ("+dirty" if dirty else "")
 
 
 def isa() -> str:

@@ -197,14 +197,14 @@ def quality_peers(model: str, names: list[str]) -> tuple:
 
 
 def measure(reference: Path, artifacts: list[Path], *, prompts: int, max_new_tokens: int, threads: int,
-            out: Path | None, peers: tuple = ()) -> list[Quality]:
+            out: Path | None, peers: tuple = (), conversations: int = HELD_OUT) -> list[Quality]:
     from specmemo.datasets import load_questions
 
     ref = open_greedy(reference, threads)
     questions = [q.turns[0] for q in load_questions()[:prompts]]
     prompt_ids = [ref.tokenizer.encode_chat([Message("user", q)]) for q in questions]
     replies = reference_replies(ref, prompt_ids, max_new_tokens)
-    texts = held_out_texts(ref.tokenizer)
+    texts = held_out_texts(ref.tokenizer, conversations)
     del ref
     results = []
     openers = [lambda threads, a=a: ArtifactForced(a, threads) for a in (reference, *artifacts)] + list(peers)
@@ -216,9 +216,11 @@ def measure(reference: Path, artifacts: list[Path], *, prompts: int, max_new_tok
                                agreement=agree, positions=positions, perplexity=ppl, ppl_tokens=tokens))
         del forced
     if out is not None:
+        from specmemo.bench.compare import machine_info
+
         out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps({"reference": str(reference), "prompts": prompts, "max_new_tokens": max_new_tokens,
-                                   "threads": threads, "results": [asdict(r) for r in results]}, indent=2) + "\n")
+        out.write_text(json.dumps({"machine": machine_info(threads), "reference": str(reference), "prompts": prompts, "max_new_tokens": max_new_tokens,
+                                   "conversations": conversations, "threads": threads, "results": [asdict(r) for r in results]}, indent=2) + "\n")
     return results
 
 

@@ -165,7 +165,7 @@ def add_parser(sub) -> None:
                          description="Against a reference artifact (the float32 export): the reference's greedy "
                                      "replies to the first --prompts MT-Bench questions, then for the reference and "
                                      "each --artifact, teacher-forced along them, the share of positions whose "
-                                     "argmax is the reference's token; perplexity of 40 held-out ShareGPT replies "
+                                     "argmax is the reference's token; perplexity of --conversations held-out ShareGPT replies "
                                      "(the end of the file, which training does not reach); size on disk. Prints a "
                                      "table, writes JSON.",
                          formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -173,6 +173,8 @@ def add_parser(sub) -> None:
     b.add_argument("--artifact", type=Path, action="append", required=True, help="an artifact to measure (repeat)")
     b.add_argument("--prompts", type=positive, default=80, help="first N MT-Bench first turns")
     b.add_argument("--max-new-tokens", type=positive, default=128)
+    b.add_argument("--conversations", type=positive, default=40,
+                   help="held-out ShareGPT conversations for perplexity (up to 384 tokens each)")
     b.add_argument("--peer", action="append", choices=("genai", "llama.cpp"), default=[],
                    help="also measure a peer on the reference's model (repeat): ONNX Runtime GenAI's int4 build "
                         "(its builder, offline), llama.cpp on the model's own GGUF (llama-cpp-python, built from source)")
@@ -218,7 +220,7 @@ def cmd_bench_quality(args: argparse.Namespace) -> int:
 
     peers = quality_peers(load_manifest(args.reference).source_model, args.peer)
     results = measure(args.reference, args.artifact, prompts=args.prompts, max_new_tokens=args.max_new_tokens,
-                      threads=args.threads, out=args.json, peers=peers)
+                      threads=args.threads, out=args.json, peers=peers, conversations=args.conversations)
     print(table(results))
     print(f"wrote {args.json}")
     return 0

@@ -75,6 +75,10 @@ def add_parser(sub) -> None:
                         "step), and the re-rank scores its top K exactly from the 8-bit rows, both the greedy pick and "
                         "those K logits, the rest stay 4-bit: on SmolLM2 (K 32) -13 MiB peak RSS and ~3%% a step, but "
                         "perplexity +1.2%% against +0.2%% with the 8-bit head; 8 keeps the GGUF's head (default 8)")
+    p.add_argument("--wide-blocks", choices=["8-bit", "4-bit"], default=None,
+                   help="the body's 8-bit GGUF matrices (Q4_K_M's Q6_K V and down projections, Q5_0/Q8_0): 8-bit "
+                        "keeps the GGUF's blocks; 4-bit re-quantizes them to the Q4_1 form, half the bytes a step, "
+                        "the weights moved by up to half a step (default 8-bit)")
     p.add_argument("--kv-dtype", choices=["float32", "float16"], default=None,
                    help="the KV buffer's elements: float16 halves the largest memory use after the weights "
                         "(attention then computes in float16, and the artifact verifies chains only; see README "
@@ -144,7 +148,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     check_supported(args.model)  # from the GGUF header or config.json: refused before torch is even imported
     from specmemo.export.artifact import (DEFAULT_MAX_CAPACITY, ExportOptions, default_feature_drafter, default_heads,
                                           export_artifact)
-    from specmemo.export.weights_dtype import MinimumForm, QuantOptions, WeightDtype
+    from specmemo.export.weights_dtype import MinimumForm, QuantOptions, WeightDtype, WideBlocks
 
     heads = {"auto": default_heads(args.model), "none": None}.get(args.heads, Path(args.heads))
     profile = apply_profile(args)
@@ -165,6 +169,7 @@ def cmd_export(args: argparse.Namespace) -> int:
                          requantize=args.requantize, lm_head_rerank=args.lm_head_rerank,
                          minimum=MinimumForm(args.minimum or ("block-sum" if args.exact else "folded")),
                          lm_head_bits=args.lm_head_bits or 8,
+                         wide_blocks=WideBlocks(args.wide_blocks or "8-bit"),
                          accuracy_level=args.accuracy_level if args.accuracy_level is not None
                          else 0 if args.exact and args.dtype != "int8" else 4)
     out = args.out or default_artifact(args.model, quant.dtype.value)
