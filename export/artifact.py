@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import shutil
 import tempfile
 import time
@@ -144,6 +145,7 @@ def export_artifact(options: ExportOptions, *, log=print, finalize=None) -> Mani
     log(f"model {options.model}: {dims.architecture}, {dims.num_layers} layers, h={dims.hidden_size}, "
         f"heads {dims.num_heads}/{dims.num_kv_heads} kv, V={dims.vocab_size}, max capacity C={options.max_capacity}")
     hf_model, tokenizer = load_hf(resolved.hf_folder)
+    generation_config = hf_model.generation_config
     heads = None if options.heads is None else checked_heads(options, hf_model, resolved.sha256)  # fail fast
     if options.draft_model is not None:
         from specmemo.export.draft_model import check_same_tokenizer
@@ -184,9 +186,11 @@ def export_artifact(options: ExportOptions, *, log=print, finalize=None) -> Mani
                 from specmemo.export.validate import VALIDATION_PROMPT
 
                 activations = matrix_inputs(hf_model, chat_prompt_ids(tokenizer, VALIDATION_PROMPT))
+            del decoder, hf_model  # done with the float32 model: the quantizer reads weights from the traced file
+            gc.collect()
             quantization, embedding = quantize_artifact(options.quant, dims, resolved, staging, embedding, log,
                                                         activations)
-        tokenizer_info = write_tokenizer(tokenizer, hf_model.generation_config, staging)
+        tokenizer_info = write_tokenizer(tokenizer, generation_config, staging)
         ort_format = None
         if options.mobile is not None:
             ort_format = write_ort_format(staging, embedding=embedding, lm_head=LM_HEAD, target_platform=options.mobile,

@@ -21,16 +21,17 @@ from torch import nn
 
 from specmemo.export import attention  # noqa: F401  (registers torch.ops.specmemo.group_query_attention)
 from specmemo.export.dims import GEMMA
-from specmemo.export.load import lm_head_t
 from specmemo.runtime.manifest import AttentionKind, ModelDims
 
 
 class Linear(nn.Module):
-    """y = x @ W (+ b) with W stored [in, out], the layout MatMul reads directly."""
+    """y = x @ W (+ b) with W stored [in, out], the layout MatMul reads directly. `weight_t` may be a transposed
+    view of the model's own weight: it is not copied here (the exporter writes each initializer out one at a
+    time, in [in, out] order), so tracing holds one copy of the weights, not two."""
 
     def __init__(self, weight_t: torch.Tensor, bias: torch.Tensor | None = None):
         super().__init__()
-        self.weight_t = nn.Parameter(weight_t.contiguous(), requires_grad=False)
+        self.weight_t = nn.Parameter(weight_t.detach(), requires_grad=False)
         self.bias = None if bias is None else nn.Parameter(bias.contiguous(), requires_grad=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -129,7 +130,7 @@ class Decoder(nn.Module):
         super().__init__()
         self.dims = dims
         inner = hf_model.model
-        self.lm_head_t = nn.Parameter(lm_head_t(hf_model), requires_grad=False)  # [h, V]
+        self.lm_head_t = nn.Parameter(hf_model.lm_head.weight.detach().t(), requires_grad=False)  # [h, V], a view
         self.layers = nn.ModuleList(DecoderLayer(dims, layer) for layer in inner.layers)
         self.norm = norm_of(dims, inner.norm)
         self.sliding = frozenset(dims.sliding_layers)

@@ -201,16 +201,26 @@ def _convert_gguf(parts: list[Path], folder: Path, packaged: PackagedGguf | None
         staged.rename(folder)
 
 
-def load_hf(folder: Path, *, device_map: str | dict | None = None,
-            max_memory: dict | None = None) -> tuple[Any, Any]:
+STREAMED_MEMORY = "1GiB"  # load_hf(streamed=True): the most weights held at once; the rest read per layer
+
+
+def load_hf(folder: Path, *, device_map: str | dict | None = None, max_memory: dict | None = None,
+            streamed: bool = False) -> tuple[Any, Any]:
     """(fp32 eval model, tokenizer) from a local HF folder; never reaches for a hub. `device_map` and
     `max_memory` go to accelerate as in `from_pretrained` (e.g. "auto" with {0: "20GiB", "cpu": "64GiB"}
-    on a GPU server); None keeps the model on the CPU without accelerate."""
+    on a GPU server); None keeps the model on the CPU without accelerate. `streamed`: at most STREAMED_MEMORY
+    of weights in memory, the rest offloaded to disk, which accelerate reads straight from the folder's
+    safetensors layer by layer during a forward (slower; a reference for validation on a small machine)."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     placement = {} if device_map is None else {"device_map": device_map, "max_memory": max_memory}
+    offload = tempfile.TemporaryDirectory(prefix="specmemo-offload-") if streamed else None
+    if streamed:  # safetensors weights are offloaded by reference: the folder stays empty
+        placement = {"device_map": "auto", "max_memory": {"cpu": STREAMED_MEMORY}, "offload_folder": offload.name}
     model = AutoModelForCausalLM.from_pretrained(folder, dtype="float32", local_files_only=True, **placement).eval()
+    if offload is not None:
+        model._specmemo_offload = offload  # lives as long as the model
     tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
     return model, tokenizer
 

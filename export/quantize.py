@@ -21,6 +21,9 @@ Shapes: B batch, T rows, K inputs, N outputs.
 
 from __future__ import annotations
 
+from dataclasses import replace
+from pathlib import Path
+
 import numpy as np
 import onnx
 from onnx import helper, numpy_helper
@@ -32,6 +35,18 @@ MS_DOMAIN = "com.microsoft"
 
 def _initializers(graph: onnx.GraphProto) -> dict[str, onnx.TensorProto]:
     return {t.name: t for t in graph.initializer}
+
+
+def read_initializer(tensor: onnx.TensorProto, base_dir: str = "") -> np.ndarray:
+    """An initializer's values; one stored as external data is read from its file alone, leaving the proto as it
+    was (onnx's to_array would keep the bytes in the proto: every matrix read would stay in memory)."""
+    if tensor.data_location != onnx.TensorProto.EXTERNAL:
+        return numpy_helper.to_array(tensor)
+    where = {e.key: e.value for e in tensor.external_data}
+    dtype = np.dtype(helper.tensor_dtype_to_np_dtype(tensor.data_type))
+    values = np.fromfile(Path(base_dir) / where["location"], dtype=dtype, offset=int(where.get("offset", 0)),
+                         count=int(where["length"]) // dtype.itemsize)
+    return values.reshape(tuple(tensor.dims))
 
 
 def _exact_f16(values: np.ndarray) -> bool:
@@ -69,14 +84,15 @@ def matmulnbits_tensors(name: str, blocks: QuantBlocks) -> tuple[list[onnx.Tenso
 
 
 def carry_matmuls(model: onnx.ModelProto, carried: dict[str, QuantBlocks], *, accuracy_level: int = 0,
-                  levels: dict[str, int] | None = None, fold: bool = False,
-                  outliers: dict[str, tuple[int, ...]] | None = None) -> list[str]:
+                  levels: dict[str, int] | None = None, fold: bool = False, digits: int | None = None,
+                  outliers: dict[str, tuple[int, ...]] | None = None, base_dir: str = "") -> list[str]:
     """Replace each MatMul whose weight initializer is named in `carried` ([K, N] fp32 → blocks of
     its [N, K] transpose) by MatMulNBits (+ the block-sum bias term), at `accuracy_level` or the
     level `levels` names for that weight. `fold`: a bias term rides inside the MatMulNBits instead,
     as extra inputs (the block sums, concatenated to x) with 4-bit codes (`fold_bias`): one node per
-    matrix, two per input. `outliers`: weight → input channels computed apart (`_outlier_term`).
-    Returns the names replaced."""
+    matrix, two per input (`digits` 4-bit digits per bias, default FOLD_DIGITS). `outliers`: weight → input
+    channels computed apart (`_outlier_term`). `base_dir`: where external weights lie. Returns the names replaced."""
+    digits = FOLD_DIGITS if digits is None else digits
     graph = model.graph
     inits = _initializers(graph)
     block_sums: dict[tuple[str, int], str] = {}  # (activation, block) → its BlockSum output, shared by MatMuls on one input
@@ -98,16 +114,18 @@ def carry_matmuls(model: onnx.ModelProto, carried: dict[str, QuantBlocks], *, ac
             if x not in split:
                 split[x] = (f"{x}.inliers", f"{x}.outliers")
                 nodes += _split_channels(x, *split[x], k, channels, graph)
-            nodes += _outlier_term(weight, split[x][1], stored, channels, f"{weight}.outlier_out", graph)
+            nodes += _outlier_term(weight, split[x][1], stored, channels, f"{weight}.outlier_out", graph, base_dir)
             x, out = split[x][0], f"{weight}.inlier_out"
         source = x
         if fold and blocks.bias is not None:
             key = (source, blocks.block)
             if key not in augmented:
                 augmented[key] = f"{source}.with_block_sums" + ("" if blocks.block == 32 else f".{blocks.block}")
-                nodes += _with_block_sums(source, augmented[key], k, blocks.block, graph)
-            source, blocks = augmented[key], fold_bias(blocks, digits=FOLD_DIGITS)
-            k = blocks.shape[1]
+                nodes += _with_block_sums(source, augmented[key], k, blocks.block, digits, graph)
+            nb = k // blocks.block
+            # the node reads block means (x's blocks summed / block): the bias scaled by the block, exactly (a power of 2)
+            blocks = fold_bias(replace(blocks, bias=blocks.bias * np.float32(blocks.block)), digits=digits)
+            source, k = augmented[key], k + nb if digits == 1 else blocks.shape[1]
         tensors, casts = matmulnbits_tensors(weight, blocks)
         graph.initializer.extend(tensors)
         nodes += casts
@@ -154,31 +172,35 @@ def _split_channels(source: str, inliers: str, outliers: str, k: int, channels: 
 
 
 def _outlier_term(weight: str, outliers: str, stored: onnx.TensorProto, channels: tuple[int, ...], out: str,
-                  graph: onnx.GraphProto) -> list[onnx.NodeProto]:
+                  graph: onnx.GraphProto, base_dir: str = "") -> list[onnx.NodeProto]:
     """out [B, T, N] = outliers [B, T, c] @ the weight's rows for those channels [c, N], float32: the traced weight's
     own values (the carried blocks dequantize to them bit for bit)."""
-    rows = numpy_helper.to_array(stored)[list(channels)]
+    rows = read_initializer(stored, base_dir)[list(channels)]
     graph.initializer.append(numpy_helper.from_array(np.ascontiguousarray(rows), f"{weight}.outlier_rows"))
     return [helper.make_node("MatMul", [outliers, f"{weight}.outlier_rows"], [out], name=f"{weight}.OutlierMatMul")]
 
 
 NARROW_BLOCK = 32  # the narrowed LM head's 4-bit blocks (MatMulNBits' fast kernels; GenAI's head uses the same)
-FOLD_DIGITS = 2  # 4-bit digits per folded bias (export/gguf_weights.py: fold_bias)
+FOLD_DIGITS = 1  # 4-bit digits per folded bias (export/gguf_weights.py: fold_bias)
 
 
-def _with_block_sums(source: str, out: str, k: int, block: int, graph: onnx.GraphProto) -> list[onnx.NodeProto]:
-    """out [B, T, K + D·P] = `source` [B, T, K] with its per-block sums appended D = FOLD_DIGITS times (P:
-    K/block rounded up to a block, the rest zeros). The sums read only x (Reshape + ReduceSum over each block,
-    `_block_sum`), then Pad to P and one Concat: no weight-sized constant is read a step."""
+def _with_block_sums(source: str, out: str, k: int, block: int, digits: int,
+                     graph: onnx.GraphProto) -> list[onnx.NodeProto]:
+    """out = `source` [B, T, K] with its per-block means appended: [B, T, K + nb] for one digit, where MatMulNBits
+    reads the last, partial block as zero-padded (its K is K + nb); [B, T, K + D·P] for D digits (P: nb rounded up
+    to a block, zero-padded so each digit starts a block). The means are one AveragePool over the last axis (the
+    rows as its channels): no weight-sized constant is read a step, and one node an input."""
     nb = k // block
     pad = -(-nb // block) * block
-    sums = f"{out}.sums"
-    nodes = _block_sum(source, sums if pad == nb else f"{sums}.unpadded", k, block, graph)
-    if pad != nb:
+    means = f"{out}.means"
+    nodes = [helper.make_node("AveragePool", [source], [means], name=f"{out}.BlockMeans", kernel_shape=[block],
+                              strides=[block])]
+    if digits > 1 and pad != nb:
         pads = f"{out}.pads"
         graph.initializer.append(numpy_helper.from_array(np.array([0, 0, 0, 0, 0, pad - nb], np.int64), pads))
-        nodes.append(helper.make_node("Pad", [f"{sums}.unpadded", pads], [sums], name=f"{out}.Pad"))
-    return nodes + [helper.make_node("Concat", [source] + [sums] * FOLD_DIGITS, [out], name=f"{out}.Concat", axis=-1)]
+        nodes.append(helper.make_node("Pad", [means, pads], [f"{means}.padded"], name=f"{out}.Pad"))
+        means = f"{means}.padded"
+    return nodes + [helper.make_node("Concat", [source] + [means] * digits, [out], name=f"{out}.Concat", axis=-1)]
 
 
 def _block_sum(source: str, out: str, k: int, block: int, graph: onnx.GraphProto) -> list[onnx.NodeProto]:
@@ -186,8 +208,8 @@ def _block_sum(source: str, out: str, k: int, block: int, graph: onnx.GraphProto
     shape, axes = f"{out}.shape", f"{out}.axes"
     graph.initializer.extend([numpy_helper.from_array(np.array([0, 0, k // block, block], np.int64), shape),
                               numpy_helper.from_array(np.array([-1], np.int64), axes)])
-    return [helper.make_node("Reshape", [source, shape], [f"{out}.blocks"], name=f"{out}.BlockSums.Reshape"),
-            helper.make_node("ReduceSum", [f"{out}.blocks", axes], [out], name=f"{out}.BlockSums", keepdims=0)]
+    return [helper.make_node("Reshape", [source, shape], [f"{out}.blocks"], name=f"{out}.Reshape"),
+            helper.make_node("ReduceSum", [f"{out}.blocks", axes], [out], name=f"{out}.ReduceSum", keepdims=0)]
 
 
 def _drop_initializers(graph: onnx.GraphProto, names: set[str]) -> None:
@@ -318,6 +340,16 @@ def rtn_blocks(weight: np.ndarray, *, bits: int, block: int, source: str) -> Qua
     return QuantBlocks(source, q.reshape(n, k), step.astype(np.float32), None, bits, block, zero.astype(np.uint8))
 
 
+def requantized_rows(blocks: QuantBlocks, *, bits: int, block: int, source: str, rows: int = 8192) -> QuantBlocks:
+    """`rtn_blocks` of the blocks' weights, `rows` output rows at a time (a 151,936-row head never sits in memory
+    as float64)."""
+    n = blocks.shape[0]
+    parts = [rtn_blocks(blocks.rows(np.arange(start, min(start + rows, n))).dequantize(), bits=bits, block=block,
+                        source=source) for start in range(0, n, rows)]
+    return QuantBlocks(source, np.concatenate([p.q for p in parts]), np.concatenate([p.scale for p in parts]), None,
+                       bits, block, np.concatenate([p.zero for p in parts]))
+
+
 def narrow_lm_head(model: onnx.ModelProto, *, weight: str, head: QuantBlocks, accuracy_level: int) -> bool:
     """The LM head's MatMulNBits reads 4-bit blocks re-quantized (rtn_blocks) from its 8-bit ones: half the bytes
     a step. The 8-bit initializers stay in the graph for what reads rows of them (the re-rank's Gathers; the
@@ -328,7 +360,7 @@ def narrow_lm_head(model: onnx.ModelProto, *, weight: str, head: QuantBlocks, ac
     node = next((n for n in graph.node if n.name == f"{weight}.MatMulNBits"), None)
     if node is None or head.bits != 8:
         return False
-    narrow = rtn_blocks(head.dequantize(), bits=4, block=max(head.block, NARROW_BLOCK), source=f"{head.source_type}→4-bit")
+    narrow = requantized_rows(head, bits=4, block=max(head.block, NARROW_BLOCK), source=f"{head.source_type}→4-bit")
     tensors, casts = matmulnbits_tensors(f"{weight}.4bit", narrow)
     graph.initializer.extend(tensors)
     names = [t.name for t in tensors]

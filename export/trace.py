@@ -61,6 +61,8 @@ def export_decoder(decoder: Decoder, io_names: DecoderIO, path: Path, *, verbose
             optimize=True,
         )
         program.save(str(path), external_data=True)
+    del program
+    torch.compiler.reset()  # tracing caches hold the module, and through it every weight: let the caller free them
     return path
 
 

@@ -277,7 +277,10 @@ def validate_artifact(artifact: Path, *, model: str | None = None, threads: int 
             f"{resolved.spec} is not the model {artifact} was exported from (sha256 differs): "
             f"pass --model with the original, or re-export"
         )
-    hf_model, tokenizer = load_hf(resolved.hf_folder)
+    # the reference streamed from disk layer by layer (a 1.5B validates in a few GB); heads and drafters read the LM
+    # head's weights directly, so an artifact with them (small models) loads the reference whole
+    streamed = manifest.heads is None and manifest.feature_drafter is None
+    hf_model, tokenizer = load_hf(resolved.hf_folder, streamed=streamed)
     prompt_ids = chat_prompt_ids(tokenizer, VALIDATION_PROMPT)
     heads = None
     if manifest.heads is not None:

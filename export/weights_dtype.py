@@ -22,14 +22,15 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-from onnx import numpy_helper
+from onnx.external_data_helper import load_external_data_for_model
 
 from specmemo.errors import ConfigError
 from specmemo.export.fuse_norms import fuse_skip_norms
 from specmemo.export.activation_outliers import outlier_channels
 from specmemo.export.gguf_weights import (GgufTensors, GgufWeightsError, QuantBlocks, carry, llama_rotary_order,
                                           q4_1_blocks, stack)
-from specmemo.export.quantize import carry_matmuls, gemms_as_matmuls, narrow_lm_head, quantize_matmuls, rerank_argmax
+from specmemo.export.quantize import (carry_matmuls, gemms_as_matmuls, narrow_lm_head, quantize_matmuls, read_initializer,
+                                      rerank_argmax)
 from specmemo.runtime.io_spec import NEXT_TOKEN_IDS
 from specmemo.runtime.manifest import WEIGHT_DTYPES, ModelDims
 
@@ -69,6 +70,14 @@ class WideBlocks(str, Enum):
 
     CARRIED = "8-bit"  # the GGUF's own blocks, widened to 8 bits
     Q4_1 = "4-bit"  # re-quantized to the Q4_1 form (gguf_weights.q4_1_blocks): the Q4_K route beside them
+    MEASURED = "auto"  # per matrix: 4-bit where the error it adds is within WIDE_RATIO of level 4's own (narrow_enough)
+
+
+# A wide matrix is read in 4 bits where the error the 4 bits add on its real inputs is at most this many times what
+# level 4's int8 input blocks already add to it. The ratio spreads with no gap over Qwen2.5-Coder-1.5B's Q6_K
+# matrices; V projections sit at the top (and keeping one costs little: Q|K|V is a small matrix), down projections
+# lower (the largest: each kept one costs a 4-bit down projection's time again). docs/profile/qwen15.md.
+WIDE_RATIO = 10.0
 
 
 @dataclass(frozen=True)
@@ -80,8 +89,9 @@ class QuantOptions:
     requantize: bool = False  # True: ORT's quantizer even where GGUF blocks could be carried
     lm_head_rerank: int = 8  # an 8-bit LM head at level 4: its argmax re-ranks the top k exactly (0: off)
     minimum: MinimumForm = MinimumForm.FOLDED  # of Q4_1 blocks (--exact: BLOCK_SUM); int8: applied_minimum
-    lm_head_bits: int = 8  # an 8-bit GGUF head's MatMulNBits as carried, or 4: half the bytes, the top k re-ranked exactly
-    wide_blocks: WideBlocks = WideBlocks.CARRIED  # the body's 8-bit GGUF matrices
+    lm_head_bits: int | None = None  # an 8-bit GGUF head's MatMulNBits: 8 as carried, 4 half the bytes with the top k
+    # re-ranked exactly from the 8-bit rows; None: head_bits() decides by the head's blocks
+    wide_blocks: WideBlocks = WideBlocks.MEASURED  # the body's 8-bit GGUF matrices
 
     @property
     def applied_minimum(self) -> MinimumForm:
@@ -96,7 +106,7 @@ class QuantOptions:
                 raise ConfigError(f"--accuracy-level must be 0-4, got {level}")
         if not 0 <= self.lm_head_rerank <= 64:
             raise ConfigError(f"--lm-head-rerank must be 0-64, got {self.lm_head_rerank}")
-        if self.lm_head_bits not in (4, 8):
+        if self.lm_head_bits not in (None, 4, 8):
             raise ConfigError(f"--lm-head-bits must be 4 or 8, got {self.lm_head_bits}")
         if self.lm_head_bits == 4 and not self.lm_head_rerank:
             raise ConfigError("--lm-head-bits 4 needs the exact re-rank (--lm-head-rerank K > 0): without it the greedy "
@@ -136,11 +146,27 @@ def _row_orders(tensor: str, rows: int, dims: ModelDims) -> list[np.ndarray]:
     return orders
 
 
+def narrow_enough(wide: QuantBlocks, narrow: QuantBlocks, x: np.ndarray | None) -> bool:
+    """Whether an 8-bit matrix may be read as its 4-bit re-quantization: on its real inputs x [P, K] (the
+    validation prompt through the float32 model), the error the 4 bits add, max |x·(W4 − W)ᵀ|, is at most
+    WIDE_RATIO times what level 4's int8 input blocks already add to the same matrix, max |(Q8(x) − x)·Wᵀ|.
+    No inputs: no."""
+    if x is None:
+        return False
+    from specmemo.export.activation_outliers import int8_blocks
+
+    w = wide.dequantize()
+    added = float(np.abs(x @ (narrow.dequantize() - w).T).max())
+    return added <= WIDE_RATIO * float(np.abs((int8_blocks(x) - x) @ w.T).max())
+
+
 def carried_blocks(gguf: GgufTensors, model: onnx.ModelProto, dims: ModelDims,
-                   wide: WideBlocks = WideBlocks.CARRIED) -> dict[str, QuantBlocks]:
+                   wide: WideBlocks = WideBlocks.CARRIED, base_dir: str = "",
+                   inputs: dict[str, np.ndarray] | None = None) -> dict[str, QuantBlocks]:
     """The decoder's matrices as the GGUF's own blocks, each checked against the traced fp32 weight (`wide`:
     what becomes of the body's 8-bit ones). Matrices whose GGUF type is not carried are left out (they are
-    re-quantized)."""
+    re-quantized). `base_dir`: where the model's external data lies (weights are read one at a time); `inputs`:
+    each matrix's input rows, for WideBlocks.MEASURED."""
     inits = {t.name: t for t in model.graph.initializer}
     out = {}
     for name, tensors in gguf_names(dims).items():
@@ -152,15 +178,17 @@ def carried_blocks(gguf: GgufTensors, model: onnx.ModelProto, dims: ModelDims,
             parts = [gguf.blocks(t) for t in tensors]
         except GgufWeightsError:
             continue
-        reference = numpy_helper.to_array(inits[name]).T  # [N, K]
+        reference = read_initializer(inits[name], base_dir).T  # [N, K]
         row, checked = 0, []
         for tensor, part in zip(tensors, parts):
             rows = part.shape[0]
             checked.append(carry(part, reference[row:row + rows], name=f"{name} ({tensor})",
                                  orders=_row_orders(tensor, rows, dims)))
             row += rows
-        if wide is WideBlocks.Q4_1 and name != LM_HEAD:
-            checked = [q4_1_blocks(part) if part.bits == 8 else part for part in checked]
+        if wide is not WideBlocks.CARRIED and name != LM_HEAD:
+            narrow = [q4_1_blocks(part) if part.bits == 8 else part for part in checked]
+            checked = [n if wide is WideBlocks.Q4_1 or n is p or narrow_enough(p, n, (inputs or {}).get(name)) else p
+                       for p, n in zip(checked, narrow)]
         out[name] = stack(checked)  # parts of different types (Q4_K_M's Q6_K V beside Q4_K Q, K) in one common form
     return out
 
@@ -169,19 +197,26 @@ def quantize_decoder(path: Path, *, options: QuantOptions, dims: ModelDims, gguf
                      activations: dict | None = None) -> QuantReport:
     """Rewrite `path` (decoder.onnx + .data) with quantized MatMuls, in place. `activations`: the matrices'
     inputs on the validation prompt (activation_outliers.matrix_inputs): at level 4, those int8 blocks hurt most
-    keep float32 compute."""
-    model = onnx.load(str(path), load_external_data=True)
+    have input channels computed apart. The float32 weights stay in the file until read, one matrix at a time: the
+    carried ones never all sit in memory (only what is left is loaded, before ORT's quantizer sees it)."""
+    base = str(path.parent)
+    model = onnx.load(str(path), load_external_data=False)
     outliers: dict[str, tuple[int, ...]] = {}
     if activations and options.accuracy_level == 4:
         inits = {t.name: t for t in model.graph.initializer}
         outliers, _ = outlier_channels(activations,
-                                       lambda name: numpy_helper.to_array(inits[name]) if name in inits else None)
+                                       lambda name: read_initializer(inits[name], base) if name in inits else None)
         for name, channels in outliers.items():
             log(f"{name.removesuffix('.weight_t')}: input channels {', '.join(map(str, channels))} computed apart in "
                 f"float32 (int8 blocks of this input hurt most)")
     carried: dict[str, QuantBlocks] = {}
     if gguf is not None and not options.requantize:
-        carried = carried_blocks(GgufTensors(gguf), model, dims, options.wide_blocks)  # at the GGUF's own precision (Q8_0 stays 8-bit)
+        inputs = {name: x for names, x in (activations or {}).items() for name in names}
+        carried = carried_blocks(GgufTensors(gguf), model, dims, options.wide_blocks, base, inputs)
+        wide = [n for n, b in carried.items() if b.bits == 8 and n != LM_HEAD]
+        if options.wide_blocks is WideBlocks.MEASURED and wide:
+            log(f"{len(wide)} matrices keep 8-bit blocks (4 bits would add over {WIDE_RATIO:g}x int8 inputs' error): "
+                f"{', '.join(n.removesuffix('.weight_t') for n in wide)}")  # at the GGUF's own precision (Q8_0 stays 8-bit)
         if options.dtype is WeightDtype.INT8:  # the same values, stored 8-bit (q + 128 − zero, zero point 128)
             carried = {name: blocks.widened() for name, blocks in carried.items()}
         elif options.applied_minimum is not MinimumForm.BLOCK_SUM:
@@ -189,16 +224,17 @@ def quantize_decoder(path: Path, *, options: QuantOptions, dims: ModelDims, gguf
             carried = {name: blocks.with_zero_points(residual=residual) for name, blocks in carried.items()}
     replaced = carry_matmuls(model, carried, accuracy_level=options.accuracy_level,
                              levels={LM_HEAD: options.lm_head_accuracy_level},
-                             fold=options.applied_minimum is MinimumForm.FOLDED, outliers=outliers)
+                             fold=options.applied_minimum is MinimumForm.FOLDED, outliers=outliers, base_dir=base)
     head = carried.get(LM_HEAD)
-    narrowed = _reranked_head(head, options) and options.lm_head_bits == 4 and \
+    narrowed = _reranked_head(head, options) and head_bits(head, options.lm_head_bits) == 4 and \
         narrow_lm_head(model, weight=LM_HEAD, head=head, accuracy_level=options.lm_head_accuracy_level)
     rerank = _rerank_lm_head(model, head, options, scatter=narrowed)
     fuse_skip_norms(model)  # residual add + RMSNorm as one node (export/fuse_norms.py)
     log(f"carried {len(replaced)} GGUF matrices as MatMulNBits "
         f"({', '.join(sorted({b.source_type for b in carried.values()})) or 'none'})")
+    load_external_data_for_model(model, base)  # what is left (norms; every matrix of a model not carried)
     before = {t.name for t in model.graph.initializer}
-    bias_terms = tuple(n.name for n in model.graph.node if n.name.endswith((".BiasMatMul", ".BlockSums", ".OutlierMatMul")))  # keep fp32
+    bias_terms = tuple(n.name for n in model.graph.node if n.name.endswith((".BiasMatMul", ".OutlierMatMul")))  # keep fp32
     model = quantize_matmuls(model, bits=options.dtype.bits, block_size=options.block_size,
                              accuracy_level=options.accuracy_level, exclude=bias_terms)
     quantized = tuple(sorted(before - {t.name for t in model.graph.initializer} - set(replaced)))
@@ -208,6 +244,17 @@ def quantize_decoder(path: Path, *, options: QuantOptions, dims: ModelDims, gguf
     return QuantReport(carried={k: carried[k].source_type for k in replaced}, quantized=quantized,
                        lm_head_rerank=rerank,
                        outlier_channels={n: c for n, c in outliers.items() if n in replaced})
+
+
+HEAD_BITS = {32: 8, 16: 4}  # an 8-bit head's block → the bits its MatMulNBits reads (head_bits)
+
+
+def head_bits(head: QuantBlocks, asked: int | None) -> int:
+    """The LM head's bits when not asked: a Q8_0 head (8-bit blocks of 32, 8.5 bits a weight in the GGUF) stays
+    8-bit; a Q6_K head (carried as 8-bit blocks of 16: 10 bits a weight, the largest matrix a step reads) is read in
+    4 bits, its top k re-ranked from the 8-bit rows. Measured (README "int4"): the 4-bit head cost SmolLM2's Q8_0
+    head +1.2% perplexity, Qwen2.5-Coder-1.5B's Q6_K head +0.1% with the same argmax agreement."""
+    return asked if asked is not None else HEAD_BITS.get(head.block, 8)
 
 
 def _reranked_head(head: QuantBlocks | None, options: QuantOptions) -> bool:

@@ -47,6 +47,7 @@ class QuantizationInfo:
     minimum: str = "block-sum"  # how Q4_1 minima reach MatMulNBits: block-sum | centered | zero-point (export/weights_dtype.py)
     outlier_channels: tuple[tuple[str, int], ...] = ()  # (matrix, input channel) computed apart in float32: int8
     # blocks of those inputs hurt most (export/activation_outliers.py)
+    fp32_compute: tuple[str, ...] = ()  # older exports: whole matrices kept at accuracy level 0 instead
 
 
 class ModelFormat(str, Enum):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 
 from specmemo.errors import SpecMemoError
@@ -21,7 +22,9 @@ class FreshProcessError(SpecMemoError, RuntimeError):
 
 def run_json(module: str, request: dict, *, what: str, fix: str) -> dict:
     """Run `python -m module` with `request` on stdin; its last stdout line, parsed. A failure is a
-    one-line error: `what` failed (the child's last stderr line): `fix`."""
+    one-line error: `what` failed (the child's last stderr line): `fix`. The request carries the wall-clock time
+    the child was started at (`spawned_at`), from which the child reports its load time (`seconds_since_spawn`)."""
+    request = {**request, "spawned_at": time.time()}
     done = subprocess.run([sys.executable, "-m", module], input=json.dumps(request), capture_output=True, text=True)
     lines = done.stdout.strip().splitlines()
     if done.returncode != 0 or not lines:
@@ -31,6 +34,11 @@ def run_json(module: str, request: dict, *, what: str, fix: str) -> dict:
         return json.loads(lines[-1])
     except json.JSONDecodeError:
         raise FreshProcessError(f"{what} printed no JSON result (last line {lines[-1][:100]!r}): {fix}") from None
+
+
+def seconds_since_spawn(request: dict) -> float:
+    """Wall seconds since `run_json` started this process (its interpreter start and imports included)."""
+    return time.time() - request["spawned_at"]
 
 
 def serve_json(handler: Callable[[dict], dict]) -> None:

@@ -51,11 +51,12 @@ def test_run_capacity_by_hand():
 def test_rates_ratios_and_bars_by_hand():
     run = {"turns": [{"token_ids": [1] * 11, "ttft_s": 0.5, "wall_s": 1.5, "accept_lengths": [1] * 10},
                      {"token_ids": [1] * 5, "ttft_s": 0.5, "wall_s": 0.9, "accept_lengths": [2, 2]}],
-           "rss_after_load": 100 * compare.MIB, "peak_rss": 130 * compare.MIB}
+           "rss_after_load": 100 * compare.MIB, "peak_rss": 130 * compare.MIB, "ready_s": 2.5}
     assert compare.e2e_tokens_per_s(run) == pytest.approx(16 / 2.4)
     assert compare.decode_tokens_per_s(run) == pytest.approx(14 / 1.4)
     row = compare.summarize_engine([run], None)
     assert row["generation_memory"] == 30 * compare.MIB and row["mean_accepted"] == pytest.approx(14 / 12)
+    assert row["load_s"] == 2.5
     engines = {"specmemo-controller": {"generation_memory": 30, "e2e_tokens_per_s": 30.0, "decode_tokens_per_s": 40.0,
                                        "peak_rss": 600},
                "pytorch-medusa": {"generation_memory": 100}, "pytorch-medusa-sized": {"generation_memory": 40},

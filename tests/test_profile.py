@@ -18,6 +18,8 @@ def test_profile_accounts_the_decoder_steps(tiny_llama):
     table = format_table(result)
     assert "GroupQueryAttention" in table and "outside session.run" in table
     json.dumps(result)  # the JSON the command writes
+    result["engines"]["llama.cpp"] = {"timed": {"run_ms": 1.5, "rows_per_call": 1}, "profiled": None}
+    assert "llama.cpp            session.run 1.500 ms (1 rows a call)" in format_table(result)  # timed only
 
 
 def test_trace_counts_only_the_last_runs(tmp_path):
@@ -33,7 +35,9 @@ def test_trace_counts_only_the_last_runs(tmp_path):
 def test_components_follow_the_exporters_names():
     assert component("layers.0.qkv.weight_t.BiasMatMul", "MatMul") == "Q4_1 minimum term"
     assert component("mul_3.block_sums.ReduceSum", "ReduceSum") == "Q4_1 minimum term"
-    assert component("mul_3.with_block_sums.BlockSums", "MatMul") == "Q4_1 minimum term"
+    assert component("mul_3.with_block_sums.BlockMeans", "AveragePool") == "Q4_1 minimum term"
+    assert component("mul_3.inliers.Mask", "Mul") == "outlier channels (float32)"
+    assert component("layers.26.up.weight_t.OutlierMatMul", "MatMul") == "outlier channels (float32)"
     assert component("next_token_ids.rerank.TopK", "TopK") == "LM head re-rank"
     assert component("lm_head_t.MatMulNBits", "MatMulNBits") == "LM head"
     assert component("/lm_head/MatMul_Q4", "MatMulNBits") == "LM head"

@@ -237,23 +237,28 @@ def test_centered_minimum_keeps_the_weights_and_halves_the_int8_activation_error
     assert shifted > 5 * centred, (shifted, centred)
 
 
-def test_folded_residual_rides_in_the_same_node():
-    """MinimumForm.FOLDED: the centred residual as two 4-bit digits over the input's block sums, concatenated to x
-    twice: one MatMulNBits per matrix; at level 0 its output is the exact product but for the last digit's step."""
+@pytest.mark.parametrize("digits", [1, 2])
+def test_folded_residual_rides_in_the_same_node(digits):
+    """MinimumForm.FOLDED: the centred residual as 4-bit digits over the input's block means (one AveragePool),
+    concatenated to x: one MatMulNBits per matrix; at level 0 its output is the exact product but for the last
+    digit's step. One digit: K + nb inputs, MatMulNBits zero-padding the last partial block itself."""
     rng = np.random.default_rng(6)
     blocks = decode("Q4_1", raw_blocks("Q4_1", 64, 256, rng)).with_zero_points(residual=True)
     weight = blocks.dequantize()
     model = matmul_model(np.ascontiguousarray(weight.T))
-    carry_matmuls(model, {"w": blocks}, accuracy_level=0, fold=True)
+    carry_matmuls(model, {"w": blocks}, accuracy_level=0, fold=True, digits=digits)
     ops = sorted(n.op_type for n in model.graph.node if n.op_type != "Cast")
-    assert ops == ["Concat", "MatMulNBits", "Pad", "ReduceSum", "Reshape"]  # the block sums read only x
+    assert ops == ["AveragePool", "Concat", "MatMulNBits"] + (["Pad"] if digits > 1 else [])  # reads only x
+    node = next(n for n in model.graph.node if n.op_type == "MatMulNBits")
+    assert helper.get_attribute_value(next(a for a in node.attribute if a.name == "K")) == 256 + (8 if digits == 1 else 64)
     floats = [t for t in model.graph.initializer if t.data_type == TensorProto.FLOAT]
     assert sum(int(np.prod(t.dims)) for t in floats) < 64 * 8  # scales only: no [K, nb] indicator read a step
-    folded = fold_bias(blocks)  # the residuals as the node holds them: two 4-bit digits over the block sums
+    from dataclasses import replace
+    folded = fold_bias(replace(blocks, bias=blocks.bias * 32), digits=digits)  # as the node holds them, over means
     s, z, q = (a.astype(np.float64) for a in (folded.scale[:, 8:], folded.zero[:, 8:], folded.q[:, 256:]))
-    held = (s[:, :, None] * (q.reshape(64, 2, 32) - z[:, :, None])).sum(1)[:, :8]  # [N, nb]
+    held = (s[:, :, None] * (q.reshape(64, digits, 32) - z[:, :, None])).sum(1)[:, :8] / 32  # [N, nb], per sum
     spread = blocks.bias.max(1) - blocks.bias.min(1)
-    assert (np.abs(held - blocks.bias).max(1) <= spread / 200).all()  # one digit alone: spread / 30
+    assert (np.abs(held - blocks.bias).max(1) <= spread / (200 if digits == 2 else 25)).all()
     x = (rng.standard_normal((1, 16, 256)) + 0.5).astype(np.float32)
     y = ort.InferenceSession(model.SerializeToString(), session_options(SessionConfig())).run(None, {"x": x})[0][0]
     sums = x[0].reshape(16, -1, 32).sum(-1).astype(np.float64)  # [T, nb]

@@ -1,5 +1,5 @@
 """The default model exported with --dtype int4 --mobile: the GGUF's own Q4_1/Q8_0 blocks as MatMulNBits at
-accuracy level 4 (Q4_1 minima folded: integer zero points, the residual as two 4-bit digits over the block sums
+accuracy level 4 (Q4_1 minima folded: integer zero points, the residual as a 4-bit digit over the block means
 appended to each input), a float32 KV buffer,
 the LM head's exact re-rank, and the graphs again as .ort.
 
@@ -48,17 +48,16 @@ def test_every_matrix_is_carried_and_the_bytes_are_the_arithmetic(int4):
     d = manifest.dims
     assert manifest.weight_dtype == "int4"
     assert manifest.quantization.carried == ("Q4_1", "Q8_0") and manifest.quantization.quantized == ()
-    # Q4_1 [N, K] folded: K + 2·P inputs (P = K/32 block sums rounded up to 32, twice: two 4-bit digits of the
-    # residual), 4-bit codes, an f16 scale and a 4-bit zero point per block of 32; Q8_0 LM head [V, h]
+    # Q4_1 [N, K] folded: K + K/32 inputs (the block means: one 4-bit digit of the residual), stored as K + P (P =
+    # K/32 rounded up to a block), 4-bit codes, an f16 scale and a 4-bit zero point per block of 32; Q8_0 LM head [V, h]
     layer = [(d.num_heads + 2 * d.num_kv_heads) * d.head_dim, d.hidden_size]  # fused QKV rows, then o_proj
     shapes = [(layer[0], d.hidden_size), (d.hidden_size, d.hidden_size), (d.intermediate_size, d.hidden_size),
               (d.intermediate_size, d.hidden_size), (d.hidden_size, d.intermediate_size)]
-    wide = lambda k: k + 2 * -(-(k // 32) // 32) * 32  # noqa: E731
+    wide = lambda k: k + -(-(k // 32) // 32) * 32  # noqa: E731
     q4_1 = sum(n * wide(k) // 2 + (n * wide(k) // 32) * 2 + n * -(-(wide(k) // 32) // 2) for n, k in shapes) * d.num_layers
     q8_0 = d.vocab_size * d.hidden_size + d.vocab_size * (d.hidden_size // 32) * 2
     stored = (artifact / manifest.decoder_data_file).stat().st_size
-    indicators = 4 * sum({k: k * (wide(k) - k) for _, k in shapes}.values())  # fp32 0/1 [K, 2·P], one per width K
-    assert q4_1 + q8_0 + indicators <= stored <= (q4_1 + q8_0 + indicators) * 1.005 + (1 << 20)  # + norms, rotary table
+    assert q4_1 + q8_0 <= stored <= (q4_1 + q8_0) * 1.005 + (1 << 20)  # + norms, rotary table: no [K, P] constants
     assert not (artifact / "embedding.bin").exists()  # the embedding is the LM head's rows
 
 

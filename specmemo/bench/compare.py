@@ -177,6 +177,7 @@ def summarize_engine(runs: list[dict], reference: list[dict] | None, greedy: lis
         "ttft_ms": 1000 * med(t["ttft_s"] for r in runs for t in r["turns"]),
         "mean_accepted": sum(accepted) / len(accepted) if accepted else 1.0,
         "rss_after_load": med(r["rss_after_load"] for r in runs),
+        "load_s": med(r["ready_s"] for r in runs),  # process start to a first reply's first token
         "peak_rss": med(r["peak_rss"] for r in runs),
         "generation_memory": med(r["peak_rss"] - r["rss_after_load"] for r in runs),
         "new_tokens": sum(len(t["token_ids"]) for t in runs[0]["turns"]),
@@ -315,9 +316,9 @@ def isa() -> str:
 
 def format_table(summary: dict) -> str:
     """The markdown table (stdout and the report)."""
-    head = ("| engine | decode tok/s | e2e tok/s | TTFT ms | accepted/step | RSS after load MiB | peak RSS MiB "
+    head = ("| engine | decode tok/s | e2e tok/s | TTFT ms | load s | accepted/step | RSS after load MiB | peak RSS MiB "
             "| generation MiB | KV C (MiB) | arena MiB (model) | same as HF | same as own greedy |")
-    lines = [head, "|" + "---|" * 12]
+    lines = [head, "|" + "---|" * 13]
     for name, e in summary["engines"].items():
         kv = f"{e['capacity']} ({e['kv_bytes'] / MIB:.1f})" if "kv_bytes" in e else "–"
         arena = (f"{e['arena_bytes'] / MIB:.1f} ({e['predicted_generation'] / MIB:.1f})" if "arena_bytes" in e
@@ -326,7 +327,7 @@ def format_table(summary: dict) -> str:
         own = f"{e['identical_to_greedy']}/{e['greedy_prompts']}" if "greedy_prompts" in e else "–"
         label = f"{name} ({e['drafter']})" if e.get("drafter") else name
         lines.append(f"| {label} | {e['decode_tokens_per_s']:.1f} | {e['e2e_tokens_per_s']:.1f} | {e['ttft_ms']:.0f} "
-                     f"| {e['mean_accepted']:.2f} | {e['rss_after_load'] / MIB:.0f} | {e['peak_rss'] / MIB:.0f} "
+                     f"| {e['load_s']:.1f} | {e['mean_accepted']:.2f} | {e['rss_after_load'] / MIB:.0f} | {e['peak_rss'] / MIB:.0f} "
                      f"| {e['generation_memory'] / MIB:.1f} | {kv} | {arena} | {same} | {own} |")
     lines.append("")
     for name, bar in summary["bars"].items():

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from specmemo.runtime.measured import memory_calibration
 from specmemo.runtime.engine import EngineConfig, Mode, open_engine
-from specmemo.runtime.fresh_process import serve_json
+from specmemo.runtime.fresh_process import seconds_since_spawn, serve_json
 from specmemo.runtime.memory import footprint
 from specmemo.runtime.rss import peak_rss_bytes, reset_peak_rss, rss_bytes
 
@@ -50,11 +50,13 @@ def run_specmemo(request: dict) -> dict:
                 "accept_lengths": stats.accept_lengths, "tree_sizes": stats.tree_sizes, "kv_used": stats.kv_used}
 
     prompts, limit = request["prompts"], request["max_new_tokens"]
-    reply(prompts[0], WARM_UP_TOKENS)  # the arena is already allocated: this touches ORT's run state only
+    warm_start = seconds_since_spawn(request)
+    warm = reply(prompts[0], WARM_UP_TOKENS)
+    ready_s = warm_start + warm["ttft_s"]  # process start to the first token of a first reply
     turns = [reply(prompt, limit) for prompt in prompts]
     for turn in turns:
         del turn["kv_used"]
-    result = {"engine": request["engine"], "rss_after_load": session.rss_after_load, "turns": turns}
+    result = {"engine": request["engine"], "rss_after_load": session.rss_after_load, "turns": turns, "ready_s": ready_s}
     if request["engine"] == "specmemo-controller" and request.get("trace_tokens"):
         new = min(request["trace_tokens"], session.kv.capacity - len(prompts[0]) - 1)
         trace = reply(prompts[0], new, ignore_eos=True)
@@ -86,9 +88,12 @@ def run_genai(request: dict) -> dict:
                 "wall_s": time.perf_counter() - started, "accept_lengths": [1] * max(0, len(tokens) - 1)}
 
     prompts = request["prompts"]
-    reply(prompts[0], WARM_UP_TOKENS)
+    warm_start = seconds_since_spawn(request)
+    warm = reply(prompts[0], WARM_UP_TOKENS)
+    ready_s = warm_start + warm["ttft_s"]  # process start to the first token of a first reply
     turns = [reply(prompt, request["max_new_tokens"]) for prompt in prompts]
-    return {"engine": request["engine"], "rss_after_load": after_load, "peak_rss": peak_rss_bytes(), "turns": turns}
+    return {"engine": request["engine"], "rss_after_load": after_load, "peak_rss": peak_rss_bytes(), "turns": turns,
+            "ready_s": ready_s}
 
 
 def run(request: dict) -> dict:

@@ -41,8 +41,9 @@ def genai_precision(weight_dtype: str) -> str:
     return "int4" if weight_dtype == "int4" else "fp32"
 
 
-def genai_model_dir(model: str, precision: str = "fp32") -> Path:
-    """The ONNX Runtime GenAI model for `model`, built once with its model builder (cached)."""
+def genai_model_dir(model: str, precision: str = "fp32", *, algorithm: str = "default") -> Path:
+    """The ONNX Runtime GenAI model for `model`, built once with its model builder (cached); `algorithm`: the
+    builder's int4 algo_config (default: its own default, symmetric RTN)."""
     try:
         import onnxruntime_genai  # noqa: F401
     except ImportError:
@@ -50,14 +51,16 @@ def genai_model_dir(model: str, precision: str = "fp32") -> Path:
     from specmemo.export.load import resolve_model  # the same HF folder our export reads
 
     resolved = resolve_model(model)
-    out = cache_root() / "genai" / f"{resolved.hf_folder.name}-{precision}"
+    out = cache_root() / "genai" / (f"{resolved.hf_folder.name}-{precision}" + ("" if algorithm == "default" else f"-{algorithm}"))
     if (out / "genai_config.json").is_file():
         return out
     staging = out.with_name(out.name + ".partial")
     shutil.rmtree(staging, ignore_errors=True)
     command = [sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(resolved.hf_folder),
                "-o", str(staging), "-p", precision, "-e", "cpu", "-c", str(staging / "cache")]
-    print(f"building the ONNX Runtime GenAI {precision} model (once) ...", flush=True)
+    if algorithm != "default":
+        command += ["--extra_options", f"algo_config={algorithm}"]
+    print(f"building the ONNX Runtime GenAI {precision} model ({algorithm}, once) ...", flush=True)
     done = subprocess.run(command, capture_output=True, text=True)
     if done.returncode != 0 or not (staging / "genai_config.json").is_file():
         tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no output"]

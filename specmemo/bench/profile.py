@@ -35,6 +35,7 @@ class ProfileConfig:
     steps: int = 64
     threads: int = 2
     genai_dir: Path | None = None  # GenAI model folder (its model.onnx) for the peer columns
+    gguf: Path | None = None  # the model's GGUF for llama.cpp's timed steps beside ours (no per-op account)
 
     def __post_init__(self) -> None:
         if self.context < 2 or self.steps < 8:
@@ -45,6 +46,8 @@ def component(node: str, op: str) -> str:
     """The part of the model a node of ours belongs to, from the names the exporter gives them."""
     if any(part in node for part in (".BiasMatMul", ".BiasAdd", ".block_sums", ".with_block_sums")):
         return "Q4_1 minimum term"
+    if any(part in node for part in (".inliers", ".outliers", ".Outlier")):
+        return "outlier channels (float32)"
     if ".rerank" in node:
         return "LM head re-rank"
     if "lm_head" in node:
@@ -176,6 +179,24 @@ def _genai_pass(config: ProfileConfig, *, profile: bool) -> dict:
     return out
 
 
+def _llama_cpp_pass(config: ProfileConfig, *, profile: bool) -> dict | None:
+    """llama.cpp's one-token decode on the same past length (its own timing, from Python: eval of one token);
+    no operator account (profile: None)."""
+    if profile:
+        return None
+    import llama_cpp
+
+    model = llama_cpp.Llama(str(config.gguf), n_threads=config.threads, n_threads_batch=config.threads,
+                            n_ctx=config.context + config.steps + WARMUP_STEPS + 8, n_batch=512, verbose=False)
+    model.eval(_prompt(model.n_vocab(), config.context))
+    times = []
+    for i in range(config.steps + WARMUP_STEPS):
+        started = time.perf_counter()
+        model.eval([1000 + i])
+        times.append(time.perf_counter() - started)
+    return {"run_ms": 1e3 * statistics.median(times[WARMUP_STEPS:]), "rows_per_call": 1}
+
+
 def run_profile(config: ProfileConfig, *, log=print) -> dict:
     """Timed then profiled passes for ours (and the peer's), each in this process one after another."""
     from specmemo.runtime.manifest import load_manifest
@@ -184,6 +205,8 @@ def run_profile(config: ProfileConfig, *, log=print) -> dict:
     engines = {"specmemo": _decode_pass}
     if config.genai_dir is not None:
         engines["onnxruntime-genai"] = _genai_pass
+    if config.gguf is not None:
+        engines["llama.cpp"] = _llama_cpp_pass
     from specmemo.bench.compare import machine_info
 
     result = {"config": {k: str(v) if isinstance(v, Path) else v for k, v in asdict(config).items()},
@@ -194,8 +217,8 @@ def run_profile(config: ProfileConfig, *, log=print) -> dict:
     for name, measure in engines.items():
         log(f"{name}: timed pass ({config.steps} steps at {config.context} past positions) ...")
         timed = measure(config, profile=False)
-        log(f"{name}: profiled pass ...")
-        profiled = measure(config, profile=True)
+        profiled = None if name == "llama.cpp" else measure(config, profile=True)
+        log(f"{name}: profiled pass ..." if profiled is not None else f"{name}: timed only")
         result["engines"][name] = {"timed": timed, "profiled": profiled}
     return result
 
@@ -208,7 +231,7 @@ def format_table(result: dict) -> str:
     """Op types (and components) as rows, ms per step per engine as columns, plus the timed totals."""
     steps = result["config"]["steps"]
     engines = result["engines"]
-    names = list(engines)
+    names = [name for name in engines if engines[name]["profiled"] is not None]  # llama.cpp: timed only
     lines = []
     for key, title in (("by_component", "component / op type"), ("by_op", "op type")):
         rows: dict[str, dict[str, float]] = defaultdict(dict)
@@ -228,7 +251,7 @@ def format_table(result: dict) -> str:
     machine = result.get("machine", {})
     lines.append(f"timed pass, no profiler (median ms per one-token step; {machine.get('cpu', '?')}, "
                  f"{machine.get('isa', '?')}, {machine.get('threads', '?')} threads):")
-    for name in names:
+    for name in engines:
         t = engines[name]["timed"]
         extra = f", outside session.run {t['host_ms']:.3f} (wall {t['wall_ms']:.3f})" if "host_ms" in t else ""
         lines.append(f"  {name:<20} session.run {t['run_ms']:.3f} ms ({t['rows_per_call']} rows a call){extra}")

@@ -196,31 +196,51 @@ def quality_peers(model: str, names: list[str]) -> tuple:
     return tuple(peers)
 
 
-def measure(reference: Path, artifacts: list[Path], *, prompts: int, max_new_tokens: int, threads: int,
-            out: Path | None, peers: tuple = (), conversations: int = HELD_OUT) -> list[Quality]:
+def reference_prompts(reference: Path, prompts: int, threads: int) -> tuple[list[list[int]], list[int]]:
+    """The first `prompts` MT-Bench first turns in the reference's chat template, and its stop ids."""
     from specmemo.datasets import load_questions
+    from specmemo.runtime.manifest import load_manifest
+    from specmemo.runtime.tokenizer import ChatTokenizer
 
-    ref = open_greedy(reference, threads)
+    tokenizer = ChatTokenizer(reference, load_manifest(reference))
     questions = [q.turns[0] for q in load_questions()[:prompts]]
-    prompt_ids = [ref.tokenizer.encode_chat([Message("user", q)]) for q in questions]
+    return [tokenizer.encode_chat([Message("user", q)]) for q in questions], sorted(tokenizer.eos_token_ids)
+
+
+def measure_points(reference: Path, openers: list[tuple[str | None, object]], *, prompts: int, max_new_tokens: int,
+                   threads: int, conversations: int = HELD_OUT) -> list[Quality]:
+    """The reference itself, then each (name or None for the engine's own, threads → teacher-forced engine), one
+    open at a time: agreement with the reference's greedy replies, perplexity of held-out replies."""
+    prompt_ids, _ = reference_prompts(reference, prompts, threads)
+    ref = open_greedy(reference, threads)
     replies = reference_replies(ref, prompt_ids, max_new_tokens)
     texts = held_out_texts(ref.tokenizer, conversations)
     del ref
     results = []
-    openers = [lambda threads, a=a: ArtifactForced(a, threads) for a in (reference, *artifacts)] + list(peers)
-    for opener in tqdm(openers, desc="teacher-forced", unit="engine", leave=False):  # one open at a time
+    every = [(None, lambda threads: ArtifactForced(reference, threads)), *openers]
+    for name, opener in tqdm(every, desc="teacher-forced", unit="engine", leave=False):
         forced = opener(threads)
         agree, positions = agreement(forced, prompt_ids, replies)
         ppl, tokens = perplexity(forced, texts)
-        results.append(Quality(artifact=forced.name, weight_dtype=forced.weight_dtype, size_mb=round(forced.size_mb, 1),
-                               agreement=agree, positions=positions, perplexity=ppl, ppl_tokens=tokens))
+        results.append(Quality(artifact=name or forced.name, weight_dtype=forced.weight_dtype,
+                               size_mb=round(forced.size_mb, 1), agreement=agree, positions=positions, perplexity=ppl,
+                               ppl_tokens=tokens))
         del forced
+    return results
+
+
+def measure(reference: Path, artifacts: list[Path], *, prompts: int, max_new_tokens: int, threads: int,
+            out: Path | None, peers: tuple = (), conversations: int = HELD_OUT) -> list[Quality]:
+    openers = [(None, lambda threads, a=a: ArtifactForced(a, threads)) for a in artifacts] + [(None, p) for p in peers]
+    results = measure_points(reference, openers, prompts=prompts, max_new_tokens=max_new_tokens, threads=threads,
+                             conversations=conversations)
     if out is not None:
         from specmemo.bench.compare import machine_info
 
         out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps({"machine": machine_info(threads), "reference": str(reference), "prompts": prompts, "max_new_tokens": max_new_tokens,
-                                   "conversations": conversations, "threads": threads, "results": [asdict(r) for r in results]}, indent=2) + "\n")
+        out.write_text(json.dumps({"machine": machine_info(threads), "reference": str(reference), "prompts": prompts,
+                                   "max_new_tokens": max_new_tokens, "conversations": conversations,
+                                   "threads": threads, "results": [asdict(r) for r in results]}, indent=2) + "\n")
     return results
 
 

@@ -7,6 +7,8 @@ import json
 from pathlib import Path
 
 from specmemo.cli.bench_vllm import add_vllm_parser
+from specmemo.cli.bench_front import add_front_parser
+from specmemo.cli.bench_profile import add_profile_parser
 from specmemo.cli.options import add_artifact, add_mode, add_profile_options, apply_profile, positive, sizes_list
 from specmemo.console import log_stderr
 
@@ -144,23 +146,6 @@ def add_parser(sub) -> None:
     b.add_argument("--json", type=Path, default=Path("results") / "bench-chat.json", help="where to write JSON")
     b.set_defaults(handler=cmd_bench_chat)
 
-    b = bench.add_parser("profile", help="where a decode step's time goes, op type by op type, beside GenAI's graph",
-                         description="Greedy one-token steps on a fixed prompt: a timed pass (ms per step inside "
-                                     "session.run and outside it: Python, binding, numpy) and a pass under ONNX "
-                                     "Runtime's profiler (kernel ms per step by op type, and by component: the Q4_1 "
-                                     "minimum term, the LM head, its re-rank). --peer genai runs ONNX Runtime GenAI's "
-                                     "own model.onnx (built offline by its builder at the artifact's weight dtype) "
-                                     "with plain ONNX Runtime on the same past length, profiled the same way. Prints a "
-                                     "table, writes JSON.",
-                         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    add_artifact(b)
-    b.add_argument("--peer", choices=("genai", "none"), default="genai", help="the graph profiled beside ours")
-    b.add_argument("--context", type=positive, default=200, help="past positions before the measured steps")
-    b.add_argument("--steps", type=positive, default=64, help="measured steps per pass")
-    b.add_argument("--threads", type=positive, default=2)
-    b.add_argument("--json", type=Path, default=Path("results") / "bench-profile.json", help="where to write JSON")
-    b.set_defaults(handler=cmd_bench_profile)
-
     b = bench.add_parser("quality", help="what a weight dtype does to the model: argmax agreement, perplexity, size",
                          description="Against a reference artifact (the float32 export): the reference's greedy "
                                      "replies to the first --prompts MT-Bench questions, then for the reference and "
@@ -183,6 +168,8 @@ def add_parser(sub) -> None:
     b.set_defaults(handler=cmd_bench_quality)
 
     add_vllm_parser(bench)
+    add_front_parser(bench)
+    add_profile_parser(bench)
 
     b = bench.add_parser("harness", help="lm-evaluation-harness through serve's /v1/completions vs a direct greedy run",
                          description="Start `specmemo serve` (with an API key) on loopback and run EleutherAI's "
@@ -223,25 +210,6 @@ def cmd_bench_quality(args: argparse.Namespace) -> int:
                       threads=args.threads, out=args.json, peers=peers, conversations=args.conversations)
     print(table(results))
     print(f"wrote {args.json}")
-    return 0
-
-
-def cmd_bench_profile(args: argparse.Namespace) -> int:
-    from specmemo.bench.profile import ProfileConfig, format_table, run_profile
-    from specmemo.bench.step import write_json
-    from specmemo.runtime.manifest import load_manifest
-
-    genai_dir = None
-    if args.peer == "genai":
-        from specmemo.bench.peers import genai_model_dir, genai_precision
-
-        manifest = load_manifest(args.artifact)
-        genai_dir = genai_model_dir(manifest.source_model, genai_precision(manifest.weight_dtype))
-    config = ProfileConfig(artifact=args.artifact, context=args.context, steps=args.steps, threads=args.threads,
-                           genai_dir=genai_dir)
-    result = run_profile(config, log=log_stderr)
-    print(format_table(result))
-    print(f"wrote {write_json(result, args.json)}")
     return 0
 
 

@@ -71,14 +71,15 @@ def add_parser(sub) -> None:
                         "far from fp32; the graph's greedy token then re-ranks the top K of those logits exactly "
                         "from the head's own rows (0 turns it off; default 8)")
     p.add_argument("--lm-head-bits", type=int, choices=(4, 8), default=None,
-                   help="an 8-bit GGUF LM head (Q8_0) as MatMulNBits: 4 re-quantizes it for the logits (half the bytes a "
-                        "step), and the re-rank scores its top K exactly from the 8-bit rows, both the greedy pick and "
-                        "those K logits, the rest stay 4-bit: on SmolLM2 (K 32) -13 MiB peak RSS and ~3%% a step, but "
-                        "perplexity +1.2%% against +0.2%% with the 8-bit head; 8 keeps the GGUF's head (default 8)")
-    p.add_argument("--wide-blocks", choices=["8-bit", "4-bit"], default=None,
+                   help="an 8-bit GGUF LM head as MatMulNBits: 4 re-quantizes it for the logits (half the bytes a "
+                        "step) and the re-rank scores its top K exactly from the 8-bit rows, both the greedy pick and "
+                        "those K logits; 8 keeps the GGUF's head. Default: 4 for a Q6_K head (8-bit blocks of 16, the "
+                        "largest matrix a step reads), 8 for a Q8_0 head (SmolLM2: 4 bits cost +1.2%% perplexity)")
+    p.add_argument("--wide-blocks", choices=["auto", "8-bit", "4-bit"], default=None,
                    help="the body's 8-bit GGUF matrices (Q4_K_M's Q6_K V and down projections, Q5_0/Q8_0): 8-bit "
                         "keeps the GGUF's blocks; 4-bit re-quantizes them to the Q4_1 form, half the bytes a step, "
-                        "the weights moved by up to half a step (default 8-bit)")
+                        "the weights moved by up to half a step; auto (default) takes 4 bits for a matrix where that "
+                        "adds less error on the validation prompt's real inputs than level 4's int8 inputs already do")
     p.add_argument("--kv-dtype", choices=["float32", "float16"], default=None,
                    help="the KV buffer's elements: float16 halves the largest memory use after the weights "
                         "(attention then computes in float16, and the artifact verifies chains only; see README "
@@ -168,8 +169,8 @@ def cmd_export(args: argparse.Namespace) -> int:
     quant = QuantOptions(dtype=WeightDtype(args.dtype or "float32"), block_size=args.block_size,
                          requantize=args.requantize, lm_head_rerank=args.lm_head_rerank,
                          minimum=MinimumForm(args.minimum or ("block-sum" if args.exact else "folded")),
-                         lm_head_bits=args.lm_head_bits or 8,
-                         wide_blocks=WideBlocks(args.wide_blocks or "8-bit"),
+                         lm_head_bits=args.lm_head_bits,
+                         wide_blocks=WideBlocks(args.wide_blocks or "auto"),
                          accuracy_level=args.accuracy_level if args.accuracy_level is not None
                          else 0 if args.exact and args.dtype != "int8" else 4)
     out = args.out or default_artifact(args.model, quant.dtype.value)

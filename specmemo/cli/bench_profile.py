@@ -1,0 +1,55 @@
+"""`specmemo bench profile`: where a decode step's time goes, beside GenAI's graph and llama.cpp (work in
+specmemo/bench/profile.py)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from specmemo.cli.options import add_artifact, positive
+from specmemo.console import log_stderr
+
+
+def add_profile_parser(bench) -> None:
+    b = bench.add_parser("profile", help="where a decode step's time goes, op type by op type, beside GenAI's graph",
+                         description="Greedy one-token steps on a fixed prompt: a timed pass (ms per step inside "
+                                     "session.run and outside it: Python, binding, numpy) and a pass under ONNX "
+                                     "Runtime's profiler (kernel ms per step by op type, and by component: the Q4_1 "
+                                     "minimum term, the LM head, its re-rank). --peer genai runs ONNX Runtime GenAI's "
+                                     "own model.onnx (built offline by its builder at the artifact's weight dtype) "
+                                     "with plain ONNX Runtime on the same past length, profiled the same way; "
+                                     "--llama-cpp times llama.cpp's steps on the model's GGUF. Prints a table, "
+                                     "writes JSON.",
+                         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    add_artifact(b)
+    b.add_argument("--peer", choices=("genai", "none"), default="genai", help="the graph profiled beside ours")
+    b.add_argument("--llama-cpp", action="store_true",
+                   help="also time llama.cpp's one-token steps on the model's own GGUF (make peers-setup)")
+    b.add_argument("--context", type=positive, default=200, help="past positions before the measured steps")
+    b.add_argument("--steps", type=positive, default=64, help="measured steps per pass")
+    b.add_argument("--threads", type=positive, default=2)
+    b.add_argument("--json", type=Path, default=Path("results") / "bench-profile.json", help="where to write JSON")
+    b.set_defaults(handler=cmd_bench_profile)
+
+
+def cmd_bench_profile(args: argparse.Namespace) -> int:
+    from specmemo.bench.profile import ProfileConfig, format_table, run_profile
+    from specmemo.bench.step import write_json
+    from specmemo.runtime.manifest import load_manifest
+
+    genai_dir, gguf = None, None
+    manifest = load_manifest(args.artifact)
+    if args.peer == "genai":
+        from specmemo.bench.peers import genai_model_dir, genai_precision
+
+        genai_dir = genai_model_dir(manifest.source_model, genai_precision(manifest.weight_dtype))
+    if args.llama_cpp:
+        from specmemo.bench.peers import gguf_file
+
+        gguf = gguf_file(manifest.source_model)
+    config = ProfileConfig(artifact=args.artifact, context=args.context, steps=args.steps, threads=args.threads,
+                           genai_dir=genai_dir, gguf=gguf)
+    result = run_profile(config, log=log_stderr)
+    print(format_table(result))
+    print(f"wrote {write_json(result, args.json)}")
+    return 0
