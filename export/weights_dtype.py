@@ -28,7 +28,7 @@ from specmemo.errors import ConfigError
 from specmemo.export.fuse_norms import fuse_skip_norms
 from specmemo.export.activation_outliers import outlier_channels
 from specmemo.export.gguf_weights import (GgufTensors, GgufWeightsError, QuantBlocks, carry, llama_rotary_order,
-                                          q4_1_blocks, stack)
+                                          q4_1_blocks, q8_0_blocks, stack)
 from specmemo.export.quantize import (carry_matmuls, gemms_as_matmuls, narrow_lm_head, quantize_matmuls, read_initializer,
                                       rerank_argmax)
 from specmemo.runtime.io_spec import NEXT_TOKEN_IDS
@@ -64,20 +64,19 @@ class MinimumForm(str, Enum):
 
 class WideBlocks(str, Enum):
     """What becomes of the decoder's 8-bit GGUF matrices (Q4_K_M's Q6_K V and down projections, a Q5_0 or Q8_0 in
-    the body): MatMulNBits reads an 8-bit block of 16 at twice the time of a 4-bit block of 32, and a Q6_K V beside
-    Q4_K Q and K turns the whole fused QKV into 8-bit blocks of 16 (gguf_weights.common_form). The LM head is not
-    one of them (QuantOptions.lm_head_bits)."""
+    the body): a Q6_K matrix is carried as 8-bit blocks of 16, which MatMulNBits reads in twice a 4-bit matrix's
+    time, and a Q6_K V beside Q4_K Q and K turns the whole fused QKV into that form (gguf_weights.common_form).
+    The LM head is not one of them (QuantOptions.lm_head_bits). Measured on Qwen2.5-Coder-1.5B: README "int4"."""
 
-    CARRIED = "8-bit"  # the GGUF's own blocks, widened to 8 bits
-    Q4_1 = "4-bit"  # re-quantized to the Q4_1 form (gguf_weights.q4_1_blocks): the Q4_K route beside them
-    MEASURED = "auto"  # per matrix: 4-bit where the error it adds is within WIDE_RATIO of level 4's own (narrow_enough)
+    CARRIED = "carried"  # the GGUF's own blocks, widened to 8 bits: its weights exactly
+    Q8_0 = "8-bit"  # re-blocked to 8-bit blocks of 32 (gguf_weights.q8_0_blocks): each weight moves by <= d/2
+    Q4_1 = "4-bit"  # re-quantized to the Q4_1 form (gguf_weights.q4_1_blocks): the Q4_K route, half the bytes
 
-
-# A wide matrix is read in 4 bits where the error the 4 bits add on its real inputs is at most this many times what
-# level 4's int8 input blocks already add to it. The ratio spreads with no gap over Qwen2.5-Coder-1.5B's Q6_K
-# matrices; V projections sit at the top (and keeping one costs little: Q|K|V is a small matrix), down projections
-# lower (the largest: each kept one costs a 4-bit down projection's time again). docs/profile/qwen15.md.
-WIDE_RATIO = 10.0
+    def narrowed(self, part: QuantBlocks) -> QuantBlocks:
+        """A carried part as this form reads it (parts that are not 8-bit stay as they are)."""
+        if part.bits != 8 or self is WideBlocks.CARRIED or (self is WideBlocks.Q8_0 and part.block >= 32):
+            return part
+        return q4_1_blocks(part) if self is WideBlocks.Q4_1 else q8_0_blocks(part)
 
 
 @dataclass(frozen=True)
@@ -91,7 +90,7 @@ class QuantOptions:
     minimum: MinimumForm = MinimumForm.FOLDED  # of Q4_1 blocks (--exact: BLOCK_SUM); int8: applied_minimum
     lm_head_bits: int | None = None  # an 8-bit GGUF head's MatMulNBits: 8 as carried, 4 half the bytes with the top k
     # re-ranked exactly from the 8-bit rows; None: head_bits() decides by the head's blocks
-    wide_blocks: WideBlocks = WideBlocks.MEASURED  # the body's 8-bit GGUF matrices
+    wide_blocks: WideBlocks = WideBlocks.Q8_0  # the body's 8-bit GGUF matrices
 
     @property
     def applied_minimum(self) -> MinimumForm:
@@ -146,27 +145,11 @@ def _row_orders(tensor: str, rows: int, dims: ModelDims) -> list[np.ndarray]:
     return orders
 
 
-def narrow_enough(wide: QuantBlocks, narrow: QuantBlocks, x: np.ndarray | None) -> bool:
-    """Whether an 8-bit matrix may be read as its 4-bit re-quantization: on its real inputs x [P, K] (the
-    validation prompt through the float32 model), the error the 4 bits add, max |x·(W4 − W)ᵀ|, is at most
-    WIDE_RATIO times what level 4's int8 input blocks already add to the same matrix, max |(Q8(x) − x)·Wᵀ|.
-    No inputs: no."""
-    if x is None:
-        return False
-    from specmemo.export.activation_outliers import int8_blocks
-
-    w = wide.dequantize()
-    added = float(np.abs(x @ (narrow.dequantize() - w).T).max())
-    return added <= WIDE_RATIO * float(np.abs((int8_blocks(x) - x) @ w.T).max())
-
-
 def carried_blocks(gguf: GgufTensors, model: onnx.ModelProto, dims: ModelDims,
-                   wide: WideBlocks = WideBlocks.CARRIED, base_dir: str = "",
-                   inputs: dict[str, np.ndarray] | None = None) -> dict[str, QuantBlocks]:
+                   wide: WideBlocks = WideBlocks.CARRIED, base_dir: str = "") -> dict[str, QuantBlocks]:
     """The decoder's matrices as the GGUF's own blocks, each checked against the traced fp32 weight (`wide`:
     what becomes of the body's 8-bit ones). Matrices whose GGUF type is not carried are left out (they are
-    re-quantized). `base_dir`: where the model's external data lies (weights are read one at a time); `inputs`:
-    each matrix's input rows, for WideBlocks.MEASURED."""
+    re-quantized). `base_dir`: where the model's external data lies (weights are read one at a time)."""
     inits = {t.name: t for t in model.graph.initializer}
     out = {}
     for name, tensors in gguf_names(dims).items():
@@ -185,10 +168,8 @@ def carried_blocks(gguf: GgufTensors, model: onnx.ModelProto, dims: ModelDims,
             checked.append(carry(part, reference[row:row + rows], name=f"{name} ({tensor})",
                                  orders=_row_orders(tensor, rows, dims)))
             row += rows
-        if wide is not WideBlocks.CARRIED and name != LM_HEAD:
-            narrow = [q4_1_blocks(part) if part.bits == 8 else part for part in checked]
-            checked = [n if wide is WideBlocks.Q4_1 or n is p or narrow_enough(p, n, (inputs or {}).get(name)) else p
-                       for p, n in zip(checked, narrow)]
+        if name != LM_HEAD:
+            checked = [wide.narrowed(part) for part in checked]
         out[name] = stack(checked)  # parts of different types (Q4_K_M's Q6_K V beside Q4_K Q, K) in one common form
     return out
 
@@ -211,12 +192,7 @@ def quantize_decoder(path: Path, *, options: QuantOptions, dims: ModelDims, gguf
                 f"float32 (int8 blocks of this input hurt most)")
     carried: dict[str, QuantBlocks] = {}
     if gguf is not None and not options.requantize:
-        inputs = {name: x for names, x in (activations or {}).items() for name in names}
-        carried = carried_blocks(GgufTensors(gguf), model, dims, options.wide_blocks, base, inputs)
-        wide = [n for n, b in carried.items() if b.bits == 8 and n != LM_HEAD]
-        if options.wide_blocks is WideBlocks.MEASURED and wide:
-            log(f"{len(wide)} matrices keep 8-bit blocks (4 bits would add over {WIDE_RATIO:g}x int8 inputs' error): "
-                f"{', '.join(n.removesuffix('.weight_t') for n in wide)}")  # at the GGUF's own precision (Q8_0 stays 8-bit)
+        carried = carried_blocks(GgufTensors(gguf), model, dims, options.wide_blocks, base)  # at the GGUF's own precision (Q8_0 stays 8-bit)
         if options.dtype is WeightDtype.INT8:  # the same values, stored 8-bit (q + 128 − zero, zero point 128)
             carried = {name: blocks.widened() for name, blocks in carried.items()}
         elif options.applied_minimum is not MinimumForm.BLOCK_SUM:
