@@ -1,11 +1,12 @@
 """`specmemo bench front`: its settings refused in one line, each point's engine request, and the table and plot
 from a summary (the measurements themselves are compare.py's and quality.py's, tested there)."""
 
+import json
 from pathlib import Path
 
 import pytest
 
-from specmemo.bench.front import FrontConfig, _speed_request, format_table, plot_front
+from specmemo.bench.front import FrontConfig, _speed_request, config_json, format_table, plot_front
 from specmemo.errors import ConfigError
 
 
@@ -23,6 +24,12 @@ def test_each_point_runs_its_own_engine_greedy():
     assert request["max_new_tokens"] == 7 and request["drafter"] is None
     assert _speed_request("genai", "g", [[1]], [0], config)["genai_dir"] == "g"
     assert _speed_request("llama.cpp", "m.gguf", [[1]], [0], config)["gguf"] == "m.gguf"
+
+
+def test_settings_are_written_as_json():
+    config = FrontConfig(reference=Path("ref"), artifacts=(Path("a"), Path("b")), genai=("rtn",))
+    written = json.loads(json.dumps(config_json(config)))
+    assert written["artifacts"] == ["a", "b"] and written["reference"] == "ref" and written["genai"] == ["rtn"]
 
 
 def test_table_and_plot(tmp_path):

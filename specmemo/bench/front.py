@@ -139,13 +139,21 @@ def run_front(config: FrontConfig, *, log=print) -> dict:
                             agreement=quality.agreement, perplexity=quality.perplexity,
                             perplexity_increase=quality.perplexity / reference.perplexity - 1, size_mb=quality.size_mb,
                             source=source, settings=settings))
-    summary = {"machine": machine_info(config.threads), "config": {k: str(v) if isinstance(v, Path) else v
-                                                                   for k, v in asdict(config).items()},
+    summary = {"machine": machine_info(config.threads), "config": config_json(config),
                "reference": asdict(reference), "points": [asdict(p) for p in points]}
     config.out.mkdir(parents=True, exist_ok=True)
-    (config.out / "front.json").write_text(json.dumps(summary, indent=2, default=list) + "\n")
+    (config.out / "front.json").write_text(json.dumps(summary, indent=2) + "\n")
     plot_front(summary, config.out / "front.png")
     return summary
+
+
+def config_json(config: FrontConfig) -> dict:
+    """The settings as JSON values (paths as strings, tuples as lists)."""
+    def plain(value):
+        if isinstance(value, Path):
+            return str(value)
+        return [plain(v) for v in value] if isinstance(value, (tuple, list)) else value
+    return {key: plain(value) for key, value in asdict(config).items()}
 
 
 def format_table(summary: dict) -> str:
