@@ -22,17 +22,25 @@ def test_int8_blocks_keep_plain_rows_and_crush_a_row_with_a_massive_activation()
     assert lost.max() > 0.3 and np.abs(int8_blocks(sink) - sink)[0, INPUT_BLOCK:].max() < 0.02  # only its own block
 
 
-def test_only_the_matrices_reading_an_outlier_input_keep_float32_and_all_readers_of_that_input_do():
+def ten_mlps(outliers: dict[tuple[int, int], float]):
+    """Ten layers' gate/up inputs [6, 64] (shared by both) and weights [64, 16]; layer 7's input has `outliers`
+    ((row, channel) → value)."""
     rng = np.random.default_rng(1)
     k, n = 2 * INPUT_BLOCK, 16
     inputs, weights = {}, {}
     for layer in range(10):
         x = rng.normal(size=(6, k)).astype(np.float32)
         if layer == 7:
-            x[0, 3] = 400.0
+            for (row, channel), value in outliers.items():
+                x[row, channel] = value
         inputs[(f"layers.{layer}.gate.weight_t", f"layers.{layer}.up.weight_t")] = x
         for part in ("gate", "up"):
             weights[f"layers.{layer}.{part}.weight_t"] = rng.normal(size=(k, n)).astype(np.float32)
+    return inputs, weights
+
+
+def test_only_the_matrices_reading_an_outlier_input_keep_float32_and_all_readers_of_that_input_do():
+    inputs, weights = ten_mlps({(0, 3): 400.0})
     fp32, errors = fp32_matrices(inputs, weights.get)
     assert fp32 == ("layers.7.gate.weight_t", "layers.7.up.weight_t")
     assert len(errors) == 20 and min(errors.values()) > 0
@@ -40,16 +48,7 @@ def test_only_the_matrices_reading_an_outlier_input_keep_float32_and_all_readers
 
 
 def test_an_outlier_input_gives_up_only_its_massive_channels_and_its_readers_error_falls_to_the_bar():
-    rng = np.random.default_rng(1)
-    k, n = 2 * INPUT_BLOCK, 16
-    inputs, weights = {}, {}
-    for layer in range(10):
-        x = rng.normal(size=(6, k)).astype(np.float32)
-        if layer == 7:
-            x[0, 3], x[2, 40] = 400.0, 90.0
-        inputs[(f"layers.{layer}.gate.weight_t", f"layers.{layer}.up.weight_t")] = x
-        for part in ("gate", "up"):
-            weights[f"layers.{layer}.{part}.weight_t"] = rng.normal(size=(k, n)).astype(np.float32)
+    inputs, weights = ten_mlps({(0, 3): 400.0, (2, 40): 90.0})
     channels, after = outlier_channels(inputs, weights.get)
     assert channels == {"layers.7.gate.weight_t": (3, 40), "layers.7.up.weight_t": (3, 40)}
     _, before = fp32_matrices(inputs, weights.get)
