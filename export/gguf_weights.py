@@ -140,6 +140,12 @@ class QuantBlocks:
         return np.ascontiguousarray(q[..., 0::2] | (q[..., 1::2] << 4))
 
 
+def f16_up(step: np.ndarray) -> np.ndarray:
+    """Each step rounded up to an f16 value (stored like the GGUF's scales; up, so the steps still span the range)."""
+    half = step.astype(np.float16)
+    return np.where(half.astype(np.float64) < step, np.nextafter(half, np.float16(np.inf)), half).astype(np.float64)
+
+
 def asymmetric_codes(groups: np.ndarray, bits: int, *, f16_step: bool = False
                      ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Round-to-nearest asymmetric codes of each group's last axis: its range widened to hold 0 (so a zero point
@@ -149,8 +155,7 @@ def asymmetric_codes(groups: np.ndarray, bits: int, *, f16_step: bool = False
     lo, hi = np.minimum(groups.min(-1), 0.0), np.maximum(groups.max(-1), 0.0)
     step = np.where(hi > lo, (hi - lo) / top, 1.0)
     if f16_step:
-        half = step.astype(np.float16)
-        step = np.where(half.astype(np.float64) < step, np.nextafter(half, np.float16(np.inf)), half).astype(np.float64)
+        step = f16_up(step)
     zero = np.clip(np.rint(-lo / step), 0, top)
     codes = np.clip(np.rint(groups / step[..., None]) + zero[..., None], 0, top)
     return codes.astype(np.uint8), step, zero
@@ -206,9 +211,7 @@ def q8_0_blocks(blocks: QuantBlocks, *, block: int = 32) -> QuantBlocks:
     w = blocks.dequantize().astype(np.float64)
     n, k = w.shape
     groups = w.reshape(n, k // block, block)
-    step = np.abs(groups).max(-1) / 127
-    half = step.astype(np.float16)
-    step = np.where(half.astype(np.float64) < step, np.nextafter(half, np.float16(np.inf)), half).astype(np.float64)
+    step = f16_up(np.abs(groups).max(-1) / 127)
     safe = np.where(step == 0, 1.0, step)
     q = np.clip(np.rint(groups / safe[..., None]), -127, 127) + 128
     return QuantBlocks(f"{blocks.source_type}→Q8_0", q.astype(np.uint8).reshape(n, k), step.astype(np.float32), None,

@@ -13,7 +13,7 @@ A carried MatMul with a per-block minimum (Q4_1: w = d·q + m) is
 which reproduces x @ W to fp32 rounding (the "bias" MatMul is [K/32 × N], 1/32 of the weight's
 columns); that is `--exact`. The default centres the codes (an integer zero point per block, the
 residual as the bias) and, with `fold`, carries the residual inside the same MatMulNBits over the
-input's block sums appended to x (`_with_block_sums`, gguf_weights.fold_bias), at accuracy level 4
+input's block means appended to x (`_with_block_sums`, gguf_weights.fold_bias), at accuracy level 4
 (int8 activations, the fast kernels; export/weights_dtype.py: MinimumForm; README "int4").
 `rerank_argmax` makes the greedy token of an 8-bit LM head run with int8 activations exact again.
 Shapes: B batch, T rows, K inputs, N outputs.
@@ -37,15 +37,20 @@ def _initializers(graph: onnx.GraphProto) -> dict[str, onnx.TensorProto]:
     return {t.name: t for t in graph.initializer}
 
 
+def external_span(tensor: onnx.TensorProto) -> tuple[str, int, int]:
+    """(file, offset, length) of an initializer stored as external data."""
+    where = {e.key: e.value for e in tensor.external_data}
+    return where["location"], int(where.get("offset", 0)), int(where["length"])
+
+
 def read_initializer(tensor: onnx.TensorProto, base_dir: str = "") -> np.ndarray:
     """An initializer's values; one stored as external data is read from its file alone, leaving the proto as it
     was (onnx's to_array would keep the bytes in the proto: every matrix read would stay in memory)."""
     if tensor.data_location != onnx.TensorProto.EXTERNAL:
         return numpy_helper.to_array(tensor)
-    where = {e.key: e.value for e in tensor.external_data}
+    location, offset, length = external_span(tensor)
     dtype = np.dtype(helper.tensor_dtype_to_np_dtype(tensor.data_type))
-    values = np.fromfile(Path(base_dir) / where["location"], dtype=dtype, offset=int(where.get("offset", 0)),
-                         count=int(where["length"]) // dtype.itemsize)
+    values = np.fromfile(Path(base_dir) / location, dtype=dtype, offset=offset, count=length // dtype.itemsize)
     return values.reshape(tuple(tensor.dims))
 
 
@@ -89,7 +94,7 @@ def carry_matmuls(model: onnx.ModelProto, carried: dict[str, QuantBlocks], *, ac
     """Replace each MatMul whose weight initializer is named in `carried` ([K, N] fp32 → blocks of
     its [N, K] transpose) by MatMulNBits (+ the block-sum bias term), at `accuracy_level` or the
     level `levels` names for that weight. `fold`: a bias term rides inside the MatMulNBits instead,
-    as extra inputs (the block sums, concatenated to x) with 4-bit codes (`fold_bias`): one node per
+    as extra inputs (the block means, concatenated to x) with 4-bit codes (`fold_bias`): one node per
     matrix, two per input (`digits` 4-bit digits per bias, default FOLD_DIGITS). `outliers`: weight → input
     channels computed apart (`_outlier_term`). `base_dir`: where external weights lie. Returns the names replaced."""
     digits = FOLD_DIGITS if digits is None else digits
@@ -189,7 +194,7 @@ def _with_block_sums(source: str, out: str, k: int, block: int, digits: int,
     """out = `source` [B, T, K] with its per-block means appended: [B, T, K + nb] for one digit, where MatMulNBits
     reads the last, partial block as zero-padded (its K is K + nb); [B, T, K + D·P] for D digits (P: nb rounded up
     to a block, zero-padded so each digit starts a block). The means are one AveragePool over the last axis (the
-    rows as its channels): no weight-sized constant is read a step, and one node an input."""
+    rows as its channels) and a Concat (+ a Pad for D > 1): no weight-sized constant is read a step."""
     nb = k // block
     pad = -(-nb // block) * block
     means = f"{out}.means"

@@ -29,8 +29,8 @@ from specmemo.export.fuse_norms import fuse_skip_norms
 from specmemo.export.activation_outliers import outlier_channels
 from specmemo.export.gguf_weights import (GgufTensors, GgufWeightsError, QuantBlocks, carry, llama_rotary_order,
                                           q4_1_blocks, q8_0_blocks, stack)
-from specmemo.export.quantize import (carry_matmuls, gemms_as_matmuls, narrow_lm_head, quantize_matmuls, read_initializer,
-                                      rerank_argmax)
+from specmemo.export.quantize import (carry_matmuls, external_span, gemms_as_matmuls, narrow_lm_head, quantize_matmuls,
+                                      read_initializer, rerank_argmax)
 from specmemo.runtime.io_spec import NEXT_TOKEN_IDS
 from specmemo.runtime.manifest import WEIGHT_DTYPES, ModelDims
 
@@ -59,7 +59,7 @@ class MinimumForm(str, Enum):
     ZERO_POINT = "zero-point"  # an integer zero point per block: MatMulNBits alone, weights move by <= d/2
     BLOCK_SUM = "block-sum"  # exact: + BlockSum(x) @ mᵀ beside each MatMulNBits (the float32 model's weights)
     CENTERED = "centered"  # exact: integer zero points + BlockSum(x) @ (m + d·z)ᵀ, the residual (|.| <= d/2)
-    FOLDED = "folded"  # centred, the residual as two 4-bit digits over extra inputs (the block sums) of the same node
+    FOLDED = "folded"  # centred, the residual as 4-bit digits over extra inputs (the block means) of the same node
 
 
 class WideBlocks(str, Enum):
@@ -272,5 +272,4 @@ def external_location(path: Path, initializer: str) -> tuple[str, int, int]:
     tensor = next((t for t in model.graph.initializer if t.name == initializer), None)
     if tensor is None or tensor.data_location != onnx.TensorProto.EXTERNAL:
         raise GgufWeightsError(f"{path.name} has no external initializer {initializer!r}")
-    where = {e.key: e.value for e in tensor.external_data}
-    return where["location"], int(where.get("offset", 0)), int(where["length"])
+    return external_span(tensor)

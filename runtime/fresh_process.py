@@ -23,7 +23,7 @@ class FreshProcessError(SpecMemoError, RuntimeError):
 def run_json(module: str, request: dict, *, what: str, fix: str) -> dict:
     """Run `python -m module` with `request` on stdin; its last stdout line, parsed. A failure is a
     one-line error: `what` failed (the child's last stderr line): `fix`. The request carries the wall-clock time
-    the child was started at (`spawned_at`), from which the child reports its load time (`seconds_since_spawn`)."""
+    the child was started at (`spawned_at`), from which the child reports its load time (`first_reply_ready`)."""
     request = {**request, "spawned_at": time.time()}
     done = subprocess.run([sys.executable, "-m", module], input=json.dumps(request), capture_output=True, text=True)
     lines = done.stdout.strip().splitlines()
@@ -36,9 +36,11 @@ def run_json(module: str, request: dict, *, what: str, fix: str) -> dict:
         raise FreshProcessError(f"{what} printed no JSON result (last line {lines[-1][:100]!r}): {fix}") from None
 
 
-def seconds_since_spawn(request: dict) -> float:
-    """Wall seconds since `run_json` started this process (its interpreter start and imports included)."""
-    return time.time() - request["spawned_at"]
+def first_reply_ready(request: dict, reply: Callable[..., dict], prompt: list[int], new_tokens: int) -> float:
+    """Run `reply(prompt, new_tokens)` (a warm-up whose result reports `ttft_s`) and return the load time: wall
+    seconds from `run_json` starting this process (interpreter and imports included) to that reply's first token."""
+    started = time.time() - request["spawned_at"]
+    return started + reply(prompt, new_tokens)["ttft_s"]
 
 
 def serve_json(handler: Callable[[dict], dict]) -> None:

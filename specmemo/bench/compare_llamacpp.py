@@ -18,7 +18,7 @@ import time
 
 import numpy as np
 
-from specmemo.runtime.fresh_process import seconds_since_spawn, serve_json
+from specmemo.runtime.fresh_process import first_reply_ready, serve_json
 from specmemo.runtime.rss import peak_rss_bytes, reset_peak_rss, rss_bytes
 
 WARM_UP_TOKENS = 8
@@ -134,9 +134,7 @@ def run(request: dict) -> dict:
         raise ValueError(f"unknown llama.cpp engine {engine!r}")
     after_load = rss_bytes()
     reset_peak_rss()
-    warm_start = seconds_since_spawn(request)
-    warm = reply(prompts[0], WARM_UP_TOKENS)
-    ready_s = warm_start + warm["ttft_s"]  # process start to the first token of a first reply
+    ready_s = first_reply_ready(request, reply, prompts[0], WARM_UP_TOKENS)
     turns = [reply(prompt, limit) for prompt in prompts]
     return {"engine": engine, "rss_after_load": after_load, "peak_rss": peak_rss_bytes(), "turns": turns,
             "ready_s": ready_s}

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from specmemo.runtime.measured import memory_calibration
 from specmemo.runtime.engine import EngineConfig, Mode, open_engine
-from specmemo.runtime.fresh_process import seconds_since_spawn, serve_json
+from specmemo.runtime.fresh_process import first_reply_ready, serve_json
 from specmemo.runtime.memory import footprint
 from specmemo.runtime.rss import peak_rss_bytes, reset_peak_rss, rss_bytes
 
@@ -50,9 +50,7 @@ def run_specmemo(request: dict) -> dict:
                 "accept_lengths": stats.accept_lengths, "tree_sizes": stats.tree_sizes, "kv_used": stats.kv_used}
 
     prompts, limit = request["prompts"], request["max_new_tokens"]
-    warm_start = seconds_since_spawn(request)
-    warm = reply(prompts[0], WARM_UP_TOKENS)
-    ready_s = warm_start + warm["ttft_s"]  # process start to the first token of a first reply
+    ready_s = first_reply_ready(request, reply, prompts[0], WARM_UP_TOKENS)
     turns = [reply(prompt, limit) for prompt in prompts]
     for turn in turns:
         del turn["kv_used"]
@@ -88,9 +86,7 @@ def run_genai(request: dict) -> dict:
                 "wall_s": time.perf_counter() - started, "accept_lengths": [1] * max(0, len(tokens) - 1)}
 
     prompts = request["prompts"]
-    warm_start = seconds_since_spawn(request)
-    warm = reply(prompts[0], WARM_UP_TOKENS)
-    ready_s = warm_start + warm["ttft_s"]  # process start to the first token of a first reply
+    ready_s = first_reply_ready(request, reply, prompts[0], WARM_UP_TOKENS)
     turns = [reply(prompt, request["max_new_tokens"]) for prompt in prompts]
     return {"engine": request["engine"], "rss_after_load": after_load, "peak_rss": peak_rss_bytes(), "turns": turns,
             "ready_s": ready_s}

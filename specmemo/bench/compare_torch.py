@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from specmemo.runtime.fresh_process import seconds_since_spawn, serve_json
+from specmemo.runtime.fresh_process import first_reply_ready, serve_json
 
 WARM_UP_TOKENS = 8
 MEDUSA_ENGINES = ("pytorch-medusa", "pytorch-medusa-sized")
@@ -106,9 +106,7 @@ def run(request: dict) -> dict:
     touch_weights(*weights)
     after_load = rss_bytes()
     reset_peak_rss()
-    warm_start = seconds_since_spawn(request)
-    warm = reply(prompts[0], WARM_UP_TOKENS)
-    ready_s = warm_start + warm["ttft_s"]  # process start to the first token of a first reply
+    ready_s = first_reply_ready(request, reply, prompts[0], WARM_UP_TOKENS)
     turns = [reply(prompt, limit) for prompt in prompts]
     result = {"engine": engine, "rss_after_load": after_load, "peak_rss": peak_rss_bytes(), "turns": turns,
               "ready_s": ready_s}

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import statistics
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -61,7 +62,7 @@ class Point:
     settings: dict = field(default_factory=dict)
 
 
-def _engines(config: FrontConfig, model: str) -> list[tuple[str, str, str, dict, callable]]:
+def _engines(config: FrontConfig, model: str) -> list[tuple[str, str, str, dict, Callable]]:
     """(name, kind, source, settings, teacher-forced opener) per point; the peers' builds are made (once, cached)."""
     from specmemo.bench.quality import ArtifactForced, GenAIForced, LlamaCppForced
     from specmemo.runtime.manifest import load_manifest
