@@ -197,8 +197,10 @@ def _build(cls: type, data: Any, where: str) -> Any:
         kwargs[name] = _convert(f.type, data[name], f"{where}.{name}")
     try:
         return cls(**kwargs)
-    except TypeError as err:
-        raise ManifestError(f"{where}: {err}") from None
+    except ManifestError:
+        raise
+    except (TypeError, ValueError) as err:
+        raise ManifestError(f"{where}: {err}: re-export the artifact") from None
 
 
 _NESTED = {"SharedInitializer": SharedInitializer, "ModelDims": ModelDims, "DecoderIO": DecoderIO,
@@ -214,18 +216,36 @@ def _convert(type_name: Any, value: Any, where: str) -> Any:
     if type_name in _NESTED:
         return _build(_NESTED[type_name], value, where)
     if type_name.startswith("tuple[BatchGraph"):
-        return tuple(_build(BatchGraph, v, where) for v in _list(value, where))
+        return tuple(_build(BatchGraph, v, f"{where}.{i}") for i, v in enumerate(_list(value, where)))
     if type_name.startswith("tuple[TensorSpec"):
-        return tuple(
-            TensorSpec(name=v["name"], dtype=v["dtype"], shape=tuple(v["shape"])) for v in _list(value, where)
-        )
-    if type_name.startswith("tuple[tuple[str, str]"):
-        return tuple((str(a), str(b)) for a, b in _list(value, where))
-    if type_name.startswith("tuple[tuple["):
-        return tuple(tuple(_list(v, where)) for v in _list(value, where))
-    if type_name.startswith("tuple"):
-        return tuple(_list(value, where))
-    return value
+        return tuple(_build(TensorSpec, v, f"{where}.{i}") for i, v in enumerate(_list(value, where)))
+    if type_name.startswith("tuple[tuple["):  # pairs or rows: each item a list of scalars
+        inner = type_name.removeprefix("tuple[").rsplit(", ...]", 1)[0]
+        return tuple(_convert(inner, v, f"{where}.{i}") for i, v in enumerate(_list(value, where)))
+    if type_name.startswith("tuple["):
+        kinds = [k.strip() for k in type_name.removeprefix("tuple[").removesuffix("]").split(",")]
+        items = _list(value, where)
+        if kinds[-1] == "...":
+            kinds = [kinds[0]] * len(items)
+        elif len(items) != len(kinds):
+            raise ManifestError(f"{where}: expected {len(kinds)} items, got {len(items)}: re-export the artifact")
+        return tuple(_scalar(kind, v, f"{where}.{i}") for i, (kind, v) in enumerate(zip(kinds, items)))
+    return _scalar(type_name, value, where)
+
+
+_SCALARS = {"int": (int,), "float": (int, float), "str": (str,), "bool": (bool,), "int | str": (int, str)}
+
+
+def _scalar(type_name: str, value: Any, where: str) -> Any:
+    """A JSON scalar of the field's type (a bool is not a number here), or a one-line error naming the key."""
+    kinds = _SCALARS.get(type_name)
+    if kinds is None:
+        return value
+    if not isinstance(value, kinds) or (isinstance(value, bool) and type_name != "bool"):
+        raise ManifestError(f"{where}: expected {type_name}, got {type(value).__name__} {value!r:.40}: re-export the "
+                            f"artifact (or correct that key)")
+    return float(value) if type_name == "float" else value
+
 
 
 def _list(value: Any, where: str) -> list:
@@ -264,7 +284,11 @@ def load_manifest(artifact: str | Path) -> Manifest:
     files += [graph.file for graph in manifest.batch_graphs]
     if manifest.draft_model:
         files.append(f"{manifest.draft_model}/{MANIFEST_FILE}")
+    root = folder.resolve()
     for name in files:
+        if Path(name).is_absolute() or not (folder / name).resolve().is_relative_to(root):
+            raise ManifestError(f"the manifest names {name!r}, outside the artifact folder {folder}: an artifact's "
+                                f"files stay inside its folder; re-export it")
         if not (folder / name).is_file():
             raise ManifestError(f"{folder / name} named by the manifest is missing: re-export the artifact")
     return manifest

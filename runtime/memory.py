@@ -125,7 +125,10 @@ def parse_size(text: str) -> int:
     unit = match.group(2).lower() if match else None
     if match is None or unit not in _UNITS:
         raise BudgetError(f"cannot read {text!r} as a size: write e.g. 512MB, 768MiB or 1.5GB")
-    return int(math.floor(float(match.group(1)) * _UNITS[unit]))
+    size = int(math.floor(float(match.group(1)) * _UNITS[unit]))
+    if size < 1:
+        raise BudgetError(f"a size must be positive, got {text!r}: write e.g. 512MB, 768MiB or 1.5GB")
+    return size
 
 
 def kv_label(fp: Footprint) -> str:

@@ -14,6 +14,7 @@ from jinja2.exceptions import TemplateError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer
 
+from specmemo.errors import ConfigError
 from specmemo.runtime.manifest import Manifest
 
 
@@ -21,6 +22,15 @@ from specmemo.runtime.manifest import Manifest
 class Message:
     role: str  # "system" | "user" | "assistant"
     content: str
+
+
+def check_text(text: str) -> None:
+    """Text a tokenizer can take: Unicode that encodes as UTF-8 (no unpaired surrogates)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as err:
+        raise ConfigError(f"the text holds an unpaired surrogate ({text[err.start]!r} at character {err.start}), "
+                          f"which is not Unicode text: decode input bytes as UTF-8 with errors='replace'") from None
 
 
 def _raise(message: str):
@@ -51,6 +61,8 @@ class ChatTokenizer:
         )
 
     def encode(self, text: str) -> list[int]:
+        if not text.isascii():
+            check_text(text)
         ids = self.tokenizer.encode(text, add_special_tokens=False).ids
         if self.add_bos and self.bos_token_id is not None and ids[:1] != [self.bos_token_id]:
             ids = [self.bos_token_id, *ids]

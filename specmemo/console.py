@@ -11,6 +11,20 @@ def log_stderr(message: str) -> None:
     print(message, file=sys.stderr)
 
 
+def readable(text: str, where: str) -> str:
+    """Text from argv or stdin with its undecodable bytes (Python's surrogate escapes) as U+FFFD, said on stderr."""
+    if text.isascii():
+        return text
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        fixed = text.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+        bad = sum(1 for char in text if "\udc80" <= char <= "\udcff")
+        log_dim(f"specmemo: note: {where} is not valid UTF-8: {bad} byte{'s' if bad != 1 else ''} replaced by U+FFFD")
+        return fixed
+
+
 def log_dim(message: str) -> None:
     """A side note on stderr, dimmed on a terminal."""
     if sys.stderr.isatty():

@@ -60,8 +60,10 @@ class Server:
         return httpx.Client(trust_env=False).get(f"{self.url}/health").json()
 
     def stop(self) -> None:
+        """Stop it; a request that failed with a 500 meanwhile (a bug) fails the test that ran it."""
         self.server.should_exit = True
         self.thread.join(timeout=15)
+        assert not self.chat.errors, f"the server answered 500 (request id, error): {self.chat.errors[:3]}"
 
 
 @pytest.fixture(scope="module")

@@ -6,8 +6,6 @@ counts; and a fuzz of the HTTP surface that must only ever see 4xx."""
 from __future__ import annotations
 
 import json
-import os
-import random
 import socket
 import time
 
@@ -236,68 +234,15 @@ def test_metrics_move_with_the_client_side_counts(artifact):
         server.stop()
 
 
-def rss() -> int:
-    with open(f"/proc/{os.getpid()}/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-
-WRONG = {  # values no field of that name accepts
-    "model": [None, [], {}, 5], "messages": [None, "x", [], {}, [1], [{"role": "robot", "content": "x"}]],
-    "max_tokens": ["x", -5, [], 0.5, 10**6], "temperature": ["hot", -1, 5, []], "stop": [5, [1], {}, ["a"] * 5],
-    "logit_bias": ["x", {"a": 1}, {"1": 500}], "stream": ["maybe", [], {}], "seed": ["x", 1.5, []],
-    "top_p": [0, 2, "x"], "n": [2, 0], "logprobs": ["x", []], "top_logprobs": [-1, 21]}
-
-
-def malformed(rng: random.Random) -> tuple[str, str, bytes, dict]:
-    """One malformed request: (method, path, body, headers)."""
-    good = {"model": "tiny", "messages": [{"role": "user", "content": "w5"}], "max_tokens": 2}
-    kind = rng.randrange(9)
-    if kind == 0:  # random bytes
-        return "POST", "/v1/chat/completions", bytes(rng.randrange(256) for _ in range(rng.randrange(1, 200))), {}
-    if kind == 1:  # truncated JSON
-        text = json.dumps(good).encode()
-        return "POST", "/v1/chat/completions", text[: rng.randrange(len(text))], {}
-    if kind == 2:  # a known field with a value of the wrong type or out of range
-        field, value = rng.choice([(f, v) for f, values in WRONG.items() for v in values])
-        return "POST", "/v1/chat/completions", json.dumps({**good, field: value}).encode(), {}
-    if kind == 3:  # deep nesting
-        depth = rng.randrange(40, 3000)
-        return "POST", "/v1/completions", b'{"prompt": ' + b"[" * depth + b"]" * depth + b"}", {}
-    if kind == 4:  # invalid UTF-8 inside a string
-        return "POST", "/v1/completions", b'{"model": "tiny", "prompt": "\xc3\x28\xa0\xa1"}', {}
-    if kind == 5:  # a body over the limit
-        return "POST", "/v1/chat/completions", b" " * (65 << 10), {}
-    if kind == 6:  # bad token ids or out-of-range numbers
-        return "POST", "/v1/completions", json.dumps({"model": "tiny", "prompt": [rng.choice([-1, 10**9, 300])],
-                                                      "max_tokens": rng.choice([-1, 10**6, 3])}).encode(), {}
-    if kind == 7:  # header abuse: odd content types and encodings on a body that lacks its model
-        return "POST", "/v1/chat/completions", json.dumps({"messages": good["messages"]}).encode(), {
-            "content-type": rng.choice(["text/plain", "application/x-www-form-urlencoded", "", "a" * 4000]),
-            "content-encoding": rng.choice(["gzip", "identity", "br"])}
-    return rng.choice(["PUT", "DELETE", "GET"]), rng.choice(["/v1/chat/completions", "/v1/completions"]), b"", {}
-
-
 def test_fuzz_two_thousand_malformed_requests_get_only_4xx(server):
-    import httpx
+    """The server fuzz (specmemo/bench/fuzz_server.py) against this server's tight limits."""
+    from specmemo.bench import fuzz_server
+    from specmemo.runtime.rss import rss_bytes
 
-    rng, http = random.Random(11), httpx.Client(trust_env=False, timeout=30)
-    statuses = {}
-    baseline = None
-    for i in range(2200):
-        method, path, body, headers = malformed(rng)
-        try:
-            status = http.request(method, server.url + path, content=body, headers=headers).status_code
-        except httpx.HTTPError:  # a request the client itself refuses to send (a lying length): no server answer
-            status = "client"
-        statuses[status] = statuses.get(status, 0) + 1
-        if i == 200:
-            baseline = rss()  # after warm-up: caches, first allocations
-    assert not [s for s in statuses if isinstance(s, int) and not 400 <= s < 500], statuses
-    assert sum(v for s, v in statuses.items() if s != "client") >= 2000, statuses
-    assert abs(rss() - baseline) <= 0.05 * baseline, (rss(), baseline)
-    reply = server.client().chat.completions.create(model="tiny", messages=[{"role": "user", "content": "w5"}],
-                                                    max_tokens=4, temperature=0)
-    assert reply.choices[0].message.content is not None
+    report = fuzz_server.run(server.url, model="tiny", count=2000, seconds=600, seed=11, max_body=64 << 10,
+                             rss=rss_bytes)
+    assert report.sent == 2000 and report.server_errors == [], report.server_errors[:5]
+    assert abs(report.rss_change) <= 0.05 and report.next_ok, report.summary()
     health = server.health()
     assert health["rows_busy"] == 0 and health["failed"] == 0 and health["queued"] == 0
 

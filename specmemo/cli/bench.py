@@ -8,6 +8,7 @@ from pathlib import Path
 
 from specmemo.cli.bench_vllm import add_vllm_parser
 from specmemo.cli.bench_front import add_front_parser
+from specmemo.cli.bench_fuzz import add_fuzz_parser
 from specmemo.cli.bench_profile import add_profile_parser
 from specmemo.cli.options import add_artifact, add_mode, add_profile_options, apply_profile, positive, sizes_list
 from specmemo.console import log_stderr
@@ -170,6 +171,7 @@ def add_parser(sub) -> None:
     add_vllm_parser(bench)
     add_front_parser(bench)
     add_profile_parser(bench)
+    add_fuzz_parser(bench)
 
     b = bench.add_parser("harness", help="lm-evaluation-harness through serve's /v1/completions vs a direct greedy run",
                          description="Start `specmemo serve` (with an API key) on loopback and run EleutherAI's "

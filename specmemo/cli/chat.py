@@ -14,7 +14,7 @@ import sys
 from collections.abc import Iterable
 
 from specmemo.cli.options import add_artifact, add_decoding_options, engine_config, positive
-from specmemo.console import TextStream, log_dim
+from specmemo.console import TextStream, log_dim, readable
 
 HELP = """commands:
   /reset   forget the conversation (the system prompt stays) and empty the KV cache
@@ -121,7 +121,7 @@ def run_script(chat, lines: Iterable[str], *, as_json: bool) -> int:
     from specmemo.runtime.backend import ContextOverflowError
 
     for number, raw in enumerate(lines, 1):
-        line = raw.strip()
+        line = readable(raw, f"line {number}").strip()
         if not line:
             continue
         done = handle_command(chat, line, lambda text: print(text, flush=True))
@@ -166,7 +166,7 @@ def run_interactive(chat) -> int:
     log_dim(f"{describe(engine.config.sampling)} (--temperature 0: greedy)")
     while True:
         try:
-            line = input("> ").strip()
+            line = readable(input("> "), "the line").strip()
         except EOFError:
             print()
             return 0

@@ -7,7 +7,7 @@ import json
 import sys
 
 from specmemo.cli.options import add_artifact, add_decoding_options, engine_config, positive
-from specmemo.console import TextStream, log_stderr
+from specmemo.console import TextStream, log_stderr, readable
 
 
 def add_parser(sub) -> None:
@@ -36,7 +36,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     from specmemo.runtime.tokenizer import Message
 
     config = engine_config(args)
-    prompt = args.prompt if args.prompt is not None else sys.stdin.read()
+    prompt = args.prompt if args.prompt is not None else readable(sys.stdin.read(), "stdin")
     engine = open_engine(config, log=log_stderr)
     tokenizer, session = engine.tokenizer, engine.session
     messages = ([Message("system", args.system)] if args.system else []) + [Message("user", prompt)]

@@ -55,7 +55,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
                             log=log_stderr)
         chosen, draft_fp = decided.footprint, decided.draft_footprint
     except memory.BudgetError as err:
-        budget = args.budget_bytes or manifest.plan.budget
+        budget = args.budget_bytes if args.budget_bytes is not None else manifest.plan.budget
         options = what_would_fit(args.artifact, manifest, calibration, budget=budget, context=context)
         raise memory.BudgetError(f"{err}; what would fit: {'; '.join(options)}") from None
     budget = args.budget_bytes if args.budget_bytes is not None else (manifest.plan.budget if chosen else None)

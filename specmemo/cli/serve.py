@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import errno
+import socket
 
 from specmemo.cli.options import add_artifact, add_mode, positive
 from specmemo.console import log_stderr
+from specmemo.errors import ConfigError
 
 from specmemo.serve.api import Limits
 from specmemo.serve.build import DEFAULT_BATCH, DEFAULT_CONTEXT
@@ -22,7 +26,10 @@ def add_parser(sub) -> None:
                                    "row between steps and gives it back when done or when its client disconnects); "
                                    "up to --max-queue more wait, beyond that the server answers 429. Each row holds "
                                    "--capacity positions (prompt + reply). Listens on loopback unless --host says "
-                                   "otherwise; any other host needs --api-key (or --allow-no-key). Example client: "
+                                   "otherwise; any other host needs --api-key (or --allow-no-key). From a browser, only "
+                                   "loopback Host names (and --host, --allowed-host) and no foreign page origins "
+                                   "(unless --cors-origin) are answered; bodies must be application/json. Example "
+                                   "client: "
                                    "openai.OpenAI(base_url='http://127.0.0.1:8000/v1', api_key='KEY or unused').",
                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     add_artifact(p)
@@ -34,7 +41,7 @@ def add_parser(sub) -> None:
     p.add_argument("--max-queue", type=positive, default=None, help="requests waiting for a row before 429 "
                                                                        "(default 4 x --batch)")
     p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--port", type=port_number, default=8000, help="TCP port (0: any free one)")
     p.add_argument("--threads", type=positive, default=2)
     p.add_argument("--model-name", default=None, help="the id /v1/models lists and requests name (default: the "
                                                       "manifest's source model)")
@@ -43,6 +50,14 @@ def add_parser(sub) -> None:
                         "also read from SPECMEMO_API_KEY, comma-separated)")
     p.add_argument("--allow-no-key", action="store_true",
                    help="serve a non-loopback --host without a key (an open endpoint: only on a trusted network)")
+    p.add_argument("--allowed-host", action="append", default=None, metavar="NAME",
+                   help="a Host name requests may use besides loopback names and --host (repeat for several; * for "
+                        "any): the name clients or a reverse proxy reach this server by. Other names get 403, so a "
+                        "web page cannot rebind its own name to this server")
+    p.add_argument("--cors-origin", action="append", default=None, metavar="ORIGIN",
+                   help="a web page origin allowed to call this server from a browser, e.g. http://localhost:5173 "
+                        "(repeat for several; * for any): CORS headers for it. Without it, requests carrying "
+                        "another origin get 403")
     limits = Limits()
     p.add_argument("--max-body-bytes", type=positive, default=limits.max_body_bytes,
                    help="largest request body; bigger ones get 413 before they are read whole")
@@ -55,20 +70,59 @@ def add_parser(sub) -> None:
     p.set_defaults(handler=cmd_serve)
 
 
+def port_number(text: str) -> int:
+    value = int(text)
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"a TCP port is 0..65535, got {value}")
+    return value
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from specmemo.serve.build import ServeConfig, build_app
+    from specmemo.serve.guard import Exposure
     from specmemo.serve.keys import check_exposure, keys_from
 
     keys = keys_from(args.api_key)
     check_exposure(args.host, keys, args.allow_no_key)  # before the model loads
+    exposure = Exposure(bind=args.host, allowed_hosts=tuple(args.allowed_host or ()),
+                        cors_origins=tuple(args.cors_origin or ()))
     limits = Limits(max_body_bytes=args.max_body_bytes, max_messages=args.max_messages,
                     max_prompt_tokens=args.max_prompt_tokens, max_tokens=args.max_tokens)
-    app, chat = build_app(ServeConfig(artifact=args.artifact, mode=args.mode, drafter=args.drafter, batch=args.batch,
-                                      capacity=args.capacity, max_queue=args.max_queue, threads=args.threads,
-                                      model_name=args.model_name, limits=limits, keys=keys), log=log_stderr)
-    log_stderr(f"serving {chat.model} on http://{args.host}:{args.port}/v1 ({args.batch} rows of {chat.capacity} "
-               f"positions, queue {chat.worker.max_queue}, {len(keys) or 'no'} API key{'s' if len(keys) != 1 else ''})")
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    with listening(args.host, args.port) as sock:  # the port is ours before the model loads
+        app, chat = build_app(ServeConfig(artifact=args.artifact, mode=args.mode, drafter=args.drafter,
+                                          batch=args.batch, capacity=args.capacity, max_queue=args.max_queue,
+                                          threads=args.threads, model_name=args.model_name, limits=limits, keys=keys,
+                                          exposure=exposure), log=log_stderr)
+        log_stderr(f"serving {chat.model} on http://{url_host(args.host)}:{sock.getsockname()[1]}/v1 ({args.batch} "
+                   f"rows of {chat.capacity} positions, queue {chat.worker.max_queue}, {len(keys) or 'no'} API "
+                   f"key{'s' if len(keys) != 1 else ''})")
+        uvicorn.Server(uvicorn.Config(app, log_level="warning")).run(sockets=[sock])
     return 0
+
+
+@contextlib.contextmanager
+def listening(host: str, port: int):
+    """A socket bound to host:port, or a one-line ConfigError (in use, no such address, not allowed)."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except (socket.gaierror, UnicodeError, OverflowError) as err:
+        raise ConfigError(f"--host {host!r} --port {port} is not an address to listen on ({err}): use an address "
+                          f"of this machine, e.g. 127.0.0.1") from None
+    family, kind, proto, _, address = infos[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+        sock.listen(2048)
+    except OSError as err:
+        sock.close()
+        why = "is in use" if err.errno == errno.EADDRINUSE else f"cannot be bound ({err.strerror})"
+        raise ConfigError(f"{url_host(host)}:{port} {why}: stop what holds it, or pick another --port") from None
+    with sock:
+        yield sock
+
+
+def url_host(host: str) -> str:
+    return f"[{host}]" if ":" in host else host

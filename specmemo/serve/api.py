@@ -5,7 +5,9 @@ Fields are in three sets per endpoint:
   ignored  – OpenAI's bookkeeping fields that change nothing here (metadata, store, user, ...): accepted;
   refused  – OpenAI fields this server does not do (tools, audio, n > 1, ...): a 400 naming the field.
 Any other field is not OpenAI's: a 400 naming it. Checked before anything is tokenized: the body's size,
-UTF-8, JSON nesting depth and types, then the message count.
+UTF-8, JSON nesting depth, text (a JSON escape can spell an unpaired surrogate, which no tokenizer takes),
+content parts, then types — strictly, as OpenAI checks them: "16" is not a number, true is not 1 — and the
+message count.
 """
 
 from __future__ import annotations
@@ -49,13 +51,13 @@ class Limits:
 
 
 class TextPart(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
     type: Literal["text"]
     text: str
 
 
 class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
     role: Literal["system", "developer", "user", "assistant"]
     content: str | list[TextPart]
     name: str | None = None
@@ -66,19 +68,19 @@ class ChatMessage(BaseModel):
 
 
 class StreamOptions(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
     include_usage: bool = False
 
 
 class ResponseFormat(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", strict=True)
     type: Literal["text", "json_object", "json_schema"]
 
 
 class Common(BaseModel):
     """What chat and completions share: sampling, stops, penalties, bias, streaming."""
 
-    model_config = ConfigDict(extra="forbid", strict=False)
+    model_config = ConfigDict(extra="forbid", strict=True)
     model: str
     stream: bool = False
     stream_options: StreamOptions | None = None
@@ -103,7 +105,7 @@ class Common(BaseModel):
     @classmethod
     def _bias(cls, value):
         for token, bias in (value or {}).items():
-            if not token.isdigit() or not -100 <= bias <= 100:
+            if not (token.isascii() and token.isdigit()) or not -100 <= bias <= 100:
                 raise ValueError("keys are token ids (digits), values in [-100, 100]")
         return value
 
@@ -179,7 +181,10 @@ def parse(raw: bytes, kind: str, limits: Limits) -> ChatRequest | CompletionRequ
         raise BadRequest(f"the body is not JSON ({err.msg} at line {err.lineno} column {err.colno})") from None
     if not isinstance(body, dict):
         raise BadRequest("the body must be a JSON object")
+    check_text(body, "body")
     check_fields(body, kind)
+    if kind == "chat":
+        check_parts(body.get("messages"))
     try:
         request = (ChatRequest if kind == "chat" else CompletionRequest).model_validate(
             {k: v for k, v in body.items() if k not in IGNORED[kind]})
@@ -210,6 +215,41 @@ def nesting(text: str) -> int:
         elif char in "]}":
             depth -= 1
     return deepest
+
+
+def check_text(value, where: str) -> None:
+    """Every string in the body, keys too, is Unicode text: a 400 naming the first one that is not."""
+    if isinstance(value, str):
+        if not value.isascii():
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError as err:
+                raise BadRequest(f"{where}: the string holds an unpaired surrogate ({ascii(value[err.start])}), which "
+                                 f"is not Unicode text: send the character's full escape pair, or UTF-8",
+                                 param=where) from None
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            check_text(key, f"{where} key {ascii(key)}")
+            check_text(item, key if where == "body" else f"{where}.{key}")
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            check_text(item, f"{where}.{i}")
+
+
+UNSUPPORTED_PARTS = {"image_url": "image", "input_image": "image", "image": "image", "input_audio": "audio",
+                     "audio": "audio", "file": "file", "video_url": "video"}
+
+
+def check_parts(messages) -> None:
+    """Content parts other than text: one line saying the model reads text only."""
+    for i, message in enumerate(messages if isinstance(messages, list) else ()):
+        parts = message.get("content") if isinstance(message, dict) else None
+        for j, part in enumerate(parts if isinstance(parts, list) else ()):
+            kind = part.get("type") if isinstance(part, dict) else None
+            if isinstance(kind, str) and kind in UNSUPPORTED_PARTS:
+                raise BadRequest(f"messages.{i}.content.{j}: {UNSUPPORTED_PARTS[kind]} content is not supported by "
+                                 f"this model (it reads text only): send text parts or a string",
+                                 param=f"messages.{i}.content")
 
 
 def check_fields(body: dict, kind: str) -> None:

@@ -6,12 +6,15 @@
   POST /v1/chat/completions  messages → a reply; `stream: true` sends server-sent events as tokens decide
   POST /v1/completions       a prompt (text or token ids) → its continuation, `echo` and `logprobs` as OpenAI's
 
-A body is checked before it queues (api.py): size, UTF-8, nesting, fields and types → 400 (413 for
-size) with one line in OpenAI's error object; the prompt is tokenized off the event loop and checked
+A request passes the Host/Origin guard (guard.py) and the key check (keys.py); its body must be
+`application/json` (415), and is checked before it queues (api.py): size, UTF-8, nesting, text, fields and
+types → 400 (413 for size) with one line in OpenAI's error object; the prompt is tokenized off the event loop and checked
 against --max-prompt-tokens and the row's context; the queue full → 429 with Retry-After; an unknown
 model → 404. `stop` ends a reply before the stop string (stops.py); penalties, `logit_bias` and
 `logprobs` decode their row one token a step (runtime/logit_rules.py); every other request speculates,
-and the reply looks the same either way. A client that goes away frees its row.
+and the reply looks the same either way. A client that goes away frees its row. Unknown routes and
+methods get OpenAI's error object too; an unhandled error is a JSON 500 with a request id, logged and
+counted (a bug, which the tests fail on).
 """
 
 from __future__ import annotations
@@ -19,11 +22,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import time
 import uuid
-from dataclasses import dataclass, field
 
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import ClientDisconnect
 from starlette.requests import Request as HttpRequest
 from starlette.responses import JSONResponse, Response, StreamingResponse
@@ -34,64 +39,21 @@ from specmemo.runtime.logit_rules import LogitRules, TokenLogprob
 from specmemo.runtime.pool import Request
 from specmemo.runtime.sampling import Sampling, default_sampling
 from specmemo.runtime.tokenizer import ChatTokenizer, Message
-from specmemo.serve import stops
 from specmemo.serve.api import BadRequest, ChatRequest, CompletionRequest, Limits, parse
+from specmemo.serve.guard import ConnectionGone, Exposure, Guard
 from specmemo.serve.keys import RequireKey
 from specmemo.serve.metrics import Metrics
+from specmemo.serve.replies import Reply, reply_id, usage
 from specmemo.serve.worker import PoolWorker, QueueFull
 
-FINISH = {"eos": "stop", "length": "length", "capacity": "length"}  # the pool's finish reasons → OpenAI's
 BODY_TIMEOUT_S = 30.0  # a client that has not sent its whole body by then is dropped (408)
-
-
-def reply_id(kind: str) -> str:
-    return f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex[:24]}"
+LOG = logging.getLogger("specmemo.serve")
 
 
 def error(status: int, message: str, kind: str = "invalid_request_error", param: str | None = None,
           headers: dict | None = None) -> JSONResponse:
     return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": None}},
                         status_code=status, headers=headers)
-
-
-@dataclass
-class Reply:
-    """One request's reply as it decodes: token ids, their log-probabilities, the text a client may see."""
-
-    stops: list[str]
-    prompt_tokens: int
-    arrived: float = field(default_factory=time.perf_counter)
-    ids: list[int] = field(default_factory=list)
-    logprobs: list[TokenLogprob] = field(default_factory=list)
-    sent: str = ""  # text already handed out
-    finish: str | None = None
-    first: float | None = None
-    last: float | None = None
-
-    def add(self, ids: list[int], logprobs: list[TokenLogprob], tokenizer: ChatTokenizer) -> str:
-        """New tokens → the text newly safe to send ("" while a character or a stop string is incomplete)."""
-        now = time.perf_counter()
-        self.first, self.last = self.first or now, now
-        self.ids += ids
-        self.logprobs += logprobs
-        text = tokenizer.decode(self.ids)
-        if text.endswith("\ufffd"):  # a character still split across tokens
-            return ""
-        piece = stops.cut(text, self.stops)
-        if piece.stopped:
-            self.finish = "stop"
-        return self._advance(piece.text)
-
-    def end(self, reason: str, tokenizer: ChatTokenizer) -> str:
-        """The pool finished the row: the rest of the text (a stop may still cut it)."""
-        piece = stops.cut(tokenizer.decode(self.ids), self.stops, final=True)
-        self.finish = self.finish or ("stop" if piece.stopped else FINISH.get(reason, reason))
-        return self._advance(piece.text)
-
-    def _advance(self, text: str) -> str:
-        new = text[len(self.sent):] if len(text) > len(self.sent) else ""
-        self.sent = max(self.sent, text, key=len)
-        return new
 
 
 class ServeApp:
@@ -102,6 +64,7 @@ class ServeApp:
         self.vocab = worker.pool.backend.session.manifest.dims.vocab_size
         self.metrics = Metrics(worker, capacity=capacity)
         self.created = int(time.time())
+        self.errors: list[tuple[str, str]] = []  # (request id, error) of every request that failed with a 500
 
     def routes(self) -> list[Route]:
         return [Route("/health", self.health), Route("/metrics", self.scrape), Route("/v1/models", self.models),
@@ -128,6 +91,7 @@ class ServeApp:
 
     async def _serve(self, request: HttpRequest, kind: str):
         try:
+            check_json(request.headers.get("content-type", ""))
             body = parse(await self._body(request), kind, self.limits)
             if body.model != self.model:
                 return self._refuse(error(404, f"model {body.model!r} is not served here: GET /v1/models lists "
@@ -137,7 +101,7 @@ class ServeApp:
         except BadRequest as err:
             return self._refuse(error(err.status, str(err), param=err.param))
         except ClientDisconnect:
-            return Response(status_code=499)
+            return Gone()
         reply = Reply(body.stops, len(prompt))
         if job_request is None:  # completions with max_tokens 0: the prompt back, nothing decoded
             return JSONResponse(self._completion_body(reply_id(kind), echo, reply, "length"))
@@ -243,6 +207,17 @@ class ServeApp:
         top_k, penalty = (base.top_k, base.repetition_penalty) if base else (0, 1.0)
         return Sampling(temperature=temperature, top_p=top_p, top_k=top_k, repetition_penalty=penalty, seed=seed)
 
+    def failed(self, request: HttpRequest, exc: Exception) -> JSONResponse:
+        """An unhandled error in a request (a bug): logged with a request id, counted, a JSON 500 naming the id."""
+        if isinstance(exc, ConnectionGone):
+            return Gone()
+        request_id = uuid.uuid4().hex[:12]
+        self.errors.append((request_id, f"{type(exc).__name__}: {exc}"))
+        LOG.error("request %s (%s %s) failed", request_id, request.method, request.url.path, exc_info=exc)
+        self.metrics.server_error()
+        return error(500, f"the server failed on this request (a bug; request id {request_id} in its log)",
+                     "server_error", headers={"X-Request-Id": request_id})
+
     def _refuse(self, response: JSONResponse) -> JSONResponse:
         self.metrics.refused(response.status_code)
         return response
@@ -255,8 +230,8 @@ class ServeApp:
         if kind == "tokens":
             ids, logprobs = value
             text = reply.add(ids, logprobs, self.tokenizer)
-            if reply.finish == "stop":  # a stop string: the row is not needed any more
-                self.worker.cancel(job)
+            if reply.finish == "stop":  # a stop string: the reply is complete, its row not needed any more
+                self.worker.cancel(job, completed=True)
                 return text, "stop", logprobs
             return text, "", logprobs
         if kind == "done":
@@ -359,6 +334,22 @@ class ServeApp:
                 "choices": [choice], "usage": usage(reply)}
 
 
+class Gone(Response):
+    """No answer: the client went away (or the server already answered a broken request) mid-body."""
+
+    async def __call__(self, scope, receive, send) -> None:
+        return None
+
+
+def check_json(content_type: str) -> None:
+    """Bodies are JSON, said so: a form or text/plain POST (which a web page may send anywhere without
+    asking) is refused before it is read."""
+    media = content_type.partition(";")[0].strip().lower()
+    if media != "application/json":
+        raise BadRequest(f"the body must be sent as Content-Type: application/json, not {ascii(media or 'none')} "
+                         f"(curl: -H 'Content-Type: application/json')", status=415)
+
+
 async def _disconnected(request: HttpRequest) -> None:
     """Returns when the client goes away (its body was read already)."""
     while True:
@@ -367,18 +358,31 @@ async def _disconnected(request: HttpRequest) -> None:
             return
 
 
-def usage(reply: Reply) -> dict:
-    return {"prompt_tokens": reply.prompt_tokens, "completion_tokens": len(reply.ids),
-            "total_tokens": reply.prompt_tokens + len(reply.ids)}
-
-
-def make_app(app: ServeApp) -> Starlette:
+def make_app(app: ServeApp, exposure: Exposure = Exposure()) -> Starlette:
+    """The Starlette app: routes; then, outermost first, errors as JSON, Host/Origin, CORS if asked, keys."""
     @contextlib.asynccontextmanager
     async def lifespan(_):
         app.worker.start()
         yield
         app.worker.stop()
 
-    starlette = Starlette(routes=app.routes(), lifespan=lifespan)
+    async def not_found(request: HttpRequest, exc: HTTPException) -> JSONResponse:
+        routes = "GET /health, /metrics, /v1/models; POST /v1/chat/completions, /v1/completions"
+        if exc.status_code == 405:
+            message = f"{request.method} is not allowed on {request.url.path}: this server answers {routes}"
+        else:
+            message = f"no route {ascii(request.url.path)} here: this server answers {routes}"
+        return app._refuse(error(exc.status_code, message, "not_found_error" if exc.status_code == 404
+                                 else "invalid_request_error", headers=exc.headers))
+
+    async def failed(request: HttpRequest, exc: Exception) -> JSONResponse:
+        return app.failed(request, exc)
+
+    starlette = Starlette(routes=app.routes(), lifespan=lifespan,
+                          exception_handlers={404: not_found, 405: not_found, Exception: failed})
     starlette.add_middleware(RequireKey, keys=app.keys, on_refused=app.metrics.refused)
+    if exposure.cors_origins:
+        starlette.add_middleware(CORSMiddleware, allow_origins=list(exposure.cors_origins), allow_methods=["GET", "POST"],
+                                 allow_headers=["Authorization", "Content-Type"], max_age=600)
+    starlette.add_middleware(Guard, exposure=exposure, on_refused=app.metrics.refused)
     return starlette

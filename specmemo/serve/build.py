@@ -9,6 +9,7 @@ from pathlib import Path
 from specmemo.errors import ConfigError
 from specmemo.runtime.config import Mode
 from specmemo.serve.api import Limits
+from specmemo.serve.guard import Exposure
 
 DEFAULT_BATCH = 8
 DEFAULT_CONTEXT = 1024
@@ -26,6 +27,7 @@ class ServeConfig:
     model_name: str | None = None  # the id /v1/models lists (None: the manifest's source model)
     limits: Limits = field(default_factory=Limits)  # body bytes, messages, prompt tokens, max_tokens per request
     keys: tuple[str, ...] = ()  # API keys (keys.py); () : open
+    exposure: Exposure = field(default_factory=Exposure)  # bound address, allowed Host names, CORS origins (guard.py)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "artifact", Path(self.artifact))
@@ -54,4 +56,4 @@ def build_app(config: ServeConfig, *, log=print):
     served = ServeApp(worker=worker, tokenizer=ChatTokenizer(config.artifact, manifest),
                       model=config.model_name or manifest.source_model, defaults=manifest.generation,
                       capacity=pool.backend.capacity, limits=config.limits, keys=config.keys)
-    return make_app(served), served
+    return make_app(served, config.exposure), served

@@ -17,9 +17,15 @@ OPEN_PATHS = ("/health",)
 
 
 def keys_from(flags: list[str] | tuple[str, ...] | None, env: str | None = None) -> tuple[str, ...]:
-    """--api-key flags (repeatable) and SPECMEMO_API_KEY, in that order; empty entries dropped."""
+    """--api-key flags (repeatable) and SPECMEMO_API_KEY, in that order, each trimmed; empty entries dropped.
+    A key must be printable ASCII: HTTP carries headers as ASCII, so any other key could never match."""
     env = os.environ.get(ENV, "") if env is None else env
-    return tuple(k for k in (*(flags or ()), *env.split(",")) if k.strip())
+    keys = tuple(k.strip() for k in (*(flags or ()), *env.split(",")) if k.strip())
+    for number, key in enumerate(keys, 1):
+        if not (key.isascii() and key.isprintable()):
+            raise ConfigError(f"API key {number} holds a character outside printable ASCII, which an HTTP header "
+                              f"cannot carry: use letters, digits and punctuation (e.g. `openssl rand -hex 24`)")
+    return keys
 
 
 def is_loopback(host: str) -> bool:

@@ -28,6 +28,8 @@ class Metrics:
                                    registry=r)
         self.http = Counter("specmemo_http_refusals", "Requests refused before decoding, by status", ["status"],
                             registry=r)
+        self.errors = Counter("specmemo_server_errors", "Requests that failed with an unhandled error (500: a bug)",
+                              registry=r)
         pool = worker.pool
         Gauge("specmemo_requests_running", "Requests holding a row", registry=r).set_function(lambda: pool.active)
         Gauge("specmemo_requests_waiting", "Requests queued for a row", registry=r).set_function(worker.waiting)
@@ -57,6 +59,9 @@ class Metrics:
 
     def refused(self, status: int) -> None:
         self.http.labels(str(status)).inc()
+
+    def server_error(self) -> None:
+        self.errors.inc()
 
     def text(self) -> bytes:
         return generate_latest(self.registry)

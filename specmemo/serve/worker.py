@@ -29,6 +29,7 @@ class Job:
     submitted: float = field(default_factory=time.perf_counter)
     row: int | None = None
     cancelled: bool = False
+    complete: bool = False  # cancelled because the reply is complete (a stop string), not abandoned
 
     def send(self, kind: str, value) -> None:
         self.loop.call_soon_threadsafe(self.events.put_nowait, (kind, value))
@@ -65,7 +66,8 @@ class PoolWorker:
     def submit(self, request: Request, loop: asyncio.AbstractEventLoop) -> Job:
         job = Job(request, loop, asyncio.Queue())
         with self._lock:
-            if len(self._waiting) >= self.max_queue:
+            free = max(0, self.pool.backend.batch - len(self._jobs))  # rows the waiting requests will take first
+            if len(self._waiting) >= self.max_queue + free:
                 self.counters.rejected += 1
                 raise QueueFull(f"{len(self._waiting)} requests are already waiting for one of "
                                 f"{self.pool.backend.batch} rows: retry later")
@@ -73,10 +75,11 @@ class PoolWorker:
         self._wake.set()
         return job
 
-    def cancel(self, job: Job) -> None:
-        """Drop `job` (its client went away): out of the queue now, out of its row before the next step."""
+    def cancel(self, job: Job, *, completed: bool = False) -> None:
+        """Drop `job`: out of the queue now, out of its row before the next step. `completed`: its reply is
+        whole (a stop string ended it) and counts as completed; otherwise its client went away."""
         with self._lock:
-            job.cancelled = True
+            job.cancelled, job.complete = True, completed
             if job in self._waiting:
                 self._waiting.remove(job)
                 self.counters.cancelled += 1
@@ -99,7 +102,10 @@ class PoolWorker:
                 if job.cancelled:
                     self.pool.cancel(row)
                     del self._jobs[row]
-                    self.counters.cancelled += 1
+                    if job.complete:
+                        self.counters.completed += 1
+                    else:
+                        self.counters.cancelled += 1
             while self._waiting and self.pool.free_rows:
                 job = self._waiting.popleft()
                 try:

@@ -1,0 +1,76 @@
+"""`specmemo bench fuzz`: the server fuzz and the CLI fuzz at full size (specmemo/bench/fuzz_server.py,
+fuzz_cli.py); `make test` runs a seeded slice of each."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from specmemo.cli.options import DEFAULT_ARTIFACT, positive
+
+
+def add_fuzz_parser(bench) -> None:
+    b = bench.add_parser("fuzz", help="inputs no client should send, to the server and to every CLI command: "
+                                      "counts of what came back, and every 5xx or traceback",
+                         description="Server: `serve`'s app on a loopback port in this process (--batch rows of the "
+                                     "artifact's batch graph), sent --requests malformed requests (bytes, text that "
+                                     "is not text, every field at every wrong type, odd Host/Origin/Content-Type/"
+                                     "Authorization headers, unknown routes); each must get a 4xx, memory must stay "
+                                     "within 5%% and a normal request must be answered after. CLI: --invocations "
+                                     "runs of `specmemo` in this process, each subcommand with one bad input; each "
+                                     "must exit 1 or 2 with one line on stderr, no traceback, no file written. Both "
+                                     "stop at --seconds. Prints a table and writes summary.json. Example: "
+                                     "specmemo bench fuzz --artifact artifacts/smollm2-135m",
+                         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    b.add_argument("--artifact", type=Path, default=DEFAULT_ARTIFACT,
+                   help="a float32 or int4 artifact with a batch graph for --batch (export makes them)")
+    b.add_argument("--batch", type=positive, default=4)
+    b.add_argument("--requests", type=positive, default=5000)
+    b.add_argument("--invocations", type=positive, default=1000)
+    b.add_argument("--seconds", type=positive, default=900, help="time limit of each fuzz")
+    b.add_argument("--seed", type=int, default=0)
+    b.add_argument("--out", type=Path, default=Path("results") / "bench-fuzz")
+    b.set_defaults(handler=cmd_bench_fuzz)
+
+
+def cmd_bench_fuzz(args: argparse.Namespace) -> int:
+    import tempfile
+
+    from specmemo.bench import fuzz_cli, fuzz_server
+    from specmemo.bench.compare import machine_info
+    from specmemo.runtime.manifest import load_manifest
+    from specmemo.runtime.rss import rss_bytes
+    from specmemo.serve.api import Limits
+    from specmemo.serve.build import ServeConfig
+
+    manifest = load_manifest(args.artifact)
+    manifest.batch_graph(args.batch)
+    limits = Limits(max_body_bytes=64 << 10, max_tokens=8)
+    config = ServeConfig(artifact=args.artifact, batch=args.batch, capacity=min(256, manifest.max_capacity),
+                         max_queue=4 * args.batch, model_name="fuzz", limits=limits)
+    server = fuzz_server.InProcessServer(config)
+    try:
+        served = fuzz_server.run(server.url, model="fuzz", count=args.requests, seconds=args.seconds, seed=args.seed,
+                                 max_body=limits.max_body_bytes, rss=rss_bytes)
+        unhandled = list(server.served.errors)
+    finally:
+        server.stop()
+    with tempfile.TemporaryDirectory(prefix="specmemo-cli-fuzz-") as workdir:
+        cli = fuzz_cli.run(count=args.invocations, seconds=args.seconds, seed=args.seed, workdir=Path(workdir),
+                           good=args.artifact)
+    summary = {"server": {**served.summary(), "unhandled": unhandled[:5]}, "cli": cli.summary(),
+               "artifact": str(args.artifact), "machine": machine_info(threads=2)}
+    print(f"{'fuzz':<8}{'inputs':>8}{'bad answers':>13}{'seconds':>9}  notes")
+    print(f"{'server':<8}{served.sent:>8}{len(served.server_errors):>13}{served.seconds:>9.1f}  statuses "
+          f"{summary['server']['statuses']}; RSS {served.rss_change:+.1%}; next request "
+          f"{'answered' if served.next_ok else 'NOT answered'}")
+    print(f"{'cli':<8}{cli.invocations:>8}{len(cli.failures):>13}{cli.seconds:>9.1f}  exit codes "
+          f"{summary['cli']['by_exit_code']}; spoilers {cli.by_spoiler}")
+    for example in [*served.server_errors[:5], *cli.failures[:5]]:
+        print(f"  bad: {example}")
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
+    print(f"wrote {args.out / 'summary.json'}")
+    clean = (not served.server_errors and not cli.failures and served.next_ok and abs(served.rss_change) <= 0.05)
+    return 0 if clean else 1
