@@ -5,7 +5,6 @@ that goes away mid-stream frees its row."""
 from __future__ import annotations
 
 import json
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -14,7 +13,7 @@ import pytest
 
 from conftest import export_tiny, tiny_config
 
-from specmemo.bench.serve_load import free_port
+from specmemo.bench.fuzz_server import InProcessServer
 
 CAPACITY = 128
 
@@ -24,28 +23,18 @@ def artifact(tmp_path_factory):
     return export_tiny(tiny_config("LlamaForCausalLM"), tmp_path_factory.mktemp("serve"), max_capacity=CAPACITY)
 
 
-class Server:
+class Server(InProcessServer):
     """`specmemo serve`'s app under uvicorn on a thread, on a free loopback port."""
 
     def __init__(self, artifact, *, batch: int, max_queue: int, step_delay: float = 0.0, **options):
-        import uvicorn
+        from specmemo.serve.build import ServeConfig
 
-        from specmemo.serve.build import ServeConfig, build_app
-
-        self.app, self.chat = build_app(ServeConfig(artifact=artifact, batch=batch, capacity=CAPACITY,
-                                                    max_queue=max_queue, threads=2, model_name="tiny", **options))
+        super().__init__(ServeConfig(artifact=artifact, batch=batch, capacity=CAPACITY, max_queue=max_queue, threads=2,
+                                     model_name="tiny", **options))
+        self.chat = self.served
         if step_delay:  # slow steps, so a test can act while a reply is still streaming
             pool, step = self.chat.worker.pool, self.chat.worker.pool.step
             pool.step = lambda: (time.sleep(step_delay), step())[1]
-        self.port = free_port()
-        self.server = uvicorn.Server(uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_level="error"))
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-        self.thread.start()
-        deadline = time.time() + 30
-        while not self.server.started:
-            assert time.time() < deadline, "the server did not start"
-            time.sleep(0.02)
-        self.url = f"http://127.0.0.1:{self.port}"
 
     def client(self, api_key: str = "unused", **options):
         import httpx
@@ -61,8 +50,7 @@ class Server:
 
     def stop(self) -> None:
         """Stop it; a request that failed with a 500 meanwhile (a bug) fails the test that ran it."""
-        self.server.should_exit = True
-        self.thread.join(timeout=15)
+        super().stop()
         assert not self.chat.errors, f"the server answered 500 (request id, error): {self.chat.errors[:3]}"
 
 

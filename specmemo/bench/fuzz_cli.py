@@ -214,6 +214,7 @@ def run(*, count: int, seconds: float, seed: int, workdir: Path, good: Path | No
     from specmemo.cli import build_parser
 
     workdir.mkdir(parents=True, exist_ok=True)
+    good = good.resolve() if good is not None else None  # the runs happen inside workdir
     broken = broken_artifacts(workdir / "fixtures", good)
     commands = subcommands(build_parser())
     rng, report = random.Random(seed), CliReport()
