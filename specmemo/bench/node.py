@@ -56,7 +56,8 @@ def _run(command: list[str]) -> tuple[list[int], float, float]:
     """(token ids, decode tok/s, mean accepted per step) of one fresh-process reply."""
     done = subprocess.run(command, capture_output=True, text=True, timeout=1800)
     if done.returncode != 0:
-        raise RuntimeError(f"{' '.join(command[:3])} failed: {done.stderr.strip().splitlines()[-1:]}")
+        last = (done.stderr.strip().splitlines() or ["no message"])[-1]
+        raise ConfigError(f"{' '.join(command[:3])} failed: {last}")
     out = json.loads(done.stdout.strip().splitlines()[-1])
     stats = out["stats"]
     rate = stats.get("decode_tokens_per_s", stats.get("decodeTokensPerS"))
@@ -65,6 +66,9 @@ def _run(command: list[str]) -> tuple[list[int], float, float]:
 
 
 def run_node_bench(config: NodeBenchConfig, *, log: Callable[[str], None] = print) -> dict:
+    from specmemo.runtime.manifest import load_manifest
+
+    load_manifest(config.artifact)  # a broken artifact in one line here, not from inside a child process
     prompts = [q.turns[0] for q in load_questions()[: config.questions]]
     runs: dict[str, dict[str, list[float]]] = {m: {"python": [], "node": [], "python_accepted": [], "node_accepted": []}
                                               for m in config.modes}

@@ -189,7 +189,8 @@ def parse(raw: bytes, kind: str, limits: Limits) -> ChatRequest | CompletionRequ
         request = (ChatRequest if kind == "chat" else CompletionRequest).model_validate(
             {k: v for k, v in body.items() if k not in IGNORED[kind]})
     except ValidationError as err:
-        raise BadRequest(one_line(err)) from None
+        loc = err.errors()[0]["loc"]
+        raise BadRequest(one_line(err), param=str(loc[0]) if loc else None) from None
     if kind == "chat":
         check_chat(request, limits)
     return request
@@ -226,7 +227,7 @@ def check_text(value, where: str) -> None:
             except UnicodeEncodeError as err:
                 raise BadRequest(f"{where}: the string holds an unpaired surrogate ({ascii(value[err.start])}), which "
                                  f"is not Unicode text: send the character's full escape pair, or UTF-8",
-                                 param=where) from None
+                                 param=None if " key " in where else where) from None
     elif isinstance(value, dict):
         for key, item in value.items():
             check_text(key, f"{where} key {ascii(key)}")
