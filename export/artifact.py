@@ -25,6 +25,7 @@ from specmemo.export.weights_dtype import (LM_HEAD, QuantOptions, WeightDtype, e
                                           quantize_graph, save_external)
 from specmemo.runtime import io_spec
 from specmemo.runtime.drafters import DrafterName, draft_model_dir, parse_drafter
+from specmemo.runtime.graphs import MAX_FEATURE_DEPTH
 from specmemo.export.feature_drafter import DRAFTER_SPEC_FILE
 from specmemo.runtime.manifest import (FeatureDrafterInfo, FORMAT_VERSION, EmbeddingInfo, Manifest, ModelDims,
                                        QuantizationInfo, QuantizedRows, TokenizerInfo, save_manifest)
@@ -50,6 +51,8 @@ class ExportOptions:
     top_k: int = DEFAULT_TOP_K  # k of the heads graph
     drafter: str | None = None  # the manifest's default drafter; None: default_drafter
     feature_drafter: Path | None = None  # a feature-drafter folder (train-drafter); None = none
+    feature_depth: int | None = None  # depths it drafts (None: feature_shape's choice)
+    feature_width: int | None = None  # nodes expanded per further depth (None: FEATURE_WIDTH)
     mobile: str | None = None  # --mobile: also .ort graphs optimized for this platform (arm | amd64)
     kv_dtype: str | None = None  # --kv-dtype: the KV buffer's elements (export/kv_dtype.py); None: default_kv_dtype
     batch: tuple[int, ...] = DEFAULT_BATCHES  # --batch: B of the batch graphs to write (export/batch_graph.py)
@@ -72,6 +75,8 @@ class ExportOptions:
                               f"(the shipped default) or --heads none")
         if self.top_k < 1:
             raise ConfigError(f"--top-k must be >= 1, got {self.top_k}")
+        if not 1 <= (self.feature_depth or 1) <= MAX_FEATURE_DEPTH or (self.feature_width or 1) < 1:
+            raise ConfigError(f"--feature-depth must be in 1..{MAX_FEATURE_DEPTH} and --feature-width >= 1")
         if self.kv_dtype is None:
             object.__setattr__(self, "kv_dtype", default_kv_dtype(self.quant.dtype))
         check_kv_dtype(self.kv_dtype)
@@ -174,7 +179,8 @@ def export_artifact(options: ExportOptions, *, log=print, finalize=None) -> Mani
         feature_info = None
         if options.feature_drafter is not None:
             feature_info = export_feature_drafter(options.feature_drafter, hf_model, resolved.sha256,
-                                                  options.max_capacity, options.top_k, staging, log)
+                                                  options.max_capacity, options.top_k, staging, log,
+                                                  depth=options.feature_depth, width=options.feature_width)
             if options.kv_dtype == "float16":  # its KV views are the arena's, in the manifest's KV dtype
                 rewrite_graph(staging / feature_info.file, kv_as_float16)
         quantization = None
@@ -354,22 +360,33 @@ def _replace(staging: Path, out: Path) -> None:
         staging.rename(out)
 
 
+def feature_shape(card: dict, *, depth: int | None, width: int | None) -> tuple[int, int]:
+    """(depth, width) the runtime drafts with: the options where given, else the depth the drafter was
+    trained to unroll (at least FEATURE_DEPTH: a depth-1 model still drafts two) and FEATURE_WIDTH."""
+    from specmemo.runtime.sizes import FEATURE_DEPTH, FEATURE_WIDTH
+
+    train = card.get("train") if isinstance(card.get("train"), dict) else {}
+    trained = train.get("unroll") if isinstance(train.get("unroll"), int) else 0
+    return depth or min(max(FEATURE_DEPTH, trained), MAX_FEATURE_DEPTH), width or FEATURE_WIDTH
+
+
 def export_feature_drafter(folder: Path, hf_model, base_sha256: str, max_capacity: int, top_k: int, staging: Path,
-                           log) -> FeatureDrafterInfo:
+                           log, *, depth: int | None = None, width: int | None = None) -> FeatureDrafterInfo:
     """drafter.onnx from a train-drafter folder, on the base model's LM head and rotary table; its KV
-    buffer holds the decoder's capacity plus the scratch rows of a draft tree."""
+    buffer holds the decoder's capacity plus the scratch rows of a draft tree (depth x width)."""
     from specmemo.export.decoder import rotary_table
     from specmemo.export.drafter_graph import export_drafter_graph
-    from specmemo.export.feature_drafter import load_drafter
+    from specmemo.export.feature_drafter import load_drafter, load_drafter_spec
     from specmemo.export.load import lm_head_t
-    from specmemo.runtime.sizes import SCRATCH_SLOTS
 
-    capacity = max_capacity + SCRATCH_SLOTS
+    depth, width = feature_shape(load_drafter_spec(folder).card, depth=depth, width=width)
+    capacity = max_capacity + depth * width
     dims = hf_model.config
     head_dim = getattr(dims, "head_dim", None) or dims.hidden_size // dims.num_attention_heads
     cos, sin = rotary_table(hf_model, capacity + 1, head_dim)
     drafter = load_drafter(folder, lm_head_t=lm_head_t(hf_model), cos=cos, sin=sin, base_sha256=base_sha256)
-    log(f"tracing the feature drafter graph (N={drafter.spec.subvocab_size}, top-{top_k}, C_d={capacity}) ...")
+    log(f"tracing the feature drafter graph (N={drafter.spec.subvocab_size}, top-{top_k}, depth {depth} x width "
+        f"{width}, C_d={capacity}) ...")
     info = export_drafter_graph(drafter, top_k=top_k, capacity=capacity, folder=staging,
                                 source=str(Path(folder).resolve()))
-    return info
+    return replace(info, depth=depth, width=width)

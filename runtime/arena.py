@@ -37,7 +37,7 @@ import numpy as np
 
 from specmemo.errors import ConfigError
 from specmemo.runtime.manifest import Manifest
-from specmemo.runtime.sizes import SCRATCH_SLOTS, WINDOW_MARGIN, Sizes
+from specmemo.runtime.sizes import WINDOW_MARGIN, Sizes
 
 ALIGN = 64  # bytes; every view starts on a cache line
 
@@ -75,7 +75,8 @@ class ArenaLayout:
                    hidden_size=d.hidden_size, vocab_size=d.vocab_size, capacity=sizes.capacity, rows=sizes.rows,
                    logit_rows=sizes.tree, num_heads=heads.num_heads if heads else 0,
                    top_k=heads.top_k if heads else 0, kv_dtype=manifest.kv_dtype, dtype=manifest.activation_dtype,
-                   batch=batch, drafter_capacity=sizes.capacity + SCRATCH_SLOTS if manifest.feature_drafter else 0,
+                   batch=batch, drafter_capacity=(sizes.capacity + manifest.feature_drafter.scratch_slots
+                                                  if manifest.feature_drafter else 0),
                    window_capacity=window_capacity(manifest, sizes), sliding_layers=d.sliding_layers)
 
     def layer_capacity(self, layer: int) -> int:

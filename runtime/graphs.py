@@ -7,6 +7,8 @@ from dataclasses import dataclass
 
 from specmemo.errors import ManifestError
 
+MAX_FEATURE_DEPTH = 8  # the deepest draft a feature drafter's entry may ask for
+
 
 @dataclass(frozen=True)
 class TensorSpec:
@@ -84,12 +86,27 @@ class FeatureDrafterInfo:
     subvocab_size: int  # N
     source: str = ""  # the drafter folder it was exported from
     accuracy: tuple[float, ...] = ()  # top-1 per depth, from eval-drafter (for the card)
+    # what the runtime drafts (export decides them: export/artifact.py); the defaults are what artifacts
+    # written before these keys drafted
+    depth: int = 2  # depths drafted at most (the catch-up row gives the first; each further one is a call)
+    width: int = 4  # nodes expanded per further depth
 
     def __post_init__(self) -> None:
         if len(self.inputs) != 6 or len(self.outputs) != 5:
             raise ManifestError("feature_drafter: expected 6 inputs and 5 outputs: re-export the artifact")
         if self.top_k < 1 or self.capacity < 2:
             raise ManifestError(f"feature_drafter: top_k {self.top_k} and capacity {self.capacity} must be >= 1, >= 2")
+        if not 1 <= self.depth <= MAX_FEATURE_DEPTH or self.width < 1:
+            raise ManifestError(f"feature_drafter: depth {self.depth} must be in 1..{MAX_FEATURE_DEPTH} and width "
+                                f"{self.width} >= 1: re-export the artifact")
+        if self.capacity < self.scratch_slots + 2:
+            raise ManifestError(f"feature_drafter: capacity {self.capacity} leaves no room beside its "
+                                f"{self.scratch_slots} scratch rows: re-export the artifact")
+
+    @property
+    def scratch_slots(self) -> int:
+        """KV rows beyond the decoder's C for the draft tree's rows: WIDTH per further depth (one depth spare)."""
+        return self.depth * self.width
 
 
 @dataclass(frozen=True)

@@ -223,3 +223,51 @@ def test_a_float16_kv_artifact_drafts_through_a_float16_drafter_buffer(tiny, tmp
         greedy = engine.generate(prompt, max_new_tokens=30, mode=Mode.GREEDY, ignore_eos=True).token_ids
         drafted = engine.generate(prompt, max_new_tokens=30, ignore_eos=True)
         assert drafted.token_ids == greedy and max(drafted.stats.tree_sizes) > 1
+
+
+def test_a_deeper_drafter_is_sized_and_drafted_from_its_manifest(tiny, tmp_path, monkeypatch):
+    """--feature-depth 4 --feature-width 3: the manifest says so, the arena's drafter buffer has C + 4 x 3 rows,
+    trees reach depth 4 and never 5, and decoding stays token-identical to greedy."""
+    import shutil
+
+    from specmemo.export.feature_drafter import save_drafter
+    from specmemo.runtime.drafters import feature as feature_module
+
+    folder, model, _ = tiny
+    shutil.copytree(folder, tmp_path / "hf")
+    save_drafter(random_drafter(model, seed=3), tmp_path / "drafter")
+    artifact = export_tiny(None, tmp_path, max_capacity=64, feature_drafter=tmp_path / "drafter", feature_depth=4,
+                           feature_width=3)
+    session = DecoderSession(artifact, SessionConfig(sizes=Sizes(capacity=64, rows=24, tree=20), heads=False))
+    info = session.manifest.feature_drafter
+    assert (info.depth, info.width, info.scratch_slots, info.capacity) == (4, 3, 12, 64 + 12)
+    assert session.arena["drafter_kv.0"].shape[2] == 64 + 12
+    monkeypatch.setattr(feature_module, "MIN_EXPAND", 0.0)  # random weights: grow every depth allowed
+    graph = OrtFeatureGraph(session)
+    drafter = RuntimeFeatureDrafter(graph, session.embedding)
+    calls, run, propose = [0], graph.run, drafter.propose
+    graph.run = lambda *a: (calls.__setitem__(0, calls[0] + 1), run(*a))[1]
+    depths = []  # depths grown per step: one graph call for the catch-up, one per further depth
+
+    def counted(context, *, budget):
+        calls[0] = 0
+        tree = propose(context, budget=budget)
+        depths.append(calls[0])
+        return tree
+
+    drafter.propose = counted
+    prompt = np.random.default_rng(4).integers(5, model.config.vocab_size, 9).tolist()
+    greedy = generate(OrtBackend(DecoderSession(artifact)), prompt, max_new_tokens=30, eos_token_ids=set()).token_ids
+    result = generate(OrtBackend(session), prompt, max_new_tokens=30, eos_token_ids=set(), drafter=drafter,
+                      max_tree=20)
+    assert result.token_ids == greedy
+    assert max(depths) == 4
+
+
+def test_the_drafted_depth_follows_the_training_unroll_unless_told():
+    from specmemo.export.artifact import feature_shape
+
+    assert feature_shape({"train": {"unroll": 4}}, depth=None, width=None) == (4, 4)
+    assert feature_shape({"train": {"unroll": 1}}, depth=None, width=None) == (2, 4)  # a depth-1 model drafts two
+    assert feature_shape({"train": {"unroll": 20}}, depth=None, width=None) == (8, 4)  # the manifest's limit
+    assert feature_shape({"train": {"unroll": 4}}, depth=3, width=2) == (3, 2)

@@ -9,11 +9,12 @@ A step, with L base positions committed and the root (token L) decided:
   catch up – rows for the positions committed since the last step (their f from the verify
              step's hidden states), causal, into slots [first, L); the last row (t = L - 1)
              predicts f_L, and its top-k are the root's children (depth 1);
-  grow     – EAGLE-2's dynamic tree: each further depth, the WIDTH best nodes of the newest depth
+  grow     – EAGLE-2's dynamic tree: each further depth, the `width` best nodes of the newest depth
              (by path score = product of the guesses' probabilities; those under MIN_EXPAND are
              not worth a call) get a row (their parent's predicted feature, their own token) in
              scratch slots after L, attending to the filled slots and their ancestors' rows; its
-             top-k become their children. DEPTH depths at most (the catch-up gives the first).
+             top-k become their children. `depth` depths at most (the catch-up gives the first); depth
+             and width are the manifest's (FeatureDrafterInfo), which sized the scratch rows.
   rank     – every node by score; the best `budget - 1` form the draft (drafters.draft.ordered).
 Scratch slots are overwritten by the next catch-up. A new reply (a new context list) starts
 afresh: rows before the reply's prompt were not seen, their slots stay unfilled and unattended.
@@ -28,9 +29,7 @@ import numpy as np
 
 from specmemo.runtime.drafters.draft import DraftContext, DraftTree, ordered
 from specmemo.runtime.manifest import FeatureDrafterInfo, ManifestError
-from specmemo.runtime.sizes import FEATURE_DEPTH, FEATURE_WIDTH
 
-DEPTH, WIDTH = FEATURE_DEPTH, FEATURE_WIDTH  # sizes.py: the arena's scratch slots and T_max are sized by them
 MIN_EXPAND = 0.05  # a depth is drafted only while its best node's path score is at least this
 MASKED = np.float32(-np.inf)
 
@@ -88,8 +87,11 @@ class OrtFeatureGraph:
 class FeatureDrafter:
     name = "feature"
 
-    def __init__(self, graph, embedding, *, depth: int = DEPTH, width: int = WIDTH):
-        """graph: OrtFeatureGraph (or its torch twin); embedding: runtime.embedding.EmbeddingTable."""
+    def __init__(self, graph, embedding, *, depth: int | None = None, width: int | None = None):
+        """graph: OrtFeatureGraph (or its torch twin); embedding: runtime.embedding.EmbeddingTable; depth and
+        width: the manifest's (graph.info), which also sized the scratch rows of its KV buffer."""
+        depth = graph.info.depth if depth is None else depth
+        width = graph.info.width if width is None else width
         self.graph, self.embedding, self.depth, self.width = graph, embedding, depth, width
         self._filled = np.zeros(graph.capacity, dtype=bool)  # [C_d] slots holding a real row
         self._rows = 0  # rows computed so far: the next catch-up starts here

@@ -3,7 +3,7 @@ on the same prompts, in one run.
 
   1. vLLM's venv, made or reused (bench/vllm_env.py);
   2. our drafters in vLLM's formats (export/serving_formats.py): the Medusa heads (method "medusa",
-     K = the heads' count) and the feature drafter (method "eagle", K = runtime FEATURE_DEPTH);
+     K = the heads' count) and the feature drafter (method "eagle", K = the manifest's feature depth);
   3. vLLM: one fresh worker process per configuration (greedy, medusa, eagle, its own ngram): B = 1
      (prompts one by one) and B = 8 (all at once, max_num_seqs 8), greedy; acceptance from vLLM's own
      vllm:spec_decode_* counters; every speculative reply compared with vLLM's greedy reply;
@@ -31,7 +31,6 @@ import numpy as np
 from specmemo.bench.vllm_env import WORKER, default_venv, ensure_venv, worker_env
 from specmemo.errors import ConfigError
 from specmemo.runtime.config import EngineConfig, Mode
-from specmemo.runtime.sizes import FEATURE_DEPTH
 
 NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4, "prompt_lookup_min": 2}
 
@@ -43,6 +42,7 @@ class VllmBenchConfig:
     heads: Path | None  # vLLM Medusa folder of our heads (None: not measured)
     eagle: Path | None  # vLLM EAGLE folder of our feature drafter
     num_heads: int = 3  # K of the Medusa chain
+    feature_depth: int = 2  # K of the EAGLE chain: the depths our feature drafter drafts (its manifest entry)
     prompts: int = 20
     max_new_tokens: int = 128
     batches: tuple[int, ...] = (1, 8)
@@ -62,8 +62,8 @@ class VllmBenchConfig:
             arms["medusa"] = ("medusa", self.num_heads, {"method": "medusa", "model": str(self.heads),
                                                          "num_speculative_tokens": self.num_heads})
         if self.eagle is not None:
-            arms["feature"] = ("feature", FEATURE_DEPTH, {"method": "eagle", "model": str(self.eagle),
-                                                          "num_speculative_tokens": FEATURE_DEPTH})
+            arms["feature"] = ("feature", self.feature_depth, {"method": "eagle", "model": str(self.eagle),
+                                                               "num_speculative_tokens": self.feature_depth})
         arms["ngram"] = ("lookup", NGRAM["num_speculative_tokens"], NGRAM)
         return arms
 

@@ -77,7 +77,9 @@ def cmd_bench_vllm(args: argparse.Namespace) -> int:
                                     out=args.out / "drafters", log=log_stderr)
     config = bench.VllmBenchConfig(artifact=args.artifact, model_folder=resolve_model(manifest.source_model).hf_folder,
                                    heads=folders.get("medusa"), eagle=folders.get("eagle"),
-                                   num_heads=manifest.heads.num_heads if manifest.heads else 3, prompts=len(prompts),
+                                   num_heads=manifest.heads.num_heads if manifest.heads else 3,
+                                   feature_depth=manifest.feature_drafter.depth if manifest.feature_drafter else 2,
+                                   prompts=len(prompts),
                                    max_new_tokens=args.max_new_tokens, batches=tuple(sorted({1, *args.batch})),
                                    threads=args.threads, capacity=capacity, venv=args.venv or default_venv(),
                                    out=args.out)

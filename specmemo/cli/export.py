@@ -29,6 +29,10 @@ def add_parser(sub) -> None:
     p.add_argument("--feature-drafter", default="auto",
                    help="feature drafter folder (from train-drafter), 'none', or 'auto': the one shipped for the "
                         "model alias if any, for float32 exports (default auto)")
+    p.add_argument("--feature-depth", type=positive, default=None,
+                   help="depths the feature drafter drafts at most (default: the depth it was trained to unroll, at "
+                        "least 2); its KV buffer gets depth x --feature-width scratch rows")
+    p.add_argument("--feature-width", type=positive, default=None, help="nodes it expands per further depth (default 4)")
     p.add_argument("--draft-model", default=None,
                    help="a smaller model of the same tokenizer (alias, HF folder or .gguf), exported into the "
                         "artifact's draft/ folder with the same --dtype; the artifact then drafts with it and prompt "
@@ -179,7 +183,8 @@ def cmd_export(args: argparse.Namespace) -> int:
     auto = default_feature_drafter(args.model) if quant.dtype is WeightDtype.FLOAT32 else None
     feature = {"auto": auto, "none": None}.get(args.feature_drafter, Path(args.feature_drafter))
     export_artifact(ExportOptions(model=args.model, out=out, max_capacity=max_capacity, heads=heads, quant=quant,
-                                  top_k=args.top_k, drafter=args.drafter, feature_drafter=feature, mobile=args.mobile,
+                                  top_k=args.top_k, drafter=args.drafter, feature_drafter=feature,
+                                  feature_depth=args.feature_depth, feature_width=args.feature_width, mobile=args.mobile,
                                   kv_dtype=args.kv_dtype, draft_model=args.draft_model,
                                   **({} if args.batch is None else {"batch": args.batch})),
                     finalize=finalize)
