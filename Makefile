@@ -43,6 +43,16 @@ peers-setup: setup
 # The feature drafter trained on this machine (issue 34): the base model's features cached once (resumable), then
 # training from the shards on real features (--unroll 1), then fine-tuning on the drafter's own 2-deep unroll
 # (--unroll 2, as it drafts: depths 2-4 gain most); each phase's time and peak RSS from /usr/bin/time. Rerun to resume.
+# The features come from the graph a device runs: for the 1.5B coder its int4 artifact (exported here first if
+# missing), with at least half the conversations about code.
+ifeq ($(MODEL),qwen2.5-coder-1.5b)
+DEPLOYED ?= artifacts/$(MODEL)-int4
+DEPLOY_FLAGS ?= --dtype int4
+CODE_SHARE ?= 0.5
+endif
+DEPLOYED ?= $(ARTIFACT)
+DEPLOY_FLAGS ?=
+CODE_SHARE ?= 0
 FEATURES ?= $(HOME)/.cache/specmemo/features/$(MODEL)
 DRAFTER_OUT ?= results/drafter-cpu
 TOKENS ?= 400000
@@ -50,8 +60,9 @@ EPOCHS ?= 2
 TUNE_EPOCHS ?= 2
 drafter-cpu: setup
 	mkdir -p $(dir $(DRAFTER_OUT))
-	/usr/bin/time -v -o $(DRAFTER_OUT).cache.time $(BIN)/specmemo cache-features --artifact $(ARTIFACT) \
-	  --tokens $(TOKENS) --out $(FEATURES)
+	test -f $(DEPLOYED)/manifest.json || $(BIN)/specmemo export --model $(MODEL) --out $(DEPLOYED) $(DEPLOY_FLAGS)
+	/usr/bin/time -v -o $(DRAFTER_OUT).cache.time $(BIN)/specmemo cache-features --artifact $(DEPLOYED) \
+	  --tokens $(TOKENS) --code-share $(CODE_SHARE) --out $(FEATURES)
 	/usr/bin/time -v -o $(DRAFTER_OUT).train.time $(BIN)/specmemo train-drafter --features $(FEATURES) \
 	  --epochs $(EPOCHS) --out $(DRAFTER_OUT)-unroll1
 	/usr/bin/time -v -o $(DRAFTER_OUT).tune.time $(BIN)/specmemo train-drafter --features $(FEATURES) \

@@ -40,6 +40,7 @@ FIELDS = ("hidden", "tokens", "target", "starts", "top_ids", "top_probs")
 class FeatureCacheConfig:
     tokens: int = 1_000_000  # N positions to cache
     self_every: int = 4  # every k-th conversation: the base model's own reply (0: none, 1: all)
+    code_share: float = 0.0  # at least this share of the conversations hold code (ShareGPT's others are skipped)
     max_len: int = 512  # tokens per conversation (truncated)
     reply_tokens: int = 256  # most tokens of a self reply
     shard_tokens: int = 65_536  # positions per shard
@@ -51,16 +52,39 @@ class FeatureCacheConfig:
             raise ConfigError("--tokens, --max-len, --reply-tokens, --shard-tokens and --threads must be >= 1")
         if self.self_every < 0:
             raise ConfigError("--self-every must be >= 0 (0: no self replies)")
+        if not 0.0 <= self.code_share <= 1.0:
+            raise ConfigError(f"--code-share is a share of conversations in [0, 1], got {self.code_share}")
 
     def record(self, artifact_sha: str, data: str) -> dict:
         decided = {k: v for k, v in asdict(self).items() if k not in ("rows", "threads")}
+        if not self.code_share:  # settings written before the key decide the same shards
+            decided.pop("code_share")
         return {"artifact": artifact_sha, "data": data, **decided}
 
 
+def has_code(messages: list[dict]) -> bool:
+    """A conversation about code: a fenced block in any turn."""
+    return any("```" in m["content"] for m in messages)
+
+
+def with_code_share(conversations: Iterator[list[dict]], share: float) -> Iterator[list[dict]]:
+    """The conversations in file order, skipping those without code while they would push the coding share
+    below `share` (deterministic, so a resumed run skips the same ones)."""
+    code = plain = 0
+    for messages in conversations:
+        if has_code(messages):
+            code += 1
+        elif share and (plain + 1) * share > (1 - share) * code + share:
+            continue
+        else:
+            plain += 1
+        yield messages
+
+
 def examples(conversations: Iterator[list[dict]], tokenizer, engine, config: FeatureCacheConfig, *, start: int = 0
-             ) -> Iterator[tuple[int, Example]]:
-    """(conversation index, example) in file order from conversation `start` on: every self_every-th (by index)
-    a self reply, the rest teacher-forced."""
+             ) -> Iterator[tuple[int, Example, bool, bool]]:
+    """(conversation index, example, a self reply?, code?) in file order from conversation `start` on: every
+    self_every-th (by index) a self reply, the rest teacher-forced."""
     from specmemo.runtime.tokenizer import Message
 
     for index, messages in enumerate(itertools.islice(conversations, start, None), start):
@@ -70,11 +94,11 @@ def examples(conversations: Iterator[list[dict]], tokenizer, engine, config: Fea
                 continue
             new = min(config.reply_tokens, config.max_len - len(prompt))
             reply = engine.generate(prompt, max_new_tokens=new).token_ids
-            yield index, Example(prompt + reply, [False] * len(prompt) + [True] * len(reply))
+            yield index, Example(prompt + reply, [False] * len(prompt) + [True] * len(reply)), True, has_code(messages)
         else:
             example = tokenize_conversation(tokenizer, messages, config.max_len)
             if example is not None:
-                yield index, example
+                yield index, example, False, has_code(messages)
 
 
 def features(backend, ids: list[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -121,32 +145,51 @@ def cache_features(*, artifact: Path, conversations: Iterator[list[dict]], hf_to
     engine = open_engine(EngineConfig(artifact=artifact, mode=Mode.AUTO, threads=config.threads, capacity=capacity),
                          log=lambda _: None) if config.self_every else None
     skip = done["shards"][-1]["next_conversation"] if done["shards"] else 0
-    stream = examples(conversations, hf_tokenizer, engine, config, start=skip)
-    shard, started = _Shard(), time.perf_counter()
+    stream = examples(with_code_share(conversations, config.code_share), hf_tokenizer, engine, config, start=skip)
+    shard, started, run_positions = _Shard(), time.perf_counter(), 0
     bar = tqdm(total=config.tokens, initial=positions, desc="cache features", unit="tok", dynamic_ncols=True)
-    for index, example in stream:
+    for index, example, own, code in stream:
         hidden, top_ids, top_probs = features(backend, example.ids)
-        shard.add(example, hidden, top_ids, top_probs)
+        shard.add(example, hidden, top_ids, top_probs, own=own, code=code)
         bar.update(len(example.ids))
         if shard.positions >= config.shard_tokens or positions + shard.positions >= config.tokens:
             done["shards"].append(shard.write(out, len(done["shards"]), next_conversation=index + 1))
             positions += shard.positions
+            run_positions += shard.positions
             settings_path.write_text(json.dumps(done, indent=2) + "\n")
+            rate = run_positions / (time.perf_counter() - started)
+            log(f"shard {len(done['shards']) - 1}: {positions:,} of {config.tokens:,} positions, {rate:.0f} tok/s, "
+                f"ETA {(config.tokens - positions) / rate / 60:.0f} min ({shares(done['shards'])})")
             shard = _Shard()
             if positions >= config.tokens:
                 break
     bar.close()
     seconds = time.perf_counter() - started
-    log(f"cached {positions:,} positions in {len(done['shards'])} shards ({seconds / 60:.1f} min this run)")
+    log(f"cached {positions:,} positions in {len(done['shards'])} shards ({seconds / 60:.1f} min this run; "
+        f"{shares(done['shards'])})")
     return done
+
+
+def shares(shards: list[dict]) -> str:
+    """What the cache holds: the share of positions from the model's own replies and from conversations
+    with code (shards written before these counts report neither)."""
+    total = sum(s["positions"] for s in shards if "self_positions" in s)
+    if not total:
+        return "no counts"
+    own = sum(s["self_positions"] for s in shards if "self_positions" in s) / total
+    code = sum(s["code_positions"] for s in shards if "code_positions" in s) / total
+    return f"{own:.0%} own replies, {code:.0%} in conversations with code"
 
 
 class _Shard:
     def __init__(self):
         self.parts: dict[str, list[np.ndarray]] = {name: [] for name in FIELDS if name != "starts"}
         self.starts, self.positions = [0], 0
+        self.self_positions = self.code_positions = 0
 
-    def add(self, example: Example, hidden, top_ids, top_probs) -> None:
+    def add(self, example: Example, hidden, top_ids, top_probs, *, own: bool = False, code: bool = False) -> None:
+        self.self_positions += len(example.ids) if own else 0
+        self.code_positions += len(example.ids) if code else 0
         self.parts["hidden"].append(hidden)
         self.parts["tokens"].append(np.asarray(example.ids, dtype=np.int32))
         self.parts["target"].append(np.array(example.target[1:] + [False]))  # position p predicts token p + 1
@@ -165,7 +208,8 @@ class _Shard:
         np.save(partial / "starts.npy", np.array(self.starts, dtype=np.int64))
         partial.rename(final)
         return {"name": final.name, "positions": self.positions, "conversations": len(self.starts) - 1,
-                "next_conversation": next_conversation}
+                "next_conversation": next_conversation, "self_positions": self.self_positions,
+                "code_positions": self.code_positions}
 
 
 def load_features(folder: Path) -> TeacherCache:

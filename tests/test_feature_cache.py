@@ -97,3 +97,15 @@ def test_train_drafter_from_features_reports_validation_per_epoch(base, tmp_path
                                            warmup_steps=2, features="toy"), log=lambda *_: None).card["train"]
     assert heads["tokens"] == cache.positions and heads["loss_last50"] < heads["loss_first"]
     assert (tmp_path / "heads" / "heads.safetensors").is_file()
+
+
+def test_the_coding_share_is_reached_in_file_order_and_the_same_on_resume():
+    from specmemo.export.feature_cache import has_code, with_code_share
+
+    conversations = [[{"role": "user", "content": f"```{i}```" if i % 5 == 0 else f"plain {i}"}] for i in range(400)]
+    kept = list(with_code_share(iter(conversations), 0.5))
+    share = sum(map(has_code, kept)) / len(kept)
+    assert 0.49 <= share <= 0.51 and kept == list(with_code_share(iter(conversations), 0.5))
+    order = [conversations.index(m) for m in kept]
+    assert order == sorted(order)  # file order kept, the plain ones skipped as needed
+    assert list(with_code_share(iter(conversations), 0.0)) == conversations

