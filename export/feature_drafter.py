@@ -66,10 +66,13 @@ class FeatureDrafterSpec:
             raise DrafterError(f"drafter format {self.format} is not {DRAFTER_FORMAT}: retrain the drafter")
 
     @classmethod
-    def for_base(cls, dims, *, subvocab_size: int, base_sha256: str = "") -> FeatureDrafterSpec:
-        """The sizes of one layer of the base model (dims: runtime.manifest.ModelDims)."""
+    def for_base(cls, dims, *, subvocab_size: int, base_sha256: str = "",
+                 intermediate_size: int | None = None) -> FeatureDrafterSpec:
+        """The sizes of one layer of the base model (dims: runtime.manifest.ModelDims), its MLP
+        `intermediate_size` wide if given (a narrow MLP: a cheaper drafted depth)."""
         return cls(hidden_size=dims.hidden_size, vocab_size=dims.vocab_size, num_heads=dims.num_heads,
-                   num_kv_heads=dims.num_kv_heads, head_dim=dims.head_dim, intermediate_size=dims.intermediate_size,
+                   num_kv_heads=dims.num_kv_heads, head_dim=dims.head_dim,
+                   intermediate_size=intermediate_size or dims.intermediate_size,
                    rms_norm_eps=dims.rms_norm_eps, subvocab_size=min(subvocab_size, dims.vocab_size),
                    base_sha256=base_sha256)
 

@@ -43,6 +43,7 @@ NOISE = 0.1
 @dataclass(frozen=True)
 class DrafterTrainConfig:
     subvocab_size: int = 8192  # N
+    mlp_size: int = 0  # the drafter layer's MLP width (0: the base model's intermediate size; narrower is cheaper)
     data: str = "both"  # dataset | self | both
     conversations: int = 1000  # the first N usable ShareGPT conversations (dataset replies)
     self_prompts: int = 300  # first turns answered by the base model (self replies)
@@ -68,6 +69,8 @@ class DrafterTrainConfig:
         for name in ("subvocab_size", "conversations", "self_prompts", "batch_sequences", "threads", "max_len", "unroll"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"--{name.replace('_', '-')} must be >= 1")
+        if self.mlp_size < 0:
+            raise ConfigError(f"--mlp-size must be >= 0 (0: the base model's), got {self.mlp_size}")
         check_schedule(epochs=self.epochs, lr=self.lr, device=self.device)
 
     def record(self) -> dict:
@@ -166,7 +169,8 @@ def train_drafter(*, hf_model: Any, tokenizer: Any, conversations: list, config:
     cache = features if features is not None else teacher_data(hf_model, tokenizer, conversations, config, cache_key,
                                                                 log)
     dims = dims_from_config(hf_model.config)
-    spec = FeatureDrafterSpec.for_base(dims, subvocab_size=config.subvocab_size, base_sha256=base_sha256)
+    spec = FeatureDrafterSpec.for_base(dims, subvocab_size=config.subvocab_size, base_sha256=base_sha256,
+                                       intermediate_size=config.mlp_size or None)
     cos, sin = rotary_table(hf_model, config.max_len + 2, dims.head_dim)
     if config.init:  # fine-tune: the start's weights and token map (same base model, same sizes)
         drafter = load_drafter(Path(config.init), lm_head_t=lm_head_t(hf_model).cpu(), cos=cos, sin=sin,
@@ -174,6 +178,9 @@ def train_drafter(*, hf_model: Any, tokenizer: Any, conversations: list, config:
         if drafter.spec.subvocab_size != spec.subvocab_size:
             raise ConfigError(f"--init {config.init} has a sub-vocabulary of {drafter.spec.subvocab_size}, not "
                               f"--subvocab-size {spec.subvocab_size}: pass --subvocab-size {drafter.spec.subvocab_size}")
+        if config.mlp_size and drafter.spec.intermediate_size != config.mlp_size:
+            raise ConfigError(f"--init {config.init} has an MLP {drafter.spec.intermediate_size} wide, not --mlp-size "
+                              f"{config.mlp_size}: pass --mlp-size {drafter.spec.intermediate_size} (or leave it out)")
         token_map = drafter.token_map.cpu()
     else:
         token_map = frequent_tokens(cache, spec.subvocab_size)

@@ -271,3 +271,12 @@ def test_the_drafted_depth_follows_the_training_unroll_unless_told():
     assert feature_shape({"train": {"unroll": 1}}, depth=None, width=None) == (2, 4)  # a depth-1 model drafts two
     assert feature_shape({"train": {"unroll": 20}}, depth=None, width=None) == (8, 4)  # the manifest's limit
     assert feature_shape({"train": {"unroll": 4}}, depth=3, width=2) == (3, 2)
+
+
+def test_bench_profile_prices_one_drafted_depth(with_drafter):
+    from specmemo.bench.profile import ProfileConfig, format_table, run_profile
+
+    result = run_profile(ProfileConfig(artifact=with_drafter[0], context=12, steps=8), log=lambda *_: None)
+    timed = result["engines"]["specmemo"]["timed"]
+    assert 0 < timed["drafter_depth_ms"] < 10 * timed["wall_ms"]
+    assert "one drafted depth (feature drafter, its width in rows)" in format_table(result)

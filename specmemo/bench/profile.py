@@ -125,7 +125,31 @@ def _decode_pass(config: ProfileConfig, *, profile: bool) -> dict:
            "rows_per_call": backend.min_rows}
     if profile:
         out.update(account(session.session, config.steps))
+    elif manifest.feature_drafter is not None:
+        out["drafter_depth_ms"] = drafter_depth_ms(session, context=config.context, steps=config.steps)
     return out
+
+
+def drafter_depth_ms(session, *, context: int, steps: int) -> float:
+    """Median ms of one drafted depth: the feature drafter's graph on `width` rows (one grow call) over
+    `context` filled slots, as the runtime calls it."""
+    from specmemo.runtime.drafters.feature import OrtFeatureGraph
+
+    graph = OrtFeatureGraph(session)
+    info = graph.info
+    rows, h = info.width, graph.hidden_size
+    rng = np.random.default_rng(0)
+    features, embeds = rng.standard_normal((2, rows, h)).astype(np.float32)
+    positions = np.full(rows, context + 1, dtype=np.int64)
+    bias = np.zeros((rows, context + rows), np.float32)
+    bias[:, context:] = np.where(np.eye(rows, dtype=bool), 0.0, -np.inf)
+    times = []
+    for i in range(steps + WARMUP_STEPS):
+        started = time.perf_counter()
+        graph.run(features, embeds, positions, bias)
+        if i >= WARMUP_STEPS:
+            times.append(time.perf_counter() - started)
+    return 1e3 * statistics.median(times)
 
 
 def _genai_binding(session, context: int, capacity: int, token: int, head_size: int):
@@ -255,4 +279,7 @@ def format_table(result: dict) -> str:
         t = engines[name]["timed"]
         extra = f", outside session.run {t['host_ms']:.3f} (wall {t['wall_ms']:.3f})" if "host_ms" in t else ""
         lines.append(f"  {name:<20} session.run {t['run_ms']:.3f} ms ({t['rows_per_call']} rows a call){extra}")
+        if "drafter_depth_ms" in t:
+            lines.append(f"  {'':<20} one drafted depth (feature drafter, its width in rows) {t['drafter_depth_ms']:.3f} "
+                         f"ms = {100 * t['drafter_depth_ms'] / t['run_ms']:.1f}% of a step")
     return "\n".join(lines)

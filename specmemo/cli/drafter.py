@@ -39,6 +39,9 @@ def add_parser(sub) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=positive, default=2)
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    p.add_argument("--mlp-size", type=int, default=0,
+                   help="the drafter layer's MLP width (default 0: the base model's intermediate size); narrower "
+                        "makes each drafted depth cheaper, e.g. --mlp-size 1536 for a 1.5B (8,960 wide)")
     p.add_argument("--unroll", type=positive, default=1,
                    help="depths trained: 1 = on the base model's real features (EAGLE-1); p > 1 also trains the "
                         "drafter on its own predictions p deep, as it drafts (EAGLE-3's training-time test; "
@@ -181,7 +184,7 @@ def cmd_train_drafter(args: argparse.Namespace) -> int:
     config = DrafterTrainConfig(subvocab_size=args.subvocab_size, data=args.data, conversations=args.conversations,
                                 self_prompts=args.self_prompts, max_len=args.max_len, epochs=args.epochs,
                                 batch_sequences=args.batch_sequences, lr=args.lr, seed=args.seed,
-                                threads=args.threads, device=args.device, unroll=args.unroll,
+                                threads=args.threads, device=args.device, unroll=args.unroll, mlp_size=args.mlp_size,
                                 init=str(args.init or ""))
     data = None if args.sharegpt == "sharegpt" else Path(args.sharegpt)
     conversations = list(itertools.islice(sharegpt_conversations(data), max(config.conversations, config.self_prompts)))
@@ -203,7 +206,7 @@ def _train_from_features(args: argparse.Namespace) -> int:
     cache, settings, data = feature_cache(args.features)
     config = DrafterTrainConfig(subvocab_size=args.subvocab_size, data="features", max_len=settings["max_len"],
                                 epochs=args.epochs, batch_sequences=args.batch_sequences, lr=args.lr, seed=args.seed,
-                                threads=args.threads, device=args.device, unroll=args.unroll,
+                                threads=args.threads, device=args.device, unroll=args.unroll, mlp_size=args.mlp_size,
                                 init=str(args.init or ""), features=json.dumps(settings, sort_keys=True))
     resolved, hf_model, tokenizer, command = base_model(args)
     card = {"command": command, "model": args.model, "data": data}
