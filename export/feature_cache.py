@@ -62,6 +62,11 @@ class FeatureCacheConfig:
         return {"artifact": artifact_sha, "data": data, **decided}
 
 
+def _identity(settings: dict) -> dict:
+    """What decides the shards' contents: everything but the target size (a larger one extends the cache)."""
+    return {k: v for k, v in settings.items() if k != "tokens"}
+
+
 def has_code(messages: list[dict]) -> bool:
     """A conversation about code: a fenced block in any turn."""
     return any("```" in m["content"] for m in messages)
@@ -132,9 +137,10 @@ def cache_features(*, artifact: Path, conversations: Iterator[list[dict]], hf_to
     out.mkdir(parents=True, exist_ok=True)
     settings_path = out / SETTINGS_FILE
     done = json.loads(settings_path.read_text()) if settings_path.is_file() else {"settings": record, "shards": []}
-    if done["settings"] != record:
+    if _identity(done["settings"]) != _identity(record):
         raise ConfigError(f"{out} holds features made with other settings ({settings_path}): use another --out, or "
-                          f"the same settings to resume")
+                          f"the same settings to resume (--tokens may grow: a larger one continues the cache)")
+    done["settings"] = record  # the target now asked for
     positions = sum(s["positions"] for s in done["shards"])
     if positions >= config.tokens:
         log(f"{out}: {positions:,} positions in {len(done['shards'])} shards already")

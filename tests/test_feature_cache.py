@@ -66,6 +66,11 @@ def test_shards_hold_the_decoders_features_and_resume_to_the_same_bytes(base, tm
     resumed = load_features(tmp_path / "b")
     for name in ("hidden", "tokens", "target", "starts", "top_ids", "top_probs"):
         assert np.array_equal(getattr(resumed, name), getattr(cache, name)), name
+    # a larger --tokens continues the cache: the shards done stay, more follow
+    grown = run(base, tmp_path / "b", FeatureCacheConfig(**{**CONFIG.__dict__, "tokens": 900}))
+    assert grown["shards"][: len(done["shards"])] == done["shards"] and len(grown["shards"]) > len(done["shards"])
+    assert sum(s["positions"] for s in grown["shards"]) >= 900 and grown["settings"]["tokens"] == 900
+    assert "self_positions" in grown["shards"][-1]
     with pytest.raises(ConfigError, match="other settings"):
         run(base, tmp_path / "a", FeatureCacheConfig(**{**CONFIG.__dict__, "max_len": 32}))
     with pytest.raises(ConfigError, match="cache-features --out"):
