@@ -49,10 +49,12 @@ ifeq ($(MODEL),qwen2.5-coder-1.5b)
 DEPLOYED ?= artifacts/$(MODEL)-int4
 DEPLOY_FLAGS ?= --dtype int4
 CODE_SHARE ?= 0.5
+MLP_SIZE ?= 1536
 endif
 DEPLOYED ?= $(ARTIFACT)
 DEPLOY_FLAGS ?=
 CODE_SHARE ?= 0
+MLP_SIZE ?= 0
 FEATURES ?= $(HOME)/.cache/specmemo/features/$(MODEL)
 DRAFTER_OUT ?= results/drafter-cpu
 TOKENS ?= 400000
@@ -63,10 +65,11 @@ drafter-cpu: setup
 	test -f $(DEPLOYED)/manifest.json || $(BIN)/specmemo export --model $(MODEL) --out $(DEPLOYED) $(DEPLOY_FLAGS)
 	/usr/bin/time -v -o $(DRAFTER_OUT).cache.time $(BIN)/specmemo cache-features --artifact $(DEPLOYED) \
 	  --tokens $(TOKENS) --code-share $(CODE_SHARE) --out $(FEATURES)
-	/usr/bin/time -v -o $(DRAFTER_OUT).train.time $(BIN)/specmemo train-drafter --features $(FEATURES) \
-	  --epochs $(EPOCHS) --out $(DRAFTER_OUT)-unroll1
-	/usr/bin/time -v -o $(DRAFTER_OUT).tune.time $(BIN)/specmemo train-drafter --features $(FEATURES) \
-	  --init $(DRAFTER_OUT)-unroll1 --unroll 2 --lr 3e-4 --epochs $(TUNE_EPOCHS) --out $(DRAFTER_OUT)
+	/usr/bin/time -v -o $(DRAFTER_OUT).train.time $(BIN)/specmemo train-drafter --model $(MODEL) \
+	  --features $(FEATURES) --mlp-size $(MLP_SIZE) --epochs $(EPOCHS) --out $(DRAFTER_OUT)-unroll1
+	/usr/bin/time -v -o $(DRAFTER_OUT).tune.time $(BIN)/specmemo train-drafter --model $(MODEL) \
+	  --features $(FEATURES) --init $(DRAFTER_OUT)-unroll1 --unroll 2 --lr 3e-4 --epochs $(TUNE_EPOCHS) \
+	  --out $(DRAFTER_OUT)
 	grep -h -E "Elapsed|Maximum resident" $(DRAFTER_OUT).cache.time $(DRAFTER_OUT).train.time $(DRAFTER_OUT).tune.time
 
 # EleutherAI's lm-evaluation-harness for `specmemo bench harness` (an independent client of `serve`): its own venv,

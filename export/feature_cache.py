@@ -165,7 +165,7 @@ def cache_features(*, artifact: Path, conversations: Iterator[list[dict]], hf_to
             settings_path.write_text(json.dumps(done, indent=2) + "\n")
             rate = run_positions / (time.perf_counter() - started)
             log(f"shard {len(done['shards']) - 1}: {positions:,} of {config.tokens:,} positions, {rate:.0f} tok/s, "
-                f"ETA {(config.tokens - positions) / rate / 60:.0f} min ({shares(done['shards'])})")
+                f"ETA {max(0, config.tokens - positions) / rate / 60:.0f} min ({shares(done['shards'])})")
             shard = _Shard()
             if positions >= config.tokens:
                 break

@@ -208,6 +208,12 @@ def _train_from_features(args: argparse.Namespace) -> int:
                                 epochs=args.epochs, batch_sequences=args.batch_sequences, lr=args.lr, seed=args.seed,
                                 threads=args.threads, device=args.device, unroll=args.unroll, mlp_size=args.mlp_size,
                                 init=str(args.init or ""), features=json.dumps(settings, sort_keys=True))
+    from specmemo.errors import ConfigError
+    from specmemo.export.load import resolve_model
+
+    if settings["artifact"].split("|")[0] != resolve_model(args.model).sha256:  # before the model loads
+        raise ConfigError(f"{args.features} holds features of another model than --model {args.model}: pass the "
+                          f"--model its artifact was exported from")
     resolved, hf_model, tokenizer, command = base_model(args)
     card = {"command": command, "model": args.model, "data": data}
     train_drafter(hf_model=hf_model, tokenizer=tokenizer, conversations=[], config=config, out=args.out,
