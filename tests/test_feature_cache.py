@@ -114,3 +114,15 @@ def test_the_coding_share_is_reached_in_file_order_and_the_same_on_resume():
     order = [conversations.index(m) for m in kept]
     assert order == sorted(order)  # file order kept, the plain ones skipped as needed
     assert list(with_code_share(iter(conversations), 0.0)) == conversations
+
+
+def test_a_cache_of_another_model_is_refused_before_training(base, tmp_path, capsys):
+    from specmemo.cli import main
+
+    run(base, tmp_path / "features", FeatureCacheConfig(**{**CONFIG.__dict__, "tokens": 150}))
+    capsys.readouterr()
+    code = main(["train-drafter", "--model", "smollm2-135m", "--features", str(tmp_path / "features"),
+                 "--out", str(tmp_path / "drafter")])
+    err = capsys.readouterr().err
+    assert code == 1 and "holds features of another model than --model smollm2-135m" in err and err.count("\n") == 1
+    assert not (tmp_path / "drafter").exists()
