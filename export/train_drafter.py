@@ -193,8 +193,8 @@ def train_drafter(*, hf_model: Any, tokenizer: Any, conversations: list, config:
     summary = train_loop(drafter, cache, embed, inverse, config, out, log=log)
     summary.update(conversations=len(cache.starts) - 1, tokens=int(cache.positions),
                    minutes=round((time.perf_counter() - started) / 60, 1))
-    spec = replace(spec, card={"hardware": hardware(config.device), **(card or {}),
-                               "train": {**config.record(), **summary}})
+    spec = replace(spec, intermediate_size=drafter.spec.intermediate_size,  # an --init drafter keeps its MLP
+                   card={"hardware": hardware(config.device), **(card or {}), "train": {**config.record(), **summary}})
     save_drafter(drafter.cpu(), out, spec)
     write_card(out)
     log(f"wrote {out} ({summary['minutes']} min): loss {summary['loss_first']:.3f} → {summary['loss_last50']:.3f}, "

@@ -173,7 +173,7 @@ def test_training_learns_is_deterministic_and_resumes(tiny, tmp_path):
     tokenizer = make_tokenizer(model.config.vocab_size)
     data = conversations(model.config.vocab_size, count=12, seed=5)
     config = DrafterTrainConfig(subvocab_size=SUBVOCAB, data="dataset", conversations=12, max_len=64, epochs=8,
-                                batch_sequences=4, lr=3e-3, warmup_steps=2, checkpoint_every=4)
+                                batch_sequences=4, lr=3e-3, warmup_steps=2, checkpoint_every=4, mlp_size=24)
     runs = {}
     for run in ("a", "b"):
         runs[run] = train_drafter(hf_model=model, tokenizer=tokenizer, conversations=data, config=config,
@@ -184,9 +184,14 @@ def test_training_learns_is_deterministic_and_resumes(tiny, tmp_path):
     assert train["loss_last50"] < train["loss_first"]
     # fine-tuning run "a" at --unroll 2: starts from its weights and sub-vocabulary, trains both depths
     unrolled = train_drafter(hf_model=model, tokenizer=tokenizer, conversations=data, out=tmp_path / "unroll",
-                             config=DrafterTrainConfig(**{**config.__dict__, "unroll": 2, "init": str(tmp_path / "a")}),
+                             config=DrafterTrainConfig(**{**config.__dict__, "unroll": 2, "init": str(tmp_path / "a"),
+                                                          "mlp_size": 0}),
                              log=lambda *_: None).card["train"]
     tuned = load_file(str(tmp_path / "unroll" / "drafter.safetensors"))
+    from specmemo.export.feature_drafter import load_drafter_spec
+
+    assert a["gate.weight"].shape[0] == 24 != model.config.intermediate_size  # the narrow MLP
+    assert load_drafter_spec(tmp_path / "unroll").intermediate_size == tuned["gate.weight"].shape[0] == 24
     assert unrolled["unroll"] == 2 and torch.equal(tuned["token_map"], a["token_map"])
     assert not torch.equal(tuned["fc.weight"], a["fc.weight"])
     # resuming: a longer run picks up the finished one's checkpoint only if the settings match
