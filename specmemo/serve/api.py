@@ -17,9 +17,17 @@ from dataclasses import dataclass
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from starlette.responses import JSONResponse
 
 MAX_STOPS = 4  # OpenAI's limit
 MAX_DEPTH = 32  # JSON nesting a real request never needs (messages → content parts → part is depth 4)
+
+
+def error(status: int, message: str, kind: str = "invalid_request_error", param: str | None = None,
+          headers: dict | None = None, code: str | None = None) -> JSONResponse:
+    """OpenAI's error object: every refusal and failure the server answers, from any layer."""
+    return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": code}},
+                        status_code=status, headers=headers)
 
 
 class BadRequest(ValueError):

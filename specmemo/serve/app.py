@@ -39,7 +39,7 @@ from specmemo.runtime.logit_rules import LogitRules, TokenLogprob
 from specmemo.runtime.pool import Request
 from specmemo.runtime.sampling import Sampling, default_sampling
 from specmemo.runtime.tokenizer import ChatTokenizer, Message
-from specmemo.serve.api import BadRequest, ChatRequest, CompletionRequest, Limits, parse
+from specmemo.serve.api import BadRequest, ChatRequest, CompletionRequest, Limits, error, parse
 from specmemo.serve.guard import ConnectionGone, Exposure, Guard
 from specmemo.serve.keys import RequireKey
 from specmemo.serve.metrics import Metrics
@@ -48,12 +48,6 @@ from specmemo.serve.worker import PoolWorker, QueueFull
 
 BODY_TIMEOUT_S = 30.0  # a client that has not sent its whole body by then is dropped (408)
 LOG = logging.getLogger("specmemo.serve")
-
-
-def error(status: int, message: str, kind: str = "invalid_request_error", param: str | None = None,
-          headers: dict | None = None) -> JSONResponse:
-    return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": None}},
-                        status_code=status, headers=headers)
 
 
 class ServeApp:

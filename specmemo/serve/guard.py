@@ -21,9 +21,8 @@ import ipaddress
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from starlette.responses import JSONResponse
-
 from specmemo.errors import ConfigError
+from specmemo.serve.api import error
 
 LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
 ANY = "*"
@@ -108,11 +107,6 @@ def _transport(send):
     return sending
 
 
-def refusal(message: str, code: str) -> JSONResponse:
-    return JSONResponse({"error": {"message": message, "type": "invalid_request_error", "param": None, "code": code}},
-                        status_code=403)
-
-
 class Guard:
     """ASGI middleware: a foreign Host or a cross-origin Origin is refused before anything else runs."""
 
@@ -127,12 +121,12 @@ class Guard:
         host, origin = headers.get(b"host", ""), headers.get(b"origin", "")
         response = None
         if not self.exposure.host_allowed(host):
-            response = refusal(f"Host {ascii(host_name(host))} is not served here (a guard against DNS rebinding): "
-                               f"restart serve with --allowed-host {ascii(host_name(host))[1:-1]} to allow it",
-                               "host_not_allowed")
+            response = error(403, f"Host {ascii(host_name(host))} is not served here (a guard against DNS rebinding): "
+                             f"restart serve with --allowed-host {ascii(host_name(host))[1:-1]} to allow it",
+                             code="host_not_allowed")
         elif not self.exposure.origin_allowed(origin, host):
-            response = refusal(f"cross-origin requests from {ascii(origin)} are refused: restart serve with "
-                               f"--cors-origin {ascii(origin)[1:-1]} to allow that page", "origin_not_allowed")
+            response = error(403, f"cross-origin requests from {ascii(origin)} are refused: restart serve with "
+                             f"--cors-origin {ascii(origin)[1:-1]} to allow that page", code="origin_not_allowed")
         if response is None:
             return await self.app(scope, receive, send)
         self.on_refused(403)

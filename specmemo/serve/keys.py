@@ -8,9 +8,8 @@ import hmac
 import ipaddress
 import os
 
-from starlette.responses import JSONResponse
-
 from specmemo.errors import ConfigError
+from specmemo.serve.api import error
 
 ENV = "SPECMEMO_API_KEY"  # one key, or several separated by commas
 OPEN_PATHS = ("/health",)
@@ -66,7 +65,6 @@ class RequireKey:
         if authorized(header, self.keys):
             return await self.app(scope, receive, send)
         self.on_refused(401)
-        response = JSONResponse({"error": {"message": "missing or wrong API key: send Authorization: Bearer KEY",
-                                           "type": "invalid_request_error", "param": None, "code": "invalid_api_key"}},
-                                status_code=401, headers={"WWW-Authenticate": "Bearer"})
+        response = error(401, "missing or wrong API key: send Authorization: Bearer KEY",
+                         headers={"WWW-Authenticate": "Bearer"}, code="invalid_api_key")
         await response(scope, receive, send)
