@@ -60,13 +60,15 @@ DRAFTER_OUT ?= results/drafter-cpu
 TOKENS ?= 400000
 EPOCHS ?= 2
 TUNE_EPOCHS ?= 2
+VALIDATE_EVERY ?= 200
 drafter-cpu: setup
 	mkdir -p $(dir $(DRAFTER_OUT))
 	test -f $(DEPLOYED)/manifest.json || $(BIN)/specmemo export --model $(MODEL) --out $(DEPLOYED) $(DEPLOY_FLAGS)
 	/usr/bin/time -v -o $(DRAFTER_OUT).cache.time $(BIN)/specmemo cache-features --artifact $(DEPLOYED) \
 	  --tokens $(TOKENS) --code-share $(CODE_SHARE) --out $(FEATURES)
 	/usr/bin/time -v -o $(DRAFTER_OUT).train.time $(BIN)/specmemo train-drafter --model $(MODEL) \
-	  --features $(FEATURES) --mlp-size $(MLP_SIZE) --epochs $(EPOCHS) --out $(DRAFTER_OUT)-unroll1
+	  --features $(FEATURES) --mlp-size $(MLP_SIZE) --epochs $(EPOCHS) --validate-every $(VALIDATE_EVERY) \
+	  --out $(DRAFTER_OUT)-unroll1
 	/usr/bin/time -v -o $(DRAFTER_OUT).tune.time $(BIN)/specmemo train-drafter --model $(MODEL) \
 	  --features $(FEATURES) --init $(DRAFTER_OUT)-unroll1 --unroll 2 --lr 3e-4 --epochs $(TUNE_EPOCHS) \
 	  --out $(DRAFTER_OUT)

@@ -59,6 +59,7 @@ class DrafterTrainConfig:
     threads: int = 2
     device: str = "cpu"
     checkpoint_every: int = 50
+    validate_every: int = 0  # steps between validations (0: once an epoch); each is a point of the learning curve
     features: str = ""  # data "features": the feature cache's settings (export/feature_cache.py), as JSON
     unroll: int = 1  # depths trained: 1 = EAGLE-1 (real features + noise); p > 1 adds the drafter's own p-deep unroll
     init: str = ""  # a drafter folder to start from (fine-tuning): its weights and sub-vocabulary
@@ -76,7 +77,7 @@ class DrafterTrainConfig:
     def record(self) -> dict:
         """The settings that decide the result (not threads, device, checkpoint cadence)."""
         data = asdict(self)
-        for volatile in ("threads", "device", "checkpoint_every"):
+        for volatile in ("threads", "device", "checkpoint_every", "validate_every"):
             data.pop(volatile)
         return data
 
@@ -229,7 +230,7 @@ def train_loop(drafter: FeatureDrafter, cache: TeacherCache, embed: torch.Tensor
     total_steps = max(1, int(per_epoch * config.epochs))
     params = [p for p in drafter.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=0.0)
-    step, history = 0, []
+    step, history, curve = 0, [], []  # curve: the validations so far, as learning-curve points
     checkpoint = out / CHECKPOINT_FILE
     key = json.dumps(config.record(), sort_keys=True)
     if checkpoint.is_file():
@@ -240,12 +241,14 @@ def train_loop(drafter: FeatureDrafter, cache: TeacherCache, embed: torch.Tensor
         drafter.load_state_dict(state["drafter"])
         optimizer.load_state_dict(state["optimizer"])
         step, history = int(state["step"]), list(state["history"])
+        curve = list(state.get("curve", []))
         log(f"resuming from {checkpoint} at step {step}/{total_steps}")
     log(f"training the feature drafter ({sum(p.numel() for p in params) / 1e6:.1f}M parameters, N={len(inverse[inverse >= 0])}) "
         f"on {len(seqs):,} sequences ({int(cache.target.sum()):,} target positions) x {config.epochs:g} epochs "
         f"= {total_steps} steps of {config.batch_sequences}")
     window: list[tuple[float, float]] = []
-    validation: list[list[float]] = []
+    every = config.validate_every or per_epoch
+    per_sequence = float(cache.target.sum()) / max(1, len(seqs) + len(held_out))  # target positions a sequence holds
     bar = tqdm(total=total_steps, initial=step, desc="train drafter", unit="step", dynamic_ncols=True)
     while step < total_steps:
         epoch, offset = divmod(step, per_epoch)
@@ -266,19 +269,23 @@ def train_loop(drafter: FeatureDrafter, cache: TeacherCache, embed: torch.Tensor
         bar.set_postfix(loss=f"{np.mean([w[0] for w in window]):.3f}", top1=f"{np.mean([w[1] for w in window]):.3f}")
         bar.update(1)
         history.append(window[-1][0])
-        if held_out and (step % per_epoch == 0 or step == total_steps):
+        if held_out and (step % every == 0 or step % per_epoch == 0 or step == total_steps):
             score = validate(drafter, cache, held_out, embed, inverse, config)
-            validation.append(score)
-            bar.write(f"epoch {step / per_epoch:.2f}: validation top-1 by depth "
+            seen = round(step * config.batch_sequences * per_sequence)
+            curve.append({"step": step, "epoch": round(step / per_epoch, 3), "positions_seen": seen,
+                          "top1_by_depth": [round(v, 4) for v in score]})
+            bar.write(f"epoch {step / per_epoch:.2f} ({seen:,} positions seen): validation top-1 by depth "
                       f"{' '.join(f'{v:.3f}' for v in score)} ({len(held_out)} sequences)")
         if step % config.checkpoint_every == 0 or step == total_steps:
             tmp = checkpoint.with_suffix(".tmp")
             torch.save({"drafter": drafter.state_dict(), "optimizer": optimizer.state_dict(), "step": step,
-                        "history": history, "config": key}, tmp)
+                        "history": history, "curve": curve, "config": key}, tmp)
             tmp.rename(checkpoint)
     bar.close()
     return {"steps": total_steps, "sequences": len(seqs), "loss_first": history[0] if history else None,
             "loss_last50": float(np.mean(history[-50:])) if history else None,
             "train_top1_last50": float(np.mean([w[1] for w in window])) if window else None,
-            "validation_top1_by_epoch": [round(v[0], 4) for v in validation],
-            "validation_top1_by_depth": [round(v, 4) for v in validation[-1]] if validation else None}
+            "validation_top1_by_epoch": [c["top1_by_depth"][0] for c in curve if c["step"] % per_epoch == 0
+                                         or c["step"] == total_steps],
+            "validation_top1_by_depth": curve[-1]["top1_by_depth"] if curve else None,
+            "learning_curve": curve}

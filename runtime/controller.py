@@ -21,13 +21,18 @@ then (after EXPLORE_EVERY steps, then twice as long each time, up to EXPLORE_MAX
 statistics can recover when the text gets easier. A drafter costing under FREE_DRAFT of a plain
 step (prompt lookup) always runs: a miss costs nothing worth saving. Every decision is kept for
 `--stats`.
+
+A choice among drafters (`--drafter feature,lookup,model`, drafters.Priced) is priced by DrafterChoice: one
+Controller per candidate (its own calibration, drafting ms, per-depth reach), one latency curve that every
+verify refines; each step the candidate whose drafted steps promised the most tokens per ms drafts, each
+untried candidate first and every PROBE_EVERY steps the one left longest, so a price that changed is seen.
 """
 
 from __future__ import annotations
 
 import statistics
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -44,6 +49,7 @@ FREE_DRAFT = 0.02  # drafting under 2% of a plain step always runs
 RATE_MEMORY = 16  # steps: the running mean of drafted steps' rate forgets with this time constant
 PRIOR_REACH = 0.5  # before any step: a drafted depth is reached (accepted down to it) half the time, per level
 PRIOR_DEPTH_TRIALS = 4
+PROBE_EVERY = 24  # steps: a choice among drafters re-prices the candidate left longest this often
 
 
 @dataclass(frozen=True)
@@ -138,6 +144,7 @@ class Decision:
     accepted: int  # tokens gained
     space_left: int  # KV positions free before the step
     expected: float  # tokens the controller expected from the T it chose
+    drafter: str = ""  # which candidate drafted (a choice among drafters)
 
 
 @dataclass
@@ -218,12 +225,16 @@ class Controller:
         self._expected = float(gains[best])
         return best + 1
 
+    def refine(self, size: int, verify_ms: float | None) -> None:
+        """The curve's point at T = `size` moves toward a verify the loop timed (a running mean)."""
+        if verify_ms is not None and 0 < verify_ms < 1e5:
+            self._verify_ms[size - 1] += (verify_ms - self._verify_ms[size - 1]) / RATE_MEMORY
+
     def observe(self, draft: DraftTree, size: int, path: list[int], verify_ms: float | None = None) -> None:
         """`verify_ms`: the loop's timing of this step's verify (decoder call, accept, commit): the curve's
         point at this T moves toward it (a running mean), so a curve measured briefly, elsewhere or for another
         load of the machine converges on what the steps cost now."""
-        if verify_ms is not None and 0 < verify_ms < 1e5:
-            self._verify_ms[size - 1] += (verify_ms - self._verify_ms[size - 1]) / RATE_MEMORY
+        self.refine(size, verify_ms)
         self.decisions.append(Decision(drafted=draft.size, size=size, accepted=len(path), space_left=self._space,
                                        expected=self._expected))
         if size > 1:
@@ -232,3 +243,46 @@ class Controller:
             accepted = np.zeros(size - 1, dtype=bool)
             accepted[[i - 1 for i in path[1:]]] = True
             self.calibration.observe(np.asarray(draft.scores[1:size]), accepted)
+
+
+class DrafterChoice:
+    """The width policy of a choice among drafters (see module doc): it sets `drafter.current` (a drafters.Priced)
+    before each draft and prices that step with the candidate's own Controller."""
+
+    def __init__(self, *, curve: LatencyCurve, max_size: int, drafter, names: tuple[str, ...],
+                 costs: tuple[DraftCost, ...]):
+        if len(names) != len(costs) or len(names) != len(drafter.candidates):
+            raise ConfigError("a choice among drafters needs one name and one draft cost per candidate")
+        self.drafter, self.names, self.curve = drafter, names, curve
+        self.controllers = [Controller(curve=curve, max_size=max_size, draft_cost=cost) for cost in costs]
+        self.decisions: list[Decision] = []
+        self._last_used = [-1] * len(names)
+
+    def pick(self) -> int:
+        """The candidate to draft next: an untried one, else the one left longest every PROBE_EVERY steps, else
+        the one whose drafted steps promised the most tokens per ms."""
+        step = len(self.decisions)
+        rates = [c.drafted_rate for c in self.controllers]
+        if None in rates:
+            return rates.index(None)
+        oldest = int(np.argmin(self._last_used))
+        if step - self._last_used[oldest] >= PROBE_EVERY:
+            return oldest
+        return int(np.argmax(rates))
+
+    def budget(self, space_left: int) -> int:
+        self.drafter.current = self.pick()
+        return self.controllers[self.drafter.current].budget(space_left)
+
+    def choose(self, draft: DraftTree, draft_ms: float) -> int:
+        return self.controllers[self.drafter.current].choose(draft, draft_ms)
+
+    def observe(self, draft: DraftTree, size: int, path: list[int], verify_ms: float | None = None) -> None:
+        current = self.drafter.current
+        for i, controller in enumerate(self.controllers):
+            if i != current:
+                controller.refine(size, verify_ms)
+        chosen = self.controllers[current]
+        chosen.observe(draft, size, path, verify_ms)
+        self._last_used[current] = len(self.decisions)
+        self.decisions.append(replace(chosen.decisions[-1], drafter=self.names[current]))

@@ -7,7 +7,8 @@
     open     – DecoderSession (decoder + heads graphs, the plan's arena), tokenizer;
     drafter  – the plan's drafters (runtime/drafters) over the session;
     policy   – greedy: none; tree: the drafter's whole tree (cut to the KV positions left); auto:
-               the controller (verify latency curve measured once per machine, cached).
+               the controller (verify latency curve measured once per machine, cached), one per candidate
+               when the drafter is a choice (controller.DrafterChoice).
 """
 
 from __future__ import annotations
@@ -19,9 +20,9 @@ from pathlib import Path
 from specmemo.errors import ConfigError
 from specmemo.runtime.backend import OrtBackend, check_fits
 from specmemo.runtime.config import EngineConfig, Mode
-from specmemo.runtime.controller import Controller, LatencyCurve, latency_curve
+from specmemo.runtime.controller import Controller, DrafterChoice, LatencyCurve, latency_curve
 from specmemo.runtime.decode import FullWidth, Generation, generate
-from specmemo.runtime.drafters import Drafter, DrafterName, Merged, without
+from specmemo.runtime.drafters import Drafter, DrafterName, Merged, Priced, without
 from specmemo.runtime.drafters.draft import draft_cost
 from specmemo.runtime.drafters.feature import FeatureDrafter, OrtFeatureGraph
 from specmemo.runtime.drafters.lookup import PromptLookup
@@ -29,7 +30,7 @@ from specmemo.runtime.drafters.medusa import BatchedHeads, MedusaDrafter, OrtMed
 from specmemo.runtime.drafters.model import ModelDrafter
 from specmemo.runtime.manifest import ManifestError, load_manifest
 from specmemo.runtime.medusa_tree import exported_tree
-from specmemo.runtime.plan import Plan, draft_sizes, plan_for
+from specmemo.runtime.plan import Plan, draft_sizes, drafter_choices, plan_for
 from specmemo.runtime.session import DecoderSession, SessionConfig
 from specmemo.runtime.tokenizer import ChatTokenizer
 
@@ -43,7 +44,7 @@ class Engine:
     tokenizer: ChatTokenizer
     drafter: Drafter | None
     plan: Plan  # sizes, arena layout, numeric route; plan.footprint: the memory model's price, if priced
-    controller: Controller | None = None
+    controller: Controller | DrafterChoice | None = None
     log: Callable[[str], None] = field(default=print, repr=False)
 
     @property
@@ -68,7 +69,13 @@ class Engine:
         if self._curve is None:
             self._curve = latency_curve(self.config.artifact, self._backend, self.max_tree,
                                         threads=self.config.threads, log=self.log)
-        self.controller = Controller(curve=self._curve, max_size=self.max_tree, draft_cost=draft_cost(self.drafter))
+        if isinstance(self.drafter, Priced):
+            candidates = self.drafter.candidates
+            self.controller = DrafterChoice(curve=self._curve, max_size=self.max_tree, drafter=self.drafter,
+                                            names=tuple(c.name for c in candidates),
+                                            costs=tuple(draft_cost(c) for c in candidates))
+        else:
+            self.controller = Controller(curve=self._curve, max_size=self.max_tree, draft_cost=draft_cost(self.drafter))
         return self.controller
 
     def generate(self, prompt_ids: list[int], *, max_new_tokens: int, on_token=None, ignore_eos: bool = False,
@@ -119,22 +126,31 @@ def open_draft_model(session: DecoderSession, folder: Path) -> ModelDrafter:
 
 
 def open_drafter(session: DecoderSession, names: tuple[DrafterName, ...], *, max_tree: int,
-                 draft_model: Path | None = None) -> Drafter | None:
+                 draft_model: Path | None = None,
+                 choices: tuple[tuple[DrafterName, ...], ...] = ()) -> Drafter | None:
     """The drafters named, over an open session (Medusa heads need it opened with heads), merged when several;
-    `draft_model`: the draft model's artifact (drafter "model")."""
-    parts: list[Drafter] = []
+    `choices`: the candidates of a choice among them (drafters.parse_choices; one drafter object per name, shared
+    by the candidates naming it). `draft_model`: the draft model's artifact (drafter "model")."""
+    built: dict[DrafterName, Drafter] = {}
     for name in names:
         if name is DrafterName.MEDUSA:
-            parts.append(MedusaDrafter(OrtMedusaHeads(session), exported_tree(session.manifest).prefix(max_tree)))
+            built[name] = MedusaDrafter(OrtMedusaHeads(session), exported_tree(session.manifest).prefix(max_tree))
         elif name is DrafterName.LOOKUP:
-            parts.append(PromptLookup())
+            built[name] = PromptLookup()
         elif name is DrafterName.FEATURE:
-            parts.append(FeatureDrafter(OrtFeatureGraph(session), session.embedding))
+            built[name] = FeatureDrafter(OrtFeatureGraph(session), session.embedding)
         elif name is DrafterName.MODEL:
-            parts.append(open_draft_model(session, draft_model))
-    if not parts:
+            built[name] = open_draft_model(session, draft_model)
+    if not built:
         return None
-    return parts[0] if len(parts) == 1 else Merged(parts)
+
+    def merged(group: tuple[DrafterName, ...]) -> Drafter:
+        parts = [built[n] for n in group]
+        return parts[0] if len(parts) == 1 else Merged(parts)
+
+    if len(choices) > 1:
+        return Priced([merged(group) for group in choices])
+    return merged(tuple(built))
 
 
 def open_engine(config: EngineConfig, *, log=print) -> Engine:
@@ -145,7 +161,8 @@ def open_engine(config: EngineConfig, *, log=print) -> Engine:
     session = DecoderSession(config.artifact, SessionConfig(threads=config.threads, sizes=plan.sizes,
                                                             heads=DrafterName.MEDUSA in plan.drafters,
                                                             model_format=config.model_format))
-    drafter = open_drafter(session, plan.drafters, max_tree=plan.sizes.tree, draft_model=plan.draft_model)
+    drafter = open_drafter(session, plan.drafters, max_tree=plan.sizes.tree, draft_model=plan.draft_model,
+                           choices=drafter_choices(config, manifest) if plan.drafters else ())
     return Engine(config=config, session=session, tokenizer=tokenizer, drafter=drafter, plan=plan, log=log)
 
 

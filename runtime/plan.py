@@ -33,7 +33,7 @@ from specmemo.runtime import memory
 from specmemo.runtime.memory import MIB
 from specmemo.runtime.arena import ArenaLayout
 from specmemo.runtime.config import EngineConfig, Mode
-from specmemo.runtime.drafters import DrafterName, draft_model_dir, parse_drafter
+from specmemo.runtime.drafters import DrafterName, draft_model_dir, parse_choices, parse_drafter
 from specmemo.runtime.manifest import Manifest, ManifestError, load_manifest
 from specmemo.runtime.measured import memory_calibration
 from specmemo.runtime.medusa_tree import tree_sizes, useful_tree_size
@@ -91,12 +91,23 @@ class Plan:
         return self.layout.kv_dtype
 
 
+def drafter_spec(config: EngineConfig, manifest: Manifest) -> str:
+    """What drafts: "" in greedy mode, else --drafter or the manifest's choice."""
+    if config.mode is Mode.GREEDY:
+        return ""
+    return (manifest.drafter if config.drafter is None else config.drafter) or ""
+
+
 def drafter_names(config: EngineConfig, manifest: Manifest) -> tuple[DrafterName, ...]:
     """The drafters an engine runs: none in greedy mode, else --drafter or the manifest's choice."""
-    if config.mode is Mode.GREEDY:
-        return ()
-    spec = manifest.drafter if config.drafter is None else config.drafter
+    spec = drafter_spec(config, manifest)
     return parse_drafter(spec) if spec else ()
+
+
+def drafter_choices(config: EngineConfig, manifest: Manifest) -> tuple[tuple[DrafterName, ...], ...]:
+    """The candidates when the drafter spec is a choice ('feature,lookup'): one group each; () otherwise."""
+    spec = drafter_spec(config, manifest)
+    return parse_choices(spec) if spec else ()
 
 
 def draft_tree_size(exported: int, drafters: tuple[DrafterName, ...]) -> int:

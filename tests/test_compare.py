@@ -73,7 +73,8 @@ def test_rates_ratios_and_bars_by_hand():
         "tokens_per_s_vs_onnxruntime_genai": 1.5, "decode_tokens_per_s_vs_onnxruntime_genai": 1.25,
         "decode_tokens_per_s_vs_specmemo_greedy": 1.6, "peak_rss_vs_onnxruntime_genai": 1.2,
         "greedy_decode_tokens_per_s_vs_onnxruntime_genai": 25 / 32, "decode_tokens_per_s_vs_llama_cpp": 2.0,
-        "peak_rss_vs_llama_cpp": 2.0, "decode_tokens_per_s_vs_fastest_peer_greedy": 40 / 32})
+        "peak_rss_vs_llama_cpp": 2.0, "decode_tokens_per_s_vs_fastest_peer_greedy": 40 / 32,
+        "decode_tokens_per_s_vs_fastest_peer_row": 40 / 32})
     missed = {name for name, bar in compare.bars(found).items() if not bar["met"]}
     assert missed == {"generation_memory_vs_pytorch_medusa_sized", "decode_tokens_per_s_vs_onnxruntime_genai"}
     # an int4 artifact is held to issue 30's bars: 1.2x GenAI (met here), 1.5x llama.cpp, greedy 0.9x GenAI, RSS
@@ -93,6 +94,7 @@ def test_draft_model_runs_face_issue_32s_bars_and_their_own_greedy():
     found = compare.ratios(engines)
     assert found["decode_tokens_per_s_vs_fastest_peer_greedy"] == pytest.approx(30 / 25)  # llama.cpp, not GenAI
     assert found["decode_tokens_per_s_vs_llama_cpp_draft_model"] == pytest.approx(0.75)
+    assert found["decode_tokens_per_s_vs_fastest_peer_row"] == pytest.approx(30 / 40)  # any mode: the draft model
     assert found["peak_rss_vs_llama_cpp_draft_model"] == pytest.approx(0.9)
     assert "decode_tokens_per_s_vs_fastest_peer_greedy" not in compare.bars(found, "int4")
     pair = compare.bars(found, "int4", draft_model=compare.uses_draft_model("model:/x+lookup"))
@@ -177,3 +179,44 @@ def test_llama_cpp_draft_keeps_its_kv_on_the_common_prefix():
             assert len(proposal) == engine.DRAFT_MAX and proposal[:4] == greedy[cut: cut + 4], cut
     finally:
         engine.DRAFT_P_MIN = gate
+
+
+def test_genai_speculative_rows_face_their_own_greedy_and_the_feature_bars():
+    """GenAI's n-gram and draft-model rows are peer rows (the fastest row of any mode is the bar's), each compared
+    with GenAI's greedy; an int4 run drafting with the feature drafter faces issue 44's two bars."""
+    engines = {"specmemo-controller": {"decode_tokens_per_s": 45.0, "e2e_tokens_per_s": 40.0, "peak_rss": 900},
+               "specmemo-greedy": {"decode_tokens_per_s": 25.0},
+               "onnxruntime-genai": {"decode_tokens_per_s": 30.0, "e2e_tokens_per_s": 28.0, "peak_rss": 1000},
+               "onnxruntime-genai-ngram": {"decode_tokens_per_s": 36.0, "peak_rss": 1000},
+               "onnxruntime-genai-draft-model": {"decode_tokens_per_s": 20.0, "peak_rss": 1500}}
+    found = compare.ratios(engines)
+    assert found["decode_tokens_per_s_vs_onnxruntime_genai_ngram"] == pytest.approx(1.25)
+    assert found["decode_tokens_per_s_vs_fastest_peer_row"] == pytest.approx(1.25)
+    assert compare.GREEDY_OF["onnxruntime-genai-draft-model"] == "onnxruntime-genai"
+    table = compare.bars(found, "int4", feature=True)
+    assert table["decode_tokens_per_s_vs_specmemo_greedy"]["met"]  # 1.8 >= 1.8
+    assert not table["decode_tokens_per_s_vs_fastest_peer_row"]["met"]  # 1.25 < 1.4
+    assert "decode_tokens_per_s_vs_fastest_peer_row" not in compare.bars(found, "int4")
+
+
+def test_genai_pair_folder_holds_both_builds_in_one_config(tmp_path, monkeypatch):
+    """GenAI's draft-model mode reads one genai_config.json: the target's, with the draft's decoder block as
+    model.draft; the builds are linked in under relative names (GenAI refuses absolute paths)."""
+    from specmemo.bench.peers import genai_pair_dir
+
+    monkeypatch.setenv("SPECMEMO_CACHE", str(tmp_path / "cache"))
+    builds = {}
+    for name, layers in (("target-int4", 28), ("draft-int4", 24)):
+        folder = builds[name] = tmp_path / name
+        folder.mkdir()
+        (folder / "genai_config.json").write_text(json.dumps(
+            {"model": {"decoder": {"filename": "model.onnx", "num_hidden_layers": layers}, "vocab_size": 7}}))
+        (folder / "model.onnx").write_bytes(b"x")
+        (folder / "tokenizer.json").write_text("{}")
+    out = genai_pair_dir(builds["target-int4"], builds["draft-int4"])
+    config = json.loads((out / "genai_config.json").read_text())["model"]
+    assert config["decoder"] == {"filename": "target/model.onnx", "num_hidden_layers": 28}
+    assert config["draft"] == {"filename": "draft/model.onnx", "num_hidden_layers": 24}
+    assert (out / "draft" / "model.onnx").read_bytes() == b"x" and (out / "tokenizer.json").is_file()
+    assert not (out / "model.onnx").exists()
+    assert genai_pair_dir(builds["target-int4"], builds["draft-int4"]) == out  # again: the same folder, no error

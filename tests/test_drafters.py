@@ -12,7 +12,7 @@ from specmemo.errors import ConfigError
 from specmemo.runtime.backend import OrtBackend
 from specmemo.runtime.config import EngineConfig
 from specmemo.runtime.decode import generate
-from specmemo.runtime.drafters import DrafterName, Merged, parse_drafter
+from specmemo.runtime.drafters import DrafterName, Merged, Priced, parse_choices, parse_drafter
 from specmemo.runtime.drafters.draft import DraftContext, DraftTree, merge, ordered
 from specmemo.runtime.drafters.lookup import HIT, NgramIndex, PromptLookup
 from specmemo.runtime.drafters.medusa import MedusaDrafter
@@ -86,6 +86,12 @@ def test_drafter_names_parse_with_one_line_errors():
         parse_drafter("lookup+lookup")
     with pytest.raises(ConfigError, match="unknown drafter"):
         EngineConfig(artifact="x", drafter="medusa+nope")
+    assert parse_choices("feature+lookup,model:d/x") == ((DrafterName.FEATURE, DrafterName.LOOKUP), (DrafterName.MODEL,))
+    assert parse_drafter("lookup,medusa+lookup") == (DrafterName.LOOKUP, DrafterName.MEDUSA)  # every one run
+    with pytest.raises(ConfigError, match="offered twice"):
+        parse_choices("lookup,lookup")
+    with pytest.raises(ConfigError, match="unknown drafter ''"):
+        parse_choices("lookup,")
 
 
 def test_manifest_names_a_drafter_it_can_run(exported, tmp_path):
@@ -176,6 +182,23 @@ def test_eval_drafter_runs_and_reports_identity(exported):
     assert "medusa+lookup" in table(results)
 
 
+def test_eval_drafter_prices_a_choice_and_times_sampling(exported):
+    """A choice among drafters is evaluated like one drafter (greedy output identical, the steps each candidate
+    drafted reported); with --sampling the timed pass samples with the artifact's defaults."""
+    from specmemo.bench.eval_drafter import EvalDrafterConfig, run, table
+
+    artifact = exported[0]
+    results = run(EvalDrafterConfig(artifact=artifact, drafters=("medusa,lookup",), prompts=2, max_new_tokens=24,
+                                    max_tree=4, teacher_forced=False), log=lambda *_: None)
+    choice = results["drafters"]["medusa,lookup"]["controller"]
+    assert choice["identical_to_greedy"] == "2/2" and set(choice["drafted_by"]) <= {"medusa", "lookup"}
+    assert "drafted steps by candidate" in table(results)
+    sampled = run(EvalDrafterConfig(artifact=artifact, drafters=("lookup",), prompts=2, max_new_tokens=12,
+                                    max_tree=4, teacher_forced=False, sampling=True), log=lambda *_: None)
+    assert sampled["sampling"].startswith("sampling: temperature")
+    assert sampled["drafters"]["lookup"]["controller"]["identical_to_greedy"] == "n/a"
+
+
 def test_best_path_follows_the_best_child_down_a_hand_drawn_tree():
     #  0 ── 1 ── 3 ── 5
     #  │    └─── 4
@@ -186,3 +209,28 @@ def test_best_path_follows_the_best_child_down_a_hand_drawn_tree():
     assert chain.tokens == (10, 11, 13, 15) and chain.parents == (-1, 0, 1, 2)
     assert chain.scores == (1.0, 0.6, 0.5, 0.4)
     assert DraftTree.root_only(7).best_path() == DraftTree.root_only(7)
+
+
+def test_a_choice_among_drafters_decodes_exactly_greedy_and_prices_each(exported):
+    """medusa (an oracle: always right) or lookup (nothing to find), priced each step: both are tried, the one
+    that pays drafts nearly every step after, the other is re-priced now and then; greedy output either way."""
+    from specmemo.runtime.controller import PROBE_EVERY, DrafterChoice, LatencyCurve
+    from specmemo.runtime.drafters.draft import DraftCost
+
+    artifact, model, _ = exported
+    vocab = model.config.vocab_size
+    prompt = np.random.default_rng(7).integers(5, vocab, 16).tolist()  # nothing repeats: lookup finds nothing
+    greedy = generate(OrtBackend(DecoderSession(artifact)), prompt, max_new_tokens=80, eos_token_ids=set()).token_ids
+    backend = OrtBackend(session := DecoderSession(artifact))
+    medusa = MedusaTree.from_choices(session.manifest.heads.tree)
+    oracle = MedusaDrafter(OracleDrafter(backend, len(prompt), greedy, vocab), medusa)
+    priced = Priced([PromptLookup(), oracle])
+    assert priced.name == "lookup,medusa"
+    choice = DrafterChoice(curve=LatencyCurve(sizes=(1, 8), step_ms=(10.0, 11.0)), max_size=medusa.size,
+                           drafter=priced, names=("lookup", "medusa"), costs=(DraftCost.FIXED, DraftCost.FIXED))
+    out = generate(backend, prompt, max_new_tokens=80, eos_token_ids=set(), drafter=priced, max_tree=medusa.size,
+                   policy=choice)
+    assert out.token_ids == greedy
+    by = [d.drafter for d in choice.decisions]
+    assert by[0] == "lookup" and "medusa" in by[:3]  # each untried candidate first
+    assert by.count("medusa") > 0.8 * len(by) and by.count("lookup") >= len(by) // PROBE_EVERY  # re-priced

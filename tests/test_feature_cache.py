@@ -84,13 +84,17 @@ def test_train_drafter_from_features_reports_validation_per_epoch(base, tmp_path
     cache = load_features(tmp_path / "features")
     model = AutoModelForCausalLM.from_pretrained(base[1], dtype="float32").eval()
     config = DrafterTrainConfig(subvocab_size=96, data="features", max_len=64, epochs=3, batch_sequences=4, lr=3e-3,
-                                warmup_steps=2, features="toy")
+                                warmup_steps=2, features="toy", validate_every=2)
     spec = train_drafter(hf_model=model, tokenizer=None, conversations=[], config=config, out=tmp_path / "drafter",
                          features=cache, log=lambda *_: None)
     train = spec.card["train"]
     assert len(train["validation_top1_by_epoch"]) == 3 and train["tokens"] == cache.positions
     by_depth = train["validation_top1_by_depth"]  # the drafter unrolled 4 deep, as it drafts
     assert len(by_depth) == 4 and by_depth[0] == train["validation_top1_by_epoch"][-1]
+    curve = train["learning_curve"]  # every 2 steps and each epoch's end: positions seen grow with the steps
+    assert len(curve) > 3 and [c["step"] for c in curve] == sorted({c["step"] for c in curve})
+    assert all(b["positions_seen"] > a["positions_seen"] for a, b in zip(curve, curve[1:]))
+    assert curve[-1]["top1_by_depth"] == by_depth
     assert all(0.0 <= v <= 1.0 for v in by_depth)
     assert train["loss_last50"] < train["loss_first"]
     assert (tmp_path / "drafter" / "drafter.safetensors").is_file()

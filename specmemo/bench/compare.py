@@ -41,14 +41,18 @@ TORCH_ENGINES = ("hf-generate", TORCH_MEDUSA, TORCH_MEDUSA_SIZED)
 CONTROLLER, FULL_TREE, DEFAULT = "specmemo-controller", "specmemo-full-tree", "specmemo-default"
 ORT_ENGINES = ("specmemo-greedy", FULL_TREE, CONTROLLER, DEFAULT)
 PEER = "onnxruntime-genai"
+GENAI_NGRAM, GENAI_DRAFT = "onnxruntime-genai-ngram", "onnxruntime-genai-draft-model"
+GENAI_ENGINES = (PEER, GENAI_NGRAM, GENAI_DRAFT)
 LLAMA_CPP, LLAMA_CPP_DRAFT, LLAMA_CPP_LOOKUP = "llama.cpp", "llama.cpp-draft-model", "llama.cpp-prompt-lookup"
 LLAMA_CPP_ENGINES = (LLAMA_CPP, LLAMA_CPP_DRAFT, LLAMA_CPP_LOOKUP)
 REFERENCE = "hf-generate"
 PLAIN_ENGINES = (REFERENCE, "specmemo-greedy", DEFAULT, PEER, LLAMA_CPP)  # those that run without a drafter
 ENGINE_MODULES = {**{e: "specmemo.bench.compare_torch" for e in TORCH_ENGINES},
-                  **{e: "specmemo.bench.compare_ort" for e in ORT_ENGINES + (PEER,)},
+                  **{e: "specmemo.bench.compare_ort" for e in ORT_ENGINES + GENAI_ENGINES},
                   **{e: "specmemo.bench.compare_llamacpp" for e in LLAMA_CPP_ENGINES}}
-GREEDY_OF = {**{e: "specmemo-greedy" for e in ORT_ENGINES}, **{e: LLAMA_CPP for e in LLAMA_CPP_ENGINES}}
+GREEDY_OF = {**{e: "specmemo-greedy" for e in ORT_ENGINES}, **{e: LLAMA_CPP for e in LLAMA_CPP_ENGINES},
+             **{e: PEER for e in GENAI_ENGINES}}
+PEER_ENGINES = GENAI_ENGINES + LLAMA_CPP_ENGINES  # every peer row, greedy or speculative
 MIB = 2**20
 
 BARS = {  # issue 6: what the controller must reach against the others, in one run
@@ -66,6 +70,10 @@ INT4_BARS = {  # issue 30: the int4 artifact against the int4 peers, in one run 
     "decode_tokens_per_s_vs_llama_cpp": (">=", 1.5),
     "greedy_decode_tokens_per_s_vs_onnxruntime_genai": (">=", 0.9),
     "peak_rss_vs_onnxruntime_genai": ("<=", 1.0),
+}
+FEATURE_BARS = {  # issue 44: the 1.5B's feature drafter under the controller against every row of the run
+    "decode_tokens_per_s_vs_specmemo_greedy": (">=", 1.8),
+    "decode_tokens_per_s_vs_fastest_peer_row": (">=", 1.4),
 }
 PAIR_BARS = {  # issue 32: a draft model under the controller against plain decoding, ours and the peers'
     "decode_tokens_per_s_vs_specmemo_greedy": (">=", 1.6),
@@ -92,6 +100,7 @@ class CompareConfig:
     genai_dir: Path | None = None
     gguf: Path | None = None  # the model's own GGUF, for the llama.cpp engines
     draft_gguf: Path | None = None  # the draft model's GGUF, for llama.cpp-draft-model
+    genai_pair_dir: Path | None = None  # GenAI's target + draft model folder, for onnxruntime-genai-draft-model
     drafter: str | None = None  # our speculative engines' --drafter (None: the manifest's)
     weight_dtype: str = "float32"  # of our artifact: which bars apply
     trace_tokens: int = 512  # the controller's long generation for the T-per-step plot
@@ -123,7 +132,8 @@ def request_for(config: CompareConfig, engine: str) -> dict:
             "top_k": config.top_k, "eos": list(config.eos), "trace_tokens": config.trace_tokens,
             "genai_dir": str(config.genai_dir) if config.genai_dir else None,
             "gguf": str(config.gguf) if config.gguf else None, "drafter": config.drafter,
-            "draft_gguf": str(config.draft_gguf) if config.draft_gguf else None}
+            "draft_gguf": str(config.draft_gguf) if config.draft_gguf else None,
+            "genai_pair_dir": str(config.genai_pair_dir) if config.genai_pair_dir else None}
 
 
 def run_engine(config: CompareConfig, engine: str) -> dict:
@@ -225,7 +235,7 @@ def ratios(engines: dict[str, dict]) -> dict[str, float]:
     if LLAMA_CPP in engines:
         out["decode_tokens_per_s_vs_llama_cpp"] = c["decode_tokens_per_s"] / engines[LLAMA_CPP]["decode_tokens_per_s"]
         out["peak_rss_vs_llama_cpp"] = c["peak_rss"] / engines[LLAMA_CPP]["peak_rss"]
-    for name in (LLAMA_CPP_DRAFT, LLAMA_CPP_LOOKUP):
+    for name in (LLAMA_CPP_DRAFT, LLAMA_CPP_LOOKUP, GENAI_NGRAM, GENAI_DRAFT):
         if name in engines:
             key = name.replace(".", "_").replace("-", "_")
             out[f"decode_tokens_per_s_vs_{key}"] = c["decode_tokens_per_s"] / engines[name]["decode_tokens_per_s"]
@@ -233,17 +243,23 @@ def ratios(engines: dict[str, dict]) -> dict[str, float]:
     peers = [engines[p]["decode_tokens_per_s"] for p in (PEER, LLAMA_CPP) if p in engines]
     if peers:
         out["decode_tokens_per_s_vs_fastest_peer_greedy"] = c["decode_tokens_per_s"] / max(peers)
+    rows = [engines[p]["decode_tokens_per_s"] for p in PEER_ENGINES if p in engines]
+    if rows:  # any engine, any mode
+        out["decode_tokens_per_s_vs_fastest_peer_row"] = c["decode_tokens_per_s"] / max(rows)
     if GREEDY in engines:
         out["decode_tokens_per_s_vs_specmemo_greedy"] = c["decode_tokens_per_s"] / engines[GREEDY]["decode_tokens_per_s"]
     return out
 
 
-def bars(found: dict[str, float], weight_dtype: str = "float32", *, draft_model: bool = False) -> dict[str, dict]:
+def bars(found: dict[str, float], weight_dtype: str = "float32", *, draft_model: bool = False,
+         feature: bool = False) -> dict[str, dict]:
     """The bars that apply to this run: an int4 artifact is held to issue 30's against the int4 peers,
-    a draft model to issue 32's."""
+    a draft model to issue 32's, an int4 artifact drafting with its feature drafter to issue 44's."""
     table = {**BARS, **INT4_BARS} if weight_dtype == "int4" else dict(BARS)
     if draft_model:
         table.update(PAIR_BARS)
+    if feature and weight_dtype == "int4":
+        table.update(FEATURE_BARS)
     return {name: {"value": found[name], "bar": f"{op} {limit}",
                    "met": found[name] <= limit if op == "<=" else found[name] >= limit}
             for name, (op, limit) in table.items() if name in found}
@@ -260,7 +276,8 @@ def summarize(config: CompareConfig, runs: dict[str, list[dict]], machine: dict)
                        "budget": config.budget, "capacity": config.capacity, "our_capacity": config.our_capacity,
                        "engines": list(config.engines)},
             "machine": machine, "engines": engines, "ratios": found,
-            "bars": bars(found, config.weight_dtype, draft_model=uses_draft_model(config.drafter)),
+            "bars": bars(found, config.weight_dtype, draft_model=uses_draft_model(config.drafter),
+                         feature=bool(config.drafter) and DrafterName.FEATURE in parse_drafter(config.drafter)),
             "controller_trace": trace}
 
 

@@ -8,7 +8,10 @@ JSON on stdin, result as one JSON line on stdout):
                             per-step T and KV positions make the trace plot;
     specmemo-default      – the controller as `specmemo generate` opens it without --capacity or
                             --budget: C from the manifest (its device plan, else the graph's max);
-    onnxruntime-genai     – ONNX Runtime GenAI greedy on the same model (its model builder).
+    onnxruntime-genai     – ONNX Runtime GenAI greedy on the same model (its model builder);
+    onnxruntime-genai-ngram, onnxruntime-genai-draft-model
+                          – GenAI's own speculative decoding (peers.GENAI_SPECULATIVE), greedy: n-gram lookup,
+                            or the same family's smaller model drafting (both builds in one genai_config.json).
 
 Same report as the torch engines (compare_torch.py): per prompt token ids, time to first token,
 wall time, accepted per step; RSS after load and the peak after it. Ours also report the arena's
@@ -68,10 +71,16 @@ def run_specmemo(request: dict) -> dict:
     return result
 
 
-def run_genai(request: dict) -> dict:
-    from specmemo.bench.peers import GenAIEngine
+GENAI_MODES = {"onnxruntime-genai": None, "onnxruntime-genai-ngram": "ngram",
+               "onnxruntime-genai-draft-model": "draft-model"}
 
-    peer = GenAIEngine(Path(request["genai_dir"]), threads=request["threads"])
+
+def run_genai(request: dict) -> dict:
+    from specmemo.bench.peers import GENAI_SPECULATIVE, GenAIEngine
+
+    mode = GENAI_MODES[request["engine"]]
+    folder = request["genai_pair_dir"] if mode == "draft-model" else request["genai_dir"]
+    peer = GenAIEngine(Path(folder), threads=request["threads"], speculative=GENAI_SPECULATIVE.get(mode))
     after_load = rss_bytes()
     reset_peak_rss()
     eos = set(request["eos"])
@@ -82,8 +91,13 @@ def run_genai(request: dict) -> dict:
         for token in peer.stream(prompt, new, eos):
             tokens.append(token)
             first = first or time.perf_counter()
-        return {"token_ids": tokens, "ttft_s": (first or time.perf_counter()) - started,
-                "wall_s": time.perf_counter() - started, "accept_lengths": [1] * max(0, len(tokens) - 1)}
+        wall = time.perf_counter() - started
+        # every target call after the prompt: verifies, re-anchors and plain steps where nothing was drafted
+        verifies = int(peer.last_stats.get("target_forward_passes", 0)) + int(
+            peer.last_stats.get("standard_fallback_steps", 0))
+        per_step = [(len(tokens) - 1) / verifies] * verifies if mode and verifies else [1] * max(0, len(tokens) - 1)
+        return {"token_ids": tokens, "ttft_s": (first or time.perf_counter()) - started, "wall_s": wall,
+                "accept_lengths": per_step}
 
     prompts = request["prompts"]
     ready_s = first_reply_ready(request, reply, prompts[0], WARM_UP_TOKENS)
@@ -93,7 +107,7 @@ def run_genai(request: dict) -> dict:
 
 
 def run(request: dict) -> dict:
-    return run_genai(request) if request["engine"] == "onnxruntime-genai" else run_specmemo(request)
+    return run_genai(request) if request["engine"] in GENAI_MODES else run_specmemo(request)
 
 
 if __name__ == "__main__":

@@ -1,14 +1,18 @@
 """`specmemo eval-drafter`: how good is a drafter, and what does it buy on this machine?
 
-For each drafter named, on a workload (MT-Bench first turns, or the quoting workload where
-replies quote their prompt), greedy, 128 new tokens by default:
+For each drafter named (a choice among drafters too, e.g. feature,lookup,model:DIR), on a workload
+(MT-Bench first turns, MT-Bench and HumanEval alternating, or the quoting workload where replies
+quote their prompt), 128 new tokens by default:
   1. teacher-forced – plain greedy decoding, asking the drafter for a tree of `--max-tree` nodes at
      every position; afterwards, against the greedy reply: depth-wise top-1 (the draft's best child
      at depth d is the true token, given depths < d were), chain acceptance (tokens a verify of the
      draft's best path would gain) and tree acceptance (of the whole tree), per step; drafting ms;
   2. timed – per prompt, interleaved: plain greedy, then each drafter under the controller (fresh
      statistics per reply): decode tokens/s, the speed-up over greedy measured side by side,
-     accepted tokens and verified nodes per step, replies identical to greedy;
+     accepted tokens and verified nodes per step, replies identical to greedy, and for a choice the
+     steps each candidate drafted. With `sampling` (the artifact's defaults, exact acceptance) the timed
+     pass compares plain sampling with sampling under each drafter: accepted tokens per verify step
+     and the speed-up, each a draw of the same distribution (the replies differ draw by draw);
   3. the bound – on this CPU a step of T nodes costs verify_ms(T) + draft_ms, so no controller can
      beat max_T tree_accepted(T) / (verify_ms(T) + draft_ms) x verify_ms(1) times greedy; printed
      beside the measured speed-up.
@@ -20,7 +24,7 @@ from __future__ import annotations
 import json
 import statistics
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import Enum
 from pathlib import Path
 
@@ -31,8 +35,9 @@ from specmemo.errors import ConfigError
 from specmemo.runtime.measured import cpu_name
 from specmemo.runtime.config import EngineConfig, Mode
 from specmemo.runtime.decode import prefill, verify_and_commit
-from specmemo.runtime.drafters import DraftContext, DraftTree, parse_drafter
+from specmemo.runtime.drafters import DraftContext, DraftTree, draft_model_dir, parse_choices, parse_drafter
 from specmemo.runtime.engine import Engine, open_drafter, open_engine
+from specmemo.runtime.sampling import describe
 from specmemo.runtime.tokenizer import Message
 
 DEPTHS = 4  # depth-wise top-1 reported for depths 1..DEPTHS
@@ -40,6 +45,7 @@ DEPTHS = 4  # depth-wise top-1 reported for depths 1..DEPTHS
 
 class Workload(str, Enum):
     MT_BENCH = "mt-bench"  # MT-Bench first turns
+    MIXED = "mt-bench,humaneval"  # MT-Bench first turns and HumanEval tasks, alternating (compare's prompts)
     QUOTING = "quoting"  # ShareGPT passages to rewrite, correct, summarise or list (datasets.quoting_prompts)
 
 
@@ -55,6 +61,7 @@ class EvalDrafterConfig:
     teacher_forced: bool = True  # False: only the timed, interleaved pass (identity and speed)
     out: Path = Path("results") / "eval-drafter"
     model_format: str = "onnx"  # ort: the .ort graphs of an `export --mobile` artifact
+    sampling: bool = False  # the timed pass samples with the artifact's generation defaults (exact acceptance)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "workload", Workload(self.workload))
@@ -147,29 +154,58 @@ def teacher_forced(engine: Engine, drafter, prompts: list[list[int]], config: Ev
 def encode(engine: Engine, config: EvalDrafterConfig) -> list[list[int]]:
     from specmemo.datasets import load_questions, quoting_prompts
 
-    texts = ([q.turns[0] for q in load_questions()[: config.prompts]] if config.workload is Workload.MT_BENCH
-             else quoting_prompts(config.prompts))
+    from specmemo.datasets import prompt_sets
+
+    if config.workload is Workload.MIXED:
+        sets = prompt_sets(config.workload.value, per_set=-(-config.prompts // 2))
+        half = len(sets) // 2
+        texts = [q.turns[0] for pair in zip(sets[:half], sets[half:]) for q in pair][: config.prompts]
+    elif config.workload is Workload.MT_BENCH:
+        texts = [q.turns[0] for q in load_questions()[: config.prompts]]
+    else:
+        texts = quoting_prompts(config.prompts)
     return [engine.tokenizer.encode_chat([Message("user", t)]) for t in texts]
 
 
+def open_engines(config: EvalDrafterConfig, *, log=print) -> tuple[Engine, dict[str, Engine]]:
+    """One engine whose session every drafter shares (its plan sized for all of them), and per drafter spec an
+    engine over that session with its own drafter (and, for a choice, its own candidates)."""
+    from specmemo.runtime.sampling import default_sampling
+
+    everything = ",".join(dict.fromkeys(g.strip() for spec in config.drafters for g in spec.split(",")))
+    engine = open_engine(EngineConfig(artifact=config.artifact, mode=Mode.TREE, drafter=everything,
+                                      threads=config.threads, model_format=config.model_format), log=log)
+    if config.sampling:
+        sampling = default_sampling(engine.session.manifest.generation)
+        if sampling is None:
+            raise ConfigError(f"{config.artifact}'s generation defaults are greedy: nothing to sample with")
+        engine.config = replace(engine.config, sampling=sampling)
+
+    def model_dir(spec: str) -> Path | None:
+        named = draft_model_dir(spec)
+        return Path(named) if named else engine.plan.draft_model
+
+    engines = {spec: Engine(config=engine.config, session=engine.session, tokenizer=engine.tokenizer,
+                            drafter=open_drafter(engine.session, parse_drafter(spec), max_tree=engine.max_tree,
+                                                 draft_model=model_dir(spec), choices=parse_choices(spec)),
+                            plan=engine.plan, log=log) for spec in config.drafters}
+    return engine, engines
+
+
 def run(config: EvalDrafterConfig, *, log=print) -> dict:
-    engine = open_engine(EngineConfig(artifact=config.artifact, mode=Mode.TREE, drafter="+".join(
-        sorted({n.value for spec in config.drafters for n in parse_drafter(spec)})), threads=config.threads,
-        model_format=config.model_format), log=log)
+    engine, engines = open_engines(config, log=log)
     prompts = encode(engine, config)
     curve = engine.policy(Mode.AUTO).curve  # verify ms per T: measured once per machine (cached)
-    engines = {spec: Engine(config=engine.config, session=engine.session, tokenizer=engine.tokenizer,
-                            drafter=open_drafter(engine.session, parse_drafter(spec), max_tree=engine.max_tree),
-                            plan=engine.plan, log=log) for spec in config.drafters}
     results: dict = {"workload": config.workload.value, "prompts": len(prompts), "max_new_tokens": config.max_new_tokens,
                      "max_tree": config.max_tree, "threads": config.threads, "cpu": cpu_name(),
+                     "sampling": describe(engine.config.sampling),
                      "verify_ms": dict(zip(curve.sizes, [round(v, 2) for v in curve.step_ms])), "drafters": {}}
     for spec, eng in engines.items():
         results["drafters"][spec] = {}
         if config.teacher_forced:
             forced = teacher_forced(eng, eng.drafter, prompts, config, f"teacher-forced {spec}")
             results["drafters"][spec]["teacher_forced"] = forced.summary()
-    timed = {name: {"tokens": 0, "seconds": 0.0, "accepted": [], "sizes": [], "identical": 0}
+    timed = {name: {"tokens": 0, "seconds": 0.0, "accepted": [], "sizes": [], "identical": 0, "drafted_by": {}}
              for name in ("greedy", *config.drafters)}
     for prompt in tqdm(prompts, desc="timed, interleaved", unit="prompt", dynamic_ncols=True, leave=False):
         greedy = engine.generate(prompt, max_new_tokens=config.max_new_tokens, mode=Mode.GREEDY, ignore_eos=True)
@@ -177,6 +213,10 @@ def run(config: EvalDrafterConfig, *, log=print) -> dict:
         for spec, eng in engines.items():
             _add(timed[spec], eng.generate(prompt, max_new_tokens=config.max_new_tokens, mode=Mode.AUTO,
                                            ignore_eos=True), greedy.token_ids)
+            for decision in eng.controller.decisions:
+                if decision.drafter:
+                    by = timed[spec]["drafted_by"]
+                    by[decision.drafter] = by.get(decision.drafter, 0) + (decision.drafted > 1)
     greedy_rate = timed["greedy"]["tokens"] / timed["greedy"]["seconds"]
     results["greedy_tokens_per_s"] = round(greedy_rate, 1)
     for spec in config.drafters:
@@ -186,7 +226,8 @@ def run(config: EvalDrafterConfig, *, log=print) -> dict:
             "tokens_per_s": round(rate, 1), "speedup_vs_greedy": round(rate / greedy_rate, 3),
             "accepted_per_step": round(float(np.mean(t["accepted"])), 3),
             "verified_nodes_per_step": round(float(np.mean(t["sizes"])), 2),
-            "identical_to_greedy": f"{t['identical']}/{len(prompts)}"}
+            "identical_to_greedy": f"{t['identical']}/{len(prompts)}" if engine.config.sampling is None else "n/a",
+            **({"drafted_by": t["drafted_by"]} if t["drafted_by"] else {})}
         if forced is not None:
             results["drafters"][spec]["bound"] = round(speedup_bound(forced, curve), 3)
             results["drafters"][spec]["bound_chains_only"] = round(chain_bound(forced, curve), 3)
@@ -222,7 +263,8 @@ def _add(slot: dict, generation, greedy_ids: list[int]) -> None:
 
 def table(results: dict) -> str:
     lines = [f"{results['workload']}: {results['prompts']} prompts, {results['max_new_tokens']} tokens, "
-             f"{results['threads']} threads, {results['cpu']}; greedy {results['greedy_tokens_per_s']} tok/s",
+             f"{results['threads']} threads, {results['cpu']}; timed pass {results.get('sampling', 'greedy')}, "
+             f"without a drafter {results['greedy_tokens_per_s']} tok/s",
              f"{'drafter':<16}{'top-1 @ depth 1/2/3/4':>26}{'chain':>7}{'tree':>7}{'draft ms':>9}"
              f"{'tok/s':>8}{'x greedy':>9}{'bound':>7}{'acc/step':>9}{'T/step':>7}{'same':>7}",
              "-" * 112]
@@ -238,6 +280,8 @@ def table(results: dict) -> str:
                      f"{r.get('bound', float('nan')):>7.2f}{ctl['accepted_per_step']:>9.2f}"
                      f"{ctl['verified_nodes_per_step']:>7.1f}{ctl['identical_to_greedy']:>7}")
     for spec, r in results["drafters"].items():
+        if r["controller"].get("drafted_by"):
+            lines.append(f"{spec}: drafted steps by candidate {r['controller']['drafted_by']}")
         forced = r.get("teacher_forced")
         if forced is not None:
             top5 = " / ".join("-" if v is None else f"{v:.2f}" for v in forced["top5_by_depth"])

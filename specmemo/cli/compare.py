@@ -38,8 +38,8 @@ def add_parser(sub) -> None:
     p.add_argument("--questions", type=positive, default=10, help="the first N prompts of each set")
     p.add_argument("--drafter", default=None,
                    help="our speculative engines' drafter, e.g. model:artifacts/qwen2.5-coder-0.5b-int4 (a draft "
-                        "model: llama.cpp then also runs with that model's GGUF as its draft) or lookup (default: "
-                        "the manifest's)")
+                        "model: the peers' draft-model rows then draft with the same model; otherwise with the "
+                        "same family's smaller model where there is one) or lookup (default: the manifest's)")
     p.add_argument("--max-new-tokens", type=positive, default=128)
     p.add_argument("--rounds", type=positive, default=3)
     p.add_argument("--trace-tokens", type=int, default=512,
@@ -48,7 +48,8 @@ def add_parser(sub) -> None:
     p.add_argument("--engines", type=lambda text: tuple(e.strip() for e in text.split(",") if e.strip()), default=None,
                    metavar="E[,E...]",
                    help="run only these engines (e.g. hf-generate,specmemo-greedy,specmemo-controller,"
-                        "onnxruntime-genai,llama.cpp,llama.cpp-draft-model,llama.cpp-prompt-lookup; default: all that apply)")
+                        "onnxruntime-genai,onnxruntime-genai-ngram,onnxruntime-genai-draft-model,llama.cpp,"
+                        "llama.cpp-draft-model,llama.cpp-prompt-lookup; default: all that apply)")
     p.add_argument("--capacity", type=positive,
                    help="our engines' KV capacity C without --profile/--budget (default: what this run needs, "
                         "the longest prompt + max new tokens or the trace + the tree, rounded up to 64; HF's cache "
@@ -81,17 +82,22 @@ def cmd_compare(args: argparse.Namespace) -> int:
     prompts = tuple((q.question_id, q.category, tokenizer.encode_chat([Message("user", q.turns[0])]))
                     for q in questions)
     engines = compare.TORCH_ENGINES + compare.ORT_ENGINES
-    genai_dir = None
-    if not args.no_peer:
-        from specmemo.bench.peers import PeerUnavailableError, genai_model_dir, genai_precision
-
-        try:
-            genai_dir = genai_model_dir(manifest.source_model, genai_precision(manifest.weight_dtype))
-            engines += (compare.PEER,)
-        except PeerUnavailableError as err:
-            log_stderr(f"ONNX Runtime GenAI row skipped: {err}")
     drafter = args.drafter or manifest.drafter
     draft_manifest = _draft_manifest(artifact, manifest, args.drafter)
+    peer_draft = _peer_draft_model(manifest.source_model, draft_manifest)
+    genai_dir, genai_pair = None, None
+    if not args.no_peer:
+        from specmemo.bench.peers import PeerUnavailableError, genai_model_dir, genai_pair_dir, genai_precision
+
+        try:
+            precision = genai_precision(manifest.weight_dtype)
+            genai_dir = genai_model_dir(manifest.source_model, precision)
+            engines += (compare.PEER, compare.GENAI_NGRAM)
+            if peer_draft is not None:
+                genai_pair = genai_pair_dir(genai_dir, genai_model_dir(peer_draft, precision))
+                engines += (compare.GENAI_DRAFT,)
+        except PeerUnavailableError as err:
+            log_stderr(f"ONNX Runtime GenAI rows skipped: {err}")
     gguf, draft_gguf = None, None
     if not args.no_peer and manifest.weight_dtype == "int4":  # llama.cpp runs the GGUF our int4 export carries
         from specmemo.bench.peers import PeerUnavailableError, gguf_file
@@ -101,8 +107,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
             gguf = gguf_file(manifest.source_model)
             engines += (compare.LLAMA_CPP, compare.LLAMA_CPP_LOOKUP)
-            if draft_manifest is not None:
-                draft_gguf = gguf_file(draft_manifest.source_model)
+            if peer_draft is not None:
+                draft_gguf = gguf_file(peer_draft)
                 engines += (compare.LLAMA_CPP_DRAFT,)
         except ImportError:
             log_stderr("llama.cpp rows skipped: llama-cpp-python is not installed (make peers-setup: a source build for this CPU)")
@@ -136,6 +142,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
         our_capacity=sizes.capacity, heads=manifest.heads.source if manifest.heads else None,
         tree=manifest.heads.tree if manifest.heads else (), top_k=manifest.heads.top_k if manifest.heads else 10,
         eos=tuple(tokenizer.eos_token_ids), genai_dir=genai_dir, gguf=gguf, draft_gguf=draft_gguf,
+        genai_pair_dir=genai_pair,
         drafter=drafter, weight_dtype=manifest.weight_dtype,
         trace_tokens=args.trace_tokens, engines=engines)
     log_stderr(f"{len(prompts)} prompts x {len(engines)} engines x {args.rounds} rounds, each run a fresh process ...")
@@ -149,6 +156,14 @@ def cmd_compare(args: argparse.Namespace) -> int:
     for path in paths:
         print(f"wrote {path}")
     return 0
+
+
+def _peer_draft_model(model: str, draft_manifest) -> str | None:
+    """The draft model the peers' draft-model rows use: ours when our engines draft with one, else the same
+    family's smaller model (peers.PEER_DRAFT_MODELS), if any."""
+    from specmemo.bench.peers import PEER_DRAFT_MODELS
+
+    return draft_manifest.source_model if draft_manifest is not None else PEER_DRAFT_MODELS.get(model)
 
 
 def _draft_manifest(artifact: Path, manifest, drafter: str | None):

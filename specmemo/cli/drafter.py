@@ -49,6 +49,9 @@ def add_parser(sub) -> None:
     p.add_argument("--init", type=Path, default=None, metavar="DRAFTER_DIR",
                    help="start from this drafter's weights and sub-vocabulary (fine-tuning, e.g. with --unroll 2 "
                         "after a first run at --unroll 1)")
+    p.add_argument("--validate-every", type=int, default=0, metavar="STEPS",
+                   help="validate on the held-out sequences every STEPS steps as well as each epoch: the learning "
+                        "curve (top-1 per depth by positions seen) lands in drafter.json")
     p.add_argument("--features", type=Path, default=None, metavar="DIR",
                    help="train from a feature cache (specmemo cache-features) instead of phase 1; --data, "
                         "--conversations and --self-prompts then say nothing")
@@ -94,9 +97,13 @@ def add_parser(sub) -> None:
     p.add_argument("--drafter", action="append", dest="drafters", metavar="NAME",
                    help="a drafter to evaluate (repeat the flag for several; default: medusa, lookup, "
                         "medusa+lookup)")
-    p.add_argument("--workload", choices=["mt-bench", "quoting"], default="mt-bench",
-                   help="mt-bench: first turns of the MT-Bench questions; quoting: ShareGPT passages to "
-                        "rewrite, correct, summarise or list (replies quote the prompt)")
+    p.add_argument("--workload", choices=["mt-bench", "mt-bench,humaneval", "quoting"], default="mt-bench",
+                   help="mt-bench: first turns of the MT-Bench questions; mt-bench,humaneval: those and HumanEval "
+                        "tasks alternating (compare's prompts); quoting: ShareGPT passages to rewrite, correct, "
+                        "summarise or list (replies quote the prompt)")
+    p.add_argument("--sampling", action="store_true",
+                   help="time plain and speculative decoding sampling with the artifact's generation defaults "
+                        "(as chat does; exact acceptance) instead of greedy")
     p.add_argument("--prompts", type=positive, default=10, help="prompts of the workload, first N")
     p.add_argument("--max-new-tokens", type=positive, default=128)
     p.add_argument("--max-tree", type=positive, default=8, help="nodes per draft in the teacher-forced pass")
@@ -129,7 +136,7 @@ def cmd_eval_drafter(args: argparse.Namespace) -> int:
     config = EvalDrafterConfig(artifact=args.artifact, workload=args.workload, prompts=args.prompts,
                                max_new_tokens=args.max_new_tokens, max_tree=args.max_tree, threads=args.threads,
                                teacher_forced=not args.no_teacher_forced, out=args.out,
-                               model_format=args.model_format, **({"drafters": tuple(args.drafters)} if args.drafters else {}))
+                               model_format=args.model_format, sampling=args.sampling, **({"drafters": tuple(args.drafters)} if args.drafters else {}))
     results = run(config, log=log_stderr)
     print(table(results))
     print(f"wrote {write(results, config.out)}")
@@ -185,7 +192,7 @@ def cmd_train_drafter(args: argparse.Namespace) -> int:
                                 self_prompts=args.self_prompts, max_len=args.max_len, epochs=args.epochs,
                                 batch_sequences=args.batch_sequences, lr=args.lr, seed=args.seed,
                                 threads=args.threads, device=args.device, unroll=args.unroll, mlp_size=args.mlp_size,
-                                init=str(args.init or ""))
+                                init=str(args.init or ""), validate_every=args.validate_every)
     data = None if args.sharegpt == "sharegpt" else Path(args.sharegpt)
     conversations = list(itertools.islice(sharegpt_conversations(data), max(config.conversations, config.self_prompts)))
     resolved, hf_model, tokenizer, command = base_model(args)
@@ -207,7 +214,8 @@ def _train_from_features(args: argparse.Namespace) -> int:
     config = DrafterTrainConfig(subvocab_size=args.subvocab_size, data="features", max_len=settings["max_len"],
                                 epochs=args.epochs, batch_sequences=args.batch_sequences, lr=args.lr, seed=args.seed,
                                 threads=args.threads, device=args.device, unroll=args.unroll, mlp_size=args.mlp_size,
-                                init=str(args.init or ""), features=json.dumps(settings, sort_keys=True))
+                                init=str(args.init or ""), features=json.dumps(settings, sort_keys=True),
+                                validate_every=args.validate_every)
     from specmemo.errors import ConfigError
     from specmemo.export.load import resolve_model
 

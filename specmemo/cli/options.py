@@ -55,8 +55,9 @@ def add_mode(parser: argparse.ArgumentParser) -> None:
                         help="who proposes the tree: medusa (the heads graph), feature (the feature drafter), "
                              "lookup (prompt lookup: continues an earlier match of the last tokens in the "
                              "conversation; no weights), model:DIR (a smaller model's artifact of the same "
-                             "tokenizer drafts a chain, e.g. model:artifacts/qwen2.5-coder-0.5b-int4), or several "
-                             "merged, e.g. medusa+lookup (default: the manifest's choice)")
+                             "tokenizer drafts a chain, e.g. model:artifacts/qwen2.5-coder-0.5b-int4), several "
+                             "merged, e.g. medusa+lookup, or a choice the controller prices each step, e.g. "
+                             "feature+lookup,model:DIR (default: the manifest's choice)")
 
 
 def add_profile_options(parser: argparse.ArgumentParser, *, budget: bool = True,
