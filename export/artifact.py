@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import json
 import shutil
 import tempfile
 import time
@@ -114,10 +115,22 @@ def default_drafter(has_heads: bool, has_feature: bool = False) -> str:
     return "feature+lookup" if has_feature else "lookup"
 
 
-def default_feature_drafter(model: str) -> Path | None:
-    """The feature drafter shipped for a model alias (export/shipped_drafters/<alias>), if any."""
+def default_feature_drafter(model: str, weight_dtype: str | None = None) -> Path | None:
+    """The feature drafter shipped for a model alias (export/shipped_drafters/<alias>), if any; with
+    `weight_dtype`, only for exports of the weight dtype whose features it was trained on (it reads the hidden
+    states of the graph it ships with: SmolLM2's float32 graph, the 1.5B coder's int4 one)."""
     folder = SHIPPED_DRAFTERS / model
-    return folder if (folder / DRAFTER_SPEC_FILE).is_file() else None
+    if not (folder / DRAFTER_SPEC_FILE).is_file():
+        return None
+    return folder if weight_dtype is None or trained_on_dtype(folder) == weight_dtype else None
+
+
+def trained_on_dtype(folder: Path) -> str:
+    """The weight dtype of the artifact whose features a drafter was trained on (its card's feature-cache
+    settings, "sha|dtype"); float32 when it was trained from the torch model."""
+    train = json.loads((folder / DRAFTER_SPEC_FILE).read_text()).get("card", {}).get("train", {})
+    artifact = json.loads(train["features"]).get("artifact", "") if train.get("features", "").startswith("{") else ""
+    return artifact.split("|")[1] if "|" in artifact else "float32"
 
 
 def default_heads(model: str) -> Path | None:

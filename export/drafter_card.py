@@ -31,19 +31,28 @@ def card_markdown(spec: FeatureDrafterSpec) -> str:
                   f"{train.get('cls_weight')}, {train.get('minutes')} min",
                   f"- loss {train.get('loss_first', 0):.3f} → {train.get('loss_last50', 0):.3f}; top-1 agreement with "
                   f"the base on the last 50 training batches {train.get('train_top1_last50', 0):.3f}"]
-    for workload, result in evaluations.items():
-        lines += ["", f"## Measured (`specmemo eval-drafter --workload {workload}`)", "",
+    curve = train.get("learning_curve") or []
+    if curve:
+        lines += ["", "## Learning curve (held-out ShareGPT sequences of the cache, the drafter unrolled as it drafts)",
+                  "", "| positions seen | epoch | top-1 at depth 1 / 2 / 3 / 4 |", "|---|---|---|"]
+        lines += [f"| {c['positions_seen']:,} | {c['epoch']:g} | "
+                  f"{' / '.join(f'{v:.3f}' for v in c['top1_by_depth'])} |" for c in curve]
+    for name, result in evaluations.items():
+        sampled = " --sampling" if result.get("sampling", "greedy") != "greedy" else ""
+        lines += ["", f"## Measured (`specmemo eval-drafter --workload {result['workload']}{sampled}`)", "",
                   f"{result['prompts']} prompts, {result['max_new_tokens']} tokens, {result['threads']} threads, "
                   f"{result['cpu']}; teacher-forced along the base model's greedy replies, trees of up to "
-                  f"{result['max_tree']} nodes.", "",
+                  f"{result['max_tree']} nodes; timed pass {result.get('sampling', 'greedy')}.", "",
                   "| drafter | top-1 at depth 1 / 2 / 3 / 4 | chain accepted | tree accepted | draft ms | x greedy "
                   "(controller) | bound | accepted / step | replies = greedy |", "|---|---|---|---|---|---|---|---|---|"]
-        for name, r in result["drafters"].items():
+        for drafter, r in result["drafters"].items():
             forced, ctl = r.get("teacher_forced"), r["controller"]
             if forced is None:
+                lines.append(f"| {drafter} | - | - | - | - | {ctl['speedup_vs_greedy']:.2f} | - | "
+                             f"{ctl['accepted_per_step']:.2f} | {ctl['identical_to_greedy']} |")
                 continue
             top1 = " / ".join("-" if v is None else f"{v:.3f}" for v in forced["top1_by_depth"])
-            lines.append(f"| {name} | {top1} | {forced['chain_accepted']:.2f} | {forced['tree_accepted']:.2f} | "
+            lines.append(f"| {drafter} | {top1} | {forced['chain_accepted']:.2f} | {forced['tree_accepted']:.2f} | "
                          f"{forced['draft_ms']:.2f} | {ctl['speedup_vs_greedy']:.2f} | {r['bound']:.2f} | "
                          f"{ctl['accepted_per_step']:.2f} | {ctl['identical_to_greedy']} |")
     return "\n".join(lines) + "\n"
@@ -58,7 +67,8 @@ def write_card(folder: Path) -> Path:
 def record_evaluation(folder: Path, results: dict) -> Path:
     """Keep eval-drafter's figures for one workload in drafter.json's card; rewrite CARD.md."""
     spec = load_drafter_spec(folder)
-    card = {**spec.card, "eval": {**spec.card.get("eval", {}), results["workload"]: results}}
+    name = results.get("name", results["workload"])  # a workload, greedy or sampled
+    card = {**spec.card, "eval": {**spec.card.get("eval", {}), name: results}}
     (Path(folder) / DRAFTER_SPEC_FILE).write_text(replace(spec, card=card).to_json() + "\n")
     return write_card(folder)
 

@@ -237,7 +237,12 @@ def load_drafter(folder: Path, *, lm_head_t: torch.Tensor, cos: torch.Tensor, si
     spec, state = load_drafter_state(folder, base_sha256=base_sha256)
     path = Path(folder) / DRAFTER_FILE
     drafter = FeatureDrafter(spec, lm_head_t=lm_head_t, token_map=state["token_map"], cos=cos, sin=sin)
-    missing, unexpected = drafter.load_state_dict(state, strict=False)
+    try:
+        missing, unexpected = drafter.load_state_dict(state, strict=False)
+    except RuntimeError as err:  # a weight of another shape than drafter.json says
+        first = next((line.strip() for line in str(err).splitlines() if "size mismatch" in line), str(err)[:200])
+        raise DrafterError(f"{path} does not fit its drafter.json ({first}): retrain, or restore the folder's "
+                           f"drafter.json") from None
     if missing or unexpected:
         raise DrafterError(f"{path} does not fit its drafter.json (missing {missing[:2]}, unexpected {unexpected[:2]})")
     return drafter.eval()

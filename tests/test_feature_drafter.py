@@ -285,3 +285,57 @@ def test_bench_profile_prices_one_drafted_depth(with_drafter):
     timed = result["engines"]["specmemo"]["timed"]
     assert 0 < timed["drafter_depth_ms"] < 10 * timed["wall_ms"]
     assert "one drafted depth (feature drafter, its width in rows)" in format_table(result)
+
+
+def test_card_shows_the_learning_curve_and_sampled_evaluations_apart():
+    """CARD.md is generated from drafter.json: the learning curve by positions seen, and a sampled evaluation of a
+    workload beside its greedy one (recorded under its own name, not over it)."""
+    from dataclasses import replace
+
+    from specmemo.export.artifact import SHIPPED_DRAFTERS
+    from specmemo.export.drafter_card import card_markdown
+    from specmemo.export.feature_drafter import load_drafter_spec
+
+    spec = load_drafter_spec(SHIPPED_DRAFTERS / "smollm2-135m")
+    curve = [{"step": 10, "epoch": 0.5, "positions_seen": 12345, "top1_by_depth": [0.2, 0.1, 0.05, 0.02]}]
+    timed = {"controller": {"speedup_vs_greedy": 1.2, "accepted_per_step": 1.5, "identical_to_greedy": "n/a"}}
+    sampled = {"name": "mt-bench-sampling", "workload": "mt-bench", "prompts": 2, "max_new_tokens": 8, "threads": 2,
+               "cpu": "x", "max_tree": 8, "sampling": "sampling: temperature 0.7", "drafters": {"feature": timed}}
+    card = {**spec.card, "train": {**spec.card["train"], "learning_curve": curve},
+            "eval": {**spec.card.get("eval", {}), "mt-bench-sampling": sampled}}
+    text = card_markdown(replace(spec, card=card))
+    assert "| 12,345 | 0.5 | 0.200 / 0.100 / 0.050 / 0.020 |" in text
+    assert "eval-drafter --workload mt-bench --sampling" in text and "eval-drafter --workload mt-bench`" in text
+    assert "| feature | - | - | - | - | 1.20 | - | 1.50 | n/a |" in text
+
+
+def test_a_shipped_drafter_goes_with_exports_of_the_dtype_it_was_trained_on(tmp_path):
+    """Its features are one graph's hidden states: SmolLM2's drafter (float32 features) ships with float32 exports
+    only; a drafter cached from an int4 artifact names int4; one trained from the torch model, float32."""
+    import json
+
+    from specmemo.export.artifact import default_feature_drafter, trained_on_dtype
+
+    assert default_feature_drafter("smollm2-135m", "float32") is not None
+    assert default_feature_drafter("smollm2-135m", "int4") is None
+    assert default_feature_drafter("smollm2-135m") is not None  # no dtype asked: whatever ships
+    features = json.dumps({"artifact": "abc|int4", "data": "sharegpt"})
+    for card, dtype in (({"train": {"features": features}}, "int4"), ({"train": {"features": ""}}, "float32"), ({}, "float32")):
+        (tmp_path / "drafter.json").write_text(json.dumps({"card": card}))
+        assert trained_on_dtype(tmp_path) == dtype
+
+
+def test_weights_that_do_not_fit_drafter_json_are_one_line(with_drafter, tmp_path):
+    import json
+    import shutil
+
+    from specmemo.export.feature_drafter import DrafterError, load_drafter
+
+    artifact, model, folder = with_drafter
+    broken = tmp_path / "broken"
+    shutil.copytree(folder, broken)
+    spec = json.loads((broken / "drafter.json").read_text())
+    (broken / "drafter.json").write_text(json.dumps({**spec, "intermediate_size": spec["intermediate_size"] + 8}))
+    cos, sin = rotary_table(model, 16, model.config.hidden_size // model.config.num_attention_heads)
+    with pytest.raises(DrafterError, match="does not fit its drafter.json .*size mismatch"):
+        load_drafter(broken, lm_head_t=lm_head_t(model), cos=cos, sin=sin)

@@ -196,7 +196,9 @@ def run(config: EvalDrafterConfig, *, log=print) -> dict:
     engine, engines = open_engines(config, log=log)
     prompts = encode(engine, config)
     curve = engine.policy(Mode.AUTO).curve  # verify ms per T: measured once per machine (cached)
-    results: dict = {"workload": config.workload.value, "prompts": len(prompts), "max_new_tokens": config.max_new_tokens,
+    name = config.workload.value + ("-sampling" if engine.config.sampling is not None else "")
+    results: dict = {"name": name, "workload": config.workload.value, "prompts": len(prompts),
+                     "max_new_tokens": config.max_new_tokens,
                      "max_tree": config.max_tree, "threads": config.threads, "cpu": cpu_name(),
                      "sampling": describe(engine.config.sampling),
                      "verify_ms": dict(zip(curve.sizes, [round(v, 2) for v in curve.step_ms])), "drafters": {}}
@@ -296,7 +298,7 @@ def table(results: dict) -> str:
 
 def write(results: dict, out: Path) -> Path:
     out.mkdir(parents=True, exist_ok=True)
-    path = out / f"{results['workload']}.json"
+    path = out / f"{results['name']}.json"
     path.write_text(json.dumps(results, indent=2) + "\n")
     return path
 

@@ -28,7 +28,7 @@ def add_parser(sub) -> None:
     p.add_argument("--top-k", type=positive, default=10, help="guesses per head in the heads graph (default 10)")
     p.add_argument("--feature-drafter", default="auto",
                    help="feature drafter folder (from train-drafter), 'none', or 'auto': the one shipped for the "
-                        "model alias if any, for float32 exports (default auto)")
+                        "model alias if any, when it was trained on features of this --dtype (default auto)")
     p.add_argument("--feature-depth", type=positive, default=None,
                    help="depths the feature drafter drafts at most (default: the depth it was trained to unroll, at "
                         "least 2); its KV buffer gets depth x --feature-width scratch rows")
@@ -178,9 +178,8 @@ def cmd_export(args: argparse.Namespace) -> int:
                          accuracy_level=args.accuracy_level if args.accuracy_level is not None
                          else 0 if args.exact and args.dtype != "int8" else 4)
     out = args.out or default_artifact(args.model, quant.dtype.value)
-    # auto: the shipped feature drafter for float32 exports only; it does not pay on a CPU (README
-    # "Drafters") and a quantized export is sized for a device
-    auto = default_feature_drafter(args.model) if quant.dtype is WeightDtype.FLOAT32 else None
+    # auto: the shipped feature drafter where it was trained on this dtype's graph (its features are that graph's)
+    auto = default_feature_drafter(args.model, quant.dtype.value)
     feature = {"auto": auto, "none": None}.get(args.feature_drafter, Path(args.feature_drafter))
     export_artifact(ExportOptions(model=args.model, out=out, max_capacity=max_capacity, heads=heads, quant=quant,
                                   top_k=args.top_k, drafter=args.drafter, feature_drafter=feature,
