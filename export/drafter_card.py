@@ -73,6 +73,21 @@ def record_evaluation(folder: Path, results: dict) -> Path:
     return write_card(folder)
 
 
+def ship(folder: Path, out: Path) -> Path:
+    """A trained drafter as the repository carries it (export/shipped_drafters/<alias>): its weights in float16
+    (exports quantize or widen them again; half the bytes in git), drafter.json and CARD.md; no checkpoint."""
+    from safetensors.torch import load_file, save_file
+
+    from specmemo.export.feature_drafter import DRAFTER_FILE
+
+    spec = load_drafter_spec(folder)
+    state = load_file(str(Path(folder) / DRAFTER_FILE))
+    out.mkdir(parents=True, exist_ok=True)
+    save_file({k: v.half() if v.is_floating_point() else v for k, v in state.items()}, str(out / DRAFTER_FILE))
+    (out / DRAFTER_SPEC_FILE).write_text(spec.to_json() + "\n")
+    return write_card(out)
+
+
 def hardware(device: str = "cpu") -> str:
     """What trained it: the CPU (and its threads), or the CUDA device."""
     import torch

@@ -339,3 +339,22 @@ def test_weights_that_do_not_fit_drafter_json_are_one_line(with_drafter, tmp_pat
     cos, sin = rotary_table(model, 16, model.config.hidden_size // model.config.num_attention_heads)
     with pytest.raises(DrafterError, match="does not fit its drafter.json .*size mismatch"):
         load_drafter(broken, lm_head_t=lm_head_t(model), cos=cos, sin=sin)
+
+
+def test_a_drafter_ships_in_half_the_bytes_and_loads_the_same(with_drafter, tmp_path):
+    """export-drafter --format shipped: float16 weights (the token map kept), drafter.json, CARD.md, no checkpoint;
+    loaded, its weights are the trained ones rounded to float16."""
+    from safetensors.torch import load_file
+
+    from specmemo.cli import main
+
+    artifact, model, folder = with_drafter
+    out = tmp_path / "shipped"
+    assert main(["export-drafter", "--drafter", str(folder), "--format", "shipped", "--out", str(out)]) == 0
+    assert sorted(p.name for p in out.iterdir()) == ["CARD.md", "drafter.json", "drafter.safetensors"]
+    before, after = load_file(str(folder / "drafter.safetensors")), load_file(str(out / "drafter.safetensors"))
+    assert after["token_map"].equal(before["token_map"])
+    assert all(after[k].dtype == torch.float16 and after[k].float().equal(v.half().float())
+               for k, v in before.items() if v.is_floating_point())
+    cos, sin = rotary_table(model, 16, model.config.hidden_size // model.config.num_attention_heads)
+    load_drafter(out, lm_head_t=lm_head_t(model), cos=cos, sin=sin)

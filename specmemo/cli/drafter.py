@@ -115,17 +115,21 @@ def add_parser(sub) -> None:
                    help="also record the figures in this feature-drafter folder's drafter.json and CARD.md")
     p.set_defaults(handler=cmd_eval_drafter)
 
-    p = sub.add_parser("export-drafter", help="write the feature drafter for vLLM (its EAGLE draft model)",
+    p = sub.add_parser("export-drafter", help="write the feature drafter for vLLM (its EAGLE draft model), or as "
+                                              "the repository ships it",
                        description="Write a feature drafter as vLLM loads an EAGLE draft model (config.json + "
                                    "model.safetensors, vLLM's EagleMistralForCausalLM: our layer exactly, drafting over "
                                    "the full vocabulary through the target's LM head). Serve with "
                                    "speculative_config={\"method\": \"eagle\", \"model\": OUT, "
-                                   "\"num_speculative_tokens\": 2}. docs/scale-out.md.",
+                                   "\"num_speculative_tokens\": 2}. docs/scale-out.md. --format shipped: as "
+                                   "export/shipped_drafters/<alias> carries it, exported by default with the model.",
                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--model", default=DEFAULT_MODEL, help="alias, HF folder or .gguf (the drafter's base model)")
     p.add_argument("--drafter", type=Path, default=None,
                    help="feature drafter folder (default: the one shipped for --model)")
-    p.add_argument("--format", choices=["vllm"], default="vllm")
+    p.add_argument("--format", choices=["vllm", "shipped"], default="vllm",
+                   help="vllm: vLLM's EAGLE draft model; shipped: as the repository carries a drafter "
+                        "(export/shipped_drafters/<alias>: float16 weights, drafter.json, CARD.md)")
     p.add_argument("--out", type=Path, required=True)
     p.set_defaults(handler=cmd_export_drafter)
 
@@ -156,6 +160,11 @@ def cmd_export_drafter(args: argparse.Namespace) -> int:
     folder = args.drafter or default_feature_drafter(args.model)
     if folder is None:
         raise SpecMemoError(f"no feature drafter ships for {args.model}: pass --drafter (a train-drafter folder)")
+    if args.format == "shipped":
+        from specmemo.export.drafter_card import ship
+
+        print(f"wrote {ship(folder, args.out)}: {folder} as the repository ships a drafter")
+        return 0
     resolved = resolve_model(args.model)
     write_vllm_eagle(folder, args.out, base_folder=resolved.hf_folder, base_sha256=resolved.sha256)
     print(f"wrote {args.out}: the feature drafter {folder} as vLLM's EAGLE draft model (method \"eagle\")")
