@@ -71,7 +71,7 @@ INT4_BARS = {  # issue 30: the int4 artifact against the int4 peers, in one run 
     "greedy_decode_tokens_per_s_vs_onnxruntime_genai": (">=", 0.9),
     "peak_rss_vs_onnxruntime_genai": ("<=", 1.0),
 }
-FEATURE_BARS = {  # issue 44: the 1.5B's feature drafter under the controller against every row of the run
+FEATURE_BARS = {  # a feature drafter on an int4 artifact under the controller, against every row of the run
     "decode_tokens_per_s_vs_specmemo_greedy": (">=", 1.8),
     "decode_tokens_per_s_vs_fastest_peer_row": (">=", 1.4),
 }
@@ -254,7 +254,7 @@ def ratios(engines: dict[str, dict]) -> dict[str, float]:
 def bars(found: dict[str, float], weight_dtype: str = "float32", *, draft_model: bool = False,
          feature: bool = False) -> dict[str, dict]:
     """The bars that apply to this run: an int4 artifact is held to issue 30's against the int4 peers,
-    a draft model to issue 32's, an int4 artifact drafting with its feature drafter to issue 44's."""
+    a draft model to issue 32's, an int4 artifact drafting with its feature drafter to FEATURE_BARS."""
     table = {**BARS, **INT4_BARS} if weight_dtype == "int4" else dict(BARS)
     if draft_model:
         table.update(PAIR_BARS)
