@@ -31,12 +31,17 @@ def card_markdown(spec: FeatureDrafterSpec) -> str:
                   f"{train.get('cls_weight')}, {train.get('minutes')} min",
                   f"- loss {train.get('loss_first', 0):.3f} → {train.get('loss_last50', 0):.3f}; top-1 agreement with "
                   f"the base on the last 50 training batches {train.get('train_top1_last50', 0):.3f}"]
-    curve = train.get("learning_curve") or []
-    if curve:
-        lines += ["", "## Learning curve (held-out ShareGPT sequences of the cache, the drafter unrolled as it drafts)",
-                  "", "| positions seen | epoch | top-1 at depth 1 / 2 / 3 / 4 |", "|---|---|---|"]
-        lines += [f"| {c['positions_seen']:,} | {c['epoch']:g} | "
-                  f"{' / '.join(f'{v:.3f}' for v in c['top1_by_depth'])} |" for c in curve]
+    first = spec.card.get("first_phase") or {}
+    phases = [("first phase: `" + str(first.get("command")) + "`", first.get("train", {})), ("this phase", train)]
+    for label, phase in phases:
+        curve = phase.get("learning_curve") or []
+        if curve:
+            lines += ["", f"## Learning curve, {label}", "",
+                      "Held-out ShareGPT sequences of the cache (the last 3%), the drafter unrolled as it drafts; "
+                      "positions seen: assistant positions trained on, repeats counted.", "",
+                      "| positions seen | epoch | top-1 at depth 1 / 2 / 3 / 4 |", "|---|---|---|"]
+            lines += [f"| {c['positions_seen']:,} | {c['epoch']:g} | "
+                      f"{' / '.join(f'{v:.3f}' for v in c['top1_by_depth'])} |" for c in curve]
     for name, result in evaluations.items():
         sampled = " --sampling" if result.get("sampling", "greedy") != "greedy" else ""
         lines += ["", f"## Measured (`specmemo eval-drafter --workload {result['workload']}{sampled}`)", "",

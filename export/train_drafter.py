@@ -194,13 +194,25 @@ def train_drafter(*, hf_model: Any, tokenizer: Any, conversations: list, config:
     summary = train_loop(drafter, cache, embed, inverse, config, out, log=log)
     summary.update(conversations=len(cache.starts) - 1, tokens=int(cache.positions),
                    minutes=round((time.perf_counter() - started) / 60, 1))
+    card = {"hardware": hardware(config.device), **(card or {}), "train": {**config.record(), **summary}}
+    if config.init:  # the drafter's history: what the start was trained with, and its curve
+        card["first_phase"] = earlier_phase(Path(config.init))
     spec = replace(spec, intermediate_size=drafter.spec.intermediate_size,  # an --init drafter keeps its MLP
-                   card={"hardware": hardware(config.device), **(card or {}), "train": {**config.record(), **summary}})
+                   card=card)
     save_drafter(drafter.cpu(), out, spec)
     write_card(out)
     log(f"wrote {out} ({summary['minutes']} min): loss {summary['loss_first']:.3f} → {summary['loss_last50']:.3f}, "
         f"train top-1 {summary['train_top1_last50']:.3f}")
     return spec
+
+
+def earlier_phase(folder: Path) -> dict:
+    """A start drafter's training record for a fine-tuned drafter's card: its command and its training (curve
+    included); a start that was itself fine-tuned keeps its own first phase."""
+    from specmemo.export.feature_drafter import load_drafter_spec
+
+    earlier = load_drafter_spec(folder).card
+    return earlier.get("first_phase") or {"command": earlier.get("command"), "train": earlier.get("train", {})}
 
 
 VALIDATION_SHARE = 0.03  # of the sequences, held out (the last ones): top-1 per depth printed per epoch

@@ -183,7 +183,7 @@ def test_llama_cpp_draft_keeps_its_kv_on_the_common_prefix():
 
 def test_genai_speculative_rows_face_their_own_greedy_and_the_feature_bars():
     """GenAI's n-gram and draft-model rows are peer rows (the fastest row of any mode is the bar's), each compared
-    with GenAI's greedy; an int4 run drafting with the feature drafter faces issue 44's two bars."""
+    with GenAI's greedy; an int4 run drafting with the feature drafter faces FEATURE_BARS."""
     engines = {"specmemo-controller": {"decode_tokens_per_s": 45.0, "e2e_tokens_per_s": 40.0, "peak_rss": 900},
                "specmemo-greedy": {"decode_tokens_per_s": 25.0},
                "onnxruntime-genai": {"decode_tokens_per_s": 30.0, "e2e_tokens_per_s": 28.0, "peak_rss": 1000},

@@ -358,3 +358,15 @@ def test_a_drafter_ships_in_half_the_bytes_and_loads_the_same(with_drafter, tmp_
                for k, v in before.items() if v.is_floating_point())
     cos, sin = rotary_table(model, 16, model.config.hidden_size // model.config.num_attention_heads)
     load_drafter(out, lm_head_t=lm_head_t(model), cos=cos, sin=sin)
+
+
+def test_every_shipped_card_is_generated_from_its_drafter_json():
+    """CARD.md is never edited by hand: it is card_markdown of drafter.json (eval-drafter --card rewrites both)."""
+    from specmemo.export.artifact import SHIPPED_DRAFTERS
+    from specmemo.export.drafter_card import CARD_FILE, card_markdown
+    from specmemo.export.feature_drafter import load_drafter_spec
+
+    folders = [f for f in SHIPPED_DRAFTERS.iterdir() if (f / "drafter.json").is_file()]
+    assert folders
+    for folder in folders:
+        assert (folder / CARD_FILE).read_text() == card_markdown(load_drafter_spec(folder)), folder.name

@@ -253,8 +253,8 @@ def ratios(engines: dict[str, dict]) -> dict[str, float]:
 
 def bars(found: dict[str, float], weight_dtype: str = "float32", *, draft_model: bool = False,
          feature: bool = False) -> dict[str, dict]:
-    """The bars that apply to this run: an int4 artifact is held to issue 30's against the int4 peers,
-    a draft model to issue 32's, an int4 artifact drafting with its feature drafter to FEATURE_BARS."""
+    """The bars that apply to this run: an int4 artifact is held to INT4_BARS against the int4 peers, a draft
+    model to PAIR_BARS, an int4 artifact drafting with its feature drafter to FEATURE_BARS."""
     table = {**BARS, **INT4_BARS} if weight_dtype == "int4" else dict(BARS)
     if draft_model:
         table.update(PAIR_BARS)

@@ -264,12 +264,14 @@ def _add(slot: dict, generation, greedy_ids: list[int]) -> None:
 
 
 def table(results: dict) -> str:
+    w = max(16, 2 + max(len(spec) for spec in results["drafters"]))  # the drafter column fits the longest spec
     lines = [f"{results['workload']}: {results['prompts']} prompts, {results['max_new_tokens']} tokens, "
              f"{results['threads']} threads, {results['cpu']}; timed pass {results.get('sampling', 'greedy')}, "
              f"without a drafter {results['greedy_tokens_per_s']} tok/s",
-             f"{'drafter':<16}{'top-1 @ depth 1/2/3/4':>26}{'chain':>7}{'tree':>7}{'draft ms':>9}"
-             f"{'tok/s':>8}{'x greedy':>9}{'bound':>7}{'acc/step':>9}{'T/step':>7}{'same':>7}",
-             "-" * 112]
+             f"{'drafter':<{w}}{'top-1 @ depth 1/2/3/4':>26}{'chain':>7}{'tree':>7}{'draft ms':>9}"
+             f"{'tok/s':>8}{'x plain' if results.get('sampling', 'greedy') != 'greedy' else 'x greedy':>9}"
+             f"{'bound':>7}{'acc/step':>9}{'T/step':>7}{'same':>7}",
+             "-" * (96 + w)]
     for spec, r in results["drafters"].items():
         forced, ctl = r.get("teacher_forced"), r["controller"]
         if forced is not None:
@@ -278,8 +280,8 @@ def table(results: dict) -> str:
                        f"{forced['draft_ms']:>9.2f}")
         else:
             quality = f"{'(not run)':>26}{'-':>7}{'-':>7}{'-':>9}"
-        lines.append(f"{spec:<16}{quality}{ctl['tokens_per_s']:>8.1f}{ctl['speedup_vs_greedy']:>9.2f}"
-                     f"{r.get('bound', float('nan')):>7.2f}{ctl['accepted_per_step']:>9.2f}"
+        lines.append(f"{spec:<{w}}{quality}{ctl['tokens_per_s']:>8.1f}{ctl['speedup_vs_greedy']:>9.2f}"
+                     f"{'-' if 'bound' not in r else format(r['bound'], '.2f'):>7}{ctl['accepted_per_step']:>9.2f}"
                      f"{ctl['verified_nodes_per_step']:>7.1f}{ctl['identical_to_greedy']:>7}")
     for spec, r in results["drafters"].items():
         if r["controller"].get("drafted_by"):
