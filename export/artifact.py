@@ -88,7 +88,7 @@ class ExportOptions:
 def default_kv_dtype(weights: WeightDtype) -> str:
     """float32: the speed choice wherever memory allows (float16 casts Q|K|V and the bias around every
     attention node and runs GroupQueryAttention's float16 CPU kernel, and its trees round apart, so it
-    verifies chains only; README "int4"). A device profile that needs the bytes names float16
+    verifies chains only; docs/int4.md). A device profile that needs the bytes names float16
     (phones and boards do), and `export --kv-dtype float16` asks for it."""
     return "float32"
 
@@ -107,7 +107,7 @@ def draft_shape(quantization: QuantizationInfo | None, kv_dtype: str) -> str:
 
 def default_drafter(has_heads: bool, has_feature: bool = False) -> str:
     """The drafter an artifact decodes with unless told otherwise, the best measured on SmolLM2-135M
-    (README, "Drafters"): Medusa heads merged with prompt lookup where there are heads (the CPU-trained
+    (docs/drafters.md): Medusa heads merged with prompt lookup where there are heads (the CPU-trained
     feature drafter guesses better but costs ~4 ms a step to draft), else the feature drafter with
     prompt lookup, else prompt lookup alone."""
     if has_heads:

@@ -14,7 +14,7 @@ which reproduces x @ W to fp32 rounding (the "bias" MatMul is [K/32 × N], 1/32 
 columns); that is `--exact`. The default centres the codes (an integer zero point per block, the
 residual as the bias) and, with `fold`, carries the residual inside the same MatMulNBits over the
 input's block means appended to x (`_with_block_sums`, gguf_weights.fold_bias), at accuracy level 4
-(int8 activations, the fast kernels; export/weights_dtype.py: MinimumForm; README "int4").
+(int8 activations, the fast kernels; export/weights_dtype.py: MinimumForm; docs/int4.md).
 `rerank_argmax` makes the greedy token of an 8-bit LM head run with int8 activations exact again.
 Shapes: B batch, T rows, K inputs, N outputs.
 """

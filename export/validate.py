@@ -35,7 +35,7 @@ FP32_TOLERANCE = 1e-4
 FP32_RTOL = 1e-5
 # int8/int4 graphs (export --dtype) against the float32 model they came from. The carried GGUF weights
 # are the model's own, so what is left is how the graph computes: measured max |Δ| on the validation
-# prompt (SmolLM2-135M, README "int4"): accuracy level 0 layers (fp32 compute) with the 8-bit LM head at
+# prompt (SmolLM2-135M, docs/int4.md): accuracy level 0 layers (fp32 compute) with the 8-bit LM head at
 # level 4: hidden 1.8e-4, logits 0.35; level 4 throughout (int8 activations): hidden 4.0, logits 5.3,
 # and argmaxes that differ. Quantized graphs pass within these bounds (about 3x the measurements); their
 # argmax agreement is reported, and measured at scale by `specmemo bench quality`.

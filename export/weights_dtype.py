@@ -50,7 +50,7 @@ class WeightDtype(str, Enum):
 class MinimumForm(str, Enum):
     """How a carried block's minimum (Q4_1: w = d·q + m) reaches MatMulNBits. ONNX Runtime's fast
     (prepacked) kernels take integer zero points only, so an exact m needs a term beside the node.
-    Measured on SmolLM2-135M at accuracy level 4 (README "int4"): block-sum agrees with the float32
+    Measured on SmolLM2-135M at accuracy level 4 (docs/int4.md): block-sum agrees with the float32
     argmax on 94.6% of positions (int8 activations against the uncentred 0..15 codes), centered on
     97.1% (llama.cpp on the same file: 96.9%), folded on 97.7% at 9% less time a step than centered
     (no term beside the node: 2 nodes an input instead of 2 a matrix + 2 an input), zero-point on 74%
@@ -66,7 +66,7 @@ class WideBlocks(str, Enum):
     """What becomes of the decoder's 8-bit GGUF matrices (Q4_K_M's Q6_K V and down projections, a Q5_0 or Q8_0 in
     the body): a Q6_K matrix is carried as 8-bit blocks of 16, which MatMulNBits reads in twice a 4-bit matrix's
     time, and a Q6_K V beside Q4_K Q and K turns the whole fused QKV into that form (gguf_weights.common_form).
-    The LM head is not one of them (QuantOptions.lm_head_bits). Measured on Qwen2.5-Coder-1.5B: README "int4"."""
+    The LM head is not one of them (QuantOptions.lm_head_bits). Measured on Qwen2.5-Coder-1.5B: docs/int4.md."""
 
     CARRIED = "carried"  # the GGUF's own blocks, widened to 8 bits: its weights exactly
     Q8_0 = "8-bit"  # re-blocked to 8-bit blocks of 32 (gguf_weights.q8_0_blocks): each weight moves by <= d/2
@@ -228,14 +228,14 @@ HEAD_BITS = {32: 8, 16: 4}  # an 8-bit head's block → the bits its MatMulNBits
 def head_bits(head: QuantBlocks, asked: int | None) -> int:
     """The LM head's bits when not asked: a Q8_0 head (8-bit blocks of 32, 8.5 bits a weight in the GGUF) stays
     8-bit; a Q6_K head (carried as 8-bit blocks of 16: 10 bits a weight, the largest matrix a step reads) is read in
-    4 bits, its top k re-ranked from the 8-bit rows. Measured (README "int4"): the 4-bit head cost SmolLM2's Q8_0
+    4 bits, its top k re-ranked from the 8-bit rows. Measured (docs/int4.md): the 4-bit head cost SmolLM2's Q8_0
     head +1.2% perplexity, Qwen2.5-Coder-1.5B's Q6_K head +0.1% with the same argmax agreement."""
     return asked if asked is not None else HEAD_BITS.get(head.block, 8)
 
 
 def _reranked_head(head: QuantBlocks | None, options: QuantOptions) -> bool:
     """An 8-bit carried LM head (Q8_0, no minimum) run with int8 activations: its logits round far from fp32
-    (README "int4"), so the graph re-ranks its top k exactly."""
+    (docs/int4.md), so the graph re-ranks its top k exactly."""
     return head is not None and head.bits == 8 and np.isscalar(head.zero) and head.zero == 128 and head.bias is None \
         and options.lm_head_accuracy_level != 0 and options.lm_head_rerank > 0
 

@@ -85,7 +85,7 @@ def configure_process(threads: int) -> None:
 
 
 def session_options(config: SessionConfig, initializers: dict[str, ort.OrtValue] | None = None) -> ort.SessionOptions:
-    """Options chosen for a memory-lean CPU decoder; each measured (README, "Runtime"):
+    """Options chosen for a memory-lean CPU decoder; each measured (docs/runtime.md):
     - initializers straight from the device allocator, not the arena (lower peak RSS at load);
     - one thread pool and one CPU arena per process (`configure_process`); intermediates are carved
       from it, so after warm-up a step asks the system for nothing (off: every op mallocs);

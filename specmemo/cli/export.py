@@ -61,7 +61,7 @@ def add_parser(sub) -> None:
     p.add_argument("--exact", action="store_true",
                    help="int4: the float32 model's weights and arithmetic, at 3-4x the step time: Q4_1 minima as "
                         "an exact block-sum term and fp32-compute kernels (--minimum block-sum --accuracy-level 0); "
-                        "its argmax is the float32 model's on 99.9%% of positions (README \"int4\")")
+                        "its argmax is the float32 model's on 99.9%% of positions (docs/int4.md)")
     p.add_argument("--minimum", choices=("folded", "centered", "block-sum", "zero-point"), default=None,
                    help="how a Q4_1 block's minimum (w = d·q + m) reaches MatMulNBits, whose fast kernels take integer "
                         "zero points only: centered = zero point round(-m/d) + the exact residual m + d·z as a "
@@ -86,8 +86,8 @@ def add_parser(sub) -> None:
                         "4-bit re-quantizes them to the Q4_1 form, half the bytes a step, ~2%% less argmax agreement")
     p.add_argument("--kv-dtype", choices=["float32", "float16"], default=None,
                    help="the KV buffer's elements: float16 halves the largest memory use after the weights "
-                        "(attention then computes in float16, and the artifact verifies chains only; see README "
-                        "\"int4\") (default: the --profile's, else float32, the faster)")
+                        "(attention then computes in float16, and the artifact verifies chains only; see "
+                        "docs/int4.md) (default: the --profile's, else float32, the faster)")
     p.add_argument("--mobile", nargs="?", const="arm", choices=["arm", "amd64"], default=None,
                    help="also write every graph in ONNX Runtime's own format (.ort, optimizations for this "
                         "platform baked in; default arm) and required_operators.config, the operator list "

@@ -70,8 +70,7 @@ def add_parser(sub) -> None:
                                    "them; serve with speculative_config={\"method\": \"medusa\", \"model\": OUT, "
                                    "\"num_speculative_tokens\": K}. medusa: a FasterDecoding/Medusa checkpoint "
                                    "(config.json + medusa_lm_head.safetensors), the input of TensorRT-LLM's "
-                                   "examples/medusa/convert_checkpoint.py --medusa_model_dir OUT. README, \"Past one "
-                                   "machine\".",
+                                   "examples/medusa/convert_checkpoint.py --medusa_model_dir OUT. docs/scale-out.md.",
                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--model", default=DEFAULT_MODEL, help="alias, HF folder or .gguf (the heads' base model)")
     p.add_argument("--heads", type=Path, default=None,
