@@ -27,7 +27,7 @@ from specmemo.export.weights_dtype import (LM_HEAD, QuantOptions, WeightDtype, e
 from specmemo.runtime import io_spec
 from specmemo.runtime.drafters import DrafterName, draft_model_dir, parse_drafter
 from specmemo.runtime.graphs import MAX_FEATURE_DEPTH
-from specmemo.export.feature_drafter import DRAFTER_SPEC_FILE
+from specmemo.export.feature_drafter import DRAFTER_SPEC_FILE, trained_on_dtype
 from specmemo.runtime.manifest import (FeatureDrafterInfo, FORMAT_VERSION, EmbeddingInfo, Manifest, ModelDims,
                                        QuantizationInfo, QuantizedRows, TokenizerInfo, save_manifest)
 
@@ -124,13 +124,6 @@ def default_feature_drafter(model: str, weight_dtype: str | None = None) -> Path
         return None
     return folder if weight_dtype is None or trained_on_dtype(folder) == weight_dtype else None
 
-
-def trained_on_dtype(folder: Path) -> str:
-    """The weight dtype of the artifact whose features a drafter was trained on (its card's feature-cache
-    settings, "sha|dtype"); float32 when it was trained from the torch model."""
-    train = json.loads((folder / DRAFTER_SPEC_FILE).read_text()).get("card", {}).get("train", {})
-    artifact = json.loads(train["features"]).get("artifact", "") if train.get("features", "").startswith("{") else ""
-    return artifact.split("|")[1] if "|" in artifact else "float32"
 
 
 def default_heads(model: str) -> Path | None:

@@ -218,6 +218,14 @@ def load_drafter_spec(folder: Path) -> FeatureDrafterSpec:
     return FeatureDrafterSpec.from_json(path.read_text(), str(path))
 
 
+def trained_on_dtype(folder: Path) -> str:
+    """The weight dtype of the artifact whose features a drafter was trained on (its card's feature-cache
+    settings, "sha|dtype"); float32 when it was trained from the torch model."""
+    train = json.loads((Path(folder) / DRAFTER_SPEC_FILE).read_text()).get("card", {}).get("train", {})
+    artifact = json.loads(train["features"]).get("artifact", "") if train.get("features", "").startswith("{") else ""
+    return artifact.split("|")[1] if "|" in artifact else "float32"
+
+
 def load_drafter_state(folder: Path, *, base_sha256: str = "") -> tuple[FeatureDrafterSpec, dict[str, torch.Tensor]]:
     """(spec, tensors) of a drafter folder, refused when it was trained on other base weights."""
     from safetensors.torch import load_file

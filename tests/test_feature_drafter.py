@@ -314,7 +314,8 @@ def test_a_shipped_drafter_goes_with_exports_of_the_dtype_it_was_trained_on(tmp_
     only; a drafter cached from an int4 artifact names int4; one trained from the torch model, float32."""
     import json
 
-    from specmemo.export.artifact import default_feature_drafter, trained_on_dtype
+    from specmemo.export.artifact import default_feature_drafter
+    from specmemo.export.feature_drafter import trained_on_dtype
 
     assert default_feature_drafter("smollm2-135m", "float32") is not None
     assert default_feature_drafter("smollm2-135m", "int4") is None
