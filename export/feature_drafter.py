@@ -221,7 +221,7 @@ def load_drafter_spec(folder: Path) -> FeatureDrafterSpec:
 def trained_on_dtype(folder: Path) -> str:
     """The weight dtype of the artifact whose features a drafter was trained on (its card's feature-cache
     settings, "sha|dtype"); float32 when it was trained from the torch model."""
-    train = json.loads((Path(folder) / DRAFTER_SPEC_FILE).read_text()).get("card", {}).get("train", {})
+    train = load_drafter_spec(folder).card.get("train", {})
     artifact = json.loads(train["features"]).get("artifact", "") if train.get("features", "").startswith("{") else ""
     return artifact.split("|")[1] if "|" in artifact else "float32"
 

@@ -39,7 +39,7 @@ import numpy as np
 
 from specmemo.errors import ConfigError
 from specmemo.runtime import decode, measured, tree
-from specmemo.runtime.drafters.draft import DraftCost, DraftTree
+from specmemo.runtime.drafters.draft import DraftCost, DraftTree, draft_cost
 
 PRIOR_TRIALS = 16
 SCORE_BANDS = (0.0, 0.02, 0.05, 0.1, 0.2, 0.3, 0.45, 0.6, 0.75, 0.9, 1.0)  # band edges of raw scores
@@ -249,14 +249,21 @@ class DrafterChoice:
     """The width policy of a choice among drafters (see module doc): it sets `drafter.current` (a drafters.Priced)
     before each draft and prices that step with the candidate's own Controller."""
 
-    def __init__(self, *, curve: LatencyCurve, max_size: int, drafter, names: tuple[str, ...],
-                 costs: tuple[DraftCost, ...]):
-        if len(names) != len(costs) or len(names) != len(drafter.candidates):
-            raise ConfigError("a choice among drafters needs one name and one draft cost per candidate")
-        self.drafter, self.names, self.curve = drafter, names, curve
-        self.controllers = [Controller(curve=curve, max_size=max_size, draft_cost=cost) for cost in costs]
+    def __init__(self, *, curve: LatencyCurve, max_size: int, drafter):
+        self.drafter, self.curve = drafter, curve
+        self.names = tuple(c.name for c in drafter.candidates)
+        self.controllers = [Controller(curve=curve, max_size=max_size, draft_cost=draft_cost(c))
+                            for c in drafter.candidates]
         self.decisions: list[Decision] = []
-        self._last_used = [-1] * len(names)
+        self._last_used = [-1] * len(self.names)
+
+    def drafted_by(self) -> dict[str, int]:
+        """Steps each candidate drafted (a tree past the root), those that drafted at all, in first-draft order."""
+        counts: dict[str, int] = {}
+        for d in self.decisions:
+            if d.drafted > 1:
+                counts[d.drafter] = counts.get(d.drafter, 0) + 1
+        return counts
 
     def pick(self) -> int:
         """The candidate to draft next: an untried one, else the one left longest every PROBE_EVERY steps, else

@@ -70,10 +70,7 @@ class Engine:
             self._curve = latency_curve(self.config.artifact, self._backend, self.max_tree,
                                         threads=self.config.threads, log=self.log)
         if isinstance(self.drafter, Priced):
-            candidates = self.drafter.candidates
-            self.controller = DrafterChoice(curve=self._curve, max_size=self.max_tree, drafter=self.drafter,
-                                            names=tuple(c.name for c in candidates),
-                                            costs=tuple(draft_cost(c) for c in candidates))
+            self.controller = DrafterChoice(curve=self._curve, max_size=self.max_tree, drafter=self.drafter)
         else:
             self.controller = Controller(curve=self._curve, max_size=self.max_tree, draft_cost=draft_cost(self.drafter))
         return self.controller

@@ -215,7 +215,6 @@ def test_a_choice_among_drafters_decodes_exactly_greedy_and_prices_each(exported
     """medusa (an oracle: always right) or lookup (nothing to find), priced each step: both are tried, the one
     that pays drafts nearly every step after, the other is re-priced now and then; greedy output either way."""
     from specmemo.runtime.controller import PROBE_EVERY, DrafterChoice, LatencyCurve
-    from specmemo.runtime.drafters.draft import DraftCost
 
     artifact, model, _ = exported
     vocab = model.config.vocab_size
@@ -227,7 +226,7 @@ def test_a_choice_among_drafters_decodes_exactly_greedy_and_prices_each(exported
     priced = Priced([PromptLookup(), oracle])
     assert priced.name == "lookup,medusa"
     choice = DrafterChoice(curve=LatencyCurve(sizes=(1, 8), step_ms=(10.0, 11.0)), max_size=medusa.size,
-                           drafter=priced, names=("lookup", "medusa"), costs=(DraftCost.FIXED, DraftCost.FIXED))
+                           drafter=priced)
     out = generate(backend, prompt, max_new_tokens=80, eos_token_ids=set(), drafter=priced, max_tree=medusa.size,
                    policy=choice)
     assert out.token_ids == greedy

@@ -314,15 +314,16 @@ def test_a_shipped_drafter_goes_with_exports_of_the_dtype_it_was_trained_on(tmp_
     only; a drafter cached from an int4 artifact names int4; one trained from the torch model, float32."""
     import json
 
-    from specmemo.export.artifact import default_feature_drafter
+    from specmemo.export.artifact import SHIPPED_DRAFTERS, default_feature_drafter
     from specmemo.export.feature_drafter import trained_on_dtype
 
     assert default_feature_drafter("smollm2-135m", "float32") is not None
     assert default_feature_drafter("smollm2-135m", "int4") is None
     assert default_feature_drafter("smollm2-135m") is not None  # no dtype asked: whatever ships
+    shipped = json.loads((SHIPPED_DRAFTERS / "smollm2-135m" / "drafter.json").read_text())
     features = json.dumps({"artifact": "abc|int4", "data": "sharegpt"})
     for card, dtype in (({"train": {"features": features}}, "int4"), ({"train": {"features": ""}}, "float32"), ({}, "float32")):
-        (tmp_path / "drafter.json").write_text(json.dumps({"card": card}))
+        (tmp_path / "drafter.json").write_text(json.dumps({**shipped, "card": card}))
         assert trained_on_dtype(tmp_path) == dtype
 
 

@@ -152,9 +152,7 @@ def teacher_forced(engine: Engine, drafter, prompts: list[list[int]], config: Ev
 
 
 def encode(engine: Engine, config: EvalDrafterConfig) -> list[list[int]]:
-    from specmemo.datasets import load_questions, quoting_prompts
-
-    from specmemo.datasets import prompt_sets
+    from specmemo.datasets import load_questions, prompt_sets, quoting_prompts
 
     if config.workload is Workload.MIXED:
         sets = prompt_sets(config.workload.value, per_set=-(-config.prompts // 2))
@@ -215,10 +213,10 @@ def run(config: EvalDrafterConfig, *, log=print) -> dict:
         for spec, eng in engines.items():
             _add(timed[spec], eng.generate(prompt, max_new_tokens=config.max_new_tokens, mode=Mode.AUTO,
                                            ignore_eos=True), greedy.token_ids)
-            for decision in eng.controller.decisions:
-                if decision.drafter:
-                    by = timed[spec]["drafted_by"]
-                    by[decision.drafter] = by.get(decision.drafter, 0) + (decision.drafted > 1)
+            if hasattr(eng.controller, "drafted_by"):  # a choice among drafters
+                by = timed[spec]["drafted_by"]
+                for name, steps in eng.controller.drafted_by().items():
+                    by[name] = by.get(name, 0) + steps
     greedy_rate = timed["greedy"]["tokens"] / timed["greedy"]["seconds"]
     results["greedy_tokens_per_s"] = round(greedy_rate, 1)
     for spec in config.drafters:
@@ -265,6 +263,7 @@ def _add(slot: dict, generation, greedy_ids: list[int]) -> None:
 
 def table(results: dict) -> str:
     w = max(16, 2 + max(len(spec) for spec in results["drafters"]))  # the drafter column fits the longest spec
+    sampled = results.get("sampling", "greedy") != "greedy"
     lines = [f"{results['workload']}: {results['prompts']} prompts, {results['max_new_tokens']} tokens, "
              f"{results['threads']} threads, {results['cpu']}; timed pass {results.get('sampling', 'greedy')}, "
              f"without a drafter {results['greedy_tokens_per_s']} tok/s",

@@ -61,10 +61,9 @@ def cmd_generate(args: argparse.Namespace) -> int:
               f"{stats.decode_tokens_per_s:.1f} tok/s, mean accepted {stats.mean_accepted:.2f}, drafting "
               f"{1e3 * stats.draft_s / max(1, stats.steps - 1):.2f} ms/step, KV {session.kv.length}/"
               f"{session.kv.capacity} positions, arena {session.arena.nbytes / 2**20:.1f} MiB", file=sys.stderr)
-        by = [d.drafter for d in getattr(engine.controller, "decisions", []) if d.drafter and d.drafted > 1]
+        by = engine.controller.drafted_by() if hasattr(engine.controller, "drafted_by") else {}
         if by:
-            print("drafted steps by candidate: " + ", ".join(f"{n} {by.count(n)}" for n in dict.fromkeys(by)),
-                  file=sys.stderr)
+            print("drafted steps by candidate: " + ", ".join(f"{n} {c}" for n, c in by.items()), file=sys.stderr)
         print("step  drafted  T  accepted  KV used", file=sys.stderr)
         for i, (drafted, size, accepted, used) in enumerate(zip(stats.draft_sizes, stats.tree_sizes,
                                                                  stats.accept_lengths, stats.kv_used), 1):
