@@ -25,7 +25,7 @@ from specmemo.export.trace import OPSET, export_decoder
 from specmemo.export.weights_dtype import (LM_HEAD, QuantOptions, WeightDtype, external_location, quantize_decoder,
                                           quantize_graph, save_external)
 from specmemo.runtime import io_spec
-from specmemo.runtime.drafters import DrafterName, draft_model_dir, parse_drafter
+from specmemo.runtime.drafters.registry import missing_part
 from specmemo.runtime.graphs import MAX_FEATURE_DEPTH
 from specmemo.export.feature_drafter import DRAFTER_SPEC_FILE, trained_on_dtype
 from specmemo.runtime.manifest import (FeatureDrafterInfo, FORMAT_VERSION, EmbeddingInfo, Manifest, ModelDims,
@@ -60,14 +60,10 @@ class ExportOptions:
     draft_model: str | None = None  # --draft-model: a smaller model of the same tokenizer, exported into draft/
 
     def __post_init__(self) -> None:
-        if self.drafter is not None:
-            names = parse_drafter(self.drafter)
-            if DrafterName.MODEL in names and self.draft_model is None and draft_model_dir(self.drafter) is None:
-                raise ConfigError(f"--drafter {self.drafter} needs a draft model: pass --draft-model")
-            if DrafterName.MEDUSA in names and self.heads is None:
-                raise ConfigError(f"--drafter {self.drafter} needs Medusa heads: pass --heads, or use --drafter lookup")
-            if DrafterName.FEATURE in names and self.feature_drafter is None:
-                raise ConfigError(f"--drafter {self.drafter} needs a feature drafter: pass --feature-drafter")
+        kind = missing_part(self.drafter, self, named_dir_counts=True)
+        if kind is not None:
+            raise ConfigError(f"--drafter {self.drafter} needs {kind.needs}: pass {kind.export_flag}, or use "
+                              f"--drafter lookup")
         if self.max_capacity < 2:
             raise ConfigError(f"--max-capacity must be at least 2, got {self.max_capacity}")
         if self.quant.dtype is not WeightDtype.FLOAT32 and self.heads is not None and _shared_heads(self.heads):

@@ -10,7 +10,7 @@ from pathlib import Path
 from specmemo.errors import ConfigError
 from specmemo.export.load import resolve_model
 from specmemo.runtime.manifest import Manifest
-from specmemo.runtime.sizes import MODEL_MAX_CHAIN
+from specmemo.runtime.drafters.registry import MODEL_MAX_CHAIN
 
 
 DRAFT_FOLDER = "draft"
@@ -28,7 +28,7 @@ def check_same_tokenizer(draft_model: str, tokenizer) -> None:
 
 def add_draft_model(folder: Path, manifest: Manifest, options, log) -> Manifest:  # options: the ExportOptions
     """The draft model exported into folder/draft with the same dtype, KV dtype and mobile graphs, a graph that
-    covers the target's context and a chain (sizes.MODEL_MAX_CHAIN), no heads and no batch graphs; the manifest
+    covers the target's context and a chain (drafters.registry.MODEL_MAX_CHAIN), no heads and no batch graphs; the manifest
     names it and drafts with it unless --drafter says otherwise."""
     from specmemo.export.artifact import ExportOptions, export_artifact
 

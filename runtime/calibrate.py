@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from specmemo.runtime.drafters import DrafterName, without
+from specmemo.runtime.drafters.registry import in_artifact
 from specmemo.runtime.engine import EngineConfig, Mode, open_engine
 from specmemo.runtime.fresh_process import serve_json
 from specmemo.runtime.manifest import load_manifest
@@ -35,7 +35,7 @@ def measure_memory(request: dict) -> dict:
     manifest = load_manifest(artifact)
     capacity = min(PROBE_CAPACITY, manifest.max_capacity)
     # the artifact alone: a draft model is measured in its own probe and priced beside it (plan.draft_price)
-    alone = without(manifest.drafter, DrafterName.MODEL)
+    alone = in_artifact(manifest.drafter)
     mode = Mode.TREE if alone else Mode.GREEDY
     engine = open_engine(EngineConfig(artifact=artifact, mode=mode, threads=threads, capacity=capacity,
                                       drafter=alone or None), log=lambda _: None)

@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -22,15 +23,11 @@ from specmemo.runtime.backend import OrtBackend, check_fits
 from specmemo.runtime.config import EngineConfig, Mode
 from specmemo.runtime.controller import Controller, DrafterChoice, LatencyCurve, latency_curve
 from specmemo.runtime.decode import FullWidth, Generation, generate
-from specmemo.runtime.drafters import Drafter, DrafterName, Merged, Priced, without
+from specmemo.runtime.drafters import Drafter, DrafterName, Merged, Priced, parse_drafter
 from specmemo.runtime.drafters.draft import draft_cost
-from specmemo.runtime.drafters.feature import FeatureDrafter, OrtFeatureGraph
-from specmemo.runtime.drafters.lookup import PromptLookup
-from specmemo.runtime.drafters.medusa import BatchedHeads, MedusaDrafter, OrtMedusaHeads
-from specmemo.runtime.drafters.model import ModelDrafter
-from specmemo.runtime.manifest import ManifestError, load_manifest
-from specmemo.runtime.medusa_tree import exported_tree
-from specmemo.runtime.plan import Plan, draft_sizes, drafter_choices, plan_for
+from specmemo.runtime.drafters.registry import DRAFTERS, batchable, uses_heads_graph
+from specmemo.runtime.manifest import load_manifest
+from specmemo.runtime.plan import Plan, drafter_choices, plan_for
 from specmemo.runtime.session import DecoderSession, SessionConfig
 from specmemo.runtime.tokenizer import ChatTokenizer
 
@@ -103,41 +100,15 @@ class Engine:
                         chains_only=self.session.manifest.draft_shape == "chain")
 
 
-def open_draft_model(session: DecoderSession, folder: Path) -> ModelDrafter:
-    """The draft model's artifact in its own session and arena, refused in one line unless it reads text with the
-    target's tokenizer (the same vocabulary: token ids mean the same text)."""
-    from tokenizers import Tokenizer
-
-    draft = load_manifest(folder)
-    target = session.manifest
-    ours = Tokenizer.from_file(str(session.artifact / target.tokenizer.file)).get_vocab()
-    theirs = Tokenizer.from_file(str(folder / draft.tokenizer.file)).get_vocab()
-    if ours != theirs:
-        raise ManifestError(f"draft model {folder} ({draft.source_model}) does not share {session.artifact}'s "
-                            f"tokenizer ({len(theirs)} vs {len(ours)} tokens, or other ids): draft with a model of "
-                            f"the same family and tokenizer")
-    sizes = draft_sizes(session.sizes, draft)
-    draft_session = DecoderSession(folder, SessionConfig(threads=session.config.threads, sizes=sizes, heads=False,
-                                                         model_format=session.config.model_format))
-    return ModelDrafter(OrtBackend(draft_session))
-
-
 def open_drafter(session: DecoderSession, names: tuple[DrafterName, ...], *, max_tree: int,
                  draft_model: Path | None = None,
                  choices: tuple[tuple[DrafterName, ...], ...] = ()) -> Drafter | None:
-    """The drafters named, over an open session (Medusa heads need it opened with heads), merged when several;
-    `choices`: the candidates of a choice among them (drafters.parse_choices; one drafter object per name, shared
-    by the candidates naming it). `draft_model`: the draft model's artifact (drafter "model")."""
-    built: dict[DrafterName, Drafter] = {}
-    for name in names:
-        if name is DrafterName.MEDUSA:
-            built[name] = MedusaDrafter(OrtMedusaHeads(session), exported_tree(session.manifest).prefix(max_tree))
-        elif name is DrafterName.LOOKUP:
-            built[name] = PromptLookup()
-        elif name is DrafterName.FEATURE:
-            built[name] = FeatureDrafter(OrtFeatureGraph(session), session.embedding)
-        elif name is DrafterName.MODEL:
-            built[name] = open_draft_model(session, draft_model)
+    """The drafters named, over an open session (Medusa heads need it opened with heads), each built by its
+    registry row, merged when several; `choices`: the candidates of a choice among them (drafters.parse_choices;
+    one drafter object per name, shared by the candidates naming it). `draft_model`: the draft model's artifact
+    (drafter "model")."""
+    built = {name: builder(DRAFTERS[name].build)(session, max_tree=max_tree, draft_model=draft_model)
+             for name in names}
     if not built:
         return None
 
@@ -150,13 +121,19 @@ def open_drafter(session: DecoderSession, names: tuple[DrafterName, ...], *, max
     return merged(tuple(built))
 
 
+def builder(where: str) -> Callable:
+    """A registry row's "module:function"."""
+    module, _, function = where.partition(":")
+    return getattr(importlib.import_module(module), function)
+
+
 def open_engine(config: EngineConfig, *, log=print) -> Engine:
     manifest = load_manifest(config.artifact)
     plan = plan_for(config, manifest, log=log)
     config = replace(config, mode=plan.mode)
     tokenizer = ChatTokenizer(config.artifact, manifest)
     session = DecoderSession(config.artifact, SessionConfig(threads=config.threads, sizes=plan.sizes,
-                                                            heads=DrafterName.MEDUSA in plan.drafters,
+                                                            heads=uses_heads_graph(plan.drafters),
                                                             model_format=config.model_format))
     drafter = open_drafter(session, plan.drafters, max_tree=plan.sizes.tree, draft_model=plan.draft_model,
                            choices=drafter_choices(config, manifest) if plan.drafters else ())
@@ -175,24 +152,21 @@ def open_pool(config: EngineConfig, *, batch: int, log=print):
         raise ConfigError("a batch pool is sized by --capacity per row (and `specmemo plan --batch`), not --budget yet")
     manifest = load_manifest(config.artifact)
     spec = config.drafter if config.drafter is not None else manifest.drafter
-    kept = without(spec, DrafterName.FEATURE, DrafterName.MODEL) if config.mode is not Mode.GREEDY else ""
+    kept = "+".join(n.value for n in batchable(parse_drafter(spec))) if spec and config.mode is not Mode.GREEDY else ""
     plan = plan_for(replace(config, mode=Mode.TREE if kept else Mode.GREEDY, drafter=kept or None), manifest,
                     batch=batch, log=log)
     names, sizes = plan.drafters, plan.sizes
     session = BatchSession(config.artifact, SessionConfig(threads=config.threads, sizes=sizes, batch=batch,
-                                                          heads=DrafterName.MEDUSA in names))
-    heads = BatchedHeads(OrtMedusaHeads(session)) if DrafterName.MEDUSA in names else None
+                                                          heads=uses_heads_graph(names)))
+    rows = [builder(DRAFTERS[n].build_rows)(session, max_tree=sizes.tree) for n in names]
+    prefetches = [r.prefetch for r in rows if r.prefetch is not None]
 
     def drafter(row: int) -> Drafter:
-        parts: list[Drafter] = []
-        if heads is not None:
-            parts.append(MedusaDrafter(heads.for_row(row), exported_tree(manifest).prefix(sizes.tree)))
-        if DrafterName.LOOKUP in names:
-            parts.append(PromptLookup())
+        parts = [r.for_row(row) for r in rows]
         return parts[0] if len(parts) == 1 else Merged(parts)
 
     speculative = bool(names) and config.mode is not Mode.GREEDY
     width = (FixedWidth(sizes.tree) if config.mode is Mode.TREE else BatchWidth(sizes.tree)) if speculative else FixedWidth(1)
     return SequencePool(BatchBackend(session), drafter_factory=drafter if speculative else None,
                         max_tree=sizes.tree if speculative else 1, width=width,
-                        prefetch=heads.prefetch if heads is not None and speculative else None)
+                        prefetch=prefetches[0] if prefetches and speculative else None)

@@ -16,7 +16,7 @@ from typing import Any
 
 from specmemo.errors import ConfigError, ManifestError
 from specmemo.runtime.dims import AttentionKind, ModelDims
-from specmemo.runtime.drafters import DrafterName, parse_drafter
+from specmemo.runtime.drafters.registry import missing_part
 from specmemo.runtime.formats import (EmbeddingInfo, ModelFormat, OrtFormatInfo, QuantizationInfo, QuantizedRows,
                                       embedding_for, graph_file)
 from specmemo.runtime.graphs import BatchGraph, DecoderIO, FeatureDrafterInfo, HeadsInfo, SharedInitializer, TensorSpec
@@ -136,17 +136,12 @@ class Manifest:
             raise ManifestError(f"embedding.shape {list(self.embedding.shape)} is not [V, h] = "
                                 f"[{self.dims.vocab_size}, {self.dims.hidden_size}]: re-export the artifact")
         try:
-            names = parse_drafter(self.drafter) if self.drafter else ()
+            kind = missing_part(self.drafter, self)
         except ConfigError as err:
             raise ManifestError(f"manifest.drafter: {err}") from None
-        if DrafterName.MEDUSA in names and self.heads is None:
-            raise ManifestError(f"drafter {self.drafter!r} needs Medusa heads, which this artifact lacks: re-export")
-        if DrafterName.MODEL in names and not self.draft_model:
-            raise ManifestError(f"drafter {self.drafter!r} needs a draft model folder (draft_model), which this "
-                                f"artifact lacks: re-export with --draft-model")
-        if DrafterName.FEATURE in names and self.feature_drafter is None:
-            raise ManifestError(f"drafter {self.drafter!r} needs the feature drafter graph, which this artifact "
-                                f"lacks: re-export with --feature-drafter")
+        if kind is not None:
+            raise ManifestError(f"drafter {self.drafter!r} needs {kind.needs}, which this artifact lacks: re-export "
+                                f"with {kind.export_flag}")
         for graph in self.batch_graphs:
             if len(graph.kv_pairs) != graph.batch * len(self.io.kv_pairs):
                 raise ManifestError(f"batch_graphs: the {graph.batch}-row graph names {len(graph.kv_pairs)} KV pairs, "

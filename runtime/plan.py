@@ -2,8 +2,8 @@
 
     EngineConfig + Manifest + measured numbers (measured.py: a Calibration, as data) → Plan
       drafters   --drafter or the manifest's choice; none in greedy mode
-      tree       T_max the drafters can use: the exported Medusa tree, prompt lookup's longest branch
-                 + the root, the feature drafter's tree (sizes.py), whichever is largest
+      tree       T_max the drafters can use: the largest of their rows' trees in drafters/registry.py
+                 (the exported Medusa tree, prompt lookup's longest branch + the root, ...)
       sizes      C, R, T_max:  --budget   → fit (the largest tree and C that fit; C = --context
                                              when given), priced by the memory model;
                                a device plan in the manifest → as `export --profile` wrote it (fitted
@@ -34,10 +34,11 @@ from specmemo.runtime.memory import MIB
 from specmemo.runtime.arena import ArenaLayout
 from specmemo.runtime.config import EngineConfig, Mode
 from specmemo.runtime.drafters import DrafterName, draft_model_dir, parse_choices, parse_drafter
+from specmemo.runtime.drafters.registry import DRAFTERS, MODEL_MAX_CHAIN, missing_part, with_own_model
 from specmemo.runtime.manifest import Manifest, ManifestError, load_manifest
 from specmemo.runtime.measured import memory_calibration
 from specmemo.runtime.medusa_tree import tree_sizes, useful_tree_size
-from specmemo.runtime.sizes import DEFAULT_PREFILL_CHUNK, FEATURE_MAX_TREE, LOOKUP_MAX_BRANCH, MODEL_MAX_CHAIN, Sizes
+from specmemo.runtime.sizes import DEFAULT_PREFILL_CHUNK, Sizes
 
 
 class Source(str, Enum):
@@ -110,20 +111,10 @@ def drafter_choices(config: EngineConfig, manifest: Manifest) -> tuple[tuple[Dra
     return parse_choices(spec) if spec else ()
 
 
-def draft_tree_size(exported: int, drafters: tuple[DrafterName, ...]) -> int:
-    """T_max the drafters can use: the largest of the exported Medusa tree (`exported` nodes), prompt
-    lookup's longest branch + the root and the feature drafter's tree (a merged tree is cut to it); 1 for
-    plain decoding (no drafters)."""
-    sizes = [1]
-    if DrafterName.MEDUSA in drafters:
-        sizes.append(exported)
-    if DrafterName.LOOKUP in drafters:
-        sizes.append(1 + LOOKUP_MAX_BRANCH)
-    if DrafterName.FEATURE in drafters:
-        sizes.append(FEATURE_MAX_TREE)
-    if DrafterName.MODEL in drafters:
-        sizes.append(1 + MODEL_MAX_CHAIN)
-    return max(sizes)
+def draft_tree_size(names: tuple[DrafterName, ...], *, exported: int) -> int:
+    """T_max the drafters can use: the largest of their rows' trees (a merged tree is cut to it), the exported
+    Medusa tree's `exported` nodes where a row says so; 1 for plain decoding."""
+    return max([1] + [exported if DRAFTERS[n].max_tree is None else DRAFTERS[n].max_tree for n in names])
 
 
 def draft_sizes(target: Sizes, draft: Manifest) -> Sizes:
@@ -134,7 +125,7 @@ def draft_sizes(target: Sizes, draft: Manifest) -> Sizes:
 
 def draft_model_folder(config: EngineConfig, manifest: Manifest, drafters: tuple[DrafterName, ...]) -> Path | None:
     """The draft model's artifact: --drafter model:DIR, else the one the manifest names (`export --draft-model`)."""
-    if DrafterName.MODEL not in drafters:
+    if not with_own_model(drafters):
         return None
     named = draft_model_dir(config.drafter) if config.drafter else None
     if named:
@@ -178,21 +169,19 @@ def needs_calibration(config: EngineConfig, manifest: Manifest) -> bool:
     return config.budget is not None or (config.capacity is None and manifest.plan is not None)
 
 
-def check_drafters(config: EngineConfig, manifest: Manifest, names: tuple[DrafterName, ...]) -> None:
-    """The drafters named must be in the artifact: a one-line error naming the fix."""
-    if DrafterName.MEDUSA in names and manifest.heads is None:
-        raise ManifestError(f"{config.artifact} has no Medusa heads: use --drafter lookup, or re-export with --heads")
-    if DrafterName.FEATURE in names and manifest.feature_drafter is None:
-        raise ManifestError(f"{config.artifact} has no feature drafter: use --drafter lookup, or re-export with "
-                            f"--feature-drafter")
+def check_drafters(config: EngineConfig, manifest: Manifest) -> None:
+    """The drafters asked for must be in the artifact: a one-line error naming the fix."""
+    kind = missing_part(drafter_spec(config, manifest), manifest, named_dir_counts=True)
+    if kind is not None:
+        raise ManifestError(f"{config.artifact} lacks {kind.needs}, which drafter {kind.name.value!r} needs: use "
+                            f"--drafter lookup, or re-export with {kind.export_flag}")
 
 
 def plan_for(config: EngineConfig, manifest: Manifest, *, batch: int = 1, log: Callable[[str], None] = print) -> Plan:
     """The plan an engine opens with: the drafters checked against the artifact, the calibration read (measured
     once per artifact and machine, in a fresh process) when a budget or the device plan prices the arena, then
     the one sizing pass."""
-    names = drafter_names(config, manifest)
-    check_drafters(config, manifest, names)  # before any measurement
+    check_drafters(config, manifest)  # before any measurement
     priced = needs_calibration(config, manifest)
     calibration = memory_calibration(config.artifact, threads=config.threads, log=log) if priced else None
     draft = read_draft(config, manifest, priced=priced, log=log)
@@ -203,7 +192,7 @@ def read_draft(config: EngineConfig, manifest: Manifest, *, priced: bool, log: C
                ) -> DraftModel | None:
     """The draft model's manifest (and its calibration, for a priced plan) when the drafters include one."""
     names = drafter_names(config, manifest)
-    if DrafterName.MODEL not in names:
+    if not with_own_model(names):
         return None
     folder = draft_model_folder(config, manifest, names)
     return DraftModel(folder, load_manifest(folder),
@@ -226,7 +215,7 @@ def make_plan(config: EngineConfig, manifest: Manifest, *, calibration: memory.C
     names = drafter_names(config, manifest)
     mode = config.mode if names else Mode.GREEDY  # nothing to speculate with: plain decoding
     exported, useful_tree = tree_sizes(manifest)
-    tree = draft_tree_size(exported, names)
+    tree = draft_tree_size(names, exported=exported)
     device_plan, budget, source = manifest.plan, config.budget, Source.BUDGET
     if budget is None and config.capacity is None and device_plan is not None:
         log(f"plan from the manifest: profile {device_plan.profile}, budget {device_plan.budget / 2**30:.2f} GiB, "
@@ -247,7 +236,7 @@ def make_plan(config: EngineConfig, manifest: Manifest, *, calibration: memory.C
                         prefill_chunk=config.prefill_chunk, tree=tree)
         sizes = footprint.sizes
     draft_footprint = None
-    if footprint is not None and draft is not None and DrafterName.MODEL in names:
+    if footprint is not None and draft is not None and with_own_model(names):
         draft_footprint = draft_price(draft, sizes)
         if footprint.total + draft_footprint.total > budget and source is Source.BUDGET:
             try:  # a smaller target arena beside the draft model
@@ -257,7 +246,7 @@ def make_plan(config: EngineConfig, manifest: Manifest, *, calibration: memory.C
             except memory.BudgetError:
                 pass
         if footprint.total + draft_footprint.total > budget:
-            rest = tuple(n for n in names if n is not DrafterName.MODEL)
+            rest = tuple(n for n in names if not DRAFTERS[n].own_model)
             log(f"the draft model {draft.folder} needs {draft_footprint.total / MIB:.0f} MiB beside the target's "
                 f"{footprint.total / MIB:.0f} MiB: over the budget of {budget / MIB:.0f} MiB, so it is left out "
                 f"({'drafting with ' + '+'.join(n.value for n in rest) if rest else 'plain decoding'})")

@@ -18,11 +18,8 @@ from specmemo.errors import ConfigError
 
 DEFAULT_PREFILL_CHUNK = 64  # R when nothing else decides it: prompt tokens per decoder call
 WINDOW_MARGIN = 64  # positions a sliding layer keeps beyond its window (arena.window_capacity)
-LOOKUP_MAX_BRANCH = 10  # prompt lookup's longest branch (nodes after the root)
 FEATURE_DEPTH = 2  # the feature drafter's depths drafted at most, when its training card names no deeper unroll
 FEATURE_WIDTH = 4  # nodes it expands per depth (export writes both into the manifest; the runtime reads them there)
-FEATURE_MAX_TREE = 16  # T_max the engine sizes for the feature drafter (the controller verifies a prefix)
-MODEL_MAX_CHAIN = 8  # the draft model's longest chain (nodes after the root): T_max = 1 + it
 
 
 @dataclass(frozen=True)

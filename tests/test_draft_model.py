@@ -5,10 +5,10 @@ target itself has every guess accepted; a draft model of another tokenizer is re
 import pytest
 
 from conftest import export_tiny, tiny_config
-from specmemo.errors import ConfigError
+from specmemo.errors import ConfigError, SpecMemoError
 from specmemo.runtime.engine import EngineConfig, Mode, open_engine
 from specmemo.runtime.manifest import ManifestError
-from specmemo.runtime.sizes import MODEL_MAX_CHAIN
+from specmemo.runtime.drafters.registry import MODEL_MAX_CHAIN
 
 PROMPTS = [[3, 7, 9, 11, 5], [20, 21, 22, 23, 24, 25, 26, 27], [100, 5, 100, 5, 100]]
 NEW = 40
@@ -54,7 +54,7 @@ def test_a_draft_model_of_another_tokenizer_is_refused_in_one_line(tiny_llama, t
 def test_drafter_specs_with_a_model_are_checked_before_anything_loads(tiny_llama):
     with pytest.raises(ConfigError, match="only the draft model takes an argument"):
         EngineConfig(artifact=tiny_llama, drafter="lookup:x")
-    with pytest.raises(ConfigError, match="--draft-model"):
+    with pytest.raises(SpecMemoError, match="--draft-model"):
         open_engine(EngineConfig(artifact=tiny_llama, drafter="model"), log=lambda _: None)
 
 

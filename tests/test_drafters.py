@@ -233,3 +233,33 @@ def test_a_choice_among_drafters_decodes_exactly_greedy_and_prices_each(exported
     by = [d.drafter for d in choice.decisions]
     assert by[0] == "lookup" and "medusa" in by[:3]  # each untried candidate first
     assert by.count("medusa") > 0.8 * len(by) and by.count("lookup") >= len(by) // PROBE_EVERY  # re-priced
+
+
+def test_every_drafter_has_its_row_and_builders_that_exist():
+    """The registry is the one table: every DrafterName has a row, its builders resolve, a part it needs is a
+    field of both the manifest and the export options, and the trees it fills are what the plan sizes for."""
+    import dataclasses
+    import importlib
+
+    from specmemo.export.artifact import ExportOptions
+    from specmemo.runtime.drafters import DrafterName
+    from specmemo.runtime.drafters.registry import DRAFTERS, batchable, in_artifact
+    from specmemo.runtime.manifest import Manifest
+    from specmemo.runtime.plan import draft_tree_size as tree_size
+
+    assert set(DRAFTERS) == set(DrafterName)
+    manifest_fields = {f.name for f in dataclasses.fields(Manifest)}
+    export_fields = {f.name for f in dataclasses.fields(ExportOptions)}
+    for name, kind in DRAFTERS.items():
+        assert kind.name is name
+        for where in (kind.build, kind.build_rows):
+            if where is not None:
+                module, _, function = where.partition(":")
+                assert callable(getattr(importlib.import_module(module), function)), where
+        if kind.part is not None:
+            assert kind.part in manifest_fields and kind.part in export_fields, kind.part
+    medusa, lookup = DrafterName.MEDUSA, DrafterName.LOOKUP
+    assert tree_size((), exported=40) == 1 and tree_size((medusa,), exported=40) == 40
+    assert tree_size((medusa, lookup), exported=4) == DRAFTERS[lookup].max_tree
+    assert batchable(tuple(DrafterName)) == (medusa, lookup)
+    assert in_artifact("feature+model:/x+lookup") == "feature+lookup" and in_artifact(None) == ""

@@ -10,8 +10,8 @@
   a,b     – a choice: one of them drafts each step, the one the controller prices best (Priced and
             controller.DrafterChoice), e.g. feature+lookup,model.
 
-Adding a drafter is one module here with a class that has `name` and `propose`, its name in
-DrafterName, and a line in engine.open_drafter that builds it.
+Adding a drafter is one module here with a class that has `name` and `propose` and a `build` function, its
+name in DrafterName, and its row in registry.DRAFTERS (what it needs, the tree it fills, whether it batches).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from specmemo.errors import ConfigError
 from specmemo.runtime.drafters.draft import DraftContext, DraftTree, Drafter, merge
 
 __all__ = ["DraftContext", "DraftTree", "Drafter", "DrafterName", "Merged", "Priced", "draft_model_dir",
-           "parse_choices", "parse_drafter", "without"]
+           "parse_choices", "parse_drafter"]
 
 
 class DrafterName(str, Enum):
@@ -61,11 +61,6 @@ def parse_drafter(spec: str) -> tuple[DrafterName, ...]:
     """Every drafter a spec runs, in order of first mention: 'medusa+lookup' → (MEDUSA, LOOKUP),
     'feature,model:DIR+lookup' → (FEATURE, MODEL, LOOKUP)."""
     return tuple(dict.fromkeys(n for group in parse_choices(spec) for n in group))
-
-
-def without(spec: str | None, *dropped: DrafterName) -> str:
-    """The drafters of `spec` less `dropped`, as a spec ("" when none is left, or `spec` names none)."""
-    return "+".join(n.value for n in parse_drafter(spec) if n not in dropped) if spec else ""
 
 
 def draft_model_dir(spec: str) -> str | None:

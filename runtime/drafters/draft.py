@@ -11,7 +11,7 @@ the first T nodes.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Protocol
@@ -152,3 +152,12 @@ def merge(first: DraftTree, second: DraftTree, *, budget: int) -> DraftTree:
             scores[node] = max(scores[node], second.scores[i])
         where[i] = node
     return ordered(tokens, parents, scores, budget=budget)
+
+
+@dataclass(frozen=True)
+class RowDrafters:
+    """A batchable drafter over a batch session (registry.build_rows): `for_row(row)` a fresh drafter for a
+    request joining `row`; `prefetch(hidden by row)`, when set, drafts for every row about to draft in one call."""
+
+    for_row: Callable[[int], "Drafter"]
+    prefetch: Callable[[dict[int, np.ndarray]], None] | None = None

@@ -162,3 +162,7 @@ class FeatureDrafter:
                     newest.append(len(tokens) - 1)
             used = total
         return ordered(tokens, parents, scores, budget=budget)
+
+
+def build(session, *, max_tree: int, draft_model=None) -> FeatureDrafter:
+    return FeatureDrafter(OrtFeatureGraph(session), session.embedding)

@@ -13,12 +13,12 @@ further guess, so node d of a branch found by an n-gram scores HIT[n] ** d.
 
 from __future__ import annotations
 
-from specmemo.runtime.drafters.draft import DraftContext, DraftTree
-from specmemo.runtime.sizes import LOOKUP_MAX_BRANCH
+from specmemo.runtime.drafters.draft import DraftContext, DraftTree, RowDrafters
+from specmemo.runtime.drafters.registry import LOOKUP_MAX_BRANCH
 
 MIN_NGRAM = 1
 MAX_NGRAM = 4
-MAX_BRANCH = LOOKUP_MAX_BRANCH  # longest branch proposed (nodes after the root; sizes.py)
+MAX_BRANCH = LOOKUP_MAX_BRANCH  # longest branch proposed (nodes after the root; registry.py)
 HIT = {1: 0.35, 2: 0.55, 3: 0.7, 4: 0.8}  # prior per match length n: chance each next token is right
 
 
@@ -66,3 +66,12 @@ class PromptLookup:
         hit = HIT[n]
         return DraftTree(tokens=(context.root, *branch), parents=tuple(range(-1, len(branch))),
                          scores=(1.0, *(hit ** (d + 1) for d in range(len(branch)))))
+
+
+def build(session, *, max_tree: int, draft_model=None) -> PromptLookup:
+    return PromptLookup()
+
+
+def build_rows(session, *, max_tree: int) -> RowDrafters:
+    """Each row its own index of its own conversation."""
+    return RowDrafters(for_row=lambda row: PromptLookup())

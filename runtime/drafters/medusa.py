@@ -17,9 +17,9 @@ from typing import Protocol
 
 import numpy as np
 
-from specmemo.runtime.drafters.draft import DraftContext, DraftTree, ordered
+from specmemo.runtime.drafters.draft import DraftContext, DraftTree, RowDrafters, ordered
 from specmemo.runtime.manifest import HeadsInfo, ManifestError
-from specmemo.runtime.medusa_tree import MedusaTree
+from specmemo.runtime.medusa_tree import MedusaTree, exported_tree
 
 
 class Heads(Protocol):
@@ -122,3 +122,16 @@ class _RowHeads:
             ids, probs = self.batched.heads.run(hidden[None])
             return ids[0], probs[0]
         return self.batched._ids[at], self.batched._probs[at]
+
+
+def build(session, *, max_tree: int, draft_model=None) -> MedusaDrafter:
+    """Over a session opened with the heads graph: the exported tree, cut to `max_tree` nodes."""
+    return MedusaDrafter(OrtMedusaHeads(session), exported_tree(session.manifest).prefix(max_tree))
+
+
+def build_rows(session, *, max_tree: int) -> RowDrafters:
+    """Each row reads its slice of one heads call per step (BatchedHeads)."""
+    heads = BatchedHeads(OrtMedusaHeads(session))
+    return RowDrafters(for_row=lambda row: MedusaDrafter(heads.for_row(row),
+                                                         exported_tree(session.manifest).prefix(max_tree)),
+                       prefetch=heads.prefetch)

@@ -17,11 +17,17 @@ of the drafting.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 
 from specmemo.runtime import tree
+from specmemo.runtime.backend import OrtBackend
 from specmemo.runtime.drafters.draft import DraftContext, DraftCost, DraftTree
-from specmemo.runtime.sizes import MODEL_MAX_CHAIN
+from specmemo.runtime.drafters.registry import MODEL_MAX_CHAIN
+from specmemo.runtime.manifest import ManifestError, load_manifest
+from specmemo.runtime.plan import draft_sizes
+from specmemo.runtime.session import DecoderSession, SessionConfig
 
 MIN_SCORE = 0.02  # stop drafting once the chain's chance of getting this far drops below it
 
@@ -88,3 +94,22 @@ class ModelDrafter:
             self.backend.commit([0])
             self.fed.append(guess)
         return DraftTree(tokens=(root, *guesses), parents=tuple(range(-1, len(guesses))), scores=(1.0, *scores))
+
+
+def build(session, *, max_tree: int, draft_model: Path) -> ModelDrafter:
+    """The draft model's artifact (`draft_model`) in its own session and arena, refused in one line unless it
+    reads text with the target's tokenizer (the same vocabulary: token ids mean the same text)."""
+    from tokenizers import Tokenizer
+
+    draft = load_manifest(draft_model)
+    target = session.manifest
+    ours = Tokenizer.from_file(str(session.artifact / target.tokenizer.file)).get_vocab()
+    theirs = Tokenizer.from_file(str(draft_model / draft.tokenizer.file)).get_vocab()
+    if ours != theirs:
+        raise ManifestError(f"draft model {draft_model} ({draft.source_model}) does not share {session.artifact}'s "
+                            f"tokenizer ({len(theirs)} vs {len(ours)} tokens, or other ids): draft with a model of "
+                            f"the same family and tokenizer")
+    sizes = draft_sizes(session.sizes, draft)
+    draft_session = DecoderSession(draft_model, SessionConfig(threads=session.config.threads, sizes=sizes,
+                                                              heads=False, model_format=session.config.model_format))
+    return ModelDrafter(OrtBackend(draft_session))

@@ -34,6 +34,7 @@ from pathlib import Path
 from specmemo.bench.spec_bench import spec_bench_record
 from specmemo.errors import ConfigError
 from specmemo.runtime.drafters import DrafterName, parse_drafter
+from specmemo.runtime.drafters.registry import with_own_model
 from specmemo.runtime.fresh_process import run_json
 
 TORCH_MEDUSA, TORCH_MEDUSA_SIZED = "pytorch-medusa", "pytorch-medusa-sized"
@@ -290,7 +291,7 @@ def greedy_turns(runs: dict[str, list[dict]], engine: str) -> list[dict] | None:
 
 
 def uses_draft_model(drafter: str | None) -> bool:
-    return bool(drafter) and DrafterName.MODEL in parse_drafter(drafter)
+    return bool(drafter) and bool(with_own_model(parse_drafter(drafter)))
 
 
 def machine_info(threads: int) -> dict:

@@ -62,7 +62,7 @@ def _plan_for(artifact: Path, profile, drafter: str | None = None) -> dict:
     from specmemo.runtime import memory
     from specmemo.runtime import plan as plan_sizes
     from specmemo.runtime.config import EngineConfig
-    from specmemo.runtime.drafters import DrafterName
+    from specmemo.runtime.drafters.registry import with_own_model
     from specmemo.runtime.manifest import load_manifest
     from specmemo.runtime.measured import memory_calibration
 
@@ -79,7 +79,7 @@ def _plan_for(artifact: Path, profile, drafter: str | None = None) -> dict:
                 "largest_context": plan_sizes.largest_context(manifest, calibration, budget=profile.app_memory)}
     s, pair = plan.sizes, None
     if draft is not None:  # asked for a draft model: held beside the target, or left out by the plan
-        held = DrafterName.MODEL in plan.drafters
+        held = bool(with_own_model(plan.drafters))
         pair = {"held": held, "draft_total": plan.draft_footprint.total if held else None}
     total = plan.footprint.total + (plan.draft_footprint.total if plan.draft_footprint else 0)
     return {"fits": True, "capacity": s.capacity, "tree": s.tree, "rows": s.rows, "total": total, "pair": pair}
