@@ -13,7 +13,7 @@ import json
 import sys
 from collections.abc import Iterable
 
-from specmemo.cli.options import add_artifact, add_decoding_options, engine_config, positive
+from specmemo.cli.options import add_artifact, add_decoding_options, open_model_from, positive
 from specmemo.console import TextStream, log_dim, readable
 
 HELP = """commands:
@@ -44,11 +44,7 @@ def add_parser(sub) -> None:
     p.add_argument("--json", action="store_true", help="scripted mode: one JSON object per turn")
     p.set_defaults(handler=cmd_chat)
 def open_chat(args: argparse.Namespace):
-    from specmemo.runtime.chat import ChatSession
-    from specmemo.runtime.engine import open_engine
-
-    engine = open_engine(engine_config(args), log=log_dim)
-    return ChatSession(engine, system=args.system, max_new_tokens=args.max_new_tokens)
+    return open_model_from(args, log=log_dim).chat(system=args.system, max_new_tokens=args.max_new_tokens)
 
 
 def cmd_chat(args: argparse.Namespace) -> int:

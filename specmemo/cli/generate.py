@@ -6,8 +6,8 @@ import argparse
 import json
 import sys
 
-from specmemo.cli.options import add_artifact, add_decoding_options, engine_config, positive
-from specmemo.console import TextStream, log_stderr, readable
+from specmemo.cli.options import add_artifact, add_decoding_options, open_model_from, positive
+from specmemo.console import log_stderr, readable
 
 
 def add_parser(sub) -> None:
@@ -31,20 +31,14 @@ def add_parser(sub) -> None:
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-    from specmemo.runtime.engine import open_engine
     from specmemo.runtime.rss import peak_rss_bytes
-    from specmemo.runtime.tokenizer import Message
 
-    config = engine_config(args)
     prompt = args.prompt if args.prompt is not None else readable(sys.stdin.read(), "stdin")
-    engine = open_engine(config, log=log_stderr)
-    tokenizer, session = engine.tokenizer, engine.session
-    messages = ([Message("system", args.system)] if args.system else []) + [Message("user", prompt)]
-    prompt_ids = tokenizer.encode_chat(messages)
-    stream = None if args.json else TextStream(tokenizer)
-    result = engine.generate(prompt_ids, max_new_tokens=args.max_new_tokens, on_token=stream,
-                             ignore_eos=args.ignore_eos)
-    reply = [t for t in result.token_ids if t not in tokenizer.eos_token_ids]
+    model = open_model_from(args, log=log_stderr)
+    engine = model.engine
+    session, config = engine.session, engine.config
+    result = model.generate(prompt, system=args.system, max_new_tokens=args.max_new_tokens, ignore_eos=args.ignore_eos,
+                            on_text=None if args.json else print_now)
     stats = result.stats
     summary = {**vars(stats), "decode_tokens_per_s": stats.decode_tokens_per_s, "mean_accepted": stats.mean_accepted,
                "mode": config.mode.value, "drafter": engine.drafter.name if engine.drafter else None,
@@ -52,7 +46,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
                "arena_bytes": session.arena.nbytes, "rss_after_load": session.rss_after_load,
                "peak_rss": peak_rss_bytes()}
     if args.json:
-        print(json.dumps({"text": tokenizer.decode(reply), "token_ids": result.token_ids, "stats": summary}))
+        print(json.dumps({"text": result.text, "token_ids": result.token_ids, "stats": summary}))
     else:
         print()
     if args.stats:
@@ -69,3 +63,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
                                                                  stats.accept_lengths, stats.kv_used), 1):
             print(f"{i:>4} {drafted:>8} {size:>2} {accepted:>9} {used:>8}", file=sys.stderr)
     return 0
+
+
+def print_now(text: str) -> None:
+    sys.stdout.write(text)
+    sys.stdout.flush()

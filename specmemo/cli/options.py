@@ -5,7 +5,6 @@ argument errors must not load ONNX Runtime (tests/test_boundaries.py)."""
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 
@@ -13,9 +12,9 @@ from specmemo.console import log_dim
 from specmemo.errors import ConfigError
 from specmemo.export.load import DEFAULT_MODEL, default_artifact  # a light module: torch loads only to convert
 from specmemo.runtime.config import Mode
+from specmemo.api import DEFAULT_THREADS
 
 DEFAULT_ARTIFACT = default_artifact(DEFAULT_MODEL)
-DEFAULT_THREADS = 2  # pinned so timings compare across runs and engines
 
 
 def positive(text: str) -> int:
@@ -111,62 +110,48 @@ def add_decoding_options(parser: argparse.ArgumentParser, *, samples_by_default:
 
 def sampling_from(args: argparse.Namespace, defaults):
     """The Sampling `generate`/`chat` decode with (None: greedy): flags first, then the artifact's
-    GenerationDefaults (`defaults`, None for an artifact without them), then off."""
-    from specmemo.runtime.sampling import Sampling
+    GenerationDefaults (`defaults`, None for an artifact without them), then off (api.sampling_for)."""
+    from specmemo.api import sampling_for
 
+    return sampling_for(defaults, temperature=temperature_from(args, defaults), top_p=args.top_p, top_k=args.top_k,
+                        repetition_penalty=args.repetition_penalty, seed=args.seed,
+                        acceptance=getattr(args, "acceptance", "exact"))
+
+
+def temperature_from(args: argparse.Namespace, defaults) -> float:
+    """--temperature, else the artifact's where the command samples by default (chat), else 0 (greedy); a
+    sampling flag without a temperature is refused in one line."""
     temperature = args.temperature
     if temperature is None:
         temperature = defaults.temperature if args.samples_by_default and defaults is not None else 0.0
     knobs = {"top_p": args.top_p, "top_k": args.top_k, "repetition_penalty": args.repetition_penalty}
-    if temperature <= 0:
-        given = [f"--{name.replace('_', '-')}" for name, value in knobs.items() if value is not None]
-        if given:
-            raise ConfigError(f"{', '.join(given)} needs sampling: add --temperature > 0 (temperature 0 is exact greedy)")
-        return None
-    fallback = {"top_p": 1.0, "top_k": 0, "repetition_penalty": 1.0}
-    values = {name: value if value is not None else getattr(defaults, name) if defaults is not None else fallback[name]
-              for name, value in knobs.items()}
-    return Sampling(temperature=temperature, seed=args.seed, acceptance=getattr(args, "acceptance", "exact"), **values)
-
-
-def local_cores() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    given = [f"--{name.replace('_', '-')}" for name, value in knobs.items() if value is not None]
+    if temperature <= 0 and given:
+        raise ConfigError(f"{', '.join(given)} needs sampling: add --temperature > 0 (temperature 0 is exact greedy)")
+    return temperature
 
 
 def apply_profile(args: argparse.Namespace, *, log=log_dim):
     """Resolve --profile into args.budget_bytes and args.threads (explicit flags win); the profile or None."""
-    from specmemo.device_profiles.schema import ExecutionProvider, load_profile
-    from specmemo.runtime.memory import parse_size
+    from specmemo.api import device_settings
 
-    profile = load_profile(args.profile) if getattr(args, "profile", None) else None
-    budget = getattr(args, "budget", None)
-    args.budget_bytes = parse_size(budget) if budget else (profile.app_memory if profile else None)
-    if args.threads is not None and args.threads < 1:
-        raise ConfigError(f"--threads must be >= 1, got {args.threads}")
-    if args.threads is None:
-        args.threads = min(profile.threads, local_cores()) if profile else DEFAULT_THREADS
-        if profile and args.threads < profile.threads:
-            log(f"profile {profile.name}: {profile.threads} threads on the device, {args.threads} here "
-                f"(this machine's cores)")
-    if profile is not None:
-        log(f"profile {profile.name}: budget {profile.app_memory / 2**30:.2f} GiB (its app memory)")
-        if profile.execution_provider is not ExecutionProvider.CPU:
-            log(f"profile {profile.name} runs ONNX Runtime's {profile.execution_provider.value} provider on the "
-                f"device; this Python runtime runs the CPU provider")
+    profile, args.budget_bytes, args.threads = device_settings(profile=getattr(args, "profile", None),
+                                                               budget=getattr(args, "budget", None),
+                                                               threads=args.threads, log=log)
     return profile
 
 
-def engine_config(args: argparse.Namespace):
-    """The EngineConfig that `generate` and `chat` open: mode, budget (or profile) or capacity, sampling."""
-    from specmemo.runtime.config import EngineConfig
+def open_model_from(args: argparse.Namespace, *, log=log_dim):
+    """The Model `generate` and `chat` run (api.open_model): mode, budget (or profile) or capacity, sampling."""
+    from specmemo.api import open_model
     from specmemo.runtime.manifest import load_manifest
 
-    apply_profile(args)
-    sampling = sampling_from(args, load_manifest(args.artifact).generation)
-    return EngineConfig(artifact=args.artifact, mode=args.mode, drafter=args.drafter, threads=args.threads,
-                        budget=args.budget_bytes,
-                        capacity=args.capacity, context=getattr(args, "context", None), sampling=sampling,
-                        model_format=args.model_format)
+    temperature = temperature_from(args, load_manifest(args.artifact).generation)
+    return open_model(args.artifact, profile=getattr(args, "profile", None), budget=getattr(args, "budget", None),
+                      capacity=args.capacity, context=getattr(args, "context", None), mode=args.mode,
+                      drafter=args.drafter, threads=args.threads, temperature=temperature, top_p=args.top_p,
+                      top_k=args.top_k, repetition_penalty=args.repetition_penalty, seed=args.seed,
+                      acceptance=getattr(args, "acceptance", "exact"), model_format=args.model_format, log=log)
 
 
 def base_model(args: argparse.Namespace):

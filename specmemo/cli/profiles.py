@@ -6,7 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
-from specmemo.cli.options import local_cores
+from specmemo.api import local_cores
 from specmemo.console import log_dim
 from specmemo.errors import ConfigError
 

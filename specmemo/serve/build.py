@@ -40,8 +40,7 @@ class ServeConfig:
 
 def build_app(config: ServeConfig, *, log=print):
     """(the Starlette app, its ServeApp): the pool is opened here; its thread starts with the app."""
-    from specmemo.runtime.config import EngineConfig
-    from specmemo.runtime.engine import open_pool
+    from specmemo.api import open_batch
     from specmemo.runtime.manifest import load_manifest
     from specmemo.runtime.tokenizer import ChatTokenizer
     from specmemo.serve.app import ServeApp, make_app
@@ -49,9 +48,8 @@ def build_app(config: ServeConfig, *, log=print):
 
     manifest = load_manifest(config.artifact)
     manifest.batch_graph(config.batch)  # a one-line error naming export-batch, before anything loads
-    engine = EngineConfig(artifact=config.artifact, mode=config.mode, drafter=config.drafter, threads=config.threads,
-                          capacity=config.capacity)
-    pool = open_pool(engine, batch=config.batch, log=log)
+    pool = open_batch(config.artifact, batch=config.batch, capacity=config.capacity, mode=config.mode,
+                      drafter=config.drafter, threads=config.threads, log=log)
     worker = PoolWorker(pool, max_queue=config.max_queue or 4 * config.batch)
     served = ServeApp(worker=worker, tokenizer=ChatTokenizer(config.artifact, manifest),
                       model=config.model_name or manifest.source_model, defaults=manifest.generation,

@@ -1,0 +1,232 @@
+"""The Python API: open an artifact within a device's memory, generate or stream replies, chat over several
+turns, read the plan. `specmemo generate`, `chat` and `serve` are built on it (docs/python-api.md).
+
+    from specmemo import open_model
+
+    model = open_model("artifacts/smollm2-135m", profile="pixel-8")     # or budget="900MiB", capacity=1024
+    print(model.generate("Why is the sky blue?", max_new_tokens=48).text)
+    for piece in model.stream("Name three rivers.", max_new_tokens=32):
+        print(piece, end="", flush=True)
+    chat = model.chat(system="You are terse.")
+    chat.send("My name is Ada.")
+    print(chat.send("What is my name?").text)                           # earlier turns stay in the KV cache
+    print(model.plan.sizes)                                             # C, R, T_max the memory model chose
+
+Everything is keyword-only after the artifact; errors are `specmemo.SpecMemoError` with one line naming the fix.
+Greedy (temperature 0, the default) is token-identical in every mode: the drafter changes only the speed.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from specmemo.errors import ConfigError
+from specmemo.runtime.config import EngineConfig, Mode
+
+if TYPE_CHECKING:
+    from specmemo.device_profiles.schema import DeviceProfile
+    from specmemo.runtime.chat import ChatSession
+    from specmemo.runtime.decode import GenerationStats
+    from specmemo.runtime.engine import Engine
+    from specmemo.runtime.manifest import GenerationDefaults
+    from specmemo.runtime.plan import Plan
+    from specmemo.runtime.pool import SequencePool
+    from specmemo.runtime.sampling import Sampling
+    from specmemo.runtime.tokenizer import Message
+
+__all__ = ["Completion", "Model", "device_settings", "open_batch", "open_model", "sampling_for"]
+
+DEFAULT_THREADS = 2  # pinned so timings compare across runs and engines
+
+
+@dataclass(frozen=True)
+class Completion:
+    text: str  # the reply, the stop token left out
+    token_ids: list[int]  # the generated ids, the stop token included
+    stats: GenerationStats  # tokens, steps, accepted tokens per step, timings
+
+    @property
+    def finish_reason(self) -> str:  # "eos" (the model ended its turn), "length" or "capacity" (the KV cache)
+        return self.stats.finish_reason
+
+
+class Model:
+    """An artifact opened for generation: one sequence, its arena sized by the plan. Not thread-safe: one
+    generation at a time (`open_batch` serves many)."""
+
+    def __init__(self, engine: Engine):
+        self.engine = engine
+
+    @property
+    def plan(self) -> Plan:
+        """Mode, drafters, sizes (C, R, T_max), the arena layout and, when priced, the memory model's footprint."""
+        return self.engine.plan
+
+    def generate(self, prompt: str | Sequence[Message | dict], *, max_new_tokens: int = 128,
+                 system: str | None = None, on_text: Callable[[str], None] | None = None,
+                 ignore_eos: bool = False) -> Completion:
+        """One reply to `prompt` (a user message, or a whole conversation as messages) through the chat template.
+        `on_text` hears the reply as it is accepted, piece by piece."""
+        from specmemo.console import TextStream
+
+        if max_new_tokens < 1:
+            raise ConfigError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        tokenizer = self.engine.tokenizer
+        ids = tokenizer.encode_chat(messages_of(prompt, system=system))
+        stream = TextStream(tokenizer, out=_Callback(on_text)) if on_text is not None else None
+        result = self.engine.generate(ids, max_new_tokens=max_new_tokens, on_token=stream, ignore_eos=ignore_eos)
+        text = tokenizer.decode([t for t in result.token_ids if t not in tokenizer.eos_token_ids])
+        return Completion(text=text, token_ids=result.token_ids, stats=result.stats)
+
+    def stream(self, prompt: str | Sequence[Message | dict], *, max_new_tokens: int = 128,
+               system: str | None = None) -> Iterator[str]:
+        """The reply as text pieces while it is generated; leaving the loop early stops the generation."""
+        pieces: queue.Queue = queue.Queue()
+        stop = threading.Event()
+        done = object()
+
+        def hear(text: str) -> None:
+            if stop.is_set():
+                raise _Stopped
+            pieces.put(text)
+
+        def run() -> None:
+            try:
+                self.generate(prompt, max_new_tokens=max_new_tokens, system=system, on_text=hear)
+                pieces.put(done)
+            except _Stopped:
+                pieces.put(done)
+            except BaseException as err:  # noqa: BLE001  (raised again in the caller's thread)
+                pieces.put(err)
+
+        worker = threading.Thread(target=run, daemon=True)
+        worker.start()
+        try:
+            while (item := pieces.get()) is not done:
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+        finally:
+            stop.set()
+            worker.join()
+
+    def chat(self, *, system: str | None = None, max_new_tokens: int = 256) -> ChatSession:
+        """A conversation: `send(text)` → a Reply; earlier turns stay in the KV cache, the oldest are dropped
+        (the system prompt stays) when a turn would not fit."""
+        from specmemo.runtime.chat import ChatSession
+
+        return ChatSession(self.engine, system=system, max_new_tokens=max_new_tokens)
+
+
+def open_model(artifact: str | Path, *, profile: str | None = None, budget: str | int | None = None,
+               capacity: int | None = None, context: int | None = None, mode: str | Mode = Mode.AUTO,
+               drafter: str | None = None, threads: int | None = None, temperature: float = 0.0,
+               top_p: float | None = None, top_k: int | None = None, repetition_penalty: float | None = None,
+               seed: int = 0, acceptance: str = "exact", model_format: str = "onnx",
+               log: Callable[[str], None] | None = None) -> Model:
+    """Open an exported artifact (`specmemo export`).
+
+    Memory: `profile` (a device profile's name or .toml: its app memory is the budget, its threads the thread
+    count), or `budget` ("900MiB", or bytes) with an optional `context` (KV positions; default the most that
+    fit), or `capacity` (KV positions, no budget); none of them: the manifest's device plan, else the graph's
+    max. `mode`: auto (the controller prices each step's draft), tree, or greedy. `drafter`: the manifest's
+    choice unless named ("medusa+lookup", "feature", ...). `temperature` 0 is greedy; above 0 it samples, the
+    other settings defaulting to the artifact's. `log`: progress notes (default: none)."""
+    from specmemo.runtime.engine import open_engine
+    from specmemo.runtime.manifest import load_manifest
+
+    log = log or (lambda _: None)
+    _, budget_bytes, threads = device_settings(profile=profile, budget=budget, threads=threads, log=log)
+    generation = load_manifest(Path(artifact)).generation
+    sampling = sampling_for(generation, temperature=temperature, top_p=top_p, top_k=top_k,
+                            repetition_penalty=repetition_penalty, seed=seed, acceptance=acceptance)
+    config = EngineConfig(artifact=Path(artifact), mode=mode, drafter=drafter, threads=threads,
+                          budget=budget_bytes, capacity=capacity, context=context, sampling=sampling, model_format=model_format)
+    return Model(open_engine(config, log=log))
+
+
+def open_batch(artifact: str | Path, *, batch: int, capacity: int, mode: str | Mode = Mode.AUTO,
+               drafter: str | None = None, threads: int = DEFAULT_THREADS,
+               log: Callable[[str], None] | None = None) -> SequencePool:
+    """B sequences decoded together (the artifact's batch graph for `batch`, `capacity` KV positions per row):
+    what `specmemo serve` runs behind its queue. Drafters that keep one sequence's state are left out."""
+    from specmemo.runtime.engine import open_pool
+
+    config = EngineConfig(artifact=Path(artifact), mode=mode, drafter=drafter, threads=threads, capacity=capacity)
+    return open_pool(config, batch=batch, log=log or (lambda _: None))
+
+
+def messages_of(prompt: str | Sequence[Message | dict], *, system: str | None = None) -> list[Message]:
+    """A user message, or a conversation given as Messages or {"role", "content"} dicts (OpenAI's shape)."""
+    from specmemo.runtime.tokenizer import Message
+
+    if isinstance(prompt, str):
+        turns = [Message("user", prompt)]
+    else:
+        turns = [m if isinstance(m, Message) else Message(m["role"], m["content"]) for m in prompt]
+        if not turns:
+            raise ConfigError("the prompt has no messages: give a string or at least one {role, content}")
+    return ([Message("system", system)] if system else []) + turns
+
+
+def sampling_for(defaults: GenerationDefaults | None, *, temperature: float, top_p: float | None = None,
+                 top_k: int | None = None, repetition_penalty: float | None = None, seed: int = 0,
+                 acceptance: str = "exact") -> Sampling | None:
+    """How to sample (None: greedy, for temperature 0): each setting given wins, then the artifact's
+    generation defaults (`defaults`), then off."""
+    from specmemo.runtime.sampling import Sampling
+
+    if temperature <= 0:
+        return None
+    fallback = {"top_p": 1.0, "top_k": 0, "repetition_penalty": 1.0}
+    given = {"top_p": top_p, "top_k": top_k, "repetition_penalty": repetition_penalty}
+    values = {name: value if value is not None else getattr(defaults, name) if defaults is not None else fallback[name]
+              for name, value in given.items()}
+    return Sampling(temperature=temperature, seed=seed, acceptance=acceptance, **values)
+
+
+def device_settings(*, profile: str | None, budget: str | int | None, threads: int | None,
+                    log: Callable[[str], None]) -> tuple[DeviceProfile | None, int | None, int]:
+    """(the profile, the budget in bytes, the threads): a budget given wins over the profile's app memory, threads
+    given win over the profile's (capped at this machine's cores), else DEFAULT_THREADS."""
+    from specmemo.device_profiles.schema import ExecutionProvider, load_profile
+    from specmemo.runtime.memory import parse_size
+
+    loaded = load_profile(profile) if profile else None
+    budget_bytes = parse_size(budget) if isinstance(budget, str) else budget
+    if budget_bytes is None and loaded is not None:
+        budget_bytes = loaded.app_memory
+    if threads is not None and threads < 1:
+        raise ConfigError(f"--threads must be >= 1, got {threads}")
+    if threads is None:
+        threads = min(loaded.threads, local_cores()) if loaded else DEFAULT_THREADS
+        if loaded and threads < loaded.threads:
+            log(f"profile {loaded.name}: {loaded.threads} threads on the device, {threads} here (this machine's "
+                f"cores)")
+    if loaded is not None:
+        log(f"profile {loaded.name}: budget {loaded.app_memory / 2**30:.2f} GiB (its app memory)")
+        if loaded.execution_provider is not ExecutionProvider.CPU:
+            log(f"profile {loaded.name} runs ONNX Runtime's {loaded.execution_provider.value} provider on the "
+                f"device; this Python runtime runs the CPU provider")
+    return loaded, budget_bytes, threads
+
+
+def local_cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+class _Stopped(Exception):
+    """Raised from the token callback when a stream's reader has left."""
+
+
+class _Callback:
+    """A file-like `out` for console.TextStream that hands each piece to a function."""
+
+    def __init__(self, function: Callable[[str], None]):
+        self.write, self.flush = function, lambda: None
