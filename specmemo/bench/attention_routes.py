@@ -19,11 +19,12 @@ KV heads as query heads and concatenates past and new K/V into a fresh buffer (n
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 
 import numpy as np
+
+from specmemo.bench.results import write_json
 
 MSFT = "com.microsoft"
 
@@ -209,8 +210,7 @@ def run(*, batches, tokens, capacity: int, heads: int, kv_heads: int, dim: int, 
                                 threads=threads))
             log(f"B={batch} T={t}: " + ", ".join(f"{name} {r.get('ms', 0):.3f} ms" if "ms" in r else f"{name} refused"
                                                  for name, r in rows[-1]["routes"].items()))
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(rows, indent=1) + "\n")
+    write_json(out, {"rows": rows}, threads=threads, indent=1)
     return rows
 
 

@@ -17,7 +17,6 @@ time to first token and per-request tokens/s, every reply checked against B = 1 
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from dataclasses import dataclass, field
@@ -25,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
+from specmemo.bench.results import run_folder, write_json
 from specmemo.runtime.config import EngineConfig, Mode
 from specmemo.runtime.fresh_process import run_json, serve_json
 
@@ -39,7 +39,7 @@ class BatchBenchConfig:
     threads: int = 2
     load_clients: int = 16
     load_requests: int = 3
-    out: Path = Path("results") / "bench-batch"
+    out: Path = run_folder("bench-batch")
 
 
 @dataclass
@@ -242,10 +242,7 @@ def format_table(summary: dict) -> str:
 
 
 def write_results(summary: dict, out: Path) -> Path:
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / "summary.json"
-    path.write_text(json.dumps(summary, indent=1) + "\n")
-    return path
+    return write_json(out / "summary.json", summary, threads=summary["config"]["threads"], indent=1)
 
 
 if __name__ == "__main__":  # the fresh-process memory probe

@@ -25,12 +25,12 @@ the engines do, in their processes.
 from __future__ import annotations
 
 import json
-import platform
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from specmemo.bench.results import write_json
 from specmemo.bench.spec_bench import spec_bench_record
 from specmemo.errors import ConfigError
 from specmemo.runtime.drafters import DrafterName, parse_drafter
@@ -294,44 +294,6 @@ def uses_draft_model(drafter: str | None) -> bool:
     return bool(drafter) and bool(with_own_model(parse_drafter(drafter)))
 
 
-def machine_info(threads: int) -> dict:
-    """Where a result came from: the commit (with "+dirty" when the tree had changes), the CPU and its ISA, the
-    threads and ONNX Runtime's version; every results JSON carries it."""
-    import onnxruntime
-
-    from specmemo.runtime.measured import cpu_name
-
-    return {"commit": source_commit(), "platform": platform.platform(), "cpu": cpu_name(), "isa": isa(),
-            "threads": threads, "onnxruntime": onnxruntime.__version__, "python": platform.python_version()}
-
-
-def source_commit() -> str:
-    """The checkout's HEAD, "+dirty" when tracked files differ from it; "unknown" outside a git checkout."""
-    import subprocess
-
-    root = Path(__file__).resolve().parents[2]
-    try:
-        head = subprocess.run(["git", "-C", str(root), "rev-parse", "--short=12", "HEAD"], capture_output=True,
-                              text=True, timeout=10, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True, timeout=10, check=True).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-    return head + ("+dirty" if dirty else "")
-
-
-def isa() -> str:
-    """The widest x86 vector ISA this CPU lists (MLAS and llama.cpp pick kernels by it): figures from
-    hosts with different ISAs are not compared."""
-    try:
-        flags = set(next(line for line in open("/proc/cpuinfo") if line.startswith("flags")).split())
-    except (OSError, StopIteration):
-        return platform.machine()
-    if "avx512f" in flags:
-        return "AVX-512" + (" VNNI" if "avx512_vnni" in flags else "")
-    return "AVX2" if "avx2" in flags else platform.machine()
-
-
 def format_table(summary: dict) -> str:
     """The markdown table (stdout and the report)."""
     head = ("| engine | decode tok/s | e2e tok/s | TTFT ms | load s | accepted/step | RSS after load MiB | peak RSS MiB "
@@ -369,8 +331,7 @@ def spec_bench_records(runs: dict[str, list[dict]], config: CompareConfig, decod
 
 def write_results(summary: dict, runs: dict[str, list[dict]], config: CompareConfig, out: Path, decode) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
-    paths = [out / "results.json"]
-    paths[0].write_text(json.dumps(summary, indent=2) + "\n")
+    paths = [write_json(out / "results.json", summary, threads=summary["config"]["threads"])]
     for name, records in spec_bench_records(runs, config, decode).items():
         path = out / f"{name}.jsonl"
         path.write_text("".join(json.dumps(r) + "\n" for r in records))

@@ -17,15 +17,15 @@ accept_lengths, decoding_steps) and a summary JSON.
 from __future__ import annotations
 
 import json
-import platform
 import statistics
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from specmemo.bench.results import machine_info, run_folder, write_json
 from specmemo.bench.spec_bench import spec_bench_record
 from specmemo.errors import ConfigError
-from specmemo.runtime.measured import cpu_name, memory_calibration
+from specmemo.runtime.measured import memory_calibration
 from specmemo.runtime.engine import EngineConfig, Mode, open_engine
 from specmemo.runtime.fresh_process import run_json, serve_json
 from specmemo.runtime.memory import MIB, footprint
@@ -43,7 +43,7 @@ class DecodeBenchConfig:
     capacity: int | None = None  # KV positions C (default: the manifest's plan, else the graph's max)
     budget: int | None = None  # bytes (a device profile's app memory): sizes C and T_max instead
     memory_questions: int = 8  # questions per fresh-process memory probe (0: skip)
-    out: Path = Path("results") / "bench-decode"
+    out: Path = run_folder("bench-decode")
     genai_dir: Path | None = None  # ONNX Runtime GenAI model: greedy peer row
     drafter: str | None = None  # --drafter for the tree and controller modes (None: the manifest's)
 
@@ -192,7 +192,7 @@ def summarize(config: DecodeBenchConfig, runs: dict[str, ModeRun], memory: list[
         modes[row["mode"]]["memory"] = row
     return {"benchmark": "decode", "artifact": str(config.artifact),
             "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(config).items()},
-            "machine": {"platform": platform.platform(), "cpu": cpu_name(), "threads": config.threads},
+            "machine": machine_info(config.threads),
             "modes": modes}
 
 
@@ -217,9 +217,7 @@ def write_results(summary: dict, runs: dict[str, ModeRun], out: Path, model_id: 
         path = out / f"{name}.jsonl"
         path.write_text("".join(json.dumps(r) + "\n" for r in spec_bench_records(run, f"{model_id}-{name}", decode)))
         paths.append(path)
-    summary_path = out / "summary.json"
-    summary_path.write_text(json.dumps(summary, indent=2) + "\n")
-    return paths + [summary_path]
+    return paths + [write_json(out / "summary.json", summary, threads=summary["config"]["threads"])]
 
 
 def format_bars(summary: dict) -> str:

@@ -21,7 +21,6 @@ Prints a table and writes JSON.
 
 from __future__ import annotations
 
-import json
 import statistics
 import time
 from dataclasses import dataclass, field, replace
@@ -31,6 +30,7 @@ from pathlib import Path
 import numpy as np
 from tqdm.auto import tqdm
 
+from specmemo.bench.results import run_folder, write_json
 from specmemo.errors import ConfigError
 from specmemo.runtime.measured import cpu_name
 from specmemo.runtime.config import EngineConfig, Mode
@@ -59,7 +59,7 @@ class EvalDrafterConfig:
     max_tree: int = 8  # nodes the teacher-forced pass asks for (the bar's tree size)
     threads: int = 2
     teacher_forced: bool = True  # False: only the timed, interleaved pass (identity and speed)
-    out: Path = Path("results") / "eval-drafter"
+    out: Path = run_folder("eval-drafter")
     model_format: str = "onnx"  # ort: the .ort graphs of an `export --mobile` artifact
     sampling: bool = False  # the timed pass samples with the artifact's generation defaults (exact acceptance)
 
@@ -298,8 +298,5 @@ def table(results: dict) -> str:
 
 
 def write(results: dict, out: Path) -> Path:
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / f"{results['name']}.json"
-    path.write_text(json.dumps(results, indent=2) + "\n")
-    return path
+    return write_json(out / f"{results['name']}.json", results, threads=results["threads"])
 

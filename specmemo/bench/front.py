@@ -13,12 +13,12 @@ Writes a table, front.json (with the machine) and front.png (tok/s against perpl
 
 from __future__ import annotations
 
-import json
 import statistics
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from specmemo.bench.results import machine_info, run_folder, write_json
 from specmemo.errors import ConfigError
 
 GENAI_ALGORITHMS = ("default", "rtn", "k_quant", "k_quant_mixed")  # the builder's algo_config values
@@ -35,7 +35,7 @@ class FrontConfig:
     conversations: int = 12  # held-out ShareGPT conversations: perplexity
     rounds: int = 2
     threads: int = 2
-    out: Path = Path("results") / "bench-front"
+    out: Path = run_folder("bench-front")
 
     def __post_init__(self) -> None:
         unknown = sorted(set(self.genai) - set(GENAI_ALGORITHMS))
@@ -110,7 +110,7 @@ def _run_speed(kind: str, request: dict, name: str) -> dict:
 
 
 def run_front(config: FrontConfig, *, log=print) -> dict:
-    from specmemo.bench.compare import decode_tokens_per_s, machine_info
+    from specmemo.bench.compare import decode_tokens_per_s
     from specmemo.bench.quality import measure_points, reference_prompts
     from specmemo.runtime.manifest import load_manifest
 
@@ -142,8 +142,7 @@ def run_front(config: FrontConfig, *, log=print) -> dict:
                             source=source, settings=settings))
     summary = {"machine": machine_info(config.threads), "config": config_json(config),
                "reference": asdict(reference), "points": [asdict(p) for p in points]}
-    config.out.mkdir(parents=True, exist_ok=True)
-    (config.out / "front.json").write_text(json.dumps(summary, indent=2) + "\n")
+    write_json(config.out / "front.json", summary, threads=config.threads)
     plot_front(summary, config.out / "front.png")
     return summary
 

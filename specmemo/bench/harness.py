@@ -20,6 +20,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from specmemo.bench.results import run_folder
 from specmemo.bench.serve_load import free_port, specmemo_serve
 from specmemo.errors import ConfigError
 
@@ -37,7 +38,7 @@ class HarnessConfig:
     questions: int = 40
     batch: int = 4
     threads: int = 2
-    out: Path = Path("results") / "bench-harness"
+    out: Path = run_folder("bench-harness")
 
     def __post_init__(self) -> None:
         if not Path(self.harness_python).is_file():

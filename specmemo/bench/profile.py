@@ -231,7 +231,7 @@ def run_profile(config: ProfileConfig, *, log=print) -> dict:
         engines["onnxruntime-genai"] = _genai_pass
     if config.gguf is not None:
         engines["llama.cpp"] = _llama_cpp_pass
-    from specmemo.bench.compare import machine_info
+    from specmemo.bench.results import machine_info
 
     result = {"config": {k: str(v) if isinstance(v, Path) else v for k, v in asdict(config).items()},
               "machine": machine_info(config.threads),

@@ -235,12 +235,11 @@ def measure(reference: Path, artifacts: list[Path], *, prompts: int, max_new_tok
     results = measure_points(reference, openers, prompts=prompts, max_new_tokens=max_new_tokens, threads=threads,
                              conversations=conversations)
     if out is not None:
-        from specmemo.bench.compare import machine_info
+        from specmemo.bench.results import write_json
 
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps({"machine": machine_info(threads), "reference": str(reference), "prompts": prompts,
-                                   "max_new_tokens": max_new_tokens, "conversations": conversations,
-                                   "threads": threads, "results": [asdict(r) for r in results]}, indent=2) + "\n")
+        write_json(out, {"reference": str(reference), "prompts": prompts, "max_new_tokens": max_new_tokens,
+                         "conversations": conversations, "threads": threads, "results": [asdict(r) for r in results]},
+                   threads=threads)
     return results
 
 

@@ -11,7 +11,6 @@ of a ratio saw nearly the same machine.
 
 from __future__ import annotations
 
-import json
 import platform
 import statistics
 import time
@@ -153,6 +152,6 @@ def format_table(result: dict) -> str:
 
 
 def write_json(result: dict, path: Path) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(result, indent=2) + "\n")
-    return path
+    from specmemo.bench import results
+
+    return results.write_json(path, result, threads=result["machine"]["threads"])

@@ -28,6 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
+from specmemo.bench.results import run_folder, write_json
 from specmemo.bench.vllm_env import WORKER, default_venv, ensure_venv, worker_env
 from specmemo.errors import ConfigError
 from specmemo.runtime.config import EngineConfig, Mode
@@ -49,7 +50,7 @@ class VllmBenchConfig:
     threads: int = 2
     capacity: int = 512  # our runtime's KV positions per row (prompt + reply)
     venv: Path = field(default_factory=default_venv)
-    out: Path = Path("results") / "bench-vllm"
+    out: Path = run_folder("bench-vllm")
 
     def __post_init__(self) -> None:
         if min(self.prompts, self.max_new_tokens, self.threads, *self.batches) < 1:
@@ -286,7 +287,5 @@ def run(config: VllmBenchConfig, prompts: list[list[int]], eos: frozenset[int], 
 
 
 def write_results(summary: dict, out: Path) -> list[Path]:
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / "summary.json"
-    path.write_text(json.dumps(summary, indent=1) + "\n")
+    path = write_json(out / "summary.json", summary, threads=summary["config"]["threads"], indent=1)
     return [path, plot(summary, out / "speed.png")]

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
+from specmemo.bench.results import run_folder, write_json
 from specmemo.cli.bench_vllm import add_vllm_parser
 from specmemo.cli.bench_front import add_front_parser
 from specmemo.cli.bench_fuzz import add_fuzz_parser
@@ -28,7 +28,7 @@ def add_parser(sub) -> None:
     b.add_argument("--steps", type=positive, default=12, help="steps per T per round")
     add_profile_options(b, budget=False)
     b.add_argument("--no-peer", action="store_true", help="skip the ONNX Runtime GenAI row")
-    b.add_argument("--json", type=Path, default=Path("results") / "bench-step.json", help="where to write JSON")
+    b.add_argument("--json", type=Path, default=run_folder("bench-step.json"), help="where to write JSON")
     b.set_defaults(handler=cmd_bench_step)
 
     b = bench.add_parser("decode", help="MT-Bench decoding: greedy vs full tree vs controller (tok/s, memory)",
@@ -51,7 +51,7 @@ def add_parser(sub) -> None:
     b.add_argument("--no-peer", action="store_true", help="skip the ONNX Runtime GenAI greedy row")
     b.add_argument("--torch-reference", action="store_true",
                    help="also measure full-tree Medusa on the PyTorch reference (fresh process, memory questions)")
-    b.add_argument("--out", type=Path, default=Path("results") / "bench-decode", help="folder for JSONL + summary")
+    b.add_argument("--out", type=Path, default=run_folder("bench-decode"), help="folder for JSONL + summary")
     b.set_defaults(handler=cmd_bench_decode)
 
     b = bench.add_parser("batch", help="tok/s per batch size B, speculative vs plain, equivalence, memory, server load",
@@ -80,7 +80,7 @@ def add_parser(sub) -> None:
                         "throughput, TTFT, peak RSS side by side (vLLM from its own venv, as bench vllm)")
     b.add_argument("--venv", type=Path, default=None, help="vLLM's venv for --peer vllm (default: <cache>/vllm-venv, "
                                                           "made if missing)")
-    b.add_argument("--out", type=Path, default=Path("results") / "bench-batch", help="folder for summary.json")
+    b.add_argument("--out", type=Path, default=run_folder("bench-batch"), help="folder for summary.json")
     b.set_defaults(handler=cmd_bench_batch)
 
     b = bench.add_parser("attention", help="the attention routes a batch could take, one layer: ms and exactness",
@@ -97,7 +97,7 @@ def add_parser(sub) -> None:
     b.add_argument("--kv-heads", type=positive, default=3)
     b.add_argument("--head-dim", type=positive, default=64)
     b.add_argument("--threads", type=positive, default=2)
-    b.add_argument("--out", type=Path, default=Path("results") / "bench-attention.json")
+    b.add_argument("--out", type=Path, default=run_folder("bench-attention.json"))
     b.set_defaults(handler=cmd_bench_attention)
 
     b = bench.add_parser("node", help="the Python runtime vs the TypeScript engine on onnxruntime-node: decode tok/s",
@@ -113,7 +113,7 @@ def add_parser(sub) -> None:
     b.add_argument("--modes", default="greedy,tree", help="comma-separated: greedy, tree, auto")
     b.add_argument("--threads", type=positive, default=2)
     b.add_argument("--capacity", type=positive, help="KV positions C (default: the manifest's plan, else its max)")
-    b.add_argument("--json", type=Path, default=Path("results") / "bench-node.json", help="where to write JSON")
+    b.add_argument("--json", type=Path, default=run_folder("bench-node.json"), help="where to write JSON")
     b.set_defaults(handler=cmd_bench_node)
 
     b = bench.add_parser("soak", help="a long chat at a small capacity: evictions, and whether memory stays flat",
@@ -129,7 +129,7 @@ def add_parser(sub) -> None:
     b.add_argument("--settle", type=positive, default=50, help="the turn whose peak RSS is the reference")
     add_mode(b)
     add_profile_options(b, budget=False)
-    b.add_argument("--json", type=Path, default=Path("results") / "bench-soak.json", help="where to write JSON")
+    b.add_argument("--json", type=Path, default=run_folder("bench-soak.json"), help="where to write JSON")
     b.set_defaults(handler=cmd_bench_soak)
 
 
@@ -144,7 +144,7 @@ def add_parser(sub) -> None:
     b.add_argument("--seed", type=int, default=0, help="sampling seed")
     add_mode(b)
     b.add_argument("--threads", type=positive, default=2)
-    b.add_argument("--json", type=Path, default=Path("results") / "bench-chat.json", help="where to write JSON")
+    b.add_argument("--json", type=Path, default=run_folder("bench-chat.json"), help="where to write JSON")
     b.set_defaults(handler=cmd_bench_chat)
 
     b = bench.add_parser("quality", help="what a weight dtype does to the model: argmax agreement, perplexity, size",
@@ -165,7 +165,7 @@ def add_parser(sub) -> None:
                    help="also measure a peer on the reference's model (repeat): ONNX Runtime GenAI's int4 build "
                         "(its builder, offline), llama.cpp on the model's own GGUF (llama-cpp-python, built from source)")
     b.add_argument("--threads", type=positive, default=2)
-    b.add_argument("--json", type=Path, default=Path("results") / "bench-quality.json", help="where to write JSON")
+    b.add_argument("--json", type=Path, default=run_folder("bench-quality.json"), help="where to write JSON")
     b.set_defaults(handler=cmd_bench_quality)
 
     add_vllm_parser(bench)
@@ -186,7 +186,7 @@ def add_parser(sub) -> None:
     b.add_argument("--questions", type=positive, default=40)
     b.add_argument("--batch", type=positive, default=4, help="serve's rows (lm-eval sends this many at once)")
     b.add_argument("--threads", type=positive, default=2)
-    b.add_argument("--out", type=Path, default=Path("results") / "bench-harness")
+    b.add_argument("--out", type=Path, default=run_folder("bench-harness"))
     b.set_defaults(handler=cmd_bench_harness)
 
 
@@ -197,9 +197,7 @@ def cmd_bench_harness(args: argparse.Namespace) -> int:
                            batch=args.batch, threads=args.threads, out=args.out)
     summary = run(config, log=log_stderr)
     print(format_table(summary))
-    path = args.out / "summary.json"
-    path.write_text(json.dumps(summary, indent=2) + "\n")
-    print(f"wrote {path}")
+    print(f"wrote {write_json(args.out / 'summary.json', summary, threads=args.threads)}")
     return 0
 
 
@@ -330,9 +328,7 @@ def cmd_bench_soak(args: argparse.Namespace) -> int:
                         max_new_tokens=args.max_new_tokens, settle=args.settle, mode=args.mode, threads=args.threads)
     result = run_soak(config, log=log_stderr)
     print(format_table(result))
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {args.json}")
+    print(f"wrote {write_json(args.json, result, threads=args.threads)}")
     return 0
 
 
@@ -343,9 +339,7 @@ def cmd_bench_chat(args: argparse.Namespace) -> int:
                              threads=args.threads, seed=args.seed)
     result = run_chat_bench(config, log=log_stderr)
     print(format_table(result))
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {args.json}")
+    print(f"wrote {write_json(args.json, result, threads=args.threads)}")
     return 0
 
 
@@ -357,7 +351,5 @@ def cmd_bench_node(args: argparse.Namespace) -> int:
                              capacity=args.capacity)
     result = run_node_bench(config, log=log_stderr)
     print(format_table(result))
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {args.json}")
+    print(f"wrote {write_json(args.json, result, threads=args.threads)}")
     return 0

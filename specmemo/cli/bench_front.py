@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from specmemo.bench.results import run_folder
 from specmemo.cli.options import positive
 
 
@@ -35,7 +36,7 @@ def add_front_parser(bench) -> None:
     b.add_argument("--conversations", type=positive, default=12, help="held-out ShareGPT conversations (perplexity)")
     b.add_argument("--rounds", type=positive, default=2)
     b.add_argument("--threads", type=positive, default=2)
-    b.add_argument("--out", type=Path, default=Path("results") / "bench-front")
+    b.add_argument("--out", type=Path, default=run_folder("bench-front"))
     b.set_defaults(handler=cmd_bench_front)
 
 

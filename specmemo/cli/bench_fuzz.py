@@ -4,9 +4,9 @@ fuzz_cli.py); `make test` runs a seeded slice of each."""
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
+from specmemo.bench.results import run_folder, write_json
 from specmemo.cli.options import DEFAULT_ARTIFACT, positive
 
 
@@ -30,7 +30,7 @@ def add_fuzz_parser(bench) -> None:
     b.add_argument("--invocations", type=positive, default=1000)
     b.add_argument("--seconds", type=positive, default=900, help="time limit of each fuzz")
     b.add_argument("--seed", type=int, default=0)
-    b.add_argument("--out", type=Path, default=Path("results") / "bench-fuzz")
+    b.add_argument("--out", type=Path, default=run_folder("bench-fuzz"))
     b.set_defaults(handler=cmd_bench_fuzz)
 
 
@@ -38,7 +38,6 @@ def cmd_bench_fuzz(args: argparse.Namespace) -> int:
     import tempfile
 
     from specmemo.bench import fuzz_cli, fuzz_server
-    from specmemo.bench.compare import machine_info
     from specmemo.runtime.manifest import load_manifest
     from specmemo.runtime.rss import rss_bytes
     from specmemo.serve.api import Limits
@@ -60,7 +59,7 @@ def cmd_bench_fuzz(args: argparse.Namespace) -> int:
         cli = fuzz_cli.run(count=args.invocations, seconds=args.seconds, seed=args.seed, workdir=Path(workdir),
                            good=args.artifact)
     summary = {"server": {**served.summary(), "unhandled": unhandled[:5]}, "cli": cli.summary(),
-               "artifact": str(args.artifact), "machine": machine_info(threads=2)}
+               "artifact": str(args.artifact)}
     print(f"{'fuzz':<8}{'inputs':>8}{'bad answers':>13}{'seconds':>9}  notes")
     print(f"{'server':<8}{served.sent:>8}{len(served.server_errors):>13}{served.seconds:>9.1f}  statuses "
           f"{summary['server']['statuses']}; RSS {served.rss_change:+.1%}; next request "
@@ -69,8 +68,6 @@ def cmd_bench_fuzz(args: argparse.Namespace) -> int:
           f"{summary['cli']['by_exit_code']}; spoilers {cli.by_spoiler}")
     for example in [*served.server_errors[:5], *cli.failures[:5]]:
         print(f"  bad: {example}")
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
-    print(f"wrote {args.out / 'summary.json'}")
+    print(f"wrote {write_json(args.out / 'summary.json', summary, threads=2)}")
     clean = (not served.server_errors and not cli.failures and served.next_ok and abs(served.rss_change) <= 0.05)
     return 0 if clean else 1

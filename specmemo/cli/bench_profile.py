@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from specmemo.bench.results import run_folder
 from specmemo.cli.options import add_artifact, positive
 from specmemo.console import log_stderr
 
@@ -28,7 +29,7 @@ def add_profile_parser(bench) -> None:
     b.add_argument("--context", type=positive, default=200, help="past positions before the measured steps")
     b.add_argument("--steps", type=positive, default=64, help="measured steps per pass")
     b.add_argument("--threads", type=positive, default=2)
-    b.add_argument("--json", type=Path, default=Path("results") / "bench-profile.json", help="where to write JSON")
+    b.add_argument("--json", type=Path, default=run_folder("bench-profile.json"), help="where to write JSON")
     b.set_defaults(handler=cmd_bench_profile)
 
 

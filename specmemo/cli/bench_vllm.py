@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from specmemo.bench.results import run_folder
 from specmemo.cli.options import add_artifact, positive, sizes_list
 from specmemo.console import log_stderr
 
@@ -34,7 +35,7 @@ def add_vllm_parser(bench) -> None:
                                                                     "batch graph: export-batch)")
     b.add_argument("--threads", type=positive, default=2, help="both engines' threads (vLLM's pinned to cores 0..N-1)")
     b.add_argument("--venv", type=Path, default=None, help="vLLM's venv (default: <cache>/vllm-venv, made if missing)")
-    b.add_argument("--out", type=Path, default=Path("results") / "bench-vllm")
+    b.add_argument("--out", type=Path, default=run_folder("bench-vllm"))
     b.set_defaults(handler=cmd_bench_vllm)
 
 

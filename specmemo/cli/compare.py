@@ -7,6 +7,7 @@ import shlex
 import sys
 from pathlib import Path
 
+from specmemo.bench.results import machine_info, run_folder
 from specmemo.cli.options import add_profile_options, apply_profile, positive
 from specmemo.console import log_stderr
 from specmemo.errors import ConfigError
@@ -55,7 +56,7 @@ def add_parser(sub) -> None:
                         "the longest prompt + max new tokens or the trace + the tree, rounded up to 64; HF's cache "
                         "grows to the same, GenAI sizes its buffer to each request)")
     add_profile_options(p)
-    p.add_argument("--out", type=Path, default=Path("results") / "compare", help="folder for the outputs")
+    p.add_argument("--out", type=Path, default=run_folder("compare"), help="folder for the outputs")
     p.set_defaults(handler=cmd_compare)
 
 
@@ -147,7 +148,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
         trace_tokens=args.trace_tokens, engines=engines)
     log_stderr(f"{len(prompts)} prompts x {len(engines)} engines x {args.rounds} rounds, each run a fresh process ...")
     runs = compare.run_rounds(config, log=log_stderr)
-    summary = compare.summarize(config, runs, compare.machine_info(args.threads))
+    summary = compare.summarize(config, runs, machine_info(args.threads))
     print(compare.format_table(summary))
     paths = compare.write_results(summary, runs, config, args.out, tokenizer.decode)
     paths += write_plots(summary, args.out)

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import itertools
 
+from specmemo.bench.results import run_folder
 from specmemo.cli.options import add_artifact, add_model_format, base_model, feature_cache, positive
 from specmemo.console import log_stderr
 from specmemo.export.load import DEFAULT_MODEL
@@ -110,7 +111,7 @@ def add_parser(sub) -> None:
     p.add_argument("--threads", type=positive, default=2)
     p.add_argument("--no-teacher-forced", action="store_true",
                    help="skip the teacher-forced pass: only greedy vs each drafter, interleaved (speed, identity)")
-    p.add_argument("--out", type=Path, default=Path("results") / "eval-drafter")
+    p.add_argument("--out", type=Path, default=run_folder("eval-drafter"))
     p.add_argument("--card", type=Path, metavar="DRAFTER_DIR",
                    help="also record the figures in this feature-drafter folder's drafter.json and CARD.md")
     p.set_defaults(handler=cmd_eval_drafter)

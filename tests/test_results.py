@@ -1,0 +1,60 @@
+"""Results say where they came from and stay out of the checkout: every benchmark's default output lies under
+runs/ (git-ignored), and every results JSON is written through results.write_json, which records the machine."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from specmemo.bench import results
+
+ROOT = Path(__file__).resolve().parents[1]
+# files written for a peer or a probe to read, not results: GenAI's genai_config.json, vLLM's job, fuzz inputs
+NOT_RESULTS = {"peers.py", "vllm.py", "fuzz_cli.py"}
+
+
+def output_defaults(parser: argparse.ArgumentParser, prefix: str = "specmemo") -> dict[str, Path]:
+    """Every subcommand's --out / --json default, walked through nested subcommands."""
+    found = {}
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                found.update(output_defaults(sub, f"{prefix} {name}"))
+        elif action.dest in ("out", "json") and isinstance(action.default, Path):
+            found[f"{prefix} --{action.dest}"] = action.default
+    return found
+
+
+def test_every_benchmark_writes_under_the_ignored_runs_folder_by_default():
+    from specmemo.cli import build_parser
+
+    defaults = output_defaults(build_parser())
+    assert len(defaults) >= 15 and "specmemo compare --out" in defaults and "specmemo bench decode --out" in defaults
+    outside = {name: str(path) for name, path in defaults.items() if path.parts[0] != results.RUNS.name}
+    assert outside == {}
+
+
+@pytest.mark.skipif(shutil.which("git") is None or not (ROOT / ".git").exists(), reason="not a git checkout")
+def test_the_runs_folder_is_ignored_by_git():
+    done = subprocess.run(["git", "-C", str(ROOT), "check-ignore", "-q", f"{results.RUNS}/compare/results.json"])
+    assert done.returncode == 0
+
+
+def test_a_results_json_carries_the_machine_it_came_from(tmp_path):
+    path = results.write_json(tmp_path / "deep" / "summary.json", {"x": 1, "machine": {"note": "kept"}}, threads=3)
+    machine = json.loads(path.read_text())["machine"]
+    assert {"commit", "cpu", "isa", "threads", "onnxruntime", "python", "command"} <= set(machine)
+    assert machine["threads"] == 3 and machine["note"] == "kept" and machine["cpu"] and machine["onnxruntime"]
+    assert re.fullmatch(r"[0-9a-f]{12}(\+dirty)?|unknown", machine["commit"])
+
+
+def test_benchmarks_write_their_results_json_through_write_json():
+    writers = [path.name for folder in ("specmemo/bench", "specmemo/cli") for path in (ROOT / folder).glob("*.py")
+               if "write_text(json.dumps(" in path.read_text() and path.name not in NOT_RESULTS | {"results.py"}]
+    assert writers == []
