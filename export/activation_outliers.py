@@ -1,10 +1,9 @@
 """Which input channels of a level-4 int4/int8 graph are computed apart in float32 (LLM.int8()'s decomposition).
 
 At accuracy level 4 MatMulNBits quantizes its input to int8, symmetrically per block of 32 inputs. A row with
-a massive activation (Qwen2.5's first position, the attention sink: one channel ~150 where the rest are ~1)
+a massive activation (Qwen2.5's first position, the attention sink: one channel far larger than the rest)
 loses everything but the outlier in that block, and a matrix that reads such rows moves its output far more
-than the others do. On Qwen2.5-Coder-1.5B one layer's MLP input (layer 26) gave the first position's final
-hidden state an error of 19 (the next worst position: 2); at level 0 for that layer's gate and up, 0.3.
+than the others do; one such layer can dominate the final hidden state's error (docs/int4.md).
 
 So the exporter measures it: the validation prompt through the float32 model, each matrix's input rows X
 captured, and its error max |Q8(X)·W − X·W| simulated; a matrix whose error is OUTLIER_FACTOR times the
@@ -20,7 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
-OUTLIER_FACTOR = 20.0  # measured (x the median): Qwen2.5-Coder-1.5B layer 26 gate 27, then 10, 8; SmolLM2 down 29: 122, 11: 30, 28: 24, then 9
+OUTLIER_FACTOR = 20.0  # a matrix whose simulated error is this many times the median matrix's is an outlier case
 MAX_CHANNELS = 32  # channels computed apart per input, at most (beyond: the input is no outlier case)
 INPUT_BLOCK = 32  # MatMulNBits' int8 activation blocks at level 4 (MLAS CompInt8: 32 inputs per scale)
 

@@ -92,10 +92,9 @@ def default_kv_dtype(weights: WeightDtype) -> str:
 def draft_shape(quantization: QuantizationInfo | None, kv_dtype: str) -> str:
     """"tree", or "chain" where only a chain verify computes every token exactly as greedy steps do.
     A tree puts a node's ancestors at other key indices than greedy would, and attention sums by
-    index: ~1e-7 apart in float32, harmless there. Int8 activations (accuracy level 4) and a float16
-    KV buffer (attention rounds to float16) magnify that into different tokens: measured on SmolLM2
-    int4, level 4 trees kept 1 of 10 replies identical, and float16-KV trees 9 of 10 MT-Bench replies
-    (results/compare-int4, question 90). A chain lays keys out as greedy does: exact by construction."""
+    index: rounding apart in float32, harmless there. Int8 activations (accuracy level 4) and a float16
+    KV buffer (attention rounds to float16) magnify that into different tokens (docs/int4.md). A chain
+    lays keys out as greedy does: exact by construction."""
     if kv_dtype != "float32" or (quantization is not None and quantization.accuracy_level == 4):
         return "chain"
     return "tree"
@@ -104,7 +103,7 @@ def draft_shape(quantization: QuantizationInfo | None, kv_dtype: str) -> str:
 def default_drafter(has_heads: bool, has_feature: bool = False) -> str:
     """The drafter an artifact decodes with unless told otherwise, the best measured on SmolLM2-135M
     (docs/drafters.md): Medusa heads merged with prompt lookup where there are heads (the CPU-trained
-    feature drafter guesses better but costs ~4 ms a step to draft), else the feature drafter with
+    feature drafter guesses better but costs more a step to draft), else the feature drafter with
     prompt lookup, else prompt lookup alone."""
     if has_heads:
         return "medusa+lookup"

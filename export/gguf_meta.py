@@ -1,7 +1,7 @@
 """A GGUF file's metadata, read from its header alone: what decides support, before any conversion.
 
-`gguf.GGUFReader` maps the whole file and indexes every tensor (5 s for the 98 MB default
-model on this machine); deciding whether a model is supported needs a few keys at the start of
+`gguf.GGUFReader` maps the whole file and indexes every tensor (seconds, even for the small default
+model); deciding whether a model is supported needs a few keys at the start of
 the file. Header layout (GGUF v2/v3, little-endian): magic "GGUF", uint32 version, uint64 tensor
 count, uint64 key/value count, then key/value pairs: key (uint64 length + UTF-8), uint32 value
 type, value (a string is uint64 length + bytes; an array is uint32 item type + uint64 count +

@@ -1,7 +1,7 @@
 """The heads graph: hidden [B, h] → the K heads' top-k token ids [B, K, k] and probabilities.
 
 A separate small graph, run once per step on the last accepted position only (heads inside the
-decoder graph over all T nodes cost ~50% latency and +300 MB in the prototype).
+decoder graph would run over all T nodes, for far more time and memory).
 
 In `shared` mode the projection is the base model's LM head. The exported graph does not carry a
 second copy: its LM-head initializer is pointed at the same bytes of the decoder's external data

@@ -51,7 +51,7 @@ class TrainConfig:
     reply_tokens: int = 192  # new tokens per self-generated reply
     epochs: float = 1.25
     batch_rows: int = 128  # positions per optimizer step
-    lr: float = 3e-3  # best of 1e-3, 3e-3, 1e-2 in a 1-epoch sweep (README)
+    lr: float = 3e-3  # the best of a 1-epoch sweep (docs/drafters.md)
     warmup_steps: int = 40
     seed: int = 0
     threads: int = 2

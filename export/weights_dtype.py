@@ -50,11 +50,10 @@ class WeightDtype(str, Enum):
 class MinimumForm(str, Enum):
     """How a carried block's minimum (Q4_1: w = d·q + m) reaches MatMulNBits. ONNX Runtime's fast
     (prepacked) kernels take integer zero points only, so an exact m needs a term beside the node.
-    Measured on SmolLM2-135M at accuracy level 4 (docs/int4.md): block-sum agrees with the float32
-    argmax on 94.6% of positions (int8 activations against the uncentred 0..15 codes), centered on
-    97.1% (llama.cpp on the same file: 96.9%), folded on 97.7% at 9% less time a step than centered
-    (no term beside the node: 2 nodes an input instead of 2 a matrix + 2 an input), zero-point on 74%
-    (the m it drops is a block-wide shift)."""
+    Ranked by argmax agreement with float32 at accuracy level 4 (docs/int4.md has the figures): folded
+    first and faster than centered (no term beside the node: 2 nodes an input instead of 2 a matrix + 2
+    an input), then centered (on a par with llama.cpp on the same file), then block-sum (int8 activations
+    against the uncentred 0..15 codes), zero-point far last (the m it drops is a block-wide shift)."""
 
     ZERO_POINT = "zero-point"  # an integer zero point per block: MatMulNBits alone, weights move by <= d/2
     BLOCK_SUM = "block-sum"  # exact: + BlockSum(x) @ mᵀ beside each MatMulNBits (the float32 model's weights)
@@ -64,8 +63,8 @@ class MinimumForm(str, Enum):
 
 class WideBlocks(str, Enum):
     """What becomes of the decoder's 8-bit GGUF matrices (Q4_K_M's Q6_K V and down projections, a Q5_0 or Q8_0 in
-    the body): a Q6_K matrix is carried as 8-bit blocks of 16, which MatMulNBits reads in twice a 4-bit matrix's
-    time, and a Q6_K V beside Q4_K Q and K turns the whole fused QKV into that form (gguf_weights.common_form).
+    the body): a Q6_K matrix is carried as 8-bit blocks of 16, which MatMulNBits reads more slowly than a 4-bit
+    matrix, and a Q6_K V beside Q4_K Q and K turns the whole fused QKV into that form (gguf_weights.common_form).
     The LM head is not one of them (QuantOptions.lm_head_bits). Measured on Qwen2.5-Coder-1.5B: docs/int4.md."""
 
     CARRIED = "carried"  # the GGUF's own blocks, widened to 8 bits: its weights exactly
@@ -84,7 +83,7 @@ class QuantOptions:
     dtype: WeightDtype
     block_size: int = 32
     accuracy_level: int = 4  # of the layers: 4: int8 activations (the fast kernels); 0: fp32 compute (--exact)
-    lm_head_accuracy_level: int = 4  # of an 8-bit LM head: levels 0-3 take a slow path there (~300 ms / step)
+    lm_head_accuracy_level: int = 4  # of an 8-bit LM head: levels 0-3 take a slow path there
     requantize: bool = False  # True: ORT's quantizer even where GGUF blocks could be carried
     lm_head_rerank: int = 8  # an 8-bit LM head at level 4: its argmax re-ranks the top k exactly (0: off)
     minimum: MinimumForm = MinimumForm.FOLDED  # of Q4_1 blocks (--exact: BLOCK_SUM); int8: applied_minimum
@@ -112,7 +111,7 @@ class QuantOptions:
                               "pick would be the 4-bit head's")
         if self.dtype is WeightDtype.INT8 and self.accuracy_level != 4:
             raise ConfigError("--dtype int8 needs --accuracy-level 4: at levels 0-3 ONNX Runtime's CPU kernel for "
-                              "8-bit MatMulNBits takes a slow path (~300 ms for SmolLM2's LM head alone)")
+                              "8-bit MatMulNBits takes a slow path")
 
 
 @dataclass(frozen=True)
@@ -228,8 +227,8 @@ HEAD_BITS = {32: 8, 16: 4}  # an 8-bit head's block → the bits its MatMulNBits
 def head_bits(head: QuantBlocks, asked: int | None) -> int:
     """The LM head's bits when not asked: a Q8_0 head (8-bit blocks of 32, 8.5 bits a weight in the GGUF) stays
     8-bit; a Q6_K head (carried as 8-bit blocks of 16: 10 bits a weight, the largest matrix a step reads) is read in
-    4 bits, its top k re-ranked from the 8-bit rows. Measured (docs/int4.md): the 4-bit head cost SmolLM2's Q8_0
-    head +1.2% perplexity, Qwen2.5-Coder-1.5B's Q6_K head +0.1% with the same argmax agreement."""
+    4 bits, its top k re-ranked from the 8-bit rows: for a Q6_K head that costs little perplexity, for a Q8_0
+    head more (docs/int4.md)."""
     return asked if asked is not None else HEAD_BITS.get(head.block, 8)
 
 

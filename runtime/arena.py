@@ -7,7 +7,7 @@ allocated bytes are the same number, not two estimates.
 
 The buffers (R rows per decoder call: the largest tree or prefill chunk; N logit rows):
   kv.{i}            [B, H_kv, C, D]   past and present of one KV input/output pair, updated in place
-                                    ([B, H_kv, C_w, D] for a sliding-window layer: sizes.window_capacity)
+                                    ([B, H_kv, C_w, D] for a sliding-window layer: arena.window_capacity)
   input_ids         [R]   int64     the step's tokens, looked up into inputs_embeds
   inputs_embeds     [R * h]           the decoder's input
   position_ids      [R]   int64

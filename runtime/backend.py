@@ -24,7 +24,7 @@ if TYPE_CHECKING:  # the PyTorch reference uses this module without ONNX Runtime
     from specmemo.runtime.session import DecoderSession
 
 
-TREE_CACHE = 16  # tree shapes whose depths and bias stay cached (a new shape costs 15-60 us to compute)
+TREE_CACHE = 16  # tree shapes whose depths and bias stay cached (a new shape is computed once)
 
 
 class TreeInputs:
@@ -93,10 +93,10 @@ class OrtBackend:
     least as many rows for the LM head; a 1-token step gets a padding row (the same token again, as
     its child) whose outputs are ignored. ONNX
     Runtime's CPU kernels take another path for a single row (sgemm's M = 1 case, MatMulNBits'
-    M = 1 kernels), so a row computed alone differs from the same row in a T-node verify: by ~1e-4
-    on fp32 logits, and by up to ~20 with MatMulNBits at accuracy level 4. From 2 rows on, each
-    row's outputs are bitwise the same whatever the number of rows and its place among them
-    (measured T = 2…40, fp32 and int4; tests/test_quantized.py), so greedy and speculative steps
+    M = 1 kernels), so a row computed alone differs from the same row in a T-node verify: by
+    rounding on fp32 logits, and by whole units with MatMulNBits at accuracy level 4. From 2 rows on,
+    each row's outputs are bitwise the same whatever the number of rows and its place among them
+    (tests/test_quantized.py checks it for fp32 and int4), so greedy and speculative steps
     compute every committed token identically. The padding row costs one KV position: `capacity`
     is the buffer's less one.
 
@@ -172,7 +172,7 @@ class OrtBackend:
         """The sliding layers' bias for this call (after sliding their buffers if the call would not fit):
         the tree/causal block over their own rows, with the window applied. Returns S_w."""
         s, window = self.session, self.session.manifest.dims.sliding_window
-        if past - s.kv.offset + size > s.kv.window_capacity:  # sizes.window_capacity: this always makes room
+        if past - s.kv.offset + size > s.kv.window_capacity:  # arena.window_capacity: this always makes room
             s.slide(max(s.kv.offset, past - (window - 1) - WINDOW_MARGIN), past)
         attended_w = past - s.kv.offset + size
         bias = s.arena["attention_bias_local"][: size * attended_w].reshape(size, attended_w)

@@ -3,8 +3,7 @@
 It sits above the engine: it opens the artifact as an engine on a small arena, reads RSS once the
 tokenizer and sessions are open (`load`), and what a short generation adds beyond the arena and the
 activation formula (`step overhead`). It imports the runtime, not the CLI (the runtime depends on
-nothing above it): the CLI's own modules add 0.5 MiB of RSS (measured), inside the 5% headroom
-every plan keeps. The numbers are stored and read back as data (measured.py); nothing in the
+nothing above it): the CLI's own modules add little RSS, inside the headroom every plan keeps. The numbers are stored and read back as data (measured.py); nothing in the
 runtime imports this module.
 """
 

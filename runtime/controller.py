@@ -6,7 +6,7 @@ nodes 1..T-1 tokens, where p_i is node i's score corrected by running statistics
 costs draft_ms (already spent) + verify_ms(T). The controller verifies the prefix with the most
 tokens per ms, from
   (a) the KV positions left in the arena (T never exceeds them; at 1 left it is plain decoding),
-  (b) a T → verify ms curve measured once for this artifact and machine in about a second (a few sizes,
+  (b) a T → verify ms curve measured once for this artifact and machine, briefly (a few sizes,
       a short past; cached, measured.py), each verified size then refined by the loop's own timings,
   (c) the drafting time, measured every step (a running mean),
   (d) a score calibration: per score band, how often a verified node of that band was accepted,
@@ -73,7 +73,7 @@ class LatencyCurve:
 
 
 CURVE_SIZES = (1, 2, 4, 8, 16)  # measured at first use; wider trees extrapolate, and the loop refines what it verifies
-CURVE_CONTEXT = 32  # past positions under the measured steps: a short prompt, so the first use costs about a second
+CURVE_CONTEXT = 32  # past positions under the measured steps: a short prompt keeps the first use short
 
 
 def measure_latency(backend, max_size: int, *, context: int = CURVE_CONTEXT, rounds: int = 2,
@@ -102,7 +102,7 @@ def measure_latency(backend, max_size: int, *, context: int = CURVE_CONTEXT, rou
 
 
 def latency_curve(artifact: Path, backend, max_size: int, *, threads: int, log=print) -> LatencyCurve:
-    """The cached curve for this artifact and machine, measured on first use (about a second)."""
+    """The cached curve for this artifact and machine, measured on first use (briefly)."""
     path, data = measured.lookup(artifact, "verify-latency", threads)
     wanted = max(s for s in CURVE_SIZES if s <= max(max_size, 1))  # the widest size measure_latency would time
     if data is None or max(data["sizes"]) < min(wanted, backend.capacity - 2):

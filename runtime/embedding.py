@@ -3,12 +3,12 @@
 The decoder graph takes embeddings, not ids: the table is kept out of ONNX Runtime so that it is
 neither loaded nor memory-mapped. A token reads one contiguous h-row (2.3 KiB on SmolLM2 in fp32)
 from the file; the OS page cache serves repeats, and none of it counts against the process.
-Measured on SmolLM2-135M, controller, 10 MT-Bench replies + a 512-token trace at C = 640 (docs/benchmarks.md):
-  - gathering from the tied [h, V] LM head inside the graph: the whole 108 MiB mapped table stayed
-    resident beside ORT's packed copy of it (RSS after load 734 MiB, peak 775 MiB);
-  - a separate [V, h] initializer, mapped by ORT: after load 626 MiB, but the peak grew to 698 MiB
-    as tokens were seen, because each page fault maps the 64 KiB around it (kernel fault-around);
-  - this reader: after load 626 MiB, peak 667 MiB, decode speed unchanged (two syscalls a token).
+The alternatives it was measured against (docs/benchmarks.md has the figures):
+  - gathering from the tied [h, V] LM head inside the graph: the whole mapped table stayed resident
+    beside ORT's packed copy of it;
+  - a separate [V, h] initializer, mapped by ORT: as little after load, but the peak grew as tokens
+    were seen, because each page fault maps the 64 KiB around it (kernel fault-around);
+  - this reader: the lowest load and peak, decode speed unchanged (two syscalls a token).
 
 Quantized artifacts (export --dtype int8|int4) have no table of their own: a row is read from the
 tied LM head's MatMulNBits initializers in the decoder's data file (values, then scales) and

@@ -57,7 +57,7 @@ def store(path: Path, data: dict) -> None:
 
 
 def memory_calibration(artifact: Path, *, threads: int = 2, log=print) -> Calibration:
-    """The cached memory calibration, measured in a fresh process on first use (~15 s)."""
+    """The cached memory calibration, measured in a fresh process on first use."""
     path, data = lookup(artifact, "memory", threads)
     if data is None:
         log(f"measuring load and step memory for {artifact} once (fresh process) ...")

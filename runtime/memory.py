@@ -12,8 +12,8 @@
       step overhead  measured once: what the first steps add beyond those (ORT run state, the heads
                    graph's [V] logits, Python objects)
 
-    headroom   = 5% of generation, kept free in every plan: measured generation memory has come
-                 within ±5% of the prediction (bench decode), so a budget must leave room for that
+    headroom   = 5% of generation, kept free in every plan for the model's own error against
+                 measured generation memory (bench decode reports it), so a budget leaves room for that
 
 The weights as stored (the artifact's data files) are shown beside `load` for reference. The
 embedding table is in neither term: the runtime reads its rows from the file (runtime/embedding.py).
@@ -32,7 +32,7 @@ from specmemo.runtime.arena import ArenaLayout
 from specmemo.runtime.manifest import Manifest, ModelDims
 from specmemo.runtime.sizes import Sizes
 
-HEADROOM = 0.05  # of predicted generation memory: the model's measured error is within ±5%
+HEADROOM = 0.05  # of predicted generation memory: room for the model's error (bench decode measures it)
 MIB = 2**20
 
 
@@ -88,7 +88,7 @@ class Footprint:
 
 def kv_bytes(dims: ModelDims, *, capacity: int, window_capacity: int = 0, batch: int = 1, itemsize: int) -> int:
     """2 (K and V) · B · H_kv · D · bytes per KV element · rows, where rows = L · C, or with sliding-window
-    layers (L_w of them, C_w = sizes.window_capacity rows each) (L - L_w) · C + L_w · C_w."""
+    layers (L_w of them, C_w = arena.window_capacity rows each) (L - L_w) · C + L_w · C_w."""
     sliding = len(dims.sliding_layers)
     rows = (dims.num_layers - sliding) * capacity + sliding * window_capacity
     return 2 * batch * dims.num_kv_heads * dims.head_dim * itemsize * rows
@@ -156,6 +156,6 @@ def breakdown(fp: Footprint) -> list[tuple[str, float]]:
     ]
 
 
-INT4_BITS_PER_WEIGHT = 6.0  # in RAM: 4-bit weights + fp32 scale and minimum per 32 (carried Q4_1); SmolLM2 load measured 631 → 207 MiB
+INT4_BITS_PER_WEIGHT = 6.0  # in RAM: 4-bit weights + fp32 scale and minimum per 32 (carried Q4_1)
 
 

@@ -1,8 +1,7 @@
 """The process's resident set size from /proc (Linux; 0 elsewhere): now, its peak, and a peak reset.
 
 Kept apart from ONNX Runtime: the PyTorch engines of `specmemo compare` measure themselves with it,
-and importing onnxruntime there would add to their RSS (17 MiB for the import alone, beside
-torch and transformers, measured on the 2-core machine of docs/compare).
+and importing onnxruntime there would add to their RSS.
 """
 
 from __future__ import annotations

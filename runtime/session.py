@@ -64,12 +64,12 @@ _PROCESS_THREADS: int | None = None
 def configure_process(threads: int) -> None:
     """Process-wide ORT state, set up once before the first session:
     - one intra-op thread pool for every session (decoder and heads): with a pool per session, the
-      pool that ran last keeps spinning while the other runs, and on 2 cores a speculative step
-      (heads call + decoder call) took 63 ms instead of 33 ms at T = 2. Python reaches ORT's global
+      pool that ran last keeps spinning while the other runs, which on few cores slows a speculative
+      step (heads call + decoder call) markedly. Python reaches ORT's global
       pools only through `_pybind_state.set_global_thread_pool_sizes`;
     - one CPU arena for every session, growing by exactly what is requested instead of doubling:
       its size is the largest live set, which the memory model predicts (with the doubling default
-      it overshot; measured 3.4 MiB more generation memory on SmolLM2 at C = 2048)."""
+      it overshot the prediction)."""
     global _PROCESS_THREADS
     if _PROCESS_THREADS is None:
         from onnxruntime.capi import _pybind_state

@@ -235,8 +235,7 @@ def test_follow_sees_calls_and_returns_between_files():
 def test_the_sizing_pass_decides_in_one_place(smollm2_artifact, tmp_path, monkeypatch):
     """EngineConfig + manifest + the measured calibration (data) → Plan (plan.make_plan, what open_engine
     runs once the numbers are read) on the default, greedy, budget and device-plan paths: at most
-    MAX_RETURNS returns to a file already left (the pass this replaced, config.resolve_sizes, made 21 on
-    the budget path); the plan is what the engine opens with, and the session allocates its layout."""
+    MAX_RETURNS returns to a file already left; the plan is what the engine opens with, and the session allocates its layout."""
     from specmemo.runtime import measured
     from specmemo.runtime.engine import EngineConfig, open_engine
     from specmemo.runtime.manifest import DevicePlan, load_manifest

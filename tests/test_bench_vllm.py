@@ -1,6 +1,6 @@
 """`specmemo bench vllm` without vLLM (make test never installs it): our fixed-chain decode counts
 acceptance as vLLM does, vLLM's counters are read as deltas, the venv is reused when it imports, and
-bad input stops before any venv or model work. `bench vllm` itself runs vLLM (README, docs/scale-out.md)."""
+bad input stops before any venv or model work. `bench vllm` itself runs vLLM (docs/scale-out.md)."""
 
 from __future__ import annotations
 

@@ -43,7 +43,7 @@ print(code, round(time.perf_counter() - started, 3), any(m.split(".")[0] in ("to
 
 
 def test_unsupported_gguf_is_refused_from_its_header_before_any_conversion(tmp_path):
-    """Read from the GGUF header: refused in one line, under 3 s (the issue's bar; it takes well under 1 s),
+    """Read from the GGUF header: refused in one line, under 3 s,
     torch never imported, nothing converted into the cache, nothing written."""
     import numpy as np
     from gguf import GGUFWriter

@@ -195,7 +195,7 @@ def test_rewind_then_rerun_gives_the_same_logits(tiny_llama, kind):
 
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
-    not __import__("torch").cuda.is_available(), reason="no GPU here (the GPU path: README, 'Past one machine')"))])
+    not __import__("torch").cuda.is_available(), reason="no GPU here (the GPU path: docs/scale-out.md)"))])
 def test_torch_reference_placed_by_accelerate_decodes_as_ort(tiny_llama, device):
     """The PyTorch reference loaded through accelerate (`load_hf(device_map=..., max_memory=...)`, as on a
     GPU server): greedy and speculative replies equal the ORT runtime's greedy reply."""

@@ -204,9 +204,9 @@ def test_scripted_five_turn_chat_equals_hf_generate_on_each_history(real, monkey
 
 
 def test_default_chat_settings_do_not_loop_where_greedy_does(real):
-    """The issue's bar: a scripted 5-turn chat with the artifact's default settings (manifest
+    """The bar: a scripted 5-turn chat with the artifact's default settings (manifest
     `generation`, what `chat` uses) has no reply that loops to the token limit; greedy on the same
-    script does loop (so the measure can tell). Figures: `specmemo bench chat` (README)."""
+    script does loop (so the measure can tell). Figures: `specmemo bench chat` (docs/chat.md)."""
     from specmemo.bench.chat_quality import SCRIPT, distinct_ngram_ratio, loops_to_the_limit
     from specmemo.runtime.chat import ChatSession
     from specmemo.runtime.engine import EngineConfig, open_engine

@@ -56,17 +56,17 @@ GREEDY_OF = {**{e: "specmemo-greedy" for e in ORT_ENGINES}, **{e: LLAMA_CPP for 
 PEER_ENGINES = GENAI_ENGINES + LLAMA_CPP_ENGINES  # every peer row, greedy or speculative
 MIB = 2**20
 
-BARS = {  # issue 6: what the controller must reach against the others, in one run
+BARS = {  # what the controller must reach against the others, in one run
     "generation_memory_vs_pytorch_medusa": ("<=", 0.35),
     "throughput_vs_full_tree": (">=", 0.96),
     "tokens_per_s_vs_hf_generate": (">=", 2.5),
     "peak_rss_vs_hf_generate": ("<=", 0.75),
-    # issue 16: the default drafter under the controller against plain decoding, ours and GenAI's
+    # the default drafter under the controller against plain decoding, ours and GenAI's
     "decode_tokens_per_s_vs_specmemo_greedy": (">=", 1.3),
     "decode_tokens_per_s_vs_onnxruntime_genai": (">=", 1.3),
     "generation_memory_vs_pytorch_medusa_sized": ("<=", 0.35),
 }
-INT4_BARS = {  # issue 30: the int4 artifact against the int4 peers, in one run (decode tok/s, peak RSS)
+INT4_BARS = {  # the int4 artifact against the int4 peers, in one run (decode tok/s, peak RSS)
     "decode_tokens_per_s_vs_onnxruntime_genai": (">=", 1.2),
     "decode_tokens_per_s_vs_llama_cpp": (">=", 1.5),
     "greedy_decode_tokens_per_s_vs_onnxruntime_genai": (">=", 0.9),
@@ -76,7 +76,7 @@ FEATURE_BARS = {  # a feature drafter on an int4 artifact under the controller, 
     "decode_tokens_per_s_vs_specmemo_greedy": (">=", 1.8),
     "decode_tokens_per_s_vs_fastest_peer_row": (">=", 1.4),
 }
-PAIR_BARS = {  # issue 32: a draft model under the controller against plain decoding, ours and the peers'
+PAIR_BARS = {  # a draft model under the controller against plain decoding, ours and the peers'
     "decode_tokens_per_s_vs_specmemo_greedy": (">=", 1.6),
     "decode_tokens_per_s_vs_fastest_peer_greedy": (">=", 1.3),
 }

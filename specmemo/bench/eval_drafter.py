@@ -231,7 +231,7 @@ def run(config: EvalDrafterConfig, *, log=print) -> dict:
         if forced is not None:
             results["drafters"][spec]["bound"] = round(speedup_bound(forced, curve), 3)
             results["drafters"][spec]["bound_chains_only"] = round(chain_bound(forced, curve), 3)
-            # a draft's cost against one verify step of the tree it drafts (issue 34: <= 15% on int4)
+            # a draft's cost against one verify step of the tree it drafts
             results["drafters"][spec]["draft_share_of_verify"] = round(
                 forced["draft_ms"] / curve.step(config.max_tree), 3)
     return results

@@ -1,8 +1,8 @@
 """`specmemo bench step`: ms per decoder step for T new tokens, interleaved with a peer, in rounds.
 When the artifact has Medusa heads, the heads graph (one call per speculative step) gets a row too.
 
-The machine's speed drifts by ±20% within seconds, and the first step after switching engines is
-~2x slow (cold state), so each round runs a short burst per (engine, T): our decoder on the same
+The machine's speed drifts within seconds, and the first step after switching engines is slow (cold
+state), so each round runs a short burst per (engine, T): our decoder on the same
 committed context (nothing committed), then ONNX Runtime GenAI's greedy decode steps on the same
 context. A burst's first WARMUP steps are dropped and the rest give a median. The table shows the
 median over rounds and their range; ratios are taken per round, then their median, so both sides

@@ -213,8 +213,7 @@ export class DecoderSession {
 
   /** Steps of 1, 2, 4, ... R rows and one heads call, so ORT's kernels and buffers are set up before the
    * first token. Unlike Python (all C positions), they attend to a few spans only: at C, the bindings'
-   * copies of every layer's whole buffer left later steps 10-15% slower, with ~100 ms stalls
-   * (measured on SmolLM2 fp32, C = 2048). Writes K/V positions no step reads before writing them. */
+   * copies of every layer's whole buffer left later steps slower, with stalls. Writes K/V positions no step reads before writing them. */
   private async warmUp(): Promise<void> {
     const attended = Math.min(this.kv.capacity, Math.max(this.rows, WARM_UP_SPANS * SPAN_STEP));
     const a = this.arena;

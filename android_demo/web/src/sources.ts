@@ -32,7 +32,7 @@ function dataName(file: string): string {
  * Over the files of a picked folder. Files are matched by their path inside the folder that holds
  * manifest.json (so picking the artifact folder itself or its parent both work). Byte ranges (the
  * engine reads a few embedding rows every step) come from 1 MiB blocks read with File.slice and kept
- * in a small LRU cache (64 MiB at most): one File read per row would cost about a millisecond each.
+ * in a small LRU cache (64 MiB at most): one File read per row would be slow.
  */
 export class PickedFolderSource implements ArtifactSource {
   readonly where: string;
