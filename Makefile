@@ -64,12 +64,12 @@ VALIDATE_EVERY ?= 200
 drafter-cpu: setup
 	mkdir -p $(dir $(DRAFTER_OUT))
 	test -f $(DEPLOYED)/manifest.json || $(BIN)/specmemo export --model $(MODEL) --out $(DEPLOYED) $(DEPLOY_FLAGS)
-	/usr/bin/time -v -o $(DRAFTER_OUT).cache.time $(BIN)/specmemo cache-features --artifact $(DEPLOYED) \
+	/usr/bin/time -v -o $(DRAFTER_OUT).cache.time $(BIN)/specmemo train features --artifact $(DEPLOYED) \
 	  --tokens $(TOKENS) --code-share $(CODE_SHARE) --out $(FEATURES)
-	/usr/bin/time -v -o $(DRAFTER_OUT).train.time $(BIN)/specmemo train-drafter --model $(MODEL) \
+	/usr/bin/time -v -o $(DRAFTER_OUT).train.time $(BIN)/specmemo train drafter --model $(MODEL) \
 	  --features $(FEATURES) --mlp-size $(MLP_SIZE) --epochs $(EPOCHS) --validate-every $(VALIDATE_EVERY) \
 	  --out $(DRAFTER_OUT)-unroll1
-	/usr/bin/time -v -o $(DRAFTER_OUT).tune.time $(BIN)/specmemo train-drafter --model $(MODEL) \
+	/usr/bin/time -v -o $(DRAFTER_OUT).tune.time $(BIN)/specmemo train drafter --model $(MODEL) \
 	  --features $(FEATURES) --init $(DRAFTER_OUT)-unroll1 --unroll 2 --lr 3e-4 --epochs $(TUNE_EPOCHS) \
 	  --out $(DRAFTER_OUT)
 	grep -h -E "Elapsed|Maximum resident" $(DRAFTER_OUT).cache.time $(DRAFTER_OUT).train.time $(DRAFTER_OUT).tune.time

@@ -322,7 +322,7 @@ def checked_heads(options: ExportOptions, hf_model, base_sha256: str) -> MedusaH
     """Heads for this base model with a tree from eval-heads, whose ranks the graph's top-k covers."""
     heads = load_any_heads(options.heads, lm_head_t(hf_model), base_sha256=base_sha256)
     if not heads.spec.tree:
-        raise HeadsError(f"{options.heads} has no tree yet: run `specmemo eval-heads --heads {options.heads}` first")
+        raise HeadsError(f"{options.heads} has no tree yet: run `specmemo eval heads --heads {options.heads}` first")
     if any(max(choice) >= options.top_k for choice in heads.spec.tree):
         raise ConfigError(f"the heads' tree uses ranks >= --top-k {options.top_k}: raise --top-k")
     return heads

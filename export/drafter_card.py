@@ -1,6 +1,6 @@
 """CARD.md for a feature-drafter folder, generated from drafter.json (never edited by hand): how it
 was trained (command, data, steps, hardware, time) and how good it is (eval-drafter's figures,
-when `specmemo eval-drafter --card DIR` recorded them)."""
+when `specmemo eval drafter --card DIR` recorded them)."""
 
 from __future__ import annotations
 
@@ -44,7 +44,7 @@ def card_markdown(spec: FeatureDrafterSpec) -> str:
                       f"{' / '.join(f'{v:.3f}' for v in c['top1_by_depth'])} |" for c in curve]
     for name, result in evaluations.items():
         sampled = " --sampling" if result.get("sampling", "greedy") != "greedy" else ""
-        lines += ["", f"## Measured (`specmemo eval-drafter --workload {result['workload']}{sampled}`)", "",
+        lines += ["", f"## Measured (`specmemo eval drafter --workload {result['workload']}{sampled}`)", "",
                   f"{result['prompts']} prompts, {result['max_new_tokens']} tokens, {result['threads']} threads, "
                   f"{result['cpu']}; teacher-forced along the base model's greedy replies, trees of up to "
                   f"{result['max_tree']} nodes; timed pass {result.get('sampling', 'greedy')}.", "",

@@ -1,4 +1,4 @@
-"""`specmemo eval-heads`: how good are the heads, and which tree should the runtime verify?
+"""`specmemo eval heads`: how good are the heads, and which tree should the runtime verify?
 
   1. decode  – plain greedy replies to MT-Bench first turns (PyTorch reference backend, T = 1);
   2. accuracy – one causal forward over prompt + reply; at every reply position t, where head k

@@ -1,5 +1,5 @@
-"""`specmemo cache-features`: the frozen base model over the training text, once, on our own ONNX decoder,
-written as memory-mapped shards that `train-drafter --features DIR` reads (no base model pass in training).
+"""`specmemo train features`: the frozen base model over the training text, once, on our own ONNX decoder,
+written as memory-mapped shards that `train drafter --features DIR` reads (no base model pass in training).
 
     DIR/features.json            the settings that decide the shards (artifact, data, sizes) and the shards done
     DIR/shard-00000/hidden.npy   [P_s, h] float16   final (post-norm) hidden state per position
@@ -222,10 +222,10 @@ def load_features(folder: Path) -> TeacherCache:
     """Every shard of `folder` as one TeacherCache (arrays memory-mapped, then joined)."""
     settings = folder / SETTINGS_FILE
     if not settings.is_file():
-        raise ConfigError(f"{folder} has no {SETTINGS_FILE}: make it with specmemo cache-features --out {folder}")
+        raise ConfigError(f"{folder} has no {SETTINGS_FILE}: make it with specmemo train features --out {folder}")
     shards = json.loads(settings.read_text())["shards"]
     if not shards:
-        raise ConfigError(f"{folder} holds no finished shard yet: run specmemo cache-features again to resume")
+        raise ConfigError(f"{folder} holds no finished shard yet: run specmemo train features again to resume")
     loaded = []
     for shard in shards:
         path = folder / shard["name"]

@@ -214,7 +214,7 @@ def save_drafter(drafter: FeatureDrafter, folder: Path, spec: FeatureDrafterSpec
 def load_drafter_spec(folder: Path) -> FeatureDrafterSpec:
     path = Path(folder) / DRAFTER_SPEC_FILE
     if not path.is_file():
-        raise DrafterError(f"no {DRAFTER_SPEC_FILE} in {folder}: train one with `specmemo train-drafter --out {folder}`")
+        raise DrafterError(f"no {DRAFTER_SPEC_FILE} in {folder}: train one with `specmemo train drafter --out {folder}`")
     return FeatureDrafterSpec.from_json(path.read_text(), str(path))
 
 

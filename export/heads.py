@@ -191,7 +191,7 @@ def save_heads(heads: MedusaHeads, folder: Path, spec: HeadsSpec | None = None) 
 def load_spec(folder: Path) -> HeadsSpec:
     path = Path(folder) / SPEC_FILE
     if not path.is_file():
-        raise HeadsError(f"no {SPEC_FILE} in {folder}: train heads with `specmemo train-heads --out {folder}`")
+        raise HeadsError(f"no {SPEC_FILE} in {folder}: train heads with `specmemo train heads --out {folder}`")
     return HeadsSpec.from_json(path.read_text(), str(path))
 
 
@@ -204,7 +204,7 @@ def load_heads(folder: Path, lm_head_t: torch.Tensor, *, base_sha256: str = "") 
     if spec.base_sha256 and base_sha256 and spec.base_sha256 != base_sha256:
         raise HeadsError(
             f"heads in {folder} were trained on weights {spec.base_sha256[:12]}, not {base_sha256[:12]}: "
-            f"train heads for this model with `specmemo train-heads`"
+            f"train heads for this model with `specmemo train heads`"
         )
     weights = folder / HEADS_FILE
     if not weights.is_file():
@@ -238,7 +238,7 @@ def load_any_heads(folder: Path, lm_head_t: torch.Tensor, *, base_sha256: str = 
     if (folder / "config.json").is_file():
         return load_medusa_checkpoint(folder, lm_head_t)
     raise HeadsError(f"{folder} holds neither {SPEC_FILE} nor a Medusa config.json: "
-                     f"train heads with `specmemo train-heads --out {folder}`")
+                     f"train heads with `specmemo train heads --out {folder}`")
 
 
 # ---- FasterDecoding/Medusa checkpoints ------------------------------------------------------------

@@ -19,7 +19,7 @@ def card_markdown(spec: HeadsSpec) -> str:
         f"{spec.num_heads} heads x {spec.num_layers} residual block(s), projection `{spec.mode.value}`"
         + (f" (N = {spec.subvocab_size})" if spec.subvocab_size else "")
         + f", hidden {spec.hidden_size}, vocab {spec.vocab_size}; base weights sha256 `{spec.base_sha256[:16]}`.",
-        *([ "", f"Derived: {spec.card['derived']} (`specmemo subvocab-heads`)."] if spec.card.get("derived") else []),
+        *([ "", f"Derived: {spec.card['derived']} (`specmemo train subvocab`)."] if spec.card.get("derived") else []),
         "",
         "## Training (self-distillation, frozen base)",
         "",
@@ -38,7 +38,7 @@ def card_markdown(spec: HeadsSpec) -> str:
         ]
     if spec.accuracy:
         shown = [n for n in (1, 2, 3, 5, 10) if n <= len(spec.accuracy[0])]
-        lines += ["", "## Accuracy (`specmemo eval-heads`)", "",
+        lines += ["", "## Accuracy (`specmemo eval heads`)", "",
                   f"{evaluation.get('prompts', '')}, greedy replies of up to {evaluation.get('max_new_tokens')} tokens; "
                   "head k guesses the token k + 1 places after the base model's next token.", "",
                   "| head | " + " | ".join(f"top-{n}" for n in shown) + " |",

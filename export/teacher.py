@@ -1,6 +1,6 @@
 """The teacher: what heads and drafters learn from, computed once by the frozen base model and cached.
 
-Phase 1 of `train-heads` and `train-drafter`: the training conversations (the dataset's own assistant
+Phase 1 of `train heads` and `train drafter`: the training conversations (the dataset's own assistant
 turns, or the base model's greedy replies to their first user turns) are chat-templated, truncated to
 `max_len` tokens, and run through the base model once. Per position p it keeps the final hidden state
 [h], the base model's top-`TEACHER_TOP` next-token distribution and the token, in a `TeacherCache` on

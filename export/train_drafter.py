@@ -1,4 +1,4 @@
-"""`specmemo train-drafter`: the feature drafter (export/feature_drafter.py) by self-distillation
+"""`specmemo train drafter`: the feature drafter (export/feature_drafter.py) by self-distillation
 from the frozen base model.
 
   1. cache – the base model's final hidden states, tokens and top-20 next-token distributions over

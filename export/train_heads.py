@@ -1,4 +1,4 @@
-"""`specmemo train-heads`: Medusa heads by self-distillation from the frozen base model.
+"""`specmemo train heads`: Medusa heads by self-distillation from the frozen base model.
 
 Two phases, each with a progress bar:
   1. cache – the teacher (teacher.py): the base model run once over the training conversations; per

@@ -1,4 +1,4 @@
-"""`specmemo validate`: run the exported graph in ONNX Runtime against the Hugging Face model.
+"""`specmemo export validate`: run the exported graph in ONNX Runtime against the Hugging Face model.
 
 Checks, each compared with HF run causally on the same token sequence:
   prefill  – the prompt as one chunk: logits and final hidden states at every position;

@@ -157,7 +157,7 @@ class Manifest:
                 return graph
         made = ", ".join(str(g.batch) for g in self.batch_graphs) or "none"
         raise ManifestError(f"this artifact has no graph for batch {batch} (it has: {made}): add one with "
-                            f"`specmemo export-batch --artifact DIR --batch {batch}`")
+                            f"`specmemo export batch --artifact DIR --batch {batch}`")
 
     @property
     def bits_per_weight(self) -> int:

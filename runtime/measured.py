@@ -62,7 +62,7 @@ def memory_calibration(artifact: Path, *, threads: int = 2, log=print) -> Calibr
     if data is None:
         log(f"measuring load and step memory for {artifact} once (fresh process) ...")
         data = run_json("specmemo.runtime.calibrate", {"artifact": str(artifact), "threads": threads},
-                        what=f"memory calibration of {artifact}", fix="check the artifact with `specmemo validate`")
+                        what=f"memory calibration of {artifact}", fix="check the artifact with `specmemo export validate`")
         store(path, data)
     return Calibration(load_bytes=data["load_bytes"], step_overhead_bytes=data["step_overhead_bytes"],
                        base_bytes=data.get("base_bytes", 0))

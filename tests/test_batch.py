@@ -236,9 +236,9 @@ def test_batch_memory_is_priced_exactly(artifact):
 def test_missing_batch_graph_and_bad_sizes_are_one_line_errors(artifact, tmp_path):
     from specmemo.runtime.manifest import ManifestError, load_manifest
 
-    with pytest.raises(ManifestError, match="export-batch --artifact DIR --batch 3"):
+    with pytest.raises(ManifestError, match="export batch --artifact DIR --batch 3"):
         load_manifest(artifact).batch_graph(3)
-    cli = [sys.executable, "-m", "specmemo.cli", "export-batch", "--artifact", str(artifact), "--batch", "1"]
+    cli = [sys.executable, "-m", "specmemo.cli", "export", "batch", "--artifact", str(artifact), "--batch", "1"]
     run = subprocess.run(cli, capture_output=True, text=True)
     assert run.returncode == 2 and "batch sizes start at 2" in run.stderr
     with pytest.raises(ConfigError, match="batch 2 or more"):
@@ -253,7 +253,7 @@ def test_export_batch_adds_a_graph(artifact, tmp_path):
 
     copy = tmp_path / "a"
     shutil.copytree(artifact, copy)
-    cli = [sys.executable, "-m", "specmemo.cli", "export-batch", "--artifact", str(copy), "--batch", "3"]
+    cli = [sys.executable, "-m", "specmemo.cli", "export", "batch", "--artifact", str(copy), "--batch", "3"]
     subprocess.run(cli, check=True, capture_output=True)
     manifest = json.loads((copy / "manifest.json").read_text())
     assert [g["batch"] for g in manifest["batch_graphs"]] == [2, 3, 4, 8, 10]

@@ -149,7 +149,7 @@ def test_bench_vllm_without_the_batch_graph_fails_in_one_line_before_any_setup(t
     run = subprocess.run([sys.executable, "-m", "specmemo.cli", "bench", "vllm", "--artifact", str(tiny), "--batch", "1,3",
                           "--venv", str(tmp_path / "venv"), "--out", str(tmp_path / "out")],
                          capture_output=True, text=True)
-    assert run.returncode != 0 and "export-batch" in run.stderr and len(run.stderr.strip().splitlines()) == 1
+    assert run.returncode != 0 and "export batch" in run.stderr and len(run.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "venv").exists() and not (tmp_path / "out").exists()
     assert time.perf_counter() - started < 20
 

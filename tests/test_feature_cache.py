@@ -1,7 +1,7 @@
 """The feature cache (export/feature_cache.py) and training from it: shards hold the ONNX decoder's own hidden
 states and the base model's top-20 next tokens, a stopped run resumes to the same bytes, other settings are
-refused in one line, and `train-drafter --features` trains from the shards with a validation score per epoch
-and depth (`train-heads --features` too)."""
+refused in one line, and `train drafter --features` trains from the shards with a validation score per epoch
+and depth (`train heads --features` too)."""
 
 from __future__ import annotations
 
@@ -73,7 +73,7 @@ def test_shards_hold_the_decoders_features_and_resume_to_the_same_bytes(base, tm
     assert "self_positions" in grown["shards"][-1]
     with pytest.raises(ConfigError, match="other settings"):
         run(base, tmp_path / "a", FeatureCacheConfig(**{**CONFIG.__dict__, "max_len": 32}))
-    with pytest.raises(ConfigError, match="cache-features --out"):
+    with pytest.raises(ConfigError, match="train features --out"):
         load_features(tmp_path / "nothing")
 
 
@@ -125,7 +125,7 @@ def test_a_cache_of_another_model_is_refused_before_training(base, tmp_path, cap
 
     run(base, tmp_path / "features", FeatureCacheConfig(**{**CONFIG.__dict__, "tokens": 150}))
     capsys.readouterr()
-    code = main(["train-drafter", "--model", "smollm2-135m", "--features", str(tmp_path / "features"),
+    code = main(["train", "drafter", "--model", "smollm2-135m", "--features", str(tmp_path / "features"),
                  "--out", str(tmp_path / "drafter")])
     err = capsys.readouterr().err
     assert code == 1 and "holds features of another model than --model smollm2-135m" in err and err.count("\n") == 1

@@ -305,7 +305,7 @@ def test_card_shows_the_learning_curve_and_sampled_evaluations_apart():
             "eval": {**spec.card.get("eval", {}), "mt-bench-sampling": sampled}}
     text = card_markdown(replace(spec, card=card))
     assert "| 12,345 | 0.5 | 0.200 / 0.100 / 0.050 / 0.020 |" in text
-    assert "eval-drafter --workload mt-bench --sampling" in text and "eval-drafter --workload mt-bench`" in text
+    assert "eval drafter --workload mt-bench --sampling" in text and "eval drafter --workload mt-bench`" in text
     assert "| feature | - | - | - | - | 1.20 | - | 1.50 | n/a |" in text
 
 
@@ -344,7 +344,7 @@ def test_weights_that_do_not_fit_drafter_json_are_one_line(with_drafter, tmp_pat
 
 
 def test_a_drafter_ships_in_half_the_bytes_and_loads_the_same(with_drafter, tmp_path):
-    """export-drafter --format shipped: float16 weights (the token map kept), drafter.json, CARD.md, no checkpoint;
+    """export drafter --format shipped: float16 weights (the token map kept), drafter.json, CARD.md, no checkpoint;
     loaded, its weights are the trained ones rounded to float16."""
     from safetensors.torch import load_file
 
@@ -352,7 +352,7 @@ def test_a_drafter_ships_in_half_the_bytes_and_loads_the_same(with_drafter, tmp_
 
     artifact, model, folder = with_drafter
     out = tmp_path / "shipped"
-    assert main(["export-drafter", "--drafter", str(folder), "--format", "shipped", "--out", str(out)]) == 0
+    assert main(["export", "drafter", "--drafter", str(folder), "--format", "shipped", "--out", str(out)]) == 0
     assert sorted(p.name for p in out.iterdir()) == ["CARD.md", "drafter.json", "drafter.safetensors"]
     before, after = load_file(str(folder / "drafter.safetensors")), load_file(str(out / "drafter.safetensors"))
     assert after["token_map"].equal(before["token_map"])
@@ -363,7 +363,7 @@ def test_a_drafter_ships_in_half_the_bytes_and_loads_the_same(with_drafter, tmp_
 
 
 def test_every_shipped_card_is_generated_from_its_drafter_json():
-    """CARD.md is never edited by hand: it is card_markdown of drafter.json (eval-drafter --card rewrites both)."""
+    """CARD.md is never edited by hand: it is card_markdown of drafter.json (eval drafter --card rewrites both)."""
     from specmemo.export.artifact import SHIPPED_DRAFTERS
     from specmemo.export.drafter_card import CARD_FILE, card_markdown
     from specmemo.export.feature_drafter import load_drafter_spec

@@ -217,5 +217,5 @@ def test_serve_refuses_what_it_cannot_serve_in_one_line(artifact):
 
     with pytest.raises(ConfigError, match="--batch 2 or more"):
         build_app(ServeConfig(artifact=artifact, batch=1, capacity=CAPACITY))
-    with pytest.raises(ManifestError, match="export-batch --artifact DIR --batch 3"):
+    with pytest.raises(ManifestError, match="export batch --artifact DIR --batch 3"):
         build_app(ServeConfig(artifact=artifact, batch=3, capacity=CAPACITY))

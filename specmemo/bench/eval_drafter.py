@@ -1,4 +1,4 @@
-"""`specmemo eval-drafter`: how good is a drafter, and what does it buy on this machine?
+"""`specmemo eval drafter`: how good is a drafter, and what does it buy on this machine?
 
 For each drafter named (a choice among drafters too, e.g. feature,lookup,model:DIR), on a workload
 (MT-Bench first turns, MT-Bench and HumanEval alternating, or the quoting workload where replies

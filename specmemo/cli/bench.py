@@ -65,7 +65,7 @@ def add_parser(sub) -> None:
                          formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     add_artifact(b)
     b.add_argument("--batch", type=sizes_list, default=(1, 2, 4, 8, 10), help="batch sizes B (each > 1 needs its "
-                                                                                 "batch graph: export-batch)")
+                                                                                 "batch graph: specmemo export batch)")
     b.add_argument("--questions", type=positive, default=80, help="first N MT-Bench questions (first turns)")
     b.add_argument("--max-new-tokens", type=positive, default=128)
     b.add_argument("--capacity", type=positive, default=512, help="KV positions per row (prompt + reply)")
@@ -283,7 +283,7 @@ def cmd_bench_batch(args: argparse.Namespace) -> int:
     manifest = load_manifest(args.artifact)
     for b in args.batch:
         if b > 1:
-            manifest.batch_graph(b)  # a one-line error naming export-batch, before anything runs
+            manifest.batch_graph(b)  # a one-line error naming `export batch`, before anything runs
     if args.load_clients:
         manifest.batch_graph(args.load_batch)
     config = bench.BatchBenchConfig(artifact=args.artifact, batches=tuple(sorted({1, *args.batch})),

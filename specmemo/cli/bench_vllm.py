@@ -32,7 +32,7 @@ def add_vllm_parser(bench) -> None:
     b.add_argument("--prompts", type=positive, default=20, help="first N MT-Bench first turns")
     b.add_argument("--max-new-tokens", type=positive, default=128)
     b.add_argument("--batch", type=sizes_list, default=(1, 8), help="batch sizes B (B > 1 needs the artifact's "
-                                                                    "batch graph: export-batch)")
+                                                                    "batch graph: specmemo export batch)")
     b.add_argument("--threads", type=positive, default=2, help="both engines' threads (vLLM's pinned to cores 0..N-1)")
     b.add_argument("--venv", type=Path, default=None, help="vLLM's venv (default: <cache>/vllm-venv, made if missing)")
     b.add_argument("--out", type=Path, default=run_folder("bench-vllm"))
@@ -52,7 +52,7 @@ def cmd_bench_vllm(args: argparse.Namespace) -> int:
     manifest = load_manifest(args.artifact)
     for b in args.batch:
         if b > 1:
-            manifest.batch_graph(b)  # a one-line error naming export-batch, before anything runs
+            manifest.batch_graph(b)  # a one-line error naming `export batch`, before anything runs
     capacity = min(512, manifest.max_capacity)
     tokenizer = ChatTokenizer(args.artifact, manifest)
     prompts = [tokenizer.encode_chat([Message("user", q.turns[0])]) for q in load_questions()[: args.prompts]]

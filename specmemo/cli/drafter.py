@@ -1,5 +1,5 @@
-"""`specmemo train-drafter | eval-drafter | export-drafter`: the feature drafter for a base model (torch side, imported
-when the command runs), and any drafter's accuracy and what it buys, on MT-Bench or a quoting workload."""
+"""`specmemo train drafter | train features | eval drafter | export drafter`: the feature drafter for a base
+model (torch side, imported when the command runs), and any drafter's accuracy and what it buys, on MT-Bench or a quoting workload."""
 
 from __future__ import annotations
 
@@ -54,7 +54,7 @@ def add_parser(sub) -> None:
                    help="validate on the held-out sequences every STEPS steps as well as each epoch: the learning "
                         "curve (top-1 per depth by positions seen) lands in drafter.json")
     p.add_argument("--features", type=Path, default=None, metavar="DIR",
-                   help="train from a feature cache (specmemo cache-features) instead of phase 1; --data, "
+                   help="train from a feature cache (specmemo train features) instead of phase 1; --data, "
                         "--conversations and --self-prompts then say nothing")
     p.add_argument("--out", type=Path, required=True, help="drafter folder to write")
     p.set_defaults(handler=cmd_train_drafter)
@@ -66,7 +66,7 @@ def add_parser(sub) -> None:
                                    "model's top-20 next tokens, in memory-mapped .npy shards. Every --self-every-th "
                                    "conversation contributes the base model's own greedy reply to its first turn "
                                    "(self-distillation), the others their own turns. Stop it any time: the same "
-                                   "command resumes at the first missing shard. Then: specmemo train-drafter "
+                                   "command resumes at the first missing shard. Then: specmemo train drafter "
                                    "--features DIR.",
                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--artifact", type=Path, default=Path("artifacts") / "smollm2-135m",

@@ -1,4 +1,4 @@
-"""`specmemo export` and `specmemo validate`: HF/GGUF model → artifact folder, checked against PyTorch."""
+"""`specmemo export` and `specmemo export validate`: HF/GGUF model → artifact folder, checked against PyTorch."""
 
 from __future__ import annotations
 
@@ -56,34 +56,31 @@ def add_parser(sub) -> None:
     p.add_argument("--accuracy-level", type=int, choices=range(5), default=None, metavar="{0..4}",
                    help="MatMulNBits accuracy_level of the decoder layers: 4 quantizes activations to int8 per "
                         "block (ONNX Runtime's fast x86/ARM kernels; a tree verify then rounds apart from a chain, "
-                        "so such an artifact verifies chains only); 0 computes in fp32, 3x slower here "
+                        "so such an artifact verifies chains only); 0 computes in fp32, several times slower "
                         "(default 4; 0 with --exact)")
     p.add_argument("--exact", action="store_true",
-                   help="int4: the float32 model's weights and arithmetic, at 3-4x the step time: Q4_1 minima as "
-                        "an exact block-sum term and fp32-compute kernels (--minimum block-sum --accuracy-level 0); "
-                        "its argmax is the float32 model's on 99.9%% of positions (docs/int4.md)")
+                   help="int4: the float32 model's weights and arithmetic, at several times the step time: Q4_1 minima "
+                        "as an exact block-sum term and fp32-compute kernels (--minimum block-sum --accuracy-level 0); "
+                        "its argmax is the float32 model's almost everywhere (docs/int4.md)")
     p.add_argument("--minimum", choices=("folded", "centered", "block-sum", "zero-point"), default=None,
+                   metavar="{folded,centered,block-sum}",
                    help="how a Q4_1 block's minimum (w = d·q + m) reaches MatMulNBits, whose fast kernels take integer "
-                        "zero points only: centered = zero point round(-m/d) + the exact residual m + d·z as a "
-                        "block-sum term beside the node (the same weights; int8 activations err as llama.cpp's do); "
-                        "folded = centered with the residual inside the node, two 4-bit digits over the block sums "
-                        "appended to x (off by at most range/225; 9%% faster); block-sum = zero point 0 + the whole m as a "
-                        "term; zero-point = round(-m/d) alone (each block moves by up to half a step: 74%% argmax "
-                        "agreement) (default folded; block-sum with --exact)")
+                        "zero points only: folded (default) = zero point round(-m/d), the exact residual inside the "
+                        "node as two 4-bit digits over the block sums appended to x (off by at most range/225; the "
+                        "fastest); centered = the same zero point with the residual as a block-sum term beside the "
+                        "node (the same weights); block-sum = zero point 0 + the whole m as a term (with --exact). "
+                        "docs/int4.md compares them")
     p.add_argument("--lm-head-rerank", type=int, default=8, metavar="K",
                    help="an 8-bit LM head (a GGUF's Q8_0) runs with int8 activations, fast but rounding its logits "
                         "far from fp32; the graph's greedy token then re-ranks the top K of those logits exactly "
                         "from the head's own rows (0 turns it off; default 8)")
-    p.add_argument("--lm-head-bits", type=int, choices=(4, 8), default=None,
-                   help="an 8-bit GGUF LM head as MatMulNBits: 4 re-quantizes it for the logits (half the bytes a "
-                        "step) and the re-rank scores its top K exactly from the 8-bit rows, both the greedy pick and "
-                        "those K logits; 8 keeps the GGUF's head. Default: 4 for a Q6_K head (8-bit blocks of 16, the "
-                        "largest matrix a step reads), 8 for a Q8_0 head (SmolLM2: 4 bits cost +1.2%% perplexity)")
+    # the LM head's bits follow its GGUF block type (weights_dtype.head_bits); kept for experiments, not shown
+    p.add_argument("--lm-head-bits", type=int, choices=(4, 8), default=None, help=argparse.SUPPRESS)
     p.add_argument("--wide-blocks", choices=["8-bit", "carried", "4-bit"], default=None,
                    help="the body's 8-bit GGUF matrices (Q4_K_M's Q6_K V and down projections, Q5_0): 8-bit "
                         "(default) re-blocks them to 8-bit blocks of 32 (Q8_0's form: a Q6_K weight moves by a quarter "
                         "of its step at most, read faster than blocks of 16); carried keeps the GGUF's blocks exactly; "
-                        "4-bit re-quantizes them to the Q4_1 form, half the bytes a step, ~2%% less argmax agreement")
+                        "4-bit re-quantizes them to the Q4_1 form, half the bytes a step, less argmax agreement")
     p.add_argument("--kv-dtype", choices=["float32", "float16"], default=None,
                    help="the KV buffer's elements: float16 halves the largest memory use after the weights "
                         "(attention then computes in float16, and the artifact verifies chains only; see "

@@ -1,4 +1,4 @@
-"""`specmemo train-heads | subvocab-heads | eval-heads`: Medusa heads for a base model (torch side,
+"""`specmemo train heads | train subvocab | eval heads | export heads`: Medusa heads for a base model (torch side,
 imported when a command runs)."""
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ def add_parser(sub) -> None:
     p.add_argument("--threads", type=positive, default=2, help="torch threads")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     p.add_argument("--features", type=Path, default=None, metavar="DIR",
-                   help="train from a feature cache (specmemo cache-features, the feature drafter's data) instead "
+                   help="train from a feature cache (specmemo train features, the feature drafter's data) instead "
                         "of the teacher pass; --data, --replies, --conversations and --max-len then say nothing")
     p.set_defaults(handler=cmd_train_heads)
 
@@ -146,13 +146,13 @@ def cmd_subvocab_heads(args: argparse.Namespace) -> int:
     resolved = resolve_model(args.model)
     path = teacher_cache_path(f"{resolved.sha256}|{args.data}", TrainConfig(conversations=args.conversations))
     if not path.is_file():
-        raise SpecMemoError(f"no teacher cache for {args.model} on {args.data} ({path}): run `specmemo train-heads` "
+        raise SpecMemoError(f"no teacher cache for {args.model} on {args.data} ({path}): run `specmemo train heads` "
                             f"with the same --data and --conversations first (phase 1 writes it)")
     model, _ = load_hf(resolved.hf_folder)
     heads = load_heads(args.heads, lm_head_t(model), base_sha256=resolved.sha256)
     save_heads(to_subvocab(heads, frequent_tokens(predicted_token_counts(path), args.size)), args.out)
     print(f"wrote {args.out}: {args.size}-token sub-vocabulary heads from {args.heads}; "
-          f"next: specmemo eval-heads --heads {args.out}")
+          f"next: specmemo eval heads --heads {args.out}")
     return 0
 
 

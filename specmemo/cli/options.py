@@ -165,7 +165,7 @@ def base_model(args: argparse.Namespace):
 
 
 def feature_cache(folder: Path):
-    """(the shards of `specmemo cache-features --out folder`, their settings, a line for a card)."""
+    """(the shards of `specmemo train features --out folder`, their settings, a line for a card)."""
     import json
 
     from specmemo.export.feature_cache import SETTINGS_FILE, load_features

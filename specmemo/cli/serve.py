@@ -35,7 +35,7 @@ def add_parser(sub) -> None:
     add_artifact(p)
     add_mode(p)
     p.add_argument("--batch", type=positive, default=DEFAULT_BATCH,
-                   help="rows decoded together (the artifact needs a batch graph for it: specmemo export-batch)")
+                   help="rows decoded together (the artifact needs a batch graph for it: specmemo export batch)")
     p.add_argument("--capacity", type=positive, default=DEFAULT_CONTEXT,
                    help="KV positions per row: prompt + max_tokens of one request")
     p.add_argument("--max-queue", type=positive, default=None, help="requests waiting for a row before 429 "

@@ -47,7 +47,7 @@ def build_app(config: ServeConfig, *, log=print):
     from specmemo.serve.worker import PoolWorker
 
     manifest = load_manifest(config.artifact)
-    manifest.batch_graph(config.batch)  # a one-line error naming export-batch, before anything loads
+    manifest.batch_graph(config.batch)  # a one-line error naming `export batch`, before anything loads
     pool = open_batch(config.artifact, batch=config.batch, capacity=config.capacity, mode=config.mode,
                       drafter=config.drafter, threads=config.threads, log=log)
     worker = PoolWorker(pool, max_queue=config.max_queue or 4 * config.batch)

@@ -1,0 +1,41 @@
+"""The command line reads as a user meets it: everyday commands first, the tooling grouped under export, train,
+eval and bench, the names from before the grouping still working, options measured to be worse not shown."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+
+import pytest
+
+from specmemo.cli import GROUPS, LEGACY, build_parser, route
+
+
+def help_of(*argv: str) -> str:
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), pytest.raises(SystemExit):
+        build_parser().parse_args([*argv, "--help"])
+    return out.getvalue()
+
+
+def test_the_everyday_commands_come_first_and_the_tooling_is_grouped():
+    text = help_of()
+    listed = [line.split()[0] for line in text.split("COMMAND\n", 1)[1].split("\n\n", 1)[0].splitlines()
+              if line.startswith("    ") and not line.startswith("      ")]
+    assert listed[:5] == ["chat", "generate", "serve", "plan", "profiles"]
+    assert {"export", "compare", "bench", "train", "eval"} <= set(listed) and len(listed) <= 10
+    assert not set(listed) & set(LEGACY)
+    assert all(f"    {name} " in help_of(group) for group, name in GROUPS.values())
+
+
+@pytest.mark.parametrize("old", sorted(LEGACY))
+def test_the_names_before_the_grouping_still_run(old):
+    group, name = GROUPS[old]
+    assert route([old, "--x", "1"]) == [group, name, "--x", "1"] and route(["chat", old]) == ["chat", old]
+    assert help_of(*route([old])).startswith(f"usage: specmemo {group} {name}")
+
+
+def test_options_measured_worse_than_the_default_are_not_shown():
+    text = help_of("export")
+    assert "zero-point" not in text and "--lm-head-bits" not in text
+    assert build_parser().parse_args(["export", "--minimum", "zero-point"]).minimum == "zero-point"  # still taken
