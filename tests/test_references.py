@@ -93,3 +93,19 @@ def test_comments_and_docstrings_name_only_code_that_exists():
             if bad := stale(prose_of(path)):
                 found[str(path.relative_to(ROOT))] = sorted(bad)
     assert found == {}
+
+
+def slug(heading: str) -> str:
+    """GitHub's anchor for a heading: lower case, punctuation dropped, spaces as hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower().replace("`", "")).replace(" ", "-")
+
+
+def test_every_docs_page_with_sections_opens_with_a_table_of_contents_that_resolves():
+    for path in sorted((ROOT / "docs").glob("*.md")):
+        text = re.sub(r"```.*?```", "", path.read_text(), flags=re.S)
+        anchors = {slug(h) for h in re.findall(r"^#{2,3} (.+)$", text, re.M)}
+        if len(anchors) < 2:
+            continue
+        first = text.split("\n## ", 1)[0].split("\n### ", 1)[0]  # what comes before the first section
+        links = re.findall(r"^\s*- \[[^\]]+\]\(#([^)]+)\)", first, re.M)
+        assert links and set(links) <= anchors, (path.name, sorted(set(links) - anchors))
