@@ -75,7 +75,7 @@ def browser(artifact: Path, messages: list[str], screenshot: Path, *extra: str, 
     if done.returncode != 0:
         pytest.fail((done.stderr.strip().splitlines() or [f"browser.mjs exited {done.returncode}"])[-1], pytrace=False)
     replies = [json.loads(line) for line in done.stdout.splitlines() if line.strip()]
-    assert len(replies) == len(messages), done.stdout
+    assert len([r for r in replies if "ids" in r]) == len(messages), done.stdout  # (and a line per --visits)
     assert screenshot.is_file() and screenshot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     return replies
 
@@ -139,3 +139,54 @@ def test_real_default_artifact_in_the_browser_equals_python(smollm2_artifact, tm
     replies = browser(smollm2_artifact, messages, screenshot_path(tmp_path, f"web-smollm2-{mode.value}"), mode=mode.value,
                       max_new_tokens=max_new_tokens)
     assert [r["ids"] for r in replies] == expected
+
+
+@pytest.fixture(scope="module")
+def web_int4(tmp_path_factory) -> Path:
+    """The tiny Llama through ONNX Runtime's quantizer, int4 at accuracy level 4 (MatMulNBits, chains only),
+    drafting with prompt lookup."""
+    from specmemo.export.weights_dtype import QuantOptions, WeightDtype
+    from tests.conftest import export_tiny, tiny_config
+
+    require_web()
+    return export_tiny(tiny_config("LlamaForCausalLM"), tmp_path_factory.mktemp("web-int4"), max_capacity=160,
+                       quant=QuantOptions(dtype=WeightDtype.INT4, accuracy_level=4))
+
+
+@pytest.mark.parametrize("mode", [Mode.GREEDY, Mode.AUTO])
+def test_an_int4_artifact_in_the_page_equals_the_python_runtime(web_int4, tmp_path, mode):
+    """MatMulNBits in onnxruntime-web: every turn's ids are the Python runtime's (auto: greedy's), speculating
+    with prompt lookup in chains."""
+    expected = python_replies(web_int4, Mode.GREEDY, MESSAGES)
+    replies = browser(web_int4, MESSAGES, screenshot_path(tmp_path, f"web-int4-{mode.value}"), mode=mode.value)
+    assert [r["ids"] for r in replies] == expected
+    timing = replies[0]["timing"]
+    assert timing["tokens"] == len(replies[0]["ids"]) and timing["ttftMs"] > 0 and replies[0]["peakRssBytes"] > 0
+
+
+def test_a_second_visit_reads_the_model_from_the_browser_cache(web_int4, tmp_path):
+    """Cache Storage: the first visit downloads the model's files, the second reads them from the browser's
+    cache (the browser's network log shows no model bytes), with the same replies."""
+    visit, reply = browser(web_int4, MESSAGES[:1], screenshot_path(tmp_path, "web-cache"), "--visits", "2",
+                           mode="greedy")
+    assert visit["visit"] == 1 and visit["networkBytes"] > 0 and visit["cacheBytes"] == 0
+    assert reply["networkBytes"] == 0 and reply["cacheBytes"] >= visit["networkBytes"] * 0.9
+    assert reply["ids"] == python_replies(web_int4, Mode.GREEDY, MESSAGES[:1])[0]
+
+
+def test_a_budget_below_the_lower_bound_is_refused_with_the_plan(web_int4, tmp_path):
+    """The memory model in the browser: under its lower bound the page refuses in one line, naming what the
+    model needs and what the device gives it, before loading a graph."""
+    plan = browser_refusal(web_int4, tmp_path, budget_mib=0.05)
+    assert "needs at least" in plan["error"] and "gives the page" in plan["error"]
+    assert plan["plan"]["lowerBound"] > plan["plan"]["budget"] and not plan["plan"]["fits"]
+
+
+def browser_refusal(artifact: Path, tmp_path: Path, *, budget_mib: float) -> dict:
+    command = ["node", str(WEB / "test" / "browser.mjs"), "--artifact", str(artifact), "--screenshot",
+               str(screenshot_path(tmp_path, "web-refused")), "--budget", str(budget_mib), "--expect-error",
+               "--message", "hi", "--chromium", str(CHROMIUM), "--timeout", "120"]
+    done = subprocess.run(command, cwd=WEB, capture_output=True, text=True, timeout=180,
+                          env={**os.environ, "PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD": "1"})
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)

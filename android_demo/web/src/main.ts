@@ -4,17 +4,22 @@
  *
  * URL parameters: artifact=<url of the artifact folder>, mode=greedy|tree|auto, max-new-tokens=N,
  * drafter=<e.g. medusa+lookup>, capacity=N (KV positions), threads=N, system=<system prompt>,
- * model-format=onnx|ort (the .ort graphs of an `export --mobile` artifact).
+ * model-format=onnx|ort (the .ort graphs of an `export --mobile` artifact), budget=<MiB> (the memory the
+ * page may plan into; default a share of navigator.deviceMemory: memory.ts).
  *
  * For tests: <body data-state="idle|loading|ready|generating|error">; after each reply
- * body.dataset.replyIds is the reply's token ids as JSON (and replyInterrupted "true"/"false"); the
- * streaming reply's bubble counts its tokens in data-tokens; errors are shown in #error.
+ * body.dataset.replyIds is the reply's token ids as JSON (and replyInterrupted "true"/"false"),
+ * body.dataset.replyTiming {tokens, ttftMs, decodeMs}; body.dataset.plan the memory plan (memory.ts) and
+ * body.dataset.loaded {network, cache} bytes of the last opening; the streaming reply's bubble counts its
+ * tokens in data-tokens; errors are shown in #error.
  */
 import * as ort from 'onnxruntime-web/wasm';
 import { ChatSession, openEngine, type Engine, type Mode, type Reply } from '@specmemo/engine';
 
+import { budgetBytes, loadedFiles, pagePlan, type PagePlan } from './memory';
 import { forThePage } from './ortSessions';
 import { PickedFolderSource, UrlSource, type Progress } from './sources';
+import { parseManifest } from '@specmemo/engine';
 
 type State = 'idle' | 'loading' | 'ready' | 'generating' | 'error';
 const MODES: readonly Mode[] = ['greedy', 'tree', 'auto'];
@@ -30,6 +35,7 @@ const ui = {
   mode: $<HTMLSelectElement>('mode'),
   maxNewTokens: $<HTMLInputElement>('max-new-tokens'),
   status: $('status'),
+  progress: $<HTMLProgressElement>('progress'),
   plan: $('plan'),
   error: $('error'),
   log: $('log'),
@@ -127,23 +133,66 @@ function megabytes(bytes: number): string {
   return `${(bytes / 2 ** 20).toFixed(bytes < 10 * 2 ** 20 ? 2 : 1)} MB`;
 }
 
-/** Download progress over all files in flight: "downloading decoder.onnx.data 12.0 / 540.0 MB (+1 file)". */
+/** Bytes of the last opening, by where they came from (body.dataset.loaded). */
+const loaded = { network: 0, cache: 0 };
+
+/** Progress over all files in flight, as a bar and a line: "Downloading decoder.onnx.data: 12.0 / 540.0 MB
+ * (+1 file)", or "Reading … from the browser's cache". */
 function progressReporter(): (p: Progress) => void {
   const files = new Map<string, Progress>();
   let last = 0;
   return (p) => {
+    const before = files.get(p.file)?.loaded ?? 0;
+    loaded[p.cached ? 'cache' : 'network'] += p.loaded - before;
+    document.body.dataset.loaded = JSON.stringify(loaded);
     files.set(p.file, p);
     const busy = [...files.values()].filter((f) => f.total === null || f.loaded < f.total);
     const now = performance.now();
     if (busy.length && now - last < 100) return; // at most ~10 updates a second
     last = now;
-    if (!busy.length) return setStatus('Loading graphs…');
-    const loaded = busy.reduce((sum, f) => sum + f.loaded, 0);
-    const total = busy.every((f) => f.total !== null) ? busy.reduce((sum, f) => sum + (f.total ?? 0), 0) : null;
+    if (!busy.length) {
+      ui.progress.hidden = true;
+      return setStatus('Loading graphs…');
+    }
+    const sum = busy.reduce((s, f) => s + f.loaded, 0);
+    const total = busy.every((f) => f.total !== null) ? busy.reduce((s, f) => s + (f.total ?? 0), 0) : null;
     const biggest = busy.reduce((a, b) => ((b.total ?? b.loaded) > (a.total ?? a.loaded) ? b : a));
     const more = busy.length > 1 ? ` (+${busy.length - 1} file${busy.length > 2 ? 's' : ''})` : '';
-    setStatus(`Downloading ${biggest.file}${more}: ${megabytes(loaded)}${total ? ` / ${megabytes(total)}` : ''}`);
+    ui.progress.hidden = false;
+    if (total) {
+      ui.progress.max = total;
+      ui.progress.value = sum;
+    } else {
+      ui.progress.removeAttribute('value'); // indeterminate
+    }
+    const verb = biggest.cached ? 'Reading' : 'Downloading';
+    const where = biggest.cached ? " from the browser's cache" : '';
+    setStatus(`${verb} ${biggest.file}${more}${where}: ${megabytes(sum)}${total ? ` / ${megabytes(total)}` : ''}`);
   };
+}
+
+/** The memory plan for `opened` before its graphs load (memory.ts); refused in one line when the model
+ * cannot fit the budget. */
+async function planFor(opened: PickedFolderSource | UrlSource, mode: Mode): Promise<PagePlan> {
+  const m = parseManifest(await opened.readText('manifest.json'), `${opened.where}/manifest.json`);
+  const withHeads = mode !== 'greedy' && (params.get('drafter') ?? m.drafter).includes('medusa') && m.heads !== null;
+  const sizes = await Promise.all(loadedFiles(m, withHeads).map((f) => opened.size(f)));
+  const files = sizes.reduce<number>((sum, n) => sum + (n ?? 0), 0);
+  const deviceMemory = (navigator as Navigator & { deviceMemory?: number }).deviceMemory;
+  const plan = pagePlan(m, { files, budget: budgetBytes(params.get('budget'), deviceMemory), withHeads,
+    capacity: intParam('capacity') });
+  document.body.dataset.plan = JSON.stringify(plan);
+  if (!plan.fits) throw new Error(plan.text);
+  return plan;
+}
+
+/** A failed allocation said as the memory model would: what the plan needed. */
+function allocationMessage(error: unknown, plan: PagePlan | null): unknown {
+  const text = error instanceof Error ? error.message : String(error);
+  if (plan === null || !/memory|allocat|RangeError/i.test(text)) return error;
+  return new Error(`the browser could not allocate the model (${text.split('\n')[0]}): the plan needed ` +
+    `${megabytes(plan.need)} (${plan.text}); try ?capacity=${Math.max(64, Math.floor(plan.capacity / 2))} or a ` +
+    `smaller artifact`);
 }
 
 function bubble(role: 'user' | 'assistant', text: string): HTMLDivElement {
@@ -213,6 +262,8 @@ async function open(makeSource: () => PickedFolderSource | UrlSource): Promise<v
   ui.log.replaceChildren();
   delete document.body.dataset.replyIds;
   setState('loading');
+  let plan: PagePlan | null = null;
+  loaded.network = loaded.cache = 0;
   try {
     await previous?.close();
     const opened = makeSource();
@@ -223,12 +274,14 @@ async function open(makeSource: () => PickedFolderSource | UrlSource): Promise<v
     logLine(`opening ${opened.where} (mode ${mode}, ${threads} WASM thread${threads > 1 ? 's' : ''}, crossOriginIsolated ${self.crossOriginIsolated})`);
     setStatus(`Opening ${opened.where}…`);
     const started = performance.now();
+    plan = await planFor(opened, mode);
+    if (plan.lowered) logLine(`memory: ${plan.text}`);
     engine = await openEngine({
       ort: engineOrt,
       source: opened,
       mode,
       drafter: params.get('drafter') ?? undefined,
-      capacity: intParam('capacity'),
+      capacity: plan.lowered ? plan.capacity : intParam('capacity'),
       modelFormat: modelFormat(),
       threads,
       log: (line) => {
@@ -238,14 +291,15 @@ async function open(makeSource: () => PickedFolderSource | UrlSource): Promise<v
     });
     newChat();
     const seconds = ((performance.now() - started) / 1000).toFixed(1);
-    ui.plan.textContent = `Memory plan: ${engine.plan.summary}`;
+    ui.plan.textContent = `Memory plan: ${engine.plan.summary} · ${plan.text}`;
     readyStatus = `Ready: ${opened.where}, mode ${engine.mode}, ${threads} thread${threads > 1 ? 's' : ''} (opened in ${seconds} s).`;
     setStatus(readyStatus);
     logLine(`ready in ${seconds} s`);
     setState('ready');
     ui.message.focus();
   } catch (error) {
-    showError(error);
+    ui.progress.hidden = true;
+    showError(allocationMessage(error, plan));
   }
 }
 
@@ -268,10 +322,13 @@ async function send(text: string): Promise<void> {
   generation = new AbortController();
   setState('generating');
   setStatus('Generating…');
+  const sent = performance.now();
+  const times: number[] = [];
   try {
     const reply = await session.send(text, {
       signal: generation.signal,
       onToken: (_id, soFar) => {
+        times.push(performance.now());
         body.textContent = soFar;
         scrollToEnd();
         answer.dataset.tokens = String(Number(answer.dataset.tokens ?? 0) + 1);
@@ -284,6 +341,10 @@ async function send(text: string): Promise<void> {
     answer.append(stats);
     document.body.dataset.replyInterrupted = String(reply.interrupted);
     document.body.dataset.replyIds = JSON.stringify(reply.tokenIds);
+    document.body.dataset.replyTiming = JSON.stringify({
+      tokens: times.length, ttftMs: times.length ? times[0] - sent : null,
+      decodeMs: times.length > 1 ? times[times.length - 1] - times[0] : null,
+    });
     setStatus(reply.interrupted ? `Stopped. ${readyStatus}` : readyStatus);
     setState('ready');
   } catch (error) {

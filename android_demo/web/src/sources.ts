@@ -5,11 +5,13 @@
  */
 import type { ArtifactSource, GraphInput } from '@specmemo/engine';
 
-/** Bytes of one file arriving: `loaded` of `total` (total is null when the server sends no length). */
+/** Bytes of one file arriving: `loaded` of `total` (total is null when the server sends no length);
+ * `cached`: read from the browser's Cache Storage, not the network. */
 export interface Progress {
   file: string;
   loaded: number;
   total: number | null;
+  cached?: boolean;
 }
 export type ProgressListener = (progress: Progress) => void;
 
@@ -70,6 +72,10 @@ export class PickedFolderSource implements ArtifactSource {
     return this.file(file).text();
   }
 
+  async size(file: string): Promise<number> {
+    return this.file(file).size;
+  }
+
   private block(name: string, f: File, index: number): Promise<Uint8Array> {
     const key = `${name}@${index}`;
     let bytes = this.blocks.get(key);
@@ -119,11 +125,18 @@ export class PickedFolderSource implements ArtifactSource {
  * bytes is downloaded once, with progress, and kept: the engine reads embedding rows (and a shared
  * LM head) out of the data files after the graphs were made from them, and those reads slice the
  * cached bytes instead of fetching again. Graph files (.onnx/.ort) are not kept.
+ *
+ * Across visits every file but manifest.json is kept in the browser's Cache Storage, in a cache named
+ * by the base URL and a digest of the manifest: a second visit reads the model from disk, nothing over
+ * the network; a re-exported artifact (another manifest) gets a fresh cache and the old one is deleted.
  */
 export class UrlSource implements ArtifactSource {
   readonly where: string;
   private readonly base: URL;
   private readonly cache = new Map<string, Promise<Uint8Array>>();
+  private store: Promise<Cache | null> | null = null;
+  private manifest: Promise<string> | null = null;
+  static readonly CACHE_PREFIX = 'specmemo ';
 
   constructor(base: string, private readonly onProgress: ProgressListener = () => {}, relativeTo = location.href) {
     this.base = new URL(base.endsWith('/') ? base : `${base}/`, relativeTo);
@@ -147,19 +160,56 @@ export class UrlSource implements ArtifactSource {
   }
 
   async readText(file: string): Promise<string> {
-    return (await this.fetchOk(file)).text();
+    if (dataName(file) === 'manifest.json') { // always from the network: it names the cache
+      this.manifest ??= this.fetchOk(file).then((r) => r.text());
+      this.manifest.catch(() => { this.manifest = null; });
+      return this.manifest;
+    }
+    return new TextDecoder().decode(await this.download(file));
   }
 
-  /** The whole file, streamed with progress. */
+  /** A file's bytes without reading it: from the cache, else the server's Content-Length (HEAD). */
+  async size(file: string): Promise<number | null> {
+    const store = await this.storeFor();
+    const hit = store ? await store.match(this.url(file)).catch(() => undefined) : undefined;
+    const length = (hit ?? await fetch(this.url(file), { method: 'HEAD' }).catch(() => null))?.headers.get('Content-Length');
+    return length ? Number(length) : null;
+  }
+
+  /** This artifact's cache (null where the browser has none: an insecure origin, or storage refused). */
+  private storeFor(): Promise<Cache | null> {
+    this.store ??= (async () => {
+      if (typeof caches === 'undefined' || typeof crypto?.subtle === 'undefined') return null;
+      const manifest = new TextEncoder().encode(await this.readText('manifest.json'));
+      const digest = new Uint8Array(await crypto.subtle.digest('SHA-256', manifest)).slice(0, 8);
+      const prefix = `${UrlSource.CACHE_PREFIX}${this.base.href} `;
+      const name = prefix + [...digest].map((b) => b.toString(16).padStart(2, '0')).join('');
+      for (const old of await caches.keys()) if (old.startsWith(prefix) && old !== name) await caches.delete(old);
+      return caches.open(name);
+    })().catch(() => null);
+    return this.store;
+  }
+
+  /** The whole file, streamed with progress: from the browser's cache when a visit before kept it. */
   async download(file: string): Promise<Uint8Array> {
-    const response = await this.fetchOk(file);
+    const store = await this.storeFor();
+    const hit = store ? await store.match(this.url(file)).catch(() => undefined) : undefined;
+    const bytes = await this.read(file, hit ?? await this.fetchOk(file), hit !== undefined);
+    if (store && !hit) { // a full quota leaves the page working, uncached
+      const headers = { 'Content-Type': 'application/octet-stream', 'Content-Length': String(bytes.length) };
+      await store.put(this.url(file), new Response(bytes as Uint8Array<ArrayBuffer>, { headers })).catch(() => {});
+    }
+    return bytes;
+  }
+
+  private async read(file: string, response: Response, cached: boolean): Promise<Uint8Array> {
     const header = response.headers.get('Content-Length');
     // A compressed response's length is not the body's: then progress counts bytes without a total.
     const total = header !== null && !response.headers.get('Content-Encoding') ? Number(header) : null;
-    this.onProgress({ file, loaded: 0, total });
+    this.onProgress({ file, loaded: 0, total, cached });
     if (!response.body) {
       const bytes = new Uint8Array(await response.arrayBuffer());
-      this.onProgress({ file, loaded: bytes.length, total: bytes.length });
+      this.onProgress({ file, loaded: bytes.length, total: bytes.length, cached });
       return bytes;
     }
     const reader = response.body.getReader();
@@ -175,9 +225,9 @@ export class UrlSource implements ArtifactSource {
       }
       bytes.set(value, loaded);
       loaded += value.length;
-      this.onProgress({ file, loaded, total });
+      this.onProgress({ file, loaded, total, cached });
     }
-    this.onProgress({ file, loaded, total: loaded });
+    this.onProgress({ file, loaded, total: loaded, cached });
     return loaded === bytes.length ? bytes : bytes.slice(0, loaded);
   }
 

@@ -6,19 +6,25 @@
  *   node test/browser.mjs --artifact DIR --message TEXT [--message TEXT ...] --screenshot PNG
  *        [--mode greedy|tree|auto] [--max-new-tokens N] [--threads N] [--no-isolation]
  *        [--stop-after-tokens N] [--pick] [--model-format onnx|ort] [--chromium /usr/bin/chromium] [--timeout SECONDS]
+ *        [--new-chat-each] [--visits N] [--budget MIB] [--expect-error]
  *
  * Prints one JSON line per message: {"ids": [...], "text": "...", "state": "...", "interrupted":
  * bool, "stats": "...", "ms": N, "frames": N}; "frames" counts animation frames that painted a
  * partial reply (the page stays live while generating). The first line also carries "loadMs",
  * "crossOriginIsolated" and "threads". --stop-after-tokens N clicks Stop once the first reply has
- * streamed N tokens. Exits 1 with a one-line error on a timeout, a page error, a console error, or
- * the page's error state. --pick opens the artifact through the folder picker
+ * streamed N tokens. Each line also has "timing" (tokens, ttftMs, decodeMs: the page's own clock) and
+ * "peakRssBytes" (the renderer process's VmHWM so far). --new-chat-each starts every message in a new
+ * chat (first turns). --visits N opens the page N times in one browser profile and prints one
+ * {"visit": i, "loadMs", "networkBytes", "cacheBytes"} line each (model files over the network vs read
+ * from the page's Cache Storage; manifest.json, which names the cache, left out). --budget passes
+ * ?budget=<MiB>; --expect-error prints {"error": "..."} for a page that refuses (exit 0). Exits 1 with a
+ * one-line error on a timeout, a page error, a console error, or the page's error state. --pick opens the artifact through the folder picker
  * (<input webkitdirectory>, files read from disk by the browser) instead of ?artifact=/artifact/.
  *
  * The server sends COOP/COEP headers (the page is crossOriginIsolated, so ORT may use WASM threads)
  * unless --no-isolation. No browser is downloaded: playwright-core drives the Chromium given.
  */
-import { stat } from 'node:fs/promises';
+import { readFile, stat } from 'node:fs/promises';
 import { join, resolve } from 'node:path';
 import { parseArgs } from 'node:util';
 
@@ -47,6 +53,10 @@ try {
       'no-isolation': { type: 'boolean', default: false },
       chromium: { type: 'string', default: '/usr/bin/chromium' },
       timeout: { type: 'string', default: '300' },
+      'new-chat-each': { type: 'boolean', default: false },
+      visits: { type: 'string', default: '1' },
+      budget: { type: 'string' },
+      'expect-error': { type: 'boolean', default: false },
     },
   }));
 } catch (error) {
@@ -90,31 +100,74 @@ async function main() {
   ({ server, url: base } = await startServer({ artifact: args.artifact, isolation: !args['no-isolation'] }));
 
   browser = await chromium.launch({ executablePath: args.chromium, headless: true, args: ['--no-sandbox'], timeout: left() });
-  page = await browser.newPage({ viewport: { width: 900, height: 760 } });
+  const context = await browser.newContext({ viewport: { width: 900, height: 760 } });
+  const cdp = await browser.newBrowserCDPSession();
+  const query = new URLSearchParams(args.pick ? {} : { artifact: '/artifact/' });
+  if (args.mode) query.set('mode', args.mode);
+  if (args['max-new-tokens']) query.set('max-new-tokens', args['max-new-tokens']);
+  if (args.threads) query.set('threads', args.threads);
+  if (args['model-format']) query.set('model-format', args['model-format']);
+  if (args.budget) query.set('budget', args.budget);
+  for (let visit = 1; visit < Number(args.visits); visit++) { // earlier visits: how each loads
+    const earlier = await context.newPage();
+    const bytes = { network: 0 };
+    earlier.on('requestfinished', async (req) => {
+      const path = new URL(req.url()).pathname;
+      if (path.startsWith('/artifact/') && !path.endsWith('/manifest.json')) bytes.network += (await req.sizes()).responseBodySize;
+    });
+    const t0 = Date.now();
+    await earlier.goto(`${base}/?${query}`, { timeout: left() });
+    await earlier.waitForFunction(() => ['ready', 'error'].includes(document.body.dataset.state), undefined, { timeout: left(), polling: 50 });
+    const loaded = JSON.parse(await earlier.evaluate(() => document.body.dataset.loaded ?? '{}'));
+    process.stdout.write(`${JSON.stringify({ visit, loadMs: Date.now() - t0, networkBytes: bytes.network, cacheBytes: loaded.cache ?? 0 })}\n`);
+    await earlier.close();
+  }
+  page = await context.newPage();
+  const networkBytes = { n: 0 };
+  page.on('requestfinished', async (req) => {
+    const path = new URL(req.url()).pathname;
+    if (path.startsWith('/artifact/') && !path.endsWith('/manifest.json')) networkBytes.n += (await req.sizes()).responseBodySize;
+  });
   const problems = [];
   page.on('console', (msg) => {
     if (msg.type() === 'error') problems.push(`console error: ${msg.text()}`);
   });
   page.on('pageerror', (error) => problems.push(`page error: ${error.message}`));
   if (process.env.BROWSER_TEST_DEBUG) page.on('request', (r) => process.stderr.write(`request ${r.url()}\n`));
-  page.on('requestfailed', (req) => problems.push(`request failed: ${req.url()} (${req.failure()?.errorText})`));
+  // A HEAD (the page sizing a file before it loads it) is reported aborted by Chromium once its headers
+  // arrive: the page got what it asked for.
+  page.on('requestfailed', (req) => {
+    if (req.method() !== 'HEAD') problems.push(`request failed: ${req.url()} (${req.failure()?.errorText})`);
+  });
+  /** The renderer's peak RSS (VmHWM) so far: the largest over the browser's renderer processes. */
+  const peakRss = async () => {
+    const { processInfo } = await cdp.send('SystemInfo.getProcessInfo');
+    let peak = 0;
+    for (const info of processInfo.filter((p) => p.type === 'renderer')) {
+      const status = await readFile(`/proc/${info.id}/status`, 'utf8').catch(() => '');
+      peak = Math.max(peak, 1024 * Number(/VmHWM:\s+(\d+) kB/.exec(status)?.[1] ?? 0));
+    }
+    return peak;
+  };
   const check = async () => {
     if (problems.length) throw new Error(problems[0]);
     const state = await page.evaluate(() => document.body.dataset.state);
     if (state === 'error') throw new Error(`page error state: ${await page.textContent('#error')}`);
   };
 
-  const query = new URLSearchParams(args.pick ? {} : { artifact: '/artifact/' });
-  if (args.mode) query.set('mode', args.mode);
-  if (args['max-new-tokens']) query.set('max-new-tokens', args['max-new-tokens']);
-  if (args.threads) query.set('threads', args.threads);
-  if (args['model-format']) query.set('model-format', args['model-format']);
   const started = Date.now();
   await page.goto(`${base}/?${query}`, { timeout: left() });
   if (args.pick) await page.setInputFiles('#folder', resolve(args.artifact), { timeout: left() });
   const settled = (states) => page.waitForFunction(
     (wanted) => wanted.includes(document.body.dataset.state), states, { timeout: left(), polling: 50 });
   await settled(['ready', 'error']);
+  if (args['expect-error']) {
+    const error = await page.evaluate(() => document.body.dataset.state === 'error' ? document.getElementById('error')?.textContent : null);
+    if (error === null) throw new Error('the page opened, but --expect-error expected it to refuse');
+    process.stdout.write(`${JSON.stringify({ error, plan: JSON.parse(await page.evaluate(() => document.body.dataset.plan ?? 'null')) })}\n`);
+    await page.screenshot({ path: args.screenshot, fullPage: true });
+    return;
+  }
   await check();
   const loadMs = Date.now() - started;
   const env = await page.evaluate(() => ({ crossOriginIsolated: self.crossOriginIsolated, log: document.getElementById('engine-log')?.textContent ?? '' }));
@@ -123,6 +176,7 @@ async function main() {
   const lines = [];
   for (const [i, message] of args.message.entries()) {
     const t0 = Date.now();
+    if (args['new-chat-each'] && i > 0) await page.click('#new-chat');
     await page.fill('#message', message);
     await page.evaluate(() => {
       delete document.body.dataset.replyIds;
@@ -160,10 +214,15 @@ async function main() {
         interrupted: document.body.dataset.replyInterrupted === 'true',
         frames: window.__frames?.frames ?? 0,
         stats: last?.querySelector('.stats')?.textContent ?? '',
+        timing: JSON.parse(document.body.dataset.replyTiming ?? 'null'),
       };
     });
-    const line = { ...reply, ms: Date.now() - t0 };
-    if (i === 0) Object.assign(line, { loadMs, crossOriginIsolated: env.crossOriginIsolated, threads });
+    const line = { ...reply, ms: Date.now() - t0, peakRssBytes: await peakRss() };
+    if (i === 0) {
+      const loaded = JSON.parse(await page.evaluate(() => document.body.dataset.loaded ?? '{}'));
+      Object.assign(line, { loadMs, crossOriginIsolated: env.crossOriginIsolated, threads, networkBytes: networkBytes.n,
+        cacheBytes: loaded.cache ?? 0 });
+    }
     lines.push(line);
   }
   await page.screenshot({ path: args.screenshot, fullPage: true });
