@@ -136,9 +136,14 @@ def test_real_default_artifact_in_the_browser_equals_python(smollm2_artifact, tm
     """SmolLM2-135M (float32, Medusa heads) in the page: the ids of every turn are the Python runtime's."""
     require_web()
     expected = python_replies(smollm2_artifact, mode, messages, max_new_tokens)
-    replies = browser(smollm2_artifact, messages, screenshot_path(tmp_path, f"web-smollm2-{mode.value}"), mode=mode.value,
-                      max_new_tokens=max_new_tokens)
+    shot = screenshot_path(tmp_path, f"web-smollm2-{mode.value}")
+    replies = browser(smollm2_artifact, messages, shot, mode=mode.value, max_new_tokens=max_new_tokens)
     assert [r["ids"] for r in replies] == expected
+    # the screenshot is of the page after the whole chat: each reply's text on it is the Python runtime's
+    engine = open_engine(EngineConfig(artifact=smollm2_artifact, mode=Mode.GREEDY), log=lambda _: None)
+    texts = [engine.tokenizer.decode([t for t in ids if t not in engine.tokenizer.eos_token_ids]) for ids in expected]
+    assert [r["text"] for r in replies] == texts and all(texts)
+    assert shot.stat().st_size > 10_000  # a rendered page (docs/on-device.md shows one), not a blank frame
 
 
 @pytest.fixture(scope="module")

@@ -70,13 +70,19 @@ export function artifactMiddleware(dir, headers = ISOLATION_HEADERS) {
   };
 }
 
-/** Serve `dist` at / and `artifact` at /artifact/; resolves to { server, url } once listening. */
-export async function startServer({ artifact, dist = DIST, port = 0, host = '127.0.0.1', isolation = true, onRequest } = {}) {
+/** Serve `dist` at / and `artifact` at /artifact/ (and a `gguf` file at /gguf/<its name>, for the peer's
+ * page); resolves to { server, url } once listening. */
+export async function startServer({ artifact, gguf, dist = DIST, port = 0, host = '127.0.0.1', isolation = true, onRequest } = {}) {
   const headers = isolation ? ISOLATION_HEADERS : {};
   const root = resolve(dist);
   const artifacts = artifact ? artifactMiddleware(artifact, headers) : (req, res, next) => next();
+  const ggufPath = gguf ? `/gguf/${encodeURIComponent(resolve(gguf).split(sep).at(-1))}` : null;
   const server = createServer((req, res) => {
     onRequest?.(req);
+    if (ggufPath !== null && new URL(req.url ?? '/', 'http://x').pathname === ggufPath) {
+      void sendFile(req, res, resolve(gguf), headers);
+      return;
+    }
     artifacts(req, res, () => {
       const path = decodedPath(req.url);
       void sendFile(req, res, path === null ? null : inside(root, path === '/' ? 'index.html' : path.slice(1)), headers);

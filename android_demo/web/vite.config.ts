@@ -73,5 +73,9 @@ export default defineConfig({
   optimizeDeps: { exclude: ['onnxruntime-web'] },
   server: { headers: ISOLATION_HEADERS, fs: { allow: [here, engine] } },
   preview: { headers: ISOLATION_HEADERS },
-  build: { outDir: 'dist', emptyOutDir: true, target: 'es2022', chunkSizeWarningLimit: 2048 },
+  build: {
+    outDir: 'dist', emptyOutDir: true, target: 'es2022', chunkSizeWarningLimit: 2048,
+    // the page, and the peer's page `specmemo bench web` measures it against (wllama on the same GGUF)
+    rollupOptions: { input: { main: `${here}index.html`, wllama: `${here}wllama.html` } },
+  },
 });

@@ -8,6 +8,7 @@ from pathlib import Path
 from specmemo.bench.results import run_folder, write_json
 from specmemo.cli.bench_vllm import add_vllm_parser
 from specmemo.cli.bench_front import add_front_parser
+from specmemo.cli.bench_web import add_web_parser
 from specmemo.cli.bench_fuzz import add_fuzz_parser
 from specmemo.cli.bench_profile import add_profile_parser
 from specmemo.cli.options import add_artifact, add_mode, add_profile_options, apply_profile, positive, sizes_list
@@ -170,6 +171,7 @@ def add_parser(sub) -> None:
 
     add_vllm_parser(bench)
     add_front_parser(bench)
+    add_web_parser(bench)
     add_profile_parser(bench)
     add_fuzz_parser(bench)
 

@@ -19,7 +19,9 @@ export const EXPLORE_EVERY = 32;
 export const EXPLORE_MAX = 512;
 export const FREE_DRAFT = 0.02;
 export const RATE_MEMORY = 16;
-export const CURVE_SIZES = [1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64];
+// As the Python runtime's (runtime/controller.py): a short measurement at first use, wider trees extrapolate.
+export const CURVE_SIZES = [1, 2, 4, 8, 16];
+export const CURVE_CONTEXT = 32;
 
 export class LatencyCurve {
   constructor(readonly sizes: readonly number[], readonly stepMs: readonly number[]) {
@@ -48,7 +50,7 @@ const median = (xs: number[]): number => {
 
 /** ms per verify step (forward, accept, commit) for each T in CURVE_SIZES up to `maxSize`, on a
  * `context`-token past each step rewinds to; interleaved rounds, median of round medians. */
-export async function measureLatency(backend: OrtBackend, maxSize: number, context = 256, rounds = 5, steps = 6): Promise<LatencyCurve> {
+export async function measureLatency(backend: OrtBackend, maxSize: number, context = CURVE_CONTEXT, rounds = 2, steps = 3): Promise<LatencyCurve> {
   let sizes = CURVE_SIZES.filter((s) => s <= Math.min(maxSize, backend.capacity - 2));
   if (sizes.length === 0) sizes = [1];
   backend.reset();

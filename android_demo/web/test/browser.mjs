@@ -7,6 +7,7 @@
  *        [--mode greedy|tree|auto] [--max-new-tokens N] [--threads N] [--no-isolation]
  *        [--stop-after-tokens N] [--pick] [--model-format onnx|ort] [--chromium /usr/bin/chromium] [--timeout SECONDS]
  *        [--new-chat-each] [--visits N] [--budget MIB] [--expect-error]
+ *   node test/browser.mjs --gguf FILE --message TEXT ... --screenshot PNG   # the peer's page (wllama.html)
  *
  * Prints one JSON line per message: {"ids": [...], "text": "...", "state": "...", "interrupted":
  * bool, "stats": "...", "ms": N, "frames": N}; "frames" counts animation frames that painted a
@@ -25,7 +26,7 @@
  * unless --no-isolation. No browser is downloaded: playwright-core drives the Chromium given.
  */
 import { readFile, stat } from 'node:fs/promises';
-import { join, resolve } from 'node:path';
+import { basename, join, resolve } from 'node:path';
 import { parseArgs } from 'node:util';
 
 import { DIST, startServer } from '../serve.mjs';
@@ -42,6 +43,7 @@ try {
   ({ values: args } = parseArgs({
     options: {
       artifact: { type: 'string' },
+      gguf: { type: 'string' },
       message: { type: 'string', multiple: true },
       screenshot: { type: 'string' },
       mode: { type: 'string' },
@@ -63,8 +65,8 @@ try {
   process.stderr.write(`browser test: ${error.message}\n`);
   process.exit(2);
 }
-if (!args.artifact || !args.message?.length || !args.screenshot) {
-  process.stderr.write('usage: node test/browser.mjs --artifact DIR --message TEXT --screenshot PNG [--mode greedy|tree|auto] [--max-new-tokens N]\n');
+if (!(args.artifact || args.gguf) || !args.message?.length || !args.screenshot) {
+  process.stderr.write('usage: node test/browser.mjs --artifact DIR (or --gguf FILE) --message TEXT --screenshot PNG [--mode greedy|tree|auto] [--max-new-tokens N]\n');
   process.exit(2);
 }
 
@@ -86,7 +88,8 @@ const timer = setTimeout(() => {
 timer.unref();
 
 async function main() {
-  for (const [what, path] of [['web/dist (run `npm run build`)', join(DIST, 'index.html')], ['the artifact', join(resolve(args.artifact), 'manifest.json')]]) {
+  const wanted = args.gguf ? ['the GGUF', resolve(args.gguf)] : ['the artifact', join(resolve(args.artifact), 'manifest.json')];
+  for (const [what, path] of [['web/dist (run `npm run build`)', join(DIST, 'index.html')], wanted]) {
     if (!(await stat(path).catch(() => null))) throw new Error(`${path} is missing: ${what}`);
   }
   if (!(await stat(args.chromium).catch(() => null))) throw new Error(`${args.chromium} is missing: install Debian's chromium (apt-get install chromium) or pass --chromium`);
@@ -97,12 +100,14 @@ async function main() {
     throw new Error('playwright-core is not installed: run `make js-setup` (npm ci in android_demo/web)');
   }
   let base;
-  ({ server, url: base } = await startServer({ artifact: args.artifact, isolation: !args['no-isolation'] }));
+  ({ server, url: base } = await startServer({ artifact: args.artifact, gguf: args.gguf, isolation: !args['no-isolation'] }));
+  const pagePath = args.gguf ? 'wllama.html' : '';
 
   browser = await chromium.launch({ executablePath: args.chromium, headless: true, args: ['--no-sandbox'], timeout: left() });
   const context = await browser.newContext({ viewport: { width: 900, height: 760 } });
   const cdp = await browser.newBrowserCDPSession();
-  const query = new URLSearchParams(args.pick ? {} : { artifact: '/artifact/' });
+  const query = new URLSearchParams(args.gguf ? { model: `/gguf/${encodeURIComponent(basename(args.gguf))}` }
+    : args.pick ? {} : { artifact: '/artifact/' });
   if (args.mode) query.set('mode', args.mode);
   if (args['max-new-tokens']) query.set('max-new-tokens', args['max-new-tokens']);
   if (args.threads) query.set('threads', args.threads);
@@ -116,7 +121,7 @@ async function main() {
       if (path.startsWith('/artifact/') && !path.endsWith('/manifest.json')) bytes.network += (await req.sizes()).responseBodySize;
     });
     const t0 = Date.now();
-    await earlier.goto(`${base}/?${query}`, { timeout: left() });
+    await earlier.goto(`${base}/${pagePath}?${query}`, { timeout: left() });
     await earlier.waitForFunction(() => ['ready', 'error'].includes(document.body.dataset.state), undefined, { timeout: left(), polling: 50 });
     const loaded = JSON.parse(await earlier.evaluate(() => document.body.dataset.loaded ?? '{}'));
     process.stdout.write(`${JSON.stringify({ visit, loadMs: Date.now() - t0, networkBytes: bytes.network, cacheBytes: loaded.cache ?? 0 })}\n`);
@@ -156,7 +161,7 @@ async function main() {
   };
 
   const started = Date.now();
-  await page.goto(`${base}/?${query}`, { timeout: left() });
+  await page.goto(`${base}/${pagePath}?${query}`, { timeout: left() });
   if (args.pick) await page.setInputFiles('#folder', resolve(args.artifact), { timeout: left() });
   const settled = (states) => page.waitForFunction(
     (wanted) => wanted.includes(document.body.dataset.state), states, { timeout: left(), polling: 50 });
