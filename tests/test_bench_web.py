@@ -32,6 +32,7 @@ def test_a_run_becomes_rates_peaks_and_bars(tmp_path):
     e = summary["engines"]
     assert e["specmemo-greedy"]["decode_tokens_per_s"] == 2.0  # 3 tokens after the first in 1.5 s
     assert e["specmemo-controller"]["identical_to_python"] == "1/2" and "identical_to_python" not in e["wllama"]
+    assert e["specmemo-controller"]["identical_to_page_greedy"] == "1/2"
     r = summary["ratios"]
     assert r["controller_vs_own_greedy"] == 2.0 and r["decode_tokens_per_s_vs_wllama"] == 0.8
     assert r["peak_renderer_rss_vs_wllama"] == 1.25

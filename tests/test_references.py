@@ -17,7 +17,8 @@ PACKAGES = ("runtime", "export", "specmemo", "specmemo/bench", "specmemo/cli", "
 REFERENCE = re.compile(r"\b([a-z][a-z0-9_]*)\.([A-Za-z_][A-Za-z0-9_]*)\b")
 # file suffixes (decoder.ort, heads.safetensors), and module names that prose also uses for a variable or
 # another library's object (a Model called model, an ORT session, vLLM's config, the drafter of a step)
-SUFFIXES = {"b", "bin", "data", "example", "json", "jsonl", "md", "onnx", "ort", "png", "py", "safetensors", "toml",
+SUFFIXES = {"b", "bin", "data", "example", "gguf", "html", "js", "json", "jsonl", "md", "mjs", "onnx", "ort", "png", "py",
+            "safetensors", "toml", "ts", "wasm",
             "txt"}
 AMBIGUOUS = {"chat", "config", "drafter", "load", "model", "session", "tokenizer", "vllm"}
 

@@ -108,6 +108,10 @@ def summarize(config: WebBenchConfig, runs: dict[str, list[list[dict]]], expecte
         if ENGINES[name] is not None:
             entry["identical_to_python"] = f"{sum(x['ids'] == e for r in replies for x, e in zip(r, expected))}/" \
                                            f"{sum(len(r) for r in replies)}"
+        if name != "specmemo-greedy" and ENGINES[name] is not None and "specmemo-greedy" in runs:
+            greedy = [[line["ids"] for line in lines if "ids" in line] for lines in runs["specmemo-greedy"]]
+            same = sum(x["ids"] == g for r, gr in zip(replies, greedy) for x, g in zip(r, gr))
+            entry["identical_to_page_greedy"] = f"{same}/{sum(len(r) for r in replies)}"
         engines[name] = entry
     return {"config": {**{k: str(v) if isinstance(v, Path) else v for k, v in asdict(config).items()},
                        "prompts": len(config.prompts)},
@@ -157,10 +161,12 @@ def run(config: WebBenchConfig, *, log=print) -> dict:
 
 
 def format_table(summary: dict) -> str:
-    lines = ["| engine | decode tok/s | TTFT ms | load ms | peak renderer MiB | ids = Python's |", "|---|---|---|---|---|---|"]
+    lines = ["| engine | decode tok/s | TTFT ms | load ms | peak renderer MiB | ids = Python's | ids = page greedy |",
+             "|---|---|---|---|---|---|---|"]
     for name, e in summary["engines"].items():
         lines.append(f"| {name} | {e['decode_tokens_per_s']:.2f} | {e['ttft_ms']:.0f} | {e['load_ms']:.0f} | "
-                     f"{e['peak_memory_bytes'] / 2**20:.0f} | {e.get('identical_to_python', '–')} |")
+                     f"{e['peak_memory_bytes'] / 2**20:.0f} | {e.get('identical_to_python', '–')} | "
+                     f"{e.get('identical_to_page_greedy', '–')} |")
     r = summary["ratios"]
     lines.append("")
     lines += [f"{name}: {r[name]} (bar {bar['bar']}: {'met' if bar['met'] else 'not met'})"
