@@ -99,6 +99,11 @@ export class Engine {
     this.curve = options.latencyCurve ?? null;
   }
 
+  /** The verify latency curve once measured (or given): a page keeps it for its next visit. */
+  get latencyCurve(): LatencyCurve | null {
+    return this.curve;
+  }
+
   /** The width policy for `mode`: none for greedy, the whole tree for tree, a fresh controller for auto. */
   async policy(mode: Mode = this.mode): Promise<WidthPolicy | null> {
     if (mode === 'tree') return new FullWidth(this.maxTree);

@@ -19,7 +19,7 @@ import { ChatSession, openEngine, type Engine, type Mode, type Reply } from '@sp
 import { budgetBytes, loadedFiles, pagePlan, type PagePlan } from './memory';
 import { forThePage } from './ortSessions';
 import { PickedFolderSource, UrlSource, type Progress } from './sources';
-import { parseManifest } from '@specmemo/engine';
+import { LatencyCurve, parseManifest } from '@specmemo/engine';
 
 type State = 'idle' | 'loading' | 'ready' | 'generating' | 'error';
 const MODES: readonly Mode[] = ['greedy', 'tree', 'auto'];
@@ -186,6 +186,39 @@ async function planFor(opened: PickedFolderSource | UrlSource, mode: Mode): Prom
   return plan;
 }
 
+/**
+ * The controller's verify latency curve, measured on this device at the first reply in auto mode, kept in
+ * localStorage for the next visit (as the Python runtime keeps it per artifact and machine): keyed by the
+ * artifact, its manifest's digest and the thread count.
+ */
+async function curveKey(opened: PickedFolderSource | UrlSource, threads: number): Promise<string> {
+  const manifest = new TextEncoder().encode(await opened.readText('manifest.json'));
+  const digest = new Uint8Array(await crypto.subtle.digest('SHA-256', manifest)).slice(0, 8);
+  return `specmemo curve ${opened.where} ${threads} ${[...digest].map((b) => b.toString(16).padStart(2, '0')).join('')}`;
+}
+
+function storedCurve(key: string): LatencyCurve | undefined {
+  try {
+    const { sizes, stepMs } = JSON.parse(localStorage.getItem(key) ?? 'null') ?? {};
+    return Array.isArray(sizes) && Array.isArray(stepMs) ? new LatencyCurve(sizes, stepMs) : undefined;
+  } catch {
+    return undefined; // none, or not a curve: measured again
+  }
+}
+
+let curveStore: { key: string; saved: boolean } | null = null;
+
+function keepCurve(): void {
+  const curve = engine?.latencyCurve;
+  if (!curveStore || curveStore.saved || !curve) return;
+  try {
+    localStorage.setItem(curveStore.key, JSON.stringify({ sizes: curve.sizes, stepMs: curve.stepMs }));
+  } catch {
+    // storage full or refused: measured again next visit
+  }
+  curveStore.saved = true;
+}
+
 /** A failed allocation said as the memory model would: what the plan needed. */
 function allocationMessage(error: unknown, plan: PagePlan | null): unknown {
   const text = error instanceof Error ? error.message : String(error);
@@ -276,6 +309,10 @@ async function open(makeSource: () => PickedFolderSource | UrlSource): Promise<v
     const started = performance.now();
     plan = await planFor(opened, mode);
     if (plan.lowered) logLine(`memory: ${plan.text}`);
+    const key = typeof crypto?.subtle !== 'undefined' ? await curveKey(opened, threads).catch(() => null) : null;
+    const latencyCurve = key ? storedCurve(key) : undefined;
+    curveStore = key ? { key, saved: latencyCurve !== undefined } : null;
+    if (latencyCurve) logLine('verify latency curve: kept from an earlier visit');
     engine = await openEngine({
       ort: engineOrt,
       source: opened,
@@ -284,6 +321,7 @@ async function open(makeSource: () => PickedFolderSource | UrlSource): Promise<v
       capacity: plan.lowered ? plan.capacity : intParam('capacity'),
       modelFormat: modelFormat(),
       threads,
+      latencyCurve,
       log: (line) => {
         logLine(line);
         if (document.body.dataset.state === 'loading') setStatus(line);
@@ -341,6 +379,7 @@ async function send(text: string): Promise<void> {
     answer.append(stats);
     document.body.dataset.replyInterrupted = String(reply.interrupted);
     document.body.dataset.replyIds = JSON.stringify(reply.tokenIds);
+    keepCurve();
     document.body.dataset.replyTiming = JSON.stringify({
       tokens: times.length, ttftMs: times.length ? times[0] - sent : null,
       decodeMs: times.length > 1 ? times[times.length - 1] - times[0] : null,

@@ -16,7 +16,8 @@
  * streamed N tokens. Each line also has "timing" (tokens, ttftMs, decodeMs: the page's own clock) and
  * "peakRssBytes" (the renderer process's VmHWM so far). --new-chat-each starts every message in a new
  * chat (first turns). --visits N opens the page N times in one browser profile and prints one
- * {"visit": i, "loadMs", "networkBytes", "cacheBytes"} line each (model files over the network vs read
+ * {"visit": i, "loadMs", "networkBytes", "cacheBytes"} line each, after one reply to the first message (model
+ * files over the network vs read
  * from the page's Cache Storage; manifest.json, which names the cache, left out). --budget passes
  * ?budget=<MiB>; --expect-error prints {"error": "..."} for a page that refuses (exit 0). Exits 1 with a
  * one-line error on a timeout, a page error, a console error, or the page's error state. --pick opens the artifact through the folder picker
@@ -123,8 +124,15 @@ async function main() {
     const t0 = Date.now();
     await earlier.goto(`${base}/${pagePath}?${query}`, { timeout: left() });
     await earlier.waitForFunction(() => ['ready', 'error'].includes(document.body.dataset.state), undefined, { timeout: left(), polling: 50 });
+    const loadMs = Date.now() - t0;
     const loaded = JSON.parse(await earlier.evaluate(() => document.body.dataset.loaded ?? '{}'));
-    process.stdout.write(`${JSON.stringify({ visit, loadMs: Date.now() - t0, networkBytes: bytes.network, cacheBytes: loaded.cache ?? 0 })}\n`);
+    if (await earlier.evaluate(() => document.body.dataset.state === 'ready')) { // a visit uses the page: one reply
+      await earlier.fill('#message', args.message[0]);
+      await earlier.click('#send');
+      await earlier.waitForFunction(() => document.body.dataset.replyIds !== undefined || document.body.dataset.state === 'error',
+        undefined, { timeout: left(), polling: 50 });
+    }
+    process.stdout.write(`${JSON.stringify({ visit, loadMs, networkBytes: bytes.network, cacheBytes: loaded.cache ?? 0 })}\n`);
     await earlier.close();
   }
   page = await context.newPage();
@@ -226,7 +234,7 @@ async function main() {
     if (i === 0) {
       const loaded = JSON.parse(await page.evaluate(() => document.body.dataset.loaded ?? '{}'));
       Object.assign(line, { loadMs, crossOriginIsolated: env.crossOriginIsolated, threads, networkBytes: networkBytes.n,
-        cacheBytes: loaded.cache ?? 0 });
+        cacheBytes: loaded.cache ?? 0, curveKept: env.log.includes('verify latency curve: kept') });
     }
     lines.push(line);
   }
