@@ -51,13 +51,21 @@ class WebBenchConfig:
         unknown = set(self.engines) - set(ENGINES)
         if unknown:
             raise ConfigError(f"unknown engine {sorted(unknown)[0]!r}: use some of {', '.join(ENGINES)}")
-        for path, what in ((self.artifact / "manifest.json", "the artifact (specmemo export)"),
-                           (self.gguf, "the GGUF"), (self.chromium, "Chromium (apt-get install chromium)"),
-                           (WEB / "dist" / "wllama.html", "the built pages (make js-setup)")):
-            if not path.exists():
-                raise ConfigError(f"{path} is missing: {what}")
+        check_setup(self.artifact, self.chromium)
+        if not self.gguf.is_file():
+            raise ConfigError(f"{self.gguf} is missing: the GGUF wllama runs")
         if not self.prompts or self.rounds < 1 or self.threads < 1 or self.max_new_tokens < 2:
             raise ConfigError("bench web needs prompts, rounds >= 1, threads >= 1 and max-new-tokens >= 2")
+
+
+def check_setup(artifact: Path, chromium: Path = Path(os.environ.get("SPECMEMO_CHROMIUM", "/usr/bin/chromium"))
+                ) -> None:
+    """What a run needs before anything loads, each missing one refused in one line naming the fix."""
+    for path, what in ((Path(artifact) / "manifest.json", "the artifact (specmemo export --dtype int4)"),
+                       (Path(chromium), "Chromium (apt-get install chromium)"),
+                       (WEB / "dist" / "wllama.html", "the built pages (make js-setup)")):
+        if not path.exists():
+            raise ConfigError(f"{path} is missing: {what}")
 
 
 def run_engine(config: WebBenchConfig, engine: str, screenshot: Path, *, visits: int = 1) -> list[dict]:
