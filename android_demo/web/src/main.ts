@@ -16,10 +16,11 @@
 import * as ort from 'onnxruntime-web/wasm';
 import { ChatSession, openEngine, type Engine, type Mode, type Reply } from '@specmemo/engine';
 
-import { budgetBytes, loadedFiles, pagePlan, type PagePlan } from './memory';
+import { allocationMessage, budgetBytes, planSource, type PagePlan } from './memory';
 import { forThePage } from './ortSessions';
 import { PickedFolderSource, UrlSource, type Progress } from './sources';
-import { LatencyCurve, parseManifest } from '@specmemo/engine';
+
+import { CurveStore } from './curves';
 
 type State = 'idle' | 'loading' | 'ready' | 'generating' | 'error';
 const MODES: readonly Mode[] = ['greedy', 'tree', 'auto'];
@@ -96,6 +97,7 @@ function threadCount(): number {
 // State and messages
 
 let engine: Engine | null = null;
+let curves: CurveStore | null = null; // the latency curve kept for this artifact's next visit
 let source: PickedFolderSource | UrlSource | null = null; // kept to reopen with another mode
 let chat: ChatSession | null = null;
 let generation: AbortController | null = null;
@@ -174,58 +176,12 @@ function progressReporter(): (p: Progress) => void {
 /** The memory plan for `opened` before its graphs load (memory.ts); refused in one line when the model
  * cannot fit the budget. */
 async function planFor(opened: PickedFolderSource | UrlSource, mode: Mode): Promise<PagePlan> {
-  const m = parseManifest(await opened.readText('manifest.json'), `${opened.where}/manifest.json`);
-  const withHeads = mode !== 'greedy' && (params.get('drafter') ?? m.drafter).includes('medusa') && m.heads !== null;
-  const sizes = await Promise.all(loadedFiles(m, withHeads).map((f) => opened.size(f)));
-  const files = sizes.reduce<number>((sum, n) => sum + (n ?? 0), 0);
   const deviceMemory = (navigator as Navigator & { deviceMemory?: number }).deviceMemory;
-  const plan = pagePlan(m, { files, budget: budgetBytes(params.get('budget'), deviceMemory), withHeads,
-    capacity: intParam('capacity') });
+  const plan = await planSource(opened, { mode, drafter: params.get('drafter') ?? undefined,
+    budget: budgetBytes(params.get('budget'), deviceMemory), capacity: intParam('capacity') });
   document.body.dataset.plan = JSON.stringify(plan);
   if (!plan.fits) throw new Error(plan.text);
   return plan;
-}
-
-/**
- * The controller's verify latency curve, measured on this device at the first reply in auto mode, kept in
- * localStorage for the next visit (as the Python runtime keeps it per artifact and machine): keyed by the
- * artifact, its manifest's digest and the thread count.
- */
-async function curveKey(opened: PickedFolderSource | UrlSource, threads: number): Promise<string> {
-  const manifest = new TextEncoder().encode(await opened.readText('manifest.json'));
-  const digest = new Uint8Array(await crypto.subtle.digest('SHA-256', manifest)).slice(0, 8);
-  return `specmemo curve ${opened.where} ${threads} ${[...digest].map((b) => b.toString(16).padStart(2, '0')).join('')}`;
-}
-
-function storedCurve(key: string): LatencyCurve | undefined {
-  try {
-    const { sizes, stepMs } = JSON.parse(localStorage.getItem(key) ?? 'null') ?? {};
-    return Array.isArray(sizes) && Array.isArray(stepMs) ? new LatencyCurve(sizes, stepMs) : undefined;
-  } catch {
-    return undefined; // none, or not a curve: measured again
-  }
-}
-
-let curveStore: { key: string; saved: boolean } | null = null;
-
-function keepCurve(): void {
-  const curve = engine?.latencyCurve;
-  if (!curveStore || curveStore.saved || !curve) return;
-  try {
-    localStorage.setItem(curveStore.key, JSON.stringify({ sizes: curve.sizes, stepMs: curve.stepMs }));
-  } catch {
-    // storage full or refused: measured again next visit
-  }
-  curveStore.saved = true;
-}
-
-/** A failed allocation said as the memory model would: what the plan needed. */
-function allocationMessage(error: unknown, plan: PagePlan | null): unknown {
-  const text = error instanceof Error ? error.message : String(error);
-  if (plan === null || !/memory|allocat|RangeError/i.test(text)) return error;
-  return new Error(`the browser could not allocate the model (${text.split('\n')[0]}): the plan needed ` +
-    `${megabytes(plan.need)} (${plan.text}); try ?capacity=${Math.max(64, Math.floor(plan.capacity / 2))} or a ` +
-    `smaller artifact`);
 }
 
 function bubble(role: 'user' | 'assistant', text: string): HTMLDivElement {
@@ -309,9 +265,8 @@ async function open(makeSource: () => PickedFolderSource | UrlSource): Promise<v
     const started = performance.now();
     plan = await planFor(opened, mode);
     if (plan.lowered) logLine(`memory: ${plan.text}`);
-    const key = typeof crypto?.subtle !== 'undefined' ? await curveKey(opened, threads).catch(() => null) : null;
-    const latencyCurve = key ? storedCurve(key) : undefined;
-    curveStore = key ? { key, saved: latencyCurve !== undefined } : null;
+    curves = await CurveStore.open(opened, threads);
+    const latencyCurve = curves?.curve;
     if (latencyCurve) logLine('verify latency curve: kept from an earlier visit');
     engine = await openEngine({
       ort: engineOrt,
@@ -379,7 +334,7 @@ async function send(text: string): Promise<void> {
     answer.append(stats);
     document.body.dataset.replyInterrupted = String(reply.interrupted);
     document.body.dataset.replyIds = JSON.stringify(reply.tokenIds);
-    keepCurve();
+    curves?.keep(engine?.latencyCurve ?? null);
     document.body.dataset.replyTiming = JSON.stringify({
       tokens: times.length, ttftMs: times.length ? times[0] - sent : null,
       decodeMs: times.length > 1 ? times[times.length - 1] - times[0] : null,

@@ -10,7 +10,12 @@
  * Under the lower bound the page refuses in one line with both figures; between it and need(the default
  * C) it opens with the largest C that fits and says so.
  */
-import { allocationBytes, layoutFor, makeSizes, resolveSizes, type Manifest } from '@specmemo/engine';
+import {
+  allocationBytes, drafterNames, layoutFor, makeSizes, parseManifest, resolveSizes, type DrafterName, type Manifest,
+  type Mode,
+} from '@specmemo/engine';
+
+import type { PickedFolderSource, UrlSource } from './sources';
 
 export const DEVICE_SHARE = 0.5;
 export const MIN_CAPACITY = 256;
@@ -39,9 +44,9 @@ export function budgetBytes(param: string | null, deviceMemoryGiB: number | unde
 }
 
 /** The files the engine loads whole: the decoder and its data, the heads graph when drafting with them. */
-export function loadedFiles(m: Manifest, withHeads: boolean): string[] {
+export function loadedFiles(m: Manifest, drafters: readonly DrafterName[]): string[] {
   const files = [m.decoder_file, m.decoder_data_file];
-  if (withHeads && m.heads !== null) {
+  if (drafters.includes('medusa') && m.heads !== null) {
     files.push(m.heads.file, m.heads.data_file, ...(m.heads.shared_lm_head ? [m.heads.shared_lm_head.file] : []));
   }
   if (m.embedding.quantized === null) files.push(m.embedding.file);
@@ -52,10 +57,13 @@ function arenaAt(m: Manifest, capacity: number, rows: number, tree: number, with
   return allocationBytes(layoutFor(m, makeSizes(capacity, rows, tree), withHeads));
 }
 
-export function pagePlan(m: Manifest, { files, budget, withHeads, capacity }: {
-  files: number; budget: number | null; withHeads: boolean; capacity?: number;
+/** `drafters`: what the engine will run (engine.drafterNames), which sets T_max and whether heads I/O is in the
+ * arena. */
+export function pagePlan(m: Manifest, { files, budget, drafters, capacity }: {
+  files: number; budget: number | null; drafters: readonly DrafterName[]; capacity?: number;
 }): PagePlan {
-  const sizes = resolveSizes(m, withHeads ? ['medusa', 'lookup'] : [], capacity);
+  const withHeads = drafters.includes('medusa');
+  const sizes = resolveSizes(m, drafters, capacity);
   const at = (c: number) => files + arenaAt(m, c, sizes.rows, sizes.tree, withHeads);
   const lowest = Math.min(MIN_CAPACITY, sizes.capacity);
   const lowerBound = at(lowest);
@@ -74,4 +82,24 @@ export function pagePlan(m: Manifest, { files, budget, withHeads, capacity }: {
     : `this model needs at least ${mib(lowerBound)} (its files ${mib(files)} + the arena at C=${lowest}) and this ` +
       `device gives the page ${mib(budget!)}: open ${smaller}, or raise ?budget= if the device has more`;
   return { budget, files, capacity: chosen, need: at(chosen), lowerBound, fits, lowered: chosen < sizes.capacity, text };
+}
+
+/** The plan for an artifact before its graphs load: its manifest, the drafters the engine will run
+ * (engine.drafterNames, as openEngine decides them) and the sizes of the files they load. */
+export async function planSource(source: PickedFolderSource | UrlSource, { mode, drafter, budget, capacity }: {
+  mode: Mode; drafter?: string; budget: number | null; capacity?: number;
+}): Promise<PagePlan> {
+  const m = parseManifest(await source.readText('manifest.json'), `${source.where}/manifest.json`);
+  const drafters = drafterNames(mode, drafter, m);
+  const sizes = await Promise.all(loadedFiles(m, drafters).map((f) => source.size(f)));
+  return pagePlan(m, { files: sizes.reduce<number>((sum, n) => sum + (n ?? 0), 0), budget, drafters, capacity });
+}
+
+/** A failed allocation said as the memory model would: what the plan needed. */
+export function allocationMessage(error: unknown, plan: PagePlan | null): unknown {
+  const text = error instanceof Error ? error.message : String(error);
+  if (plan === null || !/memory|allocat|RangeError/i.test(text)) return error;
+  return new Error(`the browser could not allocate the model (${text.split('\n')[0]}): the plan needed ` +
+    `${(plan.need / MIB).toFixed(0)} MiB (${plan.text}); try ?capacity=${Math.max(64, Math.floor(plan.capacity / 2))} ` +
+    `or a smaller artifact`);
 }

@@ -15,6 +15,12 @@ export interface Progress {
 }
 export type ProgressListener = (progress: Progress) => void;
 
+/** What names an artifact's version in the browser's storage: the SHA-256 of its manifest.json (16 hex digits). */
+export async function manifestDigest(manifest: string): Promise<string> {
+  const digest = new Uint8Array(await crypto.subtle.digest('SHA-256', new TextEncoder().encode(manifest))).slice(0, 8);
+  return [...digest].map((b) => b.toString(16).padStart(2, '0')).join('');
+}
+
 function slice(bytes: Uint8Array, file: string, offset: number, length: number): Uint8Array {
   if (!Number.isInteger(offset) || !Number.isInteger(length) || offset < 0 || length < 0) {
     throw new Error(`readBytes(${file}, ${offset}, ${length}): offset and length must be whole numbers >= 0`);
@@ -180,10 +186,8 @@ export class UrlSource implements ArtifactSource {
   private storeFor(): Promise<Cache | null> {
     this.store ??= (async () => {
       if (typeof caches === 'undefined' || typeof crypto?.subtle === 'undefined') return null;
-      const manifest = new TextEncoder().encode(await this.readText('manifest.json'));
-      const digest = new Uint8Array(await crypto.subtle.digest('SHA-256', manifest)).slice(0, 8);
       const prefix = `${UrlSource.CACHE_PREFIX}${this.base.href} `;
-      const name = prefix + [...digest].map((b) => b.toString(16).padStart(2, '0')).join('');
+      const name = prefix + await manifestDigest(await this.readText('manifest.json'));
       for (const old of await caches.keys()) if (old.startsWith(prefix) && old !== name) await caches.delete(old);
       return caches.open(name);
     })().catch(() => null);

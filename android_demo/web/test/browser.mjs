@@ -77,6 +77,17 @@ const left = () => Math.max(1, deadline - Date.now());
 // -------------------------------------------------------------------------------------------------
 // The browser
 
+/** Bytes of model files `page` receives over the network (its network log; manifest.json, which names the
+ * page's cache, left out): `.n`, growing as responses finish. */
+function countModelBytes(page) {
+  const bytes = { n: 0 };
+  page.on('requestfinished', async (req) => {
+    const path = new URL(req.url()).pathname;
+    if (path.startsWith('/artifact/') && !path.endsWith('/manifest.json')) bytes.n += (await req.sizes()).responseBodySize;
+  });
+  return bytes;
+}
+
 let browser = null;
 let server = null;
 let page = null;
@@ -116,11 +127,7 @@ async function main() {
   if (args.budget) query.set('budget', args.budget);
   for (let visit = 1; visit < Number(args.visits); visit++) { // earlier visits: how each loads
     const earlier = await context.newPage();
-    const bytes = { network: 0 };
-    earlier.on('requestfinished', async (req) => {
-      const path = new URL(req.url()).pathname;
-      if (path.startsWith('/artifact/') && !path.endsWith('/manifest.json')) bytes.network += (await req.sizes()).responseBodySize;
-    });
+    const bytes = countModelBytes(earlier);
     const t0 = Date.now();
     await earlier.goto(`${base}/${pagePath}?${query}`, { timeout: left() });
     await earlier.waitForFunction(() => ['ready', 'error'].includes(document.body.dataset.state), undefined, { timeout: left(), polling: 50 });
@@ -132,15 +139,11 @@ async function main() {
       await earlier.waitForFunction(() => document.body.dataset.replyIds !== undefined || document.body.dataset.state === 'error',
         undefined, { timeout: left(), polling: 50 });
     }
-    process.stdout.write(`${JSON.stringify({ visit, loadMs, networkBytes: bytes.network, cacheBytes: loaded.cache ?? 0 })}\n`);
+    process.stdout.write(`${JSON.stringify({ visit, loadMs, networkBytes: bytes.n, cacheBytes: loaded.cache ?? 0 })}\n`);
     await earlier.close();
   }
   page = await context.newPage();
-  const networkBytes = { n: 0 };
-  page.on('requestfinished', async (req) => {
-    const path = new URL(req.url()).pathname;
-    if (path.startsWith('/artifact/') && !path.endsWith('/manifest.json')) networkBytes.n += (await req.sizes()).responseBodySize;
-  });
+  const networkBytes = countModelBytes(page);
   const problems = [];
   page.on('console', (msg) => {
     if (msg.type() === 'error') problems.push(`console error: ${msg.text()}`);
