@@ -97,14 +97,35 @@ def sha256_of(paths: list[Path]) -> str:
     return digest.hexdigest()
 
 
+def alias_parts(spec: str) -> list[Path]:
+    """The GGUF file (or its parts, in order) an alias's packages ship, each checked to be there."""
+    parts = ALIASES[spec].paths()
+    for part in parts:
+        if not part.is_file():
+            raise ModelNotFoundError(f"{part} is missing from its package: {ALIASES[spec].install}")
+    return parts
+
+
+def gguf_source(spec: str) -> tuple[list[Path], str | None] | None:
+    """(the model's GGUF parts, the cache folder's name to join several in: resolve_model's; None for one file),
+    found without converting them, the first checked from its header; None for a Hugging Face folder (a path
+    that is neither is refused as resolve_model refuses it)."""
+    path = Path(spec).expanduser()
+    if spec in ALIASES:
+        parts = alias_parts(spec)
+    elif path.is_file() and path.suffix == ".gguf":
+        parts = [path]
+    else:
+        resolve_model(spec)  # an HF folder, or the one-line error of a model that is not there
+        return None
+    check_gguf_supported(parts[0])
+    return parts, f"{_slug(spec)}-{sha256_of(parts)[:12]}" if len(parts) > 1 else None
+
+
 def resolve_model(spec: str) -> ResolvedModel:
     """--model → local HF folder, converting a GGUF once (cached)."""
     if spec in ALIASES:
-        parts = ALIASES[spec].paths()
-        for part in parts:
-            if not part.is_file():
-                raise ModelNotFoundError(f"{part} is missing from its package: {ALIASES[spec].install}")
-        return _from_gguf(spec, parts, ALIASES[spec])
+        return _from_gguf(spec, alias_parts(spec), ALIASES[spec])
     path = Path(spec).expanduser()
     if path.is_dir():
         if not (path / "config.json").is_file():

@@ -33,16 +33,17 @@ GENAI_SPECULATIVE = {"ngram": {"ngram_size": 3, "max_draft_tokens": 4},
 
 
 def gguf_file(model: str) -> Path:
-    """The model's own GGUF as one file (an alias's parts joined once into the cache), for llama.cpp."""
-    from specmemo.export.load import joined_gguf, resolve_model
+    """The model's own GGUF as one file (an alias's parts joined once into the cache), for llama.cpp and wllama:
+    found, never converted (only a model the peer cannot read is refused, from its header)."""
+    from specmemo.export.load import gguf_source, joined_gguf
 
-    resolved = resolve_model(model)
-    parts = resolved.gguf_parts
-    if not parts:
+    found = gguf_source(model)
+    if found is None:
         raise PeerUnavailableError(f"{model} has no GGUF source: llama.cpp runs GGUF files only")
+    parts, name = found
     if len(parts) == 1:
         return parts[0]
-    folder = cache_root() / "gguf" / resolved.hf_folder.name
+    folder = cache_root() / "gguf" / name
     folder.mkdir(parents=True, exist_ok=True)
     joined = folder / "model.gguf"  # joined_gguf's name for the joined parts
     return joined if joined.is_file() else joined_gguf(parts, folder)

@@ -25,6 +25,7 @@ from specmemo.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[2]
 WEB = ROOT / "android_demo" / "web"
+CHROMIUM = Path(os.environ.get("SPECMEMO_CHROMIUM", "/usr/bin/chromium"))  # the system's: no browser download
 ENGINES = {"specmemo-greedy": "greedy", "specmemo-controller": "auto", "wllama": None}  # engine → our page's mode
 BARS = {  # what the page must reach, in one run
     "decode_tokens_per_s_vs_wllama": 1.2,  # our best page engine against wllama on the same GGUF, same threads
@@ -42,7 +43,7 @@ class WebBenchConfig:
     threads: int = 2
     rounds: int = 2
     engines: tuple[str, ...] = tuple(ENGINES)
-    chromium: Path = Path(os.environ.get("SPECMEMO_CHROMIUM", "/usr/bin/chromium"))
+    chromium: Path = CHROMIUM
     out: Path = field(default_factory=lambda: run_folder("bench-web"))
 
     def __post_init__(self) -> None:
@@ -58,8 +59,7 @@ class WebBenchConfig:
             raise ConfigError("bench web needs prompts, rounds >= 1, threads >= 1 and max-new-tokens >= 2")
 
 
-def check_setup(artifact: Path, chromium: Path = Path(os.environ.get("SPECMEMO_CHROMIUM", "/usr/bin/chromium"))
-                ) -> None:
+def check_setup(artifact: Path, chromium: Path = CHROMIUM) -> None:
     """What a run needs before anything loads, each missing one refused in one line naming the fix."""
     for path, what in ((Path(artifact) / "manifest.json", "the artifact (specmemo export --dtype int4)"),
                        (Path(chromium), "Chromium (apt-get install chromium)"),

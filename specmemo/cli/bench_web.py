@@ -36,25 +36,16 @@ def add_web_parser(bench) -> None:
 
 
 def cmd_bench_web(args: argparse.Namespace) -> int:
+    from specmemo.bench.peers import gguf_file
     from specmemo.bench.web import WebBenchConfig, check_setup, format_table, run
     from specmemo.datasets import load_questions
 
     check_setup(args.artifact)  # before the GGUF is located (a multi-part one is joined once)
     prompts = tuple(q.turns[0] for q in load_questions()[: args.prompts])
-    config = WebBenchConfig(artifact=args.artifact, gguf=gguf_of(args.model), prompts=prompts,
+    config = WebBenchConfig(artifact=args.artifact, gguf=gguf_file(args.model), prompts=prompts,
                             max_new_tokens=args.max_new_tokens, threads=args.threads, rounds=args.rounds,
                             engines=tuple(e.strip() for e in args.engines.split(",") if e.strip()), out=args.out)
     print(format_table(run(config, log=log_stderr)))
     print(f"wrote {args.out / 'summary.json'} and {args.out / 'web.png'}")
     return 0
 
-
-def gguf_of(model: str) -> Path:
-    """The model's own GGUF for wllama: a packaged alias's file found without converting it, else (parts to
-    join, a path) as the llama.cpp peer gets it."""
-    from specmemo.bench.peers import gguf_file
-    from specmemo.export.load import ALIASES
-
-    if model in ALIASES and len(ALIASES[model].parts) == 1:
-        return ALIASES[model].paths()[0]
-    return gguf_file(model)
