@@ -16,6 +16,7 @@ from specmemo.export.batch_graph import DEFAULT_BATCHES, write_batch_graph
 from specmemo.export.generation import generation_defaults
 from specmemo.export.decoder import Decoder, embedding_table
 from specmemo.export.dims import dims_from_config
+from specmemo.export.embedding_rows import gguf_rows, tied_rows
 from specmemo.export.heads import SPEC_FILE, HeadsError, MedusaHeads, load_any_heads
 from specmemo.export.heads_graph import export_heads_graph
 from specmemo.export.load import lm_head_t, load_hf, resolve_model, stop_token_ids
@@ -223,6 +224,7 @@ def export_artifact(options: ExportOptions, *, log=print, finalize=None) -> Mani
             feature_drafter=feature_info,
             quantization=quantization,
             draft_shape=draft_shape(quantization, options.kv_dtype),
+            step_row_multiple=options.quant.step_row_multiple,
             ort_format=ort_format,
             generation=generation_defaults(resolved.hf_folder),
         )
@@ -273,15 +275,21 @@ def quantize_artifact(quant: QuantOptions, dims: ModelDims, resolved, staging: P
         gguf = joined_gguf(resolved.gguf_parts, Path(tmp)) if resolved.gguf_parts else None
         report = quantize_decoder(staging / DECODER_FILE, options=quant, dims=dims, gguf=gguf, log=log,
                                   activations=activations)
+        rows = tied_rows(external_location, staging / DECODER_FILE, report.carried.get(LM_HEAD), dims, LM_HEAD)
+        table = embedding
+        if rows is not None:
+            embedding = EmbeddingInfo(file=DECODER_FILE + ".data", dtype="float32", shape=embedding.shape,
+                                      quantized=rows)
+        elif gguf is not None:
+            embedding = gguf_rows(gguf, staging, embedding) or embedding
     for graph in ("heads.onnx", "drafter.onnx"):
         if (staging / graph).is_file():
             quantize_graph(staging / graph, options=quant)
-    rows = quantized_rows(staging / DECODER_FILE, report, dims)
-    if rows is not None:
-        (staging / embedding.file).unlink()
-        embedding = EmbeddingInfo(file=DECODER_FILE + ".data", dtype="float32", shape=embedding.shape, quantized=rows)
+    if embedding.quantized is not None:
+        (staging / table.file).unlink()
+        log(f"the embedding reads {embedding.quantized.bits}-bit rows from {embedding.file} (no float32 table)")
     else:
-        log("the embedding table stays float32 (its LM head is untied or not carried from GGUF blocks)")
+        log("the embedding table stays float32 (its GGUF blocks are not carried)")
     for path in staging.iterdir():
         path.chmod(0o644)
     info = QuantizationInfo(block_size=quant.block_size, accuracy_level=quant.accuracy_level, minimum=quant.applied_minimum.value,
@@ -290,25 +298,6 @@ def quantize_artifact(quant: QuantOptions, dims: ModelDims, resolved, staging: P
                             outlier_channels=tuple((name, c) for name, channels in sorted(report.outlier_channels.items())
                                                    for c in channels))
     return info, embedding
-
-
-def quantized_rows(decoder: Path, report, dims: ModelDims) -> QuantizedRows | None:
-    """Where the tied LM head's carried blocks lie in the decoder's data file, as embedding rows."""
-    from specmemo.export.gguf_weights import FORMATS, GgufWeightsError
-
-    source = report.carried.get(LM_HEAD)
-    if not dims.tie_word_embeddings or source is None or FORMATS[source].has_bias:
-        return None
-    fmt = FORMATS[source]
-    _, values, _ = external_location(decoder, f"{LM_HEAD}.q")
-    try:
-        _, scales, _ = external_location(decoder, f"{LM_HEAD}.scales.f16")
-        scales_dtype = "float16"
-    except GgufWeightsError:
-        _, scales, _ = external_location(decoder, f"{LM_HEAD}.scales")
-        scales_dtype = "float32"
-    return QuantizedRows(bits=fmt.bits, block_size=fmt.block, zero_point=fmt.zero, values_offset=values,
-                         scales_offset=scales, scales_dtype=scales_dtype)
 
 
 def _shared_heads(folder: Path) -> bool:

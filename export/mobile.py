@@ -52,7 +52,8 @@ def write_ort_format(folder: Path, *, embedding: EmbeddingInfo, lm_head: str, ta
     missing = [name for name in files if not (folder / name).is_file()]
     if missing:
         raise RuntimeError(f"ONNX Runtime's converter wrote no {missing[0]}")
-    rows = None if embedding.quantized is None else ort_rows(folder / DECODER_ORT, embedding, lm_head)
+    in_decoder = embedding.quantized is not None and embedding.file.endswith(".onnx.data")  # the tied head's rows
+    rows = ort_rows(folder / DECODER_ORT, embedding, lm_head) if in_decoder else None
     return OrtFormatInfo(files=files, required_operators=REQUIRED_OPERATORS, target_platform=target_platform,
                          operators=tuple(operators), embedding=rows)
 

@@ -15,7 +15,7 @@ columns); that is `--exact`. The default centres the codes (an integer zero poin
 residual as the bias) and, with `fold`, carries the residual inside the same MatMulNBits over the
 input's block means appended to x (`_with_block_sums`, gguf_weights.fold_bias), at accuracy level 4
 (int8 activations, the fast kernels; export/weights_dtype.py: MinimumForm; docs/int4.md).
-`rerank_argmax` makes the greedy token of an 8-bit LM head run with int8 activations exact again.
+The LM head's narrowing and exact re-rank live in export/lm_head.py.
 Shapes: B batch, T rows, K inputs, N outputs.
 """
 
@@ -33,7 +33,7 @@ from specmemo.export.gguf_weights import QuantBlocks, asymmetric_codes, fold_bia
 MS_DOMAIN = "com.microsoft"
 
 
-def _initializers(graph: onnx.GraphProto) -> dict[str, onnx.TensorProto]:
+def initializers(graph: onnx.GraphProto) -> dict[str, onnx.TensorProto]:
     return {t.name: t for t in graph.initializer}
 
 
@@ -58,24 +58,77 @@ def _exact_f16(values: np.ndarray) -> bool:
     return bool(np.array_equal(values.astype(np.float16).astype(np.float32), values))
 
 
+SCALE_GROUP = 8  # blocks per factored scale group: a k-quant super-block of 256 in blocks of 32
+FACTOR_RANGE = 63  # the largest integer factor tried (k-quants' 6-bit sub-block scales)
+
+
+def factored_scales(scales: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+    """[N, G·8] float32 scales as d [N, G] (float16 values) times c [N, G, 8] (integers 0..63), exactly in float32,
+    as a k-quant stores them (one f16 d per super-block, a 6-bit integer per block); None where some group is not
+    such a product. Each group's largest scale is tried as d·k for k = 63 … 1."""
+    n, nb = scales.shape
+    groups = scales.reshape(n, nb // SCALE_GROUP, SCALE_GROUP)
+    top = groups.max(-1)
+    d = np.zeros_like(top)
+    c = np.zeros(groups.shape, np.uint8)
+    left = top > 0
+    for k in range(FACTOR_RANGE, 0, -1):
+        if not left.any():
+            break
+        cand = (top / np.float32(k)).astype(np.float16).astype(np.float32)
+        safe = np.where(cand > 0, cand, np.float32(1))
+        codes = np.rint(groups / safe[..., None])
+        ok = left & (cand > 0) & (codes <= FACTOR_RANGE).all(-1) & \
+            ((safe[..., None] * codes.astype(np.float32)) == groups).all(-1)
+        d = np.where(ok, cand, d)
+        c = np.where(ok[..., None], codes.astype(np.uint8), c)
+        left &= ~ok
+    return None if left.any() else (d, c)
+
+
+def _scale_tensors(name: str, values: np.ndarray) -> tuple[list[onnx.TensorProto], list[onnx.NodeProto]]:
+    """`name` [N, nb] float32 as the fewest bytes ONNX Runtime turns back into those values at load (constant
+    folding, before MatMulNBits prepacks): float16 where the values are; else the first nb - nb % 8 columns as a
+    factored d × c (`factored_scales`, ~1.3 bits a value instead of 32) and the rest beside them; else float32."""
+    if _exact_f16(values):
+        return [numpy_helper.from_array(values.astype(np.float16), f"{name}.f16")], \
+            [helper.make_node("Cast", [f"{name}.f16"], [name], name=f"{name}.Cast", to=onnx.TensorProto.FLOAT)]
+    n, nb = values.shape
+    whole = nb - nb % SCALE_GROUP
+    factors = factored_scales(values[:, :whole]) if whole else None
+    if factors is None:
+        return [numpy_helper.from_array(values, name)], []
+    d, c = factors
+    product = f"{name}.product" if whole < nb else name
+    tensors = [numpy_helper.from_array(d.astype(np.float16)[..., None], f"{name}.d"),
+               numpy_helper.from_array(c, f"{name}.c"),
+               numpy_helper.from_array(np.array([n, whole], np.int64), f"{name}.shape")]
+    nodes = [helper.make_node("Cast", [f"{name}.d"], [f"{name}.d32"], name=f"{name}.CastD", to=onnx.TensorProto.FLOAT),
+             helper.make_node("Cast", [f"{name}.c"], [f"{name}.c32"], name=f"{name}.CastC", to=onnx.TensorProto.FLOAT),
+             helper.make_node("Mul", [f"{name}.c32", f"{name}.d32"], [f"{name}.groups"], name=f"{name}.Mul"),
+             helper.make_node("Reshape", [f"{name}.groups", f"{name}.shape"], [product], name=f"{name}.Reshape")]
+    if whole < nb:
+        rest, rest_nodes = _scale_tensors(f"{name}.rest", np.ascontiguousarray(values[:, whole:]))
+        tensors += rest
+        nodes += rest_nodes + [helper.make_node("Concat", [product, f"{name}.rest"], [name], name=f"{name}.Concat",
+                                                axis=1)]
+    return tensors, nodes
+
+
 def matmulnbits_tensors(name: str, blocks: QuantBlocks) -> tuple[list[onnx.TensorProto], list[onnx.NodeProto]]:
     """The initializers of one MatMulNBits: `name.q` [N, nb, block·bits/8], `name.scales` [N, nb],
     `name.zero_points` when the zero point is not MatMulNBits' default 2^(bits−1), `name.bias_t`
-    [nb, N] for a per-block minimum. Scales and minima that are float16 values (all GGUF ones are)
-    are stored as float16 (`name.scales.f16`) behind a Cast that ONNX Runtime folds once at load:
-    half the bytes on disk, the same float32 values in the graph. Returns (initializers, Cast nodes)."""
+    [nb, N] for a per-block minimum. Scales and minima are stored in the fewest bytes that ONNX Runtime folds
+    back to the same float32 values once at load (`_scale_tensors`: float16 where they are float16 values, a
+    k-quant's f16 × 6-bit product where they are that). Returns (initializers, the nodes that fold)."""
     n, _ = blocks.shape
     tensors, casts = [numpy_helper.from_array(blocks.packed(), f"{name}.q")], []
     for suffix, values in (("scales", blocks.scale), ("bias_t", None if blocks.bias is None else blocks.bias.T)):
         if values is None:
             continue
-        values = np.ascontiguousarray(values)
-        if _exact_f16(values):
-            tensors.append(numpy_helper.from_array(values.astype(np.float16), f"{name}.{suffix}.f16"))
-            casts.append(helper.make_node("Cast", [f"{name}.{suffix}.f16"], [f"{name}.{suffix}"],
-                                          name=f"{name}.{suffix}.Cast", to=onnx.TensorProto.FLOAT))
-        else:
-            tensors.append(numpy_helper.from_array(values, f"{name}.{suffix}"))
+        more, nodes = _scale_tensors(f"{name}.{suffix}", np.ascontiguousarray(values))
+        tensors += more
+        casts += nodes
     if not np.isscalar(blocks.zero) or blocks.zero != 1 << (blocks.bits - 1):
         nb = blocks.scale.shape[1]
         per_byte = 8 // blocks.bits
@@ -99,7 +152,7 @@ def carry_matmuls(model: onnx.ModelProto, carried: dict[str, QuantBlocks], *, ac
     channels computed apart (`_outlier_term`). `base_dir`: where external weights lie. Returns the names replaced."""
     digits = FOLD_DIGITS if digits is None else digits
     graph = model.graph
-    inits = _initializers(graph)
+    inits = initializers(graph)
     block_sums: dict[tuple[str, int], str] = {}  # (activation, block) → its BlockSum output, shared by MatMuls on one input
     augmented: dict[tuple[str, int], str] = {}  # (activation, block) → [x, its block sums], shared likewise
     split: dict[str, tuple[str, str]] = {}  # activation → (its inlier channels, its outlier channels), shared likewise
@@ -185,7 +238,6 @@ def _outlier_term(weight: str, outliers: str, stored: onnx.TensorProto, channels
     return [helper.make_node("MatMul", [outliers, f"{weight}.outlier_rows"], [out], name=f"{weight}.OutlierMatMul")]
 
 
-NARROW_BLOCK = 32  # the narrowed LM head's 4-bit blocks (MatMulNBits' fast kernels; GenAI's head uses the same)
 FOLD_DIGITS = 1  # 4-bit digits per folded bias (export/gguf_weights.py: fold_bias)
 
 
@@ -227,7 +279,7 @@ def gemms_as_matmuls(model: onnx.ModelProto) -> int:
     """Gemm(x, W, b) with constant W (a traced nn.Linear) → MatMul(x, W as [in, out]) + Add(b), the
     form ONNX Runtime's weight quantizer takes. Returns how many were rewritten."""
     graph = model.graph
-    inits = _initializers(graph)
+    inits = initializers(graph)
     nodes, count = [], 0
     for node in graph.node:
         attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
@@ -275,68 +327,6 @@ def quantize_matmuls(model: onnx.ModelProto, *, bits: int, block_size: int, accu
     return quantizer.model.model
 
 
-def rerank_argmax(model: onnx.ModelProto, *, weight: str, hidden: str, ids: str, k: int, scatter: bool = False) -> bool:
-    """Make the graph's greedy token exact again over an 8-bit LM head run at accuracy level 4
-    (int8 activations): the `ArgMax` producing `ids` becomes
-
-        top k of the approximate logits                        candidates [B, N, k]
-        their rows, dequantized from the head's own blocks      rows [B, N, k, h] = d·(q − 128)
-        exact scores = Σ_h hidden · row in fp32                 [B, N, k]
-        ids = the candidate with the highest exact score        [B, N]
-
-    so `ids` is the fp32 argmax whenever it is among the k best approximate logits (no extra
-    weights: the rows are `weight.q` and `weight.scales`). With `scatter` the exact scores also replace
-    those k entries of the logits output (the rest stay approximate): what sampling and perplexity read
-    of a narrowed head (narrow_lm_head) is then exact where the probability mass is.
-    Every op works row by row, so a row's result does not depend on how many rows the call has.
-    `hidden` is the LM head's input [B, N, h]. Returns False when the graph has no such ArgMax."""
-    graph = model.graph
-    inits = _initializers(graph)
-    q = inits.get(f"{weight}.q")
-    argmax = next((n for n in graph.node if n.op_type == "ArgMax" and list(n.output) == [ids]), None)
-    if argmax is None or q is None or len(q.dims) != 3:
-        return False
-    _, blocks, block = q.dims  # [V, h/block, block] uint8 (q + 128)
-    p = f"{ids}.rerank"
-    graph.initializer.extend([
-        numpy_helper.from_array(np.array([k], np.int64), f"{p}.k"),
-        numpy_helper.from_array(np.array(128.0, np.float32), f"{p}.zero"),
-        numpy_helper.from_array(np.array([-1], np.int64), f"{p}.last"),
-        numpy_helper.from_array(np.array([2], np.int64), f"{p}.axis2"),
-        numpy_helper.from_array(np.array([0, 0, k, blocks * block], np.int64), f"{p}.rows_shape"),
-    ])
-    nodes = [
-        helper.make_node("TopK", [argmax.input[0], f"{p}.k"], [f"{p}.approx", f"{p}.candidates"], name=f"{p}.TopK",
-                         axis=-1),                                                                     # [B, N, k]
-        helper.make_node("Gather", [f"{weight}.q", f"{p}.candidates"], [f"{p}.q"], name=f"{p}.GatherQ"),  # [B,N,k,nb,blk]
-        helper.make_node("Cast", [f"{p}.q"], [f"{p}.qf"], name=f"{p}.CastQ", to=onnx.TensorProto.FLOAT),
-        helper.make_node("Sub", [f"{p}.qf", f"{p}.zero"], [f"{p}.centered"], name=f"{p}.Center"),
-        helper.make_node("Gather", [f"{weight}.scales", f"{p}.candidates"], [f"{p}.d"], name=f"{p}.GatherD"),  # [B,N,k,nb]
-        helper.make_node("Unsqueeze", [f"{p}.d", f"{p}.last"], [f"{p}.d1"], name=f"{p}.UnsqueezeD"),
-        helper.make_node("Mul", [f"{p}.centered", f"{p}.d1"], [f"{p}.blocks"], name=f"{p}.Dequantize"),
-        helper.make_node("Reshape", [f"{p}.blocks", f"{p}.rows_shape"], [f"{p}.rows"], name=f"{p}.Rows"),  # [B,N,k,h]
-        helper.make_node("Unsqueeze", [hidden, f"{p}.axis2"], [f"{p}.hidden"], name=f"{p}.UnsqueezeH"),  # [B,N,1,h]
-        helper.make_node("Mul", [f"{p}.rows", f"{p}.hidden"], [f"{p}.products"], name=f"{p}.Products"),
-        helper.make_node("ReduceSum", [f"{p}.products", f"{p}.last"], [f"{p}.exact"], name=f"{p}.Scores",
-                         keepdims=0),                                                                  # [B, N, k]
-        helper.make_node("ArgMax", [f"{p}.exact"], [f"{p}.best"], name=f"{p}.ArgMax", axis=-1, keepdims=1),
-        helper.make_node("GatherElements", [f"{p}.candidates", f"{p}.best"], [f"{p}.chosen"], name=f"{p}.Choose",
-                         axis=-1),                                                                     # [B, N, 1]
-        helper.make_node("Squeeze", [f"{p}.chosen", f"{p}.last"], [ids], name=f"{p}.Squeeze"),          # [B, N]
-    ]
-    if scatter:  # logits = the approximate logits with the k candidates' exact scores written over them
-        logits, approx = argmax.input[0], f"{argmax.input[0]}.approx"
-        for node in graph.node:
-            node.output[:] = [approx if o == logits else o for o in node.output]
-        nodes[0].input[0] = approx
-        nodes.append(helper.make_node("ScatterElements", [approx, f"{p}.candidates", f"{p}.exact"], [logits],
-                                      name=f"{p}.Scatter", axis=-1))
-    kept = [n for n in graph.node if n is not argmax]
-    del graph.node[:]
-    graph.node.extend(kept + nodes)
-    return True
-
-
 def rtn_blocks(weight: np.ndarray, *, bits: int, block: int, source: str) -> QuantBlocks:
     """[N, K] float32 → asymmetric round-to-nearest blocks (an integer zero point per block), as ONNX Runtime's
     own quantizer makes them."""
@@ -355,31 +345,17 @@ def requantized_rows(blocks: QuantBlocks, *, bits: int, block: int, source: str,
                        bits, block, np.concatenate([p.zero for p in parts]))
 
 
-def narrow_lm_head(model: onnx.ModelProto, *, weight: str, head: QuantBlocks, accuracy_level: int) -> bool:
-    """The LM head's MatMulNBits reads 4-bit blocks re-quantized (rtn_blocks) from its 8-bit ones: half the bytes
-    a step. The 8-bit initializers stay in the graph for what reads rows of them (the re-rank's Gathers; the
-    runtime's embedding reads the same bytes from the file): with no MatMulNBits prepacking them, ONNX Runtime
-    leaves them a file mapping. Call before `rerank_argmax(..., scatter=True)`, which restores the greedy pick and
-    the top logits exactly. Returns False when the graph has no such head."""
-    graph = model.graph
-    node = next((n for n in graph.node if n.name == f"{weight}.MatMulNBits"), None)
-    if node is None or head.bits != 8:
-        return False
-    narrow = requantized_rows(head, bits=4, block=max(head.block, NARROW_BLOCK), source=f"{head.source_type}→4-bit")
-    tensors, casts = matmulnbits_tensors(f"{weight}.4bit", narrow)
-    graph.initializer.extend(tensors)
-    names = [t.name for t in tensors]
-    del node.input[1:]
-    node.input.extend([f"{weight}.4bit.q", f"{weight}.4bit.scales"]
-                      + ([f"{weight}.4bit.zero_points"] if f"{weight}.4bit.zero_points" in names else []))
-    for attr in node.attribute:
-        if attr.name == "bits":
-            attr.i = 4
-        elif attr.name == "block_size":
-            attr.i = narrow.block
-        elif attr.name == "accuracy_level":
-            attr.i = accuracy_level
-    at = list(graph.node).index(node)
-    for cast in reversed(casts):
-        graph.node.insert(at, cast)
-    return True
+def drop_unused(graph: onnx.GraphProto, keep: set[str] = frozenset()) -> list[str]:
+    """Initializers no node reads (and the Casts that only fed them), except those in `keep`. Returns their names."""
+    outputs = {o.name for o in graph.output}
+    while True:
+        read = {i for n in graph.node for i in n.input} | outputs
+        dead = [n for n in graph.node if n.op_type == "Cast" and not any(o in read for o in n.output)]
+        if not dead:
+            break
+        for node in dead:
+            graph.node.remove(node)
+    read = {i for n in graph.node for i in n.input} | keep
+    unused = [t.name for t in graph.initializer if t.name not in read]
+    _drop_initializers(graph, set(unused))
+    return unused

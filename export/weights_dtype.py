@@ -27,10 +27,12 @@ from onnx.external_data_helper import load_external_data_for_model
 from specmemo.errors import ConfigError
 from specmemo.export.fuse_norms import fuse_skip_norms
 from specmemo.export.activation_outliers import outlier_channels
+from specmemo.export.block_search import importance, searched_blocks
 from specmemo.export.gguf_weights import (GgufTensors, GgufWeightsError, QuantBlocks, carry, llama_rotary_order,
                                           q4_1_blocks, q8_0_blocks, stack)
-from specmemo.export.quantize import (carry_matmuls, external_span, gemms_as_matmuls, narrow_lm_head, quantize_matmuls,
-                                      read_initializer, rerank_argmax)
+from specmemo.export.lm_head import narrow_lm_head, rerank_argmax
+from specmemo.export.quantize import (carry_matmuls, drop_unused, external_span, gemms_as_matmuls, quantize_matmuls,
+                                      read_initializer)
 from specmemo.runtime.io_spec import NEXT_TOKEN_IDS
 from specmemo.runtime.manifest import WEIGHT_DTYPES, ModelDims
 
@@ -71,11 +73,45 @@ class WideBlocks(str, Enum):
     Q8_0 = "8-bit"  # re-blocked to 8-bit blocks of 32 (gguf_weights.q8_0_blocks): each weight moves by <= d/2
     Q4_1 = "4-bit"  # re-quantized to the Q4_1 form (gguf_weights.q4_1_blocks): the Q4_K route, half the bytes
 
+    @staticmethod
+    def default_for(dtype: WeightDtype) -> WideBlocks:
+        """int4: the Q4_1 form (the fastest point that keeps argmax agreement >= 0.97 and perplexity within
+        llama.cpp's on Qwen2.5-Coder-1.5B, docs/profile/qwen15-routes.md); int8 keeps 8 bits."""
+        return WideBlocks.Q4_1 if dtype is WeightDtype.INT4 else WideBlocks.Q8_0
+
     def narrowed(self, part: QuantBlocks) -> QuantBlocks:
         """A carried part as this form reads it (parts that are not 8-bit stay as they are)."""
         if part.bits != 8 or self is WideBlocks.CARRIED or (self is WideBlocks.Q8_0 and part.block >= 32):
             return part
         return q4_1_blocks(part) if self is WideBlocks.Q4_1 else q8_0_blocks(part)
+
+
+class BodyBlocks(str, Enum):
+    """The form of the decoder body's 4-bit matrices. Carried: the GGUF's own blocks of 32 (Q4_K: an exact minimum
+    per block, which needs the folded term beside the node; the 8-bit ones as --wide-blocks says). 32/64/128: every
+    body matrix re-quantized from those weights into asymmetric 4-bit blocks of that size, the scale and integer
+    zero point searched against the input's mean squares on the validation prompt (export/block_search.py): no
+    minimum term, and fewer bytes a step for larger blocks, for the error re-quantizing adds."""
+
+    CARRIED = "carried"
+    B32 = "32"
+    B64 = "64"
+    B128 = "128"
+
+    @property
+    def block(self) -> int | None:
+        return None if self is BodyBlocks.CARRIED else int(self.value)
+
+
+class LmHeadRows(str, Enum):
+    """Which rows the exact re-rank of a narrowed (4-bit) LM head reads. 8-bit: the GGUF head's rows re-blocked to
+    8-bit blocks of 32 (a Q6_K row moves by at most half an 8-bit step), stored beside the 4-bit head: the greedy
+    pick stays the GGUF head's. 4-bit: the head stored once, the re-rank from its own 4-bit rows: the smallest
+    artifact, but the greedy pick is the 4-bit head's (docs/int4.md has both). A tied head keeps its carried rows
+    whichever is asked: the embedding reads them."""
+
+    EIGHT_BIT = "8-bit"
+    OWN = "4-bit"
 
 
 @dataclass(frozen=True)
@@ -89,7 +125,17 @@ class QuantOptions:
     minimum: MinimumForm = MinimumForm.FOLDED  # of Q4_1 blocks (--exact: BLOCK_SUM); int8: applied_minimum
     lm_head_bits: int | None = None  # an 8-bit GGUF head's MatMulNBits: 8 as carried, 4 half the bytes with the top k
     # re-ranked exactly from the 8-bit rows; None: head_bits() decides by the head's blocks
-    wide_blocks: WideBlocks = WideBlocks.Q8_0  # the body's 8-bit GGUF matrices
+    wide_blocks: WideBlocks | None = None  # the body's 8-bit GGUF matrices (None: WideBlocks.default_for the dtype)
+    body_blocks: BodyBlocks = BodyBlocks.CARRIED  # the body's matrices: the GGUF's blocks, or re-quantized into larger
+    lm_head_rows: LmHeadRows = LmHeadRows.EIGHT_BIT  # the rows a narrowed head's re-rank reads
+
+    @property
+    def step_row_multiple(self) -> int:
+        """Rows per decoder call are rounded up to this (manifest.step_row_multiple). MLAS's x86 kernels for 4-bit
+        blocks larger than 32 compute rows in pairs and the last row of an odd count alone, which rounds it another
+        way; blocks of 32 give a row the same bits at any count from 2 (docs/int4.md has the measurement)."""
+        quantized = self.dtype is not WeightDtype.FLOAT32
+        return 2 if quantized and max(self.body_blocks.block or 32, self.block_size) > 32 else 1
 
     @property
     def applied_minimum(self) -> MinimumForm:
@@ -97,6 +143,8 @@ class QuantOptions:
         return MinimumForm.BLOCK_SUM if self.dtype is WeightDtype.INT8 else self.minimum
 
     def __post_init__(self) -> None:
+        if self.wide_blocks is None:
+            object.__setattr__(self, "wide_blocks", WideBlocks.default_for(self.dtype))
         if self.block_size < 16 or self.block_size & (self.block_size - 1):
             raise ConfigError(f"--block-size must be a power of two >= 16, got {self.block_size}")
         for level in (self.accuracy_level, self.lm_head_accuracy_level):
@@ -192,18 +240,29 @@ def quantize_decoder(path: Path, *, options: QuantOptions, dims: ModelDims, gguf
     carried: dict[str, QuantBlocks] = {}
     if gguf is not None and not options.requantize:
         carried = carried_blocks(GgufTensors(gguf), model, dims, options.wide_blocks, base)  # at the GGUF's own precision (Q8_0 stays 8-bit)
+        if options.body_blocks.block is not None and options.dtype is WeightDtype.INT4:
+            carried = _searched_body(carried, options.body_blocks.block, activations or {}, log)
         if options.dtype is WeightDtype.INT8:  # the same values, stored 8-bit (q + 128 − zero, zero point 128)
             carried = {name: blocks.widened() for name, blocks in carried.items()}
         elif options.applied_minimum is not MinimumForm.BLOCK_SUM:
             residual = options.applied_minimum in (MinimumForm.CENTERED, MinimumForm.FOLDED)
             carried = {name: blocks.with_zero_points(residual=residual) for name, blocks in carried.items()}
+    head = carried.get(LM_HEAD)
+    narrowing = _reranked_head(head, options) and head_bits(head, options.lm_head_bits) == 4
+    untied = not dims.tie_word_embeddings
+    if narrowing and untied and options.lm_head_rows is LmHeadRows.EIGHT_BIT:
+        carried[LM_HEAD] = WideBlocks.Q8_0.narrowed(head)  # the re-rank's rows in blocks of 32: 8.5 bits, not 10
     replaced = carry_matmuls(model, carried, accuracy_level=options.accuracy_level,
                              levels={LM_HEAD: options.lm_head_accuracy_level},
                              fold=options.applied_minimum is MinimumForm.FOLDED, outliers=outliers, base_dir=base)
-    head = carried.get(LM_HEAD)
-    narrowed = _reranked_head(head, options) and head_bits(head, options.lm_head_bits) == 4 and \
-        narrow_lm_head(model, weight=LM_HEAD, head=head, accuracy_level=options.lm_head_accuracy_level)
-    rerank = _rerank_lm_head(model, head, options, scatter=narrowed)
+    narrowed = narrowing and narrow_lm_head(model, weight=LM_HEAD, head=head,
+                                            accuracy_level=options.lm_head_accuracy_level,
+                                            narrowed=_searched_head(head, options.body_blocks.block))
+    once = narrowed and untied and options.lm_head_rows is LmHeadRows.OWN  # the head stored once
+    rerank = _rerank_lm_head(model, carried.get(LM_HEAD), options, scatter=narrowed,
+                             rows=f"{LM_HEAD}.4bit" if once else None)
+    if once:
+        drop_unused(model.graph)
     fuse_skip_norms(model)  # residual add + RMSNorm as one node (export/fuse_norms.py)
     log(f"carried {len(replaced)} GGUF matrices as MatMulNBits "
         f"({', '.join(sorted({b.source_type for b in carried.values()})) or 'none'})")
@@ -219,6 +278,33 @@ def quantize_decoder(path: Path, *, options: QuantOptions, dims: ModelDims, gguf
     return QuantReport(carried={k: carried[k].source_type for k in replaced}, quantized=quantized,
                        lm_head_rerank=rerank,
                        outlier_channels={n: c for n, c in outliers.items() if n in replaced})
+
+
+def _searched_body(carried: dict[str, QuantBlocks], block: int, activations: dict, log) -> dict[str, QuantBlocks]:
+    """Every carried body matrix re-quantized into 4-bit blocks of `block` (block_search.py), each input channel
+    weighted by its mean square on the validation prompt where the matrix's input was captured."""
+    weights = {name: importance(inputs) for names, inputs in activations.items() for name in names}
+    out = dict(carried)
+    for name, blocks in carried.items():
+        if name == LM_HEAD or blocks.shape[1] % block:
+            continue
+        out[name] = searched_blocks(blocks.dequantize(), block=block, channel_weights=weights.get(name),
+                                    source=f"{blocks.source_type}→4-bit/{block}")
+    log(f"re-quantized {sum(out[n] is not carried[n] for n in out)} body matrices into 4-bit blocks of {block} "
+        f"({'input-weighted' if weights else 'unweighted'} search)")
+    return out
+
+
+def _searched_head(head: QuantBlocks | None, body_block: int | None) -> QuantBlocks | None:
+    """The narrowed LM head where the body is re-quantized: searched blocks of 32 (block_search.py; None: narrow_lm_head's
+    own round-to-nearest ones). Blocks of 32, whatever the body's: the head reads the gathered rows, whose count the
+    route does not always round to an even number, and MLAS gives a row of 32-blocks the same bits at any count."""
+    if head is None or body_block is None or head.shape[1] % 32:
+        return None
+    rows = [searched_blocks(head.rows(np.arange(start, min(start + 16384, head.shape[0]))).dequantize(), block=32)
+            for start in range(0, head.shape[0], 16384)]
+    return QuantBlocks(f"{head.source_type}→4-bit/32", np.concatenate([r.q for r in rows]),
+                       np.concatenate([r.scale for r in rows]), None, 4, 32, np.concatenate([r.zero for r in rows]))
 
 
 HEAD_BITS = {32: 8, 16: 4}  # an 8-bit head's block → the bits its MatMulNBits reads (head_bits)
@@ -239,13 +325,15 @@ def _reranked_head(head: QuantBlocks | None, options: QuantOptions) -> bool:
         and options.lm_head_accuracy_level != 0 and options.lm_head_rerank > 0
 
 
-def _rerank_lm_head(model: onnx.ModelProto, head: QuantBlocks | None, options: QuantOptions, *, scatter: bool) -> int:
-    """The exact re-rank of an 8-bit head's top k (and with `scatter`, of its top-k logits). Returns the k written."""
+def _rerank_lm_head(model: onnx.ModelProto, head: QuantBlocks | None, options: QuantOptions, *, scatter: bool,
+                    rows: str | None = None) -> int:
+    """The exact re-rank of an 8-bit head's top k (and with `scatter`, of its top-k logits), from the rows of the
+    MatMulNBits initializers named `rows` (default: the 8-bit head's own). Returns the k written."""
     if not _reranked_head(head, options):
         return 0
     lm_head = next(n for n in model.graph.node if n.name == f"{LM_HEAD}.MatMulNBits")
     done = rerank_argmax(model, weight=LM_HEAD, hidden=lm_head.input[0], ids=NEXT_TOKEN_IDS, k=options.lm_head_rerank,
-                         scatter=scatter)
+                         scatter=scatter, rows=rows)
     return options.lm_head_rerank if done else 0
 
 

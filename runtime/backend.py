@@ -17,7 +17,7 @@ import numpy as np
 
 from specmemo.errors import SpecMemoError
 from specmemo.runtime import tree
-from specmemo.runtime.plan import route_rows
+from specmemo.runtime.plan import route_rows, route_rows_for
 from specmemo.runtime.sizes import WINDOW_MARGIN
 
 if TYPE_CHECKING:  # the PyTorch reference uses this module without ONNX Runtime
@@ -89,9 +89,9 @@ def check_fits(length: int, new: int, capacity: int, reserved: int = 0) -> None:
 class OrtBackend:
     """DecoderSession behind the Backend interface, writing every input into the session's arena.
 
-    One numeric route: every call runs at least `manifest.min_step_rows` (2) rows, and gathers at
-    least as many rows for the LM head; a 1-token step gets a padding row (the same token again, as
-    its child) whose outputs are ignored. ONNX
+    One numeric route: every call runs at least `manifest.min_step_rows` (2) rows, a multiple of
+    `manifest.step_row_multiple`, and gathers rows for the LM head by the same rule; a 1-token step gets a padding
+    row (the same token again, as its child) whose outputs are ignored. ONNX
     Runtime's CPU kernels take another path for a single row (sgemm's M = 1 case, MatMulNBits'
     M = 1 kernels), so a row computed alone differs from the same row in a T-node verify: by
     rounding on fp32 logits, and by whole units with MatMulNBits at accuracy level 4. From 2 rows on,
@@ -109,10 +109,12 @@ class OrtBackend:
         self._tree = TreeInputs(session.arena["attention_bias"].dtype)
         self._arange = np.arange(session.rows, dtype=np.int64)
         self.min_rows = route_rows(session.manifest, session.sizes)  # the plan's numeric route (plan.route_rows)
+        self.row_multiple = session.manifest.step_row_multiple
+        self.padding = max(self.min_rows, self.row_multiple) - 1  # the most padding rows a call adds
 
     @property
     def capacity(self) -> int:
-        return self.session.kv.capacity - (self.min_rows - 1)  # room for the padding row
+        return self.session.kv.capacity - self.padding  # room for the padding rows
 
     @property
     def length(self) -> int:
@@ -122,7 +124,7 @@ class OrtBackend:
         """Logits for every node, or with `last_only` for the last one (prefill). The arrays are
         views into the arena when the step fits in one call (valid until the next forward);
         a chunked chain returns copies, and with `last_only` the hidden states of its last chunk."""
-        check_fits(self.length, len(tokens), self.capacity, self.min_rows - 1)
+        check_fits(self.length, len(tokens), self.capacity, self.padding)
         size, s = len(tokens), self.session
         if size <= s.rows and (last_only or size <= s.logit_rows):
             return self._run(tokens, parents, 0, last_only)
@@ -143,9 +145,10 @@ class OrtBackend:
     def _run(self, tokens: list[int], parents: list[int], offset: int, last_only: bool) -> Forward:
         """One decoder call for `tokens` on top of the committed positions and `offset` uncommitted ones."""
         real = len(tokens)
-        if real < self.min_rows:  # padding rows: a chain under the last node, never read
-            tokens = [*tokens, *[tokens[-1]] * (self.min_rows - real)]
-            parents = [*parents, *range(real - 1, self.min_rows - 1)]
+        rows = route_rows_for(real, min_rows=self.min_rows, multiple=self.row_multiple, most=self.session.rows)
+        if real < rows:  # padding rows: a chain under the last node, never read
+            tokens = [*tokens, *[tokens[-1]] * (rows - real)]
+            parents = [*parents, *range(real - 1, rows - 1)]
         arena, size = self.session.arena, len(tokens)
         past = self.length + offset
         attended = past + size
@@ -159,7 +162,8 @@ class OrtBackend:
         bias[:, past:] = block
         wanted = 1 if last_only else real  # logit rows asked for: the last node's, or every node's
         first = real - wanted
-        gathered = max(wanted, min(self.min_rows, size, self.session.logit_rows))  # the LM head gets >= 2 rows too
+        gathered = route_rows_for(wanted, min_rows=min(self.min_rows, size), multiple=self.row_multiple,
+                                  most=min(size, self.session.logit_rows))  # the LM head's rows on the same route
         start = min(first, size - gathered)  # gathered rows [start, start + gathered) hold the wanted ones
         arena["logits_indices"][:gathered] = self._arange[start : start + gathered]
         attended_w = self._window_bias(past, size, block) if self.session.kv.sliding else 0

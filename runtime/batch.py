@@ -111,14 +111,16 @@ class BatchSession:
     def local_stride(self) -> int:  # between two rows' sliding-layer biases: (R + 1) * C_w
         return (self.rows + 1) * self.layout.window_capacity
 
-    def run(self, sizes: list[int], attended: list[int], logit_rows: int, attended_w: list[int] = ()) -> None:
+    def run(self, sizes: list[int], attended: list[int], logit_rows: int, attended_w: list[int] = (),
+            lanes: int | None = None) -> None:
         """Run the call whose inputs the caller wrote into the arena: row b's n_b = sizes[b] tokens at
         [sum(sizes[:b]), ...) of input_ids, its n_b + 1 attention rows in attention_rows/position_ids,
         its [n_b + 1, S_b] bias at b * (R + 1) * C (and its sliding layers' [n_b + 1, S_w_b] at b * (R + 1) * C_w),
-        token_rows, and `logit_rows` entries of logits_indices."""
+        token_rows, and `logit_rows` entries of logits_indices. `lanes`: entries of the token axis when a padding lane
+        follows the tokens (BatchDecoder.forward)."""
         io, a, d, g = self.manifest.io, self.arena, self.manifest.dims, self.graph
-        total = sum(sizes)
-        rows = total + len(sizes)  # A: each row's tokens and its padding row
+        rows = sum(sizes) + len(sizes)  # A: each row's tokens and its padding row
+        total = lanes or sum(sizes)
         for b, (size, span) in enumerate(zip(sizes, attended)):
             self._bind(g.attention_bias[b], a["attention_bias"][b * self.bias_stride:], (1, 1, size + 1, span))
         for b, (size, span) in enumerate(zip(sizes, attended_w)):
@@ -199,10 +201,15 @@ class BatchBackend:
             attended.append(span)
             start += size
             at += size + 1
-        while len(gathered) < 2:  # the LM head runs >= 2 rows, as on the one-sequence route
-            gathered.append(next(i for i in range(start) if i not in gathered))
+        multiple, lanes = s.manifest.step_row_multiple, start
+        if start % multiple and start < len(ids):  # an even count of MatMul lanes: one more, the last token again,
+            ids[start] = ids[start - 1]  # fed from the last attention row (no KV of its own), its outputs unread
+            token_rows[start] = at - 1
+            lanes += 1
+        while len(gathered) < 2 or len(gathered) % multiple:  # the LM head's rows on the one-sequence route's rule
+            gathered.append(next(i for i in range(lanes) if i not in gathered))
         a["logits_indices"][: len(gathered)] = gathered
-        s.run(sizes, attended, len(gathered), attended_w)
+        s.run(sizes, attended, len(gathered), attended_w, lanes=lanes)
         v, h = s.manifest.dims.vocab_size, s.manifest.dims.hidden_size
         logits = a["logits"][: len(gathered) * v].reshape(len(gathered), v)
         next_ids = a["next_token_ids"][: len(gathered)]

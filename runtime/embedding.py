@@ -13,7 +13,8 @@ The alternatives it was measured against (docs/benchmarks.md has the figures):
 Quantized artifacts (export --dtype int8|int4) have no table of their own: a row is read from the
 tied LM head's MatMulNBits initializers in the decoder's data file (values, then scales) and
 dequantized into the caller's buffer, x = scale · (q − zero point), in the same fp32 arithmetic the
-exporter checked against the model's weights.
+exporter checked against the model's weights. An untied model's table is its GGUF embedding blocks in a file of
+their own (values, scales, then per-block minimums for Q4_K), x = scale · q + minimum.
 """
 
 from __future__ import annotations
@@ -41,8 +42,11 @@ class EmbeddingTable:
             self._blocks = self.hidden_size // q.block_size  # per row
             self._values = np.empty(self.row_bytes, np.uint8)  # scratch for one row, reused
             self._scales = np.empty(self._blocks, np.dtype(q.scales_dtype))
-            self._check_size(max(q.values_offset + self.vocab_size * self.row_bytes,
-                                 q.scales_offset + self.vocab_size * self._scales.nbytes))
+            self._minimums = None if q.minimums_offset is None else np.empty(self._blocks, np.float32)
+            ends = [q.values_offset + self.vocab_size * self.row_bytes, q.scales_offset + self.vocab_size * self._scales.nbytes]
+            if q.minimums_offset is not None:
+                ends.append(q.minimums_offset + self.vocab_size * 4 * self._blocks)
+            self._check_size(max(ends))
         self._file = io.FileIO(path, "r")  # unbuffered: each row is one read into a buffer
 
     def _check_size(self, expected: int) -> None:
@@ -79,6 +83,9 @@ class EmbeddingTable:
             blocks[:, 1::2] = pairs >> 4
         blocks -= q.zero_point
         blocks *= self._scales[:, None]
+        if self._minimums is not None:
+            self._read(q.minimums_offset + token * self._minimums.nbytes, self._minimums)
+            blocks += self._minimums[:, None]
 
     def close(self) -> None:
         self._file.close()

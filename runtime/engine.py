@@ -86,7 +86,7 @@ class Engine:
         if not 0 <= cached < len(prompt_ids) or cached > self._backend.length:
             raise ValueError(f"cached={cached} must be committed ({self._backend.length} rows are) and leave at least "
                              f"one of the {len(prompt_ids)} prompt tokens to prefill")
-        check_fits(cached, len(prompt_ids) - cached, self._backend.capacity, self._backend.min_rows - 1)  # before any latency measurement
+        check_fits(cached, len(prompt_ids) - cached, self._backend.capacity, self._backend.padding)  # before any latency measurement
         speculative = mode is not Mode.GREEDY
         if cached == 0:
             self._backend.reset()

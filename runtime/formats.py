@@ -16,9 +16,11 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class QuantizedRows:
-    """Embedding rows stored as MatMulNBits stores a weight's rows (the tied LM head's own bytes):
-    row t is `bits`-bit q at values_offset + t·h·bits/8 (two 4-bit values a byte, the first in the low
-    nibble) and scales at scales_offset + t·(h/block)·(2 or 4); x = scale · (q − zero_point) in float32."""
+    """Embedding rows stored as MatMulNBits stores a weight's rows (the tied LM head's own bytes, or an untied
+    model's GGUF embedding blocks): row t is `bits`-bit q at values_offset + t·h·bits/8 (two 4-bit values a byte,
+    the first in the low nibble) and scales at scales_offset + t·(h/block)·(2 or 4); x = scale · (q − zero_point)
+    in float32, plus a float32 minimum per block at minimums_offset + t·(h/block)·4 when the blocks have one
+    (Q4_1 / Q4_K: w = d·q + m)."""
 
     bits: int  # 4 or 8
     block_size: int
@@ -26,6 +28,7 @@ class QuantizedRows:
     values_offset: int  # bytes into EmbeddingInfo.file
     scales_offset: int
     scales_dtype: str = "float32"  # float32 | float16
+    minimums_offset: int | None = None  # float32 per block, added after the scale (None: blocks without a minimum)
 
     def __post_init__(self) -> None:
         if (self.bits not in (4, 8) or self.block_size <= 0 or not 0 <= self.zero_point < 1 << self.bits

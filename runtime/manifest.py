@@ -103,6 +103,7 @@ class Manifest:
     plan: DevicePlan | None = None  # set by `export --profile`
     quantization: QuantizationInfo | None = None  # set by `export --dtype int8|int4`
     min_step_rows: int = 2  # every decoder call runs at least this many rows (runtime/backend.py: one numeric route)
+    step_row_multiple: int = 1  # and a multiple of this many (2 where MatMulNBits computes a row alone otherwise)
     draft_shape: str = "tree"  # tree | chain: "chain" where only a chain verifies exactly (level 4, float16 KV)
     ort_format: OrtFormatInfo | None = None  # set by `export --mobile`
     generation: GenerationDefaults | None = None  # chat's sampling defaults (None: greedy)
@@ -118,8 +119,9 @@ class Manifest:
             raise ManifestError(f"max_capacity must be positive, got {self.max_capacity}")
         if self.draft_shape not in ("tree", "chain"):
             raise ManifestError(f"draft_shape {self.draft_shape!r} is not tree or chain: re-export the artifact")
-        if self.min_step_rows < 1:
-            raise ManifestError(f"min_step_rows must be at least 1, got {self.min_step_rows}: re-export the artifact")
+        if self.min_step_rows < 1 or self.step_row_multiple not in (1, 2):
+            raise ManifestError(f"min_step_rows {self.min_step_rows} and step_row_multiple {self.step_row_multiple} "
+                                f"are not a numeric route (>= 1; 1 or 2): re-export the artifact")
         if self.weight_dtype not in WEIGHT_DTYPES:
             raise ManifestError(f"weight_dtype {self.weight_dtype!r} is not one of {', '.join(WEIGHT_DTYPES)}: "
                                 f"re-export with this version of specmemo")

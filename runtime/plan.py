@@ -158,6 +158,15 @@ def route_rows(manifest: Manifest, sizes: Sizes) -> int:
     return min(manifest.min_step_rows, sizes.rows)
 
 
+def route_rows_for(real: int, *, min_rows: int, multiple: int, most: int) -> int:
+    """Rows a call of `real` rows runs: at least `min_rows`, rounded up to a `multiple` (the manifest's
+    step_row_multiple: some MatMulNBits kernels compute the last row of an odd count alone, another rounding), never
+    more than `most` (the arena's R, or the rows the LM head may gather)."""
+    rows = max(real, min_rows)
+    rows += -rows % multiple
+    return min(rows, max(real, most))
+
+
 def weights_stored(artifact: Path, manifest: Manifest) -> int:
     """Bytes of the artifact's weight files (shown beside the measured load; ORT's packed copies are in it)."""
     files = [manifest.decoder_data_file, manifest.embedding.file] + ([manifest.heads.data_file] if manifest.heads else [])

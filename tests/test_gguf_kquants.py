@@ -59,3 +59,70 @@ def test_a_fused_matrix_of_mixed_types_keeps_every_weight():
     digits = fold_bias(folded)
     got = digits.dequantize() @ np.concatenate([x, padded, padded])
     assert np.abs(got - reference @ x).max() < 1e-5 * np.abs(reference @ x).max() * 10
+
+
+def test_an_untied_models_embedding_reads_its_gguf_blocks(tmp_path):
+    """export/embedding_rows.gguf_rows: a Q4_K token_embd becomes the artifact's table (values, float32 scales and
+    minimums), checked against the float32 table; the runtime's rows equal that table bit for bit."""
+    import gguf
+
+    from specmemo.export.embedding_rows import gguf_rows
+    from specmemo.runtime.embedding import EmbeddingTable
+    from specmemo.runtime.manifest import EmbeddingInfo
+
+    vocab, hidden = 10, 512
+    raw = random_blocks("Q4_K", rows=vocab, blocks=hidden // 256, seed=9)
+    table = quants.dequantize(raw, GGMLQuantizationType.Q4_K).reshape(vocab, hidden)
+    writer = gguf.GGUFWriter(str(tmp_path / "m.gguf"), "llama")
+    writer.add_tensor("token_embd.weight", raw, raw_shape=raw.shape, raw_dtype=GGMLQuantizationType.Q4_K)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    table.astype("<f4").tofile(tmp_path / "embedding.bin")
+    info = gguf_rows(tmp_path / "m.gguf", tmp_path, EmbeddingInfo(file="embedding.bin", dtype="float32",
+                                                                   shape=(vocab, hidden)))
+    assert info is not None and info.quantized.minimums_offset is not None
+    assert (tmp_path / info.file).stat().st_size == vocab * (hidden // 2 + 2 * 4 * hidden // 32)
+    rows = np.empty((3, hidden), np.float32)
+    reader = EmbeddingTable(tmp_path / info.file, info)
+    reader.lookup(np.array([9, 0, 4]), rows)
+    reader.close()
+    assert np.array_equal(rows, table[[9, 0, 4]])
+    table[3, 7] += 1e-3  # a table the blocks do not make is refused
+    table.astype("<f4").tofile(tmp_path / "embedding.bin")
+    with pytest.raises(Exception, match="do not dequantize"):
+        gguf_rows(tmp_path / "m.gguf", tmp_path, EmbeddingInfo(file="embedding.bin", dtype="float32",
+                                                               shape=(vocab, hidden)))
+
+
+def test_q4_k_scales_are_stored_as_the_gguf_stores_them_and_fold_back_exactly():
+    """quantize._scale_tensors: a Q4_K matrix's float32 scales (d·sc) become an f16 d per super-block and a 6-bit
+    integer per block; ONNX Runtime folds them back at load, and the node's outputs equal those of the same node
+    with float32 scales, bit for bit. Scales that are no such product stay float32."""
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+
+    from specmemo.export.quantize import factored_scales, matmulnbits_tensors
+    from specmemo.runtime.session import SessionConfig, session_options
+
+    blocks = decode("Q4_K", random_blocks("Q4_K", rows=16, blocks=2, seed=4)).with_zero_points()  # K = 512
+    d, c = factored_scales(blocks.scale)
+    assert c.max() <= 63 and np.array_equal(d[..., None] * c.astype(np.float32), blocks.scale.reshape(16, 2, 8))
+    assert factored_scales(blocks.scale + np.float32(1e-7)) is None
+
+    def run(tensors, nodes, x):
+        node = helper.make_node("MatMulNBits", ["x", "w.q", "w.scales", "w.zero_points"], ["y"], domain="com.microsoft",
+                                K=512, N=16, bits=4, block_size=32, accuracy_level=4)
+        graph = helper.make_graph(nodes + [node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 512])],
+                                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 16])], tensors)
+        model = helper.make_model(graph, ir_version=10, opset_imports=[helper.make_opsetid("", 21),
+                                                                       helper.make_opsetid("com.microsoft", 1)])
+        return ort.InferenceSession(model.SerializeToString(), session_options(SessionConfig())).run(None, {"x": x})[0]
+
+    x = np.random.default_rng(0).standard_normal((4, 512)).astype(np.float32)
+    tensors, nodes = matmulnbits_tensors("w", blocks)
+    assert not any(t.name == "w.scales" for t in tensors)  # stored factored
+    assert sum(t.ByteSize() for t in tensors if t.name.startswith("w.scales")) < blocks.scale.nbytes / 2
+    plain = [t for t in tensors if not t.name.startswith("w.scales")] + [numpy_helper.from_array(blocks.scale, "w.scales")]
+    assert np.array_equal(run(tensors, nodes, x), run(plain, [], x))

@@ -13,7 +13,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 from specmemo.export.gguf_weights import (FORMATS, GgufWeightsError, QuantBlocks, carry, decode, fold_bias,
                                           llama_rotary_order)
-from specmemo.export.quantize import carry_matmuls, narrow_lm_head, rerank_argmax
+from specmemo.export.lm_head import narrow_lm_head, rerank_argmax
+from specmemo.export.quantize import carry_matmuls
 from specmemo.export.weights_dtype import QuantOptions, WeightDtype
 from specmemo.runtime.embedding import EmbeddingTable
 from specmemo.runtime.manifest import EmbeddingInfo, QuantizedRows
@@ -286,3 +287,49 @@ def test_a_narrowed_head_keeps_the_exact_pick_and_top_logits():
     top = np.argsort(-logits[0], axis=-1)[:, :1]  # the best logit is one of the exactly scored candidates
     assert np.allclose(np.take_along_axis(logits[0], top, -1), np.take_along_axis(exact, top, -1), rtol=1e-5, atol=1e-4)
     assert np.abs(logits[0] - exact).max() > 1e-3  # the rest is the 4-bit head's
+
+
+def test_a_head_stored_once_reranks_from_its_own_4bit_rows():
+    """The head stored once: rerank_argmax(rows=w.4bit) unpacks the narrowed head's 4-bit codes and per-block zero
+    points in the graph; the pick is the fp32 argmax of the 4-bit weights on every row, alone or beside another row,
+    and drop_unused leaves no 8-bit row behind."""
+    from specmemo.export.quantize import drop_unused, requantized_rows
+
+    rng = np.random.default_rng(8)
+    blocks = decode("Q8_0", raw_blocks("Q8_0", 512, 96, rng))  # nb = 3: an odd count of zero points per row
+    narrow = requantized_rows(blocks, bits=4, block=32, source="test")
+    weight4 = narrow.dequantize()
+    x = rng.standard_normal((1, 300, 96)).astype(np.float32)
+    exact = (x[0].astype(np.float64) @ weight4.T.astype(np.float64)).argmax(-1)
+    model = argmax_model(np.ascontiguousarray(blocks.dequantize().T))
+    carry_matmuls(model, {"w": blocks}, accuracy_level=4)
+    head = next(n for n in model.graph.node if n.op_type == "MatMulNBits")
+    assert narrow_lm_head(model, weight="w", head=blocks, accuracy_level=4)
+    assert rerank_argmax(model, weight="w", hidden=head.input[0], ids="ids", k=8, scatter=True, rows="w.4bit")
+    dropped = drop_unused(model.graph)
+    assert "w.q" in dropped and not any(t.name.startswith("w.scales") for t in model.graph.initializer)
+    session = ort.InferenceSession(model.SerializeToString(), session_options(SessionConfig()))
+    ids = session.run(None, {"x": x})[1][0]
+    assert np.array_equal(ids, exact)
+    assert np.array_equal(session.run(None, {"x": x[:, 5:7]})[1][0], ids[5:7])
+
+
+def test_route_rows_for_pads_to_the_minimum_and_the_multiple():
+    from specmemo.runtime.plan import route_rows_for
+
+    assert [route_rows_for(n, min_rows=2, multiple=1, most=16) for n in (1, 2, 3, 16)] == [2, 2, 3, 16]
+    assert [route_rows_for(n, min_rows=2, multiple=2, most=16) for n in (1, 2, 3, 15, 16)] == [2, 2, 4, 16, 16]
+    assert route_rows_for(15, min_rows=2, multiple=2, most=15) == 15  # never past the arena's rows
+
+
+def test_blocks_over_32_run_an_even_row_count_and_stay_on_one_route(tmp_path_factory):
+    """MatMulNBits blocks of 64 or more: MLAS's x86 kernels compute rows in pairs and an odd count's last row alone,
+    so the manifest asks for an even row count (step_row_multiple 2) and the backend pads to it; then a T = 11
+    chain in one call gives the bits of one-token steps."""
+    from specmemo.runtime.manifest import load_manifest
+
+    artifact = export_tiny(tiny_config("LlamaForCausalLM"), tmp_path_factory.mktemp("int4b64"),
+                           quant=QuantOptions(dtype=WeightDtype.INT4, accuracy_level=4, block_size=64))
+    assert load_manifest(artifact).step_row_multiple == 2
+    chain, _, padded = rows_route(artifact, 11)
+    assert np.array_equal(padded, chain)

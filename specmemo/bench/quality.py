@@ -207,13 +207,33 @@ def reference_prompts(reference: Path, prompts: int, threads: int) -> tuple[list
     return [tokenizer.encode_chat([Message("user", q)]) for q in questions], sorted(tokenizer.eos_token_ids)
 
 
+def cached_replies(reference: Path, prompt_ids: list[list[int]], max_new_tokens: int, make) -> list[list[int]]:
+    """The reference's greedy replies, kept under the cache folder by (its manifest, the prompts, the length): a
+    float32 model decodes slowly, and every later measurement against it reuses them."""
+    import hashlib
+    import json
+
+    from specmemo.paths import cache_root
+
+    key = hashlib.sha256((reference / "manifest.json").read_bytes() + json.dumps([prompt_ids, max_new_tokens]).encode())
+    path = cache_root() / "quality" / f"{reference.name}-{key.hexdigest()[:16]}.json"
+    if path.is_file():
+        return json.loads(path.read_text())
+    replies = make()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as cache:  # a cache of token ids, not a result (those go through results.write_json)
+        json.dump(replies, cache)
+    return replies
+
+
 def measure_points(reference: Path, openers: list[tuple[str | None, object]], *, prompts: int, max_new_tokens: int,
                    threads: int, conversations: int = HELD_OUT) -> list[Quality]:
     """The reference itself, then each (name or None for the engine's own, threads → teacher-forced engine), one
     open at a time: agreement with the reference's greedy replies, perplexity of held-out replies."""
     prompt_ids, _ = reference_prompts(reference, prompts, threads)
     ref = open_greedy(reference, threads)
-    replies = reference_replies(ref, prompt_ids, max_new_tokens)
+    replies = cached_replies(reference, prompt_ids, max_new_tokens, lambda: reference_replies(ref, prompt_ids,
+                                                                                              max_new_tokens))
     texts = held_out_texts(ref.tokenizer, conversations)
     del ref
     results = []

@@ -29,6 +29,13 @@ def add_profile_parser(bench) -> None:
     b.add_argument("--context", type=positive, default=200, help="past positions before the measured steps")
     b.add_argument("--steps", type=positive, default=64, help="measured steps per pass")
     b.add_argument("--threads", type=positive, default=2)
+    b.add_argument("--also", type=Path, action="append", default=[], metavar="ARTIFACT",
+                   help="more artifacts for the alternated pass (repeatable)")
+    b.add_argument("--rounds", type=int, default=12,
+                   help="the alternated pass: our step (each artifact) and GenAI's one-row step opened in one process "
+                        "and run in turns, --block steps each, this many rounds (0: skip it)")
+    b.add_argument("--block", type=positive, default=10, help="steps per turn in the alternated pass")
+    b.add_argument("--skip-account", action="store_true", help="only the alternated pass (no per-operator account)")
     b.add_argument("--json", type=Path, default=run_folder("bench-profile.json"), help="where to write JSON")
     b.set_defaults(handler=cmd_bench_profile)
 
@@ -50,7 +57,48 @@ def cmd_bench_profile(args: argparse.Namespace) -> int:
         gguf = gguf_file(manifest.source_model)
     config = ProfileConfig(artifact=args.artifact, context=args.context, steps=args.steps, threads=args.threads,
                            genai_dir=genai_dir, gguf=gguf)
-    result = run_profile(config, log=log_stderr)
-    print(format_table(result))
+    if args.skip_account:
+        from specmemo.bench.results import machine_info
+
+        result = {"config": {"artifact": str(args.artifact), "context": args.context, "threads": args.threads},
+                  "machine": machine_info(args.threads), "engines": {}}
+    else:
+        result = run_profile(config, log=log_stderr)
+        print(format_table(result))
+    if args.rounds > 0:
+        result["alternated"] = alternated(args, genai_dir)
+        print(format_alternated(result["alternated"], result["machine"]))
     print(f"wrote {write_json(result, args.json)}")
     return 0
+
+
+def alternated(args: argparse.Namespace, genai_dir: Path | None) -> dict:
+    from specmemo.bench.step_ab import alternate, genai_stepper, our_stepper
+
+    steppers, rows = {}, {}
+    total = WARMUP + args.rounds * args.block
+    for artifact in [args.artifact, *args.also]:
+        name = f"specmemo {artifact.name}"
+        steppers[name], rows[name] = our_stepper(artifact, context=args.context, steps=total, threads=args.threads)
+    if genai_dir is not None:
+        steppers["onnxruntime-genai"] = genai_stepper(genai_dir, context=args.context, threads=args.threads)
+        rows["onnxruntime-genai"] = 1
+    log_stderr(f"alternated pass: {', '.join(steppers)}, {args.rounds} rounds of {args.block} steps each ...")
+    out = alternate(steppers, rounds=args.rounds, block=args.block)
+    for name in out:
+        out[name]["rows_per_call"] = rows[name]
+    return out
+
+
+WARMUP = 8  # steps beyond the measured ones a session must hold room for
+
+
+def format_alternated(out: dict, machine: dict) -> str:
+    peer = out.get("onnxruntime-genai", {}).get("run_ms")
+    lines = [f"alternated pass (median ms inside session.run per step; {machine.get('cpu', '?')}, "
+             f"{machine.get('isa', '?')}, {machine.get('threads', '?')} threads):"]
+    for name, t in out.items():
+        ratio = f"  = {t['run_ms'] / peer:.2f}x GenAI's one-row step" if peer and name != "onnxruntime-genai" else ""
+        rounds = ", ".join(f"{v:.1f}" for v in t["by_round"])
+        lines.append(f"  {name:<36} {t['run_ms']:7.2f} ms ({t['rows_per_call']} rows a call){ratio}   rounds: {rounds}")
+    return "\n".join(lines)

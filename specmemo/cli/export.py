@@ -77,10 +77,19 @@ def add_parser(sub) -> None:
     # the LM head's bits follow its GGUF block type (weights_dtype.head_bits); kept for experiments, not shown
     p.add_argument("--lm-head-bits", type=int, choices=(4, 8), default=None, help=argparse.SUPPRESS)
     p.add_argument("--wide-blocks", choices=["8-bit", "carried", "4-bit"], default=None,
-                   help="the body's 8-bit GGUF matrices (Q4_K_M's Q6_K V and down projections, Q5_0): 8-bit "
-                        "(default) re-blocks them to 8-bit blocks of 32 (Q8_0's form: a Q6_K weight moves by a quarter "
-                        "of its step at most, read faster than blocks of 16); carried keeps the GGUF's blocks exactly; "
-                        "4-bit re-quantizes them to the Q4_1 form, half the bytes a step, less argmax agreement")
+                   help="the body's 8-bit GGUF matrices (Q4_K_M's Q6_K V and down projections, Q5_0): 4-bit "
+                        "(default for int4) re-quantizes them to the Q4_1 form, half the bytes a step for a little "
+                        "argmax agreement; 8-bit (default for int8) re-blocks them to 8-bit blocks of 32 (a Q6_K "
+                        "weight moves by a quarter of its step at most); carried keeps the GGUF's blocks exactly "
+                        "(docs/profile/qwen15-routes.md)")
+    p.add_argument("--body-blocks", choices=["carried", "32", "64", "128"], default=None,
+                   help="the body's 4-bit matrices: carried (default) keeps the GGUF's blocks of 32 (an exact Q4_K "
+                        "minimum, a term beside each node); 32/64/128 re-quantizes them into asymmetric blocks of "
+                        "that size, searched against real activations: no minimum term, fewer bytes a step for "
+                        "larger blocks, argmax agreement lost (docs/profile/qwen15-routes.md)")
+    p.add_argument("--lm-head-rows", choices=["8-bit", "4-bit"], default=None,
+                   help="the rows a 4-bit LM head's exact re-rank reads: 8-bit (default) keeps the GGUF head's pick, "
+                        "stored beside the 4-bit head; 4-bit stores the head once (smaller, less argmax agreement)")
     p.add_argument("--kv-dtype", choices=["float32", "float16"], default=None,
                    help="the KV buffer's elements: float16 halves the largest memory use after the weights "
                         "(attention then computes in float16, and the artifact verifies chains only; see "
@@ -150,7 +159,8 @@ def cmd_export(args: argparse.Namespace) -> int:
     check_supported(args.model)  # from the GGUF header or config.json: refused before torch is even imported
     from specmemo.export.artifact import (DEFAULT_MAX_CAPACITY, ExportOptions, default_feature_drafter, default_heads,
                                           export_artifact)
-    from specmemo.export.weights_dtype import MinimumForm, QuantOptions, WeightDtype, WideBlocks
+    from specmemo.export.weights_dtype import (BodyBlocks, LmHeadRows, MinimumForm, QuantOptions, WeightDtype,
+                                               WideBlocks)
 
     heads = {"auto": default_heads(args.model), "none": None}.get(args.heads, Path(args.heads))
     profile = apply_profile(args)
@@ -171,7 +181,9 @@ def cmd_export(args: argparse.Namespace) -> int:
                          requantize=args.requantize, lm_head_rerank=args.lm_head_rerank,
                          minimum=MinimumForm(args.minimum or ("block-sum" if args.exact else "folded")),
                          lm_head_bits=args.lm_head_bits,
-                         wide_blocks=WideBlocks(args.wide_blocks or "8-bit"),
+                         wide_blocks=WideBlocks(args.wide_blocks) if args.wide_blocks else None,
+                         body_blocks=BodyBlocks(args.body_blocks or "carried"),
+                         lm_head_rows=LmHeadRows(args.lm_head_rows or "8-bit"),
                          accuracy_level=args.accuracy_level if args.accuracy_level is not None
                          else 0 if args.exact and args.dtype != "int8" else 4)
     out = args.out or default_artifact(args.model, quant.dtype.value)

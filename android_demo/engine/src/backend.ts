@@ -28,16 +28,28 @@ export function checkFits(length: number, added: number, capacity: number, reser
   }
 }
 
+/** Rows a call of `real` rows runs (runtime/plan.py route_rows_for): at least `minRows`, rounded up to `multiple`,
+ * never more than `most`. */
+export function routeRowsFor(real: number, minRows: number, multiple: number, most: number): number {
+  let rows = Math.max(real, minRows);
+  rows += (multiple - (rows % multiple)) % multiple;
+  return Math.min(rows, Math.max(real, most));
+}
+
 export class OrtBackend {
   readonly minRows: number;
+  readonly rowMultiple: number;
+  readonly padding: number; // the most padding rows a call adds
   private readonly treeInputs = new Map<string, [number[], Float32Array]>();
 
   constructor(readonly session: DecoderSession) {
     this.minRows = Math.min(session.manifest.min_step_rows, session.rows);
+    this.rowMultiple = session.manifest.step_row_multiple ?? 1;
+    this.padding = Math.max(this.minRows, this.rowMultiple) - 1;
   }
 
   get capacity(): number {
-    return this.session.kv.capacity - (this.minRows - 1);
+    return this.session.kv.capacity - this.padding;
   }
 
   get length(): number {
@@ -50,7 +62,7 @@ export class OrtBackend {
 
   /** Next tokens for every node, or with `lastOnly` for the last one (prefill, chunked by R rows). */
   async forward(tokens: readonly number[], parents: readonly number[], lastOnly = false): Promise<Forward> {
-    checkFits(this.length, tokens.length, this.capacity, this.minRows - 1);
+    checkFits(this.length, tokens.length, this.capacity, this.padding);
     const s = this.session;
     const size = tokens.length;
     if (size <= s.rows && (lastOnly || size <= s.logitRows)) return this.runOnce(tokens, parents, 0, lastOnly);
@@ -89,9 +101,10 @@ export class OrtBackend {
   /** One decoder call for `tokens` on top of the committed positions and `offset` uncommitted ones. */
   private async runOnce(tokens: readonly number[], parents: readonly number[], offset: number, lastOnly: boolean): Promise<Forward> {
     const real = tokens.length;
-    if (real < this.minRows) { // padding rows: a chain under the last node, never read
-      tokens = [...tokens, ...new Array<number>(this.minRows - real).fill(tokens[real - 1])];
-      parents = [...parents, ...Array.from({ length: this.minRows - real }, (_, i) => real - 1 + i)];
+    const rows = routeRowsFor(real, this.minRows, this.rowMultiple, this.session.rows);
+    if (real < rows) { // padding rows: a chain under the last node, never read
+      tokens = [...tokens, ...new Array<number>(rows - real).fill(tokens[real - 1])];
+      parents = [...parents, ...Array.from({ length: rows - real }, (_, i) => real - 1 + i)];
     }
     const a = this.session.arena;
     const size = tokens.length;
@@ -111,7 +124,8 @@ export class OrtBackend {
     }
     const wanted = lastOnly ? 1 : real; // logit rows asked for: the last node's, or every node's
     const first = real - wanted;
-    const gathered = Math.max(wanted, Math.min(this.minRows, size, this.session.logitRows)); // the LM head gets >= 2 rows too
+    // the LM head's rows on the same route
+    const gathered = routeRowsFor(wanted, Math.min(this.minRows, size), this.rowMultiple, Math.min(size, this.session.logitRows));
     const start = Math.min(first, size - gathered); // gathered rows [start, start + gathered) hold the wanted ones
     const indices = a.i64('logits_indices');
     for (let i = 0; i < gathered; i++) indices[i] = BigInt(start + i);

@@ -3,7 +3,7 @@
  * the decoder graph takes embeddings, not ids, so the table is neither loaded nor mapped.
  * Quantized artifacts keep no table of their own: a row is the tied LM head's MatMulNBits row in the
  * decoder's data file (values, then scales), dequantized x = scale · (q − zero point) in float32,
- * the arithmetic the exporter checked.
+ * the arithmetic the exporter checked; an untied model's are its GGUF embedding blocks (+ a per-block minimum).
  */
 
 import { EmbeddingInfo, ManifestError, QuantizedRows } from './manifest';
@@ -70,13 +70,18 @@ export class EmbeddingTable {
     const values = await this.read(q.values_offset + token * this.rowBytes, this.rowBytes);
     const raw = await this.read(q.scales_offset + token * this.scaleBytes, this.scaleBytes);
     const scales = new DataView(raw.buffer, raw.byteOffset, raw.byteLength);
+    const hasMinimums = q.minimums_offset !== undefined && q.minimums_offset !== null;
+    const rawMinimums = hasMinimums ? await this.read(q.minimums_offset! + token * 4 * this.blocks, 4 * this.blocks) : null;
+    const minimums = rawMinimums && new DataView(rawMinimums.buffer, rawMinimums.byteOffset, rawMinimums.byteLength);
     const block = q.block_size;
     for (let b = 0; b < this.blocks; b++) {
       const scale = q.scales_dtype === 'float16' ? halfToFloat(scales.getUint16(2 * b, true)) : scales.getFloat32(4 * b, true);
+      const minimum = minimums ? minimums.getFloat32(4 * b, true) : 0;
       for (let j = 0; j < block; j++) {
         const at = b * block + j;
         const value = q.bits === 8 ? values[at] : at % 2 === 0 ? values[at >> 1] & 0x0f : values[at >> 1] >> 4;
-        row[at] = (value - q.zero_point) * scale; // float32 store: one rounding, as numpy's float32 multiply
+        const scaled = Math.fround((value - q.zero_point) * scale); // one float32 rounding, as numpy's multiply
+        row[at] = minimums ? scaled + minimum : scaled; // the float32 store rounds the sum, as numpy's add
       }
     }
   }

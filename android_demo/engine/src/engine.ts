@@ -123,7 +123,7 @@ export class Engine {
     if (!(cached >= 0 && cached < promptIds.length) || cached > this.backend.length) {
       throw new RangeError(`cached=${cached} must be committed (${this.backend.length} rows are) and leave at least one of the ${promptIds.length} prompt tokens to prefill`);
     }
-    checkFits(cached, promptIds.length - cached, this.backend.capacity, this.backend.minRows - 1);
+    checkFits(cached, promptIds.length - cached, this.backend.capacity, this.backend.padding);
     const speculative = mode !== 'greedy';
     if (cached === 0) this.backend.reset();
     else this.backend.rewind(cached);

@@ -56,6 +56,7 @@ export interface QuantizedRows {
   values_offset: number;
   scales_offset: number;
   scales_dtype: 'float32' | 'float16';
+  minimums_offset?: number | null; // float32 per block, added after the scale (Q4_1 / Q4_K blocks)
 }
 
 export interface EmbeddingInfo {
@@ -130,6 +131,7 @@ export interface Manifest {
   feature_drafter: unknown | null;
   plan: DevicePlan | null;
   min_step_rows: number;
+  step_row_multiple?: number; // rows per call rounded up to this (1 when absent)
   draft_shape: 'tree' | 'chain';
   ort_format: OrtFormatInfo | null;
 }
@@ -170,6 +172,7 @@ export function parseManifest(text: string, where: string): Manifest {
   need(m.activation_dtype === 'float32', `activation_dtype ${m.activation_dtype}: this runtime reads float32 activations; re-export with the default`);
   need(m.draft_shape === 'tree' || m.draft_shape === 'chain', `draft_shape ${JSON.stringify(m.draft_shape)} is not tree or chain: re-export the artifact`);
   need(m.min_step_rows >= 1, `min_step_rows must be at least 1, got ${m.min_step_rows}: re-export the artifact`);
+  need([undefined, 1, 2].includes(m.step_row_multiple), `step_row_multiple ${m.step_row_multiple} is not 1 or 2: re-export the artifact`);
   need(!d.sliding_window, `${m.source_model} has sliding-window layers (Gemma 3): this runtime does not run them yet; ` +
     'use the Python runtime (specmemo chat)');
   need(m.io.kv_pairs.length === 2 * d.num_layers, `io.kv_pairs has ${m.io.kv_pairs.length} pairs, expected 2 x ${d.num_layers} layers`);

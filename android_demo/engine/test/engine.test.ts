@@ -10,7 +10,7 @@ import { accept } from '../src/decode';
 import { DraftTree, merge, ordered } from '../src/drafters/draft';
 import { NgramIndex } from '../src/drafters/lookup';
 import { parseDrafter } from '../src/drafters/names';
-import { halfToFloat } from '../src/embedding';
+import { EmbeddingTable, halfToFloat } from '../src/embedding';
 import { MedusaTree } from '../src/medusaTree';
 import { chain, depths, pathTo, treeBias } from '../src/tree';
 
@@ -101,6 +101,35 @@ test('float16 rows decode exactly; drafter names are checked', () => {
   assert.equal(halfToFloat(0x0001), 2 ** -24);
   assert.deepEqual(parseDrafter('medusa+lookup'), ['medusa', 'lookup']);
   assert.throws(() => parseDrafter('medusa+nope'), /unknown drafter "nope"/);
+});
+
+test('quantized rows with a per-block minimum decode as numpy does: scale · q, then + minimum, in float32', async () => {
+  // one row of 64 values in two blocks of 32: 4-bit codes, float32 scales, float32 minimums (a GGUF Q4_K table)
+  const codes = Array.from({ length: 64 }, (_, i) => (i * 7) % 16);
+  const values = new Uint8Array(32);
+  for (let i = 0; i < 64; i += 2) values[i >> 1] = codes[i] | (codes[i + 1] << 4);
+  const scales = new Float32Array([0.0123, 0.00071]);
+  const minimums = new Float32Array([-0.1, -0.0531]);
+  const file = new Uint8Array(32 + 8 + 8);
+  file.set(values, 0);
+  file.set(new Uint8Array(scales.buffer), 32);
+  file.set(new Uint8Array(minimums.buffer), 40);
+  const source = {
+    where: 'memory',
+    readText: async () => '',
+    readBytes: async (_: string, offset: number, length: number) => file.slice(offset, offset + length),
+    graph: async () => ({ model: '' }),
+  };
+  const table = new EmbeddingTable(source, {
+    file: 'embedding.q', dtype: 'float32', shape: [1, 64],
+    quantized: { bits: 4, block_size: 32, zero_point: 0, values_offset: 0, scales_offset: 32, scales_dtype: 'float32', minimums_offset: 40 },
+  });
+  const row = new Float32Array(64);
+  await table.lookup([0], row);
+  for (let i = 0; i < 64; i++) {
+    const b = i >> 5;
+    assert.equal(row[i], Math.fround(Math.fround(codes[i] * scales[b]) + minimums[b]));
+  }
 });
 
 test('KV span: committed rows keep their values when the span grows and shrinks', () => {

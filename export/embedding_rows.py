@@ -1,0 +1,78 @@
+"""Where a quantized artifact's embedding rows come from: never a float32 table.
+
+  tied LM head, carried from GGUF blocks   the head's own MatMulNBits bytes in the decoder's data file (`tied_rows`)
+  untied, GGUF embedding blocks carried    the GGUF's token_embd blocks in a file of their own (`gguf_rows`):
+                                           values [V, h·bits/8], scales [V, nb] float32, minimums [V, nb] float32
+  anything else                            the float32 table stays (embedding.bin)
+
+Both are checked, bit for bit, to dequantize to the float32 table the traced model holds (a Q4_K block's scale
+d·sc and minimum −dmin·m are exact in float32, so the rows are the model's own). runtime/embedding.py and the
+TypeScript engine read a row per token: x = scale · (q − zero point) [+ minimum].
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from specmemo.export.gguf_weights import FORMATS, GgufTensors, GgufWeightsError, QuantBlocks
+from specmemo.runtime.manifest import EmbeddingInfo, ModelDims, QuantizedRows
+
+EMBEDDING_TENSOR = "token_embd.weight"
+ROWS_FILE = "embedding.q"  # an untied model's embedding blocks
+CHECK_ROWS = 4096  # rows dequantized at a time when checking against the float32 table
+
+
+def tied_rows(external_location, decoder: Path, head_source: str | None, dims: ModelDims,
+              head: str) -> QuantizedRows | None:
+    """Where the tied LM head's carried blocks lie in the decoder's data file, as embedding rows (None: the head is
+    untied, not carried, or its blocks have a minimum). `external_location(path, initializer)` → (file, offset, n)."""
+    if not dims.tie_word_embeddings or head_source is None or FORMATS[head_source].has_bias:
+        return None
+    fmt = FORMATS[head_source]
+    _, values, _ = external_location(decoder, f"{head}.q")
+    try:
+        _, scales, _ = external_location(decoder, f"{head}.scales.f16")
+        scales_dtype = "float16"
+    except GgufWeightsError:
+        _, scales, _ = external_location(decoder, f"{head}.scales")
+        scales_dtype = "float32"
+    return QuantizedRows(bits=fmt.bits, block_size=fmt.block, zero_point=fmt.zero, values_offset=values,
+                         scales_offset=scales, scales_dtype=scales_dtype)
+
+
+def _checked(blocks: QuantBlocks, table: np.ndarray) -> None:
+    for start in range(0, blocks.shape[0], CHECK_ROWS):
+        part = blocks.rows(np.arange(start, min(start + CHECK_ROWS, blocks.shape[0])))
+        if not np.array_equal(part.dequantize(), table[start:start + CHECK_ROWS]):
+            raise GgufWeightsError(f"{EMBEDDING_TENSOR}: the GGUF blocks do not dequantize to the model's embedding "
+                                   f"rows {start}..{start + CHECK_ROWS}")
+
+
+def gguf_rows(gguf: Path, folder: Path, embedding: EmbeddingInfo) -> EmbeddingInfo | None:
+    """The GGUF's own embedding blocks as the artifact's table, written to `folder`/ROWS_FILE and checked against
+    the float32 table `embedding` (which the caller then removes). None where the GGUF's type is not carried."""
+    tensors = GgufTensors(gguf)
+    if EMBEDDING_TENSOR not in tensors or tensors.type_of(EMBEDDING_TENSOR) not in FORMATS:
+        return None
+    try:
+        blocks = tensors.blocks(EMBEDDING_TENSOR)
+    except GgufWeightsError:
+        return None
+    vocab, hidden = embedding.shape
+    if blocks.shape != (vocab, hidden) or not np.isscalar(blocks.zero):
+        return None
+    table = np.memmap(folder / embedding.file, dtype="<f4", mode="r", shape=(vocab, hidden))
+    _checked(blocks, table)
+    values = blocks.packed().reshape(vocab, -1)  # [V, h·bits/8]
+    scales = np.ascontiguousarray(blocks.scale, "<f4")  # [V, nb]
+    with open(folder / ROWS_FILE, "wb") as out:
+        out.write(values.tobytes())
+        out.write(scales.tobytes())
+        if blocks.bias is not None:
+            out.write(np.ascontiguousarray(blocks.bias, "<f4").tobytes())
+    minimums = None if blocks.bias is None else values.nbytes + scales.nbytes
+    rows = QuantizedRows(bits=blocks.bits, block_size=blocks.block, zero_point=int(blocks.zero), values_offset=0,
+                         scales_offset=values.nbytes, scales_dtype="float32", minimums_offset=minimums)
+    return EmbeddingInfo(file=ROWS_FILE, dtype="float32", shape=embedding.shape, quantized=rows)
