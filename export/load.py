@@ -30,7 +30,8 @@ DEFAULT_MODEL = "smollm2-135m"
 def default_artifact(model: str, dtype: str = "float32") -> Path:
     """Where `specmemo export --model M [--dtype D]` writes, and where the commands that take --model look for it."""
     suffix = "" if dtype == "float32" else f"-{dtype}"
-    return Path("artifacts") / f"{Path(model).stem}{suffix}"
+    name = Path(model).name  # an alias (qwen2.5-coder-1.5b: its dots are no file suffix), a folder, or a .gguf file
+    return Path("artifacts") / f"{name.removesuffix('.gguf')}{suffix}"
 
 
 class ModelNotFoundError(SpecMemoError, FileNotFoundError):

@@ -39,3 +39,13 @@ def test_options_measured_worse_than_the_default_are_not_shown():
     text = help_of("export")
     assert "zero-point" not in text and "--lm-head-bits" not in text
     assert build_parser().parse_args(["export", "--minimum", "zero-point"]).minimum == "zero-point"  # still taken
+
+
+def test_default_artifact_keeps_a_model_alias_whole():
+    from pathlib import Path
+
+    from specmemo.export.load import default_artifact
+
+    assert default_artifact("qwen2.5-coder-1.5b", "int4") == Path("artifacts/qwen2.5-coder-1.5b-int4")
+    assert default_artifact("smollm2-135m") == Path("artifacts/smollm2-135m")
+    assert default_artifact("/models/Foo-1.5B.Q4_K_M.gguf", "int4") == Path("artifacts/Foo-1.5B.Q4_K_M-int4")

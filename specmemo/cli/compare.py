@@ -94,7 +94,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
             precision = genai_precision(manifest.weight_dtype)
             genai_dir = genai_model_dir(manifest.source_model, precision)
             engines += (compare.PEER, compare.GENAI_NGRAM)
-            if peer_draft is not None:
+            if peer_draft is not None and (args.engines is None or compare.GENAI_DRAFT in args.engines):
                 genai_pair = genai_pair_dir(genai_dir, genai_model_dir(peer_draft, precision))
                 engines += (compare.GENAI_DRAFT,)
         except PeerUnavailableError as err:
@@ -108,7 +108,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
             gguf = gguf_file(manifest.source_model)
             engines += (compare.LLAMA_CPP, compare.LLAMA_CPP_LOOKUP)
-            if peer_draft is not None:
+            wanted = args.engines is None or compare.LLAMA_CPP_DRAFT in args.engines
+            if peer_draft is not None and wanted:  # the draft model's package only where its row runs
                 draft_gguf = gguf_file(peer_draft)
                 engines += (compare.LLAMA_CPP_DRAFT,)
         except ImportError:
