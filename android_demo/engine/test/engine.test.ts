@@ -6,6 +6,7 @@ import { test } from 'node:test';
 import { ALIGN, Arena, allocationBytes, kvBytes, views } from '../src/arena';
 import { LatencyCurve, ScoreCalibration } from '../src/controller';
 import { KVCache, OrtModule } from '../src/session';
+import { routeRowsFor } from '../src/backend';
 import { accept } from '../src/decode';
 import { DraftTree, merge, ordered } from '../src/drafters/draft';
 import { NgramIndex } from '../src/drafters/lookup';
@@ -130,6 +131,12 @@ test('quantized rows with a per-block minimum decode as numpy does: scale · q, 
     const b = i >> 5;
     assert.equal(row[i], Math.fround(Math.fround(codes[i] * scales[b]) + minimums[b]));
   }
+});
+
+test('the numeric route pads a call to the minimum rows and the manifest multiple, as runtime/plan.py does', () => {
+  assert.deepEqual([1, 2, 3, 16].map((n) => routeRowsFor(n, 2, 1, 16)), [2, 2, 3, 16]);
+  assert.deepEqual([1, 2, 3, 15, 16].map((n) => routeRowsFor(n, 2, 2, 16)), [2, 2, 4, 16, 16]);
+  assert.equal(routeRowsFor(15, 2, 2, 15), 15); // never past the arena's rows
 });
 
 test('KV span: committed rows keep their values when the span grows and shrinks', () => {

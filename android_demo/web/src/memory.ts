@@ -49,7 +49,7 @@ export function loadedFiles(m: Manifest, drafters: readonly DrafterName[]): stri
   if (drafters.includes('medusa') && m.heads !== null) {
     files.push(m.heads.file, m.heads.data_file, ...(m.heads.shared_lm_head ? [m.heads.shared_lm_head.file] : []));
   }
-  if (m.embedding.quantized === null) files.push(m.embedding.file);
+  if (m.embedding.file !== m.decoder_data_file) files.push(m.embedding.file); // its own file: float32 rows, or GGUF blocks
   return [...new Set(files)];
 }
 
