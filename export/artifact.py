@@ -23,7 +23,7 @@ from specmemo.export.load import lm_head_t, load_hf, resolve_model, stop_token_i
 from specmemo.export.kv_dtype import check_kv_dtype, kv_as_float16
 from specmemo.export.mobile import TARGET_PLATFORMS, write_ort_format
 from specmemo.export.trace import OPSET, export_decoder
-from specmemo.export.weights_dtype import (LM_HEAD, QuantOptions, WeightDtype, external_location, quantize_decoder,
+from specmemo.export.weights_dtype import (LM_HEAD, QuantOptions, WeightDtype, quantize_decoder,
                                           quantize_graph, save_external)
 from specmemo.runtime import io_spec
 from specmemo.runtime.drafters.registry import missing_part
@@ -201,7 +201,8 @@ def export_artifact(options: ExportOptions, *, log=print, finalize=None) -> Mani
         tokenizer_info = write_tokenizer(tokenizer, generation_config, staging)
         ort_format = None
         if options.mobile is not None:
-            ort_format = write_ort_format(staging, embedding=embedding, lm_head=LM_HEAD, target_platform=options.mobile,
+            ort_format = write_ort_format(staging, embedding=embedding, lm_head=LM_HEAD,
+                                          decoder_data=DECODER_FILE + ".data", target_platform=options.mobile,
                                           log=log)
         manifest = Manifest(
             format_version=FORMAT_VERSION,
@@ -275,7 +276,7 @@ def quantize_artifact(quant: QuantOptions, dims: ModelDims, resolved, staging: P
         gguf = joined_gguf(resolved.gguf_parts, Path(tmp)) if resolved.gguf_parts else None
         report = quantize_decoder(staging / DECODER_FILE, options=quant, dims=dims, gguf=gguf, log=log,
                                   activations=activations)
-        rows = tied_rows(external_location, staging / DECODER_FILE, report.carried.get(LM_HEAD), dims, LM_HEAD)
+        rows = tied_rows(staging / DECODER_FILE, report.carried.get(LM_HEAD), dims)
         table = embedding
         if rows is not None:
             embedding = EmbeddingInfo(file=DECODER_FILE + ".data", dtype="float32", shape=embedding.shape,

@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from specmemo.export.gguf_weights import FORMATS, GgufTensors, GgufWeightsError, QuantBlocks
+from specmemo.export.weights_dtype import LM_HEAD, external_location
 from specmemo.runtime.manifest import EmbeddingInfo, ModelDims, QuantizedRows
 
 EMBEDDING_TENSOR = "token_embd.weight"
@@ -24,19 +25,18 @@ ROWS_FILE = "embedding.q"  # an untied model's embedding blocks
 CHECK_ROWS = 4096  # rows dequantized at a time when checking against the float32 table
 
 
-def tied_rows(external_location, decoder: Path, head_source: str | None, dims: ModelDims,
-              head: str) -> QuantizedRows | None:
+def tied_rows(decoder: Path, head_source: str | None, dims: ModelDims) -> QuantizedRows | None:
     """Where the tied LM head's carried blocks lie in the decoder's data file, as embedding rows (None: the head is
-    untied, not carried, or its blocks have a minimum). `external_location(path, initializer)` → (file, offset, n)."""
+    untied, not carried, or its blocks have a minimum)."""
     if not dims.tie_word_embeddings or head_source is None or FORMATS[head_source].has_bias:
         return None
     fmt = FORMATS[head_source]
-    _, values, _ = external_location(decoder, f"{head}.q")
+    _, values, _ = external_location(decoder, f"{LM_HEAD}.q")
     try:
-        _, scales, _ = external_location(decoder, f"{head}.scales.f16")
+        _, scales, _ = external_location(decoder, f"{LM_HEAD}.scales.f16")
         scales_dtype = "float16"
     except GgufWeightsError:
-        _, scales, _ = external_location(decoder, f"{head}.scales")
+        _, scales, _ = external_location(decoder, f"{LM_HEAD}.scales")
         scales_dtype = "float32"
     return QuantizedRows(bits=fmt.bits, block_size=fmt.block, zero_point=fmt.zero, values_offset=values,
                          scales_offset=scales, scales_dtype=scales_dtype)

@@ -19,7 +19,8 @@ from specmemo.export.quantize import initializers, matmulnbits_tensors, requanti
 NARROW_BLOCK = 32  # the narrowed LM head's 4-bit blocks (MatMulNBits' fast kernels; GenAI's head uses the same)
 
 
-def _row_codes(prefix: str, source: str, out: str, *, packed: bool, consts: str, doubled: str = "") -> list[onnx.NodeProto]:
+def _row_codes(prefix: str, source: str, out: str, *, packed: bool, consts: str,
+               doubled: str = "") -> list[onnx.NodeProto]:
     """`source` (gathered uint8 codes [..., n]) as float32 [..., 2n] when `packed` (two 4-bit codes a byte, the first
     in the low nibble; `doubled`: the shape multiplier [1, …, 1, 2]), else [..., n]. Integer Div/Mul/Sub, which
     every ONNX Runtime build has for int32. `consts`: the prefix of the shared constants (rerank_argmax)."""
@@ -67,14 +68,12 @@ def rerank_argmax(model: onnx.ModelProto, *, weight: str, hidden: str, ids: str,
     argmax = next((n for n in graph.node if n.op_type == "ArgMax" and list(n.output) == [ids]), None)
     if argmax is None or q is None or len(q.dims) != 3:
         return False
-    vocab, blocks, block_bytes = q.dims  # [V, h/block, block·bits/8] uint8
-    zero_points = inits.get(f"{rows}.zero_points")
-    packed = zero_points is not None
+    _, blocks, block_bytes = q.dims  # [V, h/block, block·bits/8] uint8
+    packed = f"{rows}.zero_points" in inits  # 4-bit codes two a byte, a zero point per block; else 8-bit over 128
     block = 2 * block_bytes if packed else block_bytes
     p = f"{ids}.rerank"
     graph.initializer.extend([
         numpy_helper.from_array(np.array([k], np.int64), f"{p}.k"),
-        numpy_helper.from_array(np.array(128.0, np.float32), f"{p}.zero"),
         numpy_helper.from_array(np.array([-1], np.int64), f"{p}.last"),
         numpy_helper.from_array(np.array([2], np.int64), f"{p}.axis2"),
         numpy_helper.from_array(np.array([0, 0, k, blocks * block], np.int64), f"{p}.rows_shape"),
@@ -85,14 +84,18 @@ def rerank_argmax(model: onnx.ModelProto, *, weight: str, hidden: str, ids: str,
                                   numpy_helper.from_array(np.array([1, 1, 1, 2], np.int64), f"{p}.z_doubled"),
                                   numpy_helper.from_array(np.array([0], np.int64), f"{p}.zero_start"),
                                   numpy_helper.from_array(np.array([blocks], np.int64), f"{p}.zero_end")])
+    else:
+        graph.initializer.append(numpy_helper.from_array(np.array(128.0, np.float32), f"{p}.zero"))
     nodes = [
         helper.make_node("TopK", [argmax.input[0], f"{p}.k"], [f"{p}.approx", f"{p}.candidates"], name=f"{p}.TopK",
                          axis=-1),                                                                     # [B, N, k]
         helper.make_node("Gather", [f"{rows}.q", f"{p}.candidates"], [f"{p}.q"], name=f"{p}.GatherQ"),   # [B,N,k,nb,·]
-        *_row_codes(f"{p}.codesq", f"{p}.q", f"{p}.qf", packed=packed, consts=p, doubled=f"{p}.q_doubled"),                                # [B,N,k,nb,blk]
+        *_row_codes(f"{p}.codesq", f"{p}.q", f"{p}.qf", packed=packed, consts=p,
+                    doubled=f"{p}.q_doubled"),                                                         # [B,N,k,nb,blk]
     ]
     if packed:  # the zero points [V, ceil(nb/2)] two a byte: unpacked like the codes, cut to nb
-        zero_codes = _row_codes(f"{p}.codesz", f"{p}.zq", f"{p}.zf_all", packed=True, consts=p, doubled=f"{p}.z_doubled")
+        zero_codes = _row_codes(f"{p}.codesz", f"{p}.zq", f"{p}.zf_all", packed=True, consts=p,
+                                doubled=f"{p}.z_doubled")
         nodes += [helper.make_node("Gather", [f"{rows}.zero_points", f"{p}.candidates"], [f"{p}.zq"],
                                    name=f"{p}.GatherZ"),                                               # [B,N,k,nb/2]
                   *zero_codes,
@@ -132,8 +135,9 @@ def rerank_argmax(model: onnx.ModelProto, *, weight: str, hidden: str, ids: str,
 def narrow_lm_head(model: onnx.ModelProto, *, weight: str, head: QuantBlocks, accuracy_level: int,
                    narrowed: QuantBlocks | None = None) -> bool:
     """The LM head's MatMulNBits reads 4-bit blocks re-quantized from its 8-bit ones (`narrowed`, by default
-    rtn_blocks in blocks of 32): half the bytes a step. The 8-bit initializers stay in the graph only while something reads rows of them (a tied model's
-    embedding reads the same bytes from the file; `drop_unused` removes them otherwise). Call before
+    rtn_blocks in blocks of 32): half the bytes a step. The 8-bit initializers stay in the graph only while
+    something reads rows of them (a tied model's embedding reads the same bytes from the file; `drop_unused`
+    removes them otherwise). Call before
     `rerank_argmax(..., scatter=True)`, which restores the greedy pick and the top logits exactly, from the 8-bit
     rows or the 4-bit ones (`rows=f"{weight}.4bit"`). Returns False when the graph has no such head."""
     graph = model.graph

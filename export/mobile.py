@@ -25,11 +25,12 @@ ORT_FLOAT_TYPES = {1: "float32", 10: "float16"}  # ORT format TensorDataType
 TARGET_PLATFORMS = ("arm", "amd64")
 
 
-def write_ort_format(folder: Path, *, embedding: EmbeddingInfo, lm_head: str, target_platform: str = "arm",
-                     log=print) -> OrtFormatInfo:
+def write_ort_format(folder: Path, *, embedding: EmbeddingInfo, lm_head: str, decoder_data: str,
+                     target_platform: str = "arm", log=print) -> OrtFormatInfo:
     """Convert every .onnx graph in `folder` (not its subfolders) to .ort; returns what the manifest records.
     `embedding`: where the ONNX set's token rows are; when they are the LM head's (`lm_head`) quantized
-    rows, the .ort set records where the same rows sit inside decoder.ort."""
+    rows in the decoder's data file (`decoder_data`), the .ort set records where the same rows sit inside
+    decoder.ort (an embedding file of its own serves both sets)."""
     if target_platform not in TARGET_PLATFORMS:
         raise ConfigError(f"--mobile-platform must be one of {', '.join(TARGET_PLATFORMS)}, got {target_platform!r}")
     graphs = sorted(p for p in folder.glob("*.onnx"))
@@ -52,7 +53,7 @@ def write_ort_format(folder: Path, *, embedding: EmbeddingInfo, lm_head: str, ta
     missing = [name for name in files if not (folder / name).is_file()]
     if missing:
         raise RuntimeError(f"ONNX Runtime's converter wrote no {missing[0]}")
-    in_decoder = embedding.quantized is not None and embedding.file.endswith(".onnx.data")  # the tied head's rows
+    in_decoder = embedding.quantized is not None and embedding.file == decoder_data
     rows = ort_rows(folder / DECODER_ORT, embedding, lm_head) if in_decoder else None
     return OrtFormatInfo(files=files, required_operators=REQUIRED_OPERATORS, target_platform=target_platform,
                          operators=tuple(operators), embedding=rows)

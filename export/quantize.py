@@ -21,6 +21,7 @@ Shapes: B batch, T rows, K inputs, N outputs.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -335,12 +336,14 @@ def rtn_blocks(weight: np.ndarray, *, bits: int, block: int, source: str) -> Qua
     return QuantBlocks(source, q.reshape(n, k), step.astype(np.float32), None, bits, block, zero.astype(np.uint8))
 
 
-def requantized_rows(blocks: QuantBlocks, *, bits: int, block: int, source: str, rows: int = 8192) -> QuantBlocks:
-    """`rtn_blocks` of the blocks' weights, `rows` output rows at a time (a 151,936-row head never sits in memory
-    as float64)."""
+def requantized_rows(blocks: QuantBlocks, *, bits: int, block: int, source: str, rows: int = 8192,
+                     quantize: Callable[[np.ndarray], QuantBlocks] | None = None) -> QuantBlocks:
+    """The blocks' weights re-quantized `rows` output rows at a time (a 151,936-row head never sits in memory as
+    float64): by `quantize` ([n, K] float32 → blocks of `bits` and `block` with a zero point per block), by default
+    `rtn_blocks`."""
+    quantize = quantize or (lambda weight: rtn_blocks(weight, bits=bits, block=block, source=source))
     n = blocks.shape[0]
-    parts = [rtn_blocks(blocks.rows(np.arange(start, min(start + rows, n))).dequantize(), bits=bits, block=block,
-                        source=source) for start in range(0, n, rows)]
+    parts = [quantize(blocks.rows(np.arange(start, min(start + rows, n))).dequantize()) for start in range(0, n, rows)]
     return QuantBlocks(source, np.concatenate([p.q for p in parts]), np.concatenate([p.scale for p in parts]), None,
                        bits, block, np.concatenate([p.zero for p in parts]))
 

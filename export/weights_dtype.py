@@ -32,7 +32,7 @@ from specmemo.export.gguf_weights import (GgufTensors, GgufWeightsError, QuantBl
                                           q4_1_blocks, q8_0_blocks, stack)
 from specmemo.export.lm_head import narrow_lm_head, rerank_argmax
 from specmemo.export.quantize import (carry_matmuls, drop_unused, external_span, gemms_as_matmuls, quantize_matmuls,
-                                      read_initializer)
+                                      read_initializer, requantized_rows)
 from specmemo.runtime.io_spec import NEXT_TOKEN_IDS
 from specmemo.runtime.manifest import WEIGHT_DTYPES, ModelDims
 
@@ -296,15 +296,14 @@ def _searched_body(carried: dict[str, QuantBlocks], block: int, activations: dic
 
 
 def _searched_head(head: QuantBlocks | None, body_block: int | None) -> QuantBlocks | None:
-    """The narrowed LM head where the body is re-quantized: searched blocks of 32 (block_search.py; None: narrow_lm_head's
-    own round-to-nearest ones). Blocks of 32, whatever the body's: the head reads the gathered rows, whose count the
-    route does not always round to an even number, and MLAS gives a row of 32-blocks the same bits at any count."""
+    """The narrowed LM head where the body is re-quantized: searched blocks of 32 (block_search.py; None:
+    narrow_lm_head's own round-to-nearest ones). Blocks of 32, whatever the body's: the head reads the gathered rows,
+    whose count the route does not always round to an even number, and MLAS gives a row of 32-blocks the same bits
+    at any count."""
     if head is None or body_block is None or head.shape[1] % 32:
         return None
-    rows = [searched_blocks(head.rows(np.arange(start, min(start + 16384, head.shape[0]))).dequantize(), block=32)
-            for start in range(0, head.shape[0], 16384)]
-    return QuantBlocks(f"{head.source_type}→4-bit/32", np.concatenate([r.q for r in rows]),
-                       np.concatenate([r.scale for r in rows]), None, 4, 32, np.concatenate([r.zero for r in rows]))
+    return requantized_rows(head, bits=4, block=32, source=f"{head.source_type}→4-bit/32",
+                            quantize=lambda weight: searched_blocks(weight, block=32))
 
 
 HEAD_BITS = {32: 8, 16: 4}  # an 8-bit head's block → the bits its MatMulNBits reads (head_bits)

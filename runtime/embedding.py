@@ -43,7 +43,8 @@ class EmbeddingTable:
             self._values = np.empty(self.row_bytes, np.uint8)  # scratch for one row, reused
             self._scales = np.empty(self._blocks, np.dtype(q.scales_dtype))
             self._minimums = None if q.minimums_offset is None else np.empty(self._blocks, np.float32)
-            ends = [q.values_offset + self.vocab_size * self.row_bytes, q.scales_offset + self.vocab_size * self._scales.nbytes]
+            ends = [q.values_offset + self.vocab_size * self.row_bytes,
+                    q.scales_offset + self.vocab_size * self._scales.nbytes]
             if q.minimums_offset is not None:
                 ends.append(q.minimums_offset + self.vocab_size * 4 * self._blocks)
             self._check_size(max(ends))

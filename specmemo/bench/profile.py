@@ -90,18 +90,20 @@ def _prompt(vocab: int, length: int) -> list[int]:
     return [int(11 + (i * 7919) % (vocab - 11)) for i in range(length)]
 
 
-def _decode_pass(config: ProfileConfig, *, profile: bool) -> dict:
+def greedy_steps(artifact: Path, *, context: int, steps: int, threads: int, profile: bool = False):
+    """Greedy one-token steps through the real backend (padding row included) after a fixed `context`-token prompt,
+    with room for `steps` of them. Returns (step, session, backend); each step() decodes one token and returns
+    (wall seconds, seconds inside session.run)."""
     from specmemo.runtime.backend import OrtBackend
     from specmemo.runtime.decode import prefill, verify_and_commit
     from specmemo.runtime.manifest import load_manifest
     from specmemo.runtime.session import DecoderSession, SessionConfig
     from specmemo.runtime.sizes import DEFAULT_PREFILL_CHUNK, Sizes
 
-    manifest = load_manifest(config.artifact)
-    capacity = min(manifest.max_capacity, config.context + config.steps + 64)
+    manifest = load_manifest(artifact)
+    capacity = min(manifest.max_capacity, context + steps + 64)
     sizes = Sizes(capacity=capacity, rows=DEFAULT_PREFILL_CHUNK, tree=2)
-    session = DecoderSession(config.artifact, SessionConfig(threads=config.threads, sizes=sizes, heads=False,
-                                                            profile=profile))
+    session = DecoderSession(artifact, SessionConfig(threads=threads, sizes=sizes, heads=False, profile=profile))
     backend = OrtBackend(session)
     inner, run = [], session.session.run_with_iobinding
 
@@ -111,21 +113,28 @@ def _decode_pass(config: ProfileConfig, *, profile: bool) -> dict:
         inner.append(time.perf_counter() - started)
 
     session.session.run_with_iobinding = timed_run
-    step = prefill(backend, _prompt(manifest.dims.vocab_size, config.context))
-    measured = []  # (wall, inside ORT) seconds per step
-    for i in range(config.steps + WARMUP_STEPS):
+    state = {"step": prefill(backend, _prompt(manifest.dims.vocab_size, context))}
+
+    def step() -> tuple[float, float]:
         inner.clear()
         started = time.perf_counter()
-        _, step = verify_and_commit(backend, [step.root], [-1])
-        if i >= WARMUP_STEPS:
-            measured.append((time.perf_counter() - started, sum(inner)))
+        _, state["step"] = verify_and_commit(backend, [state["step"].root], [-1])
+        return time.perf_counter() - started, sum(inner)
+
+    return step, session, backend
+
+
+def _decode_pass(config: ProfileConfig, *, profile: bool) -> dict:
+    step, session, backend = greedy_steps(config.artifact, context=config.context, steps=config.steps,
+                                          threads=config.threads, profile=profile)
+    measured = [step() for _ in range(config.steps + WARMUP_STEPS)][WARMUP_STEPS:]  # (wall, inside ORT) seconds
     out = {"wall_ms": 1e3 * statistics.median(w for w, _ in measured),
            "run_ms": 1e3 * statistics.median(r for _, r in measured),
            "host_ms": 1e3 * statistics.median(w - r for w, r in measured),
            "rows_per_call": backend.min_rows}
     if profile:
         out.update(account(session.session, config.steps))
-    elif manifest.feature_drafter is not None:
+    elif session.manifest.feature_drafter is not None:
         out["drafter_depth_ms"] = drafter_depth_ms(session, context=config.context, steps=config.steps)
     return out
 
@@ -186,18 +195,28 @@ def _genai_binding(session, context: int, capacity: int, token: int, head_size: 
     return binding, keep
 
 
-def _genai_pass(config: ProfileConfig, *, profile: bool) -> dict:
+def genai_steps(genai_dir: Path, *, context: int, threads: int, profile: bool = False):
+    """GenAI's own model.onnx run with plain ONNX Runtime: one token on a past of `context` positions. Returns
+    (step, session); each step() runs one call and returns its seconds."""
     from specmemo.runtime.session import SessionConfig, load_graph
 
-    session = load_graph(config.genai_dir / "model.onnx", SessionConfig(threads=config.threads, profile=profile))
-    head_size = json.loads((config.genai_dir / "genai_config.json").read_text())["model"]["decoder"]["head_size"]
-    binding, _keep = _genai_binding(session, config.context, config.context + 64, token=1000, head_size=head_size)
-    times = []
-    for _ in range(config.steps + WARMUP_STEPS):
+    session = load_graph(genai_dir / "model.onnx", SessionConfig(threads=threads, profile=profile))
+    head_size = json.loads((genai_dir / "genai_config.json").read_text())["model"]["decoder"]["head_size"]
+    binding, keep = _genai_binding(session, context, context + 64, token=1000, head_size=head_size)
+
+    def step() -> float:
         started = time.perf_counter()
         session.run_with_iobinding(binding)
-        times.append(time.perf_counter() - started)
-    out = {"run_ms": 1e3 * statistics.median(times[WARMUP_STEPS:]), "rows_per_call": 1}
+        return time.perf_counter() - started
+
+    step.keep = keep  # the arrays the binding points into live as long as the step
+    return step, session
+
+
+def _genai_pass(config: ProfileConfig, *, profile: bool) -> dict:
+    step, session = genai_steps(config.genai_dir, context=config.context, threads=config.threads, profile=profile)
+    times = [step() for _ in range(config.steps + WARMUP_STEPS)][WARMUP_STEPS:]
+    out = {"run_ms": 1e3 * statistics.median(times), "rows_per_call": 1}
     if profile:
         out.update(account(session, config.steps))
     return out

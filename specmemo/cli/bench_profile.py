@@ -73,10 +73,11 @@ def cmd_bench_profile(args: argparse.Namespace) -> int:
 
 
 def alternated(args: argparse.Namespace, genai_dir: Path | None) -> dict:
+    from specmemo.bench.profile import WARMUP_STEPS
     from specmemo.bench.step_ab import alternate, genai_stepper, our_stepper
 
     steppers, rows = {}, {}
-    total = WARMUP + args.rounds * args.block
+    total = WARMUP_STEPS + args.rounds * args.block
     for artifact in [args.artifact, *args.also]:
         name = f"specmemo {artifact.name}"
         steppers[name], rows[name] = our_stepper(artifact, context=args.context, steps=total, threads=args.threads)
@@ -88,9 +89,6 @@ def alternated(args: argparse.Namespace, genai_dir: Path | None) -> dict:
     for name in out:
         out[name]["rows_per_call"] = rows[name]
     return out
-
-
-WARMUP = 8  # steps beyond the measured ones a session must hold room for
 
 
 def format_alternated(out: dict, machine: dict) -> str:
