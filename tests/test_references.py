@@ -110,3 +110,18 @@ def test_every_docs_page_with_sections_opens_with_a_table_of_contents_that_resol
         first = text.split("\n## ", 1)[0].split("\n### ", 1)[0]  # what comes before the first section
         links = re.findall(r"^\s*- \[[^\]]+\]\(#([^)]+)\)", first, re.M)
         assert links and set(links) <= anchors, (path.name, sorted(set(links) - anchors))
+
+
+MARKDOWN_LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
+
+
+def test_every_relative_link_and_image_in_readme_and_docs_resolves():
+    broken = []
+    for page in [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]:
+        for target in MARKDOWN_LINK.findall(page.read_text()):
+            path = target.split("#", 1)[0]
+            if not path or re.match(r"[a-z]+:", path):  # an anchor on the same page, or a URL
+                continue
+            if not (page.parent / path).exists():
+                broken.append(f"{page.relative_to(ROOT)} -> {target}")
+    assert broken == []
