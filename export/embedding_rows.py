@@ -2,7 +2,8 @@
 
   tied LM head, carried from GGUF blocks   the head's own MatMulNBits bytes in the decoder's data file (`tied_rows`)
   untied, GGUF embedding blocks carried    the GGUF's token_embd blocks in a file of their own (`gguf_rows`):
-                                           values [V, h·bits/8], scales [V, nb] float32, minimums [V, nb] float32
+                                           values [V, h·bits/8], scales and minimums [V, nb] as the GGUF stores
+                                           a k-quant's (f16 d per super-block × 6-bit integers), else float32
   anything else                            the float32 table stays (embedding.bin)
 
 Both are checked, bit for bit, to dequantize to the float32 table the traced model holds (a Q4_K block's scale
@@ -17,6 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from specmemo.export.gguf_weights import FORMATS, GgufTensors, GgufWeightsError, QuantBlocks
+from specmemo.export.quantize import SCALE_GROUP, factored_scales
 from specmemo.export.weights_dtype import LM_HEAD, external_location
 from specmemo.runtime.manifest import EmbeddingInfo, ModelDims, QuantizedRows
 
@@ -50,6 +52,29 @@ def _checked(blocks: QuantBlocks, table: np.ndarray) -> None:
                                    f"rows {start}..{start + CHECK_ROWS}")
 
 
+def _factored(values: np.ndarray, *, negate: bool = False) -> np.ndarray | None:
+    """[V, nb] float32 as rows of nb/8 float16 d then nb uint8 c (QuantizedRows.scale_group = 8), value = d · c
+    exactly; `negate`: the values are ≤ 0 (a Q4_K minimum −dmin·m), stored with d negated. None where they are not
+    such products."""
+    factors = factored_scales(-values if negate else values) if values.shape[1] % SCALE_GROUP == 0 else None
+    if factors is None:
+        return None
+    d, c = factors
+    d = (-d if negate else d).astype("<f2")
+    return np.concatenate([d.view(np.uint8), c.reshape(len(c), -1)], axis=1)
+
+
+def _per_block_bytes(blocks: QuantBlocks) -> tuple[np.ndarray, np.ndarray | None]:
+    """The rows' scales and minimums as stored: factored as the GGUF stores them where both are (a k-quant), else
+    float32."""
+    scales = _factored(blocks.scale)
+    minimums = None if blocks.bias is None else _factored(blocks.bias, negate=True)
+    if scales is None or (blocks.bias is not None and minimums is None):
+        return (np.ascontiguousarray(blocks.scale, "<f4"),
+                None if blocks.bias is None else np.ascontiguousarray(blocks.bias, "<f4"))
+    return scales, minimums
+
+
 def gguf_rows(gguf: Path, folder: Path, embedding: EmbeddingInfo) -> EmbeddingInfo | None:
     """The GGUF's own embedding blocks as the artifact's table, written to `folder`/ROWS_FILE and checked against
     the float32 table `embedding` (which the caller then removes). None where the GGUF's type is not carried."""
@@ -66,13 +91,14 @@ def gguf_rows(gguf: Path, folder: Path, embedding: EmbeddingInfo) -> EmbeddingIn
     table = np.memmap(folder / embedding.file, dtype="<f4", mode="r", shape=(vocab, hidden))
     _checked(blocks, table)
     values = blocks.packed().reshape(vocab, -1)  # [V, h·bits/8]
-    scales = np.ascontiguousarray(blocks.scale, "<f4")  # [V, nb]
+    scales, minimums = _per_block_bytes(blocks)
     with open(folder / ROWS_FILE, "wb") as out:
         out.write(values.tobytes())
         out.write(scales.tobytes())
-        if blocks.bias is not None:
-            out.write(np.ascontiguousarray(blocks.bias, "<f4").tobytes())
-    minimums = None if blocks.bias is None else values.nbytes + scales.nbytes
+        if minimums is not None:
+            out.write(minimums.tobytes())
     rows = QuantizedRows(bits=blocks.bits, block_size=blocks.block, zero_point=int(blocks.zero), values_offset=0,
-                         scales_offset=values.nbytes, scales_dtype="float32", minimums_offset=minimums)
+                         scales_offset=values.nbytes, scales_dtype="float32",
+                         minimums_offset=None if minimums is None else values.nbytes + scales.nbytes,
+                         scale_group=SCALE_GROUP if scales.dtype == np.uint8 else 0)
     return EmbeddingInfo(file=ROWS_FILE, dtype="float32", shape=embedding.shape, quantized=rows)

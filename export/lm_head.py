@@ -2,46 +2,211 @@
 
 A GGUF head of 8-bit blocks (Q6_K, Q8_0) run at accuracy level 4 rounds its logits far from float32; a 4-bit head
 reads half the bytes a step and rounds further. `narrow_lm_head` gives its MatMulNBits 4-bit blocks; `rerank_argmax`
-re-scores the top k of the approximate logits exactly, in float32, from rows the graph already holds: the 8-bit head's
-(a tied model's embedding reads them anyway) or the 4-bit head's own (the head stored once).
+re-scores the top k of the approximate logits exactly, in float32, from rows the graph holds: a Q6_K head's own 6-bit
+rows (`SixBitRows`, the GGUF's bits), 8-bit rows (a tied model's embedding reads them anyway), or the 4-bit head's own
+(the head stored once).
 Shapes: B batch, N rows a call, V vocabulary, h hidden, nb blocks per row, k candidates.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
 from specmemo.export.gguf_weights import QuantBlocks
-from specmemo.export.quantize import initializers, matmulnbits_tensors, requantized_rows
+from specmemo.export.quantize import initializers, matmulnbits_tensors, requantized_rows, rtn_blocks
 
 NARROW_BLOCK = 32  # the narrowed LM head's 4-bit blocks (MatMulNBits' fast kernels; GenAI's head uses the same)
 
 
-def _row_codes(prefix: str, source: str, out: str, *, packed: bool, consts: str,
-               doubled: str = "") -> list[onnx.NodeProto]:
-    """`source` (gathered uint8 codes [..., n]) as float32 [..., 2n] when `packed` (two 4-bit codes a byte, the first
-    in the low nibble; `doubled`: the shape multiplier [1, …, 1, 2]), else [..., n]. Integer Div/Mul/Sub, which
-    every ONNX Runtime build has for int32. `consts`: the prefix of the shared constants (rerank_argmax)."""
-    if not packed:
-        return [helper.make_node("Cast", [source], [out], name=f"{prefix}.Cast", to=onnx.TensorProto.FLOAT)]
-    wide, high, low = f"{prefix}.wide", f"{prefix}.high", f"{prefix}.low"
-    return [
-        helper.make_node("Cast", [source], [wide], name=f"{prefix}.Cast", to=onnx.TensorProto.INT32),
-        helper.make_node("Div", [wide, f"{consts}.sixteen"], [high], name=f"{prefix}.High"),
-        helper.make_node("Mul", [high, f"{consts}.sixteen"], [f"{prefix}.high16"], name=f"{prefix}.High16"),
-        helper.make_node("Sub", [wide, f"{prefix}.high16"], [low], name=f"{prefix}.Low"),
-        helper.make_node("Unsqueeze", [low, f"{consts}.last"], [f"{low}1"], name=f"{prefix}.UnsqueezeLow"),
-        helper.make_node("Unsqueeze", [high, f"{consts}.last"], [f"{high}1"], name=f"{prefix}.UnsqueezeHigh"),
-        helper.make_node("Concat", [f"{low}1", f"{high}1"], [f"{prefix}.pairs"], name=f"{prefix}.Pairs", axis=-1),
+def _digits(prefix: str, source: str, out: str, *, base: int, count: int, consts: str,
+            times: str) -> list[onnx.NodeProto]:
+    """`source` (gathered uint8 [..., n], `count` digits of `base` a byte, the first in the lowest) as float32
+    [..., count·n]. Integer Div/Mul/Sub, which every ONNX Runtime build has for int32. `consts`: the prefix of the
+    shared constants `{consts}.base{base}` and `{consts}.last`; `times`: the shape multiplier [1, …, 1, count]."""
+    wide = f"{prefix}.wide"
+    nodes = [helper.make_node("Cast", [source], [wide], name=f"{prefix}.Cast", to=onnx.TensorProto.INT32)]
+    rest, digits = wide, []
+    for i in range(count):
+        above, digit = f"{prefix}.above{i}", f"{prefix}.digit{i}"
+        nodes += [helper.make_node("Div", [rest, f"{consts}.base{base}"], [above], name=f"{prefix}.Div{i}"),
+                  helper.make_node("Mul", [above, f"{consts}.base{base}"], [f"{above}.back"], name=f"{prefix}.Back{i}"),
+                  helper.make_node("Sub", [rest, f"{above}.back"], [digit], name=f"{prefix}.Digit{i}"),
+                  helper.make_node("Unsqueeze", [digit, f"{consts}.last"], [f"{digit}1"],
+                                   name=f"{prefix}.Unsqueeze{i}")]
+        digits.append(f"{digit}1")
+        rest = above
+    return nodes + [
+        helper.make_node("Concat", digits, [f"{prefix}.all"], name=f"{prefix}.All", axis=-1),
         helper.make_node("Shape", [wide], [f"{prefix}.shape"], name=f"{prefix}.Shape"),
-        helper.make_node("Mul", [f"{prefix}.shape", doubled], [f"{prefix}.unpacked_shape"],
+        helper.make_node("Mul", [f"{prefix}.shape", times], [f"{prefix}.unpacked_shape"],
                          name=f"{prefix}.UnpackedShape"),
-        helper.make_node("Reshape", [f"{prefix}.pairs", f"{prefix}.unpacked_shape"], [f"{prefix}.codes"],
+        helper.make_node("Reshape", [f"{prefix}.all", f"{prefix}.unpacked_shape"], [f"{prefix}.codes"],
                          name=f"{prefix}.Unpack"),
         helper.make_node("Cast", [f"{prefix}.codes"], [out], name=f"{prefix}.CastFloat", to=onnx.TensorProto.FLOAT),
     ]
+
+
+@dataclass(frozen=True)
+class SixBitRows:
+    """A Q6_K head's rows as the GGUF holds them, w = d·sc·(q − 32): 6.56 bits a weight, for the re-rank to gather
+    (a Q6_K head carried for MatMulNBits is 8-bit blocks of 16, 10 bits a weight). Stored as
+    `{name}.low` [V, h/2] (the 4 low bits, two a byte), `{name}.high` [V, h/4] (the 2 high bits, four a byte; value
+    i in the lowest bits), `{name}.sc` [V, h/16] int8, `{name}.d` [V, h/256] float16."""
+
+    low: np.ndarray
+    high: np.ndarray
+    sc: np.ndarray
+    d: np.ndarray
+
+    def __post_init__(self) -> None:
+        v, half = self.low.shape
+        if self.high.shape != (v, half // 2) or self.sc.shape != (v, half // 8) or \
+                self.d.shape != (v, half // 128) or self.sc.dtype != np.int8 or self.d.dtype != np.float16:
+            raise ValueError(f"six-bit rows do not tile [{v}, {2 * half}]: high {self.high.shape}, sc "
+                             f"{self.sc.shape} {self.sc.dtype}, d {self.d.shape} {self.d.dtype}")
+
+    def tensors(self, name: str) -> list[onnx.TensorProto]:
+        return [numpy_helper.from_array(getattr(self, part), f"{name}.{part}") for part in ("low", "high", "sc", "d")]
+
+    def dequantize(self) -> np.ndarray:
+        """[V, h] float32, computed as the carried Q6_K blocks are (QuantBlocks.dequantize): (d·sc)·(q − 32)."""
+        v = self.low.shape[0]
+        low = np.stack([self.low & 15, self.low >> 4], -1).reshape(v, -1)
+        high = np.stack([(self.high >> s) & 3 for s in (0, 2, 4, 6)], -1).reshape(v, -1)
+        q = (low.astype(np.int16) + 16 * high - 32).astype(np.float32).reshape(v, -1, SUB_BLOCK)
+        scale = (self.d.astype(np.float32)[..., None] * self.sc.astype(np.float32).reshape(v, -1, SUPER_BLOCK // SUB_BLOCK))
+        return (scale.reshape(v, -1)[..., None] * q).reshape(v, -1)
+
+
+SUB_BLOCK, SUPER_BLOCK = 16, 256  # a Q6_K scale's values (int8 sc), a Q6_K d's values (f16)
+
+
+def _signed_factors(scales: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+    """[V, G·16] float32 scales as d [V, G] (float16) times sc [V, G, 16] (int8), exactly in float32, as Q6_K stores
+    them; None where some group is not such a product. Each group's largest |scale| is tried as d·k for
+    k = ±128 … ±1 (llama.cpp's quantizer writes it as sc = −128)."""
+    v, nb = scales.shape
+    groups = scales.reshape(v, nb // (SUPER_BLOCK // SUB_BLOCK), SUPER_BLOCK // SUB_BLOCK)
+    top = np.take_along_axis(groups, np.abs(groups).argmax(-1)[..., None], -1)[..., 0]
+    d = np.zeros(top.shape, np.float16)
+    sc = np.zeros(groups.shape, np.int8)
+    left = top != 0
+    for k in (sign * size for size in range(128, 0, -1) for sign in (-1, 1)):
+        if not left.any():
+            break
+        cand = (top / np.float32(k)).astype(np.float16)
+        wide = cand.astype(np.float32)
+        safe = np.where(wide != 0, wide, np.float32(1))
+        codes = np.rint(groups / safe[..., None])
+        ok = left & (wide != 0) & ((codes >= -128) & (codes <= 127)).all(-1) & \
+            ((safe[..., None] * codes.astype(np.float32)) == groups).all(-1)
+        d = np.where(ok, cand, d)
+        sc = np.where(ok[..., None], codes.astype(np.int8), sc)
+        left &= ~ok
+    return None if left.any() else (d, sc)
+
+
+def six_bit_rows(head: QuantBlocks) -> SixBitRows | None:
+    """A carried Q6_K head (8-bit blocks of 16 over zero point 128, q + 96 stored) in its own 6.56 bits; None for any
+    other head, or where the scales are not a Q6_K's f16 × int8 products."""
+    v, h = head.shape
+    if head.source_type != "Q6_K" or head.block != SUB_BLOCK or head.bias is not None or h % SUPER_BLOCK \
+            or not np.isscalar(head.zero) or head.zero != 128:
+        return None
+    factors = _signed_factors(head.scale)
+    q = head.q.astype(np.int16) - 96  # the 6-bit code, 0..63
+    if factors is None or q.min() < 0 or q.max() > 63:
+        return None
+    q = q.astype(np.uint8)
+    low, high = q & 15, q >> 4
+    rows = SixBitRows(low=np.ascontiguousarray(low[:, 0::2] | (low[:, 1::2] << 4)),
+                      high=np.ascontiguousarray(high[:, 0::4] | (high[:, 1::4] << 2) | (high[:, 2::4] << 4)
+                                                | (high[:, 3::4] << 6)),
+                      sc=np.ascontiguousarray(factors[1].reshape(v, -1)), d=np.ascontiguousarray(factors[0]))
+    return rows if np.array_equal(rows.dequantize(), head.dequantize()) else None
+
+
+def _gathered_rows(p: str, rows: str, inits: dict, *, k: int) -> tuple[list[onnx.TensorProto], list[onnx.NodeProto]]:
+    """Nodes that gather the candidates' rows (`{p}.candidates` [B, N, k]) of the initializers named `rows` and
+    dequantize them to `{p}.rows` [B, N, k, h] float32, in whichever form they are stored: 8-bit codes over zero point
+    128 (`rows.q` [V, nb, block]), 4-bit codes two a byte with a zero point per block (`rows.zero_points`), or a Q6_K
+    head's own 6-bit rows (`rows.low`, SixBitRows)."""
+    last = [numpy_helper.from_array(np.array([-1], np.int64), f"{p}.last")]
+    if f"{rows}.low" in inits:
+        v, half = inits[f"{rows}.low"].dims
+        h = 2 * half
+        consts = last + [numpy_helper.from_array(np.array(b, np.int32), f"{p}.base{b}") for b in (4, 16)] + [
+            numpy_helper.from_array(np.array([1, 1, 1, n], np.int64), f"{p}.times{n}") for n in (2, 4)] + [
+            numpy_helper.from_array(np.array(16.0, np.float32), f"{p}.sixteen_f"),
+            numpy_helper.from_array(np.array(32.0, np.float32), f"{p}.centre"),
+            numpy_helper.from_array(np.array([0, 0, 0, h // SUPER_BLOCK, SUPER_BLOCK // SUB_BLOCK], np.int64),
+                                    f"{p}.sc_shape"),
+            numpy_helper.from_array(np.array([0, 0, 0, h // SUB_BLOCK, 1], np.int64), f"{p}.scale_shape"),
+            numpy_helper.from_array(np.array([0, 0, 0, h // SUB_BLOCK, SUB_BLOCK], np.int64), f"{p}.q_shape"),
+            numpy_helper.from_array(np.array([0, 0, 0, h], np.int64), f"{p}.rows_shape")]
+        nodes = [
+            helper.make_node("Gather", [f"{rows}.low", f"{p}.candidates"], [f"{p}.low"], name=f"{p}.GatherLow"),
+            *_digits(f"{p}.lowbits", f"{p}.low", f"{p}.lowf", base=16, count=2, consts=p,
+                     times=f"{p}.times2"),                                                         # [B, N, k, h]
+            helper.make_node("Gather", [f"{rows}.high", f"{p}.candidates"], [f"{p}.high"], name=f"{p}.GatherHigh"),
+            *_digits(f"{p}.highbits", f"{p}.high", f"{p}.highf", base=4, count=4, consts=p,
+                     times=f"{p}.times4"),                                                         # [B, N, k, h]
+            helper.make_node("Mul", [f"{p}.highf", f"{p}.sixteen_f"], [f"{p}.high16"], name=f"{p}.High16"),
+            helper.make_node("Add", [f"{p}.lowf", f"{p}.high16"], [f"{p}.codes"], name=f"{p}.Codes"),
+            helper.make_node("Sub", [f"{p}.codes", f"{p}.centre"], [f"{p}.centred"], name=f"{p}.Centre"),
+            helper.make_node("Reshape", [f"{p}.centred", f"{p}.q_shape"], [f"{p}.centered"], name=f"{p}.QBlocks"),
+            helper.make_node("Gather", [f"{rows}.sc", f"{p}.candidates"], [f"{p}.sc"], name=f"{p}.GatherSc"),
+            helper.make_node("Cast", [f"{p}.sc"], [f"{p}.scf"], name=f"{p}.CastSc", to=onnx.TensorProto.FLOAT),
+            helper.make_node("Reshape", [f"{p}.scf", f"{p}.sc_shape"], [f"{p}.sc_groups"], name=f"{p}.ScGroups"),
+            helper.make_node("Gather", [f"{rows}.d", f"{p}.candidates"], [f"{p}.d16"], name=f"{p}.GatherD"),
+            helper.make_node("Cast", [f"{p}.d16"], [f"{p}.d"], name=f"{p}.CastD", to=onnx.TensorProto.FLOAT),
+            helper.make_node("Unsqueeze", [f"{p}.d", f"{p}.last"], [f"{p}.d1"], name=f"{p}.UnsqueezeD"),
+            helper.make_node("Mul", [f"{p}.sc_groups", f"{p}.d1"], [f"{p}.scale_groups"], name=f"{p}.Scales"),
+            helper.make_node("Reshape", [f"{p}.scale_groups", f"{p}.scale_shape"], [f"{p}.scale"], name=f"{p}.Scale"),
+            helper.make_node("Mul", [f"{p}.centered", f"{p}.scale"], [f"{p}.blocks"], name=f"{p}.Dequantize"),
+            helper.make_node("Reshape", [f"{p}.blocks", f"{p}.rows_shape"], [f"{p}.rows"], name=f"{p}.Rows"),
+        ]
+        return consts, nodes
+    _, blocks, block_bytes = inits[f"{rows}.q"].dims  # [V, h/block, block·bits/8] uint8
+    packed = f"{rows}.zero_points" in inits  # 4-bit codes two a byte, a zero point per block; else 8-bit over 128
+    block = 2 * block_bytes if packed else block_bytes
+    consts = last + [numpy_helper.from_array(np.array([0, 0, k, blocks * block], np.int64), f"{p}.rows_shape")]
+    if packed:
+        consts += [numpy_helper.from_array(np.array(16, np.int32), f"{p}.base16"),
+                   numpy_helper.from_array(np.array([1, 1, 1, 1, 2], np.int64), f"{p}.q_times2"),
+                   numpy_helper.from_array(np.array([1, 1, 1, 2], np.int64), f"{p}.z_times2"),
+                   numpy_helper.from_array(np.array([0], np.int64), f"{p}.zero_start"),
+                   numpy_helper.from_array(np.array([blocks], np.int64), f"{p}.zero_end")]
+    else:
+        consts.append(numpy_helper.from_array(np.array(128.0, np.float32), f"{p}.zero"))
+    nodes = [
+        helper.make_node("Gather", [f"{rows}.q", f"{p}.candidates"], [f"{p}.q"], name=f"{p}.GatherQ"),   # [B,N,k,nb,·]
+    ]
+    if packed:  # the codes, then the zero points [V, ceil(nb/2)] two a byte: unpacked like the codes, cut to nb
+        nodes += [*_digits(f"{p}.codesq", f"{p}.q", f"{p}.qf", base=16, count=2, consts=p,
+                           times=f"{p}.q_times2"),                                                     # [B,N,k,nb,blk]
+                  helper.make_node("Gather", [f"{rows}.zero_points", f"{p}.candidates"], [f"{p}.zq"],
+                                   name=f"{p}.GatherZ"),                                               # [B,N,k,nb/2]
+                  *_digits(f"{p}.codesz", f"{p}.zq", f"{p}.zf_all", base=16, count=2, consts=p,
+                           times=f"{p}.z_times2"),
+                  helper.make_node("Slice", [f"{p}.zf_all", f"{p}.zero_start", f"{p}.zero_end", f"{p}.last"],
+                                   [f"{p}.zf"], name=f"{p}.SliceZ"),                                   # [B,N,k,nb]
+                  helper.make_node("Unsqueeze", [f"{p}.zf", f"{p}.last"], [f"{p}.zf1"], name=f"{p}.UnsqueezeZ"),
+                  helper.make_node("Sub", [f"{p}.qf", f"{p}.zf1"], [f"{p}.centered"], name=f"{p}.Center")]
+    else:
+        nodes += [helper.make_node("Cast", [f"{p}.q"], [f"{p}.qf"], name=f"{p}.CastQ", to=onnx.TensorProto.FLOAT),
+                  helper.make_node("Sub", [f"{p}.qf", f"{p}.zero"], [f"{p}.centered"], name=f"{p}.Center")]
+    nodes += [
+        helper.make_node("Gather", [f"{rows}.scales", f"{p}.candidates"], [f"{p}.d"], name=f"{p}.GatherD"),  # [B,N,k,nb]
+        helper.make_node("Unsqueeze", [f"{p}.d", f"{p}.last"], [f"{p}.d1"], name=f"{p}.UnsqueezeD"),
+        helper.make_node("Mul", [f"{p}.centered", f"{p}.d1"], [f"{p}.blocks"], name=f"{p}.Dequantize"),
+        helper.make_node("Reshape", [f"{p}.blocks", f"{p}.rows_shape"], [f"{p}.rows"], name=f"{p}.Rows"),  # [B,N,k,h]
+    ]
+    return consts, nodes
 
 
 def rerank_argmax(model: onnx.ModelProto, *, weight: str, hidden: str, ids: str, k: int, scatter: bool = False,
@@ -50,13 +215,13 @@ def rerank_argmax(model: onnx.ModelProto, *, weight: str, hidden: str, ids: str,
     producing `ids` becomes
 
         top k of the approximate logits                        candidates [B, N, k]
-        their rows, dequantized from the head's own blocks      rows [B, N, k, h] = d·(q − zero point)
+        their rows, dequantized from stored blocks              rows [B, N, k, h] (_gathered_rows)
         exact scores = Σ_h hidden · row in fp32                 [B, N, k]
         ids = the candidate with the highest exact score        [B, N]
 
     so `ids` is the fp32 argmax of those rows whenever it is among the k best approximate logits (no extra
-    weights: the rows are `rows.q`, `rows.scales` and `rows.zero_points` of the MatMulNBits initializers named
-    `rows`, by default `weight`: 8-bit codes over zero point 128, or 4-bit ones with a zero point per block). With
+    weights where the rows are the MatMulNBits initializers named `rows`, by default `weight`: 8-bit codes over zero
+    point 128, or 4-bit ones with a zero point per block; or a Q6_K head's own rows, SixBitRows). With
     `scatter` the exact scores also replace those k entries of the logits output (the rest stay approximate): what
     sampling and perplexity read of a narrowed head (narrow_lm_head) is then exact where the probability mass is.
     Every op works row by row, so a row's result does not depend on how many rows the call has.
@@ -64,52 +229,18 @@ def rerank_argmax(model: onnx.ModelProto, *, weight: str, hidden: str, ids: str,
     graph = model.graph
     inits = initializers(graph)
     rows = rows or weight
-    q = inits.get(f"{rows}.q")
     argmax = next((n for n in graph.node if n.op_type == "ArgMax" and list(n.output) == [ids]), None)
-    if argmax is None or q is None or len(q.dims) != 3:
+    q = inits.get(f"{rows}.q")
+    if argmax is None or (f"{rows}.low" not in inits and (q is None or len(q.dims) != 3)):
         return False
-    _, blocks, block_bytes = q.dims  # [V, h/block, block·bits/8] uint8
-    packed = f"{rows}.zero_points" in inits  # 4-bit codes two a byte, a zero point per block; else 8-bit over 128
-    block = 2 * block_bytes if packed else block_bytes
     p = f"{ids}.rerank"
-    graph.initializer.extend([
-        numpy_helper.from_array(np.array([k], np.int64), f"{p}.k"),
-        numpy_helper.from_array(np.array([-1], np.int64), f"{p}.last"),
-        numpy_helper.from_array(np.array([2], np.int64), f"{p}.axis2"),
-        numpy_helper.from_array(np.array([0, 0, k, blocks * block], np.int64), f"{p}.rows_shape"),
-    ])
-    if packed:
-        graph.initializer.extend([numpy_helper.from_array(np.array(16, np.int32), f"{p}.sixteen"),
-                                  numpy_helper.from_array(np.array([1, 1, 1, 1, 2], np.int64), f"{p}.q_doubled"),
-                                  numpy_helper.from_array(np.array([1, 1, 1, 2], np.int64), f"{p}.z_doubled"),
-                                  numpy_helper.from_array(np.array([0], np.int64), f"{p}.zero_start"),
-                                  numpy_helper.from_array(np.array([blocks], np.int64), f"{p}.zero_end")])
-    else:
-        graph.initializer.append(numpy_helper.from_array(np.array(128.0, np.float32), f"{p}.zero"))
+    consts, gathered = _gathered_rows(p, rows, inits, k=k)
+    graph.initializer.extend(consts + [numpy_helper.from_array(np.array([k], np.int64), f"{p}.k"),
+                                       numpy_helper.from_array(np.array([2], np.int64), f"{p}.axis2")])
     nodes = [
         helper.make_node("TopK", [argmax.input[0], f"{p}.k"], [f"{p}.approx", f"{p}.candidates"], name=f"{p}.TopK",
                          axis=-1),                                                                     # [B, N, k]
-        helper.make_node("Gather", [f"{rows}.q", f"{p}.candidates"], [f"{p}.q"], name=f"{p}.GatherQ"),   # [B,N,k,nb,·]
-        *_row_codes(f"{p}.codesq", f"{p}.q", f"{p}.qf", packed=packed, consts=p,
-                    doubled=f"{p}.q_doubled"),                                                         # [B,N,k,nb,blk]
-    ]
-    if packed:  # the zero points [V, ceil(nb/2)] two a byte: unpacked like the codes, cut to nb
-        zero_codes = _row_codes(f"{p}.codesz", f"{p}.zq", f"{p}.zf_all", packed=True, consts=p,
-                                doubled=f"{p}.z_doubled")
-        nodes += [helper.make_node("Gather", [f"{rows}.zero_points", f"{p}.candidates"], [f"{p}.zq"],
-                                   name=f"{p}.GatherZ"),                                               # [B,N,k,nb/2]
-                  *zero_codes,
-                  helper.make_node("Slice", [f"{p}.zf_all", f"{p}.zero_start", f"{p}.zero_end", f"{p}.last"],
-                                   [f"{p}.zf"], name=f"{p}.SliceZ"),                                   # [B,N,k,nb]
-                  helper.make_node("Unsqueeze", [f"{p}.zf", f"{p}.last"], [f"{p}.zf1"], name=f"{p}.UnsqueezeZ"),
-                  helper.make_node("Sub", [f"{p}.qf", f"{p}.zf1"], [f"{p}.centered"], name=f"{p}.Center")]
-    else:
-        nodes.append(helper.make_node("Sub", [f"{p}.qf", f"{p}.zero"], [f"{p}.centered"], name=f"{p}.Center"))
-    nodes += [
-        helper.make_node("Gather", [f"{rows}.scales", f"{p}.candidates"], [f"{p}.d"], name=f"{p}.GatherD"),  # [B,N,k,nb]
-        helper.make_node("Unsqueeze", [f"{p}.d", f"{p}.last"], [f"{p}.d1"], name=f"{p}.UnsqueezeD"),
-        helper.make_node("Mul", [f"{p}.centered", f"{p}.d1"], [f"{p}.blocks"], name=f"{p}.Dequantize"),
-        helper.make_node("Reshape", [f"{p}.blocks", f"{p}.rows_shape"], [f"{p}.rows"], name=f"{p}.Rows"),  # [B,N,k,h]
+        *gathered,                                                                                     # [B,N,k,h]
         helper.make_node("Unsqueeze", [hidden, f"{p}.axis2"], [f"{p}.hidden"], name=f"{p}.UnsqueezeH"),  # [B,N,1,h]
         helper.make_node("Mul", [f"{p}.rows", f"{p}.hidden"], [f"{p}.products"], name=f"{p}.Products"),
         helper.make_node("ReduceSum", [f"{p}.products", f"{p}.last"], [f"{p}.exact"], name=f"{p}.Scores",
@@ -135,7 +266,7 @@ def rerank_argmax(model: onnx.ModelProto, *, weight: str, hidden: str, ids: str,
 def narrow_lm_head(model: onnx.ModelProto, *, weight: str, head: QuantBlocks, accuracy_level: int,
                    narrowed: QuantBlocks | None = None) -> bool:
     """The LM head's MatMulNBits reads 4-bit blocks re-quantized from its 8-bit ones (`narrowed`, by default
-    rtn_blocks in blocks of 32): half the bytes a step. The 8-bit initializers stay in the graph only while
+    rtn_blocks in blocks of 32 with f16 steps): half the bytes a step. The 8-bit initializers stay in the graph only while
     something reads rows of them (a tied model's embedding reads the same bytes from the file; `drop_unused`
     removes them otherwise). Call before
     `rerank_argmax(..., scatter=True)`, which restores the greedy pick and the top logits exactly, from the 8-bit
@@ -144,8 +275,10 @@ def narrow_lm_head(model: onnx.ModelProto, *, weight: str, head: QuantBlocks, ac
     node = next((n for n in graph.node if n.name == f"{weight}.MatMulNBits"), None)
     if node is None or head.bits != 8:
         return False
-    narrow = narrowed or requantized_rows(head, bits=4, block=max(head.block, NARROW_BLOCK),
-                                          source=f"{head.source_type}→4-bit")
+    block, source = max(head.block, NARROW_BLOCK), f"{head.source_type}→4-bit"
+    narrow = narrowed or requantized_rows(  # f16 steps: the scales in half the bytes, folded back at load
+        head, bits=4, block=block, source=source,
+        quantize=lambda weight: rtn_blocks(weight, bits=4, block=block, source=source, f16_step=True))
     tensors, casts = matmulnbits_tensors(f"{weight}.4bit", narrow)
     graph.initializer.extend(tensors)
     names = [t.name for t in tensors]

@@ -73,6 +73,8 @@ def factored_scales(scales: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
     d = np.zeros_like(top)
     c = np.zeros(groups.shape, np.uint8)
     left = top > 0
+    if ((top <= 0) & (groups != 0).any(-1)).any():  # a negative scale is no f16 d times a 6-bit integer here
+        return None
     for k in range(FACTOR_RANGE, 0, -1):
         if not left.any():
             break
@@ -328,11 +330,11 @@ def quantize_matmuls(model: onnx.ModelProto, *, bits: int, block_size: int, accu
     return quantizer.model.model
 
 
-def rtn_blocks(weight: np.ndarray, *, bits: int, block: int, source: str) -> QuantBlocks:
+def rtn_blocks(weight: np.ndarray, *, bits: int, block: int, source: str, f16_step: bool = False) -> QuantBlocks:
     """[N, K] float32 → asymmetric round-to-nearest blocks (an integer zero point per block), as ONNX Runtime's
-    own quantizer makes them."""
+    own quantizer makes them; `f16_step`: each block's step an f16 value (stored in half the bytes)."""
     n, k = weight.shape
-    q, step, zero = asymmetric_codes(weight.reshape(n, k // block, block).astype(np.float64), bits)
+    q, step, zero = asymmetric_codes(weight.reshape(n, k // block, block).astype(np.float64), bits, f16_step=f16_step)
     return QuantBlocks(source, q.reshape(n, k), step.astype(np.float32), None, bits, block, zero.astype(np.uint8))
 
 

@@ -30,7 +30,7 @@ from specmemo.export.activation_outliers import outlier_channels
 from specmemo.export.block_search import importance, searched_blocks
 from specmemo.export.gguf_weights import (GgufTensors, GgufWeightsError, QuantBlocks, carry, llama_rotary_order,
                                           q4_1_blocks, q8_0_blocks, stack)
-from specmemo.export.lm_head import narrow_lm_head, rerank_argmax
+from specmemo.export.lm_head import narrow_lm_head, rerank_argmax, six_bit_rows
 from specmemo.export.quantize import (carry_matmuls, drop_unused, external_span, gemms_as_matmuls, quantize_matmuls,
                                       read_initializer, requantized_rows)
 from specmemo.runtime.io_spec import NEXT_TOKEN_IDS
@@ -104,12 +104,14 @@ class BodyBlocks(str, Enum):
 
 
 class LmHeadRows(str, Enum):
-    """Which rows the exact re-rank of a narrowed (4-bit) LM head reads. 8-bit: the GGUF head's rows re-blocked to
-    8-bit blocks of 32 (a Q6_K row moves by at most half an 8-bit step), stored beside the 4-bit head: the greedy
-    pick stays the GGUF head's. 4-bit: the head stored once, the re-rank from its own 4-bit rows: the smallest
-    artifact, but the greedy pick is the 4-bit head's (docs/int4.md has both). A tied head keeps its carried rows
-    whichever is asked: the embedding reads them."""
+    """Which rows the exact re-rank of a narrowed (4-bit) LM head reads, stored beside the 4-bit head. carried: the
+    GGUF head's own bits (a Q6_K head's 6.56 bits a weight, lm_head.SixBitRows; other heads as 8-bit): the greedy
+    pick is the GGUF head's. 8-bit: the head's rows re-blocked to 8-bit blocks of 32 (a Q6_K row moves by at most
+    half an 8-bit step; 8.5 bits a weight). 4-bit: the head stored once, the re-rank from its own 4-bit rows: the
+    smallest artifact, but the greedy pick is the 4-bit head's (docs/int4.md has all three). A tied head keeps its
+    carried rows whichever is asked: the embedding reads them."""
 
+    CARRIED = "carried"
     EIGHT_BIT = "8-bit"
     OWN = "4-bit"
 
@@ -127,7 +129,7 @@ class QuantOptions:
     # re-ranked exactly from the 8-bit rows; None: head_bits() decides by the head's blocks
     wide_blocks: WideBlocks | None = None  # the body's 8-bit GGUF matrices (None: WideBlocks.default_for the dtype)
     body_blocks: BodyBlocks = BodyBlocks.CARRIED  # the body's matrices: the GGUF's blocks, or re-quantized into larger
-    lm_head_rows: LmHeadRows = LmHeadRows.EIGHT_BIT  # the rows a narrowed head's re-rank reads
+    lm_head_rows: LmHeadRows = LmHeadRows.CARRIED  # the rows a narrowed head's re-rank reads
 
     @property
     def step_row_multiple(self) -> int:
@@ -250,7 +252,9 @@ def quantize_decoder(path: Path, *, options: QuantOptions, dims: ModelDims, gguf
     head = carried.get(LM_HEAD)
     narrowing = _reranked_head(head, options) and head_bits(head, options.lm_head_bits) == 4
     untied = not dims.tie_word_embeddings
-    if narrowing and untied and options.lm_head_rows is LmHeadRows.EIGHT_BIT:
+    six_bit = six_bit_rows(head) if narrowing and untied and options.lm_head_rows is LmHeadRows.CARRIED else None
+    if narrowing and untied and (options.lm_head_rows is LmHeadRows.EIGHT_BIT
+                                 or (options.lm_head_rows is LmHeadRows.CARRIED and six_bit is None)):
         carried[LM_HEAD] = WideBlocks.Q8_0.narrowed(head)  # the re-rank's rows in blocks of 32: 8.5 bits, not 10
     replaced = carry_matmuls(model, carried, accuracy_level=options.accuracy_level,
                              levels={LM_HEAD: options.lm_head_accuracy_level},
@@ -259,9 +263,12 @@ def quantize_decoder(path: Path, *, options: QuantOptions, dims: ModelDims, gguf
                                             accuracy_level=options.lm_head_accuracy_level,
                                             narrowed=_searched_head(head, options.body_blocks.block))
     once = narrowed and untied and options.lm_head_rows is LmHeadRows.OWN  # the head stored once
+    own_bits = narrowed and six_bit is not None  # the re-rank reads the GGUF head's 6-bit rows
+    if own_bits:
+        model.graph.initializer.extend(six_bit.tensors(f"{LM_HEAD}.q6"))
     rerank = _rerank_lm_head(model, carried.get(LM_HEAD), options, scatter=narrowed,
-                             rows=f"{LM_HEAD}.4bit" if once else None)
-    if once:
+                             rows=f"{LM_HEAD}.4bit" if once else f"{LM_HEAD}.q6" if own_bits else None)
+    if once or own_bits:
         drop_unused(model.graph)
     fuse_skip_norms(model)  # residual add + RMSNorm as one node (export/fuse_norms.py)
     log(f"carried {len(replaced)} GGUF matrices as MatMulNBits "

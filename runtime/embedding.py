@@ -14,7 +14,8 @@ Quantized artifacts (export --dtype int8|int4) have no table of their own: a row
 tied LM head's MatMulNBits initializers in the decoder's data file (values, then scales) and
 dequantized into the caller's buffer, x = scale · (q − zero point), in the same fp32 arithmetic the
 exporter checked against the model's weights. An untied model's table is its GGUF embedding blocks in a file of
-their own (values, scales, then per-block minimums for Q4_K), x = scale · q + minimum.
+their own (values, scales, then per-block minimums for Q4_K; scales and minimums factored as the GGUF stores them,
+an f16 d per super-block times a 6-bit integer), x = scale · q + minimum.
 """
 
 from __future__ import annotations
@@ -41,12 +42,17 @@ class EmbeddingTable:
             self.row_bytes = self.hidden_size * q.bits // 8
             self._blocks = self.hidden_size // q.block_size  # per row
             self._values = np.empty(self.row_bytes, np.uint8)  # scratch for one row, reused
-            self._scales = np.empty(self._blocks, np.dtype(q.scales_dtype))
+            if q.scale_group and self._blocks % q.scale_group:
+                raise ManifestError(f"embedding.quantized: {self._blocks} blocks a row are not groups of "
+                                    f"{q.scale_group}: re-export the artifact")
+            self._stored = np.empty(q.scale_bytes(self._blocks), np.uint8)  # one row's scales or minimums as stored
+            self._scales = np.empty(self._blocks, np.float32 if q.scale_group else np.dtype(q.scales_dtype))
             self._minimums = None if q.minimums_offset is None else np.empty(self._blocks, np.float32)
             ends = [q.values_offset + self.vocab_size * self.row_bytes,
-                    q.scales_offset + self.vocab_size * self._scales.nbytes]
+                    q.scales_offset + self.vocab_size * self._stored.nbytes]
             if q.minimums_offset is not None:
-                ends.append(q.minimums_offset + self.vocab_size * 4 * self._blocks)
+                ends.append(q.minimums_offset + self.vocab_size * (self._stored.nbytes if q.scale_group
+                                                                   else 4 * self._blocks))
             self._check_size(max(ends))
         self._file = io.FileIO(path, "r")  # unbuffered: each row is one read into a buffer
 
@@ -72,9 +78,20 @@ class EmbeddingTable:
         if self._file.readinto(into) != into.nbytes:
             raise ManifestError(f"{self.path} ended early at byte {offset}: re-export the artifact")
 
+    def _per_block(self, offset: int, q: QuantizedRows, out: np.ndarray) -> None:
+        """One row's per-block floats at `offset` into `out` [nb]: as stored, or factored d · c (QuantizedRows)."""
+        if not q.scale_group:
+            self._read(offset, out)
+            return
+        self._read(offset, self._stored)
+        groups = self._blocks // q.scale_group
+        d = self._stored[:2 * groups].view(np.float16).astype(np.float32)
+        np.multiply(self._stored[2 * groups:].reshape(groups, q.scale_group), d[:, None],
+                    out=out.reshape(groups, q.scale_group), dtype=np.float32)
+
     def _dequantize(self, token: int, q: QuantizedRows, row: np.ndarray) -> None:
         self._read(q.values_offset + token * self.row_bytes, self._values)
-        self._read(q.scales_offset + token * self._scales.nbytes, self._scales)
+        self._per_block(q.scales_offset + token * self._stored.nbytes, q, self._scales)
         blocks = row.reshape(self._blocks, q.block_size)  # [nb, block], a view of `row`
         if q.bits == 8:
             blocks[...] = self._values.reshape(self._blocks, q.block_size)
@@ -85,7 +102,8 @@ class EmbeddingTable:
         blocks -= q.zero_point
         blocks *= self._scales[:, None]
         if self._minimums is not None:
-            self._read(q.minimums_offset + token * self._minimums.nbytes, self._minimums)
+            stride = self._stored.nbytes if q.scale_group else self._minimums.nbytes
+            self._per_block(q.minimums_offset + token * stride, q, self._minimums)
             blocks += self._minimums[:, None]
 
     def close(self) -> None:

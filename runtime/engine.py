@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import importlib
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -43,6 +44,7 @@ class Engine:
     plan: Plan  # sizes, arena layout, numeric route; plan.footprint: the memory model's price, if priced
     controller: Controller | DrafterChoice | None = None
     log: Callable[[str], None] = field(default=print, repr=False)
+    load_s: dict[str, float] = field(default_factory=dict, repr=False)  # open_engine's pieces, seconds
 
     @property
     def backend(self) -> OrtBackend:
@@ -128,16 +130,24 @@ def builder(where: str) -> Callable:
 
 
 def open_engine(config: EngineConfig, *, log=print) -> Engine:
+    """The artifact opened for decoding; `engine.load_s`: seconds per loading piece (the session's among them)."""
+    started = time.perf_counter()
     manifest = load_manifest(config.artifact)
     plan = plan_for(config, manifest, log=log)
     config = replace(config, mode=plan.mode)
+    planned = time.perf_counter()
     tokenizer = ChatTokenizer(config.artifact, manifest)
+    tokenized = time.perf_counter()
     session = DecoderSession(config.artifact, SessionConfig(threads=config.threads, sizes=plan.sizes,
                                                             heads=uses_heads_graph(plan.drafters),
                                                             model_format=config.model_format))
+    opened = time.perf_counter()
     drafter = open_drafter(session, plan.drafters, max_tree=plan.sizes.tree, draft_model=plan.draft_model,
                            choices=drafter_choices(config, manifest) if plan.drafters else ())
-    return Engine(config=config, session=session, tokenizer=tokenizer, drafter=drafter, plan=plan, log=log)
+    load_s = {"manifest and plan": planned - started, "tokenizer": tokenized - planned, **session.load_s,
+              "drafters": time.perf_counter() - opened}
+    return Engine(config=config, session=session, tokenizer=tokenizer, drafter=drafter, plan=plan, log=log,
+                  load_s=load_s)
 
 
 def open_pool(config: EngineConfig, *, batch: int, log=print):

@@ -20,7 +20,9 @@ class QuantizedRows:
     model's GGUF embedding blocks): row t is `bits`-bit q at values_offset + t·h·bits/8 (two 4-bit values a byte,
     the first in the low nibble) and scales at scales_offset + t·(h/block)·(2 or 4); x = scale · (q − zero_point)
     in float32, plus a float32 minimum per block at minimums_offset + t·(h/block)·4 when the blocks have one
-    (Q4_1 / Q4_K: w = d·q + m)."""
+    (Q4_1 / Q4_K: w = d·q + m). With `scale_group` G > 0 the scales (and minimums) are stored as a k-quant stores
+    them: row t's are nb/G float16 d then nb uint8 c at offset + t·(2·nb/G + nb), value b = float32(d[b // G]) ·
+    c[b] (exact in float32: a 6-bit c times an f16 d)."""
 
     bits: int  # 4 or 8
     block_size: int
@@ -29,12 +31,19 @@ class QuantizedRows:
     scales_offset: int
     scales_dtype: str = "float32"  # float32 | float16
     minimums_offset: int | None = None  # float32 per block, added after the scale (None: blocks without a minimum)
+    scale_group: int = 0  # > 0: scales and minimums factored, one f16 d per this many blocks times a uint8 each
 
     def __post_init__(self) -> None:
         if (self.bits not in (4, 8) or self.block_size <= 0 or not 0 <= self.zero_point < 1 << self.bits
-                or self.scales_dtype not in ("float32", "float16")):
+                or self.scales_dtype not in ("float32", "float16") or self.scale_group < 0):
             raise ManifestError(f"embedding.quantized: bits {self.bits}, block {self.block_size}, zero point "
                                 f"{self.zero_point} are not a MatMulNBits layout: re-export the artifact")
+
+    def scale_bytes(self, blocks: int) -> int:
+        """Bytes of one row's scales (and of its minimums) for `blocks` blocks a row."""
+        if self.scale_group:
+            return 2 * (blocks // self.scale_group) + blocks
+        return blocks * (2 if self.scales_dtype == "float16" else 4)
 
 
 @dataclass(frozen=True)

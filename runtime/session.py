@@ -11,6 +11,7 @@ heads graph shares the decoder's LM head, that weight is read once and handed to
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -223,12 +224,24 @@ class DecoderSession:
         m = self.manifest
         self.sizes = config.sizes or default_sizes(m, tree=None if config.heads and m.heads is not None else 1)
         check_capacity(m, self.sizes.capacity)
+        clock = time.perf_counter()
+        self.load_s: dict[str, float] = {}  # where loading went, piece by piece (bench load)
+
+        def took(piece: str) -> None:
+            nonlocal clock
+            now = time.perf_counter()
+            self.load_s[piece] = now - clock
+            clock = now
+
         embedding = embedding_for(m, config.model_format)
         self.embedding = EmbeddingTable(self.artifact / embedding.file, embedding)
         self.lm_head = load_shared_lm_head(self.artifact, m)
         shared, heads_shared = lm_head_initializers(m, self.lm_head)
+        took("embedding and shared head")
         self.session = open_session(self.artifact, m, config, shared)
+        took("decoder session (ORT: graph, prepacked weights)")
         self.heads_session = open_heads(self.artifact, m, config, heads_shared)
+        took("heads session")
         self._shared_values = shared  # ORT does not own these buffers: keep them alive
         self.rss_after_load = rss_bytes()
         reset_peak_rss()  # from here on, the peak RSS measures generation (the arena and the steps)
@@ -241,25 +254,27 @@ class DecoderSession:
         for (past, present), value in zip(m.io.kv_pairs, self._kv_values):
             self.binding.bind_ortvalue_input(past, value)
             self.binding.bind_ortvalue_output(present, value)  # same buffer: updated in place
+        took("arena")
         if config.warm_up:
             self.warm_up()
+            took("warm-up (the largest step)")
 
     def warm_up(self) -> None:
-        """Steps of 1, 2, 4, ... R rows attending to all C positions (a sliding layer: its C_w rows), and
-        one heads call: ORT's arena and its kernels' scratch buffers grow to what a generation can need
-        now, not mid-reply. Writes K/V rows [C - R, C) (and [C_w - R, C_w)), which no step reads before
+        """The largest step once, R rows attending to all C positions (a sliding layer: its C_w rows), and one heads
+        call: ORT's arena and its kernels' scratch buffers grow to what a generation can need now, not mid-reply
+        (smaller steps are carved from what the largest one freed: every smaller size run after it leaves the RSS
+        where it was, docs/runtime.md). Writes K/V rows [C - R, C) (and [C_w - R, C_w)), which no step reads before
         writing them again; commits nothing."""
         attended, attended_w, a = self.kv.capacity, self.kv.window_capacity, self.arena
-        step_sizes = sorted({min(1 << i, self.rows) for i in range(self.rows.bit_length() + 1)} | {self.logit_rows})
-        for size in (s for s in step_sizes if s <= min(attended, attended_w or attended)):
-            a["input_ids"][:size] = 0
-            a["position_ids"][:size] = np.arange(attended - size, attended)
-            a["attention_bias"][: size * attended] = 0
-            if attended_w:
-                a["attention_bias_local"][: size * attended_w] = 0
-            logit_rows = min(self.logit_rows, size)
-            a["logits_indices"][:logit_rows] = np.arange(logit_rows)
-            self.run(size, attended, logit_rows, attended_w)
+        size = min(self.rows, attended, attended_w or attended)
+        a["input_ids"][:size] = 0
+        a["position_ids"][:size] = np.arange(attended - size, attended)
+        a["attention_bias"][: size * attended] = 0
+        if attended_w:
+            a["attention_bias_local"][: size * attended_w] = 0
+        logit_rows = min(self.logit_rows, size)
+        a["logits_indices"][:logit_rows] = np.arange(logit_rows)
+        self.run(size, attended, logit_rows, attended_w)
         if self.heads_session is not None:
             self.heads_session.run(None, {self.manifest.heads.hidden: a["heads_hidden"]})
 

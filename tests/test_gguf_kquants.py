@@ -62,8 +62,8 @@ def test_a_fused_matrix_of_mixed_types_keeps_every_weight():
 
 
 def test_an_untied_models_embedding_reads_its_gguf_blocks(tmp_path):
-    """export/embedding_rows.gguf_rows: a Q4_K token_embd becomes the artifact's table (values, float32 scales and
-    minimums), checked against the float32 table; the runtime's rows equal that table bit for bit."""
+    """export/embedding_rows.gguf_rows: a Q4_K token_embd becomes the artifact's table (values; scales and
+    minimums factored as the GGUF stores them), checked against the float32 table; the runtime's rows equal that table bit for bit."""
     import gguf
 
     from specmemo.export.embedding_rows import gguf_rows
@@ -83,7 +83,9 @@ def test_an_untied_models_embedding_reads_its_gguf_blocks(tmp_path):
     info = gguf_rows(tmp_path / "m.gguf", tmp_path, EmbeddingInfo(file="embedding.bin", dtype="float32",
                                                                    shape=(vocab, hidden)))
     assert info is not None and info.quantized.minimums_offset is not None
-    assert (tmp_path / info.file).stat().st_size == vocab * (hidden // 2 + 2 * 4 * hidden // 32)
+    nb = hidden // 32  # scales and minimums as the GGUF stores them: an f16 d per 8 blocks, a uint8 per block
+    assert info.quantized.scale_group == 8
+    assert (tmp_path / info.file).stat().st_size == vocab * (hidden // 2 + 2 * (2 * nb // 8 + nb))
     rows = np.empty((3, hidden), np.float32)
     reader = EmbeddingTable(tmp_path / info.file, info)
     reader.lookup(np.array([9, 0, 4]), rows)

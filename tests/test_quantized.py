@@ -293,11 +293,13 @@ def test_a_head_stored_once_reranks_from_its_own_4bit_rows():
     """The head stored once: rerank_argmax(rows=w.4bit) unpacks the narrowed head's 4-bit codes and per-block zero
     points in the graph; the pick is the fp32 argmax of the 4-bit weights on every row, alone or beside another row,
     and drop_unused leaves no 8-bit row behind."""
-    from specmemo.export.quantize import drop_unused, requantized_rows
+    from specmemo.export.quantize import _exact_f16, drop_unused, requantized_rows, rtn_blocks
 
     rng = np.random.default_rng(8)
     blocks = decode("Q8_0", raw_blocks("Q8_0", 512, 96, rng))  # nb = 3: an odd count of zero points per row
-    narrow = requantized_rows(blocks, bits=4, block=32, source="test")
+    narrow = requantized_rows(blocks, bits=4, block=32, source="test",  # as narrow_lm_head makes them: f16 steps
+                              quantize=lambda w: rtn_blocks(w, bits=4, block=32, source="test", f16_step=True))
+    assert _exact_f16(narrow.scale)
     weight4 = narrow.dequantize()
     x = rng.standard_normal((1, 300, 96)).astype(np.float32)
     exact = (x[0].astype(np.float64) @ weight4.T.astype(np.float64)).argmax(-1)
@@ -333,3 +335,39 @@ def test_blocks_over_32_run_an_even_row_count_and_stay_on_one_route(tmp_path_fac
     assert load_manifest(artifact).step_row_multiple == 2
     chain, _, padded = rows_route(artifact, 11)
     assert np.array_equal(padded, chain)
+
+
+def test_a_q6_k_head_reranks_from_its_own_six_bit_rows():
+    """A Q6_K head's re-rank rows in the GGUF's own 6.56 bits a weight (lm_head.SixBitRows: 4 low bits, 2 high bits,
+    an int8 scale per 16, an f16 d per 256), unpacked in the graph: they dequantize to the carried blocks bit for bit,
+    the pick is the fp32 argmax of the Q6_K weights on every row, alone or beside another row, and no 8-bit row is
+    left in the graph."""
+    from test_gguf_kquants import random_blocks
+
+    from specmemo.export.lm_head import six_bit_rows
+    from specmemo.export.quantize import drop_unused
+
+    blocks = decode("Q6_K", random_blocks("Q6_K", rows=512, blocks=1, seed=9))  # [512, 256]
+    six = six_bit_rows(blocks)
+    assert six is not None and np.array_equal(six.dequantize(), blocks.dequantize())
+    assert sum(t.nbytes for t in (six.low, six.high, six.sc, six.d)) == 512 * 210  # the GGUF's own bytes
+    assert six_bit_rows(decode("Q8_0", raw_blocks("Q8_0", 8, 256, np.random.default_rng(0)))) is None
+    weight = blocks.dequantize()
+    rng = np.random.default_rng(10)
+    x = rng.standard_normal((1, 300, 256)).astype(np.float32)
+    exact = (x[0].astype(np.float64) @ weight.T.astype(np.float64)).argmax(-1)
+    model = argmax_model(np.ascontiguousarray(weight.T))
+    carry_matmuls(model, {"w": blocks}, accuracy_level=4)
+    head = next(n for n in model.graph.node if n.op_type == "MatMulNBits")
+    assert narrow_lm_head(model, weight="w", head=blocks, accuracy_level=4)
+    model.graph.initializer.extend(six.tensors("w.q6"))
+    assert rerank_argmax(model, weight="w", hidden=head.input[0], ids="ids", k=8, scatter=True, rows="w.q6")
+    assert "w.q" in drop_unused(model.graph)
+    session = ort.InferenceSession(model.SerializeToString(), session_options(SessionConfig()))
+    logits, ids = session.run(None, {"x": x})
+    assert np.array_equal(ids[0], exact)
+    assert np.array_equal(session.run(None, {"x": x[:, 5:7]})[1][0], ids[0, 5:7])
+    top = np.argsort(-logits[0], axis=-1)[:, :1]  # the best logit is an exactly scored candidate
+    reference = x[0].astype(np.float64) @ weight.T.astype(np.float64)
+    assert np.allclose(np.take_along_axis(logits[0], top, -1), np.take_along_axis(reference, top, -1), rtol=1e-5,
+                       atol=1e-4)

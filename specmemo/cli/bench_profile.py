@@ -39,6 +39,33 @@ def add_profile_parser(bench) -> None:
     b.add_argument("--json", type=Path, default=run_folder("bench-profile.json"), help="where to write JSON")
     b.set_defaults(handler=cmd_bench_profile)
 
+    b = bench.add_parser("load", help="where an engine's load goes: process start to the first token, piece by piece",
+                         description="Opens the artifact in a fresh process per round, as `specmemo compare` does for "
+                                     "its load column, and times each piece from the process's start to the first "
+                                     "token of the first MT-Bench question: imports, manifest and plan, tokenizer, "
+                                     "the ONNX Runtime sessions (graph, prepacked weights), the arena, the warm-up "
+                                     "step, the drafters, the controller's latency curve, the first prefill. Prints "
+                                     "a table (medians), writes JSON.",
+                         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    add_artifact(b)
+    b.add_argument("--mode", choices=("greedy", "controller"), default="controller",
+                   help="greedy: plain decoding (no heads or drafter graphs); controller: as `specmemo generate`")
+    b.add_argument("--rounds", type=positive, default=3, help="fresh processes")
+    b.add_argument("--threads", type=positive, default=2)
+    b.add_argument("--json", type=Path, default=run_folder("bench-load.json"), help="where to write JSON")
+    b.set_defaults(handler=cmd_bench_load)
+
+
+def cmd_bench_load(args: argparse.Namespace) -> int:
+    from specmemo.bench.load import LoadConfig, format_table, run_load
+    from specmemo.bench.results import write_json
+
+    result = run_load(LoadConfig(artifact=args.artifact, mode=args.mode, rounds=args.rounds, threads=args.threads),
+                      log=log_stderr)
+    print(format_table(result))
+    print(f"wrote {write_json(args.json, result, threads=args.threads)}")
+    return 0
+
 
 def cmd_bench_profile(args: argparse.Namespace) -> int:
     from specmemo.bench.profile import ProfileConfig, format_table, run_profile

@@ -87,9 +87,11 @@ def add_parser(sub) -> None:
                         "minimum, a term beside each node); 32/64/128 re-quantizes them into asymmetric blocks of "
                         "that size, searched against real activations: no minimum term, fewer bytes a step for "
                         "larger blocks, argmax agreement lost (docs/profile/qwen15-routes.md)")
-    p.add_argument("--lm-head-rows", choices=["8-bit", "4-bit"], default=None,
-                   help="the rows a 4-bit LM head's exact re-rank reads: 8-bit (default) keeps the GGUF head's pick, "
-                        "stored beside the 4-bit head; 4-bit stores the head once (smaller, less argmax agreement)")
+    p.add_argument("--lm-head-rows", choices=["carried", "8-bit", "4-bit"], default=None,
+                   help="the rows a 4-bit LM head's exact re-rank reads, stored beside the 4-bit head: carried "
+                        "(default) the GGUF head's own bits (a Q6_K head's 6.56 bits a weight), so the greedy pick is "
+                        "the GGUF head's; 8-bit re-blocks them to 8-bit blocks of 32; 4-bit stores the head once "
+                        "(smallest, less argmax agreement)")
     p.add_argument("--kv-dtype", choices=["float32", "float16"], default=None,
                    help="the KV buffer's elements: float16 halves the largest memory use after the weights "
                         "(attention then computes in float16, and the artifact verifies chains only; see "
@@ -183,7 +185,7 @@ def cmd_export(args: argparse.Namespace) -> int:
                          lm_head_bits=args.lm_head_bits,
                          wide_blocks=WideBlocks(args.wide_blocks) if args.wide_blocks else None,
                          body_blocks=BodyBlocks(args.body_blocks or "carried"),
-                         lm_head_rows=LmHeadRows(args.lm_head_rows or "8-bit"),
+                         lm_head_rows=LmHeadRows(args.lm_head_rows or "carried"),
                          accuracy_level=args.accuracy_level if args.accuracy_level is not None
                          else 0 if args.exact and args.dtype != "int8" else 4)
     out = args.out or default_artifact(args.model, quant.dtype.value)

@@ -37,7 +37,9 @@ export class EmbeddingTable {
     } else {
       this.rowBytes = (this.hiddenSize * q.bits) / 8;
       this.blocks = this.hiddenSize / q.block_size;
-      this.scaleBytes = this.blocks * (q.scales_dtype === 'float16' ? 2 : 4);
+      const group = q.scale_group ?? 0;
+      if (group && this.blocks % group) throw new ManifestError(`embedding.quantized: ${this.blocks} blocks a row are not groups of ${group}: re-export the artifact`);
+      this.scaleBytes = group ? 2 * (this.blocks / group) + this.blocks : this.blocks * (q.scales_dtype === 'float16' ? 2 : 4);
     }
   }
 
@@ -66,17 +68,33 @@ export class EmbeddingTable {
     return bytes;
   }
 
+  /** One row's per-block floats at `offset`: float32/float16 as stored, or factored d · c (QuantizedRows.scale_group). */
+  private async perBlock(offset: number, q: QuantizedRows, bytes: number): Promise<Float32Array> {
+    const raw = await this.read(offset, bytes);
+    const view = new DataView(raw.buffer, raw.byteOffset, raw.byteLength);
+    const out = new Float32Array(this.blocks);
+    const group = q.scale_group ?? 0;
+    for (let b = 0; b < this.blocks; b++) {
+      if (group) {
+        const groups = this.blocks / group;
+        out[b] = halfToFloat(view.getUint16(2 * Math.floor(b / group), true)) * raw[2 * groups + b]; // exact in float32
+      } else {
+        out[b] = bytes === 2 * this.blocks ? halfToFloat(view.getUint16(2 * b, true)) : view.getFloat32(4 * b, true);
+      }
+    }
+    return out;
+  }
+
   private async dequantize(token: number, q: QuantizedRows, row: Float32Array): Promise<void> {
     const values = await this.read(q.values_offset + token * this.rowBytes, this.rowBytes);
-    const raw = await this.read(q.scales_offset + token * this.scaleBytes, this.scaleBytes);
-    const scales = new DataView(raw.buffer, raw.byteOffset, raw.byteLength);
+    const scales = await this.perBlock(q.scales_offset + token * this.scaleBytes, q, this.scaleBytes);
     const hasMinimums = q.minimums_offset !== undefined && q.minimums_offset !== null;
-    const rawMinimums = hasMinimums ? await this.read(q.minimums_offset! + token * 4 * this.blocks, 4 * this.blocks) : null;
-    const minimums = rawMinimums && new DataView(rawMinimums.buffer, rawMinimums.byteOffset, rawMinimums.byteLength);
+    const minimumBytes = q.scale_group ? this.scaleBytes : 4 * this.blocks;
+    const minimums = hasMinimums ? await this.perBlock(q.minimums_offset! + token * minimumBytes, q, minimumBytes) : null;
     const block = q.block_size;
     for (let b = 0; b < this.blocks; b++) {
-      const scale = q.scales_dtype === 'float16' ? halfToFloat(scales.getUint16(2 * b, true)) : scales.getFloat32(4 * b, true);
-      const minimum = minimums ? minimums.getFloat32(4 * b, true) : 0;
+      const scale = scales[b];
+      const minimum = minimums ? minimums[b] : 0;
       for (let j = 0; j < block; j++) {
         const at = b * block + j;
         const value = q.bits === 8 ? values[at] : at % 2 === 0 ? values[at >> 1] & 0x0f : values[at >> 1] >> 4;

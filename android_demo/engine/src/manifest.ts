@@ -57,6 +57,7 @@ export interface QuantizedRows {
   scales_offset: number;
   scales_dtype: 'float32' | 'float16';
   minimums_offset?: number | null; // float32 per block, added after the scale (Q4_1 / Q4_K blocks)
+  scale_group?: number; // > 0: scales and minimums factored, per row nb/G float16 d then nb uint8 c, d[b / G] · c[b]
 }
 
 export interface EmbeddingInfo {

@@ -133,6 +133,46 @@ test('quantized rows with a per-block minimum decode as numpy does: scale · q, 
   }
 });
 
+test('factored scales and minimums (a k-quant\'s f16 d per 8 blocks times a uint8) decode as runtime/embedding.py does', async () => {
+  // one row of 512 values in 16 blocks of 32: 4-bit codes; scales d · c, minimums (−dmin) · m, two groups of 8 blocks
+  const codes = Array.from({ length: 512 }, (_, i) => (i * 5 + 3) % 16);
+  const values = new Uint8Array(256);
+  for (let i = 0; i < 512; i += 2) values[i >> 1] = codes[i] | (codes[i + 1] << 4);
+  const half = (d: number[], c: number[]) => {
+    const bytes = new Uint8Array(4 + 16);
+    new DataView(bytes.buffer).setUint16(0, d[0], true);
+    new DataView(bytes.buffer).setUint16(2, d[1], true);
+    bytes.set(c, 4);
+    return bytes;
+  };
+  const dBits = [0x1e66, 0x2155]; // two f16 scales
+  const mBits = [0x9c00, 0xa0f3]; // two negated f16 minimums' d
+  const c = Array.from({ length: 16 }, (_, b) => (b * 11 + 1) % 64);
+  const m = Array.from({ length: 16 }, (_, b) => (b * 7 + 2) % 64);
+  const file = new Uint8Array(256 + 20 + 20);
+  file.set(values, 0);
+  file.set(half(dBits, c), 256);
+  file.set(half(mBits, m), 276);
+  const source = {
+    where: 'memory',
+    readText: async () => '',
+    readBytes: async (_: string, offset: number, length: number) => file.slice(offset, offset + length),
+    graph: async () => ({ model: '' }),
+  };
+  const table = new EmbeddingTable(source, {
+    file: 'embedding.q', dtype: 'float32', shape: [1, 512],
+    quantized: { bits: 4, block_size: 32, zero_point: 0, values_offset: 0, scales_offset: 256, scales_dtype: 'float32', minimums_offset: 276, scale_group: 8 },
+  });
+  const row = new Float32Array(512);
+  await table.lookup([0], row);
+  for (let i = 0; i < 512; i++) {
+    const b = i >> 5;
+    const scale = Math.fround(halfToFloat(dBits[b >> 3]) * c[b]);
+    const minimum = Math.fround(halfToFloat(mBits[b >> 3]) * m[b]);
+    assert.equal(row[i], Math.fround(Math.fround(codes[i] * scale) + minimum));
+  }
+});
+
 test('the numeric route pads a call to the minimum rows and the manifest multiple, as runtime/plan.py does', () => {
   assert.deepEqual([1, 2, 3, 16].map((n) => routeRowsFor(n, 2, 1, 16)), [2, 2, 3, 16]);
   assert.deepEqual([1, 2, 3, 15, 16].map((n) => routeRowsFor(n, 2, 2, 16)), [2, 2, 4, 16, 16]);
