@@ -136,28 +136,33 @@ def _gathered_rows(p: str, rows: str, inits: dict, *, k: int) -> tuple[list[onnx
     128 (`rows.q` [V, nb, block]), 4-bit codes two a byte with a zero point per block (`rows.zero_points`), or a Q6_K
     head's own 6-bit rows (`rows.low`, SixBitRows)."""
     last = [numpy_helper.from_array(np.array([-1], np.int64), f"{p}.last")]
-    if f"{rows}.low" in inits:
-        v, half = inits[f"{rows}.low"].dims
+    if f"{rows}.low" in inits:  # a byte → its 2 low-bit values, or its 4 high-bit values as 16·high − 32: lookups
+        _, half = inits[f"{rows}.low"].dims
         h = 2 * half
-        consts = last + [numpy_helper.from_array(np.array(b, np.int32), f"{p}.base{b}") for b in (4, 16)] + [
-            numpy_helper.from_array(np.array([1, 1, 1, n], np.int64), f"{p}.times{n}") for n in (2, 4)] + [
-            numpy_helper.from_array(np.array(16.0, np.float32), f"{p}.sixteen_f"),
-            numpy_helper.from_array(np.array(32.0, np.float32), f"{p}.centre"),
+        byte = np.arange(256)
+        low_table = np.stack([byte & 15, byte >> 4], -1).astype(np.float32)  # [256, 2]
+        high_table = (16 * np.stack([(byte >> s) & 3 for s in (0, 2, 4, 6)], -1) - 32).astype(np.float32)  # [256, 4]
+        consts = last + [
+            numpy_helper.from_array(low_table, f"{p}.low_table"),
+            numpy_helper.from_array(high_table, f"{p}.high_table"),
             numpy_helper.from_array(np.array([0, 0, 0, h // SUPER_BLOCK, SUPER_BLOCK // SUB_BLOCK], np.int64),
                                     f"{p}.sc_shape"),
             numpy_helper.from_array(np.array([0, 0, 0, h // SUB_BLOCK, 1], np.int64), f"{p}.scale_shape"),
             numpy_helper.from_array(np.array([0, 0, 0, h // SUB_BLOCK, SUB_BLOCK], np.int64), f"{p}.q_shape"),
             numpy_helper.from_array(np.array([0, 0, 0, h], np.int64), f"{p}.rows_shape")]
-        nodes = [
-            helper.make_node("Gather", [f"{rows}.low", f"{p}.candidates"], [f"{p}.low"], name=f"{p}.GatherLow"),
-            *_digits(f"{p}.lowbits", f"{p}.low", f"{p}.lowf", base=16, count=2, consts=p,
-                     times=f"{p}.times2"),                                                         # [B, N, k, h]
-            helper.make_node("Gather", [f"{rows}.high", f"{p}.candidates"], [f"{p}.high"], name=f"{p}.GatherHigh"),
-            *_digits(f"{p}.highbits", f"{p}.high", f"{p}.highf", base=4, count=4, consts=p,
-                     times=f"{p}.times4"),                                                         # [B, N, k, h]
-            helper.make_node("Mul", [f"{p}.highf", f"{p}.sixteen_f"], [f"{p}.high16"], name=f"{p}.High16"),
-            helper.make_node("Add", [f"{p}.lowf", f"{p}.high16"], [f"{p}.codes"], name=f"{p}.Codes"),
-            helper.make_node("Sub", [f"{p}.codes", f"{p}.centre"], [f"{p}.centred"], name=f"{p}.Centre"),
+        nodes = []
+        for part in ("low", "high"):  # gathered bytes [B, N, k, h/2 or h/4] → values [B, N, k, h]
+            nodes += [
+                helper.make_node("Gather", [f"{rows}.{part}", f"{p}.candidates"], [f"{p}.{part}"],
+                                 name=f"{p}.Gather{part.title()}"),
+                helper.make_node("Cast", [f"{p}.{part}"], [f"{p}.{part}32"], name=f"{p}.Cast{part.title()}",
+                                 to=onnx.TensorProto.INT32),
+                helper.make_node("Gather", [f"{p}.{part}_table", f"{p}.{part}32"], [f"{p}.{part}_values"],
+                                 name=f"{p}.Lookup{part.title()}"),
+                helper.make_node("Reshape", [f"{p}.{part}_values", f"{p}.rows_shape"], [f"{p}.{part}f"],
+                                 name=f"{p}.Flat{part.title()}")]
+        nodes += [
+            helper.make_node("Add", [f"{p}.lowf", f"{p}.highf"], [f"{p}.centred"], name=f"{p}.Codes"),  # q − 32
             helper.make_node("Reshape", [f"{p}.centred", f"{p}.q_shape"], [f"{p}.centered"], name=f"{p}.QBlocks"),
             helper.make_node("Gather", [f"{rows}.sc", f"{p}.candidates"], [f"{p}.sc"], name=f"{p}.GatherSc"),
             helper.make_node("Cast", [f"{p}.sc"], [f"{p}.scf"], name=f"{p}.CastSc", to=onnx.TensorProto.FLOAT),
