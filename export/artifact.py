@@ -23,7 +23,7 @@ from specmemo.export.load import lm_head_t, load_hf, resolve_model, stop_token_i
 from specmemo.export.kv_dtype import check_kv_dtype, kv_as_float16
 from specmemo.export.mobile import TARGET_PLATFORMS, write_ort_format
 from specmemo.export.trace import OPSET, export_decoder
-from specmemo.export.weights_dtype import (LM_HEAD, QuantOptions, WeightDtype, quantize_decoder,
+from specmemo.export.weights_dtype import (LM_HEAD, BodyQuantizer, QuantOptions, WeightDtype, quantize_decoder,
                                           quantize_graph, save_external)
 from specmemo.runtime import io_spec
 from specmemo.runtime.drafters.registry import missing_part
@@ -194,10 +194,16 @@ def export_artifact(options: ExportOptions, *, log=print, finalize=None) -> Mani
                 from specmemo.export.validate import VALIDATION_PROMPT
 
                 activations = matrix_inputs(hf_model, chat_prompt_ids(tokenizer, VALIDATION_PROMPT))
+            body = None
+            if options.quant.body_quantizer is BodyQuantizer.GPTQ:
+                from specmemo.export.gptq import calibrated_body
+
+                body = calibrated_body(hf_model, tokenizer, block=options.quant.body_blocks.block,
+                                       source_sha256=resolved.sha256, log=log)
             del decoder, hf_model  # done with the float32 model: the quantizer reads weights from the traced file
             gc.collect()
             quantization, embedding = quantize_artifact(options.quant, dims, resolved, staging, embedding, log,
-                                                        activations)
+                                                        activations, body)
         tokenizer_info = write_tokenizer(tokenizer, generation_config, staging)
         ort_format = None
         if options.mobile is not None:
@@ -266,7 +272,8 @@ def rewrite_graph(path: Path, rewrite) -> None:
 
 
 def quantize_artifact(quant: QuantOptions, dims: ModelDims, resolved, staging: Path, embedding: EmbeddingInfo,
-                      log, activations: dict | None = None) -> tuple[QuantizationInfo, EmbeddingInfo]:
+                      log, activations: dict | None = None,
+                      body: dict | None = None) -> tuple[QuantizationInfo, EmbeddingInfo]:
     """decoder/heads/drafter graphs → MatMulNBits (export/weights_dtype.py); the embedding then reads the
     tied LM head's quantized rows where it can (no second copy, no fp32 table)."""
     from specmemo.export.load import joined_gguf
@@ -275,7 +282,7 @@ def quantize_artifact(quant: QuantOptions, dims: ModelDims, resolved, staging: P
     with tempfile.TemporaryDirectory(dir=staging.parent) as tmp:
         gguf = joined_gguf(resolved.gguf_parts, Path(tmp)) if resolved.gguf_parts else None
         report = quantize_decoder(staging / DECODER_FILE, options=quant, dims=dims, gguf=gguf, log=log,
-                                  activations=activations)
+                                  activations=activations, body=body)
         rows = tied_rows(staging / DECODER_FILE, report.carried.get(LM_HEAD), dims)
         table = embedding
         if rows is not None:

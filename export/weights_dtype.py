@@ -103,6 +103,16 @@ class BodyBlocks(str, Enum):
         return None if self is BodyBlocks.CARRIED else int(self.value)
 
 
+class BodyQuantizer(str, Enum):
+    """How a re-quantized body (--body-blocks 32/64/128) rounds its weights. searched: each block's step and zero point
+    searched against the validation prompt's input mean squares, every weight to its nearest code
+    (block_search.py). gptq: the same blocks, each column's rounding error compensated by the columns not yet
+    rounded, on calibration inputs (export/gptq.py: ShareGPT conversations through the float32 model)."""
+
+    SEARCHED = "searched"
+    GPTQ = "gptq"
+
+
 class LmHeadRows(str, Enum):
     """Which rows the exact re-rank of a narrowed (4-bit) LM head reads, stored beside the 4-bit head. carried: the
     GGUF head's own bits (a Q6_K head's 6.56 bits a weight, lm_head.SixBitRows; other heads as 8-bit): the greedy
@@ -130,6 +140,7 @@ class QuantOptions:
     wide_blocks: WideBlocks | None = None  # the body's 8-bit GGUF matrices (None: WideBlocks.default_for the dtype)
     body_blocks: BodyBlocks = BodyBlocks.CARRIED  # the body's matrices: the GGUF's blocks, or re-quantized into larger
     lm_head_rows: LmHeadRows = LmHeadRows.CARRIED  # the rows a narrowed head's re-rank reads
+    body_quantizer: BodyQuantizer = BodyQuantizer.SEARCHED  # how a re-quantized body rounds (body_blocks not carried)
 
     @property
     def step_row_multiple(self) -> int:
@@ -159,6 +170,10 @@ class QuantOptions:
         if self.lm_head_bits == 4 and not self.lm_head_rerank:
             raise ConfigError("--lm-head-bits 4 needs the exact re-rank (--lm-head-rerank K > 0): without it the greedy "
                               "pick would be the 4-bit head's")
+        if self.body_quantizer is BodyQuantizer.GPTQ and (self.body_blocks.block is None
+                                                         or self.dtype is not WeightDtype.INT4):
+            raise ConfigError("--body-quantizer gptq re-quantizes the body: it needs --dtype int4 and --body-blocks "
+                              "32, 64 or 128")
         if self.dtype is WeightDtype.INT8 and self.accuracy_level != 4:
             raise ConfigError("--dtype int8 needs --accuracy-level 4: at levels 0-3 ONNX Runtime's CPU kernel for "
                               "8-bit MatMulNBits takes a slow path")
@@ -224,7 +239,7 @@ def carried_blocks(gguf: GgufTensors, model: onnx.ModelProto, dims: ModelDims,
 
 
 def quantize_decoder(path: Path, *, options: QuantOptions, dims: ModelDims, gguf: Path | None, log,
-                     activations: dict | None = None) -> QuantReport:
+                     activations: dict | None = None, body: dict[str, QuantBlocks] | None = None) -> QuantReport:
     """Rewrite `path` (decoder.onnx + .data) with quantized MatMuls, in place. `activations`: the matrices'
     inputs on the validation prompt (activation_outliers.matrix_inputs): at level 4, those int8 blocks hurt most
     have input channels computed apart. The float32 weights stay in the file until read, one matrix at a time: the
@@ -242,7 +257,11 @@ def quantize_decoder(path: Path, *, options: QuantOptions, dims: ModelDims, gguf
     carried: dict[str, QuantBlocks] = {}
     if gguf is not None and not options.requantize:
         carried = carried_blocks(GgufTensors(gguf), model, dims, options.wide_blocks, base)  # at the GGUF's own precision (Q8_0 stays 8-bit)
-        if options.body_blocks.block is not None and options.dtype is WeightDtype.INT4:
+        if body:  # solved against calibration inputs before the float32 model was let go (export/gptq.py)
+            carried = {name: body.get(name, blocks) for name, blocks in carried.items()}
+            log(f"re-quantized {sum(name in body for name in carried)} body matrices into 4-bit blocks of "
+                f"{options.body_blocks.block} (GPTQ)")
+        elif options.body_blocks.block is not None and options.dtype is WeightDtype.INT4:
             carried = _searched_body(carried, options.body_blocks.block, activations or {}, log)
         if options.dtype is WeightDtype.INT8:  # the same values, stored 8-bit (q + 128 − zero, zero point 128)
             carried = {name: blocks.widened() for name, blocks in carried.items()}

@@ -260,13 +260,19 @@ class DecoderSession:
             took("warm-up (the largest step)")
 
     def warm_up(self) -> None:
-        """The largest step once, R rows attending to all C positions (a sliding layer: its C_w rows), and one heads
-        call: ORT's arena and its kernels' scratch buffers grow to what a generation can need now, not mid-reply
-        (smaller steps are carved from what the largest one freed: every smaller size run after it leaves the RSS
-        where it was, docs/runtime.md). Writes K/V rows [C - R, C) (and [C_w - R, C_w)), which no step reads before
-        writing them again; commits nothing."""
+        """The largest step once (`full_step`) and one heads call: ORT's arena and its kernels' scratch buffers grow
+        to what a generation can need now, not mid-reply (smaller steps are carved from what the largest one freed;
+        `specmemo bench load` runs every size after it and reports the RSS they add). Commits nothing."""
+        self.full_step(self.rows)
+        if self.heads_session is not None:
+            self.heads_session.run(None, {self.manifest.heads.hidden: self.arena["heads_hidden"]})
+
+    def full_step(self, size: int) -> StepOutput:
+        """One step of `size` rows (at most R, and at most C_w where layers slide) attending to all C positions
+        (a sliding layer: its C_w rows). Writes K/V rows [C - size, C) (and [C_w - size, C_w)), which no step reads
+        before writing them again; commits nothing."""
         attended, attended_w, a = self.kv.capacity, self.kv.window_capacity, self.arena
-        size = min(self.rows, attended, attended_w or attended)
+        size = min(size, self.rows, attended, attended_w or attended)
         a["input_ids"][:size] = 0
         a["position_ids"][:size] = np.arange(attended - size, attended)
         a["attention_bias"][: size * attended] = 0
@@ -274,9 +280,7 @@ class DecoderSession:
             a["attention_bias_local"][: size * attended_w] = 0
         logit_rows = min(self.logit_rows, size)
         a["logits_indices"][:logit_rows] = np.arange(logit_rows)
-        self.run(size, attended, logit_rows, attended_w)
-        if self.heads_session is not None:
-            self.heads_session.run(None, {self.manifest.heads.hidden: a["heads_hidden"]})
+        return self.run(size, attended, logit_rows, attended_w)
 
     @property
     def rows(self) -> int:

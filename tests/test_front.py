@@ -34,12 +34,13 @@ def test_settings_are_written_as_json():
 
 def test_table_and_plot(tmp_path):
     point = {"name": "specmemo x", "kind": "ours", "decode_tokens_per_s": 30.0, "peak_rss": 1 << 30, "agreement": 0.97,
-             "perplexity": 5.05, "perplexity_increase": 0.01, "size_mb": 900.0}
+             "perplexity": 5.05, "perplexity_increase": 0.01, "size_mb": 900.0, "step_ms": 30.5, "step_rows": 2}
     peer = {**point, "name": "onnxruntime-genai int4 rtn", "kind": "genai", "decode_tokens_per_s": 35.0,
-            "perplexity_increase": 0.05}
+            "perplexity_increase": 0.05, "step_ms": None, "step_rows": None}
     summary = {"machine": {"cpu": "c", "isa": "AVX2", "threads": 2, "onnxruntime": "1", "commit": "abc"},
                "config": {"reference": "artifacts/ref"},
                "reference": {"agreement": 1.0, "perplexity": 5.0, "size_mb": 6000.0}, "points": [point, peer]}
     table = format_table(summary).splitlines()
-    assert table[3].startswith("| onnxruntime-genai int4 rtn | 35.0") and "+1.00%" in table[4]  # fastest first
+    assert table[3].startswith("| onnxruntime-genai int4 rtn | 35.0 | – |") and "+1.00%" in table[4]  # fastest first
+    assert "| 30.50 (2) |" in table[4]
     assert plot_front(summary, tmp_path / "front.png").stat().st_size > 1000

@@ -6,7 +6,8 @@ Every point is one way to run the model in about 4 bits a weight:
                `k_quant`, `k_quant_mixed`: k_quant with llama.cpp's mixed 8-bit layers and an 8-bit LM head);
   llama.cpp  – llama.cpp on the model's own GGUF.
 For each: decode tokens/s and peak RSS (greedy replies to MT-Bench first turns, each engine a fresh process,
-rounds interleaved: compare.py's engines), and quality against the float32 reference artifact (quality.py:
+rounds interleaved: compare.py's engines), one greedy step's ms inside ONNX Runtime for ours (the numeric route's
+rows) and GenAI's (one row), alternated in one process (step_ab.py), and quality against the float32 reference artifact (quality.py:
 teacher-forced argmax agreement with the reference's greedy replies, perplexity of held-out ShareGPT replies).
 Writes a table, front.json (with the machine) and front.png (tok/s against perplexity increase).
 """
@@ -34,6 +35,7 @@ class FrontConfig:
     max_new_tokens: int = 64
     conversations: int = 12  # held-out ShareGPT conversations: perplexity
     rounds: int = 2
+    step_rounds: int = 6  # the alternated step pass (bench/step_ab.py): rounds of 10 steps per engine; 0: skip it
     threads: int = 2
     out: Path = run_folder("bench-front")
 
@@ -60,6 +62,8 @@ class Point:
     size_mb: float
     source: str = ""  # the artifact or peer folder / file
     settings: dict = field(default_factory=dict)
+    step_ms: float | None = None  # one greedy step inside ONNX Runtime, alternated with the others (None: not run)
+    step_rows: int | None = None  # rows that step carries (ours: the numeric route's; GenAI: 1)
 
 
 def _engines(config: FrontConfig, model: str) -> list[tuple[str, str, str, dict, Callable]]:
@@ -127,6 +131,7 @@ def run_front(config: FrontConfig, *, log=print) -> dict:
             result = _run_speed(kind, _speed_request(kind, source, prompt_ids, eos, config), name)
             speeds[name].append(result)
             log(f"round {r + 1}/{config.rounds} {name}: {decode_tokens_per_s(result):.1f} tok/s")
+    steps = step_times(engines, config, log=log) if config.step_rounds else {}
     qualities = measure_points(config.reference, [(name, opener) for name, *_, opener in engines],
                                prompts=config.prompts, max_new_tokens=config.max_new_tokens, threads=config.threads,
                                conversations=config.conversations)
@@ -139,12 +144,30 @@ def run_front(config: FrontConfig, *, log=print) -> dict:
                             peak_rss=int(statistics.median(run["peak_rss"] for run in speeds[name])),
                             agreement=quality.agreement, perplexity=quality.perplexity,
                             perplexity_increase=quality.perplexity / reference.perplexity - 1, size_mb=quality.size_mb,
-                            source=source, settings=settings))
+                            source=source, settings=settings, **steps.get(name, {})))
     summary = {"machine": machine_info(config.threads), "config": config_json(config),
                "reference": asdict(reference), "points": [asdict(p) for p in points]}
     write_json(config.out / "front.json", summary, threads=config.threads)
     plot_front(summary, config.out / "front.png")
     return summary
+
+
+def step_times(engines: list, config: FrontConfig, *, log=print) -> dict[str, dict]:
+    """Our points' greedy step (their numeric route's rows) and GenAI's one-row step, opened in this process and
+    alternated (bench/step_ab.py); llama.cpp's step is not an ONNX Runtime call and is left out."""
+    from specmemo.bench.step_ab import alternate, genai_stepper, our_stepper
+
+    steppers, rows = {}, {}
+    for name, kind, source, _, _ in engines:
+        if kind == "ours":
+            steppers[name], rows[name] = our_stepper(Path(source), context=200, steps=10, threads=config.threads)
+        elif kind == "genai":
+            steppers[name], rows[name] = genai_stepper(Path(source), context=200, threads=config.threads), 1
+    if not steppers:
+        return {}
+    log(f"alternated step pass: {len(steppers)} engines, {config.step_rounds} rounds of 10 steps ...")
+    times = alternate(steppers, rounds=config.step_rounds, block=10)
+    return {name: {"step_ms": t["run_ms"], "step_rows": rows[name]} for name, t in times.items()}
 
 
 def config_json(config: FrontConfig) -> dict:
@@ -157,12 +180,14 @@ def config_json(config: FrontConfig) -> dict:
 
 
 def format_table(summary: dict) -> str:
-    lines = ["| point | decode tok/s | peak RSS MiB | argmax = float | perplexity (increase) | MB on disk |",
-             "|---|---|---|---|---|---|"]
+    lines = ["| point | decode tok/s | step ms (rows) | peak RSS MiB | argmax = float | perplexity (increase) | "
+             "MB on disk |", "|---|---|---|---|---|---|---|"]
     ref = summary["reference"]
-    lines.append(f"| float32 reference | – | – | {ref['agreement']:.4f} | {ref['perplexity']:.3f} | {ref['size_mb']:.0f} |")
+    lines.append(f"| float32 reference | – | – | – | {ref['agreement']:.4f} | {ref['perplexity']:.3f} | "
+                 f"{ref['size_mb']:.0f} |")
     for p in sorted(summary["points"], key=lambda p: -p["decode_tokens_per_s"]):
-        lines.append(f"| {p['name']} | {p['decode_tokens_per_s']:.1f} | {p['peak_rss'] / 2 ** 20:.0f} | "
+        step = "–" if p.get("step_ms") is None else f"{p['step_ms']:.2f} ({p['step_rows']})"
+        lines.append(f"| {p['name']} | {p['decode_tokens_per_s']:.1f} | {step} | {p['peak_rss'] / 2 ** 20:.0f} | "
                      f"{p['agreement']:.4f} | {p['perplexity']:.3f} ({100 * p['perplexity_increase']:+.2f}%) | "
                      f"{p['size_mb']:.0f} |")
     m = summary["machine"]

@@ -62,7 +62,19 @@ def run_child(request: dict) -> dict:
     pieces = {"interpreter and imports": imported, **engine.load_s, "latency curve": curve,
               "first token": result.stats.prefill_s}
     return {"pieces": pieces, "total_s": total, "rss_after_load": engine.session.rss_after_load,
-            "peak_rss": peak_rss_bytes(), "prompt_tokens": len(request["prompt"])}
+            "peak_rss": peak_rss_bytes(), "prompt_tokens": len(request["prompt"]),
+            "rss_added_by_every_size": rss_added_by_every_size(engine.session)}
+
+
+def rss_added_by_every_size(session) -> int:
+    """Bytes of RSS that steps of every size 1, 2, 4 … R (and R) at full capacity add after the warm-up's largest
+    step: what the warm-up leaves for later (DecoderSession.warm_up)."""
+    from specmemo.runtime.rss import rss_bytes
+
+    before = rss_bytes()
+    for size in sorted({min(1 << i, session.rows) for i in range(session.rows.bit_length() + 1)}):
+        session.full_step(size)
+    return rss_bytes() - before
 
 
 def first_prompt(artifact: Path) -> list[int]:
@@ -89,7 +101,8 @@ def run_load(config: LoadConfig, *, log=print) -> dict:
     return {"artifact": str(config.artifact), "mode": config.mode, "rounds": rounds,
             "median_s": {name: statistics.median(r["pieces"][name] for r in rounds) for name in names},
             "median_total_s": statistics.median(r["total_s"] for r in rounds),
-            "prompt_tokens": rounds[0]["prompt_tokens"]}
+            "prompt_tokens": rounds[0]["prompt_tokens"],
+            "rss_added_by_every_size": max(r["rss_added_by_every_size"] for r in rounds)}
 
 
 def format_table(result: dict) -> str:
@@ -101,7 +114,9 @@ def format_table(result: dict) -> str:
         lines.append(f"{name:<50} {seconds:7.3f} {seconds / total:6.1%}")
     rest = total - sum(result["median_s"].values())
     lines += [f"{'(rest: between the pieces)':<50} {rest:7.3f} {rest / total:6.1%}", "-" * 65,
-              f"{'total':<50} {total:7.3f}"]
+              f"{'total':<50} {total:7.3f}",
+              f"RSS that steps of every size add after the warm-up's largest step: "
+              f"{result['rss_added_by_every_size'] / 2 ** 20:.1f} MiB (most over the rounds)"]
     return "\n".join(lines)
 
 

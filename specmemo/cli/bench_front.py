@@ -35,6 +35,9 @@ def add_front_parser(bench) -> None:
     b.add_argument("--max-new-tokens", type=positive, default=64)
     b.add_argument("--conversations", type=positive, default=12, help="held-out ShareGPT conversations (perplexity)")
     b.add_argument("--rounds", type=positive, default=2)
+    b.add_argument("--step-rounds", type=int, default=6,
+                   help="the alternated step pass: ours and GenAI's steps in one process, this many rounds of 10 "
+                        "steps each (0: skip it)")
     b.add_argument("--threads", type=positive, default=2)
     b.add_argument("--out", type=Path, default=run_folder("bench-front"))
     b.set_defaults(handler=cmd_bench_front)
@@ -46,7 +49,7 @@ def cmd_bench_front(args: argparse.Namespace) -> int:
     config = FrontConfig(reference=args.reference, artifacts=tuple(args.artifact),
                          genai=tuple(a for a in args.genai.split(",") if a), llama_cpp=not args.no_llama_cpp,
                          prompts=args.prompts, max_new_tokens=args.max_new_tokens, conversations=args.conversations,
-                         rounds=args.rounds, threads=args.threads, out=args.out)
+                         rounds=args.rounds, step_rounds=args.step_rounds, threads=args.threads, out=args.out)
     print(format_table(run_front(config)))
     print(f"wrote {args.out / 'front.json'} and {args.out / 'front.png'}")
     return 0

@@ -87,6 +87,11 @@ def add_parser(sub) -> None:
                         "minimum, a term beside each node); 32/64/128 re-quantizes them into asymmetric blocks of "
                         "that size, searched against real activations: no minimum term, fewer bytes a step for "
                         "larger blocks, argmax agreement lost (docs/profile/qwen15-routes.md)")
+    p.add_argument("--body-quantizer", choices=["searched", "gptq"], default=None,
+                   help="how --body-blocks 32/64/128 rounds the body: searched (default) picks each block's step "
+                        "and zero point against real activations; gptq also compensates each column's rounding "
+                        "error in the columns not yet rounded, on ShareGPT calibration inputs (minutes; solved "
+                        "matrices cached, so an interrupted export resumes)")
     p.add_argument("--lm-head-rows", choices=["carried", "8-bit", "4-bit"], default=None,
                    help="the rows a 4-bit LM head's exact re-rank reads, stored beside the 4-bit head: carried "
                         "(default) the GGUF head's own bits (a Q6_K head's 6.56 bits a weight), so the greedy pick is "
@@ -161,8 +166,8 @@ def cmd_export(args: argparse.Namespace) -> int:
     check_supported(args.model)  # from the GGUF header or config.json: refused before torch is even imported
     from specmemo.export.artifact import (DEFAULT_MAX_CAPACITY, ExportOptions, default_feature_drafter, default_heads,
                                           export_artifact)
-    from specmemo.export.weights_dtype import (BodyBlocks, LmHeadRows, MinimumForm, QuantOptions, WeightDtype,
-                                               WideBlocks)
+    from specmemo.export.weights_dtype import (BodyBlocks, BodyQuantizer, LmHeadRows, MinimumForm, QuantOptions,
+                                               WeightDtype, WideBlocks)
 
     heads = {"auto": default_heads(args.model), "none": None}.get(args.heads, Path(args.heads))
     profile = apply_profile(args)
@@ -186,6 +191,7 @@ def cmd_export(args: argparse.Namespace) -> int:
                          wide_blocks=WideBlocks(args.wide_blocks) if args.wide_blocks else None,
                          body_blocks=BodyBlocks(args.body_blocks or "carried"),
                          lm_head_rows=LmHeadRows(args.lm_head_rows or "carried"),
+                         body_quantizer=BodyQuantizer(args.body_quantizer or "searched"),
                          accuracy_level=args.accuracy_level if args.accuracy_level is not None
                          else 0 if args.exact and args.dtype != "int8" else 4)
     out = args.out or default_artifact(args.model, quant.dtype.value)
