@@ -71,7 +71,8 @@ def _weights(layer, module_name: str) -> dict[str, np.ndarray]:
     if module_name == "o_proj":
         return {"o_proj": attention.o_proj.weight.detach().float().numpy()}
     if module_name == "gate_proj":
-        return {"gate": mlp.gate_proj.weight.detach().float().numpy(), "up": mlp.up_proj.weight.detach().float().numpy()}
+        return {"gate": mlp.gate_proj.weight.detach().float().numpy(),
+                "up": mlp.up_proj.weight.detach().float().numpy()}
     return {"down": mlp.down_proj.weight.detach().float().numpy()}
 
 

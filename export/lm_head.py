@@ -78,7 +78,8 @@ class SixBitRows:
         low = np.stack([self.low & 15, self.low >> 4], -1).reshape(v, -1)
         high = np.stack([(self.high >> s) & 3 for s in (0, 2, 4, 6)], -1).reshape(v, -1)
         q = (low.astype(np.int16) + 16 * high - 32).astype(np.float32).reshape(v, -1, SUB_BLOCK)
-        scale = (self.d.astype(np.float32)[..., None] * self.sc.astype(np.float32).reshape(v, -1, SUPER_BLOCK // SUB_BLOCK))
+        sc = self.sc.astype(np.float32).reshape(v, -1, SUPER_BLOCK // SUB_BLOCK)
+        scale = self.d.astype(np.float32)[..., None] * sc
         return (scale.reshape(v, -1)[..., None] * q).reshape(v, -1)
 
 
@@ -206,7 +207,8 @@ def _gathered_rows(p: str, rows: str, inits: dict, *, k: int) -> tuple[list[onnx
         nodes += [helper.make_node("Cast", [f"{p}.q"], [f"{p}.qf"], name=f"{p}.CastQ", to=onnx.TensorProto.FLOAT),
                   helper.make_node("Sub", [f"{p}.qf", f"{p}.zero"], [f"{p}.centered"], name=f"{p}.Center")]
     nodes += [
-        helper.make_node("Gather", [f"{rows}.scales", f"{p}.candidates"], [f"{p}.d"], name=f"{p}.GatherD"),  # [B,N,k,nb]
+        helper.make_node("Gather", [f"{rows}.scales", f"{p}.candidates"], [f"{p}.d"],
+                         name=f"{p}.GatherD"),                                                         # [B,N,k,nb]
         helper.make_node("Unsqueeze", [f"{p}.d", f"{p}.last"], [f"{p}.d1"], name=f"{p}.UnsqueezeD"),
         helper.make_node("Mul", [f"{p}.centered", f"{p}.d1"], [f"{p}.blocks"], name=f"{p}.Dequantize"),
         helper.make_node("Reshape", [f"{p}.blocks", f"{p}.rows_shape"], [f"{p}.rows"], name=f"{p}.Rows"),  # [B,N,k,h]

@@ -7,8 +7,9 @@ Every point is one way to run the model in about 4 bits a weight:
   llama.cpp  – llama.cpp on the model's own GGUF.
 For each: decode tokens/s and peak RSS (greedy replies to MT-Bench first turns, each engine a fresh process,
 rounds interleaved: compare.py's engines), one greedy step's ms inside ONNX Runtime for ours (the numeric route's
-rows) and GenAI's (one row), alternated in one process (step_ab.py), and quality against the float32 reference artifact (quality.py:
-teacher-forced argmax agreement with the reference's greedy replies, perplexity of held-out ShareGPT replies).
+rows) and GenAI's (one row), alternated in one process (step_ab.py), and quality against the float32 reference
+artifact (quality.py: teacher-forced argmax agreement with the reference's greedy replies, perplexity of held-out
+ShareGPT replies).
 Writes a table, front.json (with the machine) and front.png (tok/s against perplexity increase).
 """
 
