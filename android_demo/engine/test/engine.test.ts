@@ -104,6 +104,16 @@ test('float16 rows decode exactly; drafter names are checked', () => {
   assert.throws(() => parseDrafter('medusa+nope'), /unknown drafter "nope"/);
 });
 
+/** An artifact source whose one file is `file` (the embedding tests read rows of it). */
+function bytesSource(file: Uint8Array) {
+  return {
+    where: 'memory',
+    readText: async () => '',
+    readBytes: async (_: string, offset: number, length: number) => file.slice(offset, offset + length),
+    graph: async () => ({ model: '' }),
+  };
+}
+
 test('quantized rows with a per-block minimum decode as numpy does: scale · q, then + minimum, in float32', async () => {
   // one row of 64 values in two blocks of 32: 4-bit codes, float32 scales, float32 minimums (a GGUF Q4_K table)
   const codes = Array.from({ length: 64 }, (_, i) => (i * 7) % 16);
@@ -115,12 +125,7 @@ test('quantized rows with a per-block minimum decode as numpy does: scale · q, 
   file.set(values, 0);
   file.set(new Uint8Array(scales.buffer), 32);
   file.set(new Uint8Array(minimums.buffer), 40);
-  const source = {
-    where: 'memory',
-    readText: async () => '',
-    readBytes: async (_: string, offset: number, length: number) => file.slice(offset, offset + length),
-    graph: async () => ({ model: '' }),
-  };
+  const source = bytesSource(file);
   const table = new EmbeddingTable(source, {
     file: 'embedding.q', dtype: 'float32', shape: [1, 64],
     quantized: { bits: 4, block_size: 32, zero_point: 0, values_offset: 0, scales_offset: 32, scales_dtype: 'float32', minimums_offset: 40 },
@@ -153,12 +158,7 @@ test('factored scales and minimums (a k-quant\'s f16 d per 8 blocks times a uint
   file.set(values, 0);
   file.set(half(dBits, c), 256);
   file.set(half(mBits, m), 276);
-  const source = {
-    where: 'memory',
-    readText: async () => '',
-    readBytes: async (_: string, offset: number, length: number) => file.slice(offset, offset + length),
-    graph: async () => ({ model: '' }),
-  };
+  const source = bytesSource(file);
   const table = new EmbeddingTable(source, {
     file: 'embedding.q', dtype: 'float32', shape: [1, 512],
     quantized: { bits: 4, block_size: 32, zero_point: 0, values_offset: 0, scales_offset: 256, scales_dtype: 'float32', minimums_offset: 276, scale_group: 8 },
