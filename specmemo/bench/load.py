@@ -26,7 +26,6 @@ from pathlib import Path
 
 from specmemo.errors import ConfigError
 
-MODULE = "specmemo.bench.load"
 MODES = ("greedy", "controller")
 
 
@@ -94,7 +93,7 @@ def run_load(config: LoadConfig, *, log=print) -> dict:
                "prompt": first_prompt(config.artifact)}
     rounds = []
     for number in range(config.rounds):
-        rounds.append(run_json(MODULE, request, what=f"bench load round {number + 1}",
+        rounds.append(run_json("specmemo.bench.load", request, what=f"bench load round {number + 1}",
                                fix="run `specmemo generate --artifact ...` to see the error"))
         log(f"round {number + 1}: {rounds[-1]['total_s']:.2f} s to the first token")
     names = list(rounds[0]["pieces"])
