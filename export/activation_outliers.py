@@ -27,23 +27,28 @@ INPUT_BLOCK = 32  # MatMulNBits' int8 activation blocks at level 4 (MLAS CompInt
 READERS = {"q_proj": ("qkv",), "o_proj": ("o_proj",), "gate_proj": ("gate", "up"), "down_proj": ("down",)}
 
 
+def reader_modules(hf_model):
+    """(layer index, layer, HF projection name, its module, the decoder initializers reading its input) for every
+    projection of every layer that the model has."""
+    for i, layer in enumerate(hf_model.model.layers):
+        for module_name, readers in READERS.items():
+            parent = layer.self_attn if module_name in ("q_proj", "o_proj") else layer.mlp
+            module = getattr(parent, module_name, None)
+            if module is not None:
+                yield i, layer, module_name, module, tuple(f"layers.{i}.{reader}.weight_t" for reader in readers)
+
+
 def matrix_inputs(hf_model, prompt_ids: list[int]) -> dict[tuple[str, ...], np.ndarray]:
     """(decoder initializers that share an input) → that input's rows [P, K] on the prompt, float32."""
     import torch
 
     captured, hooks = {}, []
-    for i, layer in enumerate(hf_model.model.layers):
-        for module_name, readers in READERS.items():
-            parent = layer.self_attn if module_name in ("q_proj", "o_proj") else layer.mlp
-            module = getattr(parent, module_name, None)
-            if module is None:
-                continue
-            names = tuple(f"layers.{i}.{reader}.weight_t" for reader in readers)
+    for _, _, _, module, names in reader_modules(hf_model):
 
-            def keep(_, args, names=names):
-                captured[names] = args[0][0].detach().float().numpy().copy()
+        def keep(_, args, names=names):
+            captured[names] = args[0][0].detach().float().numpy().copy()
 
-            hooks.append(module.register_forward_pre_hook(keep))
+        hooks.append(module.register_forward_pre_hook(keep))
     try:
         with torch.no_grad():
             hf_model(torch.tensor([prompt_ids]))

@@ -21,12 +21,12 @@ from pathlib import Path
 
 import numpy as np
 
+from specmemo.export.activation_outliers import reader_modules
 from specmemo.export.block_search import _search
 from specmemo.export.gguf_weights import QuantBlocks
 
 DAMP = 0.01  # of H's mean diagonal, added to it
 SKIP_FIRST = 1  # positions of each calibration sequence left out of H (the attention sink)
-READERS = {"q_proj": ("qkv",), "o_proj": ("o_proj",), "gate_proj": ("gate", "up"), "down_proj": ("down",)}
 
 
 def gptq_blocks(weight: np.ndarray, hessian, *, block: int, source: str = "") -> QuantBlocks:
@@ -63,7 +63,8 @@ def gptq_blocks(weight: np.ndarray, hessian, *, block: int, source: str = "") ->
 
 
 def _weights(layer, module_name: str) -> dict[str, np.ndarray]:
-    """The decoder initializers (by reader name) a Hugging Face layer's `module_name` input feeds, as [N, K]."""
+    """The matrices (by reader name, in activation_outliers.READERS' order) a Hugging Face layer's `module_name`
+    input feeds, as [N, K]."""
     attention, mlp = layer.self_attn, layer.mlp
     if module_name == "q_proj":
         return {"qkv": np.concatenate([m.weight.detach().float().numpy()
@@ -95,26 +96,23 @@ def gptq_body(hf_model, sequences: list[list[int]], *, block: int, cache: Path, 
         return QuantBlocks(str(saved["source"]), saved["q"], saved["scale"], None, 4, block, saved["zero"])
 
     hooks = []
-    for i, layer in enumerate(hf_model.model.layers):
-        for module_name, readers in READERS.items():
-            parent = layer.self_attn if module_name in ("q_proj", "o_proj") else layer.mlp
-            names = [f"layers.{i}.{reader}.weight_t" for reader in readers]
-            cached = {name: load(name) for name in names}
-            if all(b is not None for b in cached.values()):
-                out.update(cached)
-                continue
+    for i, layer, module_name, module, names in reader_modules(hf_model):
+        cached = {name: load(name) for name in names}
+        if all(b is not None for b in cached.values()):
+            out.update(cached)
+            continue
 
-            def solve(_, args, i=i, layer=layer, module_name=module_name, names=names):
-                x = args[0].detach()[:, skip_first:].reshape(-1, args[0].shape[-1]).float()
-                hessian = x.T @ x / x.shape[0]
-                for (reader, weight), name in zip(_weights(layer, module_name).items(), names):
-                    blocks = gptq_blocks(weight, hessian, block=block, source=f"GPTQ 4-bit/{block}")
-                    np.savez(cache / f"{name}.npz", q=blocks.q, scale=blocks.scale, zero=blocks.zero,
-                             source=blocks.source_type)
-                    out[name] = blocks
-                log(f"GPTQ: layer {i} {module_name.removesuffix('_proj')} ({x.shape[0]} calibration tokens)")
+        def solve(_, args, i=i, layer=layer, module_name=module_name, names=names):
+            x = args[0].detach()[:, skip_first:].reshape(-1, args[0].shape[-1]).float()
+            hessian = x.T @ x / x.shape[0]
+            for weight, name in zip(_weights(layer, module_name).values(), names):
+                blocks = gptq_blocks(weight, hessian, block=block, source=f"GPTQ 4-bit/{block}")
+                np.savez(cache / f"{name}.npz", q=blocks.q, scale=blocks.scale, zero=blocks.zero,
+                         source=blocks.source_type)
+                out[name] = blocks
+            log(f"GPTQ: layer {i} {module_name.removesuffix('_proj')} ({x.shape[0]} calibration tokens)")
 
-            hooks.append(getattr(parent, module_name).register_forward_pre_hook(solve))
+        hooks.append(module.register_forward_pre_hook(solve))
     if hooks:
         try:
             with torch.no_grad():
@@ -158,4 +156,4 @@ def calibrated_body(hf_model, tokenizer, *, block: int, source_sha256: str,
     cache = cache_root() / "gptq" / f"{source_sha256[:16]}-b{block}-{len(sequences)}x{len(sequences[0])}-s{SKIP_FIRST}"
     log(f"GPTQ: {len(sequences)} calibration sequences of {len(sequences[0])} tokens (ShareGPT), blocks of {block}; "
         f"solved matrices kept in {cache}")
-    return gptq_body(hf_model, [s[:min(map(len, sequences))] for s in sequences], block=block, cache=cache, log=log)
+    return gptq_body(hf_model, sequences, block=block, cache=cache, log=log)

@@ -17,36 +17,23 @@ import onnx
 from onnx import helper, numpy_helper
 
 from specmemo.export.gguf_weights import QuantBlocks
-from specmemo.export.quantize import initializers, matmulnbits_tensors, requantized_rows, rtn_blocks
+from specmemo.export.quantize import (factored_scales, initializers, matmulnbits_tensors, requantized_rows,
+                                      rtn_blocks)
 
 NARROW_BLOCK = 32  # the narrowed LM head's 4-bit blocks (MatMulNBits' fast kernels; GenAI's head uses the same)
 
 
-def _digits(prefix: str, source: str, out: str, *, base: int, count: int, consts: str,
-            times: str) -> list[onnx.NodeProto]:
-    """`source` (gathered uint8 [..., n], `count` digits of `base` a byte, the first in the lowest) as float32
-    [..., count·n]. Integer Div/Mul/Sub, which every ONNX Runtime build has for int32. `consts`: the prefix of the
-    shared constants `{consts}.base{base}` and `{consts}.last`; `times`: the shape multiplier [1, …, 1, count]."""
-    wide = f"{prefix}.wide"
-    nodes = [helper.make_node("Cast", [source], [wide], name=f"{prefix}.Cast", to=onnx.TensorProto.INT32)]
-    rest, digits = wide, []
-    for i in range(count):
-        above, digit = f"{prefix}.above{i}", f"{prefix}.digit{i}"
-        nodes += [helper.make_node("Div", [rest, f"{consts}.base{base}"], [above], name=f"{prefix}.Div{i}"),
-                  helper.make_node("Mul", [above, f"{consts}.base{base}"], [f"{above}.back"], name=f"{prefix}.Back{i}"),
-                  helper.make_node("Sub", [rest, f"{above}.back"], [digit], name=f"{prefix}.Digit{i}"),
-                  helper.make_node("Unsqueeze", [digit, f"{consts}.last"], [f"{digit}1"],
-                                   name=f"{prefix}.Unsqueeze{i}")]
-        digits.append(f"{digit}1")
-        rest = above
-    return nodes + [
-        helper.make_node("Concat", digits, [f"{prefix}.all"], name=f"{prefix}.All", axis=-1),
-        helper.make_node("Shape", [wide], [f"{prefix}.shape"], name=f"{prefix}.Shape"),
-        helper.make_node("Mul", [f"{prefix}.shape", times], [f"{prefix}.unpacked_shape"],
-                         name=f"{prefix}.UnpackedShape"),
-        helper.make_node("Reshape", [f"{prefix}.all", f"{prefix}.unpacked_shape"], [f"{prefix}.codes"],
-                         name=f"{prefix}.Unpack"),
-        helper.make_node("Cast", [f"{prefix}.codes"], [out], name=f"{prefix}.CastFloat", to=onnx.TensorProto.FLOAT),
+BYTE = np.arange(256)
+NIBBLES = np.stack([BYTE & 15, BYTE >> 4], -1).astype(np.float32)  # a byte → its low, then high 4-bit value
+
+
+def _unpacked(prefix: str, source: str, table: str, shape: str, out: str) -> list[onnx.NodeProto]:
+    """`source` (gathered uint8 [..., n]) as float32 `out` by a byte lookup: `table` [256, m] holds each byte's m
+    values, and `shape` (Reshape's target, 0 copying a dimension) lays the [..., n, m] values out."""
+    return [
+        helper.make_node("Cast", [source], [f"{prefix}.index"], name=f"{prefix}.Cast", to=onnx.TensorProto.INT32),
+        helper.make_node("Gather", [table, f"{prefix}.index"], [f"{prefix}.values"], name=f"{prefix}.Lookup"),
+        helper.make_node("Reshape", [f"{prefix}.values", shape], [out], name=f"{prefix}.Unpack"),
     ]
 
 
@@ -86,31 +73,6 @@ class SixBitRows:
 SUB_BLOCK, SUPER_BLOCK = 16, 256  # a Q6_K scale's values (int8 sc), a Q6_K d's values (f16)
 
 
-def _signed_factors(scales: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
-    """[V, G·16] float32 scales as d [V, G] (float16) times sc [V, G, 16] (int8), exactly in float32, as Q6_K stores
-    them; None where some group is not such a product. Each group's largest |scale| is tried as d·k for
-    k = ±128 … ±1 (llama.cpp's quantizer writes it as sc = −128)."""
-    v, nb = scales.shape
-    groups = scales.reshape(v, nb // (SUPER_BLOCK // SUB_BLOCK), SUPER_BLOCK // SUB_BLOCK)
-    top = np.take_along_axis(groups, np.abs(groups).argmax(-1)[..., None], -1)[..., 0]
-    d = np.zeros(top.shape, np.float16)
-    sc = np.zeros(groups.shape, np.int8)
-    left = top != 0
-    for k in (sign * size for size in range(128, 0, -1) for sign in (-1, 1)):
-        if not left.any():
-            break
-        cand = (top / np.float32(k)).astype(np.float16)
-        wide = cand.astype(np.float32)
-        safe = np.where(wide != 0, wide, np.float32(1))
-        codes = np.rint(groups / safe[..., None])
-        ok = left & (wide != 0) & ((codes >= -128) & (codes <= 127)).all(-1) & \
-            ((safe[..., None] * codes.astype(np.float32)) == groups).all(-1)
-        d = np.where(ok, cand, d)
-        sc = np.where(ok[..., None], codes.astype(np.int8), sc)
-        left &= ~ok
-    return None if left.any() else (d, sc)
-
-
 def six_bit_rows(head: QuantBlocks) -> SixBitRows | None:
     """A carried Q6_K head (8-bit blocks of 16 over zero point 128, q + 96 stored) in its own 6.56 bits; None for any
     other head, or where the scales are not a Q6_K's f16 × int8 products."""
@@ -118,7 +80,7 @@ def six_bit_rows(head: QuantBlocks) -> SixBitRows | None:
     if head.source_type != "Q6_K" or head.block != SUB_BLOCK or head.bias is not None or h % SUPER_BLOCK \
             or not np.isscalar(head.zero) or head.zero != 128:
         return None
-    factors = _signed_factors(head.scale)
+    factors = factored_scales(head.scale, group=SUPER_BLOCK // SUB_BLOCK, low=-128, high=127)
     q = head.q.astype(np.int16) - 96  # the 6-bit code, 0..63
     if factors is None or q.min() < 0 or q.max() > 63:
         return None
@@ -127,7 +89,8 @@ def six_bit_rows(head: QuantBlocks) -> SixBitRows | None:
     rows = SixBitRows(low=np.ascontiguousarray(low[:, 0::2] | (low[:, 1::2] << 4)),
                       high=np.ascontiguousarray(high[:, 0::4] | (high[:, 1::4] << 2) | (high[:, 2::4] << 4)
                                                 | (high[:, 3::4] << 6)),
-                      sc=np.ascontiguousarray(factors[1].reshape(v, -1)), d=np.ascontiguousarray(factors[0]))
+                      sc=np.ascontiguousarray(factors[1].reshape(v, -1)),
+                      d=np.ascontiguousarray(factors[0].astype(np.float16)))
     return rows if np.array_equal(rows.dequantize(), head.dequantize()) else None
 
 
@@ -140,11 +103,9 @@ def _gathered_rows(p: str, rows: str, inits: dict, *, k: int) -> tuple[list[onnx
     if f"{rows}.low" in inits:  # a byte → its 2 low-bit values, or its 4 high-bit values as 16·high − 32: lookups
         _, half = inits[f"{rows}.low"].dims
         h = 2 * half
-        byte = np.arange(256)
-        low_table = np.stack([byte & 15, byte >> 4], -1).astype(np.float32)  # [256, 2]
-        high_table = (16 * np.stack([(byte >> s) & 3 for s in (0, 2, 4, 6)], -1) - 32).astype(np.float32)  # [256, 4]
+        high_table = (16 * np.stack([(BYTE >> s) & 3 for s in (0, 2, 4, 6)], -1) - 32).astype(np.float32)  # [256, 4]
         consts = last + [
-            numpy_helper.from_array(low_table, f"{p}.low_table"),
+            numpy_helper.from_array(NIBBLES, f"{p}.low_table"),
             numpy_helper.from_array(high_table, f"{p}.high_table"),
             numpy_helper.from_array(np.array([0, 0, 0, h // SUPER_BLOCK, SUPER_BLOCK // SUB_BLOCK], np.int64),
                                     f"{p}.sc_shape"),
@@ -153,15 +114,10 @@ def _gathered_rows(p: str, rows: str, inits: dict, *, k: int) -> tuple[list[onnx
             numpy_helper.from_array(np.array([0, 0, 0, h], np.int64), f"{p}.rows_shape")]
         nodes = []
         for part in ("low", "high"):  # gathered bytes [B, N, k, h/2 or h/4] → values [B, N, k, h]
-            nodes += [
-                helper.make_node("Gather", [f"{rows}.{part}", f"{p}.candidates"], [f"{p}.{part}"],
-                                 name=f"{p}.Gather{part.title()}"),
-                helper.make_node("Cast", [f"{p}.{part}"], [f"{p}.{part}32"], name=f"{p}.Cast{part.title()}",
-                                 to=onnx.TensorProto.INT32),
-                helper.make_node("Gather", [f"{p}.{part}_table", f"{p}.{part}32"], [f"{p}.{part}_values"],
-                                 name=f"{p}.Lookup{part.title()}"),
-                helper.make_node("Reshape", [f"{p}.{part}_values", f"{p}.rows_shape"], [f"{p}.{part}f"],
-                                 name=f"{p}.Flat{part.title()}")]
+            nodes += [helper.make_node("Gather", [f"{rows}.{part}", f"{p}.candidates"], [f"{p}.{part}"],
+                                       name=f"{p}.Gather{part.title()}"),
+                      *_unpacked(f"{p}.{part}bits", f"{p}.{part}", f"{p}.{part}_table", f"{p}.rows_shape",
+                                 f"{p}.{part}f")]
         nodes += [
             helper.make_node("Add", [f"{p}.lowf", f"{p}.highf"], [f"{p}.centred"], name=f"{p}.Codes"),  # q − 32
             helper.make_node("Reshape", [f"{p}.centred", f"{p}.q_shape"], [f"{p}.centered"], name=f"{p}.QBlocks"),
@@ -182,9 +138,9 @@ def _gathered_rows(p: str, rows: str, inits: dict, *, k: int) -> tuple[list[onnx
     block = 2 * block_bytes if packed else block_bytes
     consts = last + [numpy_helper.from_array(np.array([0, 0, k, blocks * block], np.int64), f"{p}.rows_shape")]
     if packed:
-        consts += [numpy_helper.from_array(np.array(16, np.int32), f"{p}.base16"),
-                   numpy_helper.from_array(np.array([1, 1, 1, 1, 2], np.int64), f"{p}.q_times2"),
-                   numpy_helper.from_array(np.array([1, 1, 1, 2], np.int64), f"{p}.z_times2"),
+        consts += [numpy_helper.from_array(NIBBLES, f"{p}.nibbles"),
+                   numpy_helper.from_array(np.array([0, 0, 0, 0, block], np.int64), f"{p}.q_shape"),
+                   numpy_helper.from_array(np.array([0, 0, 0, -1], np.int64), f"{p}.z_shape"),
                    numpy_helper.from_array(np.array([0], np.int64), f"{p}.zero_start"),
                    numpy_helper.from_array(np.array([blocks], np.int64), f"{p}.zero_end")]
     else:
@@ -193,12 +149,10 @@ def _gathered_rows(p: str, rows: str, inits: dict, *, k: int) -> tuple[list[onnx
         helper.make_node("Gather", [f"{rows}.q", f"{p}.candidates"], [f"{p}.q"], name=f"{p}.GatherQ"),   # [B,N,k,nb,·]
     ]
     if packed:  # the codes, then the zero points [V, ceil(nb/2)] two a byte: unpacked like the codes, cut to nb
-        nodes += [*_digits(f"{p}.codesq", f"{p}.q", f"{p}.qf", base=16, count=2, consts=p,
-                           times=f"{p}.q_times2"),                                                     # [B,N,k,nb,blk]
+        nodes += [*_unpacked(f"{p}.codesq", f"{p}.q", f"{p}.nibbles", f"{p}.q_shape", f"{p}.qf"),    # [B,N,k,nb,blk]
                   helper.make_node("Gather", [f"{rows}.zero_points", f"{p}.candidates"], [f"{p}.zq"],
                                    name=f"{p}.GatherZ"),                                               # [B,N,k,nb/2]
-                  *_digits(f"{p}.codesz", f"{p}.zq", f"{p}.zf_all", base=16, count=2, consts=p,
-                           times=f"{p}.z_times2"),
+                  *_unpacked(f"{p}.codesz", f"{p}.zq", f"{p}.nibbles", f"{p}.z_shape", f"{p}.zf_all"),
                   helper.make_node("Slice", [f"{p}.zf_all", f"{p}.zero_start", f"{p}.zero_end", f"{p}.last"],
                                    [f"{p}.zf"], name=f"{p}.SliceZ"),                                   # [B,N,k,nb]
                   helper.make_node("Unsqueeze", [f"{p}.zf", f"{p}.last"], [f"{p}.zf1"], name=f"{p}.UnsqueezeZ"),

@@ -63,30 +63,35 @@ SCALE_GROUP = 8  # blocks per factored scale group: a k-quant super-block of 256
 FACTOR_RANGE = 63  # the largest integer factor tried (k-quants' 6-bit sub-block scales)
 
 
-def factored_scales(scales: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
-    """[N, G·8] float32 scales as d [N, G] (float16 values) times c [N, G, 8] (integers 0..63), exactly in float32,
-    as a k-quant stores them (one f16 d per super-block, a 6-bit integer per block); None where some group is not
-    such a product. Each group's largest scale is tried as d·k for k = 63 … 1."""
+def factored_scales(scales: np.ndarray, *, group: int = SCALE_GROUP, low: int = 0,
+                    high: int = FACTOR_RANGE) -> tuple[np.ndarray, np.ndarray] | None:
+    """[N, G·group] float32 scales as d [N, G] (float16 values, held as float32) times c [N, G, group] (integers in
+    low..high: uint8 where low >= 0, else int8), exactly in float32, as a k-quant stores them: Q4_K's one f16 d per
+    super-block times a 6-bit integer per block of 32 (the defaults), Q6_K's times a signed 8-bit one per 16
+    (group 16, -128..127). None where some group is not such a product (with low >= 0: where any scale is
+    negative). Each group's largest |scale| is tried as d·k for k = max(|low|, high) … 1, and -k where low < 0
+    (llama.cpp's Q6_K quantizer writes that scale as sc = -128)."""
     n, nb = scales.shape
-    groups = scales.reshape(n, nb // SCALE_GROUP, SCALE_GROUP)
-    top = groups.max(-1)
-    d = np.zeros_like(top)
-    c = np.zeros(groups.shape, np.uint8)
-    left = top > 0
-    if ((top <= 0) & (groups != 0).any(-1)).any():  # a negative scale is no f16 d times a 6-bit integer here
+    groups = scales.reshape(n, nb // group, group)
+    if low >= 0 and (groups < 0).any():
         return None
-    for k in range(FACTOR_RANGE, 0, -1):
+    top = np.take_along_axis(groups, np.abs(groups).argmax(-1)[..., None], -1)[..., 0]
+    d = np.zeros(top.shape, np.float32)
+    c = np.zeros(groups.shape, np.int16)
+    left = top != 0
+    signs = (-1, 1) if low < 0 else (1,)
+    for k in (sign * size for size in range(max(-low, high), 0, -1) for sign in signs):
         if not left.any():
             break
         cand = (top / np.float32(k)).astype(np.float16).astype(np.float32)
-        safe = np.where(cand > 0, cand, np.float32(1))
+        safe = np.where(cand != 0, cand, np.float32(1))
         codes = np.rint(groups / safe[..., None])
-        ok = left & (cand > 0) & (codes <= FACTOR_RANGE).all(-1) & \
+        ok = left & (cand != 0) & ((codes >= low) & (codes <= high)).all(-1) & \
             ((safe[..., None] * codes.astype(np.float32)) == groups).all(-1)
         d = np.where(ok, cand, d)
-        c = np.where(ok[..., None], codes.astype(np.uint8), c)
+        c = np.where(ok[..., None], codes.astype(np.int16), c)
         left &= ~ok
-    return None if left.any() else (d, c)
+    return None if left.any() else (d, c.astype(np.uint8 if low >= 0 else np.int8))
 
 
 def _scale_tensors(name: str, values: np.ndarray) -> tuple[list[onnx.TensorProto], list[onnx.NodeProto]]:

@@ -68,8 +68,8 @@ export class EmbeddingTable {
     return bytes;
   }
 
-  /** One row's per-block floats at `offset`: float32/float16 as stored, or factored d · c (QuantizedRows.scale_group). */
-  private async perBlock(offset: number, q: QuantizedRows, bytes: number): Promise<Float32Array> {
+  /** One row's per-block floats at `offset`: `dtype` as stored, or factored d · c (QuantizedRows.scale_group). */
+  private async perBlock(offset: number, q: QuantizedRows, bytes: number, dtype: 'float32' | 'float16'): Promise<Float32Array> {
     const raw = await this.read(offset, bytes);
     const view = new DataView(raw.buffer, raw.byteOffset, raw.byteLength);
     const out = new Float32Array(this.blocks);
@@ -79,7 +79,7 @@ export class EmbeddingTable {
         const groups = this.blocks / group;
         out[b] = halfToFloat(view.getUint16(2 * Math.floor(b / group), true)) * raw[2 * groups + b]; // exact in float32
       } else {
-        out[b] = bytes === 2 * this.blocks ? halfToFloat(view.getUint16(2 * b, true)) : view.getFloat32(4 * b, true);
+        out[b] = dtype === 'float16' ? halfToFloat(view.getUint16(2 * b, true)) : view.getFloat32(4 * b, true);
       }
     }
     return out;
@@ -87,10 +87,10 @@ export class EmbeddingTable {
 
   private async dequantize(token: number, q: QuantizedRows, row: Float32Array): Promise<void> {
     const values = await this.read(q.values_offset + token * this.rowBytes, this.rowBytes);
-    const scales = await this.perBlock(q.scales_offset + token * this.scaleBytes, q, this.scaleBytes);
+    const scales = await this.perBlock(q.scales_offset + token * this.scaleBytes, q, this.scaleBytes, q.scales_dtype);
     const hasMinimums = q.minimums_offset !== undefined && q.minimums_offset !== null;
     const minimumBytes = q.scale_group ? this.scaleBytes : 4 * this.blocks;
-    const minimums = hasMinimums ? await this.perBlock(q.minimums_offset! + token * minimumBytes, q, minimumBytes) : null;
+    const minimums = hasMinimums ? await this.perBlock(q.minimums_offset! + token * minimumBytes, q, minimumBytes, 'float32') : null;
     const block = q.block_size;
     for (let b = 0; b < this.blocks; b++) {
       const scale = scales[b];
