@@ -14,15 +14,16 @@ import specmemo
 from specmemo.errors import ConfigError
 from specmemo.export.batch_graph import DEFAULT_BATCHES, write_batch_graph
 from specmemo.export.generation import generation_defaults
-from specmemo.export.decoder import Decoder, embedding_table
+from specmemo.export.checkpoint import Checkpoint
 from specmemo.export.dims import dims_from_config
 from specmemo.export.embedding_rows import gguf_rows, tied_rows
 from specmemo.export.heads import SPEC_FILE, HeadsError, MedusaHeads, load_any_heads
 from specmemo.export.heads_graph import export_heads_graph
-from specmemo.export.load import lm_head_t, load_hf, resolve_model, stop_token_ids
+from specmemo.export.load import load_hf, load_tokenizer, resolve_model, stop_token_ids
 from specmemo.export.kv_dtype import check_kv_dtype, kv_as_float16
 from specmemo.export.mobile import TARGET_PLATFORMS, write_ort_format
-from specmemo.export.trace import OPSET, export_decoder
+from specmemo.export.streamed import export_streamed
+from specmemo.export.trace import OPSET
 from specmemo.export.weights_dtype import (LM_HEAD, BodyQuantizer, QuantOptions, WeightDtype, quantize_decoder,
                                           quantize_graph, save_external)
 from specmemo.runtime import io_spec
@@ -151,9 +152,12 @@ def export_artifact(options: ExportOptions, *, log=print, finalize=None) -> Mani
                           f"apart, or two biases): export with --kv-dtype float32")
     log(f"model {options.model}: {dims.architecture}, {dims.num_layers} layers, h={dims.hidden_size}, "
         f"heads {dims.num_heads}/{dims.num_kv_heads} kv, V={dims.vocab_size}, max capacity C={options.max_capacity}")
-    hf_model, tokenizer = load_hf(resolved.hf_folder)
-    generation_config = hf_model.generation_config
-    heads = None if options.heads is None else checked_heads(options, hf_model, resolved.sha256)  # fail fast
+    checkpoint = Checkpoint(resolved.hf_folder)  # the weights stay on disk, read a layer at a time (export/streamed.py)
+    hf_model = checkpoint.empty_model()  # its shapes, config and rotary tables; every parameter on the meta device
+    tokenizer, generation_config = load_tokenizer(resolved.hf_folder), hf_model.generation_config
+    heads = None  # they project through the LM head [h, V]: read from the checkpoint where needed, not held
+    if options.heads is not None:
+        heads = checked_heads(options, checkpoint.lm_head_t(hf_model), resolved.sha256)  # fail fast
     if options.draft_model is not None:
         from specmemo.export.draft_model import check_same_tokenizer
 
@@ -165,13 +169,12 @@ def export_artifact(options: ExportOptions, *, log=print, finalize=None) -> Mani
     staging.chmod(0o755)
     try:
         io_names = io_spec.decoder_io(dims, "float32", kv_dtype=options.kv_dtype)
-        log("tracing the decoder step to ONNX ...")
-        decoder = Decoder(dims, hf_model, options.max_capacity).eval()
-        export_decoder(decoder, io_names, staging / DECODER_FILE)
+        log("tracing the decoder step to ONNX (its weights written a layer at a time) ...")
+        export_streamed(checkpoint, dims, options.max_capacity, io_names, staging / DECODER_FILE)
         if options.kv_dtype == "float16":
             log("attention in float16 over a float16 KV buffer ...")
             rewrite_graph(staging / DECODER_FILE, kv_as_float16)
-        embedding = write_embedding(embedding_table(hf_model), staging)
+        embedding = write_embedding(checkpoint.parameter(hf_model, hf_model.get_input_embeddings().weight), staging)
         heads_info = None
         if heads is not None:
             log(f"tracing the heads graph ({heads.spec.num_heads} heads, {heads.spec.mode.value}, "
@@ -180,28 +183,18 @@ def export_artifact(options: ExportOptions, *, log=print, finalize=None) -> Mani
             heads_info = replace(info, source=str(Path(options.heads).resolve()))
         feature_info = None
         if options.feature_drafter is not None:
-            feature_info = export_feature_drafter(options.feature_drafter, hf_model, resolved.sha256,
+            feature_info = export_feature_drafter(options.feature_drafter, hf_model, checkpoint.lm_head_t(hf_model),
+                                                  resolved.sha256,
                                                   options.max_capacity, options.top_k, staging, log,
                                                   depth=options.feature_depth, width=options.feature_width)
             if options.kv_dtype == "float16":  # its KV views are the arena's, in the manifest's KV dtype
                 rewrite_graph(staging / feature_info.file, kv_as_float16)
+        del heads
         quantization = None
         if options.quant.dtype is not WeightDtype.FLOAT32:
-            activations = None
-            if options.quant.accuracy_level == 4:  # which matrices int8 input blocks hurt most (activation_outliers)
-                from specmemo.export.activation_outliers import matrix_inputs
-                from specmemo.export.load import chat_prompt_ids
-                from specmemo.export.validate import VALIDATION_PROMPT
-
-                activations = matrix_inputs(hf_model, chat_prompt_ids(tokenizer, VALIDATION_PROMPT))
-            body = None
-            if options.quant.body_quantizer is BodyQuantizer.GPTQ:
-                from specmemo.export.gptq import calibrated_body
-
-                body = calibrated_body(hf_model, tokenizer, block=options.quant.body_blocks.block,
-                                       source_sha256=resolved.sha256, log=log)
-            del decoder, hf_model  # done with the float32 model: the quantizer reads weights from the traced file
-            gc.collect()
+            activations = body = None
+            if options.quant.accuracy_level == 4 or options.quant.body_quantizer is BodyQuantizer.GPTQ:
+                activations, body = calibration(options.quant, resolved, tokenizer, log)
             quantization, embedding = quantize_artifact(options.quant, dims, resolved, staging, embedding, log,
                                                         activations, body)
         tokenizer_info = write_tokenizer(tokenizer, generation_config, staging)
@@ -249,6 +242,29 @@ def export_artifact(options: ExportOptions, *, log=print, finalize=None) -> Mani
         raise
     log(f"wrote {out} in {time.perf_counter() - started:.0f} s")
     return manifest
+
+
+def calibration(quant: QuantOptions, resolved, tokenizer, log) -> tuple[dict | None, dict | None]:
+    """(the matrices' inputs on the validation prompt, which decide the input channels int8 blocks hurt most at level 4
+    (activation_outliers); the body GPTQ solved, where asked). The inputs come from the float32 model streamed from
+    disk a layer at a time; GPTQ runs calibration conversations through the whole float32 model in memory."""
+    from specmemo.export.activation_outliers import matrix_inputs
+    from specmemo.export.load import chat_prompt_ids
+    from specmemo.export.validate import VALIDATION_PROMPT
+
+    activations = body = None
+    if quant.accuracy_level == 4:
+        streamed, _ = load_hf(resolved.hf_folder, streamed=True)
+        activations = matrix_inputs(streamed, chat_prompt_ids(tokenizer, VALIDATION_PROMPT))
+        del streamed
+    if quant.body_quantizer is BodyQuantizer.GPTQ:
+        from specmemo.export.gptq import calibrated_body
+
+        whole, _ = load_hf(resolved.hf_folder)
+        body = calibrated_body(whole, tokenizer, block=quant.body_blocks.block, source_sha256=resolved.sha256, log=log)
+        del whole
+    gc.collect()
+    return activations, body
 
 
 def add_batch_graphs(folder: Path, manifest: Manifest, batches: tuple[int, ...], log) -> Manifest:
@@ -315,9 +331,10 @@ def _shared_heads(folder: Path) -> bool:
     return spec.is_file() and json.loads(spec.read_text()).get("mode") == "shared"
 
 
-def checked_heads(options: ExportOptions, hf_model, base_sha256: str) -> MedusaHeads:
-    """Heads for this base model with a tree from eval-heads, whose ranks the graph's top-k covers."""
-    heads = load_any_heads(options.heads, lm_head_t(hf_model), base_sha256=base_sha256)
+def checked_heads(options: ExportOptions, lm_head_t, base_sha256: str) -> MedusaHeads:
+    """Heads for this base model (`lm_head_t`: its LM head, [h, V]) with a tree from eval-heads, whose ranks the graph's
+    top-k covers."""
+    heads = load_any_heads(options.heads, lm_head_t, base_sha256=base_sha256)
     if not heads.spec.tree:
         raise HeadsError(f"{options.heads} has no tree yet: run `specmemo eval heads --heads {options.heads}` first")
     if any(max(choice) >= options.top_k for choice in heads.spec.tree):
@@ -368,21 +385,22 @@ def feature_shape(card: dict, *, depth: int | None, width: int | None) -> tuple[
     return depth or min(max(FEATURE_DEPTH, trained), MAX_FEATURE_DEPTH), width or FEATURE_WIDTH
 
 
-def export_feature_drafter(folder: Path, hf_model, base_sha256: str, max_capacity: int, top_k: int, staging: Path,
-                           log, *, depth: int | None = None, width: int | None = None) -> FeatureDrafterInfo:
-    """drafter.onnx from a train-drafter folder, on the base model's LM head and rotary table; its KV
-    buffer holds the decoder's capacity plus the scratch rows of a draft tree (depth x width)."""
+def export_feature_drafter(folder: Path, hf_model, lm_head_t, base_sha256: str, max_capacity: int, top_k: int,
+                           staging: Path, log, *, depth: int | None = None,
+                           width: int | None = None) -> FeatureDrafterInfo:
+    """drafter.onnx from a train-drafter folder, on the base model's LM head (`lm_head_t`, [h, V]) and rotary table
+    (`hf_model` may be an empty one: its buffers are real); its KV buffer holds the decoder's capacity plus the scratch
+    rows of a draft tree (depth x width)."""
     from specmemo.export.decoder import rotary_table
     from specmemo.export.drafter_graph import export_drafter_graph
     from specmemo.export.feature_drafter import load_drafter, load_drafter_spec
-    from specmemo.export.load import lm_head_t
 
     depth, width = feature_shape(load_drafter_spec(folder).card, depth=depth, width=width)
     capacity = max_capacity + depth * width
     dims = hf_model.config
     head_dim = getattr(dims, "head_dim", None) or dims.hidden_size // dims.num_attention_heads
     cos, sin = rotary_table(hf_model, capacity + 1, head_dim)
-    drafter = load_drafter(folder, lm_head_t=lm_head_t(hf_model), cos=cos, sin=sin, base_sha256=base_sha256)
+    drafter = load_drafter(folder, lm_head_t=lm_head_t, cos=cos, sin=sin, base_sha256=base_sha256)
     log(f"tracing the feature drafter graph (N={drafter.spec.subvocab_size}, top-{top_k}, depth {depth} x width "
         f"{width}, C_d={capacity}) ...")
     info = export_drafter_graph(drafter, top_k=top_k, capacity=capacity, folder=staging,

@@ -85,14 +85,15 @@ class QuantBlocks:
     def shape(self) -> tuple[int, int]:
         return self.q.shape  # (N, K)
 
-    def dequantize(self) -> np.ndarray:
-        """[N, K] float32, computed as gguf-py and transformers compute it (scale·q + bias in fp32)."""
-        n, k = self.q.shape
-        zero = self.zero if np.isscalar(self.zero) else self.zero.astype(np.int16)[..., None]
-        q = (self.q.astype(np.int16).reshape(n, -1, self.block) - zero).astype(np.float32)
-        w = self.scale[..., None] * q
+    def dequantize(self, rows: slice = slice(None)) -> np.ndarray:
+        """[N, K] float32 (or those `rows`), computed as gguf-py and transformers compute it (scale·q + bias in fp32)."""
+        q = self.q[rows]
+        n, k = q.shape
+        zero = self.zero if np.isscalar(self.zero) else self.zero[rows].astype(np.int16)[..., None]
+        q = (q.astype(np.int16).reshape(n, -1, self.block) - zero).astype(np.float32)
+        w = self.scale[rows][..., None] * q
         if self.bias is not None:
-            w = w + self.bias[..., None]
+            w += self.bias[rows][..., None]
         return w.reshape(n, k)
 
     def rows(self, order: np.ndarray) -> QuantBlocks:
@@ -357,6 +358,10 @@ class GgufTensors:
     def type_of(self, name: str) -> str:
         return self._tensors[name].tensor_type.name
 
+    def carries(self, name: str) -> bool:
+        """Whether `blocks(name)` decodes this tensor's type (decode's FORMATS), known without reading it."""
+        return self.type_of(name) in FORMATS
+
     def blocks(self, name: str) -> QuantBlocks:
         tensor = self._tensors[name]
         return decode(tensor.tensor_type.name, np.asarray(tensor.data))
@@ -369,12 +374,17 @@ def llama_rotary_order(rows: int, num_heads: int) -> np.ndarray:
     return np.arange(rows).reshape(num_heads, half, 2).swapaxes(1, 2).reshape(rows)
 
 
+CHECK_ROWS = 4096  # rows dequantized at a time to check a carried matrix (an LM head's 150k rows never all at once)
+
+
 def carry(blocks: QuantBlocks, reference: np.ndarray, *, name: str, orders: list[np.ndarray]) -> QuantBlocks:
     """The blocks with rows in the reference's order, checked to dequantize to `reference` [N, K]
     bit for bit (the fp32 weights the traced graph holds). `orders`: row orders to try."""
     for order in orders:
-        candidate = blocks.rows(order)
-        if candidate.shape == reference.shape and np.array_equal(candidate.dequantize(), reference):
+        candidate = blocks if np.array_equal(order, np.arange(len(order))) else blocks.rows(order)
+        if candidate.shape == reference.shape and all(
+                np.array_equal(candidate.dequantize(slice(row, row + CHECK_ROWS)), reference[row:row + CHECK_ROWS])
+                for row in range(0, reference.shape[0], CHECK_ROWS)):
             return candidate
     raise GgufWeightsError(f"{name}: the GGUF blocks do not dequantize to the model's weights in any known row "
                            f"order; export with --dtype float32, or with --requantize to use ONNX Runtime's quantizer")

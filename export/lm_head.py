@@ -16,7 +16,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from specmemo.export.gguf_weights import QuantBlocks
+from specmemo.export.gguf_weights import CHECK_ROWS, QuantBlocks
 from specmemo.export.quantize import (factored_scales, initializers, matmulnbits_tensors, requantized_rows,
                                       rtn_blocks)
 
@@ -59,14 +59,16 @@ class SixBitRows:
     def tensors(self, name: str) -> list[onnx.TensorProto]:
         return [numpy_helper.from_array(getattr(self, part), f"{name}.{part}") for part in ("low", "high", "sc", "d")]
 
-    def dequantize(self) -> np.ndarray:
-        """[V, h] float32, computed as the carried Q6_K blocks are (QuantBlocks.dequantize): (d·sc)·(q − 32)."""
-        v = self.low.shape[0]
-        low = np.stack([self.low & 15, self.low >> 4], -1).reshape(v, -1)
-        high = np.stack([(self.high >> s) & 3 for s in (0, 2, 4, 6)], -1).reshape(v, -1)
+    def dequantize(self, rows: slice = slice(None)) -> np.ndarray:
+        """[V, h] float32 (or those `rows`), computed as the carried Q6_K blocks are (QuantBlocks.dequantize):
+        (d·sc)·(q − 32)."""
+        low, high = self.low[rows], self.high[rows]
+        v = low.shape[0]
+        low = np.stack([low & 15, low >> 4], -1).reshape(v, -1)
+        high = np.stack([(high >> s) & 3 for s in (0, 2, 4, 6)], -1).reshape(v, -1)
         q = (low.astype(np.int16) + 16 * high - 32).astype(np.float32).reshape(v, -1, SUB_BLOCK)
-        sc = self.sc.astype(np.float32).reshape(v, -1, SUPER_BLOCK // SUB_BLOCK)
-        scale = self.d.astype(np.float32)[..., None] * sc
+        sc = self.sc[rows].astype(np.float32).reshape(v, -1, SUPER_BLOCK // SUB_BLOCK)
+        scale = self.d[rows].astype(np.float32)[..., None] * sc
         return (scale.reshape(v, -1)[..., None] * q).reshape(v, -1)
 
 
@@ -81,17 +83,18 @@ def six_bit_rows(head: QuantBlocks) -> SixBitRows | None:
             or not np.isscalar(head.zero) or head.zero != 128:
         return None
     factors = factored_scales(head.scale, group=SUPER_BLOCK // SUB_BLOCK, low=-128, high=127)
-    q = head.q.astype(np.int16) - 96  # the 6-bit code, 0..63
-    if factors is None or q.min() < 0 or q.max() > 63:
+    if factors is None or head.q.min() < 96 or head.q.max() > 96 + 63:
         return None
-    q = q.astype(np.uint8)
+    q = head.q - np.uint8(96)  # the 6-bit code, 0..63
     low, high = q & 15, q >> 4
     rows = SixBitRows(low=np.ascontiguousarray(low[:, 0::2] | (low[:, 1::2] << 4)),
                       high=np.ascontiguousarray(high[:, 0::4] | (high[:, 1::4] << 2) | (high[:, 2::4] << 4)
                                                 | (high[:, 3::4] << 6)),
                       sc=np.ascontiguousarray(factors[1].reshape(v, -1)),
                       d=np.ascontiguousarray(factors[0].astype(np.float16)))
-    return rows if np.array_equal(rows.dequantize(), head.dequantize()) else None
+    same = all(np.array_equal(rows.dequantize(slice(r, r + CHECK_ROWS)), head.dequantize(slice(r, r + CHECK_ROWS)))
+               for r in range(0, v, CHECK_ROWS))
+    return rows if same else None
 
 
 def _gathered_rows(p: str, rows: str, inits: dict, *, k: int) -> tuple[list[onnx.TensorProto], list[onnx.NodeProto]]:
@@ -225,7 +228,7 @@ def rerank_argmax(model: onnx.ModelProto, *, weight: str, hidden: str, ids: str,
 
 
 def narrow_lm_head(model: onnx.ModelProto, *, weight: str, head: QuantBlocks, accuracy_level: int,
-                   narrowed: QuantBlocks | None = None) -> bool:
+                   narrowed: QuantBlocks | None = None, spill=list) -> bool:
     """The LM head's MatMulNBits reads 4-bit blocks re-quantized from its 8-bit ones (`narrowed`, by default
     rtn_blocks in blocks of 32 with f16 steps): half the bytes a step. The 8-bit initializers stay in the graph only while
     something reads rows of them (a tied model's embedding reads the same bytes from the file; `drop_unused`
@@ -241,7 +244,7 @@ def narrow_lm_head(model: onnx.ModelProto, *, weight: str, head: QuantBlocks, ac
         head, bits=4, block=block, source=source,
         quantize=lambda weight: rtn_blocks(weight, bits=4, block=block, source=source, f16_step=True))
     tensors, casts = matmulnbits_tensors(f"{weight}.4bit", narrow)
-    graph.initializer.extend(tensors)
+    graph.initializer.extend(spill(tensors))  # `spill`: as carry_matmuls' (the bytes to a file first)
     names = [t.name for t in tensors]
     del node.input[1:]
     node.input.extend([f"{weight}.4bit.q", f"{weight}.4bit.scales"]

@@ -10,6 +10,7 @@ GGUF files are dequantized to fp32 by transformers once and cached as an HF fold
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.util
 import json
@@ -198,28 +199,26 @@ def _slug(spec: str) -> str:
 
 
 def _convert_gguf(parts: list[Path], folder: Path, packaged: PackagedGguf | None = None) -> None:
-    """Dequantize a GGUF to an fp32 HF folder, written to a temp folder then renamed (never half-written).
-    A packaged GGUF's chat template and stop tokens are added where the file has none."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    """Dequantize a GGUF to an fp32 HF folder (export/gguf_convert.py: a shard at a time), written to a temp folder
+    then renamed (never half-written). A packaged GGUF's chat template and stop tokens are added where the file has
+    none."""
+    from specmemo.export.gguf_convert import convert_gguf
+
+    def edit(tokenizer, generation_config) -> None:
+        if packaged is not None and packaged.chat_template and not tokenizer.chat_template:
+            tokenizer.chat_template = packaged.chat_template
+        if packaged is not None and packaged.stop_tokens:
+            eos = generation_config.eos_token_id
+            eos = [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
+            generation_config.eos_token_id = eos + tokenizer.convert_tokens_to_ids(list(packaged.stop_tokens))
 
     print(f"converting {parts[0].name if len(parts) == 1 else f'{len(parts)} GGUF parts'} to an HF folder (once) ...")
     folder.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=folder.parent) as tmp:
         gguf = joined_gguf(tuple(parts), Path(tmp))
-        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype="float32")
-        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-        model.hf_quantizer = None  # the weights are dequantized fp32 now; save them as such
-        if hasattr(model.config, "quantization_config"):
-            del model.config.quantization_config
-        if packaged is not None and packaged.chat_template and not tokenizer.chat_template:
-            tokenizer.chat_template = packaged.chat_template
-        if packaged is not None and packaged.stop_tokens:
-            eos = model.generation_config.eos_token_id
-            eos = [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
-            model.generation_config.eos_token_id = eos + tokenizer.convert_tokens_to_ids(list(packaged.stop_tokens))
         staged = Path(tmp) / "hf"
-        model.save_pretrained(staged)
-        tokenizer.save_pretrained(staged)
+        staged.mkdir()
+        convert_gguf(gguf, staged, edit_tokenizer=edit)
         staged.rename(folder)
 
 
@@ -240,11 +239,39 @@ def load_hf(folder: Path, *, device_map: str | dict | None = None, max_memory: d
     offload = tempfile.TemporaryDirectory(prefix="specmemo-offload-") if streamed else None
     if streamed:  # safetensors weights are offloaded by reference: the folder stays empty
         placement = {"device_map": "auto", "max_memory": {"cpu": STREAMED_MEMORY}, "offload_folder": offload.name}
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype="float32", local_files_only=True, **placement).eval()
+    with _quiet() if streamed else contextlib.nullcontext():  # no loading bar, no note on what was offloaded
+        model = AutoModelForCausalLM.from_pretrained(folder, dtype="float32", local_files_only=True, **placement).eval()
     if offload is not None:
         model._specmemo_offload = offload  # lives as long as the model
     tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
     return model, tokenizer
+
+
+def load_tokenizer(folder: Path) -> Any:
+    """The fast tokenizer of a local HF folder (no hub)."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(folder, local_files_only=True)
+
+
+@contextlib.contextmanager
+def _quiet():
+    from transformers.utils import logging
+
+    import logging as std
+
+    level, offload = logging.get_verbosity(), std.getLogger("accelerate.big_modeling")
+    offload_level = offload.level
+    logging.set_verbosity_error()
+    logging.disable_progress_bar()
+    offload.setLevel(std.ERROR)  # accelerate's note that offloaded weights sit on the meta device
+    try:
+        yield
+    finally:
+        offload.setLevel(offload_level)
+        logging.enable_progress_bar()
+        logging.set_verbosity(level)
 
 
 def lm_head_t(hf_model: Any) -> Any:

@@ -21,7 +21,7 @@ Shapes: B batch, T rows, K inputs, N outputs.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
 
@@ -42,6 +42,79 @@ def external_span(tensor: onnx.TensorProto) -> tuple[str, int, int]:
     """(file, offset, length) of an initializer stored as external data."""
     where = {e.key: e.value for e in tensor.external_data}
     return where["location"], int(where.get("offset", 0)), int(where["length"])
+
+
+SPILL_BYTES = 1024  # initializers at least this large are stored as external data (save_external's threshold)
+
+
+class ExternalWriter:
+    """Initializers written to a data file as they are made, so that the graph holds where their bytes are, not the
+    bytes: a protobuf message keeps the memory of every field it once held until the whole message is freed, so bytes
+    added to the graph and cleared later would stay. Call it on new initializers before the graph takes them."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self.file = open(self.path, "wb")
+
+    def __call__(self, tensors: list[onnx.TensorProto]) -> list[onnx.TensorProto]:
+        return [self.spilled(t) for t in tensors]
+
+    def spilled(self, tensor: onnx.TensorProto) -> onnx.TensorProto:
+        if not tensor.HasField("raw_data") or len(tensor.raw_data) < SPILL_BYTES:
+            return tensor
+        offset = self.file.tell()
+        self.file.write(tensor.raw_data)
+        placed = onnx.TensorProto(name=tensor.name, dims=tensor.dims, data_type=tensor.data_type)
+        _place(placed, self.path.name, offset, len(tensor.raw_data))
+        return placed
+
+    def finish(self, model: onnx.ModelProto, path: Path) -> None:
+        """Write `model` to `path` and the bytes of the initializers it still reads to `path`.data (replacing the file
+        the float32 weights were read from), in graph order: spilled ones copied a tensor at a time, those still held
+        in the graph moved out; what was spilled and later dropped is left behind."""
+        self.file.close()
+        data = path.with_name(path.name + ".data")
+        staged = self.path.with_name(self.path.name + ".final")
+        with open(self.path, "rb") as spilled, open(staged, "wb") as out:
+            kept = []
+            for tensor in model.graph.initializer:
+                if tensor.data_location == onnx.TensorProto.EXTERNAL and external_span(tensor)[0] == self.path.name:
+                    _, offset, length = external_span(tensor)
+                    spilled.seek(offset)
+                    raw = spilled.read(length)
+                elif tensor.HasField("raw_data") and len(tensor.raw_data) >= SPILL_BYTES:
+                    raw = tensor.raw_data
+                else:
+                    kept.append(tensor)
+                    continue
+                placed = onnx.TensorProto(name=tensor.name, dims=tensor.dims, data_type=tensor.data_type)
+                _place(placed, data.name, out.tell(), len(raw))
+                out.write(raw)
+                kept.append(placed)
+        del model.graph.initializer[:]
+        model.graph.initializer.extend(kept)
+        staged.replace(data)
+        self.path.unlink()
+        onnx.save_model(model, str(path))
+
+
+def _place(tensor: onnx.TensorProto, location: str, offset: int, length: int) -> None:
+    """Mark `tensor` as stored in `location` at [offset, offset + length)."""
+    tensor.data_location = onnx.TensorProto.EXTERNAL
+    for key, value in (("location", location), ("offset", offset), ("length", length)):
+        entry = tensor.external_data.add()
+        entry.key, entry.value = key, str(value)
+
+
+def load_external_from(model: onnx.ModelProto, base_dir: str, location: str) -> None:
+    """Read into the graph the initializers stored in `location` (and only those)."""
+    from onnx.external_data_helper import load_external_data_for_tensor
+
+    for tensor in model.graph.initializer:
+        if tensor.data_location == onnx.TensorProto.EXTERNAL and external_span(tensor)[0] == location:
+            load_external_data_for_tensor(tensor, base_dir)
+            tensor.data_location = onnx.TensorProto.DEFAULT
+            del tensor.external_data[:]
 
 
 def read_initializer(tensor: onnx.TensorProto, base_dir: str = "") -> np.ndarray:
@@ -149,15 +222,18 @@ def matmulnbits_tensors(name: str, blocks: QuantBlocks) -> tuple[list[onnx.Tenso
     return tensors, casts
 
 
-def carry_matmuls(model: onnx.ModelProto, carried: dict[str, QuantBlocks], *, accuracy_level: int = 0,
+def carry_matmuls(model: onnx.ModelProto, carried: Mapping[str, QuantBlocks], *, accuracy_level: int = 0,
                   levels: dict[str, int] | None = None, fold: bool = False, digits: int | None = None,
-                  outliers: dict[str, tuple[int, ...]] | None = None, base_dir: str = "") -> list[str]:
+                  outliers: dict[str, tuple[int, ...]] | None = None, base_dir: str = "",
+                  spill: Callable[[list[onnx.TensorProto]], list[onnx.TensorProto]] = list) -> list[str]:
     """Replace each MatMul whose weight initializer is named in `carried` ([K, N] fp32 → blocks of
     its [N, K] transpose) by MatMulNBits (+ the block-sum bias term), at `accuracy_level` or the
     level `levels` names for that weight. `fold`: a bias term rides inside the MatMulNBits instead,
     as extra inputs (the block means, concatenated to x) with 4-bit codes (`fold_bias`): one node per
     matrix, two per input (`digits` 4-bit digits per bias, default FOLD_DIGITS). `outliers`: weight → input
-    channels computed apart (`_outlier_term`). `base_dir`: where external weights lie. Returns the names replaced."""
+    channels computed apart (`_outlier_term`). `base_dir`: where external weights lie. `spill`: what the new
+    initializers pass through before the graph takes them (ExternalWriter: their bytes to a file). Returns the names
+    replaced."""
     digits = FOLD_DIGITS if digits is None else digits
     graph = model.graph
     inits = initializers(graph)
@@ -167,7 +243,7 @@ def carry_matmuls(model: onnx.ModelProto, carried: dict[str, QuantBlocks], *, ac
     nodes, replaced = [], []
     for node in graph.node:
         weight = node.input[1] if node.op_type == "MatMul" and len(node.input) == 2 else None
-        if weight not in carried:
+        if weight is None or weight not in carried.keys():  # keys(): asking a lazy mapping's values makes them
             nodes.append(node)
             continue
         blocks, stored = carried[weight], inits[weight]
@@ -193,7 +269,7 @@ def carry_matmuls(model: onnx.ModelProto, carried: dict[str, QuantBlocks], *, ac
             blocks = fold_bias(replace(blocks, bias=blocks.bias * np.float32(blocks.block)), digits=digits)
             source, k = augmented[key], k + nb if digits == 1 else blocks.shape[1]
         tensors, casts = matmulnbits_tensors(weight, blocks)
-        graph.initializer.extend(tensors)
+        graph.initializer.extend(spill(tensors))
         nodes += casts
         names = [t.name for t in tensors]
         inputs = [source, f"{weight}.q", f"{weight}.scales"]

@@ -7,7 +7,9 @@ import io
 import logging
 import warnings
 from pathlib import Path
+from typing import Callable
 
+import numpy as np
 import torch
 from torch.export import Dim
 
@@ -44,8 +46,10 @@ def dynamic_axes(dims: ModelDims) -> tuple:
             (*local, *kv))  # Decoder.forward's *rest
 
 
-def export_decoder(decoder: Decoder, io_names: DecoderIO, path: Path, *, verbose: bool = False) -> Path:
-    """Write `path` (graph) and `path.data` (weights, external, memory-mappable)."""
+def export_decoder(decoder: Decoder, io_names: DecoderIO, path: Path, *, verbose: bool = False,
+                   lazy: dict[str, Callable[[str], np.ndarray]] | None = None) -> Path:
+    """Write `path` (graph) and `path.data` (weights, external, memory-mappable). `lazy`: initializers whose traced
+    values are placeholders, each written as `lazy[name](name)` returns it, one at a time (export/streamed.py)."""
     *args, rest = example_inputs(decoder)
     quiet = contextlib.nullcontext() if verbose else _silenced()
     with quiet, torch.no_grad():
@@ -60,10 +64,22 @@ def export_decoder(decoder: Decoder, io_names: DecoderIO, path: Path, *, verbose
             opset_version=OPSET,
             optimize=True,
         )
+        for name, make in (lazy or {}).items():
+            _write_lazily(program, name, make)
         program.save(str(path), external_data=True)
     del program
     torch.compiler.reset()  # tracing caches hold the module, and through it every weight: let the caller free them
     return path
+
+
+def _write_lazily(program, name: str, make: Callable[[str], np.ndarray]) -> None:
+    import onnx_ir as ir
+
+    value = program.model.graph.initializers.get(name)
+    if value is None:
+        raise RuntimeError(f"the traced graph has no initializer {name!r}: the graph optimizer folded a placeholder, "
+                           f"so the weights cannot be filled in after tracing")
+    value.const_value = ir.LazyTensor(lambda: ir.Tensor(make(name)), dtype=value.dtype, shape=value.shape)
 
 
 @contextlib.contextmanager

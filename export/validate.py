@@ -143,7 +143,10 @@ def default_tolerance(manifest) -> float:
 
 
 def validate(artifact: Path, hf_model, prompt_ids: list[int], *, tolerance: float | None = None,
-             threads: int = 2, heads: MedusaHeads | None = None, model_format: str = "onnx") -> ValidationReport:
+             threads: int = 2, heads: MedusaHeads | None = None, model_format: str = "onnx",
+             lm_head: torch.Tensor | None = None) -> ValidationReport:
+    """`lm_head`: the model's LM head [h, V] for a feature drafter's twin (None: read from `hf_model`, which must then
+    hold its weights, not stream them)."""
     ref = HFReference(hf_model)
     rows = max(64, len(prompt_ids))  # the prompt in one call, logits for every row
     manifest = load_manifest(artifact)
@@ -162,7 +165,8 @@ def validate(artifact: Path, hf_model, prompt_ids: list[int], *, tolerance: floa
     if heads is not None:
         report.checks.append(check_heads(session, heads, out.hidden_states, report))
     if session.manifest.feature_drafter is not None:
-        report.checks.append(check_feature_drafter(session, hf_model, out.hidden_states.copy(), seq, report))
+        report.checks.append(check_feature_drafter(session, hf_model, out.hidden_states.copy(), seq, report,
+                                                   lm_head=lm_head_t(hf_model) if lm_head is None else lm_head))
 
     # decode: T=1 steps feeding the greedy token
     token = int(out.next_token_ids[-1])
@@ -218,7 +222,7 @@ def check_heads(session: DecoderSession, heads: MedusaHeads, hidden: np.ndarray,
 
 
 def check_feature_drafter(session: DecoderSession, hf_model, hidden: np.ndarray, seq: list[int],
-                          report: ValidationReport) -> Check:
+                          report: ValidationReport, *, lm_head: torch.Tensor) -> Check:
     """The feature-drafter graph (ORT, KV in the arena) against its torch twin on the prompt's real
     hidden states: rows t = 0 .. P-2 as one causal catch-up; predicted features within tolerance
     (the hidden column), top-k probabilities (the logits column), ids where ranks are not tied."""
@@ -230,7 +234,7 @@ def check_feature_drafter(session: DecoderSession, hf_model, hidden: np.ndarray,
     info, dims = session.manifest.feature_drafter, session.manifest.dims
     graph = OrtFeatureGraph(session)
     cos, sin = rotary_table(hf_model, info.capacity + 1, dims.head_dim)
-    twin = DrafterTopK(load_drafter(Path(info.source), lm_head_t=lm_head_t(hf_model), cos=cos, sin=sin), info.top_k)
+    twin = DrafterTopK(load_drafter(Path(info.source), lm_head_t=lm_head, cos=cos, sin=sin), info.top_k)
     rows = len(seq) - 1
     embeds = np.empty((rows, dims.hidden_size), np.float32)
     session.embedding.lookup(np.array(seq[1:]), embeds)
@@ -267,6 +271,7 @@ class SourceMismatchError(SpecMemoError, ValueError):
 def validate_artifact(artifact: Path, *, model: str | None = None, threads: int = 2,
                       tolerance: float | None = None, model_format: str = "onnx") -> ValidationReport:
     """Load the artifact's source model (or `model`), check it is the same weights, and validate."""
+    from specmemo.export.checkpoint import Checkpoint
     from specmemo.export.load import load_hf, resolve_model
 
     manifest = load_manifest(artifact)
@@ -277,13 +282,13 @@ def validate_artifact(artifact: Path, *, model: str | None = None, threads: int 
             f"pass --model with the original, or re-export"
         )
     # the reference streamed from disk layer by layer (a 1.5B validates in a few GB); heads and drafters read the LM
-    # head's weights directly, so an artifact with them (small models) loads the reference whole
-    streamed = manifest.heads is None and manifest.feature_drafter is None
-    hf_model, tokenizer = load_hf(resolved.hf_folder, streamed=streamed)
+    # head's weights from the checkpoint
+    hf_model, tokenizer = load_hf(resolved.hf_folder, streamed=True)
     prompt_ids = chat_prompt_ids(tokenizer, VALIDATION_PROMPT)
-    heads = None
+    heads = lm_head = None
+    if manifest.heads is not None or manifest.feature_drafter is not None:
+        lm_head = Checkpoint(resolved.hf_folder).lm_head_t(hf_model)
     if manifest.heads is not None:
-        heads = load_any_heads(Path(manifest.heads.source), lm_head_t(hf_model), base_sha256=resolved.sha256)
+        heads = load_any_heads(Path(manifest.heads.source), lm_head, base_sha256=resolved.sha256)
     return validate(artifact, hf_model, prompt_ids, tolerance=tolerance, threads=threads, heads=heads,
-                    model_format=model_format)
-
+                    model_format=model_format, lm_head=lm_head)

@@ -16,13 +16,15 @@ runtime reads token rows from its MatMulNBits initializers (manifest.embedding),
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import Enum
+from functools import partial
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import onnx
-from onnx.external_data_helper import load_external_data_for_model
 
 from specmemo.errors import ConfigError
 from specmemo.export.fuse_norms import fuse_skip_norms
@@ -31,8 +33,8 @@ from specmemo.export.block_search import importance, searched_blocks
 from specmemo.export.gguf_weights import (GgufTensors, GgufWeightsError, QuantBlocks, carry, llama_rotary_order,
                                           q4_1_blocks, q8_0_blocks, stack)
 from specmemo.export.lm_head import narrow_lm_head, rerank_argmax, six_bit_rows
-from specmemo.export.quantize import (carry_matmuls, drop_unused, external_span, gemms_as_matmuls, quantize_matmuls,
-                                      read_initializer, requantized_rows)
+from specmemo.export.quantize import (ExternalWriter, carry_matmuls, drop_unused, external_span, gemms_as_matmuls,
+                                      load_external_from, quantize_matmuls, read_initializer, requantized_rows)
 from specmemo.runtime.io_spec import NEXT_TOKEN_IDS
 from specmemo.runtime.manifest import WEIGHT_DTYPES, ModelDims
 
@@ -209,33 +211,74 @@ def _row_orders(tensor: str, rows: int, dims: ModelDims) -> list[np.ndarray]:
     return orders
 
 
+class LazyBlocks(Mapping[str, QuantBlocks]):
+    """Decoder initializer → its QuantBlocks, made when asked for and let go after (unless named in `keep`): the
+    export holds one matrix's blocks at a time, not the whole model's. `map` chains a step onto every matrix;
+    `source_types` records what each matrix came from as it is made."""
+
+    def __init__(self, make: dict[str, Callable[[], QuantBlocks]], keep: frozenset[str] = frozenset(),
+                 source_types: dict[str, str] | None = None):
+        self.make, self.keep = make, keep
+        self.kept: dict[str, QuantBlocks] = {}
+        self.source_types = {} if source_types is None else source_types
+
+    def __getitem__(self, name: str) -> QuantBlocks:
+        if name in self.kept:
+            return self.kept[name]
+        blocks = self.make[name]()
+        self.source_types[name] = blocks.source_type
+        if name in self.keep:
+            self.kept[name] = blocks
+        return blocks
+
+    def __setitem__(self, name: str, blocks: QuantBlocks) -> None:
+        self.make[name] = lambda: blocks
+        self.kept.pop(name, None)
+
+    def __iter__(self):
+        return iter(self.make)
+
+    def __len__(self) -> int:
+        return len(self.make)
+
+    def map(self, step: Callable[[str, QuantBlocks], QuantBlocks]) -> LazyBlocks:
+        """Every matrix with `step(name, blocks)` applied after what makes it now."""
+        def chained(name: str, make: Callable[[], QuantBlocks]) -> Callable[[], QuantBlocks]:
+            return lambda: step(name, make())
+
+        return LazyBlocks({name: chained(name, make) for name, make in self.make.items()}, self.keep,
+                          self.source_types)
+
+
 def carried_blocks(gguf: GgufTensors, model: onnx.ModelProto, dims: ModelDims,
-                   wide: WideBlocks = WideBlocks.CARRIED, base_dir: str = "") -> dict[str, QuantBlocks]:
-    """The decoder's matrices as the GGUF's own blocks, each checked against the traced fp32 weight (`wide`:
-    what becomes of the body's 8-bit ones). Matrices whose GGUF type is not carried are left out (they are
+                   wide: WideBlocks = WideBlocks.CARRIED, base_dir: str = "") -> LazyBlocks:
+    """The decoder's matrices as the GGUF's own blocks, each checked against the traced fp32 weight as it is made
+    (`wide`: what becomes of the body's 8-bit ones). Matrices whose GGUF type is not carried are left out (they are
     re-quantized). `base_dir`: where the model's external data lies (weights are read one at a time)."""
     inits = {t.name: t for t in model.graph.initializer}
-    out = {}
+    make = {}
     for name, tensors in gguf_names(dims).items():
         if name == LM_HEAD and tensors[0] not in gguf:
             tensors = ["token_embd.weight"]  # some GGUFs drop output.weight when tied
-        if name not in inits or any(t not in gguf for t in tensors):
+        if name not in inits or any(t not in gguf for t in tensors) or not all(gguf.carries(t) for t in tensors):
             continue
-        try:
-            parts = [gguf.blocks(t) for t in tensors]
-        except GgufWeightsError:
-            continue
-        reference = read_initializer(inits[name], base_dir).T  # [N, K]
-        row, checked = 0, []
-        for tensor, part in zip(tensors, parts):
-            rows = part.shape[0]
-            checked.append(carry(part, reference[row:row + rows], name=f"{name} ({tensor})",
-                                 orders=_row_orders(tensor, rows, dims)))
-            row += rows
-        if name != LM_HEAD:
-            checked = [wide.narrowed(part) for part in checked]
-        out[name] = stack(checked)  # parts of different types (Q4_K_M's Q6_K V beside Q4_K Q, K) in one common form
-    return out
+        make[name] = partial(_carried, gguf, inits[name], name, tensors, dims, wide, base_dir)
+    return LazyBlocks(make, keep=frozenset({LM_HEAD}))
+
+
+def _carried(gguf: GgufTensors, stored: onnx.TensorProto, name: str, tensors: list[str], dims: ModelDims,
+             wide: WideBlocks, base_dir: str) -> QuantBlocks:
+    parts = [gguf.blocks(t) for t in tensors]
+    reference = read_initializer(stored, base_dir).T  # [N, K]
+    row, checked = 0, []
+    for tensor, part in zip(tensors, parts):
+        rows = part.shape[0]
+        checked.append(carry(part, reference[row:row + rows], name=f"{name} ({tensor})",
+                             orders=_row_orders(tensor, rows, dims)))
+        row += rows
+    if name != LM_HEAD:
+        checked = [wide.narrowed(part) for part in checked]
+    return stack(checked)  # parts of different types (Q4_K_M's Q6_K V beside Q4_K Q, K) in one common form
 
 
 def quantize_decoder(path: Path, *, options: QuantOptions, dims: ModelDims, gguf: Path | None, log,
@@ -246,6 +289,7 @@ def quantize_decoder(path: Path, *, options: QuantOptions, dims: ModelDims, gguf
     carried ones never all sit in memory (only what is left is loaded, before ORT's quantizer sees it)."""
     base = str(path.parent)
     model = onnx.load(str(path), load_external_data=False)
+    spill = ExternalWriter(path.with_name(path.name + ".data.new"))  # the new initializers' bytes, as they are made
     outliers: dict[str, tuple[int, ...]] = {}
     if activations and options.accuracy_level == 4:
         inits = {t.name: t for t in model.graph.initializer}
@@ -254,20 +298,21 @@ def quantize_decoder(path: Path, *, options: QuantOptions, dims: ModelDims, gguf
         for name, channels in outliers.items():
             log(f"{name.removesuffix('.weight_t')}: input channels {', '.join(map(str, channels))} computed apart in "
                 f"float32 (int8 blocks of this input hurt most)")
-    carried: dict[str, QuantBlocks] = {}
     if gguf is not None and not options.requantize:
         carried = carried_blocks(GgufTensors(gguf), model, dims, options.wide_blocks, base)  # at the GGUF's own precision (Q8_0 stays 8-bit)
         if body:  # solved against calibration inputs before the float32 model was let go (export/gptq.py)
-            carried = {name: body.get(name, blocks) for name, blocks in carried.items()}
+            carried = carried.map(lambda name, blocks: body.get(name, blocks))
             log(f"re-quantized {sum(name in body for name in carried)} body matrices into 4-bit blocks of "
                 f"{options.body_blocks.block} (GPTQ)")
         elif options.body_blocks.block is not None and options.dtype is WeightDtype.INT4:
             carried = _searched_body(carried, options.body_blocks.block, activations or {}, log)
         if options.dtype is WeightDtype.INT8:  # the same values, stored 8-bit (q + 128 − zero, zero point 128)
-            carried = {name: blocks.widened() for name, blocks in carried.items()}
+            carried = carried.map(lambda _, blocks: blocks.widened())
         elif options.applied_minimum is not MinimumForm.BLOCK_SUM:
             residual = options.applied_minimum in (MinimumForm.CENTERED, MinimumForm.FOLDED)
-            carried = {name: blocks.with_zero_points(residual=residual) for name, blocks in carried.items()}
+            carried = carried.map(lambda _, blocks: blocks.with_zero_points(residual=residual))
+    else:
+        carried = LazyBlocks({})
     head = carried.get(LM_HEAD)
     narrowing = _reranked_head(head, options) and head_bits(head, options.lm_head_bits) == 4
     untied = not dims.tie_word_embeddings
@@ -277,22 +322,24 @@ def quantize_decoder(path: Path, *, options: QuantOptions, dims: ModelDims, gguf
         carried[LM_HEAD] = WideBlocks.Q8_0.narrowed(head)  # the re-rank's rows in blocks of 32: 8.5 bits, not 10
     replaced = carry_matmuls(model, carried, accuracy_level=options.accuracy_level,
                              levels={LM_HEAD: options.lm_head_accuracy_level},
-                             fold=options.applied_minimum is MinimumForm.FOLDED, outliers=outliers, base_dir=base)
+                             fold=options.applied_minimum is MinimumForm.FOLDED, outliers=outliers, base_dir=base,
+                             spill=spill)
     narrowed = narrowing and narrow_lm_head(model, weight=LM_HEAD, head=head,
                                             accuracy_level=options.lm_head_accuracy_level,
-                                            narrowed=_searched_head(head, options.body_blocks.block))
+                                            narrowed=_searched_head(head, options.body_blocks.block), spill=spill)
     once = narrowed and untied and options.lm_head_rows is LmHeadRows.OWN  # the head stored once
     own_bits = narrowed and six_bit is not None  # the re-rank reads the GGUF head's 6-bit rows
     if own_bits:
-        model.graph.initializer.extend(six_bit.tensors(f"{LM_HEAD}.q6"))
+        model.graph.initializer.extend(spill(six_bit.tensors(f"{LM_HEAD}.q6")))
     rerank = _rerank_lm_head(model, carried.get(LM_HEAD), options, scatter=narrowed,
                              rows=f"{LM_HEAD}.4bit" if once else f"{LM_HEAD}.q6" if own_bits else None)
     if once or own_bits:
         drop_unused(model.graph)
     fuse_skip_norms(model)  # residual add + RMSNorm as one node (export/fuse_norms.py)
     log(f"carried {len(replaced)} GGUF matrices as MatMulNBits "
-        f"({', '.join(sorted({b.source_type for b in carried.values()})) or 'none'})")
-    load_external_data_for_model(model, base)  # what is left (norms; every matrix of a model not carried)
+        f"({', '.join(sorted(set(carried.source_types.values()))) or 'none'})")
+    load_external_from(model, base, path.name + ".data")  # what is left of the float32 weights (norms; every matrix
+    # of a model not carried), not what the spill holds
     before = {t.name for t in model.graph.initializer}
     bias_terms = tuple(n.name for n in model.graph.node if n.name.endswith((".BiasMatMul", ".OutlierMatMul")))  # keep fp32
     model = quantize_matmuls(model, bits=options.dtype.bits, block_size=options.block_size,
@@ -300,25 +347,26 @@ def quantize_decoder(path: Path, *, options: QuantOptions, dims: ModelDims, gguf
     quantized = tuple(sorted(before - {t.name for t in model.graph.initializer} - set(replaced)))
     if quantized:
         log(f"quantized {len(quantized)} more matrices with ONNX Runtime's quantizer (RTN, block {options.block_size})")
-    save_external(model, path)
-    return QuantReport(carried={k: carried[k].source_type for k in replaced}, quantized=quantized,
+    spill.finish(model, path)
+    return QuantReport(carried={k: carried.source_types[k] for k in replaced}, quantized=quantized,
                        lm_head_rerank=rerank,
                        outlier_channels={n: c for n, c in outliers.items() if n in replaced})
 
 
-def _searched_body(carried: dict[str, QuantBlocks], block: int, activations: dict, log) -> dict[str, QuantBlocks]:
+def _searched_body(carried: LazyBlocks, block: int, activations: dict, log) -> LazyBlocks:
     """Every carried body matrix re-quantized into 4-bit blocks of `block` (block_search.py), each input channel
     weighted by its mean square on the validation prompt where the matrix's input was captured."""
     weights = {name: importance(inputs) for names, inputs in activations.items() for name in names}
-    out = dict(carried)
-    for name, blocks in carried.items():
+
+    def searched(name: str, blocks: QuantBlocks) -> QuantBlocks:
         if name == LM_HEAD or blocks.shape[1] % block:
-            continue
-        out[name] = searched_blocks(blocks.dequantize(), block=block, channel_weights=weights.get(name),
-                                    source=f"{blocks.source_type}→4-bit/{block}")
-    log(f"re-quantized {sum(out[n] is not carried[n] for n in out)} body matrices into 4-bit blocks of {block} "
+            return blocks
+        return searched_blocks(blocks.dequantize(), block=block, channel_weights=weights.get(name),
+                               source=f"{blocks.source_type}→4-bit/{block}")
+
+    log(f"re-quantizing the body matrices into 4-bit blocks of {block} "
         f"({'input-weighted' if weights else 'unweighted'} search)")
-    return out
+    return carried.map(searched)
 
 
 def _searched_head(head: QuantBlocks | None, body_block: int | None) -> QuantBlocks | None:
