@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 os.environ["SPECMEMO_NO_VLLM_INSTALL"] = "1"  # make test never installs vLLM (bench/vllm_env.py)
+os.environ["SPECMEMO_NO_OPTIMUM_INSTALL"] = "1"  # nor optimum-onnx (bench/optimum.py)
 
 CHAT_TEMPLATE = (
     "{% for m in messages %}<|{{ m['role'] }}|> {{ m['content'] }} <|end|> {% endfor %}"

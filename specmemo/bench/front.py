@@ -4,7 +4,9 @@ Every point is one way to run the model in about 4 bits a weight:
   ours       – each `--artifact` (our export settings), greedy in the runtime;
   genai      – ONNX Runtime GenAI's builder at int4, each `--genai` algorithm (its default symmetric RTN, `rtn`,
                `k_quant`, `k_quant_mixed`: k_quant with llama.cpp's mixed 8-bit layers and an 8-bit LM head);
-  llama.cpp  – llama.cpp on the model's own GGUF.
+  llama.cpp  – llama.cpp on the model's own GGUF;
+  optimum    – Hugging Face's own ONNX route (optimum-onnx's ORTModelForCausalLM in its own venv), each `--optimum`
+               build: the float32 export and its dynamic int8 quantization (bench/optimum.py).
 For each: decode tokens/s and peak RSS (greedy replies to MT-Bench first turns, each engine a fresh process,
 rounds interleaved: compare.py's engines), one greedy step's ms inside ONNX Runtime for ours (the numeric route's
 rows) and GenAI's (one row), alternated in one process (step_ab.py), and quality against the float32 reference
@@ -32,6 +34,7 @@ class FrontConfig:
     artifacts: tuple[Path, ...]
     genai: tuple[str, ...] = GENAI_ALGORITHMS
     llama_cpp: bool = True
+    optimum: tuple[str, ...] = ()  # OptimumDtype values: Hugging Face's ONNX route (its own venv)
     prompts: int = 10  # MT-Bench first turns: speed and agreement
     max_new_tokens: int = 64
     conversations: int = 12  # held-out ShareGPT conversations: perplexity
@@ -44,16 +47,21 @@ class FrontConfig:
         unknown = sorted(set(self.genai) - set(GENAI_ALGORITHMS))
         if unknown:
             raise ConfigError(f"--genai {unknown[0]} is not one of GenAI's algorithms: {', '.join(GENAI_ALGORITHMS)}")
+        from specmemo.bench.optimum import OptimumDtype
+
+        unknown = sorted(set(self.optimum) - {d.value for d in OptimumDtype})
+        if unknown:
+            raise ConfigError(f"--optimum {unknown[0]} is not one of {', '.join(d.value for d in OptimumDtype)}")
         if self.rounds < 1 or self.prompts < 1 or self.max_new_tokens < 1 or self.conversations < 1:
             raise ConfigError("--rounds, --prompts, --max-new-tokens and --conversations must be >= 1")
-        if not self.artifacts and not self.genai and not self.llama_cpp:
-            raise ConfigError("nothing to measure: give --artifact, --genai or --llama-cpp")
+        if not self.artifacts and not self.genai and not self.llama_cpp and not self.optimum:
+            raise ConfigError("nothing to measure: give --artifact, --genai, --optimum or --llama-cpp")
 
 
 @dataclass(frozen=True)
 class Point:
     name: str
-    kind: str  # ours | genai | llama.cpp
+    kind: str  # ours | genai | llama.cpp | optimum
     decode_tokens_per_s: float  # median over rounds
     decode_tokens_per_s_by_round: tuple[float, ...]
     peak_rss: int
@@ -91,6 +99,15 @@ def _engines(config: FrontConfig, model: str) -> list[tuple[str, str, str, dict,
         gguf = gguf_file(model)
         points.append((f"llama.cpp {gguf.name}", "llama.cpp", str(gguf), {},
                        lambda threads, g=gguf: LlamaCppForced(g, threads)))
+    if config.optimum:
+        from specmemo.bench.optimum import OptimumDtype, build_dir
+        from specmemo.bench.quality import OptimumForced
+
+        folder = build_dir(model)
+        for dtype in map(OptimumDtype, config.optimum):
+            file = folder / dtype.value / dtype.file_name
+            points.append((f"optimum {dtype.value}", "optimum", str(file), {"dtype": dtype.value},
+                           lambda threads, f=file: OptimumForced(f, threads)))
     return points
 
 
@@ -102,6 +119,8 @@ def _speed_request(kind: str, source: str, prompts: list[list[int]], eos: list[i
         return {**base, "engine": "specmemo-greedy", "artifact": source}
     if kind == "genai":
         return {**base, "engine": "onnxruntime-genai", "genai_dir": source}
+    if kind == "optimum":
+        return {**base, "engine": "optimum", "optimum_file": source}
     return {**base, "engine": "llama.cpp", "gguf": source}
 
 
@@ -109,6 +128,11 @@ def _run_speed(kind: str, request: dict, name: str) -> dict:
     from specmemo.runtime.fresh_process import run_json
 
     what, fix = f"the {name} run", "run it alone to see why"
+    if kind == "optimum":
+        from specmemo.bench.optimum import OptimumDtype, generate
+
+        file = Path(request["optimum_file"])
+        return generate(file.parent.parent, OptimumDtype(file.parent.name), request)
     if kind == "llama.cpp":
         return run_json("specmemo.bench.compare_llamacpp", request, what=what, fix=fix)
     return run_json("specmemo.bench.compare_ort", request, what=what, fix=fix)
@@ -201,7 +225,7 @@ def plot_front(summary: dict, path: Path) -> Path:
 
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    colors = {"ours": "tab:blue", "genai": "tab:orange", "llama.cpp": "tab:green"}
+    colors = {"ours": "tab:blue", "genai": "tab:orange", "llama.cpp": "tab:green", "optimum": "tab:red"}
     for p in summary["points"]:
         ax.scatter(100 * p["perplexity_increase"], p["decode_tokens_per_s"], color=colors[p["kind"]], s=40)
         ax.annotate(p["name"].replace("onnxruntime-genai int4 ", "genai ").replace("specmemo ", ""),

