@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import gc
-import json
 import shutil
 import tempfile
 import time
@@ -29,9 +28,10 @@ from specmemo.export.weights_dtype import (LM_HEAD, BodyQuantizer, QuantOptions,
 from specmemo.runtime import io_spec
 from specmemo.runtime.drafters.registry import missing_part
 from specmemo.runtime.graphs import MAX_FEATURE_DEPTH
+from specmemo.export.drafter_graph import export_feature_drafter
 from specmemo.export.feature_drafter import DRAFTER_SPEC_FILE, trained_on_dtype
-from specmemo.runtime.manifest import (FeatureDrafterInfo, FORMAT_VERSION, EmbeddingInfo, Manifest, ModelDims,
-                                       QuantizationInfo, QuantizedRows, TokenizerInfo, save_manifest)
+from specmemo.runtime.manifest import (FORMAT_VERSION, EmbeddingInfo, Manifest, ModelDims,
+                                       QuantizationInfo, TokenizerInfo, save_manifest)
 
 DECODER_FILE = "decoder.onnx"
 EMBEDDING_FILE = "embedding.bin"
@@ -373,36 +373,3 @@ def _replace(staging: Path, out: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
     else:
         staging.rename(out)
-
-
-def feature_shape(card: dict, *, depth: int | None, width: int | None) -> tuple[int, int]:
-    """(depth, width) the runtime drafts with: the options where given, else the depth the drafter was
-    trained to unroll (at least FEATURE_DEPTH: a depth-1 model still drafts two) and FEATURE_WIDTH."""
-    from specmemo.runtime.sizes import FEATURE_DEPTH, FEATURE_WIDTH
-
-    train = card.get("train") if isinstance(card.get("train"), dict) else {}
-    trained = train.get("unroll") if isinstance(train.get("unroll"), int) else 0
-    return depth or min(max(FEATURE_DEPTH, trained), MAX_FEATURE_DEPTH), width or FEATURE_WIDTH
-
-
-def export_feature_drafter(folder: Path, hf_model, lm_head_t, base_sha256: str, max_capacity: int, top_k: int,
-                           staging: Path, log, *, depth: int | None = None,
-                           width: int | None = None) -> FeatureDrafterInfo:
-    """drafter.onnx from a train-drafter folder, on the base model's LM head (`lm_head_t`, [h, V]) and rotary table
-    (`hf_model` may be an empty one: its buffers are real); its KV buffer holds the decoder's capacity plus the scratch
-    rows of a draft tree (depth x width)."""
-    from specmemo.export.decoder import rotary_table
-    from specmemo.export.drafter_graph import export_drafter_graph
-    from specmemo.export.feature_drafter import load_drafter, load_drafter_spec
-
-    depth, width = feature_shape(load_drafter_spec(folder).card, depth=depth, width=width)
-    capacity = max_capacity + depth * width
-    dims = hf_model.config
-    head_dim = getattr(dims, "head_dim", None) or dims.hidden_size // dims.num_attention_heads
-    cos, sin = rotary_table(hf_model, capacity + 1, head_dim)
-    drafter = load_drafter(folder, lm_head_t=lm_head_t, cos=cos, sin=sin, base_sha256=base_sha256)
-    log(f"tracing the feature drafter graph (N={drafter.spec.subvocab_size}, top-{top_k}, depth {depth} x width "
-        f"{width}, C_d={capacity}) ...")
-    info = export_drafter_graph(drafter, top_k=top_k, capacity=capacity, folder=staging,
-                                source=str(Path(folder).resolve()))
-    return replace(info, depth=depth, width=width)

@@ -14,6 +14,7 @@ the bias. The projection is the drafter's own [h, N] slice of the LM head (N col
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -23,6 +24,7 @@ from torch.export import Dim
 from specmemo.export.attention import ONNX_TRANSLATIONS
 from specmemo.export.feature_drafter import FeatureDrafter
 from specmemo.export.trace import OPSET, _silenced
+from specmemo.runtime.graphs import MAX_FEATURE_DEPTH
 from specmemo.runtime.manifest import FeatureDrafterInfo
 
 DRAFTER_GRAPH = "drafter.onnx"
@@ -65,3 +67,35 @@ def export_drafter_graph(drafter: FeatureDrafter, *, top_k: int, capacity: int, 
     return FeatureDrafterInfo(file=DRAFTER_GRAPH, data_file=DRAFTER_GRAPH + ".data", inputs=INPUTS, outputs=OUTPUTS,
                               top_k=top_k, capacity=capacity, subvocab_size=s.subvocab_size, source=source,
                               accuracy=tuple(s.card.get("accuracy", ())))
+
+
+def feature_shape(card: dict, *, depth: int | None, width: int | None) -> tuple[int, int]:
+    """(depth, width) the runtime drafts with: the options where given, else the depth the drafter was
+    trained to unroll (at least FEATURE_DEPTH: a depth-1 model still drafts two) and FEATURE_WIDTH."""
+    from specmemo.runtime.sizes import FEATURE_DEPTH, FEATURE_WIDTH
+
+    train = card.get("train") if isinstance(card.get("train"), dict) else {}
+    trained = train.get("unroll") if isinstance(train.get("unroll"), int) else 0
+    return depth or min(max(FEATURE_DEPTH, trained), MAX_FEATURE_DEPTH), width or FEATURE_WIDTH
+
+
+def export_feature_drafter(folder: Path, hf_model, lm_head_t, base_sha256: str, max_capacity: int, top_k: int,
+                           staging: Path, log, *, depth: int | None = None,
+                           width: int | None = None) -> FeatureDrafterInfo:
+    """drafter.onnx from a train-drafter folder, on the base model's LM head (`lm_head_t`, [h, V]) and rotary table
+    (`hf_model` may be an empty one: its buffers are real); its KV buffer holds the decoder's capacity plus the scratch
+    rows of a draft tree (depth x width)."""
+    from specmemo.export.decoder import rotary_table
+    from specmemo.export.feature_drafter import load_drafter, load_drafter_spec
+
+    depth, width = feature_shape(load_drafter_spec(folder).card, depth=depth, width=width)
+    capacity = max_capacity + depth * width
+    dims = hf_model.config
+    head_dim = getattr(dims, "head_dim", None) or dims.hidden_size // dims.num_attention_heads
+    cos, sin = rotary_table(hf_model, capacity + 1, head_dim)
+    drafter = load_drafter(folder, lm_head_t=lm_head_t, cos=cos, sin=sin, base_sha256=base_sha256)
+    log(f"tracing the feature drafter graph (N={drafter.spec.subvocab_size}, top-{top_k}, depth {depth} x width "
+        f"{width}, C_d={capacity}) ...")
+    info = export_drafter_graph(drafter, top_k=top_k, capacity=capacity, folder=staging,
+                                source=str(Path(folder).resolve()))
+    return replace(info, depth=depth, width=width)

@@ -1,27 +1,17 @@
 """`export --dtype`: turn the traced fp32 graphs into int4/int8 ones, in place in the staging folder.
 
-For a GGUF source the decoder's matrices are carried over from the GGUF blocks (no re-quantizing):
-
-    decoder initializer            GGUF tensor(s)
-    layers.i.qkv.weight_t          blk.i.attn_q | attn_k | attn_v   (rows stacked; llama Q/K rows un-permuted)
-    layers.i.o_proj.weight_t       blk.i.attn_output
-    layers.i.{gate,up,down}.weight_t   blk.i.ffn_{gate,up,down}
-    lm_head_t                      output.weight, or token_embd.weight when tied
-
-Every carried matrix is checked to dequantize bit for bit to the fp32 weight it replaces. Matrices
-of other GGUF types, HF-folder models and the heads/drafter graphs go through ONNX Runtime's
+For a GGUF source the decoder's matrices are carried over from the GGUF blocks (no re-quantizing; which GGUF
+tensors make which initializer: export/carried.py), each checked to dequantize bit for bit to the fp32 weight it
+replaces. Matrices of other GGUF types, HF-folder models and the heads/drafter graphs go through ONNX Runtime's
 quantizer (`quantize_matmuls`). The decoder's LM head, when tied, is also the embedding table: the
 runtime reads token rows from its MatMulNBits initializers (manifest.embedding), so no second copy.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import Enum
-from functools import partial
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 import onnx
@@ -30,15 +20,14 @@ from specmemo.errors import ConfigError
 from specmemo.export.fuse_norms import fuse_skip_norms
 from specmemo.export.activation_outliers import outlier_channels
 from specmemo.export.block_search import importance, searched_blocks
-from specmemo.export.gguf_weights import (GgufTensors, GgufWeightsError, QuantBlocks, carry, llama_rotary_order,
-                                          q4_1_blocks, q8_0_blocks, stack)
+from specmemo.export.carried import LM_HEAD, LazyBlocks, carried_blocks
+from specmemo.export.gguf_weights import GgufTensors, GgufWeightsError, QuantBlocks, q4_1_blocks, q8_0_blocks
 from specmemo.export.lm_head import narrow_lm_head, rerank_argmax, six_bit_rows
-from specmemo.export.quantize import (ExternalWriter, carry_matmuls, drop_unused, external_span, gemms_as_matmuls,
-                                      load_external_from, quantize_matmuls, read_initializer, requantized_rows)
+from specmemo.export.external_data import ExternalWriter, external_span, load_external_from, read_initializer
+from specmemo.export.quantize import carry_matmuls, drop_unused, gemms_as_matmuls, quantize_matmuls, requantized_rows
 from specmemo.runtime.io_spec import NEXT_TOKEN_IDS
 from specmemo.runtime.manifest import WEIGHT_DTYPES, ModelDims
 
-LM_HEAD = "lm_head_t"
 
 
 class WeightDtype(str, Enum):
@@ -188,97 +177,6 @@ class QuantReport:
     lm_head_rerank: int = 0  # k of the exact re-rank written into the graph (0: none)
     outlier_channels: dict[str, tuple[int, ...]] = field(default_factory=dict)  # input channels computed apart in
     # float32 per carried matrix (activation_outliers.py)
-
-
-def gguf_names(dims: ModelDims) -> dict[str, list[str]]:
-    """Decoder initializer → the GGUF tensors stacked (in row order) to make its [N, K] transpose."""
-    names = {}
-    for i in range(dims.num_layers):
-        blk = f"blk.{i}"
-        names[f"layers.{i}.qkv.weight_t"] = [f"{blk}.attn_q.weight", f"{blk}.attn_k.weight", f"{blk}.attn_v.weight"]
-        names[f"layers.{i}.o_proj.weight_t"] = [f"{blk}.attn_output.weight"]
-        for part in ("gate", "up", "down"):
-            names[f"layers.{i}.{part}.weight_t"] = [f"{blk}.ffn_{part}.weight"]
-    names[LM_HEAD] = ["output.weight"] if not dims.tie_word_embeddings else ["token_embd.weight"]
-    return names
-
-
-def _row_orders(tensor: str, rows: int, dims: ModelDims) -> list[np.ndarray]:
-    orders = [np.arange(rows)]
-    if tensor.endswith(("attn_q.weight", "attn_k.weight")):
-        heads = dims.num_heads if tensor.endswith("attn_q.weight") else dims.num_kv_heads
-        orders.append(llama_rotary_order(rows, heads))
-    return orders
-
-
-class LazyBlocks(Mapping[str, QuantBlocks]):
-    """Decoder initializer → its QuantBlocks, made when asked for and let go after (unless named in `keep`): the
-    export holds one matrix's blocks at a time, not the whole model's. `map` chains a step onto every matrix;
-    `source_types` records what each matrix came from as it is made."""
-
-    def __init__(self, make: dict[str, Callable[[], QuantBlocks]], keep: frozenset[str] = frozenset(),
-                 source_types: dict[str, str] | None = None):
-        self.make, self.keep = make, keep
-        self.kept: dict[str, QuantBlocks] = {}
-        self.source_types = {} if source_types is None else source_types
-
-    def __getitem__(self, name: str) -> QuantBlocks:
-        if name in self.kept:
-            return self.kept[name]
-        blocks = self.make[name]()
-        self.source_types[name] = blocks.source_type
-        if name in self.keep:
-            self.kept[name] = blocks
-        return blocks
-
-    def __setitem__(self, name: str, blocks: QuantBlocks) -> None:
-        self.make[name] = lambda: blocks
-        self.kept.pop(name, None)
-
-    def __iter__(self):
-        return iter(self.make)
-
-    def __len__(self) -> int:
-        return len(self.make)
-
-    def map(self, step: Callable[[str, QuantBlocks], QuantBlocks]) -> LazyBlocks:
-        """Every matrix with `step(name, blocks)` applied after what makes it now."""
-        def chained(name: str, make: Callable[[], QuantBlocks]) -> Callable[[], QuantBlocks]:
-            return lambda: step(name, make())
-
-        return LazyBlocks({name: chained(name, make) for name, make in self.make.items()}, self.keep,
-                          self.source_types)
-
-
-def carried_blocks(gguf: GgufTensors, model: onnx.ModelProto, dims: ModelDims,
-                   wide: WideBlocks = WideBlocks.CARRIED, base_dir: str = "") -> LazyBlocks:
-    """The decoder's matrices as the GGUF's own blocks, each checked against the traced fp32 weight as it is made
-    (`wide`: what becomes of the body's 8-bit ones). Matrices whose GGUF type is not carried are left out (they are
-    re-quantized). `base_dir`: where the model's external data lies (weights are read one at a time)."""
-    inits = {t.name: t for t in model.graph.initializer}
-    make = {}
-    for name, tensors in gguf_names(dims).items():
-        if name == LM_HEAD and tensors[0] not in gguf:
-            tensors = ["token_embd.weight"]  # some GGUFs drop output.weight when tied
-        if name not in inits or any(t not in gguf for t in tensors) or not all(gguf.carries(t) for t in tensors):
-            continue
-        make[name] = partial(_carried, gguf, inits[name], name, tensors, dims, wide, base_dir)
-    return LazyBlocks(make, keep=frozenset({LM_HEAD}))
-
-
-def _carried(gguf: GgufTensors, stored: onnx.TensorProto, name: str, tensors: list[str], dims: ModelDims,
-             wide: WideBlocks, base_dir: str) -> QuantBlocks:
-    parts = [gguf.blocks(t) for t in tensors]
-    reference = read_initializer(stored, base_dir).T  # [N, K]
-    row, checked = 0, []
-    for tensor, part in zip(tensors, parts):
-        rows = part.shape[0]
-        checked.append(carry(part, reference[row:row + rows], name=f"{name} ({tensor})",
-                             orders=_row_orders(tensor, rows, dims)))
-        row += rows
-    if name != LM_HEAD:
-        checked = [wide.narrowed(part) for part in checked]
-    return stack(checked)  # parts of different types (Q4_K_M's Q6_K V beside Q4_K Q, K) in one common form
 
 
 def quantize_decoder(path: Path, *, options: QuantOptions, dims: ModelDims, gguf: Path | None, log,

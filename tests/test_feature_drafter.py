@@ -270,7 +270,7 @@ def test_a_deeper_drafter_is_sized_and_drafted_from_its_manifest(tiny, tmp_path,
 
 
 def test_the_drafted_depth_follows_the_training_unroll_unless_told():
-    from specmemo.export.artifact import feature_shape
+    from specmemo.export.drafter_graph import feature_shape
 
     assert feature_shape({"train": {"unroll": 4}}, depth=None, width=None) == (4, 4)
     assert feature_shape({"train": {"unroll": 1}}, depth=None, width=None) == (2, 4)  # a depth-1 model drafts two

@@ -75,9 +75,13 @@ def run_worker(python: Path, job: dict, *, what: str) -> dict:
         job_file.write_text(json.dumps(job))
         done = subprocess.run([str(python), "-I", str(WORKER), str(job_file), str(out_file)], capture_output=True,
                               text=True, env=_worker_env(job.get("threads", 2)))
+        if done.returncode < 0:
+            raise ConfigError(f"{what} was killed by signal {-done.returncode} (out of memory?); run it alone to see "
+                              f"why: {python} -I {WORKER} JOB OUT")
         if done.returncode != 0 or not out_file.is_file():
-            tail = " ".join((done.stderr or done.stdout).strip().splitlines()[-2:])
-            raise ConfigError(f"{what} failed ({tail}); run it alone to see why: {python} -I {WORKER} JOB OUT")
+            error = [line for line in (done.stderr or done.stdout).strip().splitlines() if "Error" in line]
+            tail = error[-1] if error else " ".join((done.stderr or done.stdout).strip().splitlines()[-1:])
+            raise ConfigError(f"{what} failed ({tail[:300]}); run it alone to see why: {python} -I {WORKER} JOB OUT")
         return json.loads(out_file.read_text())
 
 
