@@ -94,11 +94,29 @@ def save_tiny_model(config, folder: Path, *, seed: int = 0) -> Path:
     return folder
 
 
+CI_SEED = 20261126  # the seed under CI (the CI environment variable set): a run there is the same run again
+
+
+def pytest_addoption(parser) -> None:
+    parser.addoption("--seed", type=int, default=None,
+                     help="the seed of the tests that draw their models at random (default: SPECMEMO_TEST_SEED, "
+                          f"else {CI_SEED} under CI, else a fresh one; printed either way)")
+
+
+def chosen_seed(option: int | None, environ) -> int:
+    """--seed, else SPECMEMO_TEST_SEED, else CI_SEED under CI, else a seed nobody chose in advance."""
+    if option is not None:
+        return option
+    if environ.get("SPECMEMO_TEST_SEED"):
+        return int(environ["SPECMEMO_TEST_SEED"])
+    return CI_SEED if environ.get("CI") else random.SystemRandom().randrange(1 << 30)
+
+
 @pytest.fixture(scope="session")
-def random_seed() -> int:
-    """A seed nobody chose in advance (printed so a failure can be replayed with SPECMEMO_TEST_SEED)."""
-    seed = int(os.environ.get("SPECMEMO_TEST_SEED", random.SystemRandom().randrange(1 << 30)))
-    print(f"\nSPECMEMO_TEST_SEED={seed}")
+def random_seed(request) -> int:
+    """The seed of the randomly drawn tests (chosen_seed), printed so a failure can be replayed with --seed."""
+    seed = chosen_seed(request.config.getoption("--seed"), os.environ)
+    print(f"\nrandom tests: --seed {seed}")
     return seed
 
 
