@@ -233,7 +233,7 @@ def load_hf(folder: Path, *, device_map: str | dict | None = None, max_memory: d
     of weights in memory, the rest offloaded to disk, which accelerate reads straight from the folder's
     safetensors layer by layer during a forward (slower; a reference for validation on a small machine)."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
     placement = {} if device_map is None else {"device_map": device_map, "max_memory": max_memory}
     offload = tempfile.TemporaryDirectory(prefix="specmemo-offload-") if streamed else None
@@ -243,8 +243,7 @@ def load_hf(folder: Path, *, device_map: str | dict | None = None, max_memory: d
         model = AutoModelForCausalLM.from_pretrained(folder, dtype="float32", local_files_only=True, **placement).eval()
     if offload is not None:
         model._specmemo_offload = offload  # lives as long as the model
-    tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
-    return model, tokenizer
+    return model, load_tokenizer(folder)
 
 
 def load_tokenizer(folder: Path) -> Any:

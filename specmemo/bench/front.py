@@ -129,10 +129,9 @@ def _run_speed(kind: str, request: dict, name: str) -> dict:
 
     what, fix = f"the {name} run", "run it alone to see why"
     if kind == "optimum":
-        from specmemo.bench.optimum import OptimumDtype, generate
+        from specmemo.bench.optimum import generate
 
-        file = Path(request["optimum_file"])
-        return generate(file.parent.parent, OptimumDtype(file.parent.name), request)
+        return generate(Path(request["optimum_file"]), request)
     if kind == "llama.cpp":
         return run_json("specmemo.bench.compare_llamacpp", request, what=what, fix=fix)
     return run_json("specmemo.bench.compare_ort", request, what=what, fix=fix)

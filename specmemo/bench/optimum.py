@@ -14,7 +14,7 @@ import tempfile
 from enum import Enum
 from pathlib import Path
 
-from specmemo.bench.own_venv import OwnVenv
+from specmemo.bench.own_venv import OwnVenv, offline_env
 from specmemo.errors import ConfigError
 from specmemo.paths import cache_root
 
@@ -60,13 +60,13 @@ def build_dir(model: str) -> Path:
     return folder
 
 
-def generate(folder: Path, dtype: OptimumDtype, request: dict) -> dict:
-    """Greedy replies from optimum's `generate` on one build (compare.py's engine result)."""
+def generate(model_file: Path, request: dict) -> dict:
+    """Greedy replies from optimum's `generate` on one build's model file (compare.py's engine result)."""
     python = OPTIMUM.ensure(OPTIMUM.default())
-    job = {"kind": "generate", "model_dir": str(folder / dtype.value), "file_name": dtype.file_name,
+    job = {"kind": "generate", "model_dir": str(model_file.parent), "file_name": model_file.name,
            "prompts": request["prompts"], "max_new_tokens": request["max_new_tokens"], "eos": request["eos"],
            "threads": request["threads"]}
-    return run_worker(python, job, what=f"optimum {dtype.value}'s replies")
+    return run_worker(python, job, what=f"optimum {model_file.parent.name}'s replies")
 
 
 def run_worker(python: Path, job: dict, *, what: str) -> dict:
@@ -74,7 +74,7 @@ def run_worker(python: Path, job: dict, *, what: str) -> dict:
         job_file, out_file = Path(tmp) / "job.json", Path(tmp) / "out.json"
         job_file.write_text(json.dumps(job))
         done = subprocess.run([str(python), "-I", str(WORKER), str(job_file), str(out_file)], capture_output=True,
-                              text=True, env=_worker_env(job.get("threads", 2)))
+                              text=True, env=offline_env(job.get("threads", 2)))
         if done.returncode < 0:
             raise ConfigError(f"{what} was killed by signal {-done.returncode} (out of memory?); run it alone to see "
                               f"why: {python} -I {WORKER} JOB OUT")
@@ -83,10 +83,3 @@ def run_worker(python: Path, job: dict, *, what: str) -> dict:
             tail = error[-1] if error else " ".join((done.stderr or done.stdout).strip().splitlines()[-1:])
             raise ConfigError(f"{what} failed ({tail[:300]}); run it alone to see why: {python} -I {WORKER} JOB OUT")
         return json.loads(out_file.read_text())
-
-
-def _worker_env(threads: int) -> dict[str, str]:
-    import os
-
-    return {**os.environ, "OMP_NUM_THREADS": str(threads), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
-            "TOKENIZERS_PARALLELISM": "false"}

@@ -23,6 +23,12 @@ def python_of(venv: Path) -> Path:
     return venv / "bin" / "python"
 
 
+def offline_env(threads: int) -> dict[str, str]:
+    """A worker's environment: this one, its threads, and no hub (every model it reads is local)."""
+    return {**os.environ, "OMP_NUM_THREADS": str(threads), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+            "TOKENIZERS_PARALLELISM": "false"}
+
+
 @dataclass(frozen=True)
 class OwnVenv:
     name: str  # as the log and errors say it

