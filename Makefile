@@ -1,4 +1,5 @@
-# Two entry points for a fresh machine (see README): `make demo` and `make test`.
+# Two entry points for a fresh machine (see README): `make demo` and `make test`; while working, `make test-fast`
+# (tiny models only, a few minutes) and `make lint` (ruff, mypy, tsc and eslint; CI runs it before the tests).
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -6,7 +7,7 @@ MODEL ?= smollm2-135m
 ARTIFACT ?= artifacts/$(MODEL)
 PROMPT ?= Give me three short tips for staying focused while studying.
 
-.PHONY: setup js-setup peers-setup harness-setup drafter-cpu demo test bench bench-decode bench-batch bench-soak bench-node compare-docs chat serve lock clean
+.PHONY: setup js-setup lint-js peers-setup harness-setup drafter-cpu demo test test-fast lint docs-layout bench bench-decode bench-batch bench-soak bench-node compare-docs chat serve lock clean
 
 setup: $(VENV)/.installed
 
@@ -95,9 +96,27 @@ android_demo/%/node_modules/.installed: android_demo/%/package-lock.json
 	cd android_demo/$* && npm ci --no-audit --no-fund --loglevel=error
 	touch $@
 
+# tsc (strict) and ESLint (typescript-eslint's type-aware recommended rules) over each package's own sources,
+# zero findings; stops at the first package that has any.
+lint-js: js-setup
+	for d in $(JS_DIRS); do (cd $$d && npm run --silent lint) || exit 1; done
+
 test: setup js-setup
 	$(BIN)/python -m pytest
 	for d in $(JS_DIRS); do (cd $$d && npm test --silent) || exit 1; done
+
+# The inner loop: every test but those on the real model (SmolLM2-135M) and the slow ones (a browser, the Android
+# bundle, rounds of fresh processes); SEED=N replays a run's randomly drawn tests (it prints its --seed).
+test-fast: setup
+	$(BIN)/python -m pytest -m "not real_model and not slow" $(if $(SEED),--seed $(SEED))
+
+lint: setup lint-js
+	$(BIN)/ruff check .
+	$(BIN)/mypy
+
+# docs/layout.md's module map, regenerated from the tree (tests/test_layout.py checks it is current)
+docs-layout: setup
+	$(BIN)/python tests/test_layout.py --write
 
 bench: setup
 	$(BIN)/specmemo bench step --artifact $(ARTIFACT)

@@ -10,9 +10,10 @@ model into an artifact folder, `specmemo.runtime` (device side, no torch) runs i
 """
 
 from specmemo.errors import ConfigError, ManifestError, SpecMemoError
+from specmemo.version import __version__
 
-__all__ = ["Completion", "ConfigError", "ManifestError", "Model", "SpecMemoError", "open_batch", "open_model"]
-__version__ = "0.1.0"
+__all__ = ["Completion", "ConfigError", "ManifestError", "Model", "SpecMemoError", "__version__", "open_batch",
+           "open_model"]
 
 _API = ("Completion", "Model", "open_batch", "open_model")
 

@@ -13,7 +13,9 @@ turns, read the plan. `specmemo generate`, `chat` and `serve` are built on it (d
     print(model.plan.sizes)                                             # C, R, T_max the memory model chose
 
 Everything is keyword-only after the artifact; errors are `specmemo.SpecMemoError` with one line naming the fix.
-Greedy (temperature 0, the default) is token-identical in every mode: the drafter changes only the speed.
+A request that names no temperature samples with the artifact's generation defaults (the model's own settings, as
+vLLM and Ollama use them; `sampling_for` is the one rule, shared by `specmemo generate`, `chat` and `serve`).
+Greedy (temperature=0) is token-identical in every mode: the drafter changes only the speed.
 """
 
 from __future__ import annotations
@@ -24,10 +26,12 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from specmemo.errors import ConfigError
-from specmemo.runtime.config import EngineConfig, Mode
+from specmemo.runtime.artifact import Artifact
+from specmemo.runtime.config import DEFAULT_THREADS, EngineConfig, Mode
+from specmemo.runtime.manifest import ModelFormat
 
 if TYPE_CHECKING:
     from specmemo.device_profiles.schema import DeviceProfile
@@ -40,9 +44,9 @@ if TYPE_CHECKING:
     from specmemo.runtime.sampling import Sampling
     from specmemo.runtime.tokenizer import Message
 
-__all__ = ["Completion", "Model", "device_settings", "open_batch", "open_model", "sampling_for"]
+__all__ = ["DEFAULT_THREADS", "Completion", "Model", "device_settings", "open_batch", "open_model", "sampling_for"]
 
-DEFAULT_THREADS = 2  # pinned so timings compare across runs and engines
+_T = TypeVar("_T", int, float)
 
 
 @dataclass(frozen=True)
@@ -68,7 +72,7 @@ class Model:
         """Mode, drafters, sizes (C, R, T_max), the arena layout and, when priced, the memory model's footprint."""
         return self.engine.plan
 
-    def generate(self, prompt: str | Sequence[Message | dict], *, max_new_tokens: int = 128,
+    def generate(self, prompt: str | Sequence[Message | dict[str, str]], *, max_new_tokens: int = 128,
                  system: str | None = None, on_text: Callable[[str], None] | None = None,
                  ignore_eos: bool = False) -> Completion:
         """One reply to `prompt` (a user message, or a whole conversation as messages) through the chat template.
@@ -84,10 +88,10 @@ class Model:
         text = tokenizer.decode([t for t in result.token_ids if t not in tokenizer.eos_token_ids])
         return Completion(text=text, token_ids=result.token_ids, stats=result.stats)
 
-    def stream(self, prompt: str | Sequence[Message | dict], *, max_new_tokens: int = 128,
+    def stream(self, prompt: str | Sequence[Message | dict[str, str]], *, max_new_tokens: int = 128,
                system: str | None = None) -> Iterator[str]:
         """The reply as text pieces while it is generated; leaving the loop early stops the generation."""
-        pieces: queue.Queue = queue.Queue()
+        pieces: queue.Queue[object] = queue.Queue()
         stop = threading.Event()
         done = object()
 
@@ -102,7 +106,7 @@ class Model:
                 pieces.put(done)
             except _Stopped:
                 pieces.put(done)
-            except BaseException as err:  # noqa: BLE001  (raised again in the caller's thread)
+            except BaseException as err:
                 pieces.put(err)
 
         worker = threading.Thread(target=run, daemon=True)
@@ -111,6 +115,7 @@ class Model:
             while (item := pieces.get()) is not done:
                 if isinstance(item, BaseException):
                     raise item
+                assert isinstance(item, str)  # the queue holds text pieces, then `done` or the error
                 yield item
         finally:
             stop.set()
@@ -124,45 +129,51 @@ class Model:
         return ChatSession(self.engine, system=system, max_new_tokens=max_new_tokens)
 
 
-def open_model(artifact: str | Path, *, profile: str | None = None, budget: str | int | None = None,
+def open_model(artifact: str | Path | Artifact, *, profile: str | None = None, budget: str | int | None = None,
                capacity: int | None = None, context: int | None = None, mode: str | Mode = Mode.AUTO,
-               drafter: str | None = None, threads: int | None = None, temperature: float = 0.0,
+               drafter: str | None = None, threads: int | None = None, temperature: float | None = None,
                top_p: float | None = None, top_k: int | None = None, repetition_penalty: float | None = None,
                seed: int = 0, acceptance: str = "exact", model_format: str = "onnx",
                log: Callable[[str], None] | None = None) -> Model:
-    """Open an exported artifact (`specmemo export`).
+    """Open an exported artifact (`specmemo export`): its folder, or an Artifact already opened.
 
     Memory: `profile` (a device profile's name or .toml: its app memory is the budget, its threads the thread
     count), or `budget` ("900MiB", or bytes) with an optional `context` (KV positions; default the most that
     fit), or `capacity` (KV positions, no budget); none of them: the manifest's device plan, else the graph's
     max. `mode`: auto (the controller prices each step's draft), tree, or greedy. `drafter`: the manifest's
-    choice unless named ("medusa+lookup", "feature", ...). `temperature` 0 is greedy; above 0 it samples, the
-    other settings defaulting to the artifact's. `log`: progress notes (default: none)."""
+    choice unless named ("medusa+lookup", "feature", ...). Sampling (`sampling_for`): each setting given wins, the
+    artifact's generation defaults fill the rest; `temperature=0` is exact greedy. `log`: progress notes (default:
+    none)."""
     from specmemo.runtime.engine import open_engine
-    from specmemo.runtime.manifest import load_manifest
 
     log = log or (lambda _: None)
     _, budget_bytes, threads = device_settings(profile=profile, budget=budget, threads=threads, log=log)
-    generation = load_manifest(Path(artifact)).generation
-    sampling = sampling_for(generation, temperature=temperature, top_p=top_p, top_k=top_k,
+    opened = opened_artifact(artifact)
+    sampling = sampling_for(opened.manifest.generation, temperature=temperature, top_p=top_p, top_k=top_k,
                             repetition_penalty=repetition_penalty, seed=seed, acceptance=acceptance)
-    config = EngineConfig(artifact=Path(artifact), mode=mode, drafter=drafter, threads=threads,
-                          budget=budget_bytes, capacity=capacity, context=context, sampling=sampling, model_format=model_format)
+    config = EngineConfig(artifact=opened, mode=Mode(mode), drafter=drafter, threads=threads, budget=budget_bytes,
+                          capacity=capacity, context=context, sampling=sampling, model_format=ModelFormat(model_format))
     return Model(open_engine(config, log=log))
 
 
-def open_batch(artifact: str | Path, *, batch: int, capacity: int, mode: str | Mode = Mode.AUTO,
+def opened_artifact(artifact: str | Path | Artifact) -> Artifact:
+    """The artifact an entry point was given, opened (its manifest read) unless it already is."""
+    return artifact if isinstance(artifact, Artifact) else Artifact.open(artifact)
+
+
+def open_batch(artifact: str | Path | Artifact, *, batch: int, capacity: int, mode: str | Mode = Mode.AUTO,
                drafter: str | None = None, threads: int = DEFAULT_THREADS,
                log: Callable[[str], None] | None = None) -> SequencePool:
     """B sequences decoded together (the artifact's batch graph for `batch`, `capacity` KV positions per row):
     what `specmemo serve` runs behind its queue. Drafters that keep one sequence's state are left out."""
     from specmemo.runtime.engine import open_pool
 
-    config = EngineConfig(artifact=Path(artifact), mode=mode, drafter=drafter, threads=threads, capacity=capacity)
+    config = EngineConfig(artifact=opened_artifact(artifact), mode=Mode(mode), drafter=drafter, threads=threads,
+                          capacity=capacity)
     return open_pool(config, batch=batch, log=log or (lambda _: None))
 
 
-def messages_of(prompt: str | Sequence[Message | dict], *, system: str | None = None) -> list[Message]:
+def messages_of(prompt: str | Sequence[Message | dict[str, str]], *, system: str | None = None) -> list[Message]:
     """A user message, or a conversation given as Messages or {"role", "content"} dicts (OpenAI's shape)."""
     from specmemo.runtime.tokenizer import Message
 
@@ -175,20 +186,28 @@ def messages_of(prompt: str | Sequence[Message | dict], *, system: str | None = 
     return ([Message("system", system)] if system else []) + turns
 
 
-def sampling_for(defaults: GenerationDefaults | None, *, temperature: float, top_p: float | None = None,
-                 top_k: int | None = None, repetition_penalty: float | None = None, seed: int = 0,
-                 acceptance: str = "exact") -> Sampling | None:
-    """How to sample (None: greedy, for temperature 0): each setting given wins, then the artifact's
-    generation defaults (`defaults`), then off."""
-    from specmemo.runtime.sampling import Sampling
+def sampling_for(defaults: GenerationDefaults | None, *, temperature: float | None = None,
+                 top_p: float | None = None, top_k: int | None = None, repetition_penalty: float | None = None,
+                 seed: int = 0, acceptance: str = "exact") -> Sampling | None:
+    """How a request samples (None: greedy), the one rule of the API, the CLI and the server: each setting the
+    request gives wins, then the artifact's generation defaults (`defaults`: its manifest's `generation`), then off;
+    a temperature of 0, given or the artifact's, is exact greedy."""
+    from specmemo.runtime.sampling import Acceptance, Sampling
 
+    if temperature is None:
+        temperature = defaults.temperature if defaults is not None else 0.0
     if temperature <= 0:
         return None
-    fallback = {"top_p": 1.0, "top_k": 0, "repetition_penalty": 1.0}
-    given = {"top_p": top_p, "top_k": top_k, "repetition_penalty": repetition_penalty}
-    values = {name: value if value is not None else getattr(defaults, name) if defaults is not None else fallback[name]
-              for name, value in given.items()}
-    return Sampling(temperature=temperature, seed=seed, acceptance=acceptance, **values)
+    return Sampling(temperature=temperature, seed=seed, acceptance=Acceptance(acceptance),
+                    top_p=_filled(top_p, defaults.top_p if defaults else None, off=1.0),
+                    top_k=_filled(top_k, defaults.top_k if defaults else None, off=0),
+                    repetition_penalty=_filled(repetition_penalty, defaults.repetition_penalty if defaults else None,
+                                               off=1.0))
+
+
+def _filled(given: _T | None, artifacts: _T | None, *, off: _T) -> _T:
+    """A sampling setting: the request's, else the artifact's, else off."""
+    return given if given is not None else artifacts if artifacts is not None else off
 
 
 def device_settings(*, profile: str | None, budget: str | int | None, threads: int | None,
@@ -203,7 +222,7 @@ def device_settings(*, profile: str | None, budget: str | int | None, threads: i
     if budget_bytes is None and loaded is not None:
         budget_bytes = loaded.app_memory
     if threads is not None and threads < 1:
-        raise ConfigError(f"--threads must be >= 1, got {threads}")
+        raise ConfigError(f"`threads` must be >= 1, got {threads}")
     if threads is None:
         threads = min(loaded.threads, local_cores()) if loaded else DEFAULT_THREADS
         if loaded and threads < loaded.threads:

@@ -126,7 +126,7 @@ def sharegpt_conversations(path: Path | None = None) -> Iterator[list[dict[str, 
 
 
 def _messages(turns: list) -> list[dict[str, str]]:
-    messages = []
+    messages: list[dict[str, str]] = []
     for turn in turns:
         role = ROLES.get(str(turn.get("from", "")).lower())
         content = str(turn.get("value", "")).strip()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import random
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -41,7 +42,7 @@ def tiny_config(architecture: str, *, seed: int | None = None, **overrides):
     group = rng.choice([1, 2, 3]) if seed is not None else 2
     head_dim = rng.choice([16, 32, 48, 64]) if seed is not None else 16  # GQA needs a multiple of 16
     heads = kv_heads * group
-    dims = dict(
+    dims: dict[str, Any] = dict(
         vocab_size=rng.randint(64, 512) if seed is not None else 256,
         hidden_size=heads * head_dim,
         head_dim=head_dim,
@@ -55,12 +56,18 @@ def tiny_config(architecture: str, *, seed: int | None = None, **overrides):
         eos_token_id=1,
     )
     dims.update(overrides)
+
+    def with_rope(theta: float) -> dict[str, Any]:
+        """The dims with plain rotary at this theta, unless the overrides bring their own (llama3_config's
+        scaling). As rope_parameters: transformers 5 still takes the legacy rope_theta keyword, but untyped."""
+        return {**dims, "rope_parameters": dims.get("rope_parameters") or {"rope_type": "default", "rope_theta": theta}}
+
     if architecture == "LlamaForCausalLM":
-        return LlamaConfig(architectures=[architecture], rope_theta=rng.choice([1e4, 1e5]), **dims)
+        return LlamaConfig(architectures=[architecture], **with_rope(rng.choice([1e4, 1e5])))
     if architecture == "Qwen2ForCausalLM":
-        return Qwen2Config(architectures=[architecture], rope_theta=rng.choice([1e4, 1e6]), **dims)
+        return Qwen2Config(architectures=[architecture], **with_rope(rng.choice([1e4, 1e6])))
     if architecture == "Qwen3ForCausalLM":  # QK-norm, no QKV bias
-        return Qwen3Config(architectures=[architecture], rope_theta=rng.choice([1e4, 1e6]), **dims)
+        return Qwen3Config(architectures=[architecture], **with_rope(rng.choice([1e4, 1e6])))
     if architecture == "Gemma3ForCausalLM":  # sliding layers with a window of 8, QK-norm, (1 + w) norms
         layers = dims["num_hidden_layers"] = max(dims["num_hidden_layers"], 3)
         kinds = ["sliding_attention", "full_attention"] + ["sliding_attention"] * (layers - 2)
@@ -151,6 +158,43 @@ def smollm2_artifact(tmp_path_factory) -> Path:
     assert heads is not None, "the default model ships with trained heads"
     feature = default_feature_drafter(DEFAULT_MODEL)
     assert feature is not None, "the default model ships with a trained feature drafter"
-    export_artifact(ExportOptions(model=DEFAULT_MODEL, out=out, max_capacity=1024, heads=heads, feature_drafter=feature),
+    export_artifact(ExportOptions(model=DEFAULT_MODEL, out=out, max_capacity=1024, heads=heads,
+                                  feature_drafter=feature),
                     log=lambda *_: None)
     return out
+
+
+# ---- tiny models with Medusa heads (helpers in heads_common.py) ------------------------------------
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """A tiny Llama (HF folder) and its LM head [h, V]."""
+    from transformers import AutoModelForCausalLM
+
+    folder = save_tiny_model(tiny_config("LlamaForCausalLM"), tmp_path_factory.mktemp("tiny") / "hf")
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype="float32").eval()
+    return folder, model, model.lm_head.weight.detach().t().contiguous()
+
+
+@pytest.fixture(scope="session", params=["shared", "own", "subvocab"])  # read only (copy it to change it)
+def exported(request, tmp_path_factory):
+    """A tiny artifact exported with random heads (and a small grown tree) in each projection mode."""
+    from dataclasses import replace
+
+    from heads_common import TOP_K, K, random_heads
+    from transformers import AutoModelForCausalLM
+
+    from specmemo.export.heads import load_heads, save_heads
+    from specmemo.runtime.medusa_tree import grow_tree
+
+    root = tmp_path_factory.mktemp(f"heads-{request.param}")
+    config = tiny_config("LlamaForCausalLM")
+    folder = save_tiny_model(config, root / "hf")  # export_tiny reuses it
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype="float32").eval()
+    extra = {"subvocab_size": 96} if request.param == "subvocab" else {}
+    heads = random_heads(model.lm_head.weight.detach().t().contiguous(), request.param, **extra)
+    accuracy = [[0.6 * 0.5**d * 0.6**r for r in range(TOP_K)] for d in range(K)]
+    spec = replace(heads.spec, tree=grow_tree(accuracy, 12).choices)
+    save_heads(heads, root / "heads", spec)
+    artifact = export_tiny(config, root, heads=root / "heads", top_k=TOP_K)
+    return artifact, model, load_heads(root / "heads", model.lm_head.weight.detach().t().contiguous())

@@ -3,13 +3,12 @@ whose rows int8 blocks hurt far more than the others', found on the inputs as th
 
 import numpy as np
 import onnxruntime as ort
+from test_quantized import matmul_model, raw_blocks
 
 from specmemo.export.activation_outliers import INPUT_BLOCK, fp32_matrices, int8_blocks, outlier_channels
 from specmemo.export.gguf_weights import decode
 from specmemo.export.quantize import carry_matmuls
 from specmemo.runtime.session import SessionConfig, session_options
-
-from test_quantized import matmul_model, raw_blocks
 
 
 def test_int8_blocks_keep_plain_rows_and_crush_a_row_with_a_massive_activation():

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # the React Native bundle
+
 APP = Path(__file__).resolve().parent.parent / "android_demo" / "app"
 BUNDLE = APP / "build" / "index.android.bundle"
 HERMESC = APP / "node_modules" / "react-native" / "sdks" / "hermesc" / "linux64-bin" / "hermesc"
@@ -42,7 +44,8 @@ def bundle() -> str:
     BUNDLE.unlink(missing_ok=True)
     result = subprocess.run([npm, "run", "bundle:android"], cwd=APP, env={**os.environ, "CI": "true"},
                             capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL)
-    assert result.returncode == 0, f"npm run bundle:android exited {result.returncode}:\n{(result.stdout + result.stderr)[-4000:]}"
+    assert result.returncode == 0, (f"npm run bundle:android exited {result.returncode}:\n"
+                                    f"{(result.stdout + result.stderr)[-4000:]}")
     assert BUNDLE.is_file(), f"{BUNDLE} was not written"
     return BUNDLE.read_text(encoding="utf-8")
 
@@ -54,10 +57,12 @@ def test_bundle_builds_with_the_engine_inside(bundle):
 
 
 @pytest.mark.skipif(not (platform.system() == "Linux" and platform.machine() in ("x86_64", "AMD64")),
-                    reason="react-native ships hermesc for linux x86_64, macOS and Windows; this test runs the Linux one")
+                    reason="react-native ships hermesc for linux x86_64, macOS and Windows; "
+                           "this test runs the Linux one")
 def test_hermes_compiles_the_bundle(bundle, tmp_path):
     """What the release build does next: Hermes bytecode (regex literals included, checked at compile time)."""
-    result = subprocess.run([str(HERMESC), "-emit-binary", "-O", "-w", "-out", str(tmp_path / "bundle.hbc"), str(BUNDLE)],
+    result = subprocess.run([str(HERMESC), "-emit-binary", "-O", "-w", "-out", str(tmp_path / "bundle.hbc"),
+                             str(BUNDLE)],
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, f"hermesc exited {result.returncode}:\n{result.stderr[-4000:]}"
     assert (tmp_path / "bundle.hbc").stat().st_size > 500_000

@@ -20,7 +20,9 @@ pytestmark = pytest.mark.real_model
 def readme_quick_start() -> str:
     """The README's "In Python" block."""
     section = (ROOT / "README.md").read_text().split("## In Python", 1)[1].split("\n## ", 1)[0]
-    return re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    block = re.search(r"```python\n(.*?)```", section, re.S)
+    assert block is not None, "the README's In Python section has no python block"
+    return block.group(1)
 
 
 @pytest.fixture(scope="module")

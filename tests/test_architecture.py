@@ -1,37 +1,47 @@
-"""The runtime's shape, kept true (docs/architecture.md): no import circles under runtime/, calibration
-above the engine, constants where their concept lives, no module over 400 lines, and sizing decided in
-one pass that does not wander back and forth between files."""
+"""The package's shape, kept true (docs/architecture.md): every folder in its layer, importing only from
+layers below it; no import circle anywhere (imports inside functions count); inside runtime/, every module in
+its room, calibration above the engine; no module over 400 lines; and sizing decided in one pass that does not
+wander back and forth between files."""
 
 import ast
 import os
 import sys
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
+from types import FrameType
+from typing import Any
 
 import pytest
 
+from specmemo.runtime.artifact import Artifact
+
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGE_DIRS = {"specmemo.runtime": ROOT / "runtime", "specmemo.export": ROOT / "export", "specmemo": ROOT / "specmemo",
-                "specmemo.device_profiles": ROOT / "device_profiles"}
+PACKAGE = ROOT / "specmemo"
 MAX_LINES = 400
 MAX_RETURNS = 5
 COMPREHENSIONS = ("<listcomp>", "<dictcomp>", "<setcomp>", "<genexpr>")
 
 
-def runtime_modules() -> dict[str, Path]:
+def package_modules(root: Path = PACKAGE, prefix: str = "specmemo") -> dict[str, Path]:
+    """Dotted module name → file, for every module under `root`."""
     out = {}
-    for path in sorted((ROOT / "runtime").rglob("*.py")):
-        parts = path.relative_to(ROOT / "runtime").with_suffix("").parts
-        name = ".".join(("specmemo", "runtime", *parts)).removesuffix(".__init__")
-        out[name] = path
+    for path in sorted(root.rglob("*.py")):
+        parts = path.relative_to(root).with_suffix("").parts
+        out[".".join((prefix, *parts)).removesuffix(".__init__")] = path
     return out
 
 
+def runtime_modules() -> dict[str, Path]:
+    return package_modules(PACKAGE / "runtime", "specmemo.runtime")
+
+
 def imports_of(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
-    """The runtime modules `name` imports at run time (function-level imports too; `if TYPE_CHECKING:`
+    """The modules of `modules` that `name` imports at run time (function-level imports too; `if TYPE_CHECKING:`
     blocks are annotations only and left out). `from pkg import mod` counts as importing mod."""
     tree = ast.parse(path.read_text())
-    typing_only = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+    typing_only = {id(n) for node in ast.walk(tree)
+                   if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
                    for n in ast.walk(node)}
     package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
     found = set()
@@ -48,8 +58,9 @@ def imports_of(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
     return {m for m in found if m in modules and m != name}
 
 
-def import_graph() -> dict[str, set[str]]:
-    modules = runtime_modules()
+def import_graph(modules: dict[str, Path] | None = None) -> dict[str, set[str]]:
+    """Who imports whom among `modules` (default: the runtime's)."""
+    modules = runtime_modules() if modules is None else modules
     return {name: imports_of(name, path, modules) for name, path in modules.items()}
 
 
@@ -100,6 +111,53 @@ def test_the_graph_reader_sees_a_circle_when_there_is_one():
     assert cycles({"a": {"b"}, "b": set()}) == []
 
 
+def room_of(module: str) -> str:
+    """The folder (or top-level module) a module lives in: specmemo.runtime.plan → runtime, specmemo.api → api;
+    the package's own __init__ (`specmemo`) is a room of its own, the public face on top."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else parts[0]
+
+
+def layers_in_the_doc() -> dict[str, int]:
+    """docs/architecture.md's "The rooms" table: each room's layer, 0 at the bottom."""
+    table = (ROOT / "docs" / "architecture.md").read_text().split("## The rooms", 1)[1].split("\n## ", 1)[0]
+    layers = {}
+    for line in table.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) >= 3 and cells[0].isdigit():
+            for room in cells[1].replace("`", "").split("(")[0].split(","):
+                layers[room.strip().removesuffix("/").removeprefix("specmemo/").removesuffix(".py")] = int(cells[0])
+    return layers
+
+
+def against_the_order(graph: dict[str, set[str]], layers: dict[str, int]) -> list[tuple[str, str]]:
+    """Imports from a room into one that is not in a lower layer (its own room aside)."""
+    return sorted((a, b) for a, targets in graph.items() for b in targets
+                  if room_of(a) != room_of(b) and layers[room_of(b)] >= layers[room_of(a)])
+
+
+def test_the_order_checker_sees_an_import_upward_or_sideways():
+    layers = {"runtime": 1, "api": 3, "export": 3, "cli": 6}
+    graph = {"specmemo.runtime.plan": {"specmemo.api"}, "specmemo.api": {"specmemo.export.load"},
+             "specmemo.export.load": {"specmemo.runtime.plan"}, "specmemo.cli.a": {"specmemo.api", "specmemo.cli.b"},
+             "specmemo.cli.b": set()}
+    assert against_the_order(graph, layers) == [("specmemo.api", "specmemo.export.load"),
+                                                 ("specmemo.runtime.plan", "specmemo.api")]
+
+
+def test_every_folder_has_a_layer_and_imports_only_from_below():
+    graph, layers = import_graph(package_modules()), layers_in_the_doc()
+    assert "specmemo.bench.compare" in graph["specmemo.cli.compare"]  # imports inside functions are read too
+    assert {room_of(m) for m in graph} == set(layers), "docs/architecture.md names every room once"
+    assert against_the_order(graph, layers) == []
+
+
+def test_no_import_circle_in_the_package():
+    graph = import_graph(package_modules())
+    assert len(graph) >= 150
+    assert cycles(graph) == []
+
+
 def test_no_import_circle_under_runtime():
     graph = import_graph()
     assert len(graph) >= 30
@@ -145,11 +203,10 @@ def test_the_architecture_doc_lists_every_runtime_module_in_the_room_it_imports_
 
 def test_no_module_is_over_400_lines():
     too_long = []
-    for folder in PACKAGE_DIRS.values():
-        for path in folder.rglob("*.py"):
-            lines = len(path.read_text().splitlines())
-            if lines > MAX_LINES:
-                too_long.append(f"{path.relative_to(ROOT)}: {lines}")
+    for path in PACKAGE.rglob("*.py"):
+        lines = len(path.read_text().splitlines())
+        if lines > MAX_LINES:
+            too_long.append(f"{path.relative_to(ROOT)}: {lines}")
     assert too_long == []
 
 
@@ -163,7 +220,10 @@ def follow(call) -> list[str]:
     data are left out with everything under them: dataclass validation (__post_init__), properties,
     comprehensions."""
     root = str(ROOT) + os.sep
-    seen, stays, walked, hidden = set(), [], set(), []
+    seen: set[tuple[str, str]] = set()  # (file, qualified name) of every function called so far
+    stays: list[str] = []
+    walked: set[FrameType] = set()  # frames of first calls, until they return
+    hidden: list[FrameType] = []  # frames of reads and repeated calls, innermost last
 
     def is_read(frame) -> bool:
         code = frame.f_code
@@ -226,39 +286,43 @@ def test_follow_sees_calls_and_returns_between_files():
         return tree.parents()  # back here, then medusa_tree again
 
     stays = follow(two_files)
-    assert stays == ["tests/test_architecture.py", "runtime/medusa_tree.py", "tests/test_architecture.py",
-                     "runtime/medusa_tree.py", "tests/test_architecture.py"]
+    assert stays == ["tests/test_architecture.py", "specmemo/runtime/medusa_tree.py", "tests/test_architecture.py",
+                     "specmemo/runtime/medusa_tree.py", "tests/test_architecture.py"]
     assert returns(stays) == 3
 
 
 @pytest.mark.real_model
-def test_the_sizing_pass_decides_in_one_place(smollm2_artifact, tmp_path, monkeypatch):
+def test_the_sizing_pass_decides_in_one_place(smollm2_artifact, tmp_path, monkeypatch) -> None:
     """EngineConfig + manifest + the measured calibration (data) → Plan (plan.make_plan, what open_engine
     runs once the numbers are read) on the default, greedy, budget and device-plan paths: at most
-    MAX_RETURNS returns to a file already left; the plan is what the engine opens with, and the session allocates its layout."""
+    MAX_RETURNS returns to a file already left; the plan is what the engine opens with, and the session allocates its
+    layout."""
     from specmemo.runtime import measured
-    from specmemo.runtime.engine import EngineConfig, open_engine
+    from specmemo.runtime.engine import EngineConfig, Mode, open_engine
     from specmemo.runtime.manifest import DevicePlan, load_manifest
     from specmemo.runtime.plan import Source, make_plan, plan_for
 
     monkeypatch.setenv("SPECMEMO_CACHE", str(tmp_path))
-    path, _ = measured.lookup(smollm2_artifact, "memory", 2)
+    path, _ = measured.lookup(Artifact.open(smollm2_artifact), "memory", 2)
     measured.store(path, {"load_bytes": 700 * 2**20, "step_overhead_bytes": 3 * 2**20})  # data, as measured
     manifest = load_manifest(smollm2_artifact)
     device = replace(manifest, plan=DevicePlan(profile="p", budget=2**30, capacity=512, rows=64, tree=16))
-    quiet = {"log": lambda _: None}
-    calibration = measured.memory_calibration(smollm2_artifact, threads=2, **quiet)
-    paths = [(Source.DEFAULTS, EngineConfig(artifact=smollm2_artifact), manifest),
-             (Source.DEFAULTS, EngineConfig(artifact=smollm2_artifact, mode="greedy"), manifest),
-             (Source.BUDGET, EngineConfig(artifact=smollm2_artifact, budget=900 * 2**20), manifest),
-             (Source.DEVICE_PLAN, EngineConfig(artifact=smollm2_artifact), device)]
+    # a lambda, as the one `follow` runs: the profiler keys functions by name, so logging is not a stay of its own
+    quiet: dict[str, Any] = {"log": lambda _: None}
+    calibration = measured.memory_calibration(Artifact.open(smollm2_artifact), threads=2, **quiet)
+    paths = [(Source.DEFAULTS, EngineConfig(artifact=Artifact.open(smollm2_artifact)), manifest),
+             (Source.DEFAULTS, EngineConfig(artifact=Artifact.open(smollm2_artifact), mode=Mode.GREEDY), manifest),
+             (Source.BUDGET, EngineConfig(artifact=Artifact.open(smollm2_artifact), budget=900 * 2**20), manifest),
+             (Source.DEVICE_PLAN, EngineConfig(artifact=Artifact.open(smollm2_artifact)), device)]
     for source, config, m in paths:
-        plans = []
-        stays = follow(lambda: plans.append(make_plan(config, m, calibration=calibration, **quiet)))
+        plans: list = []
+        stays = follow(partial(lambda out, c, m: out.append(make_plan(c, m, calibration=calibration, **quiet)),
+                               plans, config, m))
         assert plans[0].source is source and plans[0] == plan_for(config, m, **quiet)
-        assert stays[:2] == ["tests/test_architecture.py", "runtime/plan.py"] and len(stays) >= 5, stays
+        assert stays[:2] == ["tests/test_architecture.py", "specmemo/runtime/plan.py"] and len(stays) >= 5, stays
         assert returns(stays[1:-1]) <= MAX_RETURNS, (source, stays)  # from entering plan.py to leaving it
-    engine = open_engine(EngineConfig(artifact=smollm2_artifact, budget=900 * 2**20, threads=2), **quiet)
-    assert engine.plan == plan_for(EngineConfig(artifact=smollm2_artifact, budget=900 * 2**20), manifest, **quiet)
+    engine = open_engine(EngineConfig(artifact=Artifact.open(smollm2_artifact), budget=900 * 2**20, threads=2), **quiet)
+    assert engine.plan == plan_for(EngineConfig(artifact=Artifact.open(smollm2_artifact), budget=900 * 2**20), manifest,
+                                   **quiet)
     assert engine.session.layout == engine.plan.layout and engine.session.arena.layout == engine.plan.layout
     assert engine.backend.min_rows == engine.plan.min_rows

@@ -7,13 +7,14 @@ import numpy as np
 import pytest
 import torch
 from conftest import export_tiny, llama3_config, save_tiny_model, tiny_config
-from test_heads import TOP_K, OracleDrafter, random_heads
+from heads_common import TOP_K, OracleDrafter, random_heads
 from transformers import AutoModelForCausalLM
 
 from specmemo.export.heads import save_heads
 from specmemo.export.reference import TorchBackend
 from specmemo.export.validate import validate
-from specmemo.runtime.arena import ArenaLayout
+from specmemo.runtime.arena import ArenaLayout, window_capacity
+from specmemo.runtime.artifact import Artifact
 from specmemo.runtime.backend import OrtBackend
 from specmemo.runtime.decode import generate
 from specmemo.runtime.drafters.medusa import MedusaDrafter, OrtMedusaHeads
@@ -21,7 +22,6 @@ from specmemo.runtime.manifest import load_manifest
 from specmemo.runtime.medusa_tree import MedusaTree, grow_tree
 from specmemo.runtime.memory import kv_bytes
 from specmemo.runtime.session import DecoderSession, SessionConfig
-from specmemo.runtime.arena import window_capacity
 from specmemo.runtime.sizes import WINDOW_MARGIN, Sizes
 
 TOLERANCE = 1e-4
@@ -33,7 +33,8 @@ CONFIGS = {
 SMALL = Sizes(capacity=320, rows=8, tree=8)  # C_w = 7 + 64 + 8 -> 96 rows: Gemma's sliding layers slide often
 
 
-@pytest.fixture(scope="module", params=list(CONFIGS))
+@pytest.fixture(scope="module",
+                params=[pytest.param(c, marks=pytest.mark.slow) if c == "qwen3" else c for c in CONFIGS])
 def exported(request, tmp_path_factory):
     """(name, artifact with random Medusa heads and an 8-node tree, HF model)."""
     from dataclasses import replace
@@ -84,7 +85,7 @@ def test_speculative_equals_greedy_equals_hf_past_the_window(exported):
                             attention_mask=torch.ones(1, len(prompt), dtype=torch.long))[0, len(prompt):].tolist()
 
     def backend():
-        return OrtBackend(DecoderSession(artifact, SessionConfig(sizes=SMALL)))
+        return OrtBackend(DecoderSession(Artifact.open(artifact), SessionConfig(sizes=SMALL)))
 
     greedy_backend = backend()
     greedy = generate(greedy_backend, prompt, max_new_tokens=new, eos_token_ids=set()).token_ids
@@ -100,7 +101,7 @@ def test_speculative_equals_greedy_equals_hf_past_the_window(exported):
                     drafter=MedusaDrafter(oracle, medusa), max_tree=medusa.size)
     assert spec.token_ids == greedy and spec.stats.mean_accepted > 1.5
 
-    session = DecoderSession(artifact, SessionConfig(sizes=SMALL))
+    session = DecoderSession(Artifact.open(artifact), SessionConfig(sizes=SMALL))
     real = generate(OrtBackend(session), prompt, max_new_tokens=new, eos_token_ids=set(),
                     drafter=MedusaDrafter(OrtMedusaHeads(session), medusa), max_tree=medusa.size)
     assert real.token_ids == greedy
@@ -113,7 +114,7 @@ def test_sliding_layers_hold_window_capacity_rows_and_the_memory_model_counts_th
     d = manifest.dims
     c_w = window_capacity(manifest, SMALL)
     assert c_w == -(-(d.sliding_window - 1 + WINDOW_MARGIN + SMALL.rows) // 32) * 32 == 96
-    session = DecoderSession(artifact, SessionConfig(sizes=SMALL))
+    session = DecoderSession(Artifact.open(artifact), SessionConfig(sizes=SMALL))
     shapes = [b.shape for b in session.kv.buffers]
     for layer in range(d.num_layers):
         rows = c_w if layer in d.sliding_layers else SMALL.capacity
@@ -128,7 +129,7 @@ def test_sliding_layers_hold_window_capacity_rows_and_the_memory_model_counts_th
 @pytest.mark.parametrize("exported", ["gemma3"], indirect=True)
 def test_rewind_within_the_margin_keeps_the_cache_and_beyond_it_asks_for_a_fresh_prefill(exported):
     _, artifact, model = exported
-    backend = OrtBackend(DecoderSession(artifact, SessionConfig(sizes=SMALL)))
+    backend = OrtBackend(DecoderSession(Artifact.open(artifact), SessionConfig(sizes=SMALL)))
     prompt = np.random.default_rng(5).integers(5, model.config.vocab_size, 12).tolist()
     out = generate(backend, prompt, max_new_tokens=200, eos_token_ids=set())
     kv = backend.session.kv

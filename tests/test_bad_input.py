@@ -14,9 +14,8 @@ from pathlib import Path
 
 import httpx
 import pytest
-
 from conftest import export_tiny, tiny_config
-from tests.test_serve import CAPACITY, Server
+from test_serve import CAPACITY, Server
 
 CHAT = "/v1/chat/completions"
 JSON = {"content-type": "application/json"}
@@ -65,7 +64,8 @@ def test_text_that_is_not_text_is_a_400_naming_the_field_and_the_connection_live
     assert 'specmemo_http_refusals_total{status="400"}' in metrics and "specmemo_server_errors_total 0.0" in metrics
 
 
-@pytest.mark.parametrize("extra, field", [({"logit_bias": {"²": 5}}, "logit_bias"), ({"logit_bias": {"1": "5"}}, "logit_bias"),
+@pytest.mark.parametrize("extra, field", [({"logit_bias": {"²": 5}}, "logit_bias"),
+                                          ({"logit_bias": {"1": "5"}}, "logit_bias"),
                                           ({"max_tokens": "16"}, "max_tokens"), ({"max_tokens": True}, "max_tokens"),
                                           ({"temperature": "0.5"}, "temperature"), ({"stream": "yes"}, "stream"),
                                           ({"seed": 1.5}, "seed")])
@@ -211,10 +211,12 @@ def test_a_port_in_use_fails_first_in_one_line(artifact, capsys):
 
 def test_undecodable_input_is_replaced_and_said(artifact):
     from specmemo.bench.fuzz_cli import Invocation, run_one
+    from specmemo.cli import main
 
-    chat = run_one(Invocation(("chat", "--artifact", str(artifact), "--max-new-tokens", "2"), "stdin", b"hi \xff\n"))
+    chat = run_one(Invocation(("chat", "--artifact", str(artifact), "--max-new-tokens", "2"), "stdin", b"hi \xff\n"),
+                   main)
     generate = run_one(Invocation(("generate", "--artifact", str(artifact), "--prompt", "hi \udcff",
-                                   "--max-new-tokens", "2"), "stdin"))
+                                   "--max-new-tokens", "2"), "stdin"), main)
     for outcome in (chat, generate):
         assert outcome.code == 0 and "Traceback" not in outcome.stderr, outcome.stderr
         assert "not valid UTF-8: 1 byte replaced by U+FFFD" in outcome.stderr and outcome.stdout.strip()
@@ -222,8 +224,9 @@ def test_undecodable_input_is_replaced_and_said(artifact):
 
 def test_a_zero_budget_is_one_line(artifact):
     from specmemo.bench.fuzz_cli import Invocation, run_one
+    from specmemo.cli import main
 
-    outcome = run_one(Invocation(("plan", "--artifact", str(artifact), "--budget", "0"), "value"))
+    outcome = run_one(Invocation(("plan", "--artifact", str(artifact), "--budget", "0"), "value"), main)
     assert outcome.code == 1 and outcome.stderr.count("\n") == 1 and "must be positive" in outcome.stderr
 
 
@@ -239,8 +242,10 @@ def test_a_manifest_names_the_wrong_field_and_keeps_files_inside(artifact, tmp_p
         (folder / "manifest.json").write_text(json.dumps(manifest))
         return folder
 
-    for change, words in ((lambda m: m["dims"].update(num_layers="2"), "manifest.dims.num_layers: expected int, got str"),
-                          (lambda m: m["dims"].update(rms_norm_eps=True), "dims.rms_norm_eps: expected float, got bool"),
+    for change, words in ((lambda m: m["dims"].update(num_layers="2"),
+                           "manifest.dims.num_layers: expected int, got str"),
+                          (lambda m: m["dims"].update(rms_norm_eps=True),
+                           "dims.rms_norm_eps: expected float, got bool"),
                           (lambda m: m["tokenizer"].update(eos_token_ids=["2"]), "tokenizer.eos_token_ids.0"),
                           (lambda m: m.update(decoder_file="../../etc/passwd"), "outside the artifact folder"),
                           (lambda m: m.update(decoder_data_file="/etc/passwd"), "outside the artifact folder")):
@@ -265,8 +270,10 @@ def test_server_fuzz_slice_gets_only_4xx(server):
 
 def test_cli_fuzz_slice_is_one_line_errors(artifact, tmp_path):
     from specmemo.bench import fuzz_cli
+    from specmemo.cli import build_parser, main
 
-    report = fuzz_cli.run(count=200, seconds=300, seed=5, workdir=tmp_path, good=artifact)
+    report = fuzz_cli.run(fuzz_cli.Cli(main, build_parser()), count=200, seconds=300, seed=5, workdir=tmp_path,
+                          good=artifact)
     assert report.invocations == 200 and report.failures == [], report.failures[:5]
     assert set(report.by_spoiler) == {"value", "flag", "artifact", "model", "required", "stdin"}
     assert set(report.by_code) == {0, 1, 2}

@@ -10,10 +10,11 @@ import sys
 
 import numpy as np
 import pytest
-
 from conftest import export_tiny, tiny_config
+
 from specmemo.errors import ConfigError
 from specmemo.runtime import tree
+from specmemo.runtime.artifact import Artifact
 from specmemo.runtime.drafters.draft import DraftContext, DraftTree
 from specmemo.runtime.drafters.lookup import PromptLookup
 from specmemo.runtime.sizes import Sizes
@@ -37,7 +38,8 @@ def windowed(bias: np.ndarray, positions: np.ndarray, past: int, window: int) ->
     return local
 
 
-@pytest.fixture(scope="module", params=list(VARIANTS))
+@pytest.fixture(scope="module", params=[pytest.param(v, marks=pytest.mark.slow) if v in ("qwen3", "llama-int4-f16kv")
+                                        else v for v in VARIANTS])  # make test-fast: one dense, one sliding
 def artifact(request, tmp_path_factory):
     from specmemo.export.weights_dtype import QuantOptions, WeightDtype
 
@@ -65,7 +67,7 @@ def references(artifact, prompts):
     from specmemo.runtime.decode import generate
     from specmemo.runtime.session import DecoderSession, SessionConfig
 
-    backend = OrtBackend(DecoderSession(artifact, SessionConfig(sizes=SIZES, heads=False)))
+    backend = OrtBackend(DecoderSession(Artifact.open(artifact), SessionConfig(sizes=SIZES, heads=False)))
     out = []
     for prompt in prompts:
         backend.reset()
@@ -78,7 +80,7 @@ def open_pool(artifact, batch, **options):
     from specmemo.runtime.pool import SequencePool
     from specmemo.runtime.session import SessionConfig
 
-    session = BatchSession(artifact, SessionConfig(sizes=SIZES, heads=False, batch=batch))
+    session = BatchSession(Artifact.open(artifact), SessionConfig(sizes=SIZES, heads=False, batch=batch))
     return SequencePool(BatchBackend(session), **options)
 
 
@@ -90,7 +92,7 @@ class Oracle:
     name = "oracle"
 
     def __init__(self, prompts, references, vocab):
-        self.replies = {tuple(p): r for p, r in zip(prompts, references)}
+        self.replies = {tuple(p): r for p, r in zip(prompts, references, strict=True)}
         self.vocab, self.calls = vocab, 0
 
     def propose(self, context: DraftContext, *, budget: int) -> DraftTree:
@@ -131,7 +133,7 @@ def test_batch_graph_rows_are_bitwise_the_one_sequence_graph(artifact):
         if m.io.attention_bias_local:
             one[m.io.attention_bias_local] = windowed(one[m.io.attention_bias], one[m.io.position_ids], past,
                                                       d.sliding_window)
-        one.update({past_name: k.copy() for (past_name, _), k in zip(m.io.kv_pairs, kv)})
+        one.update({past_name: k.copy() for (past_name, _), k in zip(m.io.kv_pairs, kv, strict=True)})
         singles.append(single.run(None, one))
         embeds.append(x)
         attention_rows += [*range(start, start + n), start + n - 1]
@@ -141,7 +143,7 @@ def test_batch_graph_rows_are_bitwise_the_one_sequence_graph(artifact):
         if m.io.attention_bias_local:
             feeds[graph.attention_bias_local[b]] = windowed(feeds[graph.attention_bias[b]], positions[-1], past,
                                                             d.sliding_window)
-        feeds.update({name: k.copy() for (name, _), k in zip(graph.kv_pairs[b * len(kv):], kv)})
+        feeds.update({name: k.copy() for (name, _), k in zip(graph.kv_pairs[b * len(kv):], kv, strict=False)})
         start, at = start + n, at + n + 1
     feeds.update({m.io.inputs_embeds: np.concatenate(embeds, 1), m.io.logits_indices: np.arange(start)[None],
                   graph.attention_rows: np.array(attention_rows), graph.token_rows: np.array(token_rows),
@@ -152,7 +154,7 @@ def test_batch_graph_rows_are_bitwise_the_one_sequence_graph(artifact):
     for b, ref in enumerate(singles):
         n = embeds[b].shape[1]
         assert np.array_equal(out[0][0, start:start + n], ref[0][0, :n]), f"row {b} logits"
-        for layer, (_, present) in enumerate(m.io.kv_pairs):
+        for layer, (_, _present) in enumerate(m.io.kv_pairs):
             got = out[names.index(graph.kv_pairs[b * len(m.io.kv_pairs) + layer][1])]
             past = [0, 5, 9, 17][b]
             assert np.array_equal(got[:, :, : past + n], ref[3 + layer][:, :, : past + n]), f"row {b} K/V"
@@ -160,7 +162,7 @@ def test_batch_graph_rows_are_bitwise_the_one_sequence_graph(artifact):
 
 
 @pytest.mark.parametrize("batch", [2, 4])
-def test_oracle_drafter_ragged_acceptance_equals_each_rows_greedy(artifact, prompts, references, batch):
+def test_oracle_drafter_ragged_acceptance_equals_each_rows_greedy(artifact, prompts, references, batch) -> None:
     from specmemo.runtime.manifest import load_manifest
     from specmemo.runtime.pool import FixedWidth, Request
 
@@ -177,7 +179,7 @@ def test_oracle_drafter_ragged_acceptance_equals_each_rows_greedy(artifact, prom
         per_step[-1].append(len(update.tokens))
 
     out = pool.run([Request(p, REPLY) for p in prompts], on_update=watch)
-    for i, (got, want) in enumerate(zip(out, references)):
+    for i, (got, want) in enumerate(zip(out, references, strict=True)):
         assert got.token_ids == want, f"prompt {i}: batched reply differs from its own B=1 greedy reply"
     ragged = [s for s in per_step if len(s) > 1 and len(set(s)) > 1]
     assert len(ragged) >= 10, "the oracle should make rows accept different lengths in most steps"
@@ -222,15 +224,16 @@ def test_batch_memory_is_priced_exactly(artifact):
     from specmemo.runtime.session import SessionConfig
 
     m = load_manifest(artifact)
-    session = BatchSession(artifact, SessionConfig(sizes=SIZES, heads=False, batch=8))
+    session = BatchSession(Artifact.open(artifact), SessionConfig(sizes=SIZES, heads=False, batch=8))
     d, itemsize = m.dims, {"float32": 4, "float16": 2}[m.kv_dtype]
-    assert sum(b.nbytes for b in session.arena.kv) == (8 * 2 * d.num_layers * d.num_kv_heads * SIZES.capacity * d.head_dim
-                                                      * itemsize)
+    assert sum(b.nbytes for b in session.arena.kv) == (8 * 2 * d.num_layers * d.num_kv_heads * SIZES.capacity
+                                                      * d.head_dim * itemsize)
     fp = footprint(m, Calibration(0, 0), SIZES, batch=8)
     assert fp.kv == kv_bytes(d, capacity=SIZES.capacity, window_capacity=session.layout.window_capacity, batch=8,
                              itemsize=itemsize)
     assert fp.arena == session.arena.nbytes  # priced as allocated, to the byte
-    assert footprint(m, Calibration(0, 0), SIZES, batch=8).activations > footprint(m, Calibration(0, 0), SIZES).activations
+    assert (footprint(m, Calibration(0, 0), SIZES, batch=8).activations
+            > footprint(m, Calibration(0, 0), SIZES).activations)
 
 
 def test_missing_batch_graph_and_bad_sizes_are_one_line_errors(artifact, tmp_path):
@@ -241,11 +244,11 @@ def test_missing_batch_graph_and_bad_sizes_are_one_line_errors(artifact, tmp_pat
     cli = [sys.executable, "-m", "specmemo.cli", "export", "batch", "--artifact", str(artifact), "--batch", "1"]
     run = subprocess.run(cli, capture_output=True, text=True)
     assert run.returncode == 2 and "batch sizes start at 2" in run.stderr
-    with pytest.raises(ConfigError, match="batch 2 or more"):
+    with pytest.raises(ConfigError, match="`batch` 2 or more"):
         from specmemo.runtime.batch import BatchSession
         from specmemo.runtime.session import SessionConfig
 
-        BatchSession(artifact, SessionConfig(sizes=SIZES, heads=False, batch=1))
+        BatchSession(Artifact.open(artifact), SessionConfig(sizes=SIZES, heads=False, batch=1))
 
 
 def test_export_batch_adds_a_graph(artifact, tmp_path):
@@ -266,7 +269,7 @@ def rules_reference(artifact, prompt, rules, new):
     from specmemo.runtime.backend import OrtBackend
     from specmemo.runtime.session import DecoderSession, SessionConfig
 
-    backend = OrtBackend(DecoderSession(artifact, SessionConfig(sizes=SIZES, heads=False)))
+    backend = OrtBackend(DecoderSession(Artifact.open(artifact), SessionConfig(sizes=SIZES, heads=False)))
     out = backend.forward(prompt, tree.chain(len(prompt)), last_only=True)
     backend.commit(list(range(len(prompt))))
     tokens = []
@@ -308,7 +311,7 @@ def test_penalties_bias_and_logprobs_decode_plainly_per_row(artifact, prompts, r
         assert len(lp.top) == 3 and lp.top[0][0] == lp.token and lp.logprob == lp.top[0][1] <= 0.0
         assert lp.top[0][1] >= lp.top[1][1] >= lp.top[2][1]
     assert seen[0] == seen[1] == seen[3] == []
-    assert max(results[3].stats.tree_sizes) > 1 and max(results[0].stats.tree_sizes + [1]) == 1
+    assert max(results[3].stats.tree_sizes) > 1 and max([*results[0].stats.tree_sizes, 1]) == 1
 
 
 def test_sliding_rows_slide_on_their_own_and_stay_each_rows_greedy(tmp_path_factory, prompts):
@@ -323,12 +326,12 @@ def test_sliding_rows_slide_on_their_own_and_stay_each_rows_greedy(tmp_path_fact
 
     sizes, reply = Sizes(capacity=200, rows=8, tree=8), 150
     artifact = export_tiny(tiny_config("Gemma3ForCausalLM"), tmp_path_factory.mktemp("sliding"), max_capacity=256)
-    single = OrtBackend(DecoderSession(artifact, SessionConfig(sizes=sizes, heads=False)))
+    single = OrtBackend(DecoderSession(Artifact.open(artifact), SessionConfig(sizes=sizes, heads=False)))
     references = []
     for prompt in prompts:
         single.reset()
         references.append(generate(single, prompt, max_new_tokens=reply, eos_token_ids=set()).token_ids)
-    session = BatchSession(artifact, SessionConfig(sizes=sizes, heads=False, batch=4))
+    session = BatchSession(Artifact.open(artifact), SessionConfig(sizes=sizes, heads=False, batch=4))
     assert session.layout.window_capacity == 96 < max(len(p) for p in prompts) + reply
     backend = BatchBackend(session)
     slid = set()

@@ -16,8 +16,11 @@ from conftest import export_tiny, tiny_config
 from specmemo.bench import vllm as bench
 from specmemo.bench import vllm_env, vllm_worker
 from specmemo.errors import ConfigError
+from specmemo.runtime.artifact import Artifact
 from specmemo.runtime.config import EngineConfig, Mode
 from specmemo.runtime.engine import open_engine
+
+pytestmark = pytest.mark.slow  # vLLM's formats and workers, checked without vLLM: the full run covers them
 
 PROMPTS = [[1, 5, 9, 13, 17], [2, 4, 8, 16, 32, 64], [3, 3, 7]]
 NEW = 24
@@ -33,7 +36,7 @@ def test_chain_decode_is_greedy_and_counts_every_draft_of_a_perfect_drafter(tiny
     """The artifact drafting for itself guesses the target's argmax every time: each step accepts every
     token it drafted (K, or fewer where the model drafter's own chain is shorter), and the replies are
     greedy token for token."""
-    engine = open_engine(EngineConfig(artifact=tiny, mode=Mode.TREE, drafter=f"model:{tiny}", threads=2),
+    engine = open_engine(EngineConfig(artifact=Artifact.open(tiny), mode=Mode.TREE, drafter=f"model:{tiny}", threads=2),
                          log=lambda _: None)
     greedy = [engine.generate(p, max_new_tokens=NEW, mode=Mode.GREEDY).token_ids for p in PROMPTS]
     record = bench.Chain()
@@ -41,17 +44,18 @@ def test_chain_decode_is_greedy_and_counts_every_draft_of_a_perfect_drafter(tiny
     assert replies == greedy
     assert record.drafts > len(PROMPTS) and record.accepted == record.draft_tokens <= k * record.drafts
     assert len(record.per_position) == k and record.per_position[0] == record.drafts
-    assert sum(record.per_position) == record.accepted and record.per_position == sorted(record.per_position, reverse=True)
+    assert (sum(record.per_position) == record.accepted
+            and record.per_position == sorted(record.per_position, reverse=True))
     if k == 1:
         assert record.summary()["acceptance_length"] == 2
     assert record.tokens == sum(map(len, greedy))
 
 
 def test_a_medusa_chain_is_every_heads_top1_as_vllm_proposes(tmp_path):
-    from tests.test_heads import export_with_random_heads
+    from heads_common import export_with_random_heads
 
     artifact, _, _ = export_with_random_heads(tmp_path, tree_size=4)  # a tree too small to hold the K-deep path
-    engine = open_engine(EngineConfig(artifact=artifact, mode=Mode.TREE, drafter="medusa", threads=2),
+    engine = open_engine(EngineConfig(artifact=Artifact.open(artifact), mode=Mode.TREE, drafter="medusa", threads=2),
                          log=lambda _: None)
     greedy = [engine.generate(p, max_new_tokens=NEW, mode=Mode.GREEDY).token_ids for p in PROMPTS]
     record = bench.Chain()
@@ -97,7 +101,8 @@ def test_summary_compares_acceptance_and_identity(tmp_path):
 
     vllm = {"greedy": worker(outputs), "medusa": worker(outputs, spec), "ngram": worker([[1, 2, 3], [4, 6]], spec)}
     chain = {"drafter": "medusa", "k": 3, "acceptance_length": 1.6, "tokens_per_s": 50.0, "identical_to_greedy": 2}
-    ours = {"speed": {b: {"plain": 60.0, "speculative": 70.0, "mean_accepted": 1.4, "identical": "2+2/2"} for b in ("1", "8")},
+    ours = {"speed": {b: {"plain": 60.0, "speculative": 70.0, "mean_accepted": 1.4, "identical": "2+2/2"}
+                      for b in ("1", "8")},
             "chains": {"medusa": chain, "ngram": {**chain, "drafter": "lookup"}}}
     summary = bench.summarize(config, ours, outputs, vllm)
     assert summary["arms"]["medusa"]["vllm_acceptance_length"] == 1.5
@@ -146,8 +151,8 @@ def test_the_worker_script_imports_nothing_but_the_standard_library():
 
 def test_bench_vllm_without_the_batch_graph_fails_in_one_line_before_any_setup(tiny, tmp_path):
     started = time.perf_counter()
-    run = subprocess.run([sys.executable, "-m", "specmemo.cli", "bench", "vllm", "--artifact", str(tiny), "--batch", "1,3",
-                          "--venv", str(tmp_path / "venv"), "--out", str(tmp_path / "out")],
+    run = subprocess.run([sys.executable, "-m", "specmemo.cli", "bench", "vllm", "--artifact", str(tiny),
+                          "--batch", "1,3", "--venv", str(tmp_path / "venv"), "--out", str(tmp_path / "out")],
                          capture_output=True, text=True)
     assert run.returncode != 0 and "export batch" in run.stderr and len(run.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "venv").exists() and not (tmp_path / "out").exists()
@@ -155,8 +160,9 @@ def test_bench_vllm_without_the_batch_graph_fails_in_one_line_before_any_setup(t
 
 
 def test_bench_vllm_refuses_replies_the_artifact_cannot_hold_before_any_setup(tiny, tmp_path):
-    run = subprocess.run([sys.executable, "-m", "specmemo.cli", "bench", "vllm", "--artifact", str(tiny), "--batch", "1",
-                          "--max-new-tokens", "500", "--venv", str(tmp_path / "venv"), "--out", str(tmp_path / "out")],
+    run = subprocess.run([sys.executable, "-m", "specmemo.cli", "bench", "vllm", "--artifact", str(tiny),
+                          "--batch", "1", "--max-new-tokens", "500", "--venv", str(tmp_path / "venv"),
+                          "--out", str(tmp_path / "out")],
                          capture_output=True, text=True)
     assert run.returncode != 0 and "--max-new-tokens" in run.stderr and len(run.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "venv").exists()

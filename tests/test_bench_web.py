@@ -24,9 +24,12 @@ def test_a_run_becomes_rates_peaks_and_bars(tmp_path):
         object.__setattr__(config, name, value)
     expected = [[1, 2, 3], [4, 5]]
     runs = {
-        "specmemo-greedy": [[reply([1, 2, 3], tokens=3, decode_ms=1000, load_ms=900), reply([4, 5], tokens=2, decode_ms=500)]],
-        "specmemo-controller": [[reply([1, 2, 3], tokens=3, decode_ms=500, load_ms=950), reply([4, 6], tokens=2, decode_ms=250)]],
-        "wllama": [[reply([], tokens=3, decode_ms=400, rss=400 * 2**20, load_ms=800), reply([], tokens=2, decode_ms=200, rss=400 * 2**20)]],
+        "specmemo-greedy": [[reply([1, 2, 3], tokens=3, decode_ms=1000, load_ms=900),
+                             reply([4, 5], tokens=2, decode_ms=500)]],
+        "specmemo-controller": [[reply([1, 2, 3], tokens=3, decode_ms=500, load_ms=950),
+                                 reply([4, 6], tokens=2, decode_ms=250)]],
+        "wllama": [[reply([], tokens=3, decode_ms=400, rss=400 * 2**20, load_ms=800),
+                    reply([], tokens=2, decode_ms=200, rss=400 * 2**20)]],
     }
     summary = web.summarize(config, runs, expected, None)
     e = summary["engines"]
@@ -44,5 +47,5 @@ def test_a_run_becomes_rates_peaks_and_bars(tmp_path):
 def test_bad_settings_are_refused_in_one_line(tmp_path):
     with pytest.raises(ConfigError, match="unknown engine 'mlc'"):
         web.WebBenchConfig(artifact=tmp_path, gguf=tmp_path / "m.gguf", prompts=("x",), engines=("mlc",))
-    with pytest.raises(ConfigError, match="manifest.json is missing"):
+    with pytest.raises(ConfigError, match=r"manifest\.json is missing"):
         web.WebBenchConfig(artifact=tmp_path, gguf=tmp_path / "m.gguf", prompts=("x",))

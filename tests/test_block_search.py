@@ -3,11 +3,11 @@ mean squares; and the graph that reads them (one MatMulNBits, no minimum term) a
 
 import numpy as np
 import onnxruntime as ort
+from test_quantized import matmul_model
 
 from specmemo.export.block_search import importance, searched_blocks
 from specmemo.export.quantize import carry_matmuls, rtn_blocks
 from specmemo.runtime.session import SessionConfig, session_options
-from tests.test_quantized import matmul_model
 
 
 def weighted_error(blocks, weight, channel_weights):

@@ -10,13 +10,14 @@ import json
 import tracemalloc
 
 import pytest
+from heads_common import export_with_random_heads
 from transformers import AutoTokenizer
 
 from specmemo.export.reference import hf_greedy_reply
+from specmemo.runtime.artifact import Artifact
 from specmemo.runtime.backend import ContextOverflowError
 from specmemo.runtime.chat import ChatSession, common_prefix
 from specmemo.runtime.engine import EngineConfig, Mode, open_engine
-from tests.test_heads import export_with_random_heads
 
 USERS = ["w10 w11 w12 w13", "w20 w21 w22", "w30 w31 w32 w33 w34", "w40 w41", "w50 w51 w52", "w60 w61 w62 w63"]
 
@@ -33,14 +34,16 @@ def as_dicts(messages):
 
 
 def open_chat(artifact, *, mode=Mode.TREE, capacity=None, system=None, max_new_tokens=12):
-    engine = open_engine(EngineConfig(artifact=artifact, mode=mode, capacity=capacity), log=lambda _: None)
+    engine = open_engine(EngineConfig(artifact=Artifact.open(artifact), mode=mode, capacity=capacity),
+                         log=lambda _: None)
     return ChatSession(engine, system=system, max_new_tokens=max_new_tokens)
 
 
 @pytest.mark.parametrize("mode", [Mode.GREEDY, Mode.TREE])
-def test_three_turns_equal_hf_generate_on_the_whole_history(chat_model, mode):
+def test_three_turns_equal_hf_generate_on_the_whole_history(chat_model, mode) -> None:
     artifact, model, tokenizer = chat_model
     chat = open_chat(artifact, mode=mode, system="w5 w6")
+    previous_prompt: list[int] = []
     for i, user in enumerate(USERS[:3]):
         reply = chat.send(user)
         expected = hf_greedy_reply(model, tokenizer, as_dicts(chat.last_messages), max_new_tokens=12)
@@ -102,7 +105,7 @@ def test_ctrl_c_ends_the_reply_keeps_what_streamed_and_the_next_turn_is_exact(ch
 
 
 def test_reset_empties_the_cache_and_keeps_the_system_prompt(chat_model):
-    artifact, model, tokenizer = chat_model
+    artifact, _model, _tokenizer = chat_model
     chat = open_chat(artifact, system="w5", max_new_tokens=6)
     chat.send(USERS[0])
     chat.reset()

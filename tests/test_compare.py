@@ -9,9 +9,11 @@ import subprocess
 import sys
 
 import pytest
+from test_chat import chat_model  # noqa: F401  (tiny Llama with random heads, C=160)
 
 from specmemo.bench import compare
-from tests.test_chat import chat_model  # noqa: F401  (tiny Llama with random heads, C=160)
+
+pytestmark = pytest.mark.slow  # rounds of fresh-process engines
 
 
 def test_agreement_by_hand():
@@ -103,7 +105,8 @@ def test_draft_model_runs_face_pair_bars_and_their_own_greedy():
     assert not compare.uses_draft_model("lookup") and not compare.uses_draft_model(None)
     # exactness is counted against each runtime's own greedy run, over every round
     turns = lambda *ids: {"turns": [{"token_ids": list(t)} for t in ids]}  # noqa: E731
-    runs = {"specmemo-greedy": [turns((1, 2), (3, 4))], "specmemo-controller": [turns((1, 2), (3, 4)), turns((1, 2), (3, 5))],
+    runs = {"specmemo-greedy": [turns((1, 2), (3, 4))],
+            "specmemo-controller": [turns((1, 2), (3, 4)), turns((1, 2), (3, 5))],
             "llama.cpp": [turns((1, 2), (3, 4))], "llama.cpp-prompt-lookup": [turns((1, 9), (3, 4))]}
     assert compare.greedy_turns(runs, "specmemo-controller") == runs["specmemo-greedy"][0]["turns"]
     assert compare.greedy_turns(runs, "llama.cpp-prompt-lookup") == runs["llama.cpp"][0]["turns"]
@@ -136,7 +139,8 @@ def test_compare_runs_every_engine_and_writes_everything(chat_model, tmp_path, c
         records = [json.loads(line) for line in (out / f"{name}.jsonl").read_text().splitlines()]
         assert [r["question_id"] for r in records] == [0, 1]
     assert engines["specmemo-controller"]["arena_bytes"] > engines["specmemo-controller"]["kv_bytes"] > 0
-    assert summary["config"]["capacity"] == engines["specmemo-controller"]["capacity"] < load_manifest(artifact).max_capacity
+    assert (summary["config"]["capacity"] == engines["specmemo-controller"]["capacity"]
+            < load_manifest(artifact).max_capacity)
     assert set(summary["bars"]) == set(compare.BARS) - {"decode_tokens_per_s_vs_onnxruntime_genai"}  # no GenAI here
     # the honest baseline: PyTorch Medusa with its KV sized exactly like ours, beside Medusa's all-positions KV
     ours, sized, full = (engines[n] for n in ("specmemo-controller", "pytorch-medusa-sized", "pytorch-medusa"))

@@ -5,12 +5,13 @@ greedy. Typical acceptance by hand."""
 import numpy as np
 import pytest
 
+from specmemo.runtime.artifact import Artifact
 from specmemo.runtime.controller import Controller, LatencyCurve, ScoreCalibration
 from specmemo.runtime.decode import generate
-from specmemo.runtime.sampling import Sampling, accept_typical
 from specmemo.runtime.drafters.draft import DraftTree
 from specmemo.runtime.medusa_tree import MedusaTree
-from tests.test_heads import exported, tiny  # noqa: F401  (fixtures: tiny models with heads, 3 modes)
+from specmemo.runtime.sampling import Sampling, accept_typical
+
 
 def draft(*scores):
     """A chain draft with these scores after the root (tokens do not matter to the controller)."""
@@ -80,18 +81,20 @@ def test_controller_respects_space_and_t_max_and_backs_off():
 
 
 def test_decoding_under_the_controller_is_token_identical(exported):
+    from heads_common import OracleDrafter
+
     from specmemo.runtime.backend import OrtBackend
     from specmemo.runtime.drafters.medusa import MedusaDrafter
     from specmemo.runtime.session import DecoderSession
-    from tests.test_heads import OracleDrafter
 
     artifact, model, _ = exported
-    session = DecoderSession(artifact)
+    session = DecoderSession(Artifact.open(artifact))
     medusa = MedusaTree.from_choices(session.manifest.heads.tree)
     curve = LatencyCurve(sizes=(1, 4, 12), step_ms=(10.0, 11.0, 14.0))
     prompt = list(range(5, 25))  # capacity 64: the controller must shrink the tree near the end
-    greedy = generate(OrtBackend(DecoderSession(artifact)), prompt, max_new_tokens=60, eos_token_ids=set())
-    backend = OrtBackend(DecoderSession(artifact))
+    greedy = generate(OrtBackend(DecoderSession(Artifact.open(artifact))), prompt, max_new_tokens=60,
+                      eos_token_ids=set())
+    backend = OrtBackend(DecoderSession(Artifact.open(artifact)))
     controller = Controller(curve=curve, max_size=medusa.size)
     oracle = OracleDrafter(backend, len(prompt), greedy.token_ids, model.config.vocab_size)
     result = generate(backend, prompt, max_new_tokens=60, eos_token_ids=set(), drafter=MedusaDrafter(oracle, medusa),
@@ -123,7 +126,7 @@ def test_sampling_is_reproducible_for_a_seed(exported):
     from specmemo.runtime.session import DecoderSession
 
     artifact, _, _ = exported
-    session = DecoderSession(artifact)
+    session = DecoderSession(Artifact.open(artifact))
     medusa = MedusaTree.from_choices(session.manifest.heads.tree)
 
     def run(seed):

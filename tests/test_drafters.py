@@ -7,8 +7,10 @@ import json
 
 import numpy as np
 import pytest
+from heads_common import OracleDrafter
 
 from specmemo.errors import ConfigError
+from specmemo.runtime.artifact import Artifact
 from specmemo.runtime.backend import OrtBackend
 from specmemo.runtime.config import EngineConfig
 from specmemo.runtime.decode import generate
@@ -19,7 +21,6 @@ from specmemo.runtime.drafters.medusa import MedusaDrafter
 from specmemo.runtime.manifest import ManifestError, load_manifest
 from specmemo.runtime.medusa_tree import MedusaTree
 from specmemo.runtime.session import DecoderSession
-from tests.test_heads import OracleDrafter, exported, tiny  # noqa: F401  (fixtures)
 
 
 def test_ordered_caps_scores_sorts_best_first_and_cuts():
@@ -80,13 +81,14 @@ def test_prompt_lookup_proposes_a_scored_chain_and_reindexes_a_new_reply():
 
 def test_drafter_names_parse_with_one_line_errors():
     assert parse_drafter("medusa+lookup") == (DrafterName.MEDUSA, DrafterName.LOOKUP)
-    with pytest.raises(ConfigError, match="unknown drafter 'eagle9'.*medusa, lookup"):
+    with pytest.raises(ConfigError, match=r"unknown drafter 'eagle9'.*medusa, lookup"):
         parse_drafter("eagle9")
     with pytest.raises(ConfigError, match="named twice"):
         parse_drafter("lookup+lookup")
     with pytest.raises(ConfigError, match="unknown drafter"):
-        EngineConfig(artifact="x", drafter="medusa+nope")
-    assert parse_choices("feature+lookup,model:d/x") == ((DrafterName.FEATURE, DrafterName.LOOKUP), (DrafterName.MODEL,))
+        EngineConfig(artifact="x", drafter="medusa+nope")  # before anything checks the artifact
+    assert parse_choices("feature+lookup,model:d/x") == ((DrafterName.FEATURE, DrafterName.LOOKUP),
+                                                         (DrafterName.MODEL,))
     assert parse_drafter("lookup,medusa+lookup") == (DrafterName.LOOKUP, DrafterName.MEDUSA)  # every one run
     with pytest.raises(ConfigError, match="offered twice"):
         parse_choices("lookup,lookup")
@@ -119,12 +121,13 @@ def test_lookup_and_merged_drafts_decode_exactly_greedy(exported, seed):
     artifact, model, _ = exported
     vocab = model.config.vocab_size
     prompt = repeating_prompt(vocab, seed)
-    greedy = generate(OrtBackend(DecoderSession(artifact)), prompt, max_new_tokens=40, eos_token_ids=set()).token_ids
-    session = DecoderSession(artifact)
+    greedy = generate(OrtBackend(DecoderSession(Artifact.open(artifact))), prompt, max_new_tokens=40,
+                      eos_token_ids=set()).token_ids
+    session = DecoderSession(Artifact.open(artifact))
     lookup = generate(OrtBackend(session), prompt, max_new_tokens=40, eos_token_ids=set(), drafter=PromptLookup(),
                       max_tree=8)
     assert lookup.token_ids == greedy
-    backend = OrtBackend(DecoderSession(artifact))
+    backend = OrtBackend(DecoderSession(Artifact.open(artifact)))
     medusa = MedusaTree.from_choices(session.manifest.heads.tree)
     oracle = MedusaDrafter(OracleDrafter(backend, len(prompt), greedy, vocab, seed), medusa)
     merged = generate(backend, prompt, max_new_tokens=40, eos_token_ids=set(),
@@ -137,7 +140,7 @@ def test_lookup_accepts_what_the_context_repeats(exported):
     """History counts: a reply that repeats an earlier turn is drafted from it, and accepted."""
     artifact, model, _ = exported
     prompt = repeating_prompt(model.config.vocab_size, 0)
-    session = DecoderSession(artifact)
+    session = DecoderSession(Artifact.open(artifact))
     first = generate(OrtBackend(session), prompt, max_new_tokens=30, eos_token_ids=set()).token_ids
     session.reset()
     again = generate(OrtBackend(session), prompt, max_new_tokens=30, eos_token_ids=set(), drafter=PromptLookup(),
@@ -177,7 +180,8 @@ def test_eval_drafter_runs_and_reports_identity(exported):
         assert r["controller"]["identical_to_greedy"] == "2/2"
         assert len(r["teacher_forced"]["top1_by_depth"]) == 4 and r["bound"] >= 1.0
         forced = r["teacher_forced"]
-        assert all(t5 >= t1 for t1, t5 in zip(forced["top1_by_depth"], forced["top5_by_depth"]) if t1 is not None)
+        assert all(t5 >= t1 for t1, t5 in zip(forced["top1_by_depth"], forced["top5_by_depth"], strict=True)
+                   if t1 is not None)
         assert r["draft_share_of_verify"] > 0 and r["bound_chains_only"] >= 1.0
     assert "medusa+lookup" in table(results)
 
@@ -219,8 +223,9 @@ def test_a_choice_among_drafters_decodes_exactly_greedy_and_prices_each(exported
     artifact, model, _ = exported
     vocab = model.config.vocab_size
     prompt = np.random.default_rng(7).integers(5, vocab, 16).tolist()  # nothing repeats: lookup finds nothing
-    greedy = generate(OrtBackend(DecoderSession(artifact)), prompt, max_new_tokens=80, eos_token_ids=set()).token_ids
-    backend = OrtBackend(session := DecoderSession(artifact))
+    greedy = generate(OrtBackend(DecoderSession(Artifact.open(artifact))), prompt, max_new_tokens=80,
+                      eos_token_ids=set()).token_ids
+    backend = OrtBackend(session := DecoderSession(Artifact.open(artifact)))
     medusa = MedusaTree.from_choices(session.manifest.heads.tree)
     oracle = MedusaDrafter(OracleDrafter(backend, len(prompt), greedy, vocab), medusa)
     priced = Priced([PromptLookup(), oracle])

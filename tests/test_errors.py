@@ -38,7 +38,8 @@ import sys, time
 from specmemo.cli import main
 started = time.perf_counter()
 code = main(["export", "--model", sys.argv[1], "--out", sys.argv[2]])
-print(code, round(time.perf_counter() - started, 3), any(m.split(".")[0] in ("torch", "transformers") for m in sys.modules))
+print(code, round(time.perf_counter() - started, 3),
+      any(m.split(".")[0] in ("torch", "transformers") for m in sys.modules))
 """
 
 
@@ -69,6 +70,7 @@ def test_unsupported_gguf_is_refused_from_its_header_before_any_conversion(tmp_p
     assert "LlamaForCausalLM" in err and not out.exists() and not cache.exists()
 
 
+@pytest.mark.slow
 def test_header_reader_agrees_with_gguf_reader():
     """The header reader against gguf's own full reader, on the default model's GGUF."""
     from gguf import GGUFReader
@@ -87,6 +89,7 @@ def test_header_reader_agrees_with_gguf_reader():
         assert ours[key] == pytest.approx(theirs), key
 
 
+@pytest.mark.slow
 def test_unknown_model_spec():
     assert_one_line_error(specmemo("export", "--model", "no-such-model", "--out", "x"), "alias")
 

@@ -13,6 +13,7 @@ from transformers import AutoModelForCausalLM
 
 from specmemo.export.validate import HFReference, validate
 from specmemo.runtime import tree
+from specmemo.runtime.artifact import Artifact
 from specmemo.runtime.backend import OrtBackend
 from specmemo.runtime.embedding import EmbeddingTable
 from specmemo.runtime.manifest import ManifestError, load_manifest
@@ -49,7 +50,9 @@ def test_qwen2_with_qkv_bias_matches_hf(tmp_path, tied):
     assert report.passed and report.max_logits_diff <= TOLERANCE
 
 
-@pytest.mark.parametrize("architecture", ["Qwen2ForCausalLM", "LlamaForCausalLM", "Qwen3ForCausalLM", "Gemma3ForCausalLM"])
+@pytest.mark.parametrize("architecture", [pytest.param("Qwen2ForCausalLM", marks=pytest.mark.slow), "LlamaForCausalLM",
+                                          pytest.param("Qwen3ForCausalLM", marks=pytest.mark.slow),
+                                          pytest.param("Gemma3ForCausalLM", marks=pytest.mark.slow)])
 def test_random_config_nobody_chose(tmp_path, random_seed, architecture):
     config = tiny_config(architecture, seed=random_seed)
     artifact = export_tiny(config, tmp_path)
@@ -63,12 +66,13 @@ def test_random_config_nobody_chose(tmp_path, random_seed, architecture):
 
         sizes = Sizes(capacity=64, rows=16, tree=1)
         prompts = [prompt(config.vocab_size, 5, seed=1), prompt(config.vocab_size, 11, seed=2)]
-        one = OrtBackend(DecoderSession(artifact, SessionConfig(sizes=sizes, heads=False)))
+        one = OrtBackend(DecoderSession(Artifact.open(artifact), SessionConfig(sizes=sizes, heads=False)))
         want = []
         for ids in prompts:
             one.reset()
             want.append(generate(one, ids, max_new_tokens=12, eos_token_ids=set()).token_ids)
-        pool = SequencePool(BatchBackend(BatchSession(artifact, SessionConfig(sizes=sizes, heads=False, batch=2))))
+        pool = SequencePool(BatchBackend(BatchSession(Artifact.open(artifact),
+                                                      SessionConfig(sizes=sizes, heads=False, batch=2))))
         assert [g.token_ids for g in pool.run([Request(ids, 12) for ids in prompts])] == want
 
 
@@ -77,7 +81,8 @@ def test_tree_step_equals_causal_paths(tiny_llama):
     rng = np.random.default_rng(1)
     parents = [-1] + [int(rng.integers(-1, i)) for i in range(1, 12)]  # random tree, parents first
     ref = HFReference(hf_model(tiny_llama))
-    backend = OrtBackend(DecoderSession(tiny_llama, SessionConfig(sizes=Sizes(capacity=64, rows=64, tree=12))))
+    backend = OrtBackend(DecoderSession(Artifact.open(tiny_llama),
+                                        SessionConfig(sizes=Sizes(capacity=64, rows=64, tree=12))))
     vocab = backend.session.manifest.dims.vocab_size
     context = prompt(vocab, 9)
     backend.forward(context, tree.chain(len(context)))
@@ -92,11 +97,11 @@ def test_tree_step_equals_causal_paths(tiny_llama):
 
 def test_kv_buffer_is_updated_in_place(tiny_llama):
     """The bound numpy buffer itself holds the new rows: no copy of the cache was returned instead."""
-    session = DecoderSession(tiny_llama, SessionConfig(sizes=Sizes(capacity=32, rows=8, tree=4)))
+    session = DecoderSession(Artifact.open(tiny_llama), SessionConfig(sizes=Sizes(capacity=32, rows=8, tree=4)))
     before = [buffer.copy() for buffer in session.kv.buffers]
     session.step(np.array([[7, 8, 9]]), tree.position_ids(tree.chain(3), 0), tree.attention_bias(tree.chain(3), 0),
                  np.array([[2]]))
-    for old, new in zip(before, session.kv.buffers):
+    for old, new in zip(before, session.kv.buffers, strict=True):
         assert np.abs(new[:, :, :3]).sum() > 0 and not np.array_equal(old[:, :, :3], new[:, :, :3])
         assert np.array_equal(new[:, :, 3:], old[:, :, 3:])  # rows past the step untouched
 
@@ -137,7 +142,7 @@ def test_truncated_embedding_file_is_a_one_line_error(tiny_llama, tmp_path):
     path = artifact / load_manifest(artifact).embedding.file
     path.write_bytes(path.read_bytes()[:-4])
     with pytest.raises(ManifestError, match="re-export the artifact"):
-        DecoderSession(artifact)
+        DecoderSession(Artifact.open(artifact))
 
 
 def test_torch_twin_of_the_attention_op_matches_hf(tiny_llama):
@@ -159,11 +164,11 @@ def test_torch_twin_of_the_attention_op_matches_hf(tiny_llama):
 
 
 def test_prefill_logits_for_last_position_only(tiny_llama):
-    session = DecoderSession(tiny_llama)
+    session = DecoderSession(Artifact.open(tiny_llama))
     backend = OrtBackend(session)
     ids = prompt(session.manifest.dims.vocab_size, 7)
     last = backend.forward(ids, tree.chain(7), last_only=True)
-    full = OrtBackend(DecoderSession(tiny_llama)).forward(ids, tree.chain(7))
+    full = OrtBackend(DecoderSession(Artifact.open(tiny_llama))).forward(ids, tree.chain(7))
     assert last.logits.shape == (1, session.manifest.dims.vocab_size) and full.logits.shape[0] == 7
     np.testing.assert_allclose(last.logits[0], full.logits[-1], atol=1e-5)
 
@@ -174,8 +179,8 @@ def test_rewind_then_rerun_gives_the_same_logits(tiny_llama, kind):
     length on, run the same tokens again, get the same logits as the first time."""
     from specmemo.export.reference import TorchBackend
 
-    make = {"ort": lambda: OrtBackend(DecoderSession(tiny_llama, SessionConfig(sizes=Sizes(capacity=64, rows=16,
-                                                                                             tree=8)))),
+    make = {"ort": lambda: OrtBackend(DecoderSession(Artifact.open(tiny_llama),
+                                                     SessionConfig(sizes=Sizes(capacity=64, rows=16, tree=8)))),
             "torch": lambda: TorchBackend(hf_model(tiny_llama), capacity=64),
             "torch-preallocated": lambda: TorchBackend(hf_model(tiny_llama), capacity=64, preallocate=True)}
     backend = make[kind]()
@@ -207,7 +212,8 @@ def test_torch_reference_placed_by_accelerate_decodes_as_ort(tiny_llama, device)
     model, _ = load_hf(tiny_llama.parent / "hf", device_map={"": device}, max_memory=None)
     assert next(model.parameters()).device.type == device
     ids = prompt(load_manifest(tiny_llama).dims.vocab_size, 9)
-    want = generate(OrtBackend(DecoderSession(tiny_llama)), ids, max_new_tokens=30, eos_token_ids=set()).token_ids
+    want = generate(OrtBackend(DecoderSession(Artifact.open(tiny_llama))), ids, max_new_tokens=30,
+                    eos_token_ids=set()).token_ids
     torch_backend = TorchBackend(model, capacity=64)
     assert generate(torch_backend, ids, max_new_tokens=30, eos_token_ids=set()).token_ids == want
     torch_backend.reset()

@@ -5,17 +5,19 @@ and depth (`train heads --features` too)."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import shutil
 
 import numpy as np
 import pytest
+from conftest import export_tiny, tiny_config
+from heads_common import conversations
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from conftest import export_tiny, tiny_config
 from specmemo.errors import ConfigError
 from specmemo.export.feature_cache import SETTINGS_FILE, FeatureCacheConfig, cache_features, load_features
-from tests.test_heads import conversations
+from specmemo.runtime.artifact import Artifact
 
 CONFIG = FeatureCacheConfig(tokens=600, self_every=3, max_len=64, reply_tokens=12, shard_tokens=150, rows=16)
 
@@ -47,7 +49,7 @@ def test_shards_hold_the_decoders_features_and_resume_to_the_same_bytes(base, tm
     assert cache.starts[-1] == cache.positions and cache.target.any()
     # a conversation's features are the decoder's own, its top-1 the decoder's argmax
     a, b = int(cache.starts[1]), int(cache.starts[2])
-    backend = OrtBackend(DecoderSession(base[0], SessionConfig(sizes=Sizes(128, 16, 16), heads=False)))
+    backend = OrtBackend(DecoderSession(Artifact.open(base[0]), SessionConfig(sizes=Sizes(128, 16, 16), heads=False)))
     ids = cache.tokens[a:b].tolist()
     out = backend.forward(ids, tree.chain(len(ids)))
     assert np.array_equal(cache.hidden[a:b], out.hidden_states[: len(ids)].astype(np.float16))
@@ -77,6 +79,7 @@ def test_shards_hold_the_decoders_features_and_resume_to_the_same_bytes(base, tm
         load_features(tmp_path / "nothing")
 
 
+@pytest.mark.slow
 def test_train_drafter_from_features_reports_validation_per_epoch(base, tmp_path):
     from specmemo.export.train_drafter import DrafterTrainConfig, train_drafter
 
@@ -93,7 +96,7 @@ def test_train_drafter_from_features_reports_validation_per_epoch(base, tmp_path
     assert len(by_depth) == 4 and by_depth[0] == train["validation_top1_by_epoch"][-1]
     curve = train["learning_curve"]  # every 2 steps and each epoch's end: positions seen grow with the steps
     assert len(curve) > 3 and [c["step"] for c in curve] == sorted({c["step"] for c in curve})
-    assert all(b["positions_seen"] > a["positions_seen"] for a, b in zip(curve, curve[1:]))
+    assert all(b["positions_seen"] > a["positions_seen"] for a, b in itertools.pairwise(curve))
     assert curve[-1]["top1_by_depth"] == by_depth
     assert all(0.0 <= v <= 1.0 for v in by_depth)
     assert train["loss_last50"] < train["loss_first"]

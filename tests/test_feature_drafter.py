@@ -8,12 +8,14 @@ import numpy as np
 import pytest
 import torch
 from conftest import export_tiny, make_tokenizer
+from heads_common import conversations
 
 from specmemo.export.decoder import rotary_table
 from specmemo.export.drafter_graph import DrafterTopK
 from specmemo.export.feature_drafter import FeatureDrafter, FeatureDrafterSpec, load_drafter
 from specmemo.export.load import lm_head_t
 from specmemo.export.train_drafter import DrafterTrainConfig, train_drafter
+from specmemo.runtime.artifact import Artifact
 from specmemo.runtime.backend import OrtBackend
 from specmemo.runtime.decode import generate
 from specmemo.runtime.drafters import Merged
@@ -22,7 +24,6 @@ from specmemo.runtime.drafters.feature import OrtFeatureGraph
 from specmemo.runtime.drafters.lookup import PromptLookup
 from specmemo.runtime.session import DecoderSession, SessionConfig
 from specmemo.runtime.sizes import Sizes
-from tests.test_heads import conversations, tiny  # noqa: F401  (fixture)
 
 SUBVOCAB = 96
 
@@ -33,7 +34,8 @@ def random_drafter(model, seed=0, capacity=64) -> FeatureDrafter:
     dims = dims_from_config(model.config)
     spec = FeatureDrafterSpec.for_base(dims, subvocab_size=SUBVOCAB)
     cos, sin = rotary_table(model, capacity, dims.head_dim)
-    token_map = torch.arange(dims.vocab_size)[torch.randperm(dims.vocab_size, generator=torch.Generator().manual_seed(seed))[:SUBVOCAB]].sort().values
+    token_map = torch.arange(dims.vocab_size)[
+        torch.randperm(dims.vocab_size, generator=torch.Generator().manual_seed(seed))[:SUBVOCAB]].sort().values
     drafter = FeatureDrafter(spec, lm_head_t=lm_head_t(model), token_map=token_map, cos=cos, sin=sin)
     torch.manual_seed(seed)
     with torch.no_grad():
@@ -100,7 +102,7 @@ def test_unroll_is_the_runtime_tree_depth_by_depth(tiny, length):
     padded = drafter.unroll(torch.cat([features, torch.randn(1, 3, s.hidden_size)], 1),
                             torch.cat([embeds, torch.randn(1, 3, s.hidden_size)], 1), torch.arange(1, rows + 4)[None],
                             torch.tensor([[True] * rows + [False] * 3]), depths=depths)
-    for (g_pad, _), (g_ref, _) in zip(padded, passes):
+    for (g_pad, _), (g_ref, _) in zip(padded, passes, strict=True):
         torch.testing.assert_close(g_pad[:, :rows], g_ref, atol=1e-5, rtol=1e-5)
 
 
@@ -122,7 +124,7 @@ def with_drafter(tiny, tmp_path_factory):
 def test_graph_matches_torch(with_drafter):
     """ORT (drafter.onnx, KV bound in place) vs the torch twin: a 5-row chain, then a 3-node tree on top."""
     artifact, model, folder = with_drafter
-    session = DecoderSession(artifact)
+    session = DecoderSession(Artifact.open(artifact))
     manifest = session.manifest
     assert manifest.drafter == "feature+lookup"  # the exporter's default with a feature drafter
     graph = OrtFeatureGraph(session)
@@ -140,8 +142,8 @@ def test_graph_matches_torch(with_drafter):
         positions = np.arange(start + 1, start + rows + 1)
         out, ids, probs = graph.run(features, embeds, positions, bias.astype(np.float32))
         with torch.no_grad():
-            ref = twin(torch.from_numpy(features)[None], torch.from_numpy(embeds)[None], torch.from_numpy(positions)[None],
-                       torch.from_numpy(bias.astype(np.float32))[None, None], *kv)
+            ref = twin(torch.from_numpy(features)[None], torch.from_numpy(embeds)[None],
+                       torch.from_numpy(positions)[None], torch.from_numpy(bias.astype(np.float32))[None, None], *kv)
         kv = [ref[3], ref[4]]
         np.testing.assert_allclose(out, ref[0][0].numpy(), atol=1e-4, rtol=1e-4)
         np.testing.assert_allclose(probs, ref[2][0].numpy(), atol=1e-5)
@@ -154,8 +156,10 @@ def test_graph_matches_torch(with_drafter):
 def test_feature_drafts_decode_exactly_greedy(with_drafter, seed):
     artifact, model, _ = with_drafter
     prompt = np.random.default_rng(seed).integers(5, model.config.vocab_size, 9).tolist()
-    greedy = generate(OrtBackend(DecoderSession(artifact)), prompt, max_new_tokens=40, eos_token_ids=set()).token_ids
-    session = DecoderSession(artifact, SessionConfig(sizes=Sizes(capacity=64, rows=16, tree=12), heads=False))
+    greedy = generate(OrtBackend(DecoderSession(Artifact.open(artifact))), prompt, max_new_tokens=40,
+                      eos_token_ids=set()).token_ids
+    session = DecoderSession(Artifact.open(artifact),
+                             SessionConfig(sizes=Sizes(capacity=64, rows=16, tree=12), heads=False))
     graph = OrtFeatureGraph(session)
     feature = RuntimeFeatureDrafter(graph, session.embedding)
     for drafter in (feature, Merged([feature, PromptLookup()])):
@@ -166,6 +170,7 @@ def test_feature_drafts_decode_exactly_greedy(with_drafter, seed):
         assert max(result.stats.draft_sizes) > 1  # it did draft trees
 
 
+@pytest.mark.slow
 def test_training_learns_is_deterministic_and_resumes(tiny, tmp_path):
     from safetensors.torch import load_file
 
@@ -203,6 +208,7 @@ def test_training_learns_is_deterministic_and_resumes(tiny, tmp_path):
                       log=lambda *_: None)
 
 
+@pytest.mark.slow
 def test_a_float16_kv_artifact_drafts_through_a_float16_drafter_buffer(tiny, tmp_path):
     """export --kv-dtype float16 beside a feature drafter: the drafter graph's KV I/O are float16 like the
     decoder's (one KV dtype for the arena's views), and its drafts decode exactly the same graph's greedy."""
@@ -221,7 +227,7 @@ def test_a_float16_kv_artifact_drafts_through_a_float16_drafter_buffer(tiny, tmp
     kv = {v.type.tensor_type.elem_type for v in list(graph.input) + list(graph.output)
           if v.name.startswith(("draft_past_", "draft_present_"))}
     assert kv == {onnx.TensorProto.FLOAT16}
-    engine = open_engine(EngineConfig(artifact=artifact, mode=Mode.TREE, drafter="feature", capacity=64),
+    engine = open_engine(EngineConfig(artifact=Artifact.open(artifact), mode=Mode.TREE, drafter="feature", capacity=64),
                          log=lambda *_: None)
     for seed in range(2):
         prompt = np.random.default_rng(seed).integers(5, model.config.vocab_size, 9).tolist()
@@ -230,6 +236,7 @@ def test_a_float16_kv_artifact_drafts_through_a_float16_drafter_buffer(tiny, tmp
         assert drafted.token_ids == greedy and max(drafted.stats.tree_sizes) > 1
 
 
+@pytest.mark.slow
 def test_a_deeper_drafter_is_sized_and_drafted_from_its_manifest(tiny, tmp_path, monkeypatch):
     """--feature-depth 4 --feature-width 3: the manifest says so, the arena's drafter buffer has C + 4 x 3 rows,
     trees reach depth 4 and never 5, and decoding stays token-identical to greedy."""
@@ -243,7 +250,8 @@ def test_a_deeper_drafter_is_sized_and_drafted_from_its_manifest(tiny, tmp_path,
     save_drafter(random_drafter(model, seed=3), tmp_path / "drafter")
     artifact = export_tiny(None, tmp_path, max_capacity=64, feature_drafter=tmp_path / "drafter", feature_depth=4,
                            feature_width=3)
-    session = DecoderSession(artifact, SessionConfig(sizes=Sizes(capacity=64, rows=24, tree=20), heads=False))
+    session = DecoderSession(Artifact.open(artifact),
+                             SessionConfig(sizes=Sizes(capacity=64, rows=24, tree=20), heads=False))
     info = session.manifest.feature_drafter
     assert (info.depth, info.width, info.scratch_slots, info.capacity) == (4, 3, 12, 64 + 12)
     assert session.arena["drafter_kv.0"].shape[2] == 64 + 12
@@ -262,7 +270,8 @@ def test_a_deeper_drafter_is_sized_and_drafted_from_its_manifest(tiny, tmp_path,
 
     drafter.propose = counted
     prompt = np.random.default_rng(4).integers(5, model.config.vocab_size, 9).tolist()
-    greedy = generate(OrtBackend(DecoderSession(artifact)), prompt, max_new_tokens=30, eos_token_ids=set()).token_ids
+    greedy = generate(OrtBackend(DecoderSession(Artifact.open(artifact))), prompt, max_new_tokens=30,
+                      eos_token_ids=set()).token_ids
     result = generate(OrtBackend(session), prompt, max_new_tokens=30, eos_token_ids=set(), drafter=drafter,
                       max_tree=20)
     assert result.token_ids == greedy
@@ -322,7 +331,8 @@ def test_a_shipped_drafter_goes_with_exports_of_the_dtype_it_was_trained_on(tmp_
     assert default_feature_drafter("smollm2-135m") is not None  # no dtype asked: whatever ships
     shipped = json.loads((SHIPPED_DRAFTERS / "smollm2-135m" / "drafter.json").read_text())
     features = json.dumps({"artifact": "abc|int4", "data": "sharegpt"})
-    for card, dtype in (({"train": {"features": features}}, "int4"), ({"train": {"features": ""}}, "float32"), ({}, "float32")):
+    for card, dtype in (({"train": {"features": features}}, "int4"), ({"train": {"features": ""}}, "float32"),
+                        ({}, "float32")):
         (tmp_path / "drafter.json").write_text(json.dumps({**shipped, "card": card}))
         assert trained_on_dtype(tmp_path) == dtype
 
@@ -333,13 +343,13 @@ def test_weights_that_do_not_fit_drafter_json_are_one_line(with_drafter, tmp_pat
 
     from specmemo.export.feature_drafter import DrafterError, load_drafter
 
-    artifact, model, folder = with_drafter
+    _artifact, model, folder = with_drafter
     broken = tmp_path / "broken"
     shutil.copytree(folder, broken)
     spec = json.loads((broken / "drafter.json").read_text())
     (broken / "drafter.json").write_text(json.dumps({**spec, "intermediate_size": spec["intermediate_size"] + 8}))
     cos, sin = rotary_table(model, 16, model.config.hidden_size // model.config.num_attention_heads)
-    with pytest.raises(DrafterError, match="does not fit its drafter.json .*size mismatch"):
+    with pytest.raises(DrafterError, match=r"does not fit its drafter\.json .*size mismatch"):
         load_drafter(broken, lm_head_t=lm_head_t(model), cos=cos, sin=sin)
 
 
@@ -350,7 +360,7 @@ def test_a_drafter_ships_in_half_the_bytes_and_loads_the_same(with_drafter, tmp_
 
     from specmemo.cli import main
 
-    artifact, model, folder = with_drafter
+    _artifact, model, folder = with_drafter
     out = tmp_path / "shipped"
     assert main(["export", "drafter", "--drafter", str(folder), "--format", "shipped", "--out", str(out)]) == 0
     assert sorted(p.name for p in out.iterdir()) == ["CARD.md", "drafter.json", "drafter.safetensors"]

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from specmemo.bench import optimum
-from specmemo.bench.quality import prefill_logits
 from specmemo.bench.front import FrontConfig, _speed_request, config_json, format_table, plot_front
+from specmemo.bench.quality import prefill_logits
 from specmemo.errors import ConfigError
 
 

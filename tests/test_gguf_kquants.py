@@ -63,7 +63,8 @@ def test_a_fused_matrix_of_mixed_types_keeps_every_weight():
 
 def test_an_untied_models_embedding_reads_its_gguf_blocks(tmp_path):
     """export/embedding_rows.gguf_rows: a Q4_K token_embd becomes the artifact's table (values; scales and
-    minimums factored as the GGUF stores them), checked against the float32 table; the runtime's rows equal that table bit for bit."""
+    minimums factored as the GGUF stores them), checked against the float32 table; the runtime's rows equal that table
+    bit for bit."""
     import gguf
 
     from specmemo.export.embedding_rows import gguf_rows
@@ -116,7 +117,8 @@ def test_q4_k_scales_are_stored_as_the_gguf_stores_them_and_fold_back_exactly():
     def run(tensors, nodes, x):
         node = helper.make_node("MatMulNBits", ["x", "w.q", "w.scales", "w.zero_points"], ["y"], domain="com.microsoft",
                                 K=512, N=16, bits=4, block_size=32, accuracy_level=4)
-        graph = helper.make_graph(nodes + [node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 512])],
+        graph = helper.make_graph([*nodes, node], "g",
+                                  [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 512])],
                                   [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 16])], tensors)
         model = helper.make_model(graph, ir_version=10, opset_imports=[helper.make_opsetid("", 21),
                                                                        helper.make_opsetid("com.microsoft", 1)])
@@ -126,5 +128,6 @@ def test_q4_k_scales_are_stored_as_the_gguf_stores_them_and_fold_back_exactly():
     tensors, nodes = matmulnbits_tensors("w", blocks)
     assert not any(t.name == "w.scales" for t in tensors)  # stored factored
     assert sum(t.ByteSize() for t in tensors if t.name.startswith("w.scales")) < blocks.scale.nbytes / 2
-    plain = [t for t in tensors if not t.name.startswith("w.scales")] + [numpy_helper.from_array(blocks.scale, "w.scales")]
+    plain = ([t for t in tensors if not t.name.startswith("w.scales")]
+             + [numpy_helper.from_array(blocks.scale, "w.scales")])
     assert np.array_equal(run(tensors, nodes, x), run(plain, [], x))

@@ -4,11 +4,10 @@ the searched nearest-code blocks of the same size do, and a run over a model's b
 import numpy as np
 import pytest
 import torch
+from conftest import tiny_config
 
 from specmemo.export.block_search import importance, searched_blocks
 from specmemo.export.gptq import gptq_blocks, gptq_body
-
-from conftest import tiny_config
 
 
 def test_gptq_blocks_move_the_outputs_less_than_nearest_codes():
@@ -21,7 +20,8 @@ def test_gptq_blocks_move_the_outputs_less_than_nearest_codes():
     assert solved.q.max() <= 15 and solved.zero.dtype == np.uint8 and solved.block == 128
     assert np.array_equal(solved.scale.astype(np.float16).astype(np.float32), solved.scale)  # f16 steps
     searched = searched_blocks(w, block=128, channel_weights=importance(x))
-    error = lambda b: float(np.mean(np.square(x @ b.dequantize().T - x @ w.T)))
+    def error(b):
+        return float(np.mean(np.square(x @ b.dequantize().T - x @ w.T)))
     assert error(solved) < 0.7 * error(searched), (error(solved), error(searched))
 
 

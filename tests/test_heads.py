@@ -6,65 +6,38 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from dataclasses import replace
 
 import numpy as np
 import pytest
 import torch
-from conftest import export_tiny, make_tokenizer, save_tiny_model, tiny_config
+from conftest import make_tokenizer
+from heads_common import TOP_K, K, OracleDrafter, conversations, random_heads
 from safetensors.torch import save_file
-from transformers import AutoModelForCausalLM
 
-from specmemo.export.heads import (HeadsError, HeadsSpec, MedusaHeads, load_heads, load_medusa_checkpoint, save_heads,
-                                   to_subvocab)
+from specmemo.export.heads import (
+    HeadsError,
+    HeadsSpec,
+    MedusaHeads,
+    load_heads,
+    load_medusa_checkpoint,
+    save_heads,
+    to_subvocab,
+)
 from specmemo.export.reference import TorchBackend, TorchDrafter
 from specmemo.export.train_heads import TrainConfig, head_rows, train_heads
+from specmemo.runtime.artifact import Artifact
 from specmemo.runtime.backend import OrtBackend
 from specmemo.runtime.decode import generate
 from specmemo.runtime.drafters.medusa import MedusaDrafter, OrtMedusaHeads
-from specmemo.runtime.medusa_tree import MedusaTree, grow_tree
+from specmemo.runtime.medusa_tree import MedusaTree
 from specmemo.runtime.session import DecoderSession
-
-K, TOP_K = 3, 4
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    """A tiny Llama (HF folder) and its LM head [h, V]."""
-    folder = save_tiny_model(tiny_config("LlamaForCausalLM"), tmp_path_factory.mktemp("tiny") / "hf")
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype="float32").eval()
-    return folder, model, model.lm_head.weight.detach().t().contiguous()
-
-
-def random_heads(lm_head_t, mode="shared", seed=0, **spec) -> MedusaHeads:
-    hidden, vocab = lm_head_t.shape
-    spec = HeadsSpec(hidden_size=hidden, vocab_size=vocab, num_heads=K, mode=mode, **spec)
-    token_map = torch.arange(0, vocab, 2)[: spec.subvocab_size] if mode == "subvocab" else None
-    heads = MedusaHeads(spec, lm_head_t, token_map)
-    torch.manual_seed(seed)
-    with torch.no_grad():
-        for block in heads.blocks:
-            block[0].linear.weight.normal_(0, 0.3)
-            block[0].linear.bias.normal_(0, 0.3)
-    return heads
-
-
-def export_with_random_heads(root, *, mode="shared", max_capacity=160, tree_size=8, **spec):
-    """A tiny Llama with random Medusa heads and a greedy-grown tree of `tree_size` nodes, exported
-    into root/artifact: (artifact, the HF model, its folder)."""
-    config = tiny_config("LlamaForCausalLM")
-    folder = save_tiny_model(config, root / "hf")
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype="float32").eval()
-    heads = random_heads(model.lm_head.weight.detach().t().contiguous(), mode=mode, **spec)
-    accuracy = [[0.6 * 0.5**d * 0.6**r for r in range(TOP_K)] for d in range(heads.spec.num_heads)]
-    save_heads(heads, root / "heads", replace(heads.spec, tree=grow_tree(accuracy, tree_size).choices))
-    return export_tiny(config, root, max_capacity=max_capacity, heads=root / "heads", top_k=TOP_K), model, folder
 
 
 def test_fresh_heads_are_the_base_lm_head(tiny):
     """Blocks start at zero, so every head first predicts what the base model predicts next."""
-    _, model, lm_head_t = tiny
-    heads = MedusaHeads(HeadsSpec(hidden_size=lm_head_t.shape[0], vocab_size=lm_head_t.shape[1], num_heads=K), lm_head_t)
+    _, _model, lm_head_t = tiny
+    heads = MedusaHeads(HeadsSpec(hidden_size=lm_head_t.shape[0], vocab_size=lm_head_t.shape[1], num_heads=K),
+                        lm_head_t)
     hidden = torch.randn(5, lm_head_t.shape[0])
     logits = heads(hidden)  # [5, K, V]
     for k in range(K):
@@ -106,7 +79,7 @@ def test_save_load_roundtrip(tiny, tmp_path, mode):
 def test_heads_for_another_model_are_refused(tiny, tmp_path):
     _, _, lm_head_t = tiny
     save_heads(random_heads(lm_head_t), tmp_path)
-    with pytest.raises(HeadsError, match="base LM head .* expect"):
+    with pytest.raises(HeadsError, match=r"base LM head .* expect"):
         load_heads(tmp_path, torch.zeros(lm_head_t.shape[0], lm_head_t.shape[1] + 1))
 
 
@@ -140,6 +113,7 @@ def test_fasterdecoding_checkpoint_loads(tiny, tmp_path, pickled):
         torch.testing.assert_close(heads(x)[:, k], block @ state[f"{k}.1.weight"].t())
 
 
+@pytest.mark.slow
 def test_fasterdecoding_checkpoint_with_wrong_dims_is_one_line_error(tiny, tmp_path):
     folder, _, lm_head_t = tiny
     hidden, vocab = lm_head_t.shape
@@ -156,16 +130,10 @@ def test_fasterdecoding_checkpoint_with_wrong_dims_is_one_line_error(tiny, tmp_p
     assert "Traceback" not in run.stderr
 
 
-def conversations(vocab: int, count: int = 12, seed: int = 0):
-    rng = np.random.default_rng(seed)
-    words = lambda n: " ".join(f"w{i}" for i in rng.integers(5, vocab, n))  # noqa: E731
-    return [[{"role": "user", "content": words(6)}, {"role": "assistant", "content": words(20)},
-             {"role": "user", "content": words(4)}, {"role": "assistant", "content": words(15)}] for _ in range(count)]
-
-
+@pytest.mark.slow
 @pytest.mark.parametrize("loss", ["kl", "ce"])
 def test_training_reduces_the_loss(tiny, tmp_path, loss):
-    folder, model, _ = tiny
+    _folder, model, _ = tiny
     tokenizer = make_tokenizer(model.config.vocab_size)
     config = TrainConfig(num_heads=K, loss=loss, conversations=12, max_len=64, epochs=6, batch_rows=32, lr=1e-2,
                          warmup_steps=2, checkpoint_every=5)
@@ -177,7 +145,7 @@ def test_training_reduces_the_loss(tiny, tmp_path, loss):
 
 
 def test_training_resumes_from_its_checkpoint(tiny, tmp_path):
-    folder, model, _ = tiny
+    _folder, model, _ = tiny
     tokenizer = make_tokenizer(model.config.vocab_size)
     data = conversations(model.config.vocab_size)
     config = TrainConfig(num_heads=K, conversations=12, max_len=64, epochs=2, batch_rows=32, warmup_steps=2,
@@ -198,7 +166,7 @@ def test_head_targets_stay_inside_each_conversation():
     cache = TeacherCache(np.zeros((8, 2), np.float32), np.zeros((8, 1), np.int32), np.ones((8, 1), np.float32),
                          target, np.array([0, 4, 8]))
     rows, valid = head_rows(cache, num_heads=2)  # head k at row t reads teacher position t + k + 1
-    assert dict(zip(rows.tolist(), valid.tolist())) == {
+    assert dict(zip(rows.tolist(), valid.tolist(), strict=True)) == {
         0: [True, True], 1: [True, True],
         2: [True, False],  # head 1 would read position 4: the next conversation
         4: [False, True],  # position 5's next token is not an assistant token
@@ -208,25 +176,9 @@ def test_head_targets_stay_inside_each_conversation():
 
 # ---- the heads graph and speculative decoding ------------------------------------------------------
 
-@pytest.fixture(scope="module", params=["shared", "own", "subvocab"])
-def exported(request, tmp_path_factory):
-    """A tiny artifact exported with random heads (and a small grown tree) in each projection mode."""
-    root = tmp_path_factory.mktemp(f"heads-{request.param}")
-    config = tiny_config("LlamaForCausalLM")
-    folder = save_tiny_model(config, root / "hf")  # export_tiny reuses it
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype="float32").eval()
-    extra = {"subvocab_size": 96} if request.param == "subvocab" else {}
-    heads = random_heads(model.lm_head.weight.detach().t().contiguous(), request.param, **extra)
-    accuracy = [[0.6 * 0.5**d * 0.6**r for r in range(TOP_K)] for d in range(K)]
-    spec = replace(heads.spec, tree=grow_tree(accuracy, 12).choices)
-    save_heads(heads, root / "heads", spec)
-    artifact = export_tiny(config, root, heads=root / "heads", top_k=TOP_K)
-    return artifact, model, load_heads(root / "heads", model.lm_head.weight.detach().t().contiguous())
-
-
 def test_heads_graph_matches_torch(exported):
-    artifact, model, heads = exported
-    session = DecoderSession(artifact)
+    artifact, _model, heads = exported
+    session = DecoderSession(Artifact.open(artifact))
     drafter = OrtMedusaHeads(session)
     hidden = torch.randn(6, heads.spec.hidden_size)
     ids, probs = drafter.run(hidden.numpy())
@@ -251,32 +203,14 @@ def test_shared_heads_graph_carries_no_second_lm_head(exported):
     assert (artifact / "heads.onnx.data").stat().st_size <= block_bytes  # its own bytes: the blocks only
 
 
-class OracleDrafter:
-    """Medusa heads that know the greedy reply: rank 0 or 1 of head k holds the true token 80% of
-    the time, the other ranks wrong ones, so long paths are accepted, often through non-first
-    branches (row moves); random probabilities, so the drafter reorders the tree each step."""
-
-    def __init__(self, backend, prompt_len, reply, vocab, seed=0):
-        self.backend, self.prompt_len, self.reply, self.vocab = backend, prompt_len, reply, vocab
-        self.rng, self.top_k = np.random.default_rng(seed), TOP_K
-
-    def draft(self, hidden):
-        p = self.backend.length - 1 - self.prompt_len  # reply index of the last committed token (-1: prompt end)
-        table = (self.rng.integers(5, self.vocab, (K, TOP_K)) + 1) % self.vocab
-        for k in range(K):
-            i = p + 2 + k
-            if i < len(self.reply) and self.rng.random() < 0.8:
-                table[k, self.rng.integers(0, 2)] = self.reply[i]
-        return table, self.rng.random((K, TOP_K))
-
-
-@pytest.mark.parametrize("backend_kind", ["ort", "torch", "torch-preallocated"])
+@pytest.mark.parametrize("backend_kind", ["ort", pytest.param("torch", marks=pytest.mark.slow),
+                                          pytest.param("torch-preallocated", marks=pytest.mark.slow)])
 def test_speculative_equals_greedy(exported, backend_kind):
     artifact, model, heads = exported
-    session = DecoderSession(artifact)
+    session = DecoderSession(Artifact.open(artifact))
     medusa = MedusaTree.from_choices(session.manifest.heads.tree)
     eos = set()
-    make = {"ort": lambda: OrtBackend(DecoderSession(artifact)),
+    make = {"ort": lambda: OrtBackend(DecoderSession(Artifact.open(artifact))),
             "torch": lambda: TorchBackend(model, capacity=64),
             "torch-preallocated": lambda: TorchBackend(model, capacity=64, preallocate=True)}[backend_kind]
     for seed in range(3):
@@ -286,7 +220,8 @@ def test_speculative_equals_greedy(exported, backend_kind):
         assert greedy == reference.token_ids  # every backend decodes what HF's model does
         backend = make()
         oracle = OracleDrafter(backend, len(prompt), greedy, model.config.vocab_size, seed)
-        spec = generate(backend, prompt, max_new_tokens=40, eos_token_ids=eos, drafter=MedusaDrafter(oracle, medusa), max_tree=medusa.size)
+        spec = generate(backend, prompt, max_new_tokens=40, eos_token_ids=eos, drafter=MedusaDrafter(oracle, medusa),
+                        max_tree=medusa.size)
         assert spec.token_ids == greedy
         assert spec.stats.mean_accepted > 1.5  # the oracle's paths really were accepted
         real = OrtMedusaHeads(session) if backend_kind == "ort" else TorchDrafter(heads, TOP_K)
@@ -296,13 +231,15 @@ def test_speculative_equals_greedy(exported, backend_kind):
 
 def test_capacity_end_prunes_the_tree_instead_of_failing(exported):
     artifact, model, _ = exported
-    session = DecoderSession(artifact)
+    session = DecoderSession(Artifact.open(artifact))
     medusa = MedusaTree.from_choices(session.manifest.heads.tree)
     prompt = list(range(5, 45))  # capacity 64: 24 rows left, the 12-node tree must shrink near the end
-    greedy = generate(OrtBackend(DecoderSession(artifact)), prompt, max_new_tokens=100, eos_token_ids=set())
-    backend = OrtBackend(DecoderSession(artifact))
+    greedy = generate(OrtBackend(DecoderSession(Artifact.open(artifact))), prompt, max_new_tokens=100,
+                      eos_token_ids=set())
+    backend = OrtBackend(DecoderSession(Artifact.open(artifact)))
     oracle = OracleDrafter(backend, len(prompt), greedy.token_ids, model.config.vocab_size)
-    spec = generate(backend, prompt, max_new_tokens=100, eos_token_ids=set(), drafter=MedusaDrafter(oracle, medusa), max_tree=medusa.size)
+    spec = generate(backend, prompt, max_new_tokens=100, eos_token_ids=set(), drafter=MedusaDrafter(oracle, medusa),
+                    max_tree=medusa.size)
     assert spec.stats.finish_reason == greedy.stats.finish_reason == "capacity"
     assert spec.token_ids == greedy.token_ids
     assert min(spec.stats.tree_sizes) < medusa.size
@@ -312,7 +249,7 @@ def test_training_is_deterministic_for_a_seed(tiny, tmp_path):
     """The shipped heads' card gives a command; rerunning it must give the same weights."""
     from safetensors.torch import load_file
 
-    folder, model, _ = tiny
+    _folder, model, _ = tiny
     tokenizer = make_tokenizer(model.config.vocab_size)
     data = conversations(model.config.vocab_size, seed=4)
     config = TrainConfig(num_heads=K, conversations=12, max_len=64, epochs=2, batch_rows=32, warmup_steps=2)

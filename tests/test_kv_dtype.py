@@ -8,15 +8,15 @@ tests/test_feature_drafter.py)."""
 import numpy as np
 import onnx
 import pytest
+from conftest import export_tiny, tiny_config
+from test_quantized import rows_route
 
 from specmemo.errors import ConfigError
 from specmemo.export.artifact import ExportOptions
+from specmemo.runtime.artifact import Artifact
 from specmemo.runtime.manifest import load_manifest
 from specmemo.runtime.session import DecoderSession, SessionConfig
 from specmemo.runtime.sizes import Sizes
-
-from conftest import export_tiny, tiny_config
-from test_quantized import rows_route
 
 
 @pytest.fixture(scope="module")
@@ -37,18 +37,19 @@ def test_kv_buffers_are_float16_in_graph_manifest_and_arena(tiny_kv16):
     assert manifest.kv_dtype == "float16" and manifest.bytes_per_kv_element == 2
     assert manifest.draft_shape == "chain"  # trees round apart in float16 attention (export/artifact.py)
     graph = onnx.load(str(tiny_kv16 / "decoder.onnx"), load_external_data=False).graph
-    kv_types = {v.type.tensor_type.elem_type for v in list(graph.input) + list(graph.output) if "key" in v.name or "value" in v.name}
+    kv_types = {v.type.tensor_type.elem_type for v in list(graph.input) + list(graph.output)
+                if "key" in v.name or "value" in v.name}
     assert kv_types == {onnx.TensorProto.FLOAT16}
     assert {i.type.tensor_type.elem_type for i in graph.input if i.name == "inputs_embeds"} == {onnx.TensorProto.FLOAT}
     d, capacity = manifest.dims, 32
-    session = DecoderSession(tiny_kv16, SessionConfig(sizes=Sizes(capacity=capacity, rows=8, tree=8)))
+    session = DecoderSession(Artifact.open(tiny_kv16), SessionConfig(sizes=Sizes(capacity=capacity, rows=8, tree=8)))
     assert {b.dtype for b in session.kv.buffers} == {np.dtype(np.float16)}
     assert session.kv.nbytes() == 2 * d.num_layers * d.num_kv_heads * capacity * d.head_dim * 2
 
 
 def test_float16_kv_keeps_one_route_and_stays_near_float32(tiny_pair):
     kv16, kv32 = tiny_pair
-    chain, single, padded = rows_route(kv16, 12)
+    chain, _single, padded = rows_route(kv16, 12)
     assert np.array_equal(padded, chain)  # speculation stays exact: a row's logits do not depend on T
     reference = rows_route(kv32, 12)[0]
     assert 0 < np.abs(chain - reference).max() <= 1e-2 * np.abs(reference).max()

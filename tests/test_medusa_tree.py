@@ -43,7 +43,7 @@ def sim_style_choices(branching=(4, 3, 2, 2)) -> list[tuple[int, ...]]:
 
 def test_medusa_order_matches_the_definition():
     t = MedusaTree.medusa_order(sim_style_choices()[::-1])  # given in a scrambled order
-    nodes = [()] + list(t.choices)
+    nodes = [(), *list(t.choices)]
     mask = tree.ancestor_mask(t.parents())
     for i, j in itertools.product(range(t.size), repeat=2):
         assert mask[i, j] == (nodes[i][: len(nodes[j])] == nodes[j]), (nodes[i], nodes[j])
@@ -101,7 +101,7 @@ def medusa_reference(choices, topk):
             continue
         path = [ordered.index(choice[: c + 1]) + 1 for c in range(len(choice))]
         covered.update(choice[: c + 1] for c in range(len(choice)))
-        paths.append(tuple([0] + path))
+        paths.append(tuple([0, *path]))
     return mask.astype(bool), tree_indices, position_ids, sorted(paths)
 
 
@@ -141,6 +141,7 @@ def all_trees(candidates, size):
             yield sorted(chosen, key=lambda c: (len(c), c))
 
 
+@pytest.mark.slow
 def test_grow_tree_is_optimal_under_its_model():
     rng = np.random.default_rng(3)
     accuracy = [sorted(rng.uniform(0, 0.6, 3), reverse=True) for _ in range(3)]  # K=3, k=3

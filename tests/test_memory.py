@@ -1,17 +1,19 @@
 """The memory model against hand arithmetic and against what the arena really allocates;
 lower bound and fit(budget) against their definitions."""
 
+import itertools
 from dataclasses import replace
 
 import numpy as np
 import pytest
 
 from specmemo.runtime.arena import ALIGN, Arena, ArenaLayout
+from specmemo.runtime.artifact import Artifact
 from specmemo.runtime.manifest import HeadsInfo, ModelDims, load_manifest
-from specmemo.runtime.sizes import Sizes
 from specmemo.runtime.medusa_tree import useful_tree_size
 from specmemo.runtime.memory import BudgetError, Calibration, activation_bytes, footprint, kv_bytes, parse_size
 from specmemo.runtime.plan import fit, lower_bound
+from specmemo.runtime.sizes import Sizes
 
 SMOLLM2 = ModelDims(architecture="LlamaForCausalLM", vocab_size=49152, hidden_size=576, intermediate_size=1536,
                     num_layers=30, num_heads=9, num_kv_heads=3, head_dim=64, rms_norm_eps=1e-5,
@@ -27,7 +29,8 @@ def test_kv_bytes_by_hand():
 
 def test_activation_bytes_by_hand():
     # R rows x (3 x 1536 MLP + (9 + 6) x 64 QKV + 2 x 576) x 4 + 9 heads x R x C x 4 scores
-    assert activation_bytes(SMOLLM2, rows=32, capacity=2048, itemsize=4) == 32 * (4608 + 960 + 1152) * 4 + 9 * 32 * 2048 * 4
+    assert activation_bytes(SMOLLM2, rows=32, capacity=2048, itemsize=4) == (32 * (4608 + 960 + 1152) * 4
+                                                                              + 9 * 32 * 2048 * 4)
 
 
 def small_layout(**overrides) -> ArenaLayout:
@@ -60,7 +63,7 @@ def test_arena_is_one_allocation_of_aligned_disjoint_views():
     arena = Arena(small_layout())
     assert arena.nbytes == arena.layout.allocation_bytes
     spans = sorted((v.ctypes.data, v.ctypes.data + v.nbytes) for v in arena.views.values())
-    for (start, end), (next_start, _) in zip(spans, spans[1:]):
+    for (start, end), (next_start, _) in itertools.pairwise(spans):
         assert start % ALIGN == 0 and end <= next_start  # aligned, no overlap
     block = (arena.block.ctypes.data, arena.block.ctypes.data + arena.block.nbytes)
     assert block[0] <= spans[0][0] and spans[-1][1] <= block[1]  # every view inside the one block
@@ -73,7 +76,7 @@ def test_footprint_arena_is_what_the_session_allocates(tiny_llama):
 
     manifest = load_manifest(tiny_llama)
     sizes = Sizes(capacity=48, rows=8, tree=4)
-    session = DecoderSession(tiny_llama, SessionConfig(sizes=sizes))
+    session = DecoderSession(Artifact.open(tiny_llama), SessionConfig(sizes=sizes))
     fp = footprint(manifest, CAL, sizes)
     assert fp.arena == session.arena.nbytes
     d = manifest.dims

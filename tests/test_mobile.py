@@ -6,12 +6,12 @@ they use, and asking an artifact without .ort files for them is a one-line error
 
 import numpy as np
 import pytest
+from conftest import export_tiny, tiny_config
 
-from specmemo.runtime.manifest import ManifestError, load_manifest
+from specmemo.runtime.artifact import Artifact
+from specmemo.runtime.manifest import ManifestError, ModelFormat, load_manifest
 from specmemo.runtime.session import DecoderSession, SessionConfig
 from specmemo.runtime.sizes import Sizes
-
-from conftest import export_tiny, tiny_config
 
 
 @pytest.fixture(scope="module")
@@ -20,14 +20,14 @@ def tiny_mobile(tmp_path_factory):
 
 
 def steps(artifact, model_format: str) -> list[np.ndarray]:
-    session = DecoderSession(artifact, SessionConfig(sizes=Sizes(capacity=32, rows=8, tree=8),
-                                                     model_format=model_format))
+    session = DecoderSession(Artifact.open(artifact), SessionConfig(sizes=Sizes(capacity=32, rows=8, tree=8),
+                                                     model_format=ModelFormat(model_format)))
     assert str(session.session._model_path).endswith(f".{model_format}")
     outputs = []
     for length, size in ((0, 5), (5, 2)):
         ids = np.arange(3, 3 + size, dtype=np.int64)[None]
-        out = session.step(ids, np.arange(length, length + size)[None], np.zeros((1, 1, size, length + size), np.float32),
-                           np.arange(size)[None])
+        out = session.step(ids, np.arange(length, length + size)[None],
+                           np.zeros((1, 1, size, length + size), np.float32), np.arange(size)[None])
         session.commit(size)
         outputs += [out.logits, out.hidden_states]
     return outputs
@@ -37,10 +37,11 @@ def test_ort_graphs_step_like_the_onnx_ones(tiny_mobile):
     info = load_manifest(tiny_mobile).ort_format
     assert info.files == ("decoder.ort",) and info.target_platform == "amd64"
     assert any(line.startswith("com.microsoft;1;") and "GroupQueryAttention" in line for line in info.operators)
-    for ort, onnx in zip(steps(tiny_mobile, "ort"), steps(tiny_mobile, "onnx")):
+    for ort, onnx in zip(steps(tiny_mobile, "ort"), steps(tiny_mobile, "onnx"), strict=True):
         np.testing.assert_allclose(ort, onnx, rtol=0, atol=1e-5)
 
 
 def test_ort_format_without_mobile_export_names_the_fix(tiny_llama):
     with pytest.raises(ManifestError, match="re-export it with --mobile"):
-        DecoderSession(tiny_llama, SessionConfig(sizes=Sizes(capacity=32, rows=8, tree=8), model_format="ort"))
+        DecoderSession(Artifact.open(tiny_llama),
+                       SessionConfig(sizes=Sizes(capacity=32, rows=8, tree=8), model_format="ort"))

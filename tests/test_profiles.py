@@ -12,8 +12,17 @@ from pathlib import Path
 import pytest
 from conftest import export_tiny, tiny_config
 
-from specmemo.device_profiles.schema import (PROFILES_DIR, THIS_MACHINE, DeviceKind, ProfileError, all_profiles,
-                                             load_profile, load_profile_file, profile_files)
+from specmemo.device_profiles.schema import (
+    PROFILES_DIR,
+    THIS_MACHINE,
+    DeviceKind,
+    ProfileError,
+    all_profiles,
+    load_profile,
+    load_profile_file,
+    profile_files,
+)
+from specmemo.runtime.artifact import Artifact
 
 GOOD = (PROFILES_DIR / "pixel-8.toml").read_text()
 
@@ -33,7 +42,7 @@ def test_every_shipped_profile_loads_with_sources():
 def test_this_machine_is_detected():
     me = load_profile(THIS_MACHINE)
     assert me.ram > 2**30 and 0 < me.app_memory <= me.ram and me.cpu_cores >= 1
-    assert [p.name for p in all_profiles()][0] == THIS_MACHINE
+    assert next(p.name for p in all_profiles()) == THIS_MACHINE
 
 
 @pytest.mark.parametrize("edit, key", [
@@ -99,7 +108,7 @@ def test_a_budget_below_the_lower_bound_is_one_line_in_plan_and_chat(tiny_artifa
     artifact, _ = tiny_artifact
     tight = small_profile(tmp_path, "tight", "40MiB")  # below any process's load
     for command in (["plan"], ["chat", "--prompt", "w5"], ["generate", "--prompt", "w5"]):
-        assert main(command + ["--artifact", str(artifact), "--profile", str(tight)]) == 1
+        assert main([*command, "--artifact", str(artifact), "--profile", str(tight)]) == 1
         err = capsys.readouterr().err.strip().splitlines()
         assert len([line for line in err if line.startswith("specmemo: error:")]) == 1
         assert "below the lower bound" in err[-1] and "raise --budget" in err[-1]
@@ -108,12 +117,13 @@ def test_a_budget_below_the_lower_bound_is_one_line_in_plan_and_chat(tiny_artifa
     assert plan["profile"] == "pixel-8" and plan["plan"]["capacity"] == 128 and plan["budget"] == int(4.8 * 2**30)
 
 
+@pytest.mark.slow
 def test_export_profile_writes_the_plan_or_refuses_and_keeps_the_old_artifact(tiny_artifact, tmp_path, capsys,
                                                                                monkeypatch):
     from specmemo.cli import main
     from specmemo.runtime.manifest import load_manifest
 
-    artifact, root = tiny_artifact
+    _artifact, root = tiny_artifact
     out = tmp_path / "sized"
     assert main(["export", "--model", str(root / "hf"), "--out", str(out), "--profile", "raspberry-pi-5-4gb",
                  "--no-validate"]) == 0
@@ -145,7 +155,7 @@ def test_export_profile_writes_the_plan_or_refuses_and_keeps_the_old_artifact(ti
         raise AssertionError("the manifest's plan was fitted again")
 
     monkeypatch.setattr(plan_sizes, "fit", no_refit)  # export decided C, R and T_max: the runtime takes them as written
-    engine = open_engine(EngineConfig(artifact=out), log=lambda _: None)
+    engine = open_engine(EngineConfig(artifact=Artifact.open(out)), log=lambda _: None)
     plan = manifest.plan
     assert engine.session.sizes == engine.plan.sizes == Sizes(capacity=plan.capacity, rows=plan.rows, tree=plan.tree)
     assert engine.plan.source is plan_sizes.Source.DEVICE_PLAN and engine.plan.footprint is not None

@@ -9,18 +9,24 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+from conftest import export_tiny, tiny_config
 from onnx import TensorProto, helper, numpy_helper
 
-from specmemo.export.gguf_weights import (FORMATS, GgufWeightsError, QuantBlocks, carry, decode, fold_bias,
-                                          llama_rotary_order)
+from specmemo.export.gguf_weights import (
+    FORMATS,
+    GgufWeightsError,
+    carry,
+    decode,
+    fold_bias,
+    llama_rotary_order,
+)
 from specmemo.export.lm_head import narrow_lm_head, rerank_argmax
 from specmemo.export.quantize import carry_matmuls
 from specmemo.export.weights_dtype import QuantOptions, WeightDtype
+from specmemo.runtime.artifact import Artifact
 from specmemo.runtime.embedding import EmbeddingTable
 from specmemo.runtime.manifest import EmbeddingInfo, QuantizedRows
 from specmemo.runtime.session import SessionConfig, session_options
-
-from conftest import export_tiny, tiny_config
 
 
 def raw_blocks(type_name: str, rows: int, cols: int, rng) -> np.ndarray:
@@ -58,7 +64,8 @@ def test_carried_matmul_computes_with_the_gguf_weights(type_name, level):
     weight = blocks.dequantize()  # [N, K]
     model = matmul_model(np.ascontiguousarray(weight.T))
     assert carry_matmuls(model, {"w": blocks}, accuracy_level=level) == ["w"]
-    assert {n.op_type for n in model.graph.node} >= {"MatMulNBits"} and "w" not in {t.name for t in model.graph.initializer}
+    assert ({n.op_type for n in model.graph.node} >= {"MatMulNBits"}
+            and "w" not in {t.name for t in model.graph.initializer})
     session = ort.InferenceSession(model.SerializeToString(), session_options(SessionConfig()))  # the process pool
     x = rng.standard_normal((1, 5, 128)).astype(np.float32)
     y = session.run(None, {"x": x})[0]
@@ -79,7 +86,8 @@ def test_carry_checks_the_weights_and_refuses_a_mismatch():
     blocks = decode("Q4_1", raw_blocks("Q4_1", 8, 64, np.random.default_rng(2)))
     weight = blocks.dequantize()
     order = np.array([1, 0, 3, 2, 5, 4, 7, 6])
-    assert np.array_equal(carry(blocks, weight[order], name="w", orders=[np.arange(8), order]).dequantize(), weight[order])
+    assert np.array_equal(carry(blocks, weight[order], name="w", orders=[np.arange(8), order]).dequantize(),
+                          weight[order])
     with pytest.raises(GgufWeightsError, match="--dtype float32"):
         carry(blocks, weight + 1e-3, name="w", orders=[np.arange(8)])
 
@@ -107,7 +115,7 @@ def rows_route(artifact: Path, steps: int) -> tuple[np.ndarray, np.ndarray, np.n
     from specmemo.runtime.session import DecoderSession, SessionConfig
     from specmemo.runtime.sizes import Sizes
 
-    session = DecoderSession(artifact, SessionConfig(sizes=Sizes(capacity=48, rows=16, tree=16)))
+    session = DecoderSession(Artifact.open(artifact), SessionConfig(sizes=Sizes(capacity=48, rows=16, tree=16)))
     backend = OrtBackend(session)
     prompt = list(range(3, 11))
     tokens = [int(t) for t in np.random.default_rng(4).integers(3, 60, steps)]
@@ -126,7 +134,8 @@ def rows_route(artifact: Path, steps: int) -> tuple[np.ndarray, np.ndarray, np.n
             backend.commit([0])
         backend.min_rows = session.manifest.min_step_rows
         results.append(np.stack(rows))
-    return tuple(results)
+    one_call, single_rows, padded_rows = results
+    return one_call, single_rows, padded_rows
 
 
 @pytest.fixture(scope="module")
@@ -144,7 +153,7 @@ def test_tiny_int4_export_is_matmulnbits_and_one_route_is_bitwise(tiny_int4, tin
     ops = {n.op_type for n in onnx.load(str(tiny_int4 / "decoder.onnx"), load_external_data=False).graph.node}
     assert "MatMulNBits" in ops and "MatMul" not in ops
     for artifact in (tiny_llama, tiny_int4):
-        chain, single, padded = rows_route(artifact, 12)
+        chain, _single, padded = rows_route(artifact, 12)
         assert np.array_equal(padded, chain), artifact  # >= 2 rows a call: bitwise, whatever T and row
     # Why the padding row exists: on the machines this was first measured on, the M = 1 int8-activation
     # kernels rounded apart from M >= 2; on an AMD EPYC (AVX-512 VNNI) they agreed. That is the CPU's
@@ -219,9 +228,10 @@ def test_centered_minimum_keeps_the_weights_and_halves_the_int8_activation_error
     rng = np.random.default_rng(5)
     blocks = decode("Q4_1", raw_blocks("Q4_1", 96, 256, rng))
     centered = blocks.with_zero_points(residual=True)
-    reals = lambda b: (b.scale.astype(np.float64)[..., None] * (b.q.reshape(96, -1, 32).astype(np.float64)
-                       - (b.zero if np.isscalar(b.zero) else b.zero[..., None].astype(np.float64)))
-                       + b.bias.astype(np.float64)[..., None])
+    def reals(b):
+        return (b.scale.astype(np.float64)[..., None] * (b.q.reshape(96, -1, 32).astype(np.float64)
+                           - (b.zero if np.isscalar(b.zero) else b.zero[..., None].astype(np.float64)))
+                           + b.bias.astype(np.float64)[..., None])
     assert np.array_equal(reals(centered), reals(blocks)) and centered.zero.max() > 0
     weight = blocks.dequantize()
     x = (rng.standard_normal((1, 64, 256)) + 0.5).astype(np.float32)  # a mean, as real activations have
@@ -251,7 +261,8 @@ def test_folded_residual_rides_in_the_same_node(digits):
     ops = sorted(n.op_type for n in model.graph.node if n.op_type != "Cast")
     assert ops == ["AveragePool", "Concat", "MatMulNBits"] + (["Pad"] if digits > 1 else [])  # reads only x
     node = next(n for n in model.graph.node if n.op_type == "MatMulNBits")
-    assert helper.get_attribute_value(next(a for a in node.attribute if a.name == "K")) == 256 + (8 if digits == 1 else 64)
+    assert (helper.get_attribute_value(next(a for a in node.attribute if a.name == "K"))
+            == 256 + (8 if digits == 1 else 64))
     floats = [t for t in model.graph.initializer if t.data_type == TensorProto.FLOAT]
     assert sum(int(np.prod(t.dims)) for t in floats) < 64 * 8  # scales only: no [K, nb] indicator read a step
     from dataclasses import replace

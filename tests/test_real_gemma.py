@@ -16,6 +16,7 @@ from specmemo.export.artifact import ExportOptions, default_heads, export_artifa
 from specmemo.export.load import load_hf, resolve_model
 from specmemo.export.reference import hf_greedy_reply
 from specmemo.export.validate import VALIDATION_PROMPT, chat_prompt_ids, validate
+from specmemo.runtime.artifact import Artifact
 from specmemo.runtime.backend import OrtBackend
 from specmemo.runtime.decode import generate
 from specmemo.runtime.drafters import parse_drafter
@@ -57,7 +58,8 @@ def test_gemma3_chat_answers_three_turns_as_hf_generate(gemma, monkeypatch, caps
     assert [t["user"] for t in turns] == TURNS
     for i, turn in enumerate(turns):
         assert turn["text"].strip(), f"turn {i + 1} is empty"
-        assert turn["token_ids"] == hf_greedy_reply(model, tokenizer, turn["messages"], max_new_tokens=32), f"turn {i + 1}"
+        assert turn["token_ids"] == hf_greedy_reply(model, tokenizer, turn["messages"],
+                                                    max_new_tokens=32), f"turn {i + 1}"
 
 
 def test_gemma3_past_the_window_equals_hf_sliding_window_generate(gemma):
@@ -68,7 +70,7 @@ def test_gemma3_past_the_window_equals_hf_sliding_window_generate(gemma):
     with torch.no_grad():
         hf = model.generate(torch.tensor([prompt]), max_new_tokens=new, min_new_tokens=new, do_sample=False,
                             attention_mask=torch.ones(1, len(prompt), dtype=torch.long))[0, len(prompt):].tolist()
-    session = DecoderSession(artifact, SessionConfig(heads=True))
+    session = DecoderSession(Artifact.open(artifact), SessionConfig(heads=True))
     backend = OrtBackend(session)
     greedy = generate(backend, prompt, max_new_tokens=new, eos_token_ids=set()).token_ids
     assert session.kv.offset > 0 and session.kv.window_capacity < session.kv.capacity  # it slid
@@ -85,8 +87,9 @@ def test_gemma3_past_the_window_equals_hf_sliding_window_generate(gemma):
 def test_serve_batches_gemma3_as_single_request_greedy(gemma):
     """`serve --batch 8` on Gemma 3 (sliding layers: each row its own window bias and buffers): 16 concurrent
     clients x 3 requests, every reply the one-sequence greedy reply of the same graph."""
+    from test_serve import sixteen_clients_get_single_request_greedy
+
     from specmemo.datasets import load_questions
-    from tests.test_serve import sixteen_clients_get_single_request_greedy
 
     artifact, _, _ = gemma
     assert load_manifest(artifact).batch_graph(8).attention_bias_local

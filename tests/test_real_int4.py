@@ -17,8 +17,9 @@ from specmemo.export.load import DEFAULT_MODEL, load_hf, resolve_model
 from specmemo.export.validate import chat_prompt_ids
 from specmemo.export.weights_dtype import QuantOptions, WeightDtype
 from specmemo.runtime import tree
-from specmemo.runtime.engine import EngineConfig, Mode, open_engine
+from specmemo.runtime.artifact import Artifact
 from specmemo.runtime.embedding import EmbeddingTable
+from specmemo.runtime.engine import EngineConfig, Mode, open_engine
 from specmemo.runtime.manifest import embedding_for, load_manifest
 from specmemo.runtime.tokenizer import Message
 
@@ -43,7 +44,7 @@ def int4(tmp_path_factory):
 
 
 def test_every_matrix_is_carried_and_the_bytes_are_the_arithmetic(int4):
-    artifact, model, _ = int4
+    artifact, _model, _ = int4
     manifest = load_manifest(artifact)
     d = manifest.dims
     assert manifest.weight_dtype == "int4"
@@ -54,7 +55,8 @@ def test_every_matrix_is_carried_and_the_bytes_are_the_arithmetic(int4):
     shapes = [(layer[0], d.hidden_size), (d.hidden_size, d.hidden_size), (d.intermediate_size, d.hidden_size),
               (d.intermediate_size, d.hidden_size), (d.hidden_size, d.intermediate_size)]
     wide = lambda k: k + -(-(k // 32) // 32) * 32  # noqa: E731
-    q4_1 = sum(n * wide(k) // 2 + (n * wide(k) // 32) * 2 + n * -(-(wide(k) // 32) // 2) for n, k in shapes) * d.num_layers
+    q4_1 = sum(n * wide(k) // 2 + (n * wide(k) // 32) * 2 + n * -(-(wide(k) // 32) // 2)
+               for n, k in shapes) * d.num_layers
     q8_0 = d.vocab_size * d.hidden_size + d.vocab_size * (d.hidden_size // 32) * 2
     stored = (artifact / manifest.decoder_data_file).stat().st_size
     assert q4_1 + q8_0 <= stored <= (q4_1 + q8_0) * 1.005 + (1 << 20)  # + norms, rotary table: no [K, P] constants
@@ -63,7 +65,8 @@ def test_every_matrix_is_carried_and_the_bytes_are_the_arithmetic(int4):
 
 def test_embedding_rows_are_the_fp32_models(int4):
     artifact, model, _ = int4
-    engine = open_engine(EngineConfig(artifact=artifact, mode=Mode.GREEDY, capacity=128), log=lambda *_: None)
+    engine = open_engine(EngineConfig(artifact=Artifact.open(artifact), mode=Mode.GREEDY, capacity=128),
+                         log=lambda *_: None)
     ids = np.array([0, 1, 2, 504, 12345, model.config.vocab_size - 1])
     rows = np.zeros((len(ids), model.config.hidden_size), np.float32)
     engine.session.embedding.lookup(ids, rows)
@@ -85,7 +88,8 @@ def hf_replies(int4):
 
 def test_teacher_forced_argmax_agrees_with_the_fp32_model(int4, hf_replies):
     artifact, _, _ = int4
-    engine = open_engine(EngineConfig(artifact=artifact, mode=Mode.GREEDY, capacity=256), log=lambda *_: None)
+    engine = open_engine(EngineConfig(artifact=Artifact.open(artifact), mode=Mode.GREEDY, capacity=256),
+                         log=lambda *_: None)
     same = total = 0
     for ids, reply in hf_replies:
         engine.backend.reset()
@@ -107,7 +111,8 @@ def test_mobile_export_writes_ort_graphs_and_the_reduced_build_operators(int4):
     info = load_manifest(artifact).ort_format
     assert info.files == ("decoder.ort", "heads.ort") and all((artifact / f).stat().st_size > 0 for f in info.files)
     config = (artifact / info.required_operators).read_text()
-    assert "com.microsoft;1;GroupQueryAttention,MatMulNBits,QuickGelu,SkipSimplifiedLayerNormalization" in config.splitlines()
+    assert ("com.microsoft;1;GroupQueryAttention,MatMulNBits,QuickGelu,SkipSimplifiedLayerNormalization"
+            in config.splitlines())
     assert [line for line in config.splitlines() if not line.startswith("#")] == list(info.operators)
     # the .ort set reads token rows from decoder.ort itself: the same values as from decoder.onnx.data
     manifest = load_manifest(artifact)
@@ -115,7 +120,7 @@ def test_mobile_export_writes_ort_graphs_and_the_reduced_build_operators(int4):
     assert (onnx_rows.file, ort_rows.file) == ("decoder.onnx.data", "decoder.ort")
     ids = np.array([0, 7, 1234, manifest.dims.vocab_size - 1])
     rows = [np.zeros((len(ids), manifest.dims.hidden_size), np.float32) for _ in range(2)]
-    for info, out in zip((onnx_rows, ort_rows), rows):
+    for info, out in zip((onnx_rows, ort_rows), rows, strict=True):
         EmbeddingTable(artifact / info.file, info).lookup(ids, out)
     assert np.array_equal(rows[0], rows[1]) and np.abs(rows[0]).max() > 0
 
@@ -123,8 +128,8 @@ def test_mobile_export_writes_ort_graphs_and_the_reduced_build_operators(int4):
 @pytest.mark.parametrize("mode,model_format", [(Mode.TREE, "onnx"), (Mode.AUTO, "onnx"), (Mode.TREE, "ort")])
 def test_speculative_equals_greedy_of_the_same_int4_graph(int4, mode, model_format):
     artifact, _, _ = int4
-    engine = open_engine(EngineConfig(artifact=artifact, mode=mode, capacity=256, model_format=model_format),
-                         log=lambda *_: None)
+    engine = open_engine(EngineConfig(artifact=Artifact.open(artifact), mode=mode, capacity=256,
+                                      model_format=model_format), log=lambda *_: None)
     for prompt in PROMPTS:
         ids = engine.tokenizer.encode_chat([Message("user", prompt)])
         greedy = engine.generate(ids, max_new_tokens=NEW_TOKENS, mode=Mode.GREEDY, ignore_eos=True)
@@ -136,12 +141,14 @@ def test_speculative_equals_greedy_of_the_same_int4_graph(int4, mode, model_form
 def test_typescript_engine_reads_the_same_int4_artifact_in_both_formats(int4):
     """What the Android app loads (the .ort graphs, rows read from decoder.ort) and what Node loads
     (.onnx): the TypeScript engine's ids equal the Python runtime's greedy ids (tests/test_typescript.py)."""
-    from tests.test_typescript import node
+    from test_typescript import node
 
     artifact, _, _ = int4
-    engine = open_engine(EngineConfig(artifact=artifact, mode=Mode.GREEDY, capacity=256), log=lambda *_: None)
+    engine = open_engine(EngineConfig(artifact=Artifact.open(artifact), mode=Mode.GREEDY, capacity=256),
+                         log=lambda *_: None)
     prompt = PROMPTS[0]
-    expected = engine.generate(engine.tokenizer.encode_chat([Message("user", prompt)]), max_new_tokens=NEW_TOKENS).token_ids
+    expected = engine.generate(engine.tokenizer.encode_chat([Message("user", prompt)]),
+                               max_new_tokens=NEW_TOKENS).token_ids
     for model_format in ("ort", "onnx"):
         (out,) = node("generate", "--artifact", str(artifact), "--prompt", prompt, "--max-new-tokens", str(NEW_TOKENS),
                       "--mode", "tree", "--capacity", "256", "--model-format", model_format)
@@ -160,8 +167,9 @@ def int4_f16kv(tmp_path_factory):
 def test_serve_batches_the_float16_kv_int4_artifact_as_single_request_greedy(int4_f16kv):
     """`serve --batch 8` on it: 16 concurrent clients x 3 requests, every reply the one-sequence greedy reply
     of the same graph (each row's numbers are its own, whatever the batch around it)."""
+    from test_serve import sixteen_clients_get_single_request_greedy
+
     from specmemo.datasets import load_questions
-    from tests.test_serve import sixteen_clients_get_single_request_greedy
 
     assert load_manifest(int4_f16kv).kv_dtype == "float16"
     questions = [q.turns[0] for q in load_questions()[:48] if len(q.turns[0]) < 300][:24] * 2

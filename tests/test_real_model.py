@@ -13,9 +13,10 @@ import torch
 
 from specmemo.export.artifact import default_heads
 from specmemo.export.heads import load_heads
-from specmemo.export.reference import TorchBackend, TorchDrafter
 from specmemo.export.load import DEFAULT_MODEL, load_hf, resolve_model
+from specmemo.export.reference import TorchBackend, TorchDrafter
 from specmemo.export.validate import VALIDATION_PROMPT, chat_prompt_ids, validate
+from specmemo.runtime.artifact import Artifact
 from specmemo.runtime.backend import OrtBackend
 from specmemo.runtime.decode import generate
 from specmemo.runtime.drafters import parse_drafter
@@ -66,11 +67,11 @@ def test_export_validates_against_pytorch(real):
 
 def test_chat_template_matches_hf(real):
     artifact, _, tokenizer = real
-    session = DecoderSession(artifact)
-    ours = ChatTokenizer(artifact, session.manifest)
+    ours = ChatTokenizer(Artifact.open(artifact))
     conversation = [Message("system", "Be brief."), Message("user", "Hi!"), Message("assistant", "Hello."),
                     Message("user", "Name a colour.")]
-    expected = tokenizer.apply_chat_template([vars(m) for m in conversation], tokenize=False, add_generation_prompt=True)
+    expected = tokenizer.apply_chat_template([vars(m) for m in conversation], tokenize=False,
+                                             add_generation_prompt=True)
     assert ours.render(conversation) == expected
     assert ours.encode_chat(conversation) == tokenizer(expected, add_special_tokens=False)["input_ids"]
 
@@ -82,8 +83,8 @@ def test_ort_equals_hf_generate(real, hf_greedy, prompt, drafter):
     verifying whole trees: HF greedy's tokens."""
     artifact, _, _ = real
     ids, expected = hf_greedy[prompt]
-    session = DecoderSession(artifact)
-    eos = ChatTokenizer(artifact, session.manifest).eos_token_ids
+    session = DecoderSession(Artifact.open(artifact))
+    eos = ChatTokenizer(Artifact.open(artifact)).eos_token_ids
     names = () if drafter == "none" else parse_drafter(drafter)
     result = generate(OrtBackend(session), ids, max_new_tokens=NEW_TOKENS, eos_token_ids=eos,
                       drafter=open_drafter(session, names, max_tree=session.sizes.tree), max_tree=session.sizes.tree)
@@ -96,10 +97,10 @@ def test_ort_equals_hf_generate(real, hf_greedy, prompt, drafter):
 def test_torch_reference_medusa_equals_hf_generate(real, hf_greedy):
     artifact, model, _ = real
     ids, expected = hf_greedy[PROMPTS[0]]
-    session = DecoderSession(artifact)
+    session = DecoderSession(Artifact.open(artifact))
     heads = load_heads(default_heads(DEFAULT_MODEL), model.lm_head.weight.detach().t().contiguous())
     result = generate(TorchBackend(model, capacity=1024), ids, max_new_tokens=NEW_TOKENS,
-                      eos_token_ids=ChatTokenizer(artifact, session.manifest).eos_token_ids,
+                      eos_token_ids=ChatTokenizer(Artifact.open(artifact)).eos_token_ids,
                       drafter=MedusaDrafter(TorchDrafter(heads, session.manifest.heads.top_k),
                                             MedusaTree.from_choices(heads.spec.tree)),
                       max_tree=len(heads.spec.tree) + 1)
@@ -128,7 +129,7 @@ def test_no_allocation_per_decode_step_after_warm_up(real):
     and the process RSS does not grow (KV, I/O and ORT's arena were all sized at load)."""
     from specmemo.runtime.decode import prefill
 
-    session = DecoderSession(real[0], SessionConfig(sizes=Sizes(capacity=512, rows=64, tree=32)))
+    session = DecoderSession(Artifact.open(real[0]), SessionConfig(sizes=Sizes(capacity=512, rows=64, tree=32)))
     backend, drafter = OrtBackend(session), OrtMedusaHeads(session)
     medusa = MedusaTree.from_choices(session.manifest.heads.tree)
     sizes = [32, 1, 4, 2, 16, 8, 3]
@@ -197,7 +198,8 @@ def test_scripted_five_turn_chat_equals_hf_generate_on_each_history(real, monkey
     turns = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert [t["user"] for t in turns] == CHAT_SCRIPT
     for i, turn in enumerate(turns):
-        assert turn["token_ids"] == hf_greedy_reply(model, tokenizer, turn["messages"], max_new_tokens=48), f"turn {i + 1}"
+        assert turn["token_ids"] == hf_greedy_reply(model, tokenizer, turn["messages"],
+                                                    max_new_tokens=48), f"turn {i + 1}"
         assert len(turn["messages"]) == 2 * i + 1  # the whole history, nothing dropped at C=1024
         if i:
             assert turn["reused"] > turn["prefilled"]  # earlier turns stayed in the KV buffer
@@ -218,8 +220,8 @@ def test_default_chat_settings_do_not_loop_where_greedy_does(real):
     assert defaults is not None and defaults.temperature > 0
 
     def replies(sampling):
-        chat = ChatSession(open_engine(EngineConfig(artifact=artifact, sampling=sampling), log=lambda *_: None),
-                           max_new_tokens=128)
+        chat = ChatSession(open_engine(EngineConfig(artifact=Artifact.open(artifact), sampling=sampling),
+                                       log=lambda *_: None), max_new_tokens=128)
         return [chat.send(user) for user in SCRIPT]
 
     sampled = replies(default_sampling(defaults))

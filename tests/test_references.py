@@ -12,13 +12,13 @@ from functools import cache
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("runtime", "export", "specmemo", "specmemo/bench", "specmemo/cli", "specmemo/serve", "device_profiles",
-            "runtime/drafters")
+PACKAGES = ("specmemo/runtime", "specmemo/export", "specmemo", "specmemo/bench", "specmemo/cli", "specmemo/serve",
+            "specmemo/device_profiles", "specmemo/runtime/drafters")
 REFERENCE = re.compile(r"\b([a-z][a-z0-9_]*)\.([A-Za-z_][A-Za-z0-9_]*)\b")
 # file suffixes (decoder.ort, heads.safetensors), and module names that prose also uses for a variable or
 # another library's object (a Model called model, an ORT session, vLLM's config, the drafter of a step)
-SUFFIXES = {"b", "bin", "data", "example", "gguf", "html", "js", "json", "jsonl", "md", "mjs", "onnx", "ort", "png", "py",
-            "safetensors", "toml", "ts", "wasm",
+SUFFIXES = {"b", "bin", "data", "example", "gguf", "html", "js", "json", "jsonl", "md", "mjs", "onnx", "ort", "png",
+            "py", "safetensors", "toml", "ts", "wasm",
             "txt"}
 AMBIGUOUS = {"chat", "config", "drafter", "load", "model", "session", "tokenizer", "vllm"}
 

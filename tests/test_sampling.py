@@ -56,31 +56,29 @@ def test_typical_acceptance_rejects_a_token_top_k_cuts():
 
 
 def test_generation_defaults_take_what_the_model_sets(tmp_path):
-    assert generation_defaults(tmp_path) == GenerationDefaults(**DEFAULTS, source="SpecMemo defaults (the model sets none)")
+    assert generation_defaults(tmp_path) == GenerationDefaults(**DEFAULTS,
+                                                               source="SpecMemo defaults (the model sets none)")
     (tmp_path / "generation_config.json").write_text(json.dumps({"do_sample": True, "temperature": 1.0, "top_k": 64,
                                                                  "top_p": 0.95, "eos_token_id": [1, 106]}))
     got = generation_defaults(tmp_path)
-    assert (got.temperature, got.top_p, got.top_k, got.repetition_penalty) == (1.0, 0.95, 64, DEFAULTS["repetition_penalty"])
+    assert (got.temperature, got.top_p, got.top_k, got.repetition_penalty) == (1.0, 0.95, 64,
+                                                                               DEFAULTS["repetition_penalty"])
     assert got.source.startswith("generation_config.json: temperature, top_k, top_p")
 
 
-def args(**given) -> argparse.Namespace:
-    base = dict(temperature=None, top_p=None, top_k=None, repetition_penalty=None, seed=0, samples_by_default=True)
-    return argparse.Namespace(**{**base, **given})
-
-
-def test_chat_samples_with_the_artifact_defaults_generate_stays_greedy():
-    from specmemo.cli.options import sampling_from
+def test_one_rule_fills_what_a_request_leaves_out_from_the_artifact():
+    from specmemo.api import sampling_for
+    from specmemo.cli.options import check_sampling_flags
 
     defaults = GenerationDefaults(temperature=0.6, top_p=0.9, top_k=40, repetition_penalty=1.1, source="test")
-    assert sampling_from(args(), defaults) == Sampling(temperature=0.6, top_p=0.9, top_k=40, repetition_penalty=1.1)
-    assert sampling_from(args(temperature=0.0), defaults) is None  # exact greedy
-    assert sampling_from(args(top_k=5), defaults).top_k == 5  # a flag wins
-    assert sampling_from(args(samples_by_default=False), defaults) is None  # generate: greedy by default
-    assert sampling_from(args(samples_by_default=False, temperature=1.0), defaults).top_p == 0.9
-    assert sampling_from(args(), None) is None  # an artifact without defaults: greedy
-    with pytest.raises(ConfigError, match="--top-p needs sampling: add --temperature > 0"):
-        sampling_from(args(samples_by_default=False, top_p=0.5), defaults)
+    assert sampling_for(defaults) == Sampling(temperature=0.6, top_p=0.9, top_k=40, repetition_penalty=1.1)
+    assert sampling_for(defaults, temperature=0.0) is None  # exact greedy
+    assert sampling_for(defaults, top_k=5).top_k == 5  # a setting given wins
+    assert sampling_for(defaults, temperature=1.0).top_p == 0.9
+    assert sampling_for(None) is None and sampling_for(None, temperature=0.5).top_k == 0  # no defaults: off
+    flags = argparse.Namespace(temperature=0.0, top_p=0.5, top_k=None, repetition_penalty=None)
+    with pytest.raises(ConfigError, match="--top-p needs sampling: give --temperature > 0"):
+        check_sampling_flags(flags)
 
 
 def test_exact_acceptance_emits_draws_from_the_base_distribution():

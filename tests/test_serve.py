@@ -10,10 +10,10 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
-
 from conftest import export_tiny, tiny_config
 
-from specmemo.bench.fuzz_server import InProcessServer
+from specmemo.bench.serve_load import InProcessServer
+from specmemo.runtime.artifact import Artifact
 
 CAPACITY = 128
 
@@ -34,14 +34,20 @@ class Server(InProcessServer):
         self.chat = self.served
         if step_delay:  # slow steps, so a test can act while a reply is still streaming
             pool, step = self.chat.worker.pool, self.chat.worker.pool.step
-            pool.step = lambda: (time.sleep(step_delay), step())[1]
+
+            def slow_step():
+                time.sleep(step_delay)
+                return step()
+
+            pool.step = slow_step
 
     def client(self, api_key: str = "unused", **options):
         import httpx
         import openai
 
+        # openai annotates http_client as httpx2.Client only, though it takes an httpx.Client too
         return openai.OpenAI(base_url=f"{self.url}/v1", api_key=api_key, timeout=60,
-                             http_client=httpx.Client(trust_env=False), **options)
+                             http_client=httpx.Client(trust_env=False), **options)  # type: ignore[arg-type]
 
     def health(self) -> dict:
         import httpx
@@ -67,16 +73,16 @@ def greedy_reply(artifact, prompt_ids: list[int], max_tokens: int) -> list[int]:
     from specmemo.runtime.session import DecoderSession, SessionConfig
     from specmemo.runtime.sizes import Sizes
 
-    backend = OrtBackend(DecoderSession(artifact, SessionConfig(sizes=Sizes(CAPACITY, 64, 1), heads=False)))
+    backend = OrtBackend(DecoderSession(Artifact.open(artifact),
+                                        SessionConfig(sizes=Sizes(CAPACITY, 64, 1), heads=False)))
     tokenizer = server_tokenizer(artifact)
     return generate(backend, prompt_ids, max_new_tokens=max_tokens, eos_token_ids=tokenizer.eos_token_ids).token_ids
 
 
 def server_tokenizer(artifact):
-    from specmemo.runtime.manifest import load_manifest
     from specmemo.runtime.tokenizer import ChatTokenizer
 
-    return ChatTokenizer(artifact, load_manifest(artifact))
+    return ChatTokenizer(Artifact.open(artifact))
 
 
 def sixteen_clients_get_single_request_greedy(artifact, questions: list[str], max_tokens: int) -> None:
@@ -195,8 +201,8 @@ def test_a_client_killed_mid_stream_frees_its_row(artifact):
     try:
         body = {"model": "tiny", "messages": [{"role": "user", "content": "w9 w10"}], "max_tokens": 100,
                 "temperature": 0, "stream": True}
-        with httpx.Client(trust_env=False) as http:
-            with http.stream("POST", f"{server.url}/v1/chat/completions", json=body) as response:
+        with httpx.Client(trust_env=False) as http, \
+                http.stream("POST", f"{server.url}/v1/chat/completions", json=body) as response:
                 lines = response.iter_lines()
                 chunks = [next(lines) for _ in range(6)]  # role chunk + a few tokens, then hang up
         assert any('"content"' in c for c in chunks)

@@ -8,12 +8,12 @@ from __future__ import annotations
 import json
 import socket
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
-
 from conftest import export_tiny, tiny_config
-from tests.test_serve import CAPACITY, Server, greedy_reply, server_tokenizer
+from test_serve import CAPACITY, Server, greedy_reply, server_tokenizer
 
 QUESTION = "w11 w42 w7 w99"
 NEW = 24
@@ -114,8 +114,8 @@ def test_openai_fields_are_taken_ignored_or_refused_by_name(server):
 
     http = httpx.Client(trust_env=False)
     base = {"model": "tiny", "messages": [{"role": "user", "content": "w5"}], "max_tokens": 4}
-    ok = {"metadata": {"a": "b"}, "store": False, "user": "u1", "seed": -3, "temperature": 0.7, "n": 1, "service_tier": "auto",
-          "response_format": {"type": "text"},
+    ok = {"metadata": {"a": "b"}, "store": False, "user": "u1", "seed": -3, "temperature": 0.7, "n": 1,
+          "service_tier": "auto", "response_format": {"type": "text"},
           "messages": [{"role": "developer", "content": "w1"}, {"role": "user", "content": [{"type": "text",
                                                                                              "text": "w5"}]}]}
     assert http.post(f"{server.url}/v1/chat/completions", json={**base, **ok}).status_code == 200
@@ -149,7 +149,8 @@ def test_malformed_bodies_are_400_never_500(server):
              (json.dumps({"model": "tiny", "messages": "hi"}).encode(), 400, "messages")]
     for body, status, words in cases:
         response = http.post(url, content=body, headers={"content-type": "application/json"})
-        assert response.status_code == status and words in response.json()["error"]["message"], (body[:40], response.text)
+        assert (response.status_code == status
+                and words in response.json()["error"]["message"]), (body[:40], response.text)
 
 
 def test_keys_guard_everything_but_health(artifact):
@@ -261,7 +262,7 @@ def test_raw_header_abuse_keeps_the_server_answering(server):
             try:
                 while chunk := s.recv(65536):
                     answer += chunk
-            except (ConnectionResetError, socket.timeout):
+            except (TimeoutError, ConnectionResetError):
                 pass
             assert not answer.startswith(b"HTTP/1.1 5"), (request[:30], answer[:80])
     assert server.health()["status"] == "ok"
@@ -281,7 +282,7 @@ def test_harness_task_is_what_lm_eval_reads(tmp_path):
     task = yaml.safe_load((harness.write_task(tmp_path, items) / f"{harness.TASK}.yaml").read_text())
     assert task["output_type"] == "generate_until" and task["generation_kwargs"]["until"] == [harness.UNTIL]
     data = task["dataset_kwargs"]["data_files"]["test"]
-    assert [json.loads(line) for line in open(data)] == items
+    assert [json.loads(line) for line in Path(data).read_text().splitlines()] == items
     assert harness.exact(" 42", "42") and not harness.exact(" 4 2x", "42")
     with pytest.raises(ConfigError, match="make harness-setup"):
         harness.HarnessConfig(artifact=tmp_path, harness_python=tmp_path / "nope" / "python")

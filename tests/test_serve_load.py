@@ -11,6 +11,7 @@ import pytest
 from conftest import export_tiny, tiny_config
 
 from specmemo.bench.serve_load import API_KEY, Load, free_port, load_test, specmemo_serve, tree_rss_bytes
+from specmemo.runtime.artifact import Artifact
 from specmemo.runtime.config import EngineConfig, Mode
 from specmemo.runtime.engine import open_engine
 from specmemo.runtime.tokenizer import Message
@@ -40,7 +41,8 @@ def test_tree_rss_counts_the_children():
 
 
 def test_a_served_artifact_under_the_load_test_answers_every_request_greedily(artifact):
-    engine = open_engine(EngineConfig(artifact=artifact, mode=Mode.GREEDY, capacity=128), log=lambda _: None)
+    engine = open_engine(EngineConfig(artifact=Artifact.open(artifact), mode=Mode.GREEDY, capacity=128),
+                         log=lambda _: None)
     reference = {q: engine.tokenizer.decode(engine.generate(engine.tokenizer.encode_chat([Message("user", q)]),
                                                             max_new_tokens=8, mode=Mode.GREEDY).token_ids)
                  for q in QUESTIONS}

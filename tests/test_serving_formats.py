@@ -12,7 +12,6 @@ from torch import nn
 
 from specmemo.export.heads import HeadsSpec, MedusaHeads, ProjectionMode, load_medusa_checkpoint
 from specmemo.export.serving_formats import ServingFormat, write_serving_format
-from tests.test_heads import tiny  # noqa: F401  (fixture)
 
 H, V, K, LAYERS = 32, 97, 3, 2
 
@@ -47,7 +46,7 @@ class VllmMedusa(nn.Module):
             self.lm_head = nn.Linear(h, self.truncated, bias=False)
         else:
             self.lm_heads = nn.ModuleList(nn.Linear(h, self.truncated, bias=False) for _ in range(config["num_heads"]))
-        self.token_map = None
+        self.token_map: torch.Tensor | None = None
         self.vocab = config["vocab_size"]
 
     def load_weights(self, weights: dict[str, torch.Tensor]) -> set[str]:
@@ -75,7 +74,9 @@ class VllmMedusa(nn.Module):
         out = []
         for k, block in enumerate(self.blocks):
             y = x
-            for layer in block.layers:
+            layers = block.layers
+            assert isinstance(layers, nn.ModuleList)
+            for layer in layers:
                 y = y + torch.nn.functional.silu(layer(y))
             head = self.lm_head if self.original else self.lm_heads[k]
             logits = head(y)
@@ -119,11 +120,11 @@ def test_vllm_eagle_folder_is_the_feature_drafter_as_mistral_layers(tiny, tmp_pa
     here from the exported config.json with transformers' own MistralModel, it gives our drafter's
     predicted features (positions one lower, as vLLM numbers them) and so its drafts over the full vocabulary."""
     from safetensors.torch import load_file
+    from test_feature_drafter import random_drafter
     from transformers import AutoConfig, MistralModel
 
     from specmemo.export.feature_drafter import save_drafter
     from specmemo.export.serving_formats import write_vllm_eagle
-    from tests.test_feature_drafter import random_drafter
 
     folder, model, lm_head_t = tiny
     drafter = random_drafter(model)
@@ -132,7 +133,8 @@ def test_vllm_eagle_folder_is_the_feature_drafter_as_mistral_layers(tiny, tmp_pa
     assert config["architectures"] == ["MistralForCausalLM"] and config["num_hidden_layers"] == 1
     state = load_file(str(out / "model.safetensors"))
     assert not any("embed_tokens" in n or "lm_head" in n for n in state), "vLLM shares the target's"
-    hf_config = AutoConfig.for_model(**{k: v for k, v in config.items() if not k.startswith(("specmemo", "base_model"))})
+    hf_config = AutoConfig.for_model(**{k: v for k, v in config.items()
+                                        if not k.startswith(("specmemo", "base_model"))})
     theirs = MistralModel(hf_config).eval()
     missing, unexpected = theirs.load_state_dict({n.removeprefix("model."): t for n, t in state.items()
                                                   if n != "model.fc.weight"}, strict=False)
@@ -150,9 +152,10 @@ def test_vllm_eagle_folder_is_the_feature_drafter_as_mistral_layers(tiny, tmp_pa
 
 
 def test_vllm_eagle_refuses_a_drafter_of_another_base_model(tiny, tmp_path):
+    from test_feature_drafter import random_drafter
+
     from specmemo.export.feature_drafter import DrafterError, save_drafter
     from specmemo.export.serving_formats import write_vllm_eagle
-    from tests.test_feature_drafter import random_drafter
 
     folder, model, _ = tiny
     drafter = random_drafter(model)

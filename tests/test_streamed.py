@@ -11,9 +11,9 @@ import numpy as np
 import onnx
 import pytest
 import torch
+from conftest import save_tiny_model, tiny_config
 from onnx.numpy_helper import to_array
 
-from conftest import save_tiny_model, tiny_config
 from specmemo.export.checkpoint import Checkpoint, CheckpointError
 from specmemo.export.decoder import Decoder
 from specmemo.export.dims import dims_from_config
@@ -22,6 +22,8 @@ from specmemo.export.load import load_hf
 from specmemo.export.streamed import export_streamed, group_of
 from specmemo.export.trace import export_decoder
 from specmemo.runtime import io_spec
+
+pytestmark = pytest.mark.slow  # every architecture traced twice (export runs the streamed trace in the fast tests too)
 
 ARCHITECTURES = ["LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "Gemma3ForCausalLM"]
 

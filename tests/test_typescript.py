@@ -16,14 +16,15 @@ import sys
 from pathlib import Path
 
 import pytest
+from heads_common import export_with_random_heads
 
 from specmemo.runtime.arena import ArenaLayout
+from specmemo.runtime.artifact import Artifact
 from specmemo.runtime.chat import ChatSession
 from specmemo.runtime.engine import EngineConfig, Mode, open_engine
 from specmemo.runtime.manifest import load_manifest
 from specmemo.runtime.sizes import Sizes
 from specmemo.runtime.tokenizer import Message
-from tests.test_heads import export_with_random_heads
 
 ROOT = Path(__file__).resolve().parents[1]
 CLI = ROOT / "android_demo" / "engine" / "dist" / "src" / "cli.js"
@@ -47,7 +48,7 @@ def tiny(tmp_path_factory) -> Path:
 
 
 def python_reply(artifact: Path, prompt: str, mode: Mode, max_new_tokens: int) -> tuple[list[int], list[int]]:
-    engine = open_engine(EngineConfig(artifact=artifact, mode=mode), log=lambda _: None)
+    engine = open_engine(EngineConfig(artifact=Artifact.open(artifact), mode=mode), log=lambda _: None)
     ids = engine.tokenizer.encode_chat([Message("user", prompt)])
     return ids, engine.generate(ids, max_new_tokens=max_new_tokens).token_ids
 
@@ -75,8 +76,8 @@ def test_arena_bytes_are_pythons(tiny):
 
 @pytest.mark.parametrize("mode", [Mode.GREEDY, Mode.TREE])
 def test_multi_turn_chat_equals_pythons_chat_session(tiny, mode):
-    chat = ChatSession(open_engine(EngineConfig(artifact=tiny, mode=mode), log=lambda _: None), system="w5 w6",
-                       max_new_tokens=24)
+    chat = ChatSession(open_engine(EngineConfig(artifact=Artifact.open(tiny), mode=mode), log=lambda _: None),
+                       system="w5 w6", max_new_tokens=24)
     expected = [chat.send(user) for user in USERS]
     turns = node("chat", "--artifact", str(tiny), "--system", "w5 w6", "--max-new-tokens", "24", "--mode", mode.value,
                  *[arg for user in USERS for arg in ("--message", user)])
@@ -89,7 +90,8 @@ def test_bad_input_is_one_line(tiny, tmp_path):
     done = subprocess.run(["node", str(CLI), "generate", "--artifact", str(tmp_path), "--prompt", "w5"],
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 1 and "manifest.json" in done.stderr and len(done.stderr.strip().splitlines()) == 1
-    done = subprocess.run(["node", str(CLI), "generate", "--artifact", str(tiny), "--prompt", "w5", "--drafter", "bogus"],
+    done = subprocess.run(["node", str(CLI), "generate", "--artifact", str(tiny), "--prompt", "w5",
+                           "--drafter", "bogus"],
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 1 and "unknown drafter" in done.stderr
 

@@ -1,7 +1,7 @@
 """The web page (android_demo/web: the TypeScript engine on onnxruntime-web, WASM) in headless
 Chromium on a tiny artifact with Medusa heads: every reply's token ids equal the Python runtime's,
-turn after turn on one chat, in greedy, tree and auto mode, from a URL or a picked folder; Stop ends a reply with a prefix of the
-full one and the chat goes on exactly.
+turn after turn on one chat, in greedy, tree and auto mode, from a URL or a picked folder; Stop ends a reply with a
+prefix of the full one and the chat goes on exactly.
 
 Needs `make js-setup` (node_modules and dist in android_demo/web) and Debian's chromium at
 /usr/bin/chromium. Screenshots go to the test's tmp folder, or to $SPECMEMO_WEB_SCREENSHOTS."""
@@ -15,10 +15,13 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from heads_common import export_with_random_heads
 
+from specmemo.runtime.artifact import Artifact
 from specmemo.runtime.chat import ChatSession, Turn
 from specmemo.runtime.engine import EngineConfig, Mode, open_engine
-from tests.test_heads import export_with_random_heads
+
+pytestmark = pytest.mark.slow  # a headless browser
 
 ROOT = Path(__file__).resolve().parents[1]
 WEB = ROOT / "android_demo" / "web"
@@ -30,9 +33,11 @@ STOP_ATTEMPTS = 3
 
 def require_web() -> None:
     """One line naming the fix, not a Node stack trace."""
-    for path in (WEB / "node_modules" / "playwright-core", WEB / "node_modules" / "onnxruntime-web", WEB / "dist" / "index.html"):
+    for path in (WEB / "node_modules" / "playwright-core", WEB / "node_modules" / "onnxruntime-web",
+                 WEB / "dist" / "index.html"):
         if not path.exists():
-            pytest.fail(f"{path.relative_to(ROOT)} is missing: run `make js-setup` (npm ci + npm run build in android_demo/web)",
+            pytest.fail(f"{path.relative_to(ROOT)} is missing: "
+                        "run `make js-setup` (npm ci + npm run build in android_demo/web)",
                         pytrace=False)
     if shutil.which("node") is None:
         pytest.fail("node is not on PATH: install Node.js 20, then run `make js-setup`", pytrace=False)
@@ -48,11 +53,12 @@ def web_artifact(tmp_path_factory) -> Path:
 
 
 def python_chat(artifact: Path, mode: Mode, max_new_tokens: int) -> ChatSession:
-    engine = open_engine(EngineConfig(artifact=artifact, mode=mode), log=lambda _: None)
+    engine = open_engine(EngineConfig(artifact=Artifact.open(artifact), mode=mode), log=lambda _: None)
     return ChatSession(engine, max_new_tokens=max_new_tokens)
 
 
-def python_replies(artifact: Path, mode: Mode, messages: list[str], max_new_tokens: int = MAX_NEW_TOKENS) -> list[list[int]]:
+def python_replies(artifact: Path, mode: Mode, messages: list[str],
+                   max_new_tokens: int = MAX_NEW_TOKENS) -> list[list[int]]:
     chat = python_chat(artifact, mode, max_new_tokens)
     return [chat.send(message).token_ids for message in messages]
 
@@ -84,7 +90,7 @@ def browser(artifact: Path, messages: list[str], screenshot: Path, *extra: str, 
 def test_page_replies_equal_the_python_runtime_turn_after_turn(web_artifact, tmp_path, mode):
     expected = python_replies(web_artifact, mode, MESSAGES)
     replies = browser(web_artifact, MESSAGES, screenshot_path(tmp_path, f"web-{mode.value}"), mode=mode.value)
-    for i, (reply, ids) in enumerate(zip(replies, expected)):
+    for i, (reply, ids) in enumerate(zip(replies, expected, strict=True)):
         assert reply["state"] == "ready" and not reply["interrupted"]
         assert reply["ids"] == ids, f"turn {i + 1}"
         assert reply["text"] == " ".join(f"w{t}" for t in ids if t >= 5), f"turn {i + 1}"  # conftest's word-level vocab
@@ -129,7 +135,8 @@ def test_stop_keeps_a_prefix_and_the_next_turn_is_exact(web_artifact, tmp_path):
 
 @pytest.mark.real_model
 @pytest.mark.parametrize("mode, messages, max_new_tokens", [
-    (Mode.GREEDY, ["Give me three short tips for staying focused while studying.", "Now say that in one sentence."], 32),
+    (Mode.GREEDY, ["Give me three short tips for staying focused while studying.",
+                   "Now say that in one sentence."], 32),
     (Mode.TREE, ["What is the capital of France?"], 24),  # tree steps of T_max rows are slow in WASM: few tokens
 ])
 def test_real_default_artifact_in_the_browser_equals_python(smollm2_artifact, tmp_path, mode, messages, max_new_tokens):
@@ -140,7 +147,7 @@ def test_real_default_artifact_in_the_browser_equals_python(smollm2_artifact, tm
     replies = browser(smollm2_artifact, messages, shot, mode=mode.value, max_new_tokens=max_new_tokens)
     assert [r["ids"] for r in replies] == expected
     # the screenshot is of the page after the whole chat: each reply's text on it is the Python runtime's
-    engine = open_engine(EngineConfig(artifact=smollm2_artifact, mode=Mode.GREEDY), log=lambda _: None)
+    engine = open_engine(EngineConfig(artifact=Artifact.open(smollm2_artifact), mode=Mode.GREEDY), log=lambda _: None)
     texts = [engine.tokenizer.decode([t for t in ids if t not in engine.tokenizer.eos_token_ids]) for ids in expected]
     assert [r["text"] for r in replies] == texts and all(texts)
     assert shot.stat().st_size > 10_000  # a rendered page (docs/on-device.md shows one), not a blank frame
@@ -150,8 +157,9 @@ def test_real_default_artifact_in_the_browser_equals_python(smollm2_artifact, tm
 def web_int4(tmp_path_factory) -> Path:
     """The tiny Llama through ONNX Runtime's quantizer, int4 at accuracy level 4 (MatMulNBits, chains only),
     drafting with prompt lookup."""
+    from conftest import export_tiny, tiny_config
+
     from specmemo.export.weights_dtype import QuantOptions, WeightDtype
-    from tests.conftest import export_tiny, tiny_config
 
     require_web()
     return export_tiny(tiny_config("LlamaForCausalLM"), tmp_path_factory.mktemp("web-int4"), max_capacity=160,

@@ -21,7 +21,7 @@ import { SafeAreaProvider, SafeAreaView } from 'react-native-safe-area-context';
 import * as ort from 'onnxruntime-react-native';
 
 import { ChatSession, openEngine } from '@specmemo/engine';
-import type { Engine, Mode, OrtModule, Reply } from '@specmemo/engine';
+import type { Engine, Mode, Reply } from '@specmemo/engine';
 
 import { ARTIFACTS_DIR, DeviceSource, listArtifacts } from './src/source';
 import type { ArtifactEntry } from './src/source';
@@ -96,11 +96,15 @@ function Picker(props: { onOpen: (artifact: ArtifactEntry, mode: Mode, format: F
   const [mode, setMode] = useState<Mode>('auto');
   const [format, setFormat] = useState<FormatChoice>('auto');
 
-  const refresh = useCallback(() => {
+  // state set in the listing's callbacks only (an effect that sets state at once renders twice)
+  const listFolder = useCallback(() => listArtifacts().then(setArtifacts, (err: unknown) => setError(errorText(err))), []);
+  useEffect(() => {
+    void listFolder();
+  }, [listFolder]);
+  const refresh = () => {
     setError(null);
-    listArtifacts().then(setArtifacts, (err: unknown) => setError(errorText(err)));
-  }, []);
-  useEffect(refresh, [refresh]);
+    void listFolder();
+  };
 
   return (
     <View style={styles.fill}>
@@ -203,7 +207,7 @@ function Chat(props: { loaded: Loaded; lastLog: string; onClose: () => void }) {
       <View style={styles.row}>
         <Text style={[styles.title, styles.fill]} numberOfLines={1}>{artifact.name}</Text>
         <Button label="New chat" onPress={newChat} disabled={busy} />
-        <Button label="Close" onPress={close} />
+        <Button label="Close" onPress={() => void close()} />
       </View>
       <Text style={styles.muted}>{status}</Text>
       <Text style={styles.muted} numberOfLines={1}>{props.lastLog}</Text>
@@ -255,8 +259,8 @@ export default function App() {
     write(`opening ${artifact.name} (${format} graphs, mode ${mode}) ...`);
     try {
       const engine = await openEngine({
-        // onnxruntime-react-native implements onnxruntime-common's API (its own copy of the package)
-        ort: ort as unknown as OrtModule,
+        // onnxruntime-react-native implements onnxruntime-common's API, the one copy in this app (tsconfig.json paths)
+        ort,
         source: new DeviceSource(artifact.path),
         mode,
         modelFormat: format,
@@ -290,7 +294,7 @@ export default function App() {
         ) : loaded !== null ? (
           <Chat loaded={loaded} lastLog={log[log.length - 1] ?? ''} onClose={close} />
         ) : (
-          <Picker onOpen={open} />
+          <Picker onOpen={(artifact, mode, format) => void open(artifact, mode, format)} />
         )}
       </SafeAreaView>
     </SafeAreaProvider>

@@ -15,8 +15,7 @@ import { readFile } from 'node:fs/promises';
 import { fileURLToPath } from 'node:url';
 import { defineConfig, type Plugin } from 'vite';
 
-// @ts-expect-error: a plain .mjs (also run by node: serve.mjs), no type declarations
-import { artifactMiddleware } from './serve.mjs';
+import { artifactMiddleware } from './serve.mjs'; // plain JavaScript, also run by node; its types: serve.d.mts
 
 const here = fileURLToPath(new URL('.', import.meta.url));
 const engine = fileURLToPath(new URL('../engine/', import.meta.url));

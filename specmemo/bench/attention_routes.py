@@ -47,7 +47,8 @@ def _model(nodes, inputs, outputs, initializers=(), opset=24):
 
 
 def gqa_per_row(batch: int, heads: int, kv_heads: int, dim: int):
-    from onnx import TensorProto as P, helper
+    from onnx import TensorProto as P
+    from onnx import helper
 
     f = P.FLOAT
     inputs = [helper.make_tensor_value_info("q", f, [1, "N", heads * dim]),
@@ -74,12 +75,15 @@ def gqa_per_row(batch: int, heads: int, kv_heads: int, dim: int):
 
 
 def gqa_batched(heads: int, kv_heads: int, dim: int):
-    from onnx import TensorProto as P, helper
+    from onnx import TensorProto as P
+    from onnx import helper
 
     f = P.FLOAT
-    names = [("q", f, ["B", "T", heads * dim]), ("k", f, ["B", "T", kv_heads * dim]), ("v", f, ["B", "T", kv_heads * dim]),
-             ("pk", f, ["B", kv_heads, "C", dim]), ("pv", f, ["B", kv_heads, "C", dim]), ("seqlens", P.INT32, ["B"]),
-             ("total", P.INT32, []), ("bias", f, ["B", 1, "T", "S"])]
+    names: list[tuple[str, int, list[str | int]]] = [  # (input, element type, shape)
+        ("q", f, ["B", "T", heads * dim]), ("k", f, ["B", "T", kv_heads * dim]),
+        ("v", f, ["B", "T", kv_heads * dim]), ("pk", f, ["B", kv_heads, "C", dim]),
+        ("pv", f, ["B", kv_heads, "C", dim]), ("seqlens", P.INT32, ["B"]),
+        ("total", P.INT32, []), ("bias", f, ["B", 1, "T", "S"])]
     inputs = [helper.make_tensor_value_info(n, t, s) for n, t, s in names]
     node = helper.make_node("GroupQueryAttention", ["q", "k", "v", "pk", "pv", "seqlens", "total", "", "", "", "bias"],
                             ["out", "ok", "ov"], domain=MSFT, num_heads=heads, kv_num_heads=kv_heads, do_rotary=0)
@@ -87,7 +91,8 @@ def gqa_batched(heads: int, kv_heads: int, dim: int):
 
 
 def attention_23(heads: int, kv_heads: int, dim: int):
-    from onnx import TensorProto as P, helper
+    from onnx import TensorProto as P
+    from onnx import helper
 
     f = P.FLOAT
     inputs = [helper.make_tensor_value_info("q", f, ["B", heads, "T", dim]),
@@ -128,13 +133,13 @@ def measure(*, batch: int, tokens: int, capacity: int, heads: int, kv_heads: int
     cache_k = rng.standard_normal((batch, kv_heads, capacity, dim), dtype=np.float32)
     cache_v = rng.standard_normal((batch, kv_heads, capacity, dim), dtype=np.float32)
     causal = np.triu(np.full((tokens, tokens), -np.inf, np.float32), 1)
-    results = {}
+    results: dict[str, dict[str, float | bool | str]] = {}  # per route: ms, or why ORT refused it
 
     # gqa-per-row, through IOBinding with each row's cache bound in and out (in place)
     session = _session(gqa_per_row(batch, heads, kv_heads, dim), threads)
     binding = session.io_binding()
     caches = [(cache_k[b:b + 1].copy(), cache_v[b:b + 1].copy()) for b in range(batch)]
-    feeds = {"q": q.reshape(1, -1, heads * dim), "k": k.reshape(1, -1, kv_heads * dim),
+    feeds: dict[str, np.ndarray] = {"q": q.reshape(1, -1, heads * dim), "k": k.reshape(1, -1, kv_heads * dim),
              "v": v.reshape(1, -1, kv_heads * dim), "sizes": np.full(batch, tokens, np.int64)}
     keep = []
     for b, past in enumerate(pasts):
@@ -167,7 +172,7 @@ def measure(*, batch: int, tokens: int, capacity: int, heads: int, kv_heads: int
         results["gqa-batched"] = {"ms": _time(lambda: session.run(None, {
             "q": q, "k": k, "v": v, "pk": cache_k, "pv": cache_v, "seqlens": (pasts + tokens - 1).astype(np.int32),
             "total": np.array(span, np.int32), "bias": bias}), repeats)}
-    except Exception as err:  # noqa: BLE001  (ORT's refusal, reported as such)
+    except Exception as err:
         results["gqa-batched"] = {"refused": str(err).split("Status Message: ")[-1].strip()[:120]}
 
     # attention-23: TensorScatter in place + Attention over all C positions with a per-row mask
@@ -183,7 +188,7 @@ def measure(*, batch: int, tokens: int, capacity: int, heads: int, kv_heads: int
     for b, past in enumerate(pasts):
         mask[b, 0, :, :past] = 0
         mask[b, 0, :, past:past + tokens] = causal
-    shaped = {"q": q.reshape(batch, tokens, heads, dim).transpose(0, 2, 1, 3).copy(),
+    shaped: dict[str, np.ndarray] = {"q": q.reshape(batch, tokens, heads, dim).transpose(0, 2, 1, 3).copy(),
               "k": k.reshape(batch, tokens, kv_heads, dim).transpose(0, 2, 1, 3).copy(),
               "v": v.reshape(batch, tokens, kv_heads, dim).transpose(0, 2, 1, 3).copy(),
               "write": pasts.astype(np.int64), "mask": mask}
@@ -195,7 +200,7 @@ def measure(*, batch: int, tokens: int, capacity: int, heads: int, kv_heads: int
         out = binding.copy_outputs_to_cpu()[-1].transpose(0, 2, 1, 3).reshape(batch, tokens, heads * dim)
         results["attention-23"]["max_abs_diff"] = float(np.abs(out - reference).max())
         results["attention-23"]["bitwise_equal"] = bool(np.array_equal(out, reference))
-    except Exception as err:  # noqa: BLE001
+    except Exception as err:
         results["attention-23"] = {"refused": str(err).split("Status Message: ")[-1].strip()[:120]}
     results["gqa-per-row"].update(max_abs_diff=0.0, bitwise_equal=True)
     return {"batch": batch, "tokens": tokens, "capacity": capacity, "pasts": pasts.tolist(), "routes": results}
@@ -222,5 +227,6 @@ def format_table(rows: list[dict]) -> str:
         batched = routes["gqa-batched"]
         lines.append(f"{r['batch']:>3} {r['tokens']:>3} {routes['gqa-per-row']['ms']:>15.3f} "
                      f"{a23.get('ms', float('nan')):>16.3f} {a23.get('max_abs_diff', float('nan')):>9.1e} "
-                     f"{('%.3f ms' % batched['ms']) if 'ms' in batched else 'refused: ' + batched['refused'][:20]:>30}")
+                     f"""{('{:.3f} ms'.format(batched['ms'])) if 'ms' in batched
+                          else 'refused: ' + batched['refused'][:20]:>30}""")
     return "\n".join(lines)

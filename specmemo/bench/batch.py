@@ -17,15 +17,16 @@ time to first token and per-request tokens/s, every reply checked against B = 1 
 
 from __future__ import annotations
 
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from specmemo.bench.results import run_folder, write_json
-from specmemo.runtime.config import EngineConfig, Mode
+from specmemo.runtime.artifact import Artifact
+from specmemo.runtime.config import DEFAULT_THREADS, EngineConfig, Mode
 from specmemo.runtime.fresh_process import run_json, serve_json
 
 
@@ -36,7 +37,7 @@ class BatchBenchConfig:
     questions: int = 80
     max_new_tokens: int = 128
     capacity: int = 512  # KV positions per row: prompt + reply
-    threads: int = 2
+    threads: int = DEFAULT_THREADS
     load_clients: int = 16
     load_requests: int = 3
     out: Path = run_folder("bench-batch")
@@ -59,15 +60,16 @@ def chunks(items: list, size: int) -> list[list]:
     return [items[i:i + size] for i in range(0, len(items), size)]
 
 
-def run_speed(config: BatchBenchConfig, prompts: list[list[int]], eos: frozenset[int], *, log=print) -> tuple[dict, list]:
+def run_speed(config: BatchBenchConfig, prompts: list[list[int]], eos: frozenset[int], *,
+              log=print) -> tuple[dict, list]:
     from specmemo.runtime.engine import open_engine, open_pool
     from specmemo.runtime.pool import BatchWidth, FixedWidth, Request
 
     quiet = lambda _: None  # noqa: E731
-    engine = open_engine(EngineConfig(artifact=config.artifact, mode=Mode.AUTO, threads=config.threads,
+    engine = open_engine(EngineConfig(artifact=Artifact.open(config.artifact), mode=Mode.AUTO, threads=config.threads,
                                       capacity=config.capacity), log=quiet)
     engine.policy(Mode.AUTO)  # the latency curve: read or measured now, not inside a timed reply
-    results = {}
+    results: dict[int, dict[str, Any]] = {}  # per B: its arms, and at B > 1 the pool's time shares and widths
     one = {"plain": Arm(), "speculative": Arm()}
     replies: dict[str, dict[int, list[int]]] = {"plain": {}, "speculative": {}}
     indexed = list(enumerate(prompts))
@@ -90,12 +92,12 @@ def run_speed(config: BatchBenchConfig, prompts: list[list[int]], eos: frozenset
     one["speculative"].identical = sum(replies["speculative"][j] == reference[j] for j in range(len(prompts)))
     results[1] = one
     for batch in (b for b in config.batches if b > 1):
-        pool = open_pool(EngineConfig(artifact=config.artifact, mode=Mode.AUTO, threads=config.threads,
+        pool = open_pool(EngineConfig(artifact=Artifact.open(config.artifact), mode=Mode.AUTO, threads=config.threads,
                                       capacity=config.capacity), batch=batch, log=quiet)
         width = BatchWidth(pool.max_tree)  # one policy across the chunks: it keeps learning
         arms = {"plain": Arm(), "speculative": Arm(), "b1_plain": Arm()}
         for i, chunk in enumerate(chunks(indexed, max(2 * batch, 8))):
-            for j, prompt in chunk[:2]:  # B = 1 greedy beside this chunk: the ×B=1 ratio, measured side by side
+            for _, prompt in chunk[:2]:  # B = 1 greedy beside this chunk: the ×B=1 ratio, measured side by side
                 started = time.perf_counter()
                 arms["b1_plain"].tokens += len(engine.generate(prompt, max_new_tokens=config.max_new_tokens,
                                                                mode=Mode.GREEDY).token_ids)
@@ -109,7 +111,7 @@ def run_speed(config: BatchBenchConfig, prompts: list[list[int]], eos: frozenset
                 arm.seconds += time.perf_counter() - started
                 arm.tokens += sum(len(o.token_ids) for o in outs)
                 arm.replies += len(outs)
-                arm.identical += sum(o.token_ids == reference[j] for o, (j, _) in zip(outs, chunk))
+                arm.identical += sum(o.token_ids == reference[j] for o, (j, _) in zip(outs, chunk, strict=False))
                 steps, gained = pool.stats.row_steps - before[0], pool.stats.accepted - before[1]
                 if name == "speculative" and steps:
                     arm.accepted.append(gained / steps)
@@ -117,23 +119,27 @@ def run_speed(config: BatchBenchConfig, prompts: list[list[int]], eos: frozenset
         log(f"B={batch}: plain {arms['plain'].tokens_per_s:.1f} tok/s, speculative "
             f"{arms['speculative'].tokens_per_s:.1f} tok/s; commit {100 * stats.commit_s / stats.total_s:.2f}% "
             f"of step time")
-        arms["shares"] = {"forward": stats.forward_s / stats.total_s, "draft": stats.draft_s / stats.total_s,
-                          "commit": stats.commit_s / stats.total_s, "other": stats.other_s / stats.total_s}
-        arms["width"] = {t: {"steps": width.count[t], "tokens_per_s_per_row": width.speed[t]} for t in width.arms}
-        results[batch] = arms
+        results[batch] = {
+            **arms, "shares": {"forward": stats.forward_s / stats.total_s, "draft": stats.draft_s / stats.total_s,
+                               "commit": stats.commit_s / stats.total_s, "other": stats.other_s / stats.total_s},
+            "width": {t: {"steps": width.count[t], "tokens_per_s_per_row": width.speed[t]} for t in width.arms}}
         del pool
     return results, reference
 
 
 def probe_memory(request: dict) -> dict:
     """In a fresh process: a pool of B rows (or the one-sequence engine at B = 1) decoding B prompts at once."""
+    from specmemo.runtime.batch import BatchSession
     from specmemo.runtime.engine import open_engine, open_pool
     from specmemo.runtime.pool import Request
     from specmemo.runtime.rss import peak_rss_bytes
+    from specmemo.runtime.session import DecoderSession
 
     artifact, batch = Path(request["artifact"]), request["batch"]
-    config = EngineConfig(artifact=artifact, mode=Mode.GREEDY, threads=request["threads"], capacity=request["capacity"])
+    config = EngineConfig(artifact=Artifact.open(artifact), mode=Mode.GREEDY, threads=request["threads"],
+                          capacity=request["capacity"])
     prompts = request["prompts"]
+    session: DecoderSession | BatchSession
     if batch == 1:
         engine = open_engine(config, log=lambda _: None)
         for prompt in prompts:
@@ -163,27 +169,18 @@ def run_load(config: BatchBenchConfig, questions: list[str], reference: dict[str
              log=print) -> dict:
     """The server in this process on loopback under `load_clients` streaming clients × `load_requests`
     requests each (bench/serve_load.load_test)."""
-    import uvicorn
+    from specmemo.bench.serve_load import InProcessServer, Load, load_test
+    from specmemo.serve.build import ServeConfig
 
-    from specmemo.bench.serve_load import Load, free_port, load_test
-    from specmemo.serve.build import ServeConfig, build_app
-
-    app, chat = build_app(ServeConfig(artifact=config.artifact, mode=Mode.AUTO, batch=batch, capacity=config.capacity,
-                                      max_queue=config.load_clients * config.load_requests, threads=config.threads,
-                                      model_name="bench"), log=log)
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    while not server.started:
-        time.sleep(0.02)
+    server = InProcessServer(ServeConfig(artifact=config.artifact, mode=Mode.AUTO, batch=batch,
+                                         capacity=config.capacity, max_queue=config.load_clients * config.load_requests,
+                                         threads=config.threads, model_name="bench"), log=log)
     try:
-        result = load_test(f"http://127.0.0.1:{port}/v1", "bench", questions, reference,
+        result = load_test(f"{server.url}/v1", "bench", questions, reference,
                            Load(config.load_clients, config.load_requests, config.max_new_tokens), log=log)
     finally:
-        health = chat.worker.health()
-        server.should_exit = True
-        thread.join(timeout=15)
+        health = server.served.worker.health()
+        server.stop()
     return {**result, "batch": batch, "server_health": health}
 
 
@@ -222,21 +219,23 @@ def format_table(summary: dict) -> str:
                      f"{memory.get('generation', 0) / 2**20:>8.1f}")
     load = summary.get("load")
     if load:
-        lines.append(f"\nserver load test (B={load['batch']}, {load['clients']} streaming clients × {load['requests_each']} "
-                     f"requests): {load['completed']}/{load['sent']} completed, {load['identical_to_greedy']} identical "
-                     f"to greedy, errors {len(load['errors'])}; TTFT p50 {load['ttft_p50_s']:.2f} s, p95 "
+        lines.append(f"\nserver load test (B={load['batch']}, {load['clients']} streaming clients × "
+                     f"{load['requests_each']} requests): {load['completed']}/{load['sent']} completed, "
+                     f"{load['identical_to_greedy']} identical to greedy, errors {len(load['errors'])}; "
+                     f"TTFT p50 {load['ttft_p50_s']:.2f} s, p95 "
                      f"{load['ttft_p95_s']:.2f} s; per request {load['request_tokens_per_s_p50']:.1f} tok/s (p50), "
                      f"aggregate {load['aggregate_tokens_per_s']:.1f} tok/s")
     peers = summary.get("serving_peers")
     if peers:
         first = next(iter(peers.values()))
-        lines.append(f"\nserving, {first['clients']} streaming clients × {first['requests_each']} requests (openai client), "
-                     f"batch {first['batch']}, one server at a time:")
+        lines.append(f"\nserving, {first['clients']} streaming clients × {first['requests_each']} requests "
+                     f"(openai client), batch {first['batch']}, one server at a time:")
         lines.append(f"{'server':<10}{'done':>7}{'agg tok/s':>10}{'TTFT p50':>9}{'p95':>7}{'req tok/s':>10}"
                      f"{'peak RSS MiB':>13}{'= greedy':>9}")
         for name, r in peers.items():
             lines.append(f"{name:<10}{r['completed']:>3}/{r['sent']:<3}{r['aggregate_tokens_per_s']:>10.1f}"
-                         f"{r['ttft_p50_s'] or 0:>9.2f}{r['ttft_p95_s'] or 0:>7.2f}{r['request_tokens_per_s_p50'] or 0:>10.1f}"
+                         f"{r['ttft_p50_s'] or 0:>9.2f}{r['ttft_p95_s'] or 0:>7.2f}"
+                         f"{r['request_tokens_per_s_p50'] or 0:>10.1f}"
                          f"{r['peak_rss_bytes'] / 2**20:>13.0f}{r['identical_to_greedy']:>9}")
     return "\n".join(lines)
 

@@ -12,8 +12,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+from specmemo.runtime.artifact import Artifact
 from specmemo.runtime.chat import ChatSession
+from specmemo.runtime.config import DEFAULT_THREADS
 from specmemo.runtime.engine import EngineConfig, Mode, open_engine
 from specmemo.runtime.manifest import load_manifest
 from specmemo.runtime.sampling import default_sampling, describe
@@ -44,18 +47,19 @@ class ChatBenchConfig:
     artifact: Path
     max_new_tokens: int = 256
     mode: Mode = Mode.AUTO
-    threads: int = 2
+    threads: int = DEFAULT_THREADS
     seed: int = 0
 
 
 def run_chat_bench(config: ChatBenchConfig, *, log=print) -> dict:
     defaults = load_manifest(config.artifact).generation
     settings = {"defaults": default_sampling(defaults, seed=config.seed), "greedy": None}
-    results = {"artifact": str(config.artifact), "max_new_tokens": config.max_new_tokens, "mode": config.mode.value,
-               "defaults_source": defaults.source if defaults else "none", "settings": {}}
+    results: dict[str, Any] = {"artifact": str(config.artifact), "max_new_tokens": config.max_new_tokens,
+                               "mode": config.mode.value, "defaults_source": defaults.source if defaults else "none",
+                               "settings": {}}
     for name, sampling in settings.items():
-        engine = open_engine(EngineConfig(artifact=config.artifact, mode=config.mode, threads=config.threads,
-                                          sampling=sampling), log=log)
+        engine = open_engine(EngineConfig(artifact=Artifact.open(config.artifact), mode=config.mode,
+                                          threads=config.threads, sampling=sampling), log=log)
         chat = ChatSession(engine, max_new_tokens=config.max_new_tokens)
         replies = []
         for user in SCRIPT:

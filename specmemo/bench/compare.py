@@ -33,6 +33,7 @@ from pathlib import Path
 from specmemo.bench.results import write_json
 from specmemo.bench.spec_bench import spec_bench_record
 from specmemo.errors import ConfigError
+from specmemo.runtime.config import DEFAULT_THREADS
 from specmemo.runtime.drafters import DrafterName, parse_drafter
 from specmemo.runtime.drafters.registry import with_own_model
 from specmemo.runtime.fresh_process import run_json
@@ -90,7 +91,7 @@ class CompareConfig:
     prompts: tuple[tuple[int, str, list[int]], ...]  # (question id, category, prompt ids)
     max_new_tokens: int = 128
     rounds: int = 3
-    threads: int = 2
+    threads: int = DEFAULT_THREADS
     budget: int | None = None  # our engines' plan (a device profile's app memory)
     capacity: int | None = None  # our engines' C without a budget (run_capacity)
     our_capacity: int | None = None  # the C our engines allocate (resolved): pytorch-medusa-sized's KV
@@ -168,10 +169,10 @@ def decode_tokens_per_s(run: dict) -> float:
 def agreement(turns: list[dict], reference: list[dict]) -> tuple[int, float]:
     """(prompts identical to the reference, share of the reference's tokens matched before a difference)."""
     identical, matched, total = 0, 0, 0
-    for turn, ref in zip(turns, reference):
+    for turn, ref in zip(turns, reference, strict=False):
         a, b = turn["token_ids"], ref["token_ids"]
         identical += a == b
-        prefix = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+        prefix = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
         matched, total = matched + prefix, total + len(b)
     return identical, matched / total if total else 1.0
 
@@ -209,7 +210,8 @@ def summarize_engine(runs: list[dict], reference: list[dict] | None, greedy: lis
 
 def ratios(engines: dict[str, dict]) -> dict[str, float]:
     """The controller against the others, all from this run."""
-    c, out = engines.get(CONTROLLER), {}
+    c = engines.get(CONTROLLER)
+    out: dict[str, float] = {}
     if c is None:
         return out
     if TORCH_MEDUSA in engines:
@@ -228,7 +230,8 @@ def ratios(engines: dict[str, dict]) -> dict[str, float]:
             out["default_peak_rss_vs_hf_generate"] = engines[DEFAULT]["peak_rss"] / ref["peak_rss"]
     if PEER in engines:
         out["tokens_per_s_vs_onnxruntime_genai"] = c["e2e_tokens_per_s"] / engines[PEER]["e2e_tokens_per_s"]
-        out["decode_tokens_per_s_vs_onnxruntime_genai"] = c["decode_tokens_per_s"] / engines[PEER]["decode_tokens_per_s"]
+        out["decode_tokens_per_s_vs_onnxruntime_genai"] = (c["decode_tokens_per_s"]
+                                                           / engines[PEER]["decode_tokens_per_s"])
         out["peak_rss_vs_onnxruntime_genai"] = c["peak_rss"] / engines[PEER]["peak_rss"]
         if GREEDY in engines:
             out["greedy_decode_tokens_per_s_vs_onnxruntime_genai"] = (engines[GREEDY]["decode_tokens_per_s"]
@@ -248,7 +251,8 @@ def ratios(engines: dict[str, dict]) -> dict[str, float]:
     if rows:  # any engine, any mode
         out["decode_tokens_per_s_vs_fastest_peer_row"] = c["decode_tokens_per_s"] / max(rows)
     if GREEDY in engines:
-        out["decode_tokens_per_s_vs_specmemo_greedy"] = c["decode_tokens_per_s"] / engines[GREEDY]["decode_tokens_per_s"]
+        out["decode_tokens_per_s_vs_specmemo_greedy"] = (c["decode_tokens_per_s"]
+                                                         / engines[GREEDY]["decode_tokens_per_s"])
     return out
 
 
@@ -278,7 +282,7 @@ def summarize(config: CompareConfig, runs: dict[str, list[dict]], machine: dict)
                        "engines": list(config.engines)},
             "machine": machine, "engines": engines, "ratios": found,
             "bars": bars(found, config.weight_dtype, draft_model=uses_draft_model(config.drafter),
-                         feature=bool(config.drafter) and DrafterName.FEATURE in parse_drafter(config.drafter)),
+                         feature=bool(config.drafter and DrafterName.FEATURE in parse_drafter(config.drafter))),
             "controller_trace": trace}
 
 
@@ -291,13 +295,13 @@ def greedy_turns(runs: dict[str, list[dict]], engine: str) -> list[dict] | None:
 
 
 def uses_draft_model(drafter: str | None) -> bool:
-    return bool(drafter) and bool(with_own_model(parse_drafter(drafter)))
+    return bool(drafter and with_own_model(parse_drafter(drafter)))
 
 
 def format_table(summary: dict) -> str:
     """The markdown table (stdout and the report)."""
-    head = ("| engine | decode tok/s | e2e tok/s | TTFT ms | load s | accepted/step | RSS after load MiB | peak RSS MiB "
-            "| generation MiB | KV C (MiB) | arena MiB (model) | same as HF | same as own greedy |")
+    head = ("| engine | decode tok/s | e2e tok/s | TTFT ms | load s | accepted/step | RSS after load MiB "
+            "| peak RSS MiB | generation MiB | KV C (MiB) | arena MiB (model) | same as HF | same as own greedy |")
     lines = [head, "|" + "---|" * 13]
     for name, e in summary["engines"].items():
         kv = f"{e['capacity']} ({e['kv_bytes'] / MIB:.1f})" if "kv_bytes" in e else "–"
@@ -307,8 +311,9 @@ def format_table(summary: dict) -> str:
         own = f"{e['identical_to_greedy']}/{e['greedy_prompts']}" if "greedy_prompts" in e else "–"
         label = f"{name} ({e['drafter']})" if e.get("drafter") else name
         lines.append(f"| {label} | {e['decode_tokens_per_s']:.1f} | {e['e2e_tokens_per_s']:.1f} | {e['ttft_ms']:.0f} "
-                     f"| {e['load_s']:.1f} | {e['mean_accepted']:.2f} | {e['rss_after_load'] / MIB:.0f} | {e['peak_rss'] / MIB:.0f} "
-                     f"| {e['generation_memory'] / MIB:.1f} | {kv} | {arena} | {same} | {own} |")
+                     f"| {e['load_s']:.1f} | {e['mean_accepted']:.2f} | {e['rss_after_load'] / MIB:.0f} "
+                     f"| {e['peak_rss'] / MIB:.0f} | {e['generation_memory'] / MIB:.1f} | {kv} | {arena} | {same} "
+                     f"| {own} |")
     lines.append("")
     for name, bar in summary["bars"].items():
         lines.append(f"- {name.replace('_', ' ')}: {bar['value']:.3f} (bar {bar['bar']}): "
@@ -325,7 +330,7 @@ def spec_bench_records(runs: dict[str, list[dict]], config: CompareConfig, decod
                                      reply=decode(turn["token_ids"]), token_ids=turn["token_ids"],
                                      wall_time=turn["wall_s"], accept_lengths=turn["accept_lengths"],
                                      ttft=round(turn["ttft_s"], 4))
-                   for (qid, category, _), turn in zip(config.prompts, engine_runs[0]["turns"])]
+                   for (qid, category, _), turn in zip(config.prompts, engine_runs[0]["turns"], strict=False)]
             for name, engine_runs in runs.items()}
 
 

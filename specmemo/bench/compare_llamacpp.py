@@ -49,7 +49,7 @@ class GreedyDraft:
             m._ctx.kv_cache_seq_rm(-1, keep, -1)
             m.n_tokens = keep
         m.eval(ids[keep:].tolist())
-        out = []
+        out: list[int] = []
         while len(out) < DRAFT_MAX:
             logits = last_logits(m)
             token = int(np.argmax(logits))
@@ -109,6 +109,7 @@ def _speculative_reply(model, eos: set[int]):
             first = first or time.perf_counter()
             if token in eos or len(tokens) >= new:
                 break
+        assert first is not None  # generate yields tokens until stopped: the loop ran at least once
         verify_calls = max(1, len(evals) - 1)  # the first eval is the prompt
         per_step = max(0, len(tokens) - 1) / verify_calls
         return {"token_ids": tokens, "ttft_s": first - started, "wall_s": time.perf_counter() - started,

@@ -23,9 +23,10 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from specmemo.runtime.measured import memory_calibration
+from specmemo.runtime.artifact import Artifact
 from specmemo.runtime.engine import EngineConfig, Mode, open_engine
 from specmemo.runtime.fresh_process import first_reply_ready, serve_json
+from specmemo.runtime.measured import memory_calibration
 from specmemo.runtime.memory import footprint
 from specmemo.runtime.rss import peak_rss_bytes, reset_peak_rss, rss_bytes
 
@@ -37,8 +38,8 @@ WARM_UP_TOKENS = 8
 def run_specmemo(request: dict) -> dict:
     mode = MODES[request["engine"]]
     default = request["engine"] == "specmemo-default"  # what a user gets with no sizing flags
-    engine = open_engine(EngineConfig(artifact=Path(request["artifact"]), mode=mode, threads=request["threads"],
-                                      budget=None if default else request.get("budget"),
+    engine = open_engine(EngineConfig(artifact=Artifact.open(Path(request["artifact"])), mode=mode,
+                                      threads=request["threads"], budget=None if default else request.get("budget"),
                                       capacity=None if default else request.get("capacity"),
                                       drafter=None if default or mode is Mode.GREEDY else request.get("drafter")),
                          log=lambda _: None)
@@ -63,7 +64,8 @@ def run_specmemo(request: dict) -> dict:
         trace = reply(prompts[0], new, ignore_eos=True)
         result["trace"] = {"tree_sizes": trace["tree_sizes"], "accept_lengths": trace["accept_lengths"],
                            "kv_used": trace["kv_used"], "capacity": session.kv.capacity}
-    calibration = memory_calibration(Path(request["artifact"]), threads=request["threads"], log=lambda _: None)
+    calibration = memory_calibration(Artifact.open(Path(request["artifact"])), threads=request["threads"],
+                                     log=lambda _: None)
     predicted = footprint(session.manifest, calibration, session.sizes)
     result.update(peak_rss=peak_rss_bytes(), arena_bytes=session.arena.nbytes, kv_bytes=session.kv.nbytes(),
                   predicted_generation=predicted.generation, capacity=session.kv.capacity, tree=session.sizes.tree,
@@ -80,7 +82,8 @@ def run_genai(request: dict) -> dict:
 
     mode = GENAI_MODES[request["engine"]]
     folder = request["genai_pair_dir"] if mode == "draft-model" else request["genai_dir"]
-    peer = GenAIEngine(Path(folder), threads=request["threads"], speculative=GENAI_SPECULATIVE.get(mode))
+    speculative = GENAI_SPECULATIVE.get(mode) if mode is not None else None  # None: plain greedy search
+    peer = GenAIEngine(Path(folder), threads=request["threads"], speculative=speculative)
     after_load = rss_bytes()
     reset_peak_rss()
     eos = set(request["eos"])

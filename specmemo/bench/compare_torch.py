@@ -12,8 +12,8 @@ stdin, result as one JSON line on stdout):
 
 Both report per prompt: token ids, time to first token, wall time, tokens accepted per step; and
 RSS after the model is loaded (every weight read once, so lazily mapped pages are resident) and
-the peak RSS after it (the peak is reset once loaded, so peak − after-load is generation memory). A short warm-up generation runs after the reset: its
-memory counts, its time does not.
+the peak RSS after it (the peak is reset once loaded, so peak − after-load is generation memory).
+A short warm-up generation runs after the reset: its memory counts, its time does not.
 """
 
 from __future__ import annotations
@@ -71,8 +71,8 @@ def run(request: dict) -> dict:
     from specmemo.export.load import lm_head_t, load_hf, resolve_model, stop_token_ids
     from specmemo.export.reference import TorchBackend, TorchDrafter
     from specmemo.runtime.decode import generate
-    from specmemo.runtime.medusa_tree import MedusaTree
     from specmemo.runtime.drafters.medusa import MedusaDrafter
+    from specmemo.runtime.medusa_tree import MedusaTree
     from specmemo.runtime.rss import peak_rss_bytes, reset_peak_rss, rss_bytes
 
     torch.set_num_threads(request["threads"])
@@ -90,7 +90,8 @@ def run(request: dict) -> dict:
         drafter = MedusaDrafter(TorchDrafter(heads, request["top_k"]), medusa)
         eos = set(stop_token_ids(tokenizer, model.generation_config))
         capacity = request["kv_capacity"] if engine == "pytorch-medusa-sized" else None  # None: all positions
-        backends = []  # Medusa's KV: allocated once, at the first generation (so it counts as generation memory)
+        # Medusa's KV: allocated once, at the first generation (so it counts as generation memory)
+        backends: list[TorchBackend] = []
 
         def reply(prompt, new):
             started = time.perf_counter()
@@ -98,7 +99,8 @@ def run(request: dict) -> dict:
                 backends.append(TorchBackend(model, capacity=capacity, preallocate=True))
             backend = backends[0]
             backend.reset()
-            result = generate(backend, prompt, max_new_tokens=new, eos_token_ids=eos, drafter=drafter, max_tree=medusa.size)
+            result = generate(backend, prompt, max_new_tokens=new, eos_token_ids=eos, drafter=drafter,
+                              max_tree=medusa.size)
             return {"token_ids": result.token_ids, "ttft_s": result.stats.prefill_s,
                     "wall_s": time.perf_counter() - started, "accept_lengths": result.stats.accept_lengths}
     else:

@@ -21,13 +21,16 @@ import statistics
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 from specmemo.bench.results import machine_info, run_folder, write_json
 from specmemo.bench.spec_bench import spec_bench_record
 from specmemo.errors import ConfigError
-from specmemo.runtime.measured import memory_calibration
+from specmemo.runtime.artifact import Artifact
+from specmemo.runtime.config import DEFAULT_THREADS
 from specmemo.runtime.engine import EngineConfig, Mode, open_engine
 from specmemo.runtime.fresh_process import run_json, serve_json
+from specmemo.runtime.measured import memory_calibration
 from specmemo.runtime.memory import MIB, footprint
 from specmemo.runtime.rss import peak_rss_bytes
 
@@ -39,7 +42,7 @@ class DecodeBenchConfig:
     artifact: Path
     questions: int = 80
     max_new_tokens: int = 128
-    threads: int = 2
+    threads: int = DEFAULT_THREADS
     capacity: int | None = None  # KV positions C (default: the manifest's plan, else the graph's max)
     budget: int | None = None  # bytes (a device profile's app memory): sizes C and T_max instead
     memory_questions: int = 8  # questions per fresh-process memory probe (0: skip)
@@ -90,7 +93,7 @@ def encode_questions(tokenizer, questions) -> list[list[int]]:
 
 
 def run_speed(config: DecodeBenchConfig, questions, *, log=print) -> dict[str, ModeRun]:
-    engine = open_engine(EngineConfig(artifact=config.artifact, mode=Mode.TREE, threads=config.threads,
+    engine = open_engine(EngineConfig(artifact=Artifact.open(config.artifact), mode=Mode.TREE, threads=config.threads,
                                       capacity=config.capacity, budget=config.budget, drafter=config.drafter), log=log)
     engine.policy(Mode.AUTO)  # the latency curve: measured (or read) now, not inside a timed turn
     eos = engine.tokenizer.eos_token_ids
@@ -102,10 +105,11 @@ def run_speed(config: DecodeBenchConfig, questions, *, log=print) -> dict[str, M
         peer = GenAIEngine(config.genai_dir, threads=config.threads)
     names = list(MODES) + (["onnxruntime-genai"] if peer else [])
     runs = {name: ModeRun(name) for name in names}
-    for i, (question, prompt) in enumerate(zip(questions, prompts)):
+    for i, (question, prompt) in enumerate(zip(questions, prompts, strict=False)):
         for name in names[i % len(names):] + names[: i % len(names)]:
             started = time.perf_counter()
             if name == "onnxruntime-genai":
+                assert peer is not None  # its name is listed only with a peer
                 tokens = peer.generate(prompt, config.max_new_tokens, eos)
                 accept, sizes = [1] * len(tokens), [1] * len(tokens)
             else:
@@ -122,12 +126,13 @@ def probe_memory(request: dict) -> dict:
     """In a fresh process: open the engine for the request's mode, decode its prompts, report
     generation memory beside the memory model's prediction."""
     artifact, mode, threads = Path(request["artifact"]), request["mode"], request["threads"]
-    engine = open_engine(EngineConfig(artifact=artifact, mode=mode, threads=threads, capacity=request["capacity"],
-                                      budget=request["budget"], drafter=request.get("drafter")), log=lambda _: None)
+    engine = open_engine(EngineConfig(artifact=Artifact.open(artifact), mode=mode, threads=threads,
+                                      capacity=request["capacity"], budget=request["budget"],
+                                      drafter=request.get("drafter")), log=lambda _: None)
     session = engine.session
     for prompt in request["prompts"]:
         engine.generate(prompt, max_new_tokens=request["max_new_tokens"])
-    calibration = memory_calibration(artifact, threads=threads, log=lambda _: None)
+    calibration = memory_calibration(Artifact.open(artifact), threads=threads, log=lambda _: None)
     predicted = footprint(session.manifest, calibration, session.sizes)
     return {"mode": mode, "rss_after_load": session.rss_after_load, "peak_rss": peak_rss_bytes(),
             "measured_generation": peak_rss_bytes() - session.rss_after_load,
@@ -172,12 +177,13 @@ def spec_bench_records(run: ModeRun, model_id: str, decode) -> list[dict]:
 
 def summarize(config: DecodeBenchConfig, runs: dict[str, ModeRun], memory: list[dict]) -> dict:
     greedy = runs["greedy"]
-    modes = {}
+    modes: dict[str, dict[str, Any]] = {}
     for name, run in runs.items():
         ratios = [(len(t.token_ids) / t.wall_time) / (len(g.token_ids) / g.wall_time)
-                  for t, g in zip(run.turns, greedy.turns)]
-        identical = sum(t.token_ids == g.token_ids for t, g in zip(run.turns, greedy.turns))
-        modes[name] = {"tokens_per_s": round(run.tokens_per_s, 2), "speedup_vs_greedy_median": round(statistics.median(ratios), 3),
+                  for t, g in zip(run.turns, greedy.turns, strict=False)]
+        identical = sum(t.token_ids == g.token_ids for t, g in zip(run.turns, greedy.turns, strict=False))
+        modes[name] = {"tokens_per_s": round(run.tokens_per_s, 2),
+                       "speedup_vs_greedy_median": round(statistics.median(ratios), 3),
                        "mean_accepted": round(run.mean_accepted, 3), "mean_tree": round(run.mean_tree, 2),
                        "identical_to_greedy": identical, "turns": len(run.turns),
                        "new_tokens": sum(len(t.token_ids) for t in run.turns)}
@@ -185,7 +191,7 @@ def summarize(config: DecodeBenchConfig, runs: dict[str, ModeRun], memory: list[
         peer = runs["onnxruntime-genai"]
         for name in MODES:
             ratios = [(len(t.token_ids) / t.wall_time) / (len(p.token_ids) / p.wall_time)
-                      for t, p in zip(runs[name].turns, peer.turns)]
+                      for t, p in zip(runs[name].turns, peer.turns, strict=False)]
             modes[name]["speedup_vs_genai_median"] = round(statistics.median(ratios), 3)
     for row in memory:
         row["error_vs_predicted"] = round(row["measured_generation"] / row["predicted_generation"] - 1, 4)
@@ -217,7 +223,7 @@ def write_results(summary: dict, runs: dict[str, ModeRun], out: Path, model_id: 
         path = out / f"{name}.jsonl"
         path.write_text("".join(json.dumps(r) + "\n" for r in spec_bench_records(run, f"{model_id}-{name}", decode)))
         paths.append(path)
-    return paths + [write_json(out / "summary.json", summary, threads=summary["config"]["threads"])]
+    return [*paths, write_json(out / "summary.json", summary, threads=summary["config"]["threads"])]
 
 
 def format_bars(summary: dict) -> str:

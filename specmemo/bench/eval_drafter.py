@@ -24,26 +24,30 @@ from __future__ import annotations
 import statistics
 import time
 from dataclasses import dataclass, field, replace
-from enum import Enum
+from enum import StrEnum
 from pathlib import Path
+from typing import TypedDict
 
 import numpy as np
 from tqdm.auto import tqdm
 
 from specmemo.bench.results import run_folder, write_json
 from specmemo.errors import ConfigError
-from specmemo.runtime.measured import cpu_name
-from specmemo.runtime.config import EngineConfig, Mode
+from specmemo.runtime.artifact import Artifact
+from specmemo.runtime.config import DEFAULT_THREADS, EngineConfig, Mode
+from specmemo.runtime.controller import Controller, DrafterChoice
 from specmemo.runtime.decode import prefill, verify_and_commit
 from specmemo.runtime.drafters import DraftContext, DraftTree, draft_model_dir, parse_choices, parse_drafter
 from specmemo.runtime.engine import Engine, open_drafter, open_engine
+from specmemo.runtime.formats import ModelFormat
+from specmemo.runtime.measured import cpu_name
 from specmemo.runtime.sampling import describe
 from specmemo.runtime.tokenizer import Message
 
 DEPTHS = 4  # depth-wise top-1 reported for depths 1..DEPTHS
 
 
-class Workload(str, Enum):
+class Workload(StrEnum):
     MT_BENCH = "mt-bench"  # MT-Bench first turns
     MIXED = "mt-bench,humaneval"  # MT-Bench first turns and HumanEval tasks, alternating (compare's prompts)
     QUOTING = "quoting"  # ShareGPT passages to rewrite, correct, summarise or list (datasets.quoting_prompts)
@@ -57,7 +61,7 @@ class EvalDrafterConfig:
     prompts: int = 10
     max_new_tokens: int = 128
     max_tree: int = 8  # nodes the teacher-forced pass asks for (the bar's tree size)
-    threads: int = 2
+    threads: int = DEFAULT_THREADS
     teacher_forced: bool = True  # False: only the timed, interleaved pass (identity and speed)
     out: Path = run_folder("eval-drafter")
     model_format: str = "onnx"  # ort: the .ort graphs of an `export --mobile` artifact
@@ -69,6 +73,16 @@ class EvalDrafterConfig:
             parse_drafter(spec)
         if min(self.prompts, self.max_new_tokens, self.max_tree, self.threads) < 1:
             raise ConfigError("--prompts, --max-new-tokens, --max-tree and --threads must be >= 1")
+
+
+class _Timed(TypedDict):
+    """One arm of the timed pass, summed over the prompts."""
+    tokens: int
+    seconds: float
+    accepted: list[int]  # per verify step
+    sizes: list[int]  # verified nodes per step
+    identical: int  # replies identical to greedy
+    drafted_by: dict[str, int]  # a choice among drafters: steps each candidate drafted
 
 
 @dataclass
@@ -86,13 +100,16 @@ class TeacherForced:
 
     def summary(self) -> dict:
         return {"steps": self.steps,
-                "top1_by_depth": [round(h / t, 4) if t else None for h, t in zip(self.depth_hits, self.depth_tries)],
-                "top5_by_depth": [round(h / t, 4) if t else None for h, t in zip(self.depth_top5, self.depth_tries)],
+                "top1_by_depth": [round(h / t, 4) if t else None
+                                  for h, t in zip(self.depth_hits, self.depth_tries, strict=False)],
+                "top5_by_depth": [round(h / t, 4) if t else None
+                                  for h, t in zip(self.depth_top5, self.depth_tries, strict=False)],
                 "chain_accepted": round(float(np.mean(self.chain_accepted)), 3),
                 "tree_accepted": round(float(np.mean(self.tree_accepted)), 3),
                 "tree_nodes": round(float(np.mean(self.tree_nodes)), 2),
                 "chain_nodes": round(float(np.mean(self.chain_nodes)), 2),
-                "tree_accepted_by_size": {t: round(float(np.mean(v)), 3) for t, v in sorted(self.tree_accepted_by_size.items())},
+                "tree_accepted_by_size": {t: round(float(np.mean(v)), 3)
+                                          for t, v in sorted(self.tree_accepted_by_size.items())},
                 "draft_ms": round(statistics.median(self.draft_ms), 3)}
 
 
@@ -138,7 +155,8 @@ def teacher_forced(engine: Engine, drafter, prompts: list[list[int]], config: Ev
         reply = [step.root]
         while len(reply) < config.max_new_tokens and backend.length < backend.capacity:
             started = time.perf_counter()
-            drafts.append(drafter.propose(DraftContext(context, step.hidden, step.rows, step.path), budget=config.max_tree))
+            drafts.append(drafter.propose(DraftContext(context, step.hidden, step.rows, step.path),
+                                          budget=config.max_tree))
             record.draft_ms.append(1e3 * (time.perf_counter() - started))
             _, step = verify_and_commit(backend, [step.root], [-1])
             reply.append(step.root)
@@ -157,7 +175,7 @@ def encode(engine: Engine, config: EvalDrafterConfig) -> list[list[int]]:
     if config.workload is Workload.MIXED:
         sets = prompt_sets(config.workload.value, per_set=-(-config.prompts // 2))
         half = len(sets) // 2
-        texts = [q.turns[0] for pair in zip(sets[:half], sets[half:]) for q in pair][: config.prompts]
+        texts = [q.turns[0] for pair in zip(sets[:half], sets[half:], strict=False) for q in pair][: config.prompts]
     elif config.workload is Workload.MT_BENCH:
         texts = [q.turns[0] for q in load_questions()[: config.prompts]]
     else:
@@ -171,17 +189,17 @@ def open_engines(config: EvalDrafterConfig, *, log=print) -> tuple[Engine, dict[
     from specmemo.runtime.sampling import default_sampling
 
     everything = ",".join(dict.fromkeys(g.strip() for spec in config.drafters for g in spec.split(",")))
-    engine = open_engine(EngineConfig(artifact=config.artifact, mode=Mode.TREE, drafter=everything,
-                                      threads=config.threads, model_format=config.model_format), log=log)
+    engine = open_engine(EngineConfig(artifact=Artifact.open(config.artifact), mode=Mode.TREE, drafter=everything,
+                                      threads=config.threads, model_format=ModelFormat(config.model_format)), log=log)
     if config.sampling:
         sampling = default_sampling(engine.session.manifest.generation)
         if sampling is None:
             raise ConfigError(f"{config.artifact}'s generation defaults are greedy: nothing to sample with")
         engine.config = replace(engine.config, sampling=sampling)
 
-    def model_dir(spec: str) -> Path | None:
+    def model_dir(spec: str) -> Artifact | None:
         named = draft_model_dir(spec)
-        return Path(named) if named else engine.plan.draft_model
+        return Artifact.open(named) if named else engine.plan.draft_model
 
     engines = {spec: Engine(config=engine.config, session=engine.session, tokenizer=engine.tokenizer,
                             drafter=open_drafter(engine.session, parse_drafter(spec), max_tree=engine.max_tree,
@@ -193,27 +211,31 @@ def open_engines(config: EvalDrafterConfig, *, log=print) -> tuple[Engine, dict[
 def run(config: EvalDrafterConfig, *, log=print) -> dict:
     engine, engines = open_engines(config, log=log)
     prompts = encode(engine, config)
-    curve = engine.policy(Mode.AUTO).curve  # verify ms per T: measured once per machine (cached)
+    policy = engine.policy(Mode.AUTO)
+    assert isinstance(policy, (Controller, DrafterChoice))  # auto's policy is a controller, over the latency curve
+    curve = policy.curve  # verify ms per T: measured once per machine (cached)
     name = config.workload.value + ("-sampling" if engine.config.sampling is not None else "")
     results: dict = {"name": name, "workload": config.workload.value, "prompts": len(prompts),
                      "max_new_tokens": config.max_new_tokens,
                      "max_tree": config.max_tree, "threads": config.threads, "cpu": cpu_name(),
                      "sampling": describe(engine.config.sampling),
-                     "verify_ms": dict(zip(curve.sizes, [round(v, 2) for v in curve.step_ms])), "drafters": {}}
+                     "verify_ms": dict(zip(curve.sizes, [round(v, 2) for v in curve.step_ms], strict=False)),
+                     "drafters": {}}
     for spec, eng in engines.items():
         results["drafters"][spec] = {}
         if config.teacher_forced:
             forced = teacher_forced(eng, eng.drafter, prompts, config, f"teacher-forced {spec}")
             results["drafters"][spec]["teacher_forced"] = forced.summary()
-    timed = {name: {"tokens": 0, "seconds": 0.0, "accepted": [], "sizes": [], "identical": 0, "drafted_by": {}}
-             for name in ("greedy", *config.drafters)}
+    timed: dict[str, _Timed] = {
+        name: {"tokens": 0, "seconds": 0.0, "accepted": [], "sizes": [], "identical": 0, "drafted_by": {}}
+        for name in ("greedy", *config.drafters)}
     for prompt in tqdm(prompts, desc="timed, interleaved", unit="prompt", dynamic_ncols=True, leave=False):
         greedy = engine.generate(prompt, max_new_tokens=config.max_new_tokens, mode=Mode.GREEDY, ignore_eos=True)
         _add(timed["greedy"], greedy, greedy.token_ids)
         for spec, eng in engines.items():
             _add(timed[spec], eng.generate(prompt, max_new_tokens=config.max_new_tokens, mode=Mode.AUTO,
                                            ignore_eos=True), greedy.token_ids)
-            if hasattr(eng.controller, "drafted_by"):  # a choice among drafters
+            if isinstance(eng.controller, DrafterChoice):  # a choice among drafters
                 by = timed[spec]["drafted_by"]
                 for name, steps in eng.controller.drafted_by().items():
                     by[name] = by.get(name, 0) + steps
@@ -252,7 +274,7 @@ def chain_bound(forced: dict, curve) -> float:
     return max(1.0, forced["chain_accepted"] / (curve.step(nodes) + forced["draft_ms"]) * curve.step(1))
 
 
-def _add(slot: dict, generation, greedy_ids: list[int]) -> None:
+def _add(slot: _Timed, generation, greedy_ids: list[int]) -> None:
     stats = generation.stats
     slot["tokens"] += stats.new_tokens - 1
     slot["seconds"] += stats.decode_s
@@ -268,7 +290,7 @@ def table(results: dict) -> str:
              f"{results['threads']} threads, {results['cpu']}; timed pass {results.get('sampling', 'greedy')}, "
              f"without a drafter {results['greedy_tokens_per_s']} tok/s",
              f"{'drafter':<{w}}{'top-1 @ depth 1/2/3/4':>26}{'chain':>7}{'tree':>7}{'draft ms':>9}"
-             f"{'tok/s':>8}{'x plain' if results.get('sampling', 'greedy') != 'greedy' else 'x greedy':>9}"
+             f"{'tok/s':>8}{'x plain' if sampled else 'x greedy':>9}"
              f"{'bound':>7}{'acc/step':>9}{'T/step':>7}{'same':>7}",
              "-" * (96 + w)]
     for spec, r in results["drafters"].items():

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from specmemo.bench.results import machine_info, run_folder, write_json
 from specmemo.errors import ConfigError
+from specmemo.runtime.config import DEFAULT_THREADS
 
 GENAI_ALGORITHMS = ("default", "rtn", "k_quant", "k_quant_mixed")  # the builder's algo_config values
 
@@ -40,7 +41,7 @@ class FrontConfig:
     conversations: int = 12  # held-out ShareGPT conversations: perplexity
     rounds: int = 2
     step_rounds: int = 6  # the alternated step pass (bench/step_ab.py): rounds of 10 steps per engine; 0: skip it
-    threads: int = 2
+    threads: int = DEFAULT_THREADS
     out: Path = run_folder("bench-front")
 
     def __post_init__(self) -> None:
@@ -80,10 +81,11 @@ def _engines(config: FrontConfig, model: str) -> list[tuple[str, str, str, dict,
     from specmemo.bench.quality import ArtifactForced, GenAIForced, LlamaCppForced
     from specmemo.runtime.manifest import load_manifest
 
-    points = []
+    points: list[tuple[str, str, str, dict, Callable]] = []
     for artifact in config.artifacts:
         quant = load_manifest(artifact).quantization
-        settings = {} if quant is None else {k: v for k, v in asdict(quant).items() if k not in ("carried", "quantized")}
+        settings = {} if quant is None else {k: v for k, v in asdict(quant).items()
+                                             if k not in ("carried", "quantized")}
         points.append((f"specmemo {artifact.name}", "ours", str(artifact), settings,
                        lambda threads, a=artifact: ArtifactForced(a, threads)))
     if config.genai:
@@ -161,7 +163,7 @@ def run_front(config: FrontConfig, *, log=print) -> dict:
                                conversations=config.conversations)
     reference = qualities.pop(0)  # the reference itself, teacher-forced
     points = []
-    for (name, kind, source, settings, _), quality in zip(engines, qualities):
+    for (name, kind, source, settings, _), quality in zip(engines, qualities, strict=False):
         rates = tuple(decode_tokens_per_s(run) for run in speeds[name])
         points.append(Point(name=name, kind=kind, decode_tokens_per_s=statistics.median(rates),
                             decode_tokens_per_s_by_round=rates,
@@ -215,7 +217,8 @@ def format_table(summary: dict) -> str:
                      f"{p['agreement']:.4f} | {p['perplexity']:.3f} ({100 * p['perplexity_increase']:+.2f}%) | "
                      f"{p['size_mb']:.0f} |")
     m = summary["machine"]
-    lines.append(f"\n{m['cpu']}, {m['isa']}, {m['threads']} threads, ONNX Runtime {m['onnxruntime']}, commit {m['commit']}")
+    lines.append(f"\n{m['cpu']}, {m['isa']}, {m['threads']} threads, ONNX Runtime {m['onnxruntime']}, "
+                 f"commit {m['commit']}")
     return "\n".join(lines)
 
 

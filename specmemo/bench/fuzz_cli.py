@@ -1,5 +1,6 @@
-"""The CLI fuzz: every subcommand with one bad input each, run in this process (`specmemo.cli.main`),
-and what a user must see: no traceback, one line on stderr, exit code 1 or 2, no file written.
+"""The CLI fuzz: every subcommand with one bad input each, run in this process through the CLI it is given
+(a `Cli`: `specmemo.cli.main` and its parser, passed in by the command that fuzzes it), and what a user must
+see: no traceback, one line on stderr, exit code 1 or 2, no file written.
 
 Each invocation is a subcommand (from the parser itself, so a new one is fuzzed the day it is added)
 plus one spoiler:
@@ -26,6 +27,7 @@ import random
 import shutil
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -34,7 +36,8 @@ BROKEN = ("missing", "a-file", "empty", "not-json", "wrong-type", "wrong-version
 ARTIFACT_FLAGS = ("--artifact", "--reference", "--draft")
 
 
-def subcommands(parser: argparse.ArgumentParser, prefix: tuple[str, ...] = ()) -> list[tuple[tuple[str, ...], argparse.ArgumentParser]]:
+def subcommands(parser: argparse.ArgumentParser,
+                prefix: tuple[str, ...] = ()) -> list[tuple[tuple[str, ...], argparse.ArgumentParser]]:
     """Every leaf subcommand: (its words, its parser)."""
     found = []
     for action in parser._actions:
@@ -138,6 +141,13 @@ def _plausible(action: argparse.Action, broken: dict[str, Path]) -> str:
 
 
 @dataclass(frozen=True)
+class Cli:
+    """The command line under test: its entry point (argv → exit code) and the parser it builds."""
+    main: Callable[[list[str]], int]
+    parser: argparse.ArgumentParser
+
+
+@dataclass(frozen=True)
 class Outcome:
     code: int
     stdout: str
@@ -145,9 +155,7 @@ class Outcome:
     seconds: float
 
 
-def run_one(inv: Invocation) -> Outcome:
-    from specmemo.cli import main
-
+def run_one(inv: Invocation, main: Callable[[list[str]], int]) -> Outcome:
     out, err = io.StringIO(), io.StringIO()
     stdin = io.TextIOWrapper(io.BytesIO(inv.stdin), encoding="utf-8")
     start = time.perf_counter()
@@ -159,7 +167,7 @@ def run_one(inv: Invocation) -> Outcome:
                 code = main(list(inv.argv))
             except SystemExit as exit_:
                 code = exit_.code if isinstance(exit_.code, int) else 1
-            except BaseException as exc:  # noqa: BLE001  (what escapes main is what the user would see)
+            except BaseException as exc:
                 import traceback
 
                 err.write("".join(traceback.format_exception(exc)))
@@ -209,14 +217,13 @@ class CliReport:
                 "slowest": list(self.slowest)}
 
 
-def run(*, count: int, seconds: float, seed: int, workdir: Path, good: Path | None) -> CliReport:
-    """Up to `count` invocations (stopping at `seconds`), in `workdir` (cwd and $SPECMEMO_CACHE inside it)."""
-    from specmemo.cli import build_parser
-
+def run(cli: Cli, *, count: int, seconds: float, seed: int, workdir: Path, good: Path | None) -> CliReport:
+    """Up to `count` invocations of `cli` (stopping at `seconds`), in `workdir` (cwd and $SPECMEMO_CACHE inside
+    it)."""
     workdir.mkdir(parents=True, exist_ok=True)
     good = good.resolve() if good is not None else None  # the runs happen inside workdir
     broken = broken_artifacts(workdir / "fixtures", good)
-    commands = subcommands(build_parser())
+    commands = subcommands(cli.parser)
     rng, report = random.Random(seed), CliReport()
     before_cwd, before_cache = os.getcwd(), os.environ.get("SPECMEMO_CACHE")
     os.chdir(workdir)
@@ -228,7 +235,7 @@ def run(*, count: int, seconds: float, seed: int, workdir: Path, good: Path | No
                 break
             inv = invocation(rng, commands, broken, good)
             before = snapshot(workdir)
-            outcome = run_one(inv)
+            outcome = run_one(inv, cli.main)
             wrote = [] if not inv.expects_error else sorted(set(snapshot(workdir).items()) - set(before.items()))
             found = problems(inv, outcome, [name for name, _ in wrote])
             report.invocations += 1

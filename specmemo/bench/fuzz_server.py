@@ -4,7 +4,7 @@ dropped connection), with the server's memory flat and a normal request answered
 What it sends (`request(rng)` picks one kind per request):
   bytes     random bytes, truncated JSON, invalid UTF-8, deep nesting, a body over the limit
   text      valid JSON that is not valid text: lone surrogates (\\ud800, \\udfff, a high half at the end), in
-            values and in keys; non-characters (U+FFFE, U+FFFF, U+FDD0) and Unicode digits (², ٣, ５) where
+            values and in keys; non-characters (U+FFFE, U+FFFF, U+FDD0) and Unicode digits (², ٣, fullwidth 5) where
             ids or numbers go, escapes in field names
   types     every field of both endpoints at every JSON type it does not take (null, true, 0, -1, 1.5, 1e308,
             "16", [], {}, a deep list) and a few in-range values it does not take either
@@ -17,16 +17,15 @@ from __future__ import annotations
 
 import json
 import random
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 CHAT, COMPLETIONS = "/v1/chat/completions", "/v1/completions"
 BAD_TEXT = ["\\ud800", "\\udfff", "a\\ud83d", "\\ud83d\\u0041", "\\udc00\\ud800", "x\\udbff"]  # JSON escapes
-ODD_TEXT = ["\ufffe", "\uffff", "\ufdd0", "\u0000", "\u202e", "\U0010ffff", "²", "٣", "５", "𝟗", "\u00a0"]
-WRONG_VALUES = [None, True, False, 0, -1, 1.5, 1e308, -1e308, "16", "", "yes", [], [None], {}, {"a": 1},
-                [[[[[]]]]], 2**70]
+ODD_TEXT = ["\ufffe", "\uffff", "\ufdd0", "\u0000", "\u202e", "\U0010ffff", "²", "٣", "\uff15", "\U0001d7d7", "\u00a0"]
+WRONG_VALUES: list[object] = [None, True, False, 0, -1, 1.5, 1e308, -1e308, "16", "", "yes", [], [None], {},
+                              {"a": 1}, [[[[[]]]]], 2**70]
 FIELDS = {  # every field the two endpoints take, ignore or refuse
     "chat": ["model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "seed", "n", "stop",
              "stream", "stream_options", "presence_penalty", "frequency_penalty", "logit_bias", "logprobs",
@@ -51,70 +50,98 @@ def good(kind: str, model: str) -> dict:
     return {"model": model, "prompt": "w5", "max_tokens": 2}
 
 
-def request(rng: random.Random, model: str, *, max_body: int) -> tuple[str, str, bytes, dict]:
-    """One request no client should send: (method, path, body, headers)."""
-    kind = rng.choice(["chat", "completions"])
-    path = CHAT if kind == "chat" else COMPLETIONS
-    body = good(kind, model)
-    json_headers = {"content-type": "application/json"}
-    pick = rng.randrange(12)
-    if pick == 0:  # random bytes
-        return "POST", path, bytes(rng.randrange(256) for _ in range(rng.randrange(1, 200))), json_headers
-    if pick == 1:  # truncated JSON, invalid UTF-8, deep nesting, too big
-        text = json.dumps(body).encode()
-        return "POST", path, rng.choice([text[: rng.randrange(len(text))], text.replace(b"w5", b"\xc3\x28\xa0"),
-                                         b'{"prompt": ' + b"[" * rng.randrange(40, 3000) + b"]}",
-                                         b" " * (max_body + 1)]), json_headers
-    if pick in (2, 3):  # text that is not text, where text goes: values, keys, message parts
-        bad = rng.choice(BAD_TEXT)
-        where = rng.randrange(4)
-        raw = json.dumps(body)
-        if where == 0:
-            raw = raw.replace('"w5"', f'"w5 {bad}"')
-        elif where == 1:
-            raw = raw[:-1] + f', "{bad}": 1}}'
-        elif where == 2:
-            raw = raw.replace('"model"', f'"mo{bad}del"')
-        else:
-            raw = raw.replace(f'"{model}"', f'"{bad}"')
-        return "POST", path, raw.encode(), json_headers
-    if pick == 4:  # odd but valid text where ids, numbers and names go
-        odd = rng.choice(ODD_TEXT)
-        target = rng.choice(["logit_bias", "max_tokens", "stop", "role", "key", "seed"])
-        if target == "logit_bias":
-            body["logit_bias"] = {odd: 5}
-        elif target == "role":
-            body.setdefault("messages", [{"role": "user", "content": "w5"}])[0]["role"] = odd
-        elif target == "key":
-            body[odd] = 1
-        else:
-            body[target] = odd
-        return "POST", path, json.dumps(body).encode(), json_headers
-    if pick in (5, 6, 7):  # a field at a type (or value) it does not take
-        name = rng.choice(FIELDS[kind])
-        body[name] = rng.choice(WRONG_VALUES)
-        if name == "messages" and rng.random() < 0.5:
-            body[name] = [{"role": "user", "content": rng.choice(WRONG_VALUES)}, {"role": rng.choice(WRONG_VALUES)}]
-        if body == good(kind, model) or (name in ("user", "metadata", "store") and rng.random() < 0.9):
-            body["n"] = 2  # a valid request is no fuzz input: spoil it for sure
-        return "POST", path, json.dumps(body).encode(), json_headers
-    if pick in (8, 9):  # one header at an odd value, on an otherwise good request unless the header spoils it
-        header = rng.choice(list(ODD_HEADERS))
-        value = rng.choice(ODD_HEADERS[header])
-        if header in ("authorization",) or (header == "content-type" and value.startswith("application/json")):
-            body["n"] = 2
-        return "POST", path, json.dumps(body).encode(), {**json_headers, header: value}
-    if pick == 10:  # image and audio parts
-        part = rng.choice([{"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}},
-                           {"type": "input_audio", "input_audio": {"data": "AAAA", "format": "wav"}},
-                           {"type": "file", "file": {"file_id": "x"}}, {"type": "text"}, {"type": 5}])
-        body = good("chat", model) | {"messages": [{"role": "user", "content": [part]}]}
-        return "POST", CHAT, json.dumps(body).encode(), json_headers
+Spoiled = tuple[str, str, bytes, dict[str, str]]  # method, path, body, headers
+JSON = {"content-type": "application/json"}
+
+
+def random_bytes(rng: random.Random, kind: str, body: dict, model: str, max_body: int) -> Spoiled:
+    return "POST", _path(kind), bytes(rng.randrange(256) for _ in range(rng.randrange(1, 200))), JSON
+
+
+def broken_json(rng: random.Random, kind: str, body: dict, model: str, max_body: int) -> Spoiled:
+    """Truncated JSON, invalid UTF-8, deep nesting, a body over the limit."""
+    text = json.dumps(body).encode()
+    return "POST", _path(kind), rng.choice([text[: rng.randrange(len(text))], text.replace(b"w5", b"\xc3\x28\xa0"),
+                                            b'{"prompt": ' + b"[" * rng.randrange(40, 3000) + b"]}",
+                                            b" " * (max_body + 1)]), JSON
+
+
+def not_text(rng: random.Random, kind: str, body: dict, model: str, max_body: int) -> Spoiled:
+    """Text that is not text where text goes: a value, a key, a field name, the model."""
+    bad = rng.choice(BAD_TEXT)
+    raw = json.dumps(body)
+    raw = [raw.replace('"w5"', f'"w5 {bad}"'), raw[:-1] + f', "{bad}": 1}}', raw.replace('"model"', f'"mo{bad}del"'),
+           raw.replace(f'"{model}"', f'"{bad}"')][rng.randrange(4)]
+    return "POST", _path(kind), raw.encode(), JSON
+
+
+def odd_text(rng: random.Random, kind: str, body: dict, model: str, max_body: int) -> Spoiled:
+    """Odd but valid text where ids, numbers and names go."""
+    odd = rng.choice(ODD_TEXT)
+    target = rng.choice(["logit_bias", "max_tokens", "stop", "role", "key", "seed"])
+    if target == "logit_bias":
+        body["logit_bias"] = {odd: 5}
+    elif target == "role":
+        body.setdefault("messages", [{"role": "user", "content": "w5"}])[0]["role"] = odd
+    elif target == "key":
+        body[odd] = 1
+    else:
+        body[target] = odd
+    return "POST", _path(kind), json.dumps(body).encode(), JSON
+
+
+def wrong_type(rng: random.Random, kind: str, body: dict, model: str, max_body: int) -> Spoiled:
+    """A field at a type (or value) it does not take."""
+    name = rng.choice(FIELDS[kind])
+    body[name] = rng.choice(WRONG_VALUES)
+    if name == "messages" and rng.random() < 0.5:
+        body[name] = [{"role": "user", "content": rng.choice(WRONG_VALUES)}, {"role": rng.choice(WRONG_VALUES)}]
+    if body == good(kind, model) or (name in ("user", "metadata", "store") and rng.random() < 0.9):
+        body["n"] = 2  # a valid request is no fuzz input: spoil it for sure
+    return "POST", _path(kind), json.dumps(body).encode(), JSON
+
+
+def odd_header(rng: random.Random, kind: str, body: dict, model: str, max_body: int) -> Spoiled:
+    """One header at an odd value, on an otherwise good request unless the header spoils it."""
+    header = rng.choice(list(ODD_HEADERS))
+    value = rng.choice(ODD_HEADERS[header])
+    if header in ("authorization",) or (header == "content-type" and value.startswith("application/json")):
+        body["n"] = 2
+    return "POST", _path(kind), json.dumps(body).encode(), {**JSON, header: value}
+
+
+def media_part(rng: random.Random, kind: str, body: dict, model: str, max_body: int) -> Spoiled:
+    """Image, audio and file parts, and malformed parts, in a chat message."""
+    part = rng.choice([{"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}},
+                       {"type": "input_audio", "input_audio": {"data": "AAAA", "format": "wav"}},
+                       {"type": "file", "file": {"file_id": "x"}}, {"type": "text"}, {"type": 5}])
+    body = good("chat", model) | {"messages": [{"role": "user", "content": [part]}]}
+    return "POST", CHAT, json.dumps(body).encode(), JSON
+
+
+def wrong_route(rng: random.Random, kind: str, body: dict, model: str, max_body: int) -> Spoiled:
+    """A method or path the server does not serve."""
     method = rng.choice(["GET", "PUT", "DELETE", "PATCH", "POST", "OPTIONS"])
     route = rng.choice(["/", "/v1", "/v1/chat", "/v2/completions", "/health/x", "/%ff", "/v1/models/x", CHAT, "/..%2f"])
     if method == "POST" and route in (CHAT, COMPLETIONS):
         method = "PUT"
     return method, route, b"", {}
+
+
+# each spoiler's share of the requests, in twelfths
+SPOILERS = [random_bytes, broken_json, not_text, not_text, odd_text, wrong_type, wrong_type, wrong_type, odd_header,
+            odd_header, media_part, wrong_route]
+
+
+def _path(kind: str) -> str:
+    return CHAT if kind == "chat" else COMPLETIONS
+
+
+def request(rng: random.Random, model: str, *, max_body: int) -> Spoiled:
+    """One request no client should send: (method, path, body, headers), by a spoiler drawn from SPOILERS."""
+    kind = rng.choice(["chat", "completions"])
+    body = good(kind, model)
+    return SPOILERS[rng.randrange(len(SPOILERS))](rng, kind, body, model, max_body)
 
 
 @dataclass
@@ -150,8 +177,9 @@ def run(url: str, *, model: str, count: int, seconds: float, seed: int, max_body
         for i in range(count):
             if time.perf_counter() - start > seconds:
                 break
-            method, path, body, headers = request(rng, model, max_body=max_body)
-            headers = {k: v.encode("utf-8") for k, v in {**auth, **headers}.items()}  # non-ASCII bytes too
+            method, path, body, named = request(rng, model, max_body=max_body)
+            headers = {k.encode(): v.encode("utf-8") for k, v in {**auth, **named}.items()}  # non-ASCII bytes too
+            status: int | str  # the server's answer, or why there is none
             try:
                 status = http.request(method, url + path, content=body, headers=headers).status_code
             except httpx.LocalProtocolError:  # a header httpx itself will not send: no server answer to judge
@@ -170,32 +198,6 @@ def run(url: str, *, model: str, count: int, seconds: float, seed: int, max_body
     report.seconds = time.perf_counter() - start
     report.rss_start = report.rss_start or report.rss_end
     return report
-
-
-class InProcessServer:
-    """`serve`'s app under uvicorn on a thread, on a free loopback port (its memory is this process's)."""
-
-    def __init__(self, config):
-        import uvicorn
-
-        from specmemo.bench.serve_load import free_port
-        from specmemo.serve.build import build_app
-
-        self.app, self.served = build_app(config, log=lambda *_: None)
-        self.port = free_port()
-        self.server = uvicorn.Server(uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_level="critical"))
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-        self.thread.start()
-        deadline = time.time() + 60
-        while not self.server.started:
-            if time.time() > deadline:
-                raise RuntimeError("the server did not start within 60 s")
-            time.sleep(0.02)
-        self.url = f"http://127.0.0.1:{self.port}"
-
-    def stop(self) -> None:
-        self.server.should_exit = True
-        self.thread.join(timeout=15)
 
 
 def artifact_model(artifact: Path) -> str:

@@ -23,6 +23,8 @@ from pathlib import Path
 from specmemo.bench.results import run_folder
 from specmemo.bench.serve_load import free_port, specmemo_serve
 from specmemo.errors import ConfigError
+from specmemo.runtime.artifact import Artifact
+from specmemo.runtime.config import DEFAULT_THREADS
 
 TASK = "specmemo_arithmetic"
 UNTIL = "\n"
@@ -37,7 +39,7 @@ class HarnessConfig:
     harness_python: Path  # the venv with lm_eval (make harness-setup)
     questions: int = 40
     batch: int = 4
-    threads: int = 2
+    threads: int = DEFAULT_THREADS
     out: Path = run_folder("bench-harness")
 
     def __post_init__(self) -> None:
@@ -102,7 +104,7 @@ def direct_greedy(config: HarnessConfig, items: list[dict]) -> list[str]:
     """The same prompts on our engine, greedy, cut at the stop string."""
     from specmemo.runtime.engine import EngineConfig, Mode, open_engine
 
-    engine = open_engine(EngineConfig(artifact=config.artifact, mode=Mode.GREEDY, threads=config.threads,
+    engine = open_engine(EngineConfig(artifact=Artifact.open(config.artifact), mode=Mode.GREEDY, threads=config.threads,
                                       capacity=512), log=lambda _: None)
     replies = []
     for item in items:
@@ -137,8 +139,8 @@ def run(config: HarnessConfig, *, log=print) -> dict:
     harness_score = sum(float(by_doc[i]["exact_match"]) for i in range(len(items))) / len(items)
     log("the same prompts on our engine directly, greedy ...")
     direct = direct_greedy(config, items)
-    direct_score = sum(exact(r, item["answer"]) for r, item in zip(direct, items)) / len(items)
-    same = sum(a == b for a, b in zip(served, direct))
+    direct_score = sum(exact(r, item["answer"]) for r, item in zip(direct, items, strict=False)) / len(items)
+    same = sum(a == b for a, b in zip(served, direct, strict=False))
     return {"artifact": str(config.artifact), "questions": len(items), "harness": "lm-eval local-completions",
             "harness_exact_match": harness_score, "direct_exact_match": direct_score,
             "identical_outputs": same, "harness_seconds": round(harness_s, 1),

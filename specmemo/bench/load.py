@@ -25,6 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from specmemo.errors import ConfigError
+from specmemo.runtime.artifact import Artifact
+from specmemo.runtime.config import DEFAULT_THREADS
 
 MODES = ("greedy", "controller")
 
@@ -34,7 +36,7 @@ class LoadConfig:
     artifact: Path
     mode: str = "controller"
     rounds: int = 3
-    threads: int = 2
+    threads: int = DEFAULT_THREADS
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -51,8 +53,8 @@ def run_child(request: dict) -> dict:
     imported = time.time() - request["spawned_at"]
 
     mode = Mode.GREEDY if request["mode"] == "greedy" else Mode.AUTO
-    engine = open_engine(EngineConfig(artifact=Path(request["artifact"]), mode=mode, threads=request["threads"]),
-                         log=lambda _: None)
+    engine = open_engine(EngineConfig(artifact=Artifact.open(Path(request["artifact"])), mode=mode,
+                                      threads=request["threads"]), log=lambda _: None)
     started = time.perf_counter()
     engine.policy(mode)
     curve = time.perf_counter() - started
@@ -79,10 +81,9 @@ def rss_added_by_every_size(session) -> int:
 def first_prompt(artifact: Path) -> list[int]:
     """The first MT-Bench question in the artifact's chat template (what `compare` times load with)."""
     from specmemo.datasets import load_questions
-    from specmemo.runtime.manifest import load_manifest
     from specmemo.runtime.tokenizer import ChatTokenizer, Message
 
-    tokenizer = ChatTokenizer(artifact, load_manifest(artifact))
+    tokenizer = ChatTokenizer(Artifact.open(artifact))
     return tokenizer.encode_chat([Message("user", load_questions()[0].turns[0])])
 
 

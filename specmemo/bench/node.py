@@ -21,6 +21,7 @@ from pathlib import Path
 
 from specmemo.datasets import load_questions
 from specmemo.errors import ConfigError
+from specmemo.runtime.config import DEFAULT_THREADS
 
 ENGINE_CLI = Path(__file__).resolve().parents[2] / "android_demo" / "engine" / "dist" / "src" / "cli.js"
 
@@ -31,7 +32,7 @@ class NodeBenchConfig:
     questions: int = 5
     max_new_tokens: int = 128
     modes: tuple[str, ...] = ("greedy", "tree")
-    threads: int = 2
+    threads: int = DEFAULT_THREADS
     capacity: int | None = None
     drafter: str = "medusa+lookup"
 
@@ -98,7 +99,7 @@ def format_table(result: dict) -> str:
     lines = ["mode     python tok/s  node tok/s  node/python  accepted/step (py, node)",
              "-------  ------------  ----------  -----------  ------------------------"]
     for mode, s in result["modes"].items():
-        lines.append(f"{mode:<7}  {s['python_tok_s']:>12.1f}  {s['node_tok_s']:>10.1f}  {s['node_over_python']:>11.2f}  "
-                     f"{s['python_accepted']:.2f}, {s['node_accepted']:.2f}")
+        lines.append(f"{mode:<7}  {s['python_tok_s']:>12.1f}  {s['node_tok_s']:>10.1f}  "
+                     f"{s['node_over_python']:>11.2f}  {s['python_accepted']:.2f}, {s['node_accepted']:.2f}")
     lines.append(f"replies whose ids differ between the runtimes: {result['replies_with_different_ids']}")
     return "\n".join(lines)

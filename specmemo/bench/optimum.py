@@ -1,8 +1,8 @@
 """Hugging Face's own ONNX route as a peer: optimum-onnx's `ORTModelForCausalLM`, float32 and its dynamic int8
-quantization (per tensor and per channel). optimum-onnx 0.1 pins transformers < 4.58, so it runs from a venv of its own (bench/own_venv.py) that
-converts the model's GGUF itself; the builds are cached by the GGUF's hash. Its graphs are plain ONNX: quality runs
-them here with ONNX Runtime (quality.OptimumForced), speed runs optimum's own `generate` in its venv
-(bench/optimum_worker.py).
+quantization (per tensor and per channel). optimum-onnx 0.1 pins transformers < 4.58, so it runs from a venv of
+its own (bench/own_venv.py) that converts the model's GGUF itself; the builds are cached by the GGUF's hash.
+Its graphs are plain ONNX: quality runs them here with ONNX Runtime (quality.OptimumForced), speed runs
+optimum's own `generate` in its venv (bench/optimum_worker.py).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import json
 import shutil
 import subprocess
 import tempfile
-from enum import Enum
+from enum import StrEnum
 from pathlib import Path
 
 from specmemo.bench.own_venv import OwnVenv, offline_env
@@ -28,7 +28,7 @@ OPTIMUM = OwnVenv(name="optimum-onnx",
 WORKER = Path(__file__).with_name("optimum_worker.py")
 
 
-class OptimumDtype(str, Enum):
+class OptimumDtype(StrEnum):
     """The builds of Hugging Face's route: the exported float32 graph, and optimum's dynamic int8 quantization of it
     (int8 weights, activations quantized at run time)."""
 
@@ -51,7 +51,8 @@ def build_dir(model: str) -> Path:
     if all((folder / d.value / d.file_name).is_file() for d in OptimumDtype):
         return folder
     python = OPTIMUM.ensure(OPTIMUM.default())
-    print(f"optimum: exporting {model} with ORTModelForCausalLM (float32, then its dynamic int8 builds) into {folder} ...")
+    print(f"optimum: exporting {model} with ORTModelForCausalLM (float32, then its dynamic int8 builds) "
+          f"into {folder} ...")
     staging = folder.with_name(folder.name + ".partial")  # renamed into place once every build is there
     run_worker(python, {"kind": "build", "gguf": str(gguf), "out": str(staging),
                         "dtypes": [d.value for d in OptimumDtype]}, what=f"optimum's export of {model}")

@@ -14,7 +14,9 @@ from __future__ import annotations
 import json
 import sys
 import time
+from pathlib import Path
 
+from specmemo.runtime.artifact import Artifact
 from specmemo.runtime.rss import peak_rss_bytes, rss_bytes
 
 PROMPTS = ("Write a Python function that returns the n-th Fibonacci number iteratively.",
@@ -27,8 +29,8 @@ def specmemo_pair(target: str, draft: str) -> dict:
     from specmemo.runtime.engine import EngineConfig, Mode, open_engine
     from specmemo.runtime.tokenizer import Message
 
-    engine = open_engine(EngineConfig(artifact=target, mode=Mode.AUTO, drafter=f"model:{draft}", capacity=CONTEXT,
-                                      threads=THREADS), log=lambda _: None)
+    engine = open_engine(EngineConfig(artifact=Artifact.open(Path(target)), mode=Mode.AUTO, drafter=f"model:{draft}",
+                                      capacity=CONTEXT, threads=THREADS), log=lambda _: None)
     after = rss_bytes()
     for prompt in PROMPTS:
         engine.generate(engine.tokenizer.encode_chat([Message("user", prompt)]), max_new_tokens=NEW_TOKENS)
@@ -45,6 +47,7 @@ def llamacpp_pair(target: str, draft: str) -> dict:
     for prompt in PROMPTS:
         out = model.create_chat_completion(messages=[{"role": "user", "content": prompt}], max_tokens=NEW_TOKENS,
                                            temperature=0)
+        assert isinstance(out, dict)  # not streamed: the whole response
         tokens += out["usage"]["completion_tokens"]
     del beside
     return {"engine": "llama.cpp", "after_load_mib": round(after / MIB), "peak_mib": round(peak_rss_bytes() / MIB),

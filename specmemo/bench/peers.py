@@ -43,10 +43,11 @@ def gguf_file(model: str) -> Path:
     parts, name = found
     if len(parts) == 1:
         return parts[0]
+    assert name is not None  # several parts: gguf_source names the folder to join them in
     folder = cache_root() / "gguf" / name
     folder.mkdir(parents=True, exist_ok=True)
     joined = folder / "model.gguf"  # joined_gguf's name for the joined parts
-    return joined if joined.is_file() else joined_gguf(parts, folder)
+    return joined if joined.is_file() else joined_gguf(tuple(parts), folder)
 
 
 def genai_precision(weight_dtype: str) -> str:
@@ -61,11 +62,13 @@ def genai_model_dir(model: str, precision: str = "fp32", *, algorithm: str = "de
     try:
         import onnxruntime_genai  # noqa: F401
     except ImportError:
-        raise PeerUnavailableError("onnxruntime-genai is not installed: pip install onnxruntime-genai==0.18.0") from None
+        raise PeerUnavailableError("onnxruntime-genai is not installed: "
+                                   "pip install onnxruntime-genai==0.18.0") from None
     from specmemo.export.load import resolve_model  # the same HF folder our export reads
 
     resolved = resolve_model(model)
-    out = cache_root() / "genai" / (f"{resolved.hf_folder.name}-{precision}" + ("" if algorithm == "default" else f"-{algorithm}"))
+    out = cache_root() / "genai" / (f"{resolved.hf_folder.name}-{precision}"
+                                    + ("" if algorithm == "default" else f"-{algorithm}"))
     if (out / "genai_config.json").is_file():
         return out
     staging = out.with_name(out.name + ".partial")

@@ -34,7 +34,7 @@ def plot_memory(summary: dict, path: Path) -> Path:
     plt = _pyplot()
     names = list(summary["engines"])
     fig, ax = plt.subplots(figsize=(10, 4.8))
-    parts = {"after load": [], "KV buffer": [], "arena (other)": [], "generation (other)": []}
+    parts: dict[str, list[float]] = {"after load": [], "KV buffer": [], "arena (other)": [], "generation (other)": []}
     for name in names:
         e = summary["engines"][name]
         kv = e.get("kv_bytes", 0)  # ours and the PyTorch Medusa engines
@@ -46,7 +46,7 @@ def plot_memory(summary: dict, path: Path) -> Path:
     bottom = [0.0] * len(names)
     for label, values in parts.items():
         ax.bar(names, values, bottom=bottom, label=label)
-        bottom = [b + v for b, v in zip(bottom, values)]
+        bottom = [b + v for b, v in zip(bottom, values, strict=False)]
     for i, total in enumerate(bottom):
         ax.text(i, total, f"{total:.0f}", ha="center", va="bottom", fontsize=8)
     ax.set_ylabel("MiB (peak RSS)")
@@ -114,9 +114,10 @@ def write_report(summary: dict, out: Path, command: str) -> Path:
     images = [p for p in ("memory.png", "speed_memory.png", "controller.png") if (out / p).is_file()]
     text = [f"# specmemo compare: {c['model']}", "",
             f"Command: `{command}`", "",
-            f"Machine: {m['cpu']} ({m.get('isa', 'ISA not recorded')}), {m['threads']} threads, {m['platform']}, Python {m['python']}. "
-            f"{c['prompts']} prompts, {c['max_new_tokens']} new tokens, greedy, {c['rounds']} rounds; every engine in "
-            f"its own fresh process per round, the order rotated per round. Ratios are between engines of this run.",
+            f"Machine: {m['cpu']} ({m.get('isa', 'ISA not recorded')}), {m['threads']} threads, {m['platform']}, "
+            f"Python {m['python']}. {c['prompts']} prompts, {c['max_new_tokens']} new tokens, greedy, "
+            f"{c['rounds']} rounds; every engine in its own fresh process per round, the order rotated per round. "
+            f"Ratios are between engines of this run.",
             "", _sizing(c), "", format_table(summary), ""]
     text += [f"![{p}]({p})" for p in images]
     path = out / "report.md"

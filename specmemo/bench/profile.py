@@ -18,12 +18,15 @@ import json
 import statistics
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
 
 from specmemo.errors import ConfigError
+from specmemo.runtime.artifact import Artifact
+from specmemo.runtime.config import DEFAULT_THREADS
 
 WARMUP_STEPS = 4  # dropped from every pass: the first steps after load fault pages in
 
@@ -33,7 +36,7 @@ class ProfileConfig:
     artifact: Path
     context: int = 200  # committed positions before the measured steps
     steps: int = 64
-    threads: int = 2
+    threads: int = DEFAULT_THREADS
     genai_dir: Path | None = None  # GenAI model folder (its model.onnx) for the peer columns
     gguf: Path | None = None  # the model's GGUF for llama.cpp's timed steps beside ours (no per-op account)
 
@@ -103,7 +106,8 @@ def greedy_steps(artifact: Path, *, context: int, steps: int, threads: int, prof
     manifest = load_manifest(artifact)
     capacity = min(manifest.max_capacity, context + steps + 64)
     sizes = Sizes(capacity=capacity, rows=DEFAULT_PREFILL_CHUNK, tree=2)
-    session = DecoderSession(artifact, SessionConfig(threads=threads, sizes=sizes, heads=False, profile=profile))
+    session = DecoderSession(Artifact.open(artifact),
+                             SessionConfig(threads=threads, sizes=sizes, heads=False, profile=profile))
     backend = OrtBackend(session)
     inner, run = [], session.session.run_with_iobinding
 
@@ -203,17 +207,24 @@ def genai_steps(genai_dir: Path, *, context: int, threads: int, profile: bool = 
     session = load_graph(genai_dir / "model.onnx", SessionConfig(threads=threads, profile=profile))
     head_size = json.loads((genai_dir / "genai_config.json").read_text())["model"]["decoder"]["head_size"]
     binding, keep = _genai_binding(session, context, context + 64, token=1000, head_size=head_size)
+    return _BoundStep(session, binding, keep), session
 
-    def step() -> float:
+
+class _BoundStep:
+    """step() runs one call through the IO binding and returns its seconds; it holds the arrays the binding
+    points into (`keep`), so they live as long as the step."""
+
+    def __init__(self, session, binding, keep) -> None:
+        self._run, self.binding, self.keep = session.run_with_iobinding, binding, keep
+
+    def __call__(self) -> float:
         started = time.perf_counter()
-        session.run_with_iobinding(binding)
+        self._run(self.binding)
         return time.perf_counter() - started
-
-    step.keep = keep  # the arrays the binding points into live as long as the step
-    return step, session
 
 
 def _genai_pass(config: ProfileConfig, *, profile: bool) -> dict:
+    assert config.genai_dir is not None  # a pass run_profile adds only with a GenAI folder
     step, session = genai_steps(config.genai_dir, context=config.context, threads=config.threads, profile=profile)
     times = [step() for _ in range(config.steps + WARMUP_STEPS)][WARMUP_STEPS:]
     out = {"run_ms": 1e3 * statistics.median(times), "rows_per_call": 1}
@@ -245,7 +256,7 @@ def run_profile(config: ProfileConfig, *, log=print) -> dict:
     from specmemo.runtime.manifest import load_manifest
 
     manifest = load_manifest(config.artifact)
-    engines = {"specmemo": _decode_pass}
+    engines: dict[str, Callable[..., dict | None]] = {"specmemo": _decode_pass}
     if config.genai_dir is not None:
         engines["onnxruntime-genai"] = _genai_pass
     if config.gguf is not None:
@@ -299,6 +310,6 @@ def format_table(result: dict) -> str:
         extra = f", outside session.run {t['host_ms']:.3f} (wall {t['wall_ms']:.3f})" if "host_ms" in t else ""
         lines.append(f"  {name:<20} session.run {t['run_ms']:.3f} ms ({t['rows_per_call']} rows a call){extra}")
         if "drafter_depth_ms" in t:
-            lines.append(f"  {'':<20} one drafted depth (feature drafter, its width in rows) {t['drafter_depth_ms']:.3f} "
-                         f"ms = {100 * t['drafter_depth_ms'] / t['run_ms']:.1f}% of a step")
+            lines.append(f"  {'':<20} one drafted depth (feature drafter, its width in rows) "
+                         f"{t['drafter_depth_ms']:.3f} ms = {100 * t['drafter_depth_ms'] / t['run_ms']:.1f}% of a step")
     return "\n".join(lines)

@@ -15,15 +15,16 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
-
 from tqdm.auto import tqdm
 
 from specmemo.errors import ConfigError
 from specmemo.runtime import tree
+from specmemo.runtime.artifact import Artifact
 from specmemo.runtime.backend import OrtBackend
 from specmemo.runtime.engine import EngineConfig, Mode, open_engine
 from specmemo.runtime.session import DecoderSession, SessionConfig
@@ -51,13 +52,13 @@ def folder_mb(folder: Path) -> float:
 
 
 def open_greedy(artifact: Path, threads: int):
-    return open_engine(EngineConfig(artifact=artifact, mode=Mode.GREEDY, threads=threads, capacity=1024),
+    return open_engine(EngineConfig(artifact=Artifact.open(artifact), mode=Mode.GREEDY, threads=threads, capacity=1024),
                        log=lambda *_: None)
 
 
 def open_teacher(artifact: Path, threads: int) -> OrtBackend:
     """A backend whose calls return logits for TEACHER_ROWS positions at once."""
-    return OrtBackend(DecoderSession(artifact, SessionConfig(threads=threads, heads=False,
+    return OrtBackend(DecoderSession(Artifact.open(artifact), SessionConfig(threads=threads, heads=False,
                                                              sizes=Sizes(capacity=1024, rows=TEACHER_ROWS,
                                                                          tree=TEACHER_ROWS))))
 
@@ -92,7 +93,7 @@ class ArtifactForced:
 
 def agreement(forced, prompts: list[list[int]], replies: list[list[int]]) -> tuple[float, int]:
     same = total = 0
-    for prompt, reply in zip(prompts, replies):
+    for prompt, reply in zip(prompts, replies, strict=False):
         predicted, _ = forced(prompt + reply[:-1])  # position of reply[i] predicts it
         predicted = predicted[len(prompt) - 1:]  # the graph's greedy pick, as decoding uses
         same += int((predicted == np.array(reply)).sum())
@@ -151,7 +152,7 @@ def prefill_logits(session, ids: list[int], head_size: int | None = None) -> tup
     """(greedy picks, logits) at every position of `ids` from a peer's KV-cache decoder graph (inputs input_ids,
     attention_mask, [position_ids,] past_key_values.*; output logits), one prefill from an empty past. `head_size`:
     where the graph leaves the past's last axis symbolic."""
-    feeds = {}
+    feeds: dict[str, np.ndarray] = {}
     for spec in session.get_inputs():
         if spec.name == "input_ids":
             feeds[spec.name] = np.array([ids], dtype=np.int64)
@@ -161,6 +162,7 @@ def prefill_logits(session, ids: list[int], head_size: int | None = None) -> tup
             feeds[spec.name] = np.arange(len(ids), dtype=np.int64)[None]
         elif spec.name.startswith("past_key_values"):
             size = spec.shape[3] if isinstance(spec.shape[3], int) else head_size
+            assert size is not None, f"{spec.name}'s head size is symbolic: pass head_size"
             feeds[spec.name] = np.zeros((1, spec.shape[1], 0, size), dtype=np.float32)
     logits = session.run(["logits"], feeds)[0][0]
     return logits.argmax(-1), logits
@@ -191,7 +193,8 @@ class LlamaCppForced:
         try:
             import llama_cpp
         except ImportError:
-            raise ConfigError("llama-cpp-python is not installed: make peers-setup (a source build for this CPU)") from None
+            raise ConfigError("llama-cpp-python is not installed: "
+                              "make peers-setup (a source build for this CPU)") from None
         self.name, self.size_mb = f"llama.cpp ({gguf.name})", gguf.stat().st_size / 1e6
         self.model = llama_cpp.Llama(str(gguf), n_threads=threads, n_threads_batch=threads, n_ctx=1024,
                                      n_batch=512, logits_all=True, verbose=False)
@@ -206,7 +209,7 @@ class LlamaCppForced:
 def quality_peers(model: str, names: list[str]) -> tuple:
     """Openers (threads → teacher-forced peer) for the peers named, on the reference's source model;
     each is checked for availability before anything is measured."""
-    peers = []
+    peers: list[Callable[..., GenAIForced | LlamaCppForced]] = []  # threads → a peer
     for name in names:
         if name == "genai":
             from specmemo.bench.peers import genai_model_dir
@@ -224,10 +227,9 @@ def quality_peers(model: str, names: list[str]) -> tuple:
 def reference_prompts(reference: Path, prompts: int, threads: int) -> tuple[list[list[int]], list[int]]:
     """The first `prompts` MT-Bench first turns in the reference's chat template, and its stop ids."""
     from specmemo.datasets import load_questions
-    from specmemo.runtime.manifest import load_manifest
     from specmemo.runtime.tokenizer import ChatTokenizer
 
-    tokenizer = ChatTokenizer(reference, load_manifest(reference))
+    tokenizer = ChatTokenizer(Artifact.open(reference))
     questions = [q.turns[0] for q in load_questions()[:prompts]]
     return [tokenizer.encode_chat([Message("user", q)]) for q in questions], sorted(tokenizer.eos_token_ids)
 
@@ -257,10 +259,10 @@ def measure_points(reference: Path, openers: list[tuple[str | None, object]], *,
     open at a time: agreement with the reference's greedy replies, perplexity of held-out replies."""
     prompt_ids, _ = reference_prompts(reference, prompts, threads)
     ref = open_greedy(reference, threads)
+    texts = held_out_texts(ref.tokenizer, conversations)
     replies = cached_replies(reference, prompt_ids, max_new_tokens, lambda: reference_replies(ref, prompt_ids,
                                                                                               max_new_tokens))
-    texts = held_out_texts(ref.tokenizer, conversations)
-    del ref
+    ref = None  # the reference's sessions go before the first engine opens
     results = []
     every = [(None, lambda threads: ArtifactForced(reference, threads)), *openers]
     for name, opener in tqdm(every, desc="teacher-forced", unit="engine", leave=False):

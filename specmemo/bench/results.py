@@ -71,7 +71,8 @@ def source_commit() -> str:
 def isa() -> str:
     """The widest x86 vector ISA this CPU lists (MLAS and llama.cpp pick kernels by it)."""
     try:
-        flags = set(next(line for line in open("/proc/cpuinfo") if line.startswith("flags")).split())
+        with open("/proc/cpuinfo") as cpuinfo:
+            flags = set(next(line for line in cpuinfo if line.startswith("flags")).split())
     except (OSError, StopIteration):
         return platform.machine()
     if "avx512f" in flags:

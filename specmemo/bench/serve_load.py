@@ -17,6 +17,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypedDict
 
 import numpy as np
 
@@ -30,6 +31,15 @@ class Load:
     max_tokens: int = 128
 
 
+class _Record(TypedDict):
+    """One completed request of `load_test`."""
+    ttft: float
+    seconds: float
+    tokens: int
+    finish: str | None
+    identical: bool
+
+
 def load_test(base_url: str, model: str, questions: list[str], reference: dict[str, str], load: Load, *,
               api_key: str = "none", log=print) -> dict:
     """`load.clients` threads, each an openai client streaming `load.requests` chat completions in turn."""
@@ -37,13 +47,16 @@ def load_test(base_url: str, model: str, questions: list[str], reference: dict[s
         import httpx
         from openai import OpenAI, OpenAIError
     except ImportError:
-        raise ConfigError("the load test drives the server with the openai client: pip install openai==3.54.0") from None
+        raise ConfigError("the load test drives the server with the openai client: "
+                          "pip install openai==3.54.0") from None
 
-    records, errors = [], []
+    records: list[_Record] = []
+    errors: list[str] = []
 
     def client(index: int) -> None:
+        # loopback: no proxy. openai annotates http_client as httpx2.Client only, though it takes an httpx.Client too
         api = OpenAI(base_url=base_url, api_key=api_key, timeout=600, max_retries=0,
-                     http_client=httpx.Client(trust_env=False, timeout=600))  # loopback: no proxy
+                     http_client=httpx.Client(trust_env=False, timeout=600))  # type: ignore[arg-type]
         for r in range(load.requests):
             question = questions[(index * load.requests + r) % len(questions)]
             started, first, text, usage, finish = time.perf_counter(), None, "", None, None
@@ -76,7 +89,8 @@ def load_test(base_url: str, model: str, questions: list[str], reference: dict[s
         t.join()
     wall = time.perf_counter() - started
     ttft = [r["ttft"] for r in records]
-    per_request = [r["tokens"] / (r["seconds"] - r["ttft"]) for r in records if r["tokens"] > 1 and r["seconds"] > r["ttft"]]
+    per_request = [r["tokens"] / (r["seconds"] - r["ttft"]) for r in records
+                   if r["tokens"] > 1 and r["seconds"] > r["ttft"]]
     log(f"load: {len(records)} of {load.clients * load.requests} requests completed in {wall:.1f} s")
     return {"clients": load.clients, "requests_each": load.requests, "sent": load.clients * load.requests,
             "completed": len(records), "finished_with_reason": sum(r["finish"] in ("stop", "length") for r in records),
@@ -117,6 +131,7 @@ class ServerProcess:
         deadline = time.time() + timeout_s
         while time.time() < deadline:
             if self.process.poll() is not None:
+                assert self.process.stderr is not None  # stderr=PIPE above
                 tail = [line for line in self.process.stderr.read().splitlines() if line.strip()][-1:]
                 raise ConfigError(f"{name} exited before serving: {' '.join(tail)[:300]}")
             try:
@@ -201,3 +216,28 @@ def compare_servers(*, artifact: Path, model_folder: Path, python: Path, questio
             server.stop()
         out[name] = {**result, "batch": batch, "peak_rss_bytes": server.peak_rss}
     return out
+
+
+class InProcessServer:
+    """`serve`'s app under uvicorn on a thread, on a free loopback port (its memory is this process's)."""
+
+    def __init__(self, config, *, log=lambda *_: None):
+        import uvicorn
+
+        from specmemo.serve.build import build_app
+
+        self.app, self.served = build_app(config, log=log)
+        self.port = free_port()
+        self.server = uvicorn.Server(uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_level="critical"))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.thread.start()
+        deadline = time.time() + 60
+        while not self.server.started:
+            if time.time() > deadline:
+                raise RuntimeError("the server did not start within 60 s")
+            time.sleep(0.02)
+        self.url = f"http://127.0.0.1:{self.port}"
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=15)

@@ -16,12 +16,14 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from specmemo.errors import ConfigError
 from specmemo.datasets import load_questions
+from specmemo.errors import ConfigError
+from specmemo.runtime.artifact import Artifact
 from specmemo.runtime.backend import ContextOverflowError
-from specmemo.runtime.measured import cpu_name
 from specmemo.runtime.chat import ChatSession
+from specmemo.runtime.config import DEFAULT_THREADS
 from specmemo.runtime.engine import EngineConfig, Mode, open_engine
+from specmemo.runtime.measured import cpu_name
 from specmemo.runtime.memory import MIB
 from specmemo.runtime.rss import peak_rss_bytes, rss_bytes
 
@@ -37,7 +39,7 @@ class SoakConfig:
     max_new_tokens: int = 32
     settle: int = 50
     mode: Mode = Mode.AUTO
-    threads: int = 2
+    threads: int = DEFAULT_THREADS
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "mode", Mode(self.mode))
@@ -46,7 +48,7 @@ class SoakConfig:
 
 
 def run_soak(config: SoakConfig, *, log=print) -> dict:
-    engine = open_engine(EngineConfig(artifact=config.artifact, mode=config.mode, threads=config.threads,
+    engine = open_engine(EngineConfig(artifact=Artifact.open(config.artifact), mode=config.mode, threads=config.threads,
                                       capacity=config.capacity), log=log)
     chat = ChatSession(engine, max_new_tokens=config.max_new_tokens)
     messages = [turn for question in load_questions() for turn in question.turns]
@@ -89,13 +91,16 @@ def format_table(result: dict) -> str:
     c = result["config"]
     rows = [
         ("turns answered / refused (message alone too long)", f"{result['answered']} / {result['refused_too_long']}"),
-        ("turns evicted (on overflow) / turns that evicted", f"{result['turns_evicted']} / {result['turns_with_eviction']}"),
-        ("tokens generated / prefilled / KV positions reused", f"{result['tokens']} / {result['prefilled']} / {result['reused']}"),
+        ("turns evicted (on overflow) / turns that evicted",
+         f"{result['turns_evicted']} / {result['turns_with_eviction']}"),
+        ("tokens generated / prefilled / KV positions reused",
+         f"{result['tokens']} / {result['prefilled']} / {result['reused']}"),
         ("decode tok/s, accepted per step", f"{result['decode_tokens_per_s']:.1f}, {result['mean_accepted']:.2f}"),
         ("RSS after load", f"{result['rss_after_load'] / MIB:.1f} MiB"),
         (f"peak RSS after turn {c['settle']}", f"{result['peak_rss_at_settle'] / MIB:.1f} MiB"),
         (f"peak RSS after turn {c['turns']}", f"{result['peak_rss_at_end'] / MIB:.1f} MiB"),
-        ("peak growth (bar: <= 2%)", f"{100 * result['peak_growth']:+.2f}% — {'met' if result['bar_met'] else 'MISSED'}"),
+        ("peak growth (bar: <= 2%)",
+         f"{100 * result['peak_growth']:+.2f}% — {'met' if result['bar_met'] else 'MISSED'}"),
         ("wall time", f"{result['wall_s'] / 60:.1f} min"),
     ]
     width = max(len(label) for label, _ in rows)

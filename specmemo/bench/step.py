@@ -16,11 +16,14 @@ import statistics
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from specmemo.runtime import tree
+from specmemo.runtime.artifact import Artifact
 from specmemo.runtime.backend import OrtBackend
+from specmemo.runtime.config import DEFAULT_THREADS
 from specmemo.runtime.drafters.medusa import OrtMedusaHeads
 from specmemo.runtime.manifest import load_manifest
 from specmemo.runtime.session import DecoderSession, SessionConfig
@@ -36,7 +39,7 @@ class StepBenchConfig:
     context: int = 256  # committed tokens before the measured steps
     rounds: int = 10
     steps_per_round: int = 12
-    threads: int = 2
+    threads: int = DEFAULT_THREADS
     genai_dir: Path | None = None  # ONNX Runtime GenAI model for the peer row
 
     def __post_init__(self) -> None:
@@ -76,7 +79,7 @@ def run_step_bench(config: StepBenchConfig, *, log=print) -> dict:
     manifest = load_manifest(config.artifact)
     largest = max(config.tree_sizes)  # every T measured fits one call with logits for all its nodes
     sizes = Sizes(capacity=manifest.max_capacity, rows=max(DEFAULT_PREFILL_CHUNK, largest), tree=largest)
-    session = DecoderSession(config.artifact, SessionConfig(threads=config.threads, sizes=sizes))
+    session = DecoderSession(Artifact.open(config.artifact), SessionConfig(threads=config.threads, sizes=sizes))
     backend = OrtBackend(session)
     rng = np.random.default_rng(0)
     vocab = session.manifest.dims.vocab_size
@@ -113,7 +116,7 @@ def run_step_bench(config: StepBenchConfig, *, log=print) -> dict:
     all_rows = (list(rows.values()) + ([heads_row] if drafter is not None else [])
                 + ([peer_row] if peer is not None else []))
     base = rows[config.tree_sizes[0]].median_ms
-    result = {
+    result: dict[str, Any] = {
         "benchmark": "step",
         "artifact": str(config.artifact),
         "model": session.manifest.source_model,
@@ -122,17 +125,20 @@ def run_step_bench(config: StepBenchConfig, *, log=print) -> dict:
         "rows": [
             {"engine": r.engine, "T": r.tokens, "median_ms": round(r.median_ms, 3),
              "min_ms": round(min(r.round_medians_ms), 3), "max_ms": round(max(r.round_medians_ms), 3),
-             "vs_specmemo_T1": round(r.median_ms / base, 3), "round_medians_ms": [round(x, 3) for x in r.round_medians_ms]}
+             "vs_specmemo_T1": round(r.median_ms / base, 3),
+             "round_medians_ms": [round(x, 3) for x in r.round_medians_ms]}
             for r in all_rows
         ],
     }
     if peer is not None:
         # Per-round ratios (side by side in time), then their median: robust to drifting machine speed.
-        ratios = [a / b for a, b in zip(rows[1].round_medians_ms, peer_row.round_medians_ms)] if 1 in rows else []
+        ratios = ([a / b for a, b in zip(rows[1].round_medians_ms, peer_row.round_medians_ms, strict=False)]
+                  if 1 in rows else [])
         result["specmemo_T1_over_genai"] = round(statistics.median(ratios), 3) if ratios else None
     if 1 in rows:
         result["T_over_T1"] = {
-            str(t): round(statistics.median(a / b for a, b in zip(rows[t].round_medians_ms, rows[1].round_medians_ms)), 3)
+            str(t): round(statistics.median(a / b for a, b in zip(rows[t].round_medians_ms,
+                                                                  rows[1].round_medians_ms, strict=False)), 3)
             for t in config.tree_sizes
         }
     return result

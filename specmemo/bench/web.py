@@ -22,6 +22,7 @@ from pathlib import Path
 
 from specmemo.bench.results import run_folder, write_json
 from specmemo.errors import ConfigError
+from specmemo.runtime.config import DEFAULT_THREADS
 
 ROOT = Path(__file__).resolve().parents[2]
 WEB = ROOT / "android_demo" / "web"
@@ -40,7 +41,7 @@ class WebBenchConfig:
     gguf: Path
     prompts: tuple[str, ...]
     max_new_tokens: int = 32
-    threads: int = 2
+    threads: int = DEFAULT_THREADS
     rounds: int = 2
     engines: tuple[str, ...] = tuple(ENGINES)
     chromium: Path = CHROMIUM
@@ -114,11 +115,13 @@ def summarize(config: WebBenchConfig, runs: dict[str, list[list[dict]]], expecte
             "tokens": sum(x["timing"]["tokens"] for x in replies[0]),
         }
         if ENGINES[name] is not None:
-            entry["identical_to_python"] = f"{sum(x['ids'] == e for r in replies for x, e in zip(r, expected))}/" \
-                                           f"{sum(len(r) for r in replies)}"
+            entry["identical_to_python"] = \
+                f"{sum(x['ids'] == e for r in replies for x, e in zip(r, expected, strict=False))}/" \
+                f"{sum(len(r) for r in replies)}"
         if name != "specmemo-greedy" and ENGINES[name] is not None and "specmemo-greedy" in runs:
             greedy = [[line["ids"] for line in lines if "ids" in line] for lines in runs["specmemo-greedy"]]
-            same = sum(x["ids"] == g for r, gr in zip(replies, greedy) for x, g in zip(r, gr))
+            same = sum(x["ids"] == g for r, gr in zip(replies, greedy, strict=False)
+                       for x, g in zip(r, gr, strict=False))
             entry["identical_to_page_greedy"] = f"{same}/{sum(len(r) for r in replies)}"
         engines[name] = entry
     return {"config": {**{k: str(v) if isinstance(v, Path) else v for k, v in asdict(config).items()},
@@ -131,7 +134,8 @@ def ratios(engines: dict) -> dict:
     ours = [e for n, e in engines.items() if ENGINES[n] is not None]
     if "wllama" in engines and ours:
         best = max(ours, key=lambda e: e["decode_tokens_per_s"])
-        found["decode_tokens_per_s_vs_wllama"] = round(best["decode_tokens_per_s"] / engines["wllama"]["decode_tokens_per_s"], 3)
+        found["decode_tokens_per_s_vs_wllama"] = round(best["decode_tokens_per_s"]
+                                                       / engines["wllama"]["decode_tokens_per_s"], 3)
         found["peak_renderer_rss_vs_wllama"] = round(max(e["peak_memory_bytes"] for e in ours)
                                                      / engines["wllama"]["peak_memory_bytes"], 3)
     if {"specmemo-greedy", "specmemo-controller"} <= set(engines):
@@ -182,7 +186,8 @@ def format_table(summary: dict) -> str:
     if summary["second_visit"]:
         v = summary["second_visit"]
         lines.append(f"second visit: {v['second_visit_network_bytes']} model bytes over the network "
-                     f"({v['second_visit_cache_bytes']} from the page's cache; first visit {v['first_visit_network_bytes']})")
+                     f"({v['second_visit_cache_bytes']} from the page's cache; "
+                     f"first visit {v['first_visit_network_bytes']})")
     return "\n".join(lines)
 
 

@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 
-import specmemo
 from specmemo.cli import bench, chat, compare, drafter, export, generate, heads, plan, profiles, serve
+from specmemo.cli.options import Program
 from specmemo.console import readable
 from specmemo.errors import SpecMemoError
+from specmemo.version import __version__
 
 # (where a module's command lands: group, name in it); a command not listed stays at the top level
 GROUPS = {
@@ -33,7 +35,8 @@ GROUP_HELP = {
     "train": "train Medusa heads or the feature drafter, cache the features it learns from",
     "eval": "how well heads or a drafter guess, and what they buy in speed",
 }
-COMMANDS = (chat, generate, serve, plan, profiles, export, compare, bench, "train", "eval", heads, drafter)  # --help order
+# --help order
+COMMANDS = (chat, generate, serve, plan, profiles, export, compare, bench, "train", "eval", heads, drafter)
 
 EPILOG = """\
 typical session:
@@ -84,9 +87,10 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--version", action="version", version=f"specmemo {specmemo.__version__}")
+    parser.add_argument("--version", action="version", version=f"specmemo {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    groups = {group: None for group, _ in GROUPS.values()}
+    # a group's subparsers, once its parser is made (here, or by the command that is also a group)
+    groups: dict[str, argparse._SubParsersAction[Parser] | None] = {group: None for group, _ in GROUPS.values()}
     routed = Routed(sub, groups)
     for command in COMMANDS:
         if isinstance(command, str):  # a group of its own: `specmemo train heads`
@@ -104,10 +108,11 @@ def main(argv: list[str] | None = None) -> int:
     for name, value in vars(args).items():
         if isinstance(value, str):
             setattr(args, name, readable(value, f"--{name.replace('_', '-')}"))
+    args.program = Program(main, build_parser)
     try:
         return args.handler(args)
     except SpecMemoError as err:
-        print(f"specmemo: error: {one_line(str(err))}", file=sys.stderr)
+        print(f"specmemo: error: {one_line(as_flags(str(err)))}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print("\nspecmemo: interrupted", file=sys.stderr)
@@ -117,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"specmemo: error: {one_line(err.strerror or str(err))}{where}: check the path and its permissions",
               file=sys.stderr)
         return 1
-    except Exception as err:  # noqa: BLE001  (a bug: one line, the traceback on request)
+    except Exception as err:
         if os.environ.get("SPECMEMO_DEBUG"):
             raise
         print(f"specmemo: internal error: {type(err).__name__}: {one_line(str(err))} (a bug: please report it; "
@@ -132,3 +137,9 @@ def route(argv: list[str]) -> list[str]:
 
 def one_line(text: str) -> str:
     return " ".join(text.split())
+
+
+def as_flags(message: str) -> str:
+    """A library error names the parameter to change in backticks (`threads`); on the command line that
+    parameter is a flag (--threads)."""
+    return re.sub(r"`([a-z_]+)`", lambda m: "--" + m.group(1).replace("_", "-"), message)

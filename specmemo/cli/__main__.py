@@ -1,3 +1,5 @@
+"""`python -m specmemo.cli`: the `specmemo` command."""
+
 import sys
 
 from specmemo.cli import main

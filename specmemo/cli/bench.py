@@ -1,4 +1,5 @@
-"""`specmemo bench step | decode | soak | chat | node`: each prints a table and writes JSON (work in specmemo/bench/)."""
+"""`specmemo bench step | decode | soak | chat | node`: each prints a table and writes JSON (work in
+specmemo/bench/)."""
 
 from __future__ import annotations
 
@@ -6,13 +7,14 @@ import argparse
 from pathlib import Path
 
 from specmemo.bench.results import run_folder, write_json
-from specmemo.cli.bench_vllm import add_vllm_parser
 from specmemo.cli.bench_front import add_front_parser
-from specmemo.cli.bench_web import add_web_parser
 from specmemo.cli.bench_fuzz import add_fuzz_parser
 from specmemo.cli.bench_profile import add_profile_parser
+from specmemo.cli.bench_vllm import add_vllm_parser
+from specmemo.cli.bench_web import add_web_parser
 from specmemo.cli.options import add_artifact, add_mode, add_profile_options, apply_profile, positive, sizes_list
 from specmemo.console import log_stderr
+from specmemo.runtime.artifact import Artifact
 
 
 def add_parser(sub) -> None:
@@ -57,12 +59,12 @@ def add_parser(sub) -> None:
 
     b = bench.add_parser("batch", help="tok/s per batch size B, speculative vs plain, equivalence, memory, server load",
                          description="Decode MT-Bench first turns at each B in --batch: B = 1 on the one-sequence "
-                                     "engine, B > 1 as a sequence pool on the batch graph (continuous batching). At each "
-                                     "B, plain and speculative decoding run interleaved chunk by chunk in one process "
-                                     "(the batch width policy decides T per step), and every reply is compared token "
-                                     "for token with B = 1 greedy. Then each B in a fresh process for memory, and a load "
-                                     "test of `specmemo serve` (streaming clients on loopback: TTFT, tok/s, nothing "
-                                     "lost). Prints a table, writes summary.json.",
+                                     "engine, B > 1 as a sequence pool on the batch graph (continuous batching). At "
+                                     "each B, plain and speculative decoding run interleaved chunk by chunk in one "
+                                     "process (the batch width policy decides T per step), and every reply is compared "
+                                     "token for token with B = 1 greedy. Then each B in a fresh process for memory, "
+                                     "and a load test of `specmemo serve` (streaming clients on loopback: TTFT, tok/s, "
+                                     "nothing lost). Prints a table, writes summary.json.",
                          formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     add_artifact(b)
     b.add_argument("--batch", type=sizes_list, default=(1, 2, 4, 8, 10), help="batch sizes B (each > 1 needs its "
@@ -85,11 +87,11 @@ def add_parser(sub) -> None:
     b.set_defaults(handler=cmd_bench_batch)
 
     b = bench.add_parser("attention", help="the attention routes a batch could take, one layer: ms and exactness",
-                         description="Time one layer's attention for B rows of T new tokens over ragged pasts in a C-position "
-                                     "buffer written in place: one GroupQueryAttention node for all rows (ORT refuses T > 1), "
-                                     "one GroupQueryAttention per row (the batch graph's route), and TensorScatter + ONNX "
-                                     "Attention (opset 23) over all C positions with a per-row mask. Dims default to "
-                                     "SmolLM2-135M's. Prints a table, writes JSON.",
+                         description="Time one layer's attention for B rows of T new tokens over ragged pasts in a "
+                                     "C-position buffer written in place: one GroupQueryAttention node for all rows "
+                                     "(ORT refuses T > 1), one GroupQueryAttention per row (the batch graph's route), "
+                                     "and TensorScatter + ONNX Attention (opset 23) over all C positions with a "
+                                     "per-row mask. Dims default to SmolLM2-135M's. Prints a table, writes JSON.",
                          formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     b.add_argument("--batch", type=sizes_list, default=(2, 4, 8))
     b.add_argument("--tokens", type=sizes_list, default=(2, 8), help="T new tokens per row")
@@ -152,9 +154,9 @@ def add_parser(sub) -> None:
                          description="Against a reference artifact (the float32 export): the reference's greedy "
                                      "replies to the first --prompts MT-Bench questions, then for the reference and "
                                      "each --artifact, teacher-forced along them, the share of positions whose "
-                                     "argmax is the reference's token; perplexity of --conversations held-out ShareGPT replies "
-                                     "(the end of the file, which training does not reach); size on disk. Prints a "
-                                     "table, writes JSON.",
+                                     "argmax is the reference's token; perplexity of --conversations held-out ShareGPT "
+                                     "replies (the end of the file, which training does not reach); size on disk. "
+                                     "Prints a table, writes JSON.",
                          formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     b.add_argument("--reference", type=Path, default=Path("artifacts") / "smollm2-135m", help="the float32 artifact")
     b.add_argument("--artifact", type=Path, action="append", required=True, help="an artifact to measure (repeat)")
@@ -164,7 +166,8 @@ def add_parser(sub) -> None:
                    help="held-out ShareGPT conversations for perplexity (up to 384 tokens each)")
     b.add_argument("--peer", action="append", choices=("genai", "llama.cpp"), default=[],
                    help="also measure a peer on the reference's model (repeat): ONNX Runtime GenAI's int4 build "
-                        "(its builder, offline), llama.cpp on the model's own GGUF (llama-cpp-python, built from source)")
+                        "(its builder, offline), llama.cpp on the model's own GGUF "
+                        "(llama-cpp-python, built from source)")
     b.add_argument("--threads", type=positive, default=2)
     b.add_argument("--json", type=Path, default=run_folder("bench-quality.json"), help="where to write JSON")
     b.set_defaults(handler=cmd_bench_quality)
@@ -251,7 +254,7 @@ def cmd_bench_decode(args: argparse.Namespace) -> int:
                                      genai_dir=_genai_dir(args, manifest.source_model), drafter=args.drafter)
     questions = load_questions()[: config.questions]
     runs = bench.run_speed(config, questions, log=log_stderr)
-    tokenizer = ChatTokenizer(args.artifact, manifest)
+    tokenizer = ChatTokenizer(Artifact.open(args.artifact))
     prompts = bench.encode_questions(tokenizer, questions[: config.memory_questions])
     memory = bench.run_memory(config, prompts, log=log_stderr) if prompts else []
     summary = bench.summarize(config, runs, memory)
@@ -292,7 +295,7 @@ def cmd_bench_batch(args: argparse.Namespace) -> int:
                                     questions=args.questions, max_new_tokens=args.max_new_tokens,
                                     capacity=args.capacity, threads=args.threads, load_clients=args.load_clients,
                                     load_requests=args.load_requests, out=args.out)
-    tokenizer = ChatTokenizer(args.artifact, manifest)
+    tokenizer = ChatTokenizer(Artifact.open(args.artifact))
     questions = [q.turns[0] for q in load_questions()[: config.questions]]
     prompts = [tokenizer.encode_chat([Message("user", q)]) for q in questions]
     python = None
@@ -304,7 +307,7 @@ def cmd_bench_batch(args: argparse.Namespace) -> int:
     memory = [] if args.no_memory else bench.run_memory(config, prompts, log=log_stderr)
     load, peers = None, None
     if config.load_clients:
-        texts = {q: tokenizer.decode(ids) for q, ids in zip(questions, reference)}
+        texts = {q: tokenizer.decode(ids) for q, ids in zip(questions, reference, strict=False)}
         if python is None:
             load = bench.run_load(config, questions, texts, batch=args.load_batch, log=log_stderr)
         else:

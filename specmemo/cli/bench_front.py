@@ -33,8 +33,8 @@ def add_front_parser(bench) -> None:
     b.add_argument("--no-llama-cpp", action="store_true", help="leave llama.cpp out (it needs make peers-setup)")
     b.add_argument("--optimum", default="",
                    help="Hugging Face's own ONNX route, comma-separated builds: fp32 (optimum-onnx's "
-                        "ORTModelForCausalLM export), int8 and int8-channel (its dynamic quantization, one weight scale "
-                        "per tensor or per output channel); made once in optimum-onnx's own "
+                        "ORTModelForCausalLM export), int8 and int8-channel (its dynamic quantization, "
+                        "one weight scale per tensor or per output channel); made once in optimum-onnx's own "
                         "venv (installed from the package index on first use) and cached")
     b.add_argument("--prompts", type=positive, default=10, help="first N MT-Bench first turns")
     b.add_argument("--max-new-tokens", type=positive, default=64)

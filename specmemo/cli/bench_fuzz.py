@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import Any
 
 from specmemo.bench.results import run_folder, write_json
 from specmemo.cli.options import DEFAULT_ARTIFACT, positive
@@ -38,6 +39,7 @@ def cmd_bench_fuzz(args: argparse.Namespace) -> int:
     import tempfile
 
     from specmemo.bench import fuzz_cli, fuzz_server
+    from specmemo.bench.serve_load import InProcessServer
     from specmemo.runtime.manifest import load_manifest
     from specmemo.runtime.rss import rss_bytes
     from specmemo.serve.api import Limits
@@ -48,7 +50,7 @@ def cmd_bench_fuzz(args: argparse.Namespace) -> int:
     limits = Limits(max_body_bytes=64 << 10, max_tokens=8)
     config = ServeConfig(artifact=args.artifact, batch=args.batch, capacity=min(256, manifest.max_capacity),
                          max_queue=4 * args.batch, model_name="fuzz", limits=limits)
-    server = fuzz_server.InProcessServer(config)
+    server = InProcessServer(config)
     try:
         served = fuzz_server.run(server.url, model="fuzz", count=args.requests, seconds=args.seconds, seed=args.seed,
                                  max_body=limits.max_body_bytes, rss=rss_bytes)
@@ -56,10 +58,11 @@ def cmd_bench_fuzz(args: argparse.Namespace) -> int:
     finally:
         server.stop()
     with tempfile.TemporaryDirectory(prefix="specmemo-cli-fuzz-") as workdir:
-        cli = fuzz_cli.run(count=args.invocations, seconds=args.seconds, seed=args.seed, workdir=Path(workdir),
-                           good=args.artifact)
-    summary = {"server": {**served.summary(), "unhandled": unhandled[:5]}, "cli": cli.summary(),
-               "artifact": str(args.artifact)}
+        the_cli = fuzz_cli.Cli(args.program.main, args.program.build_parser())
+        cli = fuzz_cli.run(the_cli, count=args.invocations, seconds=args.seconds, seed=args.seed,
+                           workdir=Path(workdir), good=args.artifact)
+    summary: dict[str, Any] = {"server": {**served.summary(), "unhandled": unhandled[:5]}, "cli": cli.summary(),
+                               "artifact": str(args.artifact)}
     print(f"{'fuzz':<8}{'inputs':>8}{'bad answers':>13}{'seconds':>9}  notes")
     print(f"{'server':<8}{served.sent:>8}{len(served.server_errors):>13}{served.seconds:>9.1f}  statuses "
           f"{summary['server']['statuses']}; RSS {served.rss_change:+.1%}; next request "

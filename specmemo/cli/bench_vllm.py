@@ -9,6 +9,7 @@ from pathlib import Path
 from specmemo.bench.results import run_folder
 from specmemo.cli.options import add_artifact, positive, sizes_list
 from specmemo.console import log_stderr
+from specmemo.runtime.artifact import Artifact
 
 
 def add_vllm_parser(bench) -> None:
@@ -54,7 +55,7 @@ def cmd_bench_vllm(args: argparse.Namespace) -> int:
         if b > 1:
             manifest.batch_graph(b)  # a one-line error naming `export batch`, before anything runs
     capacity = min(512, manifest.max_capacity)
-    tokenizer = ChatTokenizer(args.artifact, manifest)
+    tokenizer = ChatTokenizer(Artifact.open(args.artifact))
     prompts = [tokenizer.encode_chat([Message("user", q.turns[0])]) for q in load_questions()[: args.prompts]]
     longest = max(map(len, prompts)) + args.max_new_tokens
     if longest > capacity:
@@ -65,7 +66,8 @@ def cmd_bench_vllm(args: argparse.Namespace) -> int:
         """--heads / --feature-drafter, else the folder the manifest names, else the one shipped for the model."""
         if part is None and given is None:
             return None  # the artifact has none: not measured
-        folder = given or next((f for f in (Path(part.source) if part.source else None, shipped) if f and f.is_dir()), None)
+        folder = given or next((f for f in (Path(part.source) if part.source else None, shipped)
+                                if f and f.is_dir()), None)
         if folder is None or not folder.is_dir():
             raise ConfigError(f"the artifact's {what} folder ({part.source if part else given}) is not here: pass "
                               f"--{what.replace(' ', '-')} DIR (the folder it was exported from)")

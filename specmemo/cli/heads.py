@@ -99,9 +99,9 @@ def add_parser(sub) -> None:
     p.add_argument("--dry-run", action="store_true", help="print the results, leave heads.json unchanged")
     p.set_defaults(handler=cmd_eval_heads)
 def cmd_train_heads(args: argparse.Namespace) -> int:
+    from specmemo.datasets import sharegpt_conversations
     from specmemo.export.load import load_hf, resolve_model
     from specmemo.export.train_heads import TrainConfig, train_heads
-    from specmemo.datasets import sharegpt_conversations
 
     config = TrainConfig(num_heads=args.heads, num_layers=args.layers, mode=args.mode,
                          subvocab_size=args.subvocab_size, loss=args.loss, replies=args.replies,
@@ -158,18 +158,17 @@ def cmd_subvocab_heads(args: argparse.Namespace) -> int:
 
 def cmd_export_heads(args: argparse.Namespace) -> int:
     from specmemo.export.artifact import default_heads
-    from specmemo.export.heads import load_heads
+    from specmemo.export.heads import ProjectionMode, load_heads, load_spec
     from specmemo.export.load import lm_head_t, load_hf, resolve_model
     from specmemo.export.serving_formats import ServingFormat, write_serving_format
-
-    from specmemo.export.heads import ProjectionMode, load_spec
 
     folder = args.heads or default_heads(args.model)
     if folder is None:
         raise SpecMemoError(f"no heads ship for {args.model}: pass --heads (a train-heads folder)")
     if args.format == "medusa" and load_spec(folder).mode is ProjectionMode.SUBVOCAB:  # before the model loads
         raise SpecMemoError(f"{folder} holds sub-vocabulary heads, which a FasterDecoding checkpoint cannot carry: "
-                            f"pass --heads export/shipped_heads/{args.model}-shared, or heads trained with --mode shared")
+                            f"pass --heads export/shipped_heads/{args.model}-shared, "
+                            "or heads trained with --mode shared")
     resolved = resolve_model(args.model)
     model, _ = load_hf(resolved.hf_folder)
     heads = load_heads(folder, lm_head_t(model), base_sha256=resolved.sha256)
@@ -179,10 +178,10 @@ def cmd_export_heads(args: argparse.Namespace) -> int:
 
 
 def cmd_eval_heads(args: argparse.Namespace) -> int:
+    from specmemo.datasets import load_questions
     from specmemo.export.eval_heads import EvalConfig, evaluate_heads, save_eval
     from specmemo.export.heads import load_any_heads
     from specmemo.export.load import chat_prompt_ids, lm_head_t, load_hf, resolve_model, stop_token_ids
-    from specmemo.datasets import load_questions
 
     config = EvalConfig(questions=args.questions, max_new_tokens=args.max_new_tokens, tree_nodes=args.tree_nodes,
                         top_k=args.top_k, threads=args.threads)

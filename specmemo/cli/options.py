@@ -6,15 +6,25 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
+from specmemo.api import DEFAULT_THREADS
 from specmemo.console import log_dim
 from specmemo.errors import ConfigError
 from specmemo.export.load import DEFAULT_MODEL, default_artifact  # a light module: torch loads only to convert
 from specmemo.runtime.config import Mode
-from specmemo.api import DEFAULT_THREADS
 
 DEFAULT_ARTIFACT = default_artifact(DEFAULT_MODEL)
+
+
+@dataclass(frozen=True)
+class Program:
+    """The command line itself, handed to every command as `args.program` for those that run it (the CLI fuzz),
+    so that no command module imports the package that imports it."""
+    main: Callable[[list[str]], int]
+    build_parser: Callable[[], argparse.ArgumentParser]
 
 
 def positive(text: str) -> int:
@@ -76,9 +86,9 @@ def add_profile_options(parser: argparse.ArgumentParser, *, budget: bool = True,
                         help=f"ORT intra-op threads (default: the profile's, else {DEFAULT_THREADS})")
 
 
-def add_decoding_options(parser: argparse.ArgumentParser, *, samples_by_default: bool) -> None:
-    """What `generate` and `chat` share: the mode, the budget (or profile) or capacity, sampling.
-    `samples_by_default`: chat samples with the artifact's generation defaults; generate is greedy."""
+def add_decoding_options(parser: argparse.ArgumentParser) -> None:
+    """What `generate` and `chat` share: the mode, the budget (or profile) or capacity, sampling (api.sampling_for:
+    what is not given comes from the artifact's generation defaults, as in the API and the server)."""
     add_mode(parser)
     add_model_format(parser)
     add_profile_options(parser)
@@ -86,16 +96,12 @@ def add_decoding_options(parser: argparse.ArgumentParser, *, samples_by_default:
                         help="KV positions C to allocate without --budget/--profile (default: the manifest's plan, "
                              "else the graph's max capacity)")
     sampling = parser.add_argument_group(
-        "sampling", "typical acceptance keeps speculation on while sampling; 0 temperature is exact greedy. "
-        + ("Default: the model's own settings from its generation_config, else SpecMemo's (temperature 0.7, top-p "
-           "0.9, top-k 40, repetition penalty 1.1), as the artifact's manifest records them (`generation`)."
-           if samples_by_default else
-           "Default: greedy, so replies and benchmarks are reproducible; with --temperature > 0 the other "
-           "settings default to the artifact's (manifest `generation`)."))
-    sampling.set_defaults(samples_by_default=samples_by_default)
+        "sampling", "--temperature 0 is exact greedy (token-identical with or without a drafter); typical acceptance "
+        "keeps speculation on while sampling. What is not given comes from the model's own settings (its "
+        "generation_config, else SpecMemo's: temperature 0.7, top-p 0.9, top-k 40, repetition penalty 1.1), as the "
+        "artifact's manifest records them (`generation`) - the same rule as the Python API and `specmemo serve`.")
     sampling.add_argument("--temperature", type=float, default=None,
-                          help="0: greedy; > 0: sample (default: " + ("the artifact's" if samples_by_default else "0")
-                               + ")")
+                          help="0: greedy; > 0: sample (default: the artifact's)")
     sampling.add_argument("--top-p", type=float, default=None, help="keep the most likely tokens up to this mass "
                                                                      "(1: off)")
     sampling.add_argument("--top-k", type=int, default=None, help="keep this many most likely tokens (0: off)")
@@ -108,27 +114,12 @@ def add_decoding_options(parser: argparse.ArgumentParser, *, samples_by_default:
     sampling.add_argument("--seed", type=int, default=0, help="sampling seed")
 
 
-def sampling_from(args: argparse.Namespace, defaults):
-    """The Sampling `generate`/`chat` decode with (None: greedy): flags first, then the artifact's
-    GenerationDefaults (`defaults`, None for an artifact without them), then off (api.sampling_for)."""
-    from specmemo.api import sampling_for
-
-    return sampling_for(defaults, temperature=temperature_from(args, defaults), top_p=args.top_p, top_k=args.top_k,
-                        repetition_penalty=args.repetition_penalty, seed=args.seed,
-                        acceptance=getattr(args, "acceptance", "exact"))
-
-
-def temperature_from(args: argparse.Namespace, defaults) -> float:
-    """--temperature, else the artifact's where the command samples by default (chat), else 0 (greedy); a
-    sampling flag without a temperature is refused in one line."""
-    temperature = args.temperature
-    if temperature is None:
-        temperature = defaults.temperature if args.samples_by_default and defaults is not None else 0.0
+def check_sampling_flags(args: argparse.Namespace) -> None:
+    """A sampling flag beside --temperature 0 (exact greedy) would do nothing: refused in one line."""
     knobs = {"top_p": args.top_p, "top_k": args.top_k, "repetition_penalty": args.repetition_penalty}
     given = [f"--{name.replace('_', '-')}" for name, value in knobs.items() if value is not None]
-    if temperature <= 0 and given:
-        raise ConfigError(f"{', '.join(given)} needs sampling: add --temperature > 0 (temperature 0 is exact greedy)")
-    return temperature
+    if args.temperature is not None and args.temperature <= 0 and given:
+        raise ConfigError(f"{', '.join(given)} needs sampling: give --temperature > 0 (temperature 0 is exact greedy)")
 
 
 def apply_profile(args: argparse.Namespace, *, log=log_dim):
@@ -144,12 +135,11 @@ def apply_profile(args: argparse.Namespace, *, log=log_dim):
 def open_model_from(args: argparse.Namespace, *, log=log_dim):
     """The Model `generate` and `chat` run (api.open_model): mode, budget (or profile) or capacity, sampling."""
     from specmemo.api import open_model
-    from specmemo.runtime.manifest import load_manifest
 
-    temperature = temperature_from(args, load_manifest(args.artifact).generation)
+    check_sampling_flags(args)
     return open_model(args.artifact, profile=getattr(args, "profile", None), budget=getattr(args, "budget", None),
                       capacity=args.capacity, context=getattr(args, "context", None), mode=args.mode,
-                      drafter=args.drafter, threads=args.threads, temperature=temperature, top_p=args.top_p,
+                      drafter=args.drafter, threads=args.threads, temperature=args.temperature, top_p=args.top_p,
                       top_k=args.top_k, repetition_penalty=args.repetition_penalty, seed=args.seed,
                       acceptance=getattr(args, "acceptance", "exact"), model_format=args.model_format, log=log)
 

@@ -8,6 +8,7 @@ from dataclasses import asdict
 
 from specmemo.cli.options import add_artifact, add_profile_options, apply_profile, positive
 from specmemo.console import log_stderr
+from specmemo.runtime.artifact import Artifact
 
 
 def add_parser(sub) -> None:
@@ -26,7 +27,8 @@ def add_parser(sub) -> None:
                    help="price B sequences decoded together (serve, bench batch): B KV rows of C positions (C = "
                         "--context) and B·R token rows per call")
     p.add_argument("--drafter", default=None, help="price the drafters too, e.g. model:DIR for a draft model beside "
-                                                   "the target (its load, KV buffer and arena; default: the manifest's)")
+                                                   "the target (its load, KV buffer and arena; "
+                                                   "default: the manifest's)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     p.set_defaults(handler=cmd_plan)
 
@@ -34,17 +36,24 @@ def add_parser(sub) -> None:
 def cmd_plan(args: argparse.Namespace) -> int:
     from specmemo.runtime import memory
     from specmemo.runtime.config import EngineConfig
-    from specmemo.runtime.manifest import load_manifest
     from specmemo.runtime.measured import memory_calibration
     from specmemo.runtime.medusa_tree import exported_tree
-    from specmemo.runtime.plan import (default_sizes, draft_price, lower_bound, make_plan, read_draft, weights_stored,
-                                       what_would_fit)
+    from specmemo.runtime.plan import (
+        default_sizes,
+        draft_price,
+        lower_bound,
+        make_plan,
+        read_draft,
+        weights_stored,
+        what_would_fit,
+    )
 
     profile = apply_profile(args)
-    manifest = load_manifest(args.artifact)
-    config = EngineConfig(artifact=args.artifact, threads=args.threads, budget=args.budget_bytes, context=args.context,
+    artifact = Artifact.open(args.artifact)
+    manifest = artifact.manifest
+    config = EngineConfig(artifact=artifact, threads=args.threads, budget=args.budget_bytes, context=args.context,
                           drafter=args.drafter)
-    calibration = memory_calibration(args.artifact, threads=args.threads, log=log_stderr)
+    calibration = memory_calibration(artifact, threads=args.threads, log=log_stderr)
     context = args.context or (manifest.plan.capacity if manifest.plan and args.budget_bytes is None
                                else manifest.max_capacity)
     bound = lower_bound(manifest, calibration, context=context)
@@ -55,32 +64,41 @@ def cmd_plan(args: argparse.Namespace) -> int:
                             log=log_stderr)
         chosen, draft_fp = decided.footprint, decided.draft_footprint
     except memory.BudgetError as err:
-        budget = args.budget_bytes if args.budget_bytes is not None else manifest.plan.budget
-        options = what_would_fit(args.artifact, manifest, calibration, budget=budget, context=context)
+        missed = args.budget_bytes
+        if missed is None:
+            assert manifest.plan is not None  # only a budget is missed: --budget, else the manifest's device plan
+            missed = manifest.plan.budget
+        options = what_would_fit(artifact, calibration, budget=missed, context=context)
         raise memory.BudgetError(f"{err}; what would fit: {'; '.join(options)}") from None
-    budget = args.budget_bytes if args.budget_bytes is not None else (manifest.plan.budget if chosen else None)
+    budget = args.budget_bytes
+    if budget is None and chosen is not None:
+        assert manifest.plan is not None  # priced without --budget: by the manifest's device plan
+        budget = manifest.plan.budget
     heads = manifest.heads.num_heads if manifest.heads else 0
     if args.batch > 1:
         sizes = chosen.sizes if chosen else default_sizes(manifest, capacity=args.context)
-        chosen = memory.footprint(manifest, calibration, sizes, weights=weights_stored(args.artifact, manifest),
+        chosen = memory.footprint(manifest, calibration, sizes, weights=weights_stored(artifact),
                                   batch=args.batch)
     if args.json:
         out = {"lower_bound": _footprint_json(bound), "plan": chosen and _footprint_json(chosen), "context": context,
                "budget": budget, "profile": profile.name if profile else None, "heads": heads}
         if draft_fp is not None:
+            assert chosen is not None  # a draft model is priced only beside a priced target
             out.update(draft_model=_footprint_json(draft_fp), total=chosen.total + draft_fp.total)
         print(json.dumps(out))
         return 0
     if args.batch > 1:
+        assert chosen is not None  # priced above for the batch
         title = f"{args.batch} sequences decoded together (batch graph), C={chosen.sizes.capacity} positions each"
     elif args.budget_bytes is not None:
         title = f"plan for {profile.name if profile else args.budget}"
     elif chosen is not None:
+        assert manifest.plan is not None  # priced without --budget: by the manifest's device plan
         title = f"plan for {manifest.plan.profile} (the manifest's, from export --profile)"
     else:
         title = "at the graph's max capacity (no --budget)"
     shown = chosen or memory.footprint(manifest, calibration, default_sizes(manifest),
-                                       weights=weights_stored(args.artifact, manifest))
+                                       weights=weights_stored(artifact))
     if draft_fp is None and draft is not None and args.batch == 1:  # unpriced plan: the pair at the graph's max C
         draft_fp = draft_price(draft, shown.sizes)
     d = manifest.dims
@@ -92,11 +110,13 @@ def cmd_plan(args: argparse.Namespace) -> int:
     print(f"\nlower bound for a {context}-token context (useful tree: {bound.sizes.tree} nodes): "
           f"{bound.total / memory.MIB:.1f} MiB")
     if draft_fp is not None and args.batch == 1:
-        print(f"\ndraft model {draft.folder} beside it (its own load in this process, KV and arena at "
+        assert draft is not None  # draft_fp is the draft model's price
+        print(f"\ndraft model {draft.artifact} beside it (its own load in this process, KV and arena at "
               f"C={draft_fp.sizes.capacity}):")
         for label, mib in memory.breakdown(draft_fp)[1:]:
             print(f"  {label:<58} {mib:>9.1f} MiB")
     if chosen and args.batch == 1:
+        assert budget is not None  # a chosen plan was priced for a budget
         s, total = chosen.sizes, chosen.total + (draft_fp.total if draft_fp else 0)
         print(f"chosen: C={s.capacity}, R={s.rows} rows per call, T_max={s.tree}, K={heads} heads"
               f"{', with the draft model' if draft_fp else ''}; {total / memory.MIB:.1f} MiB of "

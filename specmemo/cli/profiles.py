@@ -9,6 +9,7 @@ from pathlib import Path
 from specmemo.api import local_cores
 from specmemo.console import log_dim
 from specmemo.errors import ConfigError
+from specmemo.runtime.artifact import Artifact
 
 
 def add_parser(sub) -> None:
@@ -38,11 +39,13 @@ def cmd_profiles(args: argparse.Namespace) -> int:
         rows = [{"name": p.name, "description": p.description, "kind": p.kind.value, "ram": p.ram,
                  "app_memory": p.app_memory, "accelerator_memory": p.accelerator_memory, "cpu_cores": p.cpu_cores,
                  "threads": p.threads, "execution_provider": p.execution_provider.value,
-                 "weight_dtype": p.weight_dtype.value, "kv_dtype": p.kv_dtype.value, "sources": p.sources, "plan": plans.get(p.name)}
+                 "weight_dtype": p.weight_dtype.value, "kv_dtype": p.kv_dtype.value, "sources": p.sources,
+                 "plan": plans.get(p.name)}
                 for p in profiles]
         print(json.dumps(rows, indent=2))
         return 0
-    header = f"{'profile':<22} {'kind':<7} {'RAM':>9} {'app mem':>9} {'cores':>5} {'thr':>3} {'EP':<8} {'weights':<7} {'KV':<7}"
+    header = (f"{'profile':<22} {'kind':<7} {'RAM':>9} {'app mem':>9} {'cores':>5} {'thr':>3} {'EP':<8} "
+              f"{'weights':<7} {'KV':<7}")
     if args.artifact:
         header += "  plan for " + str(args.artifact)
     print(header)
@@ -68,8 +71,8 @@ def _plan_for(artifact: Path, profile, drafter: str | None = None) -> dict:
 
     manifest = load_manifest(artifact)
     threads = min(profile.threads, local_cores())
-    calibration = memory_calibration(artifact, threads=threads, log=log_dim)
-    config = EngineConfig(artifact=artifact, threads=threads, budget=profile.app_memory, drafter=drafter)
+    calibration = memory_calibration(Artifact.open(artifact), threads=threads, log=log_dim)
+    config = EngineConfig(artifact=Artifact.open(artifact), threads=threads, budget=profile.app_memory, drafter=drafter)
     try:
         draft = plan_sizes.read_draft(config, manifest, priced=True, log=log_dim)
         plan = plan_sizes.make_plan(config, manifest, calibration=calibration, draft=draft, log=lambda _: None)
@@ -77,10 +80,14 @@ def _plan_for(artifact: Path, profile, drafter: str | None = None) -> dict:
         bound = plan_sizes.lower_bound(manifest, calibration, context=manifest.max_capacity)
         return {"fits": False, "lower_bound": bound.total,
                 "largest_context": plan_sizes.largest_context(manifest, calibration, budget=profile.app_memory)}
+    assert plan.footprint is not None  # sized for the profile's budget: priced
     s, pair = plan.sizes, None
     if draft is not None:  # asked for a draft model: held beside the target, or left out by the plan
-        held = bool(with_own_model(plan.drafters))
-        pair = {"held": held, "draft_total": plan.draft_footprint.total if held else None}
+        held, draft_total = bool(with_own_model(plan.drafters)), None
+        if held:
+            assert plan.draft_footprint is not None  # a draft model held is priced beside the target
+            draft_total = plan.draft_footprint.total
+        pair = {"held": held, "draft_total": draft_total}
     total = plan.footprint.total + (plan.draft_footprint.total if plan.draft_footprint else 0)
     return {"fits": True, "capacity": s.capacity, "tree": s.tree, "rows": s.rows, "total": total, "pair": pair}
 

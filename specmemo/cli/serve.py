@@ -10,7 +10,6 @@ import socket
 from specmemo.cli.options import add_artifact, add_mode, positive
 from specmemo.console import log_stderr
 from specmemo.errors import ConfigError
-
 from specmemo.serve.api import Limits
 from specmemo.serve.build import DEFAULT_BATCH, DEFAULT_CONTEXT
 
@@ -26,8 +25,8 @@ def add_parser(sub) -> None:
                                    "row between steps and gives it back when done or when its client disconnects); "
                                    "up to --max-queue more wait, beyond that the server answers 429. Each row holds "
                                    "--capacity positions (prompt + reply). Listens on loopback unless --host says "
-                                   "otherwise; any other host needs --api-key (or --allow-no-key). From a browser, only "
-                                   "loopback Host names (and --host, --allowed-host) and no foreign page origins "
+                                   "otherwise; any other host needs --api-key (or --allow-no-key). From a browser, "
+                                   "only loopback Host names (and --host, --allowed-host) and no foreign page origins "
                                    "(unless --cors-origin) are answered; bodies must be application/json. Example "
                                    "client: "
                                    "openai.OpenAI(base_url='http://127.0.0.1:8000/v1', api_key='KEY or unused').",
@@ -61,7 +60,8 @@ def add_parser(sub) -> None:
     limits = Limits()
     p.add_argument("--max-body-bytes", type=positive, default=limits.max_body_bytes,
                    help="largest request body; bigger ones get 413 before they are read whole")
-    p.add_argument("--max-messages", type=positive, default=limits.max_messages, help="most messages in one chat request")
+    p.add_argument("--max-messages", type=positive, default=limits.max_messages,
+                   help="most messages in one chat request")
     p.add_argument("--max-prompt-tokens", type=positive, default=None,
                    help="longest prompt in tokens (default: a row's --capacity less one)")
     p.add_argument("--max-tokens", type=positive, default=None,

@@ -13,18 +13,21 @@ message count.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from starlette.responses import JSONResponse
 
+from specmemo.runtime.text import first_non_text
+
 MAX_STOPS = 4  # OpenAI's limit
 MAX_DEPTH = 32  # JSON nesting a real request never needs (messages → content parts → part is depth 4)
 
 
 def error(status: int, message: str, kind: str = "invalid_request_error", param: str | None = None,
-          headers: dict | None = None, code: str | None = None) -> JSONResponse:
+          headers: Mapping[str, str] | None = None, code: str | None = None) -> JSONResponse:
     """OpenAI's error object: every refusal and failure the server answers, from any layer."""
     return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": code}},
                         status_code=status, headers=headers)
@@ -189,7 +192,7 @@ def parse(raw: bytes, kind: str, limits: Limits) -> ChatRequest | CompletionRequ
         raise BadRequest(f"the body is not JSON ({err.msg} at line {err.lineno} column {err.colno})") from None
     if not isinstance(body, dict):
         raise BadRequest("the body must be a JSON object")
-    check_text(body, "body")
+    check_body_text(body, "body")
     check_fields(body, kind)
     if kind == "chat":
         check_parts(body.get("messages"))
@@ -199,7 +202,7 @@ def parse(raw: bytes, kind: str, limits: Limits) -> ChatRequest | CompletionRequ
     except ValidationError as err:
         loc = err.errors()[0]["loc"]
         raise BadRequest(one_line(err), param=str(loc[0]) if loc else None) from None
-    if kind == "chat":
+    if isinstance(request, ChatRequest):  # kind "chat"
         check_chat(request, limits)
     return request
 
@@ -226,23 +229,21 @@ def nesting(text: str) -> int:
     return deepest
 
 
-def check_text(value, where: str) -> None:
+def check_body_text(value, where: str) -> None:
     """Every string in the body, keys too, is Unicode text: a 400 naming the first one that is not."""
     if isinstance(value, str):
-        if not value.isascii():
-            try:
-                value.encode("utf-8")
-            except UnicodeEncodeError as err:
-                raise BadRequest(f"{where}: the string holds an unpaired surrogate ({ascii(value[err.start])}), which "
-                                 f"is not Unicode text: send the character's full escape pair, or UTF-8",
-                                 param=None if " key " in where else where) from None
+        at = first_non_text(value)
+        if at is not None:
+            raise BadRequest(f"{where}: the string holds an unpaired surrogate ({value[at]!a}), which is not Unicode "
+                             f"text: send the character's full escape pair, or UTF-8",
+                             param=None if " key " in where else where)
     elif isinstance(value, dict):
         for key, item in value.items():
-            check_text(key, f"{where} key {ascii(key)}")
-            check_text(item, key if where == "body" else f"{where}.{key}")
+            check_body_text(key, f"{where} key {key!a}")
+            check_body_text(item, key if where == "body" else f"{where}.{key}")
     elif isinstance(value, list):
         for i, item in enumerate(value):
-            check_text(item, f"{where}.{i}")
+            check_body_text(item, f"{where}.{i}")
 
 
 UNSUPPORTED_PARTS = {"image_url": "image", "input_image": "image", "image": "image", "input_audio": "audio",

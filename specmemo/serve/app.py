@@ -8,8 +8,8 @@
 
 A request passes the Host/Origin guard (guard.py) and the key check (keys.py); its body must be
 `application/json` (415), and is checked before it queues (api.py): size, UTF-8, nesting, text, fields and
-types → 400 (413 for size) with one line in OpenAI's error object; the prompt is tokenized off the event loop and checked
-against --max-prompt-tokens and the row's context; the queue full → 429 with Retry-After; an unknown
+types → 400 (413 for size) with one line in OpenAI's error object; the prompt is tokenized off the event loop and
+checked against --max-prompt-tokens and the row's context; the queue full → 429 with Retry-After; an unknown
 model → 404. `stop` ends a reply before the stop string (stops.py); penalties, `logit_bias` and
 `logprobs` decode their row one token a step (runtime/logit_rules.py); every other request speculates,
 and the reply looks the same either way. A client that goes away frees its row. Unknown routes and
@@ -25,6 +25,7 @@ import json
 import logging
 import time
 import uuid
+from collections.abc import Sequence
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -34,10 +35,12 @@ from starlette.requests import Request as HttpRequest
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from specmemo.api import sampling_for
 from specmemo.errors import ConfigError
+from specmemo.runtime.artifact import Artifact
 from specmemo.runtime.logit_rules import LogitRules, TokenLogprob
 from specmemo.runtime.pool import Request
-from specmemo.runtime.sampling import Sampling, default_sampling
+from specmemo.runtime.sampling import Sampling
 from specmemo.runtime.tokenizer import ChatTokenizer, Message
 from specmemo.serve.api import BadRequest, ChatRequest, CompletionRequest, Limits, error, parse
 from specmemo.serve.guard import ConnectionGone, Exposure, Guard
@@ -51,11 +54,13 @@ LOG = logging.getLogger("specmemo.serve")
 
 
 class ServeApp:
-    def __init__(self, *, worker: PoolWorker, tokenizer: ChatTokenizer, model: str, defaults, capacity: int,
+    def __init__(self, *, artifact: Artifact, worker: PoolWorker, tokenizer: ChatTokenizer, model: str, capacity: int,
                  limits: Limits = Limits(), keys: tuple[str, ...] = ()):
+        """`artifact`: the one the pool runs (its generation defaults fill what a request leaves out; its vocabulary
+        bounds logit_bias)."""
         self.worker, self.tokenizer, self.model = worker, tokenizer, model
-        self.defaults, self.capacity, self.limits, self.keys = defaults, capacity, limits, keys
-        self.vocab = worker.pool.backend.session.manifest.dims.vocab_size
+        self.defaults, self.capacity, self.limits, self.keys = artifact.manifest.generation, capacity, limits, keys
+        self.vocab = artifact.manifest.dims.vocab_size
         self.metrics = Metrics(worker, capacity=capacity)
         self.created = int(time.time())
         self.errors: list[tuple[str, str]] = []  # (request id, error) of every request that failed with a 500
@@ -137,7 +142,7 @@ class ServeApp:
 
         try:
             return await asyncio.wait_for(read(), BODY_TIMEOUT_S)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             raise BadRequest(f"the body did not arrive within {BODY_TIMEOUT_S:.0f} s", status=408) from None
 
     async def _prompt(self, body: ChatRequest | CompletionRequest) -> tuple[list[int], str]:
@@ -146,11 +151,16 @@ class ServeApp:
             messages = [Message("system" if m.role == "developer" else m.role, m.text) for m in body.messages]
             ids, echo = await asyncio.to_thread(self.tokenizer.encode_chat, messages), ""
         else:
-            prompt = body.prompt
-            if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
-                if len(prompt) != 1:
+            first = body.prompt[0] if isinstance(body.prompt, list) and body.prompt else None
+            prompt: str | list[int]
+            if isinstance(first, (str, list)):  # a batch of prompts (texts or lists of token ids)
+                if len(body.prompt) != 1:
                     raise BadRequest("one prompt per request here (n = 1): send the prompts one by one", param="prompt")
-                prompt = prompt[0]
+                prompt = first
+            elif isinstance(body.prompt, str):
+                prompt = body.prompt
+            else:  # token ids: a validated list holds one type, and its first item (if any) is an int
+                prompt = [t for t in body.prompt if isinstance(t, int)]
             if isinstance(prompt, str):
                 ids = await asyncio.to_thread(self.tokenizer.encode, prompt)
             else:
@@ -173,7 +183,8 @@ class ServeApp:
         wanted = body.wanted
         cap = self.limits.max_tokens
         if cap is not None and wanted is not None and wanted > cap:
-            raise BadRequest(f"max_tokens {wanted} is over this server's {cap} (serve --max-tokens)", param="max_tokens")
+            raise BadRequest(f"max_tokens {wanted} is over this server's {cap} (serve --max-tokens)",
+                             param="max_tokens")
         if wanted == 0:
             return None
         if room < 1 or (wanted is not None and wanted > room):
@@ -192,16 +203,11 @@ class ServeApp:
                        rules)
 
     def sampling(self, body) -> Sampling | None:
+        """The request's sampling by the API's one rule (api.sampling_for)."""
         seed = int(body.seed or 0) % 2**64  # OpenAI's seeds are any int64; numpy's are >= 0
-        base = default_sampling(self.defaults, seed=seed)
-        temperature = body.temperature if body.temperature is not None else (base.temperature if base else 0.0)
-        if temperature == 0:
-            return None
-        top_p = body.top_p if body.top_p is not None else (base.top_p if base else 1.0)
-        top_k, penalty = (base.top_k, base.repetition_penalty) if base else (0, 1.0)
-        return Sampling(temperature=temperature, top_p=top_p, top_k=top_k, repetition_penalty=penalty, seed=seed)
+        return sampling_for(self.defaults, temperature=body.temperature, top_p=body.top_p, seed=seed)
 
-    def failed(self, request: HttpRequest, exc: Exception) -> JSONResponse:
+    def failed(self, request: HttpRequest, exc: Exception) -> Response:
         """An unhandled error in a request (a bug): logged with a request id, counted, a JSON 500 naming the id."""
         if isinstance(exc, ConnectionGone):
             return Gone()
@@ -229,7 +235,9 @@ class ServeApp:
                 return text, "stop", logprobs
             return text, "", logprobs
         if kind == "done":
-            return reply.end(value, self.tokenizer), reply.finish, []
+            text = reply.end(value, self.tokenizer)
+            assert reply.finish is not None  # end() always sets a finish reason
+            return text, reply.finish, []
         reply.finish = "error"
         return "", "error", []
 
@@ -263,10 +271,11 @@ class ServeApp:
         chat = kind == "chat"
         logprobs = body.logprob_top is not None
 
-        def chunk(text: str | None, finish: str | None = None, lps: list[TokenLogprob] = ()) -> str:
+        def chunk(text: str | None, finish: str | None = None, lps: Sequence[TokenLogprob] = ()) -> str:
             if chat:
                 delta = {"role": "assistant", "content": ""} if text is None else ({"content": text} if text else {})
-                choice = {"index": 0, "delta": delta, "logprobs": self._chat_logprobs(lps) if logprobs and lps else None,
+                choice = {"index": 0, "delta": delta,
+                          "logprobs": self._chat_logprobs(lps) if logprobs and lps else None,
                           "finish_reason": finish}
                 data = {"id": chunk_id, "object": "chat.completion.chunk", "created": int(time.time()),
                         "model": self.model, "choices": [choice]}
@@ -292,8 +301,9 @@ class ServeApp:
                     done = True
                     yield chunk("", finish)
                     if include_usage:
-                        data = {"id": chunk_id, "object": "chat.completion.chunk" if chat else "text_completion",
-                                "created": int(time.time()), "model": self.model, "choices": [], "usage": usage(reply)}
+                        data: dict[str, object] = {
+                            "id": chunk_id, "object": "chat.completion.chunk" if chat else "text_completion",
+                            "created": int(time.time()), "model": self.model, "choices": [], "usage": usage(reply)}
                         yield f"data: {json.dumps(data)}\n\n"
                     yield "data: [DONE]\n\n"
                     return
@@ -306,14 +316,14 @@ class ServeApp:
     def _token_text(self, token: int) -> str:
         return self.tokenizer.decode([token])
 
-    def _chat_logprobs(self, logprobs: list[TokenLogprob]) -> dict:
+    def _chat_logprobs(self, logprobs: Sequence[TokenLogprob]) -> dict:
         def entry(token: int, value: float) -> dict:
             text = self._token_text(token)
             return {"token": text, "logprob": value, "bytes": list(text.encode())}
         return {"content": [{**entry(lp.token, lp.logprob), "top_logprobs": [entry(t, v) for t, v in lp.top]}
                             for lp in logprobs]}
 
-    def _legacy_logprobs(self, logprobs: list[TokenLogprob], offset: int) -> dict:
+    def _legacy_logprobs(self, logprobs: Sequence[TokenLogprob], offset: int) -> dict:
         tokens = [self._token_text(lp.token) for lp in logprobs]
         offsets = [offset + sum(len(t) for t in tokens[:i]) for i in range(len(tokens))]
         return {"tokens": tokens, "token_logprobs": [lp.logprob for lp in logprobs],
@@ -340,7 +350,7 @@ def check_json(content_type: str) -> None:
     asking) is refused before it is read."""
     media = content_type.partition(";")[0].strip().lower()
     if media != "application/json":
-        raise BadRequest(f"the body must be sent as Content-Type: application/json, not {ascii(media or 'none')} "
+        raise BadRequest(f"the body must be sent as Content-Type: application/json, not {media or 'none'!a} "
                          f"(curl: -H 'Content-Type: application/json')", status=415)
 
 
@@ -360,23 +370,25 @@ def make_app(app: ServeApp, exposure: Exposure = Exposure()) -> Starlette:
         yield
         app.worker.stop()
 
-    async def not_found(request: HttpRequest, exc: HTTPException) -> JSONResponse:
+    async def not_found(request: HttpRequest, exc: Exception) -> Response:
+        assert isinstance(exc, HTTPException)  # Starlette's answer to a status code (404, 405) is an HTTPException
         routes = "GET /health, /metrics, /v1/models; POST /v1/chat/completions, /v1/completions"
         if exc.status_code == 405:
             message = f"{request.method} is not allowed on {request.url.path}: this server answers {routes}"
         else:
-            message = f"no route {ascii(request.url.path)} here: this server answers {routes}"
+            message = f"no route {request.url.path!a} here: this server answers {routes}"
         return app._refuse(error(exc.status_code, message, "not_found_error" if exc.status_code == 404
                                  else "invalid_request_error", headers=exc.headers))
 
-    async def failed(request: HttpRequest, exc: Exception) -> JSONResponse:
+    async def failed(request: HttpRequest, exc: Exception) -> Response:
         return app.failed(request, exc)
 
     starlette = Starlette(routes=app.routes(), lifespan=lifespan,
                           exception_handlers={404: not_found, 405: not_found, Exception: failed})
     starlette.add_middleware(RequireKey, keys=app.keys, on_refused=app.metrics.refused)
     if exposure.cors_origins:
-        starlette.add_middleware(CORSMiddleware, allow_origins=list(exposure.cors_origins), allow_methods=["GET", "POST"],
+        starlette.add_middleware(CORSMiddleware, allow_origins=list(exposure.cors_origins),
+                                 allow_methods=["GET", "POST"],
                                  allow_headers=["Authorization", "Content-Type"], max_age=600)
     starlette.add_middleware(Guard, exposure=exposure, on_refused=app.metrics.refused)
     return starlette

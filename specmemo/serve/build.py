@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from specmemo.errors import ConfigError
-from specmemo.runtime.config import Mode
+from specmemo.runtime.config import DEFAULT_THREADS, Mode
 from specmemo.serve.api import Limits
 from specmemo.serve.guard import Exposure
 
@@ -23,7 +23,7 @@ class ServeConfig:
     batch: int = DEFAULT_BATCH  # B rows decoded together (the artifact's batch graph for B)
     capacity: int = DEFAULT_CONTEXT  # KV positions per row: prompt + max_tokens of one request
     max_queue: int | None = None  # requests waiting for a row before 429 (None: 4 x batch)
-    threads: int = 2
+    threads: int = DEFAULT_THREADS
     model_name: str | None = None  # the id /v1/models lists (None: the manifest's source model)
     limits: Limits = field(default_factory=Limits)  # body bytes, messages, prompt tokens, max_tokens per request
     keys: tuple[str, ...] = ()  # API keys (keys.py); () : open
@@ -41,17 +41,18 @@ class ServeConfig:
 def build_app(config: ServeConfig, *, log=print):
     """(the Starlette app, its ServeApp): the pool is opened here; its thread starts with the app."""
     from specmemo.api import open_batch
-    from specmemo.runtime.manifest import load_manifest
+    from specmemo.runtime.artifact import Artifact
     from specmemo.runtime.tokenizer import ChatTokenizer
     from specmemo.serve.app import ServeApp, make_app
     from specmemo.serve.worker import PoolWorker
 
-    manifest = load_manifest(config.artifact)
+    artifact = Artifact.open(config.artifact)  # the server's entry point: the manifest is read here, once
+    manifest = artifact.manifest
     manifest.batch_graph(config.batch)  # a one-line error naming `export batch`, before anything loads
-    pool = open_batch(config.artifact, batch=config.batch, capacity=config.capacity, mode=config.mode,
+    pool = open_batch(artifact, batch=config.batch, capacity=config.capacity, mode=config.mode,
                       drafter=config.drafter, threads=config.threads, log=log)
     worker = PoolWorker(pool, max_queue=config.max_queue or 4 * config.batch)
-    served = ServeApp(worker=worker, tokenizer=ChatTokenizer(config.artifact, manifest),
-                      model=config.model_name or manifest.source_model, defaults=manifest.generation,
+    served = ServeApp(artifact=artifact, worker=worker, tokenizer=ChatTokenizer(artifact),
+                      model=config.model_name or manifest.source_model,
                       capacity=pool.backend.capacity, limits=config.limits, keys=config.keys)
     return make_app(served, config.exposure), served

@@ -102,7 +102,7 @@ def _transport(send):
     async def sending(message) -> None:
         try:
             await send(message)
-        except Exception as err:  # noqa: BLE001  (whatever the HTTP server's protocol layer raises)
+        except Exception as err:
             raise ConnectionGone(f"{type(err).__name__}: {err}") from err
     return sending
 
@@ -121,11 +121,11 @@ class Guard:
         host, origin = headers.get(b"host", ""), headers.get(b"origin", "")
         response = None
         if not self.exposure.host_allowed(host):
-            response = error(403, f"Host {ascii(host_name(host))} is not served here (a guard against DNS rebinding): "
+            response = error(403, f"Host {host_name(host)!a} is not served here (a guard against DNS rebinding): "
                              f"restart serve with --allowed-host {ascii(host_name(host))[1:-1]} to allow it",
                              code="host_not_allowed")
         elif not self.exposure.origin_allowed(origin, host):
-            response = error(403, f"cross-origin requests from {ascii(origin)} are refused: restart serve with "
+            response = error(403, f"cross-origin requests from {origin!a} are refused: restart serve with "
                              f"--cors-origin {ascii(origin)[1:-1]} to allow that page", code="origin_not_allowed")
         if response is None:
             return await self.app(scope, receive, send)

@@ -91,8 +91,8 @@ class PoolWorker:
             return len(self._waiting)
 
     def health(self) -> dict:
-        return {"status": "ok", "rows": self.pool.backend.batch, "rows_busy": self.pool.active, "queued": self.waiting(),
-                "completed": self.counters.completed, "cancelled": self.counters.cancelled,
+        return {"status": "ok", "rows": self.pool.backend.batch, "rows_busy": self.pool.active,
+                "queued": self.waiting(), "completed": self.counters.completed, "cancelled": self.counters.cancelled,
                 "rejected": self.counters.rejected, "failed": self.counters.failed,
                 "steps": self.pool.stats.steps, "tokens": self.pool.stats.tokens}
 
@@ -110,7 +110,7 @@ class PoolWorker:
                 job = self._waiting.popleft()
                 try:
                     job.row = self.pool.add(job.request)
-                except Exception as err:  # noqa: BLE001  (checked up front by the app; a guard: the thread lives on)
+                except Exception as err:
                     self.counters.failed += 1
                     job.send("error", str(err))
                     continue
@@ -120,7 +120,7 @@ class PoolWorker:
         while not self._stop:
             try:
                 self._iteration()
-            except Exception as err:  # noqa: BLE001  (never let the one pool thread die: fail what it held)
+            except Exception as err:
                 self._fail_all(f"the server failed: {err}")
 
     def _fail_all(self, message: str) -> None:
@@ -139,7 +139,7 @@ class PoolWorker:
             return
         try:
             updates = self.pool.step()
-        except Exception as err:  # noqa: BLE001  (a failed step fails its requests, not the server)
+        except Exception as err:
             self._fail_all(f"decoding failed: {err}")
             return
         for update in updates:

@@ -16,6 +16,8 @@
  *   heads_hidden      [B, h]           the Medusa heads' input
  *   heads_token_ids   [B, K, k] int64
  *   heads_probs       [B, K, k]
+ *   drafter_kv.{0,1}  [1, H_kv, C_d, D]  the feature drafter's KV, priced only (memory.ts): this engine
+ *                                      does not run the feature drafter, so its own arena has none
  */
 
 import { ConfigError } from './errors';
@@ -47,6 +49,7 @@ export interface ArenaLayout {
   topK: number; // k
   kvDtype: 'float32' | 'float16';
   batch: number; // B
+  drafterCapacity?: number; // C_d rows of the feature drafter's KV (absent or 0: none)
 }
 
 export function layoutFor(m: Manifest, sizes: Sizes, withHeads: boolean): ArenaLayout {
@@ -83,6 +86,10 @@ export function views(l: ArenaLayout): ViewSpec[] {
     const heads = [b, l.numHeads, l.topK];
     out.push({ name: 'heads_hidden', dtype: 'float32', shape: [b, l.hiddenSize] },
       { name: 'heads_token_ids', dtype: 'int64', shape: heads }, { name: 'heads_probs', dtype: 'float32', shape: heads });
+  }
+  if (l.drafterCapacity) {
+    const drafterKv = [1, l.numKvHeads, l.drafterCapacity, l.headDim];
+    out.push({ name: 'drafter_kv.0', dtype: l.kvDtype, shape: drafterKv }, { name: 'drafter_kv.1', dtype: l.kvDtype, shape: drafterKv });
   }
   return out;
 }

@@ -94,8 +94,19 @@ export interface HeadsInfo {
   top_k: number; // k
   mode: string;
   tree: number[][]; // Medusa choices, parents first
-  accuracy: number[][];
+  accuracy?: number[][]; // [K][k] cumulative top-1..top-k accuracy (eval-heads); absent or [] without one
   shared_lm_head: SharedInitializer | null;
+}
+
+/** The feature drafter's graph (runtime/graphs.py FeatureDrafterInfo): this runtime does not run it, but the
+ * memory model prices its KV rows as the Python runtime allocates them. */
+export interface FeatureDrafterInfo {
+  file: string;
+  data_file: string;
+  top_k: number;
+  capacity: number; // C_d rows of its KV buffer
+  depth?: number; // depths drafted at most (2 when absent, as in manifests written before the key)
+  width?: number; // nodes expanded per further depth (4 when absent)
 }
 
 export interface DevicePlan {
@@ -129,7 +140,7 @@ export interface Manifest {
   tokenizer: TokenizerInfo;
   drafter: string;
   heads: HeadsInfo | null;
-  feature_drafter: unknown | null;
+  feature_drafter: FeatureDrafterInfo | null;
   plan: DevicePlan | null;
   min_step_rows: number;
   step_row_multiple?: number; // rows per call rounded up to this (1 when absent)
@@ -221,4 +232,14 @@ export function embeddingFor(m: Manifest, format: ModelFormat): EmbeddingInfo {
 
 export function bytesPerKvElement(m: Manifest): number {
   return BYTES_PER_ELEMENT[m.kv_dtype];
+}
+
+export function bytesPerActivation(m: Manifest): number {
+  return BYTES_PER_ELEMENT[m.activation_dtype];
+}
+
+/** KV rows the feature drafter keeps beyond the decoder's C for its draft tree: `width` per depth (graphs.py
+ * scratch_slots). */
+export function scratchSlots(f: FeatureDrafterInfo): number {
+  return (f.depth ?? 2) * (f.width ?? 4);
 }

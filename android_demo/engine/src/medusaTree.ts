@@ -6,6 +6,9 @@
 
 export type Choice = readonly number[];
 
+/** A useful tree keeps this share of the full tree's expected extra tokens per step (the lower bound's tree). */
+export const USEFUL_GAIN = 0.5;
+
 const key = (choice: Choice): string => choice.join(',');
 
 export class MedusaTree {
@@ -14,10 +17,10 @@ export class MedusaTree {
   constructor(choices: readonly Choice[]) {
     const seen = new Set<string>();
     for (const choice of choices) {
-      if (choice.length === 0 || Math.min(...choice) < 0) throw new RangeError(`choice [${choice}] must be a non-empty list of ranks >= 0`);
-      if (seen.has(key(choice))) throw new RangeError(`choice [${choice}] is listed twice`);
+      if (choice.length === 0 || Math.min(...choice) < 0) throw new RangeError(`choice [${choice.join(',')}] must be a non-empty list of ranks >= 0`);
+      if (seen.has(key(choice))) throw new RangeError(`choice [${choice.join(',')}] is listed twice`);
       if (choice.length > 1 && !seen.has(key(choice.slice(0, -1)))) {
-        throw new RangeError(`choice [${choice}] comes before its parent: list parents first`);
+        throw new RangeError(`choice [${choice.join(',')}] comes before its parent: list parents first`);
       }
       seen.add(key(choice));
     }
@@ -44,4 +47,25 @@ export class MedusaTree {
     if (this.choices.some((c) => c[c.length - 1] >= topK)) throw new RangeError(`a choice asks for a rank >= top_k = ${topK}`);
     return this.choices.map((c) => (c.length - 1) * topK + c[c.length - 1]);
   }
+}
+
+/** [K][k] cumulative top-1..top-k accuracy (the manifest's table) → per-rank hit chance. */
+export function rankAccuracyFromCumulative(cumulative: readonly (readonly number[])[]): number[][] {
+  return cumulative.map((row) => row.map((hit, rank) => hit - (rank === 0 ? 0 : row[rank - 1])));
+}
+
+/** P(every node on the path is right), heads taken as independent: the product over depth d of
+ * rankAccuracy[d][choice[d]]. */
+export function pathProbability(choice: Choice, rankAccuracy: readonly (readonly number[])[]): number {
+  let p = 1;
+  for (let depth = 0; depth < choice.length; depth++) p *= rankAccuracy[depth][choice[depth]];
+  return p;
+}
+
+/** Expected tokens per verify step: 1 (the root's bonus) + the sum of path probabilities, added in node order
+ * (as runtime/medusa_tree.py adds them, so both runtimes compare the same doubles). */
+export function expectedAccepted(tree: MedusaTree, rankAccuracy: readonly (readonly number[])[]): number {
+  let sum = 0;
+  for (const choice of tree.choices) sum += pathProbability(choice, rankAccuracy);
+  return 1 + sum;
 }

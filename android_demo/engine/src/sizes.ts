@@ -10,7 +10,7 @@ import { ConfigError } from './errors';
 import { DrafterName } from './drafters/names';
 import { LOOKUP_MAX_BRANCH } from './drafters/lookup';
 import { Manifest, ManifestError } from './manifest';
-import { MedusaTree } from './medusaTree';
+import { MedusaTree, USEFUL_GAIN, expectedAccepted, rankAccuracyFromCumulative } from './medusaTree';
 
 export const DEFAULT_PREFILL_CHUNK = 64;
 
@@ -30,6 +30,24 @@ export function makeSizes(capacity: number, rows: number, tree: number): Sizes {
 /** The Medusa tree the artifact was exported with (a one-node tree without heads). */
 export function exportedTree(m: Manifest): MedusaTree {
   return new MedusaTree(m.heads === null ? [] : m.heads.tree);
+}
+
+/**
+ * The lower bound's tree (runtime/medusa_tree.py useful_tree_size): the smallest prefix of the exported tree
+ * with USEFUL_GAIN of its expected extra tokens per step, from the manifest's accuracy table; 2 nodes without
+ * a table; 1 without heads.
+ */
+export function usefulTreeSize(m: Manifest): number {
+  const medusa = exportedTree(m);
+  if (medusa.size === 1) return 1;
+  const accuracy = m.heads?.accuracy ?? [];
+  if (accuracy.length === 0) return 2;
+  const rankHit = rankAccuracyFromCumulative(accuracy);
+  const full = expectedAccepted(medusa, rankHit) - 1;
+  for (let size = 2; size <= medusa.size; size++) {
+    if (expectedAccepted(medusa.prefix(size), rankHit) - 1 >= USEFUL_GAIN * full) return size;
+  }
+  return medusa.size;
 }
 
 export function checkCapacity(m: Manifest, capacity: number): number {

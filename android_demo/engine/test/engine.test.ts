@@ -12,7 +12,7 @@ import { DraftTree, merge, ordered } from '../src/drafters/draft';
 import { NgramIndex } from '../src/drafters/lookup';
 import { parseDrafter } from '../src/drafters/names';
 import { EmbeddingTable, halfToFloat } from '../src/embedding';
-import { MedusaTree } from '../src/medusaTree';
+import { MedusaTree, expectedAccepted, rankAccuracyFromCumulative } from '../src/medusaTree';
 import { chain, depths, pathTo, treeBias } from '../src/tree';
 
 const X = -Infinity;
@@ -55,6 +55,14 @@ test('arena: 64-byte aligned views whose bytes add up to the allocation', () => 
   }
   assert.equal(arena.f32('logits').length, 4 * 100);
   assert.equal(arena.i64('heads_token_ids').length, 2 * 3);
+});
+
+test('the useful tree\'s arithmetic: per-rank hits from the cumulative table, expected tokens per step', () => {
+  const hits = rankAccuracyFromCumulative([[0.5, 0.75], [0.25, 0.375]]); // binary fractions: exact differences
+  assert.deepEqual(hits, [[0.5, 0.25], [0.25, 0.125]]);
+  // the root's bonus + P(head 0 rank 0) + P(head 0 rank 1) + P(rank 0, then head 1 rank 0)
+  assert.equal(expectedAccepted(new MedusaTree([[0], [1], [0, 0]]), hits), 1 + 0.5 + 0.25 + 0.5 * 0.25);
+  assert.equal(expectedAccepted(new MedusaTree([]), hits), 1);
 });
 
 test('drafts: ordered caps scores and keeps parents first; merge is a token trie', () => {
@@ -108,9 +116,9 @@ test('float16 rows decode exactly; drafter names are checked', () => {
 function bytesSource(file: Uint8Array) {
   return {
     where: 'memory',
-    readText: async () => '',
-    readBytes: async (_: string, offset: number, length: number) => file.slice(offset, offset + length),
-    graph: async () => ({ model: '' }),
+    readText: () => Promise.resolve(''),
+    readBytes: (_: string, offset: number, length: number) => Promise.resolve(file.slice(offset, offset + length)),
+    graph: () => Promise.resolve({ model: '' }),
   };
 }
 

@@ -7,6 +7,8 @@ import { LatencyCurve } from '@specmemo/engine';
 
 import { manifestDigest, type PickedFolderSource, type UrlSource } from './sources';
 
+const numbers = (value: unknown): value is number[] => Array.isArray(value) && value.every((x) => typeof x === 'number');
+
 export class CurveStore {
   private saved: boolean;
 
@@ -25,8 +27,8 @@ export class CurveStore {
 
   private static read(key: string): LatencyCurve | undefined {
     try {
-      const { sizes, stepMs } = JSON.parse(localStorage.getItem(key) ?? 'null') ?? {};
-      return Array.isArray(sizes) && Array.isArray(stepMs) ? new LatencyCurve(sizes, stepMs) : undefined;
+      const kept = (JSON.parse(localStorage.getItem(key) ?? 'null') ?? {}) as { sizes?: unknown; stepMs?: unknown };
+      return numbers(kept.sizes) && numbers(kept.stepMs) ? new LatencyCurve(kept.sizes, kept.stepMs) : undefined;
     } catch {
       return undefined; // none, or not a curve: measured again
     }

@@ -1,18 +1,22 @@
 /**
- * The memory model in the browser: what a plan costs the tab, checked before anything large is fetched.
+ * The memory model in the browser: what a plan costs the tab, checked before anything large is fetched. The
+ * prices are the engine's memory model (engine/src/memory.ts: the Python runtime's formulas, term for term):
  *
- *   need(C)      = the artifact's files the engine loads (held once, in the WebAssembly heap: the graphs'
- *                  weights) + the arena at C (the engine's own layout, byte for byte: KV + step I/O);
- *   lower bound  = need(MIN_CAPACITY): the least this model runs in;
+ *   need(C)      = footprint(C, the engine's R and T_max).total: load + generation (arena + activations
+ *                  + step overhead) + headroom;
+ *   lower bound  = lowerBound(context = MIN_CAPACITY).total: the smallest footprint that decodes speculatively
+ *                  with a useful tree over MIN_CAPACITY tokens, what `specmemo plan` calls the lower bound;
  *   budget       = ?budget=<MiB>, else DEVICE_SHARE of what navigator.deviceMemory reports (a tab shares
  *                  the device with everything else); unknown without either, and then nothing is refused.
  *
- * Under the lower bound the page refuses in one line with both figures; between it and need(the default
- * C) it opens with the largest C that fits and says so.
+ * Under the lower bound the page refuses in one line with both figures; between need(MIN_CAPACITY) and
+ * need(the default C) it opens with the largest C that fits and says so. The page varies C only (R and T_max
+ * are the engine's), so a budget over the lower bound but under need(MIN_CAPACITY) is refused as well, naming
+ * both figures.
  */
 import {
-  allocationBytes, drafterNames, layoutFor, makeSizes, parseManifest, resolveSizes, type DrafterName, type Manifest,
-  type Mode,
+  drafterNames, footprint, lowerBound, makeSizes, parseManifest, resolveSizes, type Calibration, type DrafterName,
+  type Footprint, type Manifest, type Mode,
 } from '@specmemo/engine';
 
 import type { PickedFolderSource, UrlSource } from './sources';
@@ -26,8 +30,8 @@ export interface PagePlan {
   budget: number | null; // bytes
   files: number; // bytes of the artifact's files the engine loads
   capacity: number; // C the page opens with
-  need: number; // files + arena at `capacity`
-  lowerBound: number; // files + arena at MIN_CAPACITY
+  need: number; // the footprint's total at `capacity` with the engine's R and T_max
+  lowerBound: number; // the lower bound's total over MIN_CAPACITY tokens (engine lowerBound)
   fits: boolean;
   lowered: boolean; // C below the artifact's default, to fit the budget
   text: string;
@@ -53,35 +57,57 @@ export function loadedFiles(m: Manifest, drafters: readonly DrafterName[]): stri
   return [...new Set(files)];
 }
 
-function arenaAt(m: Manifest, capacity: number, rows: number, tree: number, withHeads: boolean): number {
-  return allocationBytes(layoutFor(m, makeSizes(capacity, rows, tree), withHeads));
+/**
+ * The calibration the page prices with. The Python runtime measures load and step overhead once per machine;
+ * a page has no process to measure, so it stands in what it knows: load = the bytes of the files the engine
+ * loads (held once, in the WebAssembly heap: the graphs' weights), step overhead = 0 (ORT's run state and the
+ * like are left to the headroom).
+ */
+export function pageCalibration(files: number): Calibration {
+  return { loadBytes: files, stepOverheadBytes: 0, baseBytes: 0 };
 }
 
-/** `drafters`: what the engine will run (engine.drafterNames), which sets T_max and whether heads I/O is in the
- * arena. */
+const mib = (bytes: number): string => `${(bytes / MIB).toFixed(0)} MiB`;
+
+/** "files + generation + headroom" of a footprint whose load is the files. */
+const parts = (f: Footprint): string =>
+  `files ${mib(f.load)} + generation ${mib(f.generation)} + headroom ${mib(f.headroom)}`;
+
+/** Why a budget under `least` is refused: the lower bound itself, or the plan the page opens at MIN_CAPACITY. */
+function refusal(bound: Footprint, atLowest: Footprint, budget: number, smaller: string): string {
+  const why = bound.total >= atLowest.total
+    ? `its lower bound over ${bound.sizes.capacity} tokens with a ${bound.sizes.tree}-node tree: ${parts(bound)}`
+    : `at C=${atLowest.sizes.capacity} with R=${atLowest.sizes.rows}, T_max=${atLowest.sizes.tree}: ${parts(atLowest)}; ` +
+      `its lower bound is ${mib(bound.total)}`;
+  return `this model needs at least ${mib(Math.max(bound.total, atLowest.total))} (${why}) and this device gives ` +
+    `the page ${mib(budget)}: open ${smaller}, or raise ?budget= if the device has more`;
+}
+
+/** `drafters`: what the engine will run (engine.drafterNames), which sets R and T_max. */
 export function pagePlan(m: Manifest, { files, budget, drafters, capacity }: {
   files: number; budget: number | null; drafters: readonly DrafterName[]; capacity?: number;
 }): PagePlan {
-  const withHeads = drafters.includes('medusa');
+  const calibration = pageCalibration(files);
   const sizes = resolveSizes(m, drafters, capacity);
-  const at = (c: number) => files + arenaAt(m, c, sizes.rows, sizes.tree, withHeads);
+  const at = (c: number): Footprint => footprint(m, calibration, makeSizes(c, sizes.rows, sizes.tree));
   const lowest = Math.min(MIN_CAPACITY, sizes.capacity);
-  const lowerBound = at(lowest);
+  const bound = lowerBound(m, calibration, { context: lowest });
+  const atLowest = at(lowest);
   let chosen = sizes.capacity;
-  if (budget !== null && at(chosen) > budget) {
+  if (budget !== null && at(chosen).total > budget) {
     chosen = lowest;
-    for (let c = lowest + CAPACITY_STEP; c < sizes.capacity && at(c) <= budget; c += CAPACITY_STEP) chosen = c;
+    for (let c = lowest + CAPACITY_STEP; c < sizes.capacity && at(c).total <= budget; c += CAPACITY_STEP) chosen = c;
   }
-  const fits = budget === null || lowerBound <= budget;
-  const mib = (b: number) => `${(b / MIB).toFixed(0)} MiB`;
+  const need = at(chosen);
+  const plan = { budget, files, capacity: chosen, need: need.total, lowerBound: bound.total, lowered: chosen < sizes.capacity };
   const smaller = m.weight_dtype === 'int4' ? 'a smaller model' : 'a smaller artifact (export --dtype int4)';
+  if (budget !== null && Math.max(bound.total, atLowest.total) > budget) {
+    return { ...plan, fits: false, text: refusal(bound, atLowest, budget, smaller) };
+  }
   const budgetText = budget === null ? 'no budget known' : `budget ${mib(budget)}`;
-  const text = fits
-    ? `C=${chosen}: ${mib(at(chosen))} (files ${mib(files)} + arena ${mib(at(chosen) - files)}); ${budgetText}` +
-      (chosen < sizes.capacity ? `; C lowered from ${sizes.capacity} to fit` : '')
-    : `this model needs at least ${mib(lowerBound)} (its files ${mib(files)} + the arena at C=${lowest}) and this ` +
-      `device gives the page ${mib(budget!)}: open ${smaller}, or raise ?budget= if the device has more`;
-  return { budget, files, capacity: chosen, need: at(chosen), lowerBound, fits, lowered: chosen < sizes.capacity, text };
+  const text = `C=${chosen}: ${mib(need.total)} (${parts(need)}); lower bound ${mib(bound.total)}; ${budgetText}` +
+    (plan.lowered ? `; C lowered from ${sizes.capacity} to fit` : '');
+  return { ...plan, fits: true, text };
 }
 
 /** The plan for an artifact before its graphs load: its manifest, the drafters the engine will run

@@ -62,7 +62,7 @@ class YieldingSession {
 export function forThePage(ort: OrtModule): OrtModule {
   const create = (async (...args: unknown[]) => {
     const inner = await (ort.InferenceSession.create as (...a: unknown[]) => Promise<InferenceSession>)(...args);
-    return new YieldingSession(inner) as unknown as InferenceSession;
+    return new YieldingSession(inner);
   }) as OrtModule['InferenceSession']['create'];
-  return { Tensor: ort.Tensor, InferenceSession: { create } as OrtModule['InferenceSession'] };
+  return { Tensor: ort.Tensor, InferenceSession: { create } };
 }

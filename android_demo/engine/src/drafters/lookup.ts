@@ -41,7 +41,12 @@ export class PromptLookup implements Drafter {
   private index = new NgramIndex();
   private source: number[] | null = null; // the context token list the index mirrors
 
-  async propose(context: DraftContext, budget: number): Promise<DraftTree> {
+  propose(context: DraftContext, budget: number): Promise<DraftTree> {
+    return Promise.resolve(this.draft(context, budget));
+  }
+
+  /** The branch after the longest earlier match (no model call: the tree is ready at once). */
+  draft(context: DraftContext, budget: number): DraftTree {
     const tokens = context.tokens;
     const root = tokens[tokens.length - 1];
     if (tokens !== this.source || tokens.length < this.index.tokens.length) { // a new reply: index afresh

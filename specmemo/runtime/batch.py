@@ -1,0 +1,266 @@
+"""B sequences per decoder call: the batch graph (export/batch_graph.py) over one arena of B KV rows.
+
+Each row is an independent sequence with its own committed length; a call runs any mix of rows —
+one row's prefill chunk beside another's draft tree — laid end to end on the token axis:
+
+  input_ids                 [n_0 + ... + n_{B-1}]   row b's n_b tokens, then row b + 1's
+  attention_rows            [A], A = sum (n_b + 1)    per row: its tokens' indices, then its last token's
+                                                      again (the padding row, export/batch_graph.py)
+  position_ids              [A]                       the attention rows' positions (padding: last + 1)
+  attention_bias            row b: [n_b + 1, S_b] at b * (R + 1) * C (its committed past + its tree + padding)
+  token_rows                [n]                       each token's attention row (the padding rows left out)
+  kv.{i}[b]                 [1, H_kv, C, D]          row b's buffer, bound in place as past and present
+  logits_indices            [N]                       positions (on the token axis) that get logits
+
+So every row's numbers are bit for bit those of the B = 1 decoder (its padding row included), while
+the MatMuls run each token once. A free row runs a 1-token stub at position 0 of its own (unused)
+buffer; its outputs are ignored. Rows accept different numbers of tokens and nothing is realigned:
+the commit moves each row's accepted K/V positions inside its own buffer (only when a tree accepted a
+side branch).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import onnxruntime as ort
+
+from specmemo.errors import ConfigError
+from specmemo.runtime import tree
+from specmemo.runtime.arena import Arena, ArenaLayout
+from specmemo.runtime.artifact import Artifact
+from specmemo.runtime.backend import TREE_CACHE, ContextOverflowError, Forward, TreeInputs, check_fits
+from specmemo.runtime.embedding import EmbeddingTable
+from specmemo.runtime.plan import check_capacity, default_sizes
+from specmemo.runtime.rss import reset_peak_rss, rss_bytes
+from specmemo.runtime.session import (
+    ArtifactError,
+    SessionConfig,
+    bind_view,
+    lm_head_initializers,
+    load_graph,
+    load_shared_lm_head,
+    open_heads,
+)
+from specmemo.runtime.sizes import WINDOW_MARGIN
+
+STUB = 1  # tokens a free row runs
+
+
+@dataclass(frozen=True)
+class RowCall:
+    """One row's part of a call: `tokens` laid out as a tree (`parents`) on top of its committed positions."""
+
+    row: int
+    tokens: list[int]
+    parents: list[int]
+    last_only: bool = False  # logits for the last token only (prefill), else for every token
+
+
+class BatchSession:
+    """The batch graph (and the heads graph, for Medusa drafting one row at a time) over one arena of B rows."""
+
+    def __init__(self, artifact: Artifact, config: SessionConfig):
+        self.artifact = artifact
+        self.manifest = m = artifact.manifest
+        self.config = config
+        if config.batch < 2:
+            raise ConfigError("a batch session needs `batch` 2 or more (one sequence: DecoderSession)")
+        self.graph = m.batch_graph(config.batch)
+        self.sizes = config.sizes or default_sizes(m, tree=None if config.heads and m.heads is not None else 1)
+        check_capacity(m, self.sizes.capacity)
+        self.embedding = EmbeddingTable(self.artifact / m.embedding.file, m.embedding)
+        self.lm_head = load_shared_lm_head(self.artifact)
+        shared, heads_shared = lm_head_initializers(m, self.lm_head)
+        self.session = load_graph(self.artifact / self.graph.file, config, shared)
+        expected = {*self.graph.attention_bias, *(p for pair in self.graph.kv_pairs for p in pair)}
+        names = {i.name for i in self.session.get_inputs()} | {o.name for o in self.session.get_outputs()}
+        if not expected <= names:
+            raise ArtifactError(f"{self.artifact / self.graph.file} does not match its manifest: "
+                                "re-export the artifact")
+        self.heads_session = open_heads(self.artifact, config, heads_shared)
+        self._shared_values = shared
+        self.rss_after_load = rss_bytes()
+        reset_peak_rss()
+        self.layout = ArenaLayout.for_manifest(m, self.sizes, batch=config.batch)
+        self.arena = Arena(self.layout)
+        self.binding = self.session.io_binding()
+        pairs = len(m.io.kv_pairs)
+        self._kv_values = []
+        for b in range(config.batch):
+            for i, (past, present) in enumerate(self.graph.kv_pairs[b * pairs:(b + 1) * pairs]):
+                value = ort.OrtValue.ortvalue_from_numpy(self.arena.kv[i][b:b + 1])  # row b's view, no copy
+                self.binding.bind_ortvalue_input(past, value)
+                self.binding.bind_ortvalue_output(present, value)
+                self._kv_values.append(value)
+
+    @property
+    def batch(self) -> int:  # B
+        return self.config.batch
+
+    @property
+    def rows(self) -> int:  # R: most tokens of one row per call
+        return self.layout.rows
+
+    @property
+    def logit_rows(self) -> int:  # N per row
+        return self.layout.logit_rows
+
+    def _bind(self, name: str, view: np.ndarray, shape: tuple[int, ...], output: bool = False) -> None:
+        bind_view(self.binding, name, view, shape, output)
+
+    @property
+    def bias_stride(self) -> int:  # elements between two rows' biases: (R + 1) * C
+        return (self.rows + 1) * self.sizes.capacity
+
+    @property
+    def local_stride(self) -> int:  # between two rows' sliding-layer biases: (R + 1) * C_w
+        return (self.rows + 1) * self.layout.window_capacity
+
+    def run(self, sizes: list[int], attended: list[int], logit_rows: int, attended_w: Sequence[int] = (),
+            lanes: int | None = None) -> None:
+        """Run the call whose inputs the caller wrote into the arena: row b's n_b = sizes[b] tokens at
+        [sum(sizes[:b]), ...) of input_ids, its n_b + 1 attention rows in attention_rows/position_ids,
+        its [n_b + 1, S_b] bias at b * (R + 1) * C (and its sliding layers' [n_b + 1, S_w_b] at b * (R + 1) * C_w),
+        token_rows, and `logit_rows` entries of logits_indices. `lanes`: entries of the token axis when a padding lane
+        follows the tokens (BatchDecoder.forward)."""
+        io, a, d, g = self.manifest.io, self.arena, self.manifest.dims, self.graph
+        rows = sum(sizes) + len(sizes)  # A: each row's tokens and its padding row
+        total = lanes or sum(sizes)
+        for b, (size, span) in enumerate(zip(sizes, attended, strict=False)):
+            self._bind(g.attention_bias[b], a["attention_bias"][b * self.bias_stride:], (1, 1, size + 1, span))
+        for b, (size, span) in enumerate(zip(sizes, attended_w, strict=False)):
+            self._bind(g.attention_bias_local[b], a["attention_bias_local"][b * self.local_stride:],
+                       (1, 1, size + 1, span))
+        embeds = a["inputs_embeds"][: total * d.hidden_size].reshape(total, d.hidden_size)
+        self.embedding.lookup(a["input_ids"][:total], embeds)
+        self._bind(io.inputs_embeds, embeds, (1, total, d.hidden_size))
+        self._bind(g.attention_rows, a["attention_rows"], (rows,))
+        self._bind(g.attention_position_ids, a["position_ids"], (1, rows))
+        self._bind(g.token_rows, a["token_rows"], (total,))
+        self._bind(io.logits_indices, a["logits_indices"], (1, logit_rows))
+        self._bind(io.logits, a["logits"], (1, logit_rows, d.vocab_size), output=True)
+        self._bind(io.next_token_ids, a["next_token_ids"], (1, logit_rows), output=True)
+        self._bind(io.hidden_states, a["hidden_states"], (1, total, d.hidden_size), output=True)
+        self.session.run_with_iobinding(self.binding)
+
+
+class BatchBackend:
+    """B rows behind one decoder call each step: `forward` runs the calls given (free rows run a stub),
+    `commit` keeps a row's accepted nodes, `release` frees a row. Lengths are per row."""
+
+    def __init__(self, session: BatchSession):
+        self.session = session
+        self.lengths = [0] * session.batch
+        self.offsets = [0] * session.batch  # per row: the position its sliding layers' row 0 holds
+        layout = session.layout
+        self.sliding = [i for i in range(2 * layout.num_layers) if i // 2 in layout.sliding_layers]  # KV buffer indices
+        self._tree = TreeInputs(session.arena["attention_bias"].dtype, limit=4 * TREE_CACHE)  # B rows' shapes
+
+    @property
+    def batch(self) -> int:
+        return self.session.batch
+
+    @property
+    def capacity(self) -> int:  # per row, less the padding row's position
+        return self.session.sizes.capacity - 1
+
+    def forward(self, calls: list[RowCall]) -> dict[int, Forward]:
+        """One decoder call for every row: `calls` (at most one per row), a stub for the others.
+        Returns each called row's outputs (arena views, valid until the next forward)."""
+        s, a = self.session, self.session.arena
+        by_row = {call.row: call for call in calls}
+        if len(by_row) != len(calls) or any(not 0 <= r < self.batch for r in by_row):
+            raise ValueError(f"one call per row, rows 0..{self.batch - 1}: got rows {[c.row for c in calls]}")
+        gathered: list[int]  # the token-axis positions that get logits
+        sizes, attended, attended_w, wanted_at, gathered = [], [], [], {}, []
+        start = at = 0  # where this row's tokens start on the token axis, and its rows on the attention axis
+        ids, rows, token_rows, positions = a["input_ids"], a["attention_rows"], a["token_rows"], a["position_ids"]
+        for b in range(self.batch):
+            call = by_row.get(b)
+            if call is None:  # a stub: 1 token at position 0 of the free row's buffer
+                tokens, parents, past = [0] * STUB, tree.chain(STUB), 0
+            else:
+                tokens, parents, past = call.tokens, call.parents, self.lengths[b]
+                if len(tokens) > s.rows or (not call.last_only and len(tokens) > s.logit_rows):
+                    raise ValueError(f"row {b}: {len(tokens)} tokens exceed the arena's {s.rows} rows / {s.logit_rows} "
+                                     f"logit rows per call")
+                check_fits(past, len(tokens), self.capacity, 1)
+            size = len(tokens)
+            depths, block = self._tree([*parents, size - 1])  # the padding row: a child of the last token
+            for i, token in enumerate(tokens):  # element-wise: no temporary array
+                ids[start + i] = token
+                rows[at + i] = start + i
+                token_rows[start + i] = at + i
+            rows[at + size] = start + size - 1
+            np.add(depths, past, out=positions[at:at + size + 1])
+            span = past + size + 1
+            bias = a["attention_bias"][b * s.bias_stride: b * s.bias_stride + (size + 1) * span].reshape(size + 1, span)
+            bias[:, :past] = 0
+            bias[:, past:] = block
+            if self.sliding:
+                attended_w.append(self._window_bias(b, past, size + 1, block, positions[at:at + size + 1]))
+            if call is not None:
+                first = size - 1 if call.last_only else 0
+                wanted_at[b] = (len(gathered), size - first, start, size)
+                gathered.extend(range(start + first, start + size))
+            sizes.append(size)
+            attended.append(span)
+            start += size
+            at += size + 1
+        multiple, lanes = s.manifest.step_row_multiple, start
+        if start % multiple and start < len(ids):  # an even count of MatMul lanes: one more, the last token again,
+            ids[start] = ids[start - 1]  # fed from the last attention row (no KV of its own), its outputs unread
+            token_rows[start] = at - 1
+            lanes += 1
+        while len(gathered) < 2 or len(gathered) % multiple:  # the LM head's rows on the one-sequence route's rule
+            gathered.append(next(i for i in range(lanes) if i not in gathered))
+        a["logits_indices"][: len(gathered)] = gathered
+        s.run(sizes, attended, len(gathered), attended_w, lanes=lanes)
+        v, h = s.manifest.dims.vocab_size, s.manifest.dims.hidden_size
+        logits = a["logits"][: len(gathered) * v].reshape(len(gathered), v)
+        next_ids = a["next_token_ids"][: len(gathered)]
+        hidden = a["hidden_states"][: start * h].reshape(start, h)
+        return {b: Forward(next_ids[at:at + n], logits[at:at + n], hidden[first:first + size])
+                for b, (at, n, first, size) in wanted_at.items()}
+
+    def _window_bias(self, row: int, past: int, size: int, block: np.ndarray, queries: np.ndarray) -> int:
+        """Row `row`'s sliding layers' bias for `size` attention rows at `queries` (after sliding its buffers if
+        the call would not fit), the tree block over their own rows with the window applied. Returns S_w."""
+        s, window = self.session, self.session.manifest.dims.sliding_window
+        capacity_w = s.layout.window_capacity
+        if past - self.offsets[row] + size > capacity_w:  # keep the last W - 1 + margin positions that fit
+            keep = min(capacity_w - size, window - 1 + WINDOW_MARGIN)
+            self._slide(row, max(self.offsets[row], past - keep), past)
+        span = past - self.offsets[row] + size
+        bias = s.arena["attention_bias_local"][row * s.local_stride: row * s.local_stride + size * span]
+        tree.window_bias(bias.reshape(size, span), block, first=self.offsets[row], past=past, queries=queries,
+                         window=window)
+        return span
+
+    def _slide(self, row: int, first: int, end: int) -> None:
+        """Row `row`'s sliding layers: the rows of positions [first, end) to the front (row 0 holds `first`)."""
+        shift = first - self.offsets[row]
+        for i in self.sliding:
+            buffer = self.session.arena.kv[i]
+            buffer[row, :, : end - first] = buffer[row, :, shift: shift + end - first]
+        self.offsets[row] = first
+
+    def commit(self, row: int, nodes: list[int]) -> None:
+        """Keep `nodes` (indices into row's last call, root-to-node order) as its next committed positions."""
+        start = self.lengths[row]
+        if start + len(nodes) > self.session.sizes.capacity:
+            raise ContextOverflowError(f"row {row}: committing {len(nodes)} positions overflows the KV capacity")
+        for target, node in enumerate(nodes, start):
+            source = start + node
+            if source != target:
+                for i, buffer in enumerate(self.session.arena.kv):
+                    shift = self.offsets[row] if i in self.sliding else 0
+                    buffer[row, :, target - shift] = buffer[row, :, source - shift]
+        self.lengths[row] = start + len(nodes)
+
+    def release(self, row: int) -> None:
+        self.lengths[row] = 0
+        self.offsets[row] = 0

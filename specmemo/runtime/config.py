@@ -1,0 +1,60 @@
+"""What an engine is opened with: the user's choices, checked, before anything is read or decided.
+
+Imports no ONNX Runtime: the CLI builds these before it knows whether it will decode at all. The
+sizes they lead to are decided in one place, plan.make_plan.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import TYPE_CHECKING
+
+from specmemo.errors import ConfigError
+from specmemo.runtime.artifact import Artifact
+from specmemo.runtime.drafters import parse_drafter
+from specmemo.runtime.manifest import ModelFormat
+from specmemo.runtime.sizes import DEFAULT_PREFILL_CHUNK
+
+if TYPE_CHECKING:
+    from specmemo.runtime.sampling import Sampling
+
+
+class Mode(StrEnum):
+    GREEDY = "greedy"  # plain decoding, one token per step, no heads
+    TREE = "tree"  # the drafter's whole tree every step (up to T_max)
+    AUTO = "auto"  # the controller picks each step's draft and width
+
+    @classmethod
+    def _missing_(cls, value: object) -> Mode | None:
+        return cls.TREE if value == "medusa" else None  # the name before drafters were pluggable
+
+
+DEFAULT_THREADS = 2  # ORT intra-op threads unless a profile or the caller says: pinned so timings compare
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    artifact: Artifact  # opened by the entry point (Artifact.open): its manifest is read once
+    mode: Mode = Mode.AUTO
+    drafter: str | None = None  # e.g. "medusa+lookup"; None: the manifest's; ignored in greedy mode
+    threads: int = DEFAULT_THREADS
+    budget: int | None = None  # bytes for the whole process; sizes C, R and T_max
+    capacity: int | None = None  # C without a budget (default: the manifest's plan, else the graph's max)
+    context: int | None = None  # with a budget: C = context instead of the largest that fits
+    prefill_chunk: int = DEFAULT_PREFILL_CHUNK
+    sampling: Sampling | None = None  # None: greedy acceptance
+    model_format: ModelFormat = ModelFormat.ONNX  # ort: the .ort graphs (`export --mobile`)
+
+    def __post_init__(self) -> None:
+        if self.drafter is not None:
+            parse_drafter(self.drafter)  # a one-line error first: what was asked for cannot run anywhere
+        if not isinstance(self.artifact, Artifact):
+            raise ConfigError(f"EngineConfig.artifact is {type(self.artifact).__name__}: open the folder with "
+                              f"Artifact.open(folder) (open_model does it for you)")
+        if not isinstance(self.model_format, ModelFormat):
+            object.__setattr__(self, "model_format", ModelFormat(self.model_format))
+        if not isinstance(self.mode, Mode):
+            object.__setattr__(self, "mode", Mode(self.mode))
+        if self.budget is not None and self.capacity is not None:
+            raise ConfigError("give `budget` or `capacity`, not both: the budget decides the capacity")

@@ -1,0 +1,307 @@
+"""The controller: each step, whether to draft, and how much of the draft to verify.
+
+A draft (runtime/drafters/) is a tree whose nodes are listed best first, each with the drafter's
+score for being accepted. Verifying its first T nodes gains E[accepted(T)] = 1 + sum of p_i over
+nodes 1..T-1 tokens, where p_i is node i's score corrected by running statistics (below), and
+costs draft_ms (already spent) + verify_ms(T). The controller verifies the prefix with the most
+tokens per ms, from
+  (a) the KV positions left in the arena (T never exceeds them; at 1 left it is plain decoding),
+  (b) a T → verify ms curve measured once for this artifact and machine, briefly (a few sizes,
+      a short past; cached, measured.py), each verified size then refined by the loop's own timings,
+  (c) the drafting time, measured every step (a running mean),
+  (d) a score calibration: per score band, how often a verified node of that band was accepted,
+      starting from the raw scores as a prior worth PRIOR_TRIALS observations.
+A drafter whose cost grows with every node it drafts (a draft model: one call per guess, `draft_cost`
+PER_NODE) is also given a budget before it drafts: the T with the most expected tokens per ms when each
+node costs the measured ms per node and is reached as often as that depth was accepted so far (running
+counts per depth, from a prior of PRIOR_REACH).
+Before drafting it asks whether drafting pays at all: while the running mean of the drafted
+steps' expected rate falls below a plain step's rate, it decodes plainly, probing a draft now and
+then (after EXPLORE_EVERY steps, then twice as long each time, up to EXPLORE_MAX) so the
+statistics can recover when the text gets easier. A drafter costing under FREE_DRAFT of a plain
+step (prompt lookup) always runs: a miss costs nothing worth saving. Every decision is kept for
+`--stats`.
+
+A choice among drafters (`--drafter feature,lookup,model`, drafters.Priced) is priced by DrafterChoice: one
+Controller per candidate (its own calibration, drafting ms, per-depth reach), one latency curve that every
+verify refines; each step the candidate whose drafted steps promised the most tokens per ms drafts, each
+untried candidate first and every PROBE_EVERY steps the one left longest, so a price that changed is seen.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, replace
+from typing import TYPE_CHECKING, cast
+
+import numpy as np
+
+from specmemo.errors import ConfigError
+from specmemo.runtime import decode, measured, tree
+from specmemo.runtime.drafters.draft import DraftCost, DraftTree, draft_cost
+
+if TYPE_CHECKING:
+    from specmemo.runtime.artifact import Artifact
+    from specmemo.runtime.backend import Backend
+    from specmemo.runtime.drafters import Priced
+
+PRIOR_TRIALS = 16
+SCORE_BANDS = (0.0, 0.02, 0.05, 0.1, 0.2, 0.3, 0.45, 0.6, 0.75, 0.9, 1.0)  # band edges of raw scores
+EXPLORE_EVERY = 32
+EXPLORE_MAX = 512
+FREE_DRAFT = 0.02  # drafting under 2% of a plain step always runs
+RATE_MEMORY = 16  # steps: the running mean of drafted steps' rate forgets with this time constant
+PRIOR_REACH = 0.5  # before any step: a drafted depth is reached (accepted down to it) half the time, per level
+PRIOR_DEPTH_TRIALS = 4
+PROBE_EVERY = 24  # steps: a choice among drafters re-prices the candidate left longest this often
+
+
+@dataclass(frozen=True)
+class LatencyCurve:
+    sizes: tuple[int, ...]  # T values measured, ascending, starting at 1
+    step_ms: tuple[float, ...]  # ms per verify step at each T: decoder call, accept, commit (no drafting)
+
+    def __post_init__(self) -> None:
+        if not self.sizes or self.sizes[0] != 1 or list(self.sizes) != sorted(self.sizes):
+            raise ConfigError("a latency curve needs ascending tree sizes starting at 1")
+        if len(self.sizes) != len(self.step_ms):
+            raise ConfigError("a latency curve needs one time per tree size")
+
+    def step(self, size: int) -> float:
+        """ms for a verify step of T nodes: linear between measured sizes, and beyond the last along the
+        last two (never below the last: a wider verify does not get cheaper)."""
+        if size <= self.sizes[-1] or len(self.sizes) < 2:
+            return float(np.interp(size, self.sizes, self.step_ms))
+        slope = (self.step_ms[-1] - self.step_ms[-2]) / (self.sizes[-1] - self.sizes[-2])
+        return float(self.step_ms[-1] + max(slope, 0.0) * (size - self.sizes[-1]))
+
+
+CURVE_SIZES = (1, 2, 4, 8, 16)  # measured at first use; wider trees extrapolate, and the loop refines what it verifies
+CURVE_CONTEXT = 32  # past positions under the measured steps: a short prompt keeps the first use short
+
+
+def measure_latency(backend: Backend, max_size: int, *, context: int = CURVE_CONTEXT, rounds: int = 2,
+                    steps: int = 3) -> LatencyCurve:
+    """ms per verify step for each T in CURVE_SIZES up to `max_size`, timed the way the loop runs
+    it (verify → accept → commit, so Python costs count), on a `context`-token past that each step
+    rewinds to; interleaved in rounds, median of round medians (each round's first step dropped).
+    Drafting is timed in the loop, and the controller refines the curve with every verify it times."""
+    sizes = [s for s in CURVE_SIZES if s <= min(max_size, backend.capacity - 2)] or [1]
+    backend.reset()
+    prompt = [1] * max(1, min(context, backend.capacity - sizes[-1] - 1))
+    first = decode.prefill(backend, prompt)
+    base = backend.length
+    per_size: dict[int, list[float]] = {s: [] for s in sizes}
+    for _ in range(rounds):
+        for size in sizes:
+            parents, tokens, times = tree.chain(size), [first.root] * size, []
+            for _ in range(steps):
+                started = time.perf_counter()
+                decode.verify_and_commit(backend, tokens, parents)
+                times.append(time.perf_counter() - started)
+                backend.rewind(base)
+            per_size[size].append(statistics.median(times[1:]))
+    backend.reset()
+    return LatencyCurve(sizes=tuple(sizes), step_ms=tuple(1e3 * statistics.median(per_size[s]) for s in sizes))
+
+
+def latency_curve(artifact: Artifact, backend: Backend, max_size: int, *, threads: int,
+                  log: Callable[[str], None] = print) -> LatencyCurve:
+    """The cached curve for this artifact and machine, measured on first use (briefly)."""
+    path, data = measured.lookup(artifact, "verify-latency", threads)
+    wanted = max(s for s in CURVE_SIZES if s <= max(max_size, 1))  # the widest size measure_latency would time
+    if data is None or max(data["sizes"]) < min(wanted, backend.capacity - 2):
+        log(f"measuring ms per verify step for tree sizes up to {max_size} once (cached) ...")
+        curve = measure_latency(backend, max_size)
+        measured.store(path, {k: list(v) for k, v in asdict(curve).items()})
+        return curve
+    return LatencyCurve(sizes=tuple(data["sizes"]), step_ms=tuple(data["step_ms"]))
+
+
+class ScoreCalibration:
+    """Raw draft score → chance of acceptance, per band of SCORE_BANDS: accepted / verified nodes
+    of that band, with the band's middle as a prior worth `prior_trials` observations."""
+
+    def __init__(self, prior_trials: int = PRIOR_TRIALS):
+        edges = np.array(SCORE_BANDS)
+        self.hits = (edges[:-1] + edges[1:]) / 2 * prior_trials  # [bands]
+        self.trials = np.full(len(edges) - 1, float(prior_trials))
+        self._inner = edges[1:-1]
+
+    def bands(self, scores: np.ndarray) -> np.ndarray:
+        return np.searchsorted(self._inner, scores, side="right")
+
+    def __call__(self, scores: np.ndarray) -> np.ndarray:
+        """[N] raw scores → [N] calibrated acceptance chances."""
+        chances: np.ndarray = (self.hits / self.trials)[self.bands(scores)]
+        return chances
+
+    def observe(self, scores: np.ndarray, accepted: np.ndarray) -> None:
+        """scores [N] of verified non-root nodes, accepted [N] bool."""
+        bands = self.bands(scores)
+        np.add.at(self.trials, bands, 1.0)
+        np.add.at(self.hits, bands, accepted.astype(np.float64))
+
+
+@dataclass
+class Decision:
+    drafted: int  # nodes the drafter proposed (1: no draft)
+    size: int  # T verified
+    accepted: int  # tokens gained
+    space_left: int  # KV positions free before the step
+    expected: float  # tokens the controller expected from the T it chose
+    drafter: str = ""  # which candidate drafted (a choice among drafters)
+
+
+@dataclass
+class Controller:
+    """Decides each step's draft budget and verified width (see module doc); the decode loop
+    calls `budget`, then `choose` on the draft, then `observe`."""
+
+    curve: LatencyCurve
+    max_size: int  # T_max from the plan
+    draft_cost: DraftCost = DraftCost.FIXED
+    calibration: ScoreCalibration = field(default_factory=ScoreCalibration)
+    decisions: list[Decision] = field(default_factory=list)
+    draft_ms: float | None = None  # running mean of the drafting time
+    drafted_rate: float | None = None  # running mean of drafted steps' expected tokens per ms
+    _space: int = 0
+    _expected: float = 1.0
+    _explore_gap: int = EXPLORE_EVERY
+    _next_explore: int = EXPLORE_EVERY
+    node_ms: float | None = None  # running mean of drafting ms per drafted node (PER_NODE drafters)
+
+    def __post_init__(self) -> None:
+        if self.max_size < 1:
+            raise ConfigError(f"the controller needs T_max >= 1, got {self.max_size}")
+        self._verify_ms = np.array([self.curve.step(t) for t in range(1, self.max_size + 1)])  # [T_max] ms
+        self._reached = np.full(self.max_size, PRIOR_REACH ** np.arange(self.max_size) * PRIOR_DEPTH_TRIALS)  # [T_max]
+        self._drafted = np.full(self.max_size, float(PRIOR_DEPTH_TRIALS))  # depth d: steps that drafted it
+
+    @property
+    def plain_rate(self) -> float:
+        return float(1.0 / self._verify_ms[0])
+
+    def affordable(self, limit: int) -> int:
+        """PER_NODE drafters: the T ≤ limit with the most expected tokens per ms, each drafted node costing
+        node_ms, depth d reached as often as it was (so far); `limit` for other drafters or before a measurement."""
+        if self.draft_cost is not DraftCost.PER_NODE or self.node_ms is None or limit <= 1:
+            return limit
+        return int(np.argmax(self._budget_rates(limit))) + 1
+
+    def _budget_rates(self, limit: int) -> np.ndarray:
+        """[limit] expected tokens per ms of a PER_NODE draft of T = 1 .. limit nodes, before it is drafted."""
+        assert self.node_ms is not None  # priced only once a PER_NODE draft was timed (affordable, budget)
+        gains = np.cumsum(self._reached[:limit] / self._drafted[:limit])  # [T]: expected tokens, depth 0 = 1
+        rates: np.ndarray = gains / (self.node_ms * np.arange(limit) + self._verify_ms[:limit])
+        return rates
+
+    def budget(self, space_left: int) -> int:
+        self._space = space_left
+        limit = self.affordable(max(1, min(self.max_size, space_left)))
+        if limit > 1 and self.draft_cost is DraftCost.PER_NODE and self.node_ms is not None:
+            paying = self._budget_rates(limit)[-1] > self.plain_rate  # priced before drafting, from depth statistics
+            if paying:
+                return limit
+        elif limit == 1 or self.drafted_rate is None or self.drafted_rate > self.plain_rate:
+            return limit
+        if self.draft_ms is not None and self.draft_ms < FREE_DRAFT * self._verify_ms[0]:
+            return limit
+        if len(self.decisions) + 1 >= self._next_explore:  # probe: keep the statistics alive
+            self._explore_gap = min(2 * self._explore_gap, EXPLORE_MAX)
+            self._next_explore = len(self.decisions) + 1 + self._explore_gap
+            return limit
+        return 1
+
+    def choose(self, draft: DraftTree, draft_ms: float) -> int:
+        if draft_ms > 0:
+            self.draft_ms = (draft_ms if self.draft_ms is None
+                             else self.draft_ms + (draft_ms - self.draft_ms) / RATE_MEMORY)
+            if draft.size > 1:
+                per = draft_ms / (draft.size - 1)
+                self.node_ms = per if self.node_ms is None else self.node_ms + (per - self.node_ms) / RATE_MEMORY
+        size = min(draft.size, self.max_size)
+        if size == 1 and draft_ms == 0:
+            self._expected = 1.0
+            return 1
+        gains = np.cumsum(np.concatenate(([1.0], self.calibration(np.asarray(draft.scores[1:size])))))  # [T]
+        rates = gains / (draft_ms + self._verify_ms[:size])
+        best = int(np.argmax(rates))
+        rate = float(rates[best])
+        self.drafted_rate = (rate if self.drafted_rate is None
+                             else self.drafted_rate + (rate - self.drafted_rate) / RATE_MEMORY)
+        if self.drafted_rate > self.plain_rate:
+            self._explore_gap = EXPLORE_EVERY  # drafting pays again: probe often if it stops
+        self._expected = float(gains[best])
+        return best + 1
+
+    def refine(self, size: int, verify_ms: float | None) -> None:
+        """The curve's point at T = `size` moves toward a verify the loop timed (a running mean)."""
+        if verify_ms is not None and 0 < verify_ms < 1e5:
+            self._verify_ms[size - 1] += (verify_ms - self._verify_ms[size - 1]) / RATE_MEMORY
+
+    def observe(self, draft: DraftTree, size: int, path: list[int], verify_ms: float | None = None) -> None:
+        """`verify_ms`: the loop's timing of this step's verify (decoder call, accept, commit): the curve's
+        point at this T moves toward it (a running mean), so a curve measured briefly, elsewhere or for another
+        load of the machine converges on what the steps cost now."""
+        self.refine(size, verify_ms)
+        self.decisions.append(Decision(drafted=draft.size, size=size, accepted=len(path), space_left=self._space,
+                                       expected=self._expected))
+        if size > 1:
+            self._drafted[1:size] += 1  # depths 1 .. size - 1 were verified; those down to the path's end reached
+            self._reached[1:len(path)] += 1
+            accepted = np.zeros(size - 1, dtype=bool)
+            accepted[[i - 1 for i in path[1:]]] = True
+            self.calibration.observe(np.asarray(draft.scores[1:size]), accepted)
+
+
+class DrafterChoice:
+    """The width policy of a choice among drafters (see module doc): it sets `drafter.current` (a drafters.Priced)
+    before each draft and prices that step with the candidate's own Controller."""
+
+    def __init__(self, *, curve: LatencyCurve, max_size: int, drafter: Priced):
+        self.drafter, self.curve = drafter, curve
+        self.names = tuple(c.name for c in drafter.candidates)
+        self.controllers = [Controller(curve=curve, max_size=max_size, draft_cost=draft_cost(c))
+                            for c in drafter.candidates]
+        self.decisions: list[Decision] = []
+        self._last_used = [-1] * len(self.names)
+
+    def drafted_by(self) -> dict[str, int]:
+        """Steps each candidate drafted (a tree past the root), those that drafted at all, in first-draft order."""
+        counts: dict[str, int] = {}
+        for d in self.decisions:
+            if d.drafted > 1:
+                counts[d.drafter] = counts.get(d.drafter, 0) + 1
+        return counts
+
+    def pick(self) -> int:
+        """The candidate to draft next: an untried one, else the one left longest every PROBE_EVERY steps, else
+        the one whose drafted steps promised the most tokens per ms."""
+        step = len(self.decisions)
+        rates = [c.drafted_rate for c in self.controllers]
+        if None in rates:
+            return rates.index(None)
+        oldest = int(np.argmin(self._last_used))
+        if step - self._last_used[oldest] >= PROBE_EVERY:
+            return oldest
+        return int(np.argmax(cast(list[float], rates)))  # every candidate is priced by now (None returned above)
+
+    def budget(self, space_left: int) -> int:
+        self.drafter.current = self.pick()
+        return self.controllers[self.drafter.current].budget(space_left)
+
+    def choose(self, draft: DraftTree, draft_ms: float) -> int:
+        return self.controllers[self.drafter.current].choose(draft, draft_ms)
+
+    def observe(self, draft: DraftTree, size: int, path: list[int], verify_ms: float | None = None) -> None:
+        current = self.drafter.current
+        for i, controller in enumerate(self.controllers):
+            if i != current:
+                controller.refine(size, verify_ms)
+        chosen = self.controllers[current]
+        chosen.observe(draft, size, path, verify_ms)
+        self._last_used[current] = len(self.decisions)
+        self.decisions.append(replace(chosen.decisions[-1], drafter=self.names[current]))

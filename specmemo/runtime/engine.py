@@ -1,0 +1,193 @@
+"""An artifact opened for generation: plan → sessions and arena → drafter and width policy.
+
+    measured – the memory calibration, read as data (measured.py), when a budget or the manifest's
+               device plan prices the arena;
+    plan     – plan.make_plan: mode, drafters, C, R, T_max, the arena layout and the numeric route,
+               decided once;
+    open     – DecoderSession (decoder + heads graphs, the plan's arena), tokenizer;
+    drafter  – the plan's drafters (runtime/drafters) over the session;
+    policy   – greedy: none; tree: the drafter's whole tree (cut to the KV positions left); auto:
+               the controller (verify latency curve measured once per machine, cached), one per candidate
+               when the drafter is a choice (controller.DrafterChoice).
+"""
+
+from __future__ import annotations
+
+import importlib
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
+
+from specmemo.errors import ConfigError
+from specmemo.runtime.backend import OrtBackend, check_fits
+from specmemo.runtime.config import EngineConfig, Mode
+from specmemo.runtime.controller import Controller, DrafterChoice, LatencyCurve, latency_curve
+from specmemo.runtime.decode import FullWidth, Generation, WidthPolicy, generate
+from specmemo.runtime.drafters import Drafter, DrafterName, Merged, Priced, parse_drafter
+from specmemo.runtime.drafters.draft import RowDrafters, draft_cost
+from specmemo.runtime.drafters.registry import DRAFTERS, batchable, uses_heads_graph
+from specmemo.runtime.plan import Plan, drafter_choices, plan_for
+from specmemo.runtime.session import DecoderSession, SessionConfig
+from specmemo.runtime.tokenizer import ChatTokenizer
+
+if TYPE_CHECKING:
+    from specmemo.runtime.artifact import Artifact
+    from specmemo.runtime.pool import SequencePool
+
+__all__ = ["Engine", "EngineConfig", "Mode", "open_drafter", "open_engine"]
+
+
+@dataclass
+class Engine:
+    config: EngineConfig
+    session: DecoderSession
+    tokenizer: ChatTokenizer
+    drafter: Drafter | None
+    plan: Plan  # sizes, arena layout, numeric route; plan.footprint: the memory model's price, if priced
+    controller: Controller | DrafterChoice | None = None
+    log: Callable[[str], None] = field(default=print, repr=False)
+    load_s: dict[str, float] = field(default_factory=dict, repr=False)  # open_engine's pieces, seconds
+
+    @property
+    def backend(self) -> OrtBackend:
+        return self._backend
+
+    @property
+    def max_tree(self) -> int:  # T_max: the most nodes a step may verify
+        return self.plan.sizes.tree
+
+    def __post_init__(self) -> None:
+        self._backend = OrtBackend(self.session)
+        self._curve: LatencyCurve | None = None
+
+    def policy(self, mode: Mode) -> FullWidth | Controller | DrafterChoice | None:
+        """The width policy for `mode`: none for greedy, the whole tree for tree, a fresh controller
+        (statistics from the prior) for auto; its latency curve is read once."""
+        if mode is Mode.TREE:
+            return FullWidth(self.max_tree)
+        if mode is not Mode.AUTO:
+            return None
+        if self._curve is None:
+            self._curve = latency_curve(self.config.artifact, self._backend, self.max_tree,
+                                        threads=self.config.threads, log=self.log)
+        if isinstance(self.drafter, Priced):
+            self.controller = DrafterChoice(curve=self._curve, max_size=self.max_tree, drafter=self.drafter)
+        else:
+            self.controller = Controller(curve=self._curve, max_size=self.max_tree, draft_cost=draft_cost(self.drafter))
+        return self.controller
+
+    def generate(self, prompt_ids: list[int], *, max_new_tokens: int, on_token: Callable[[int], None] | None = None,
+                 ignore_eos: bool = False, mode: Mode | None = None, cached: int = 0,
+                 policy: WidthPolicy | None = None) -> Generation:
+        """One reply in the engine's mode or `mode` (a speculative mode needs an engine opened with
+        a drafter). `cached`: how many leading prompt tokens already sit in the KV buffer as its first
+        positions (multi-turn chat; the caller vouches for them): the rest is rewound and only
+        prompt_ids[cached:] is prefilled; 0 starts from an empty cache. `policy`: a width policy
+        that outlives the reply (chat keeps one controller across turns); default: a fresh one.
+        `ignore_eos`: run to max_new_tokens, for measurements."""
+        mode = mode or self.config.mode
+        if mode is not Mode.GREEDY and self.drafter is None:
+            raise ConfigError(f"mode {mode.value} needs a drafter: open the engine in a speculative mode")
+        if not 0 <= cached < len(prompt_ids) or cached > self._backend.length:
+            raise ValueError(f"cached={cached} must be committed ({self._backend.length} rows are) and leave at least "
+                             f"one of the {len(prompt_ids)} prompt tokens to prefill")
+        # before any latency measurement
+        check_fits(cached, len(prompt_ids) - cached, self._backend.capacity, self._backend.padding)
+        speculative = mode is not Mode.GREEDY
+        if cached == 0:
+            self._backend.reset()
+        else:
+            self._backend.rewind(cached)
+        eos = frozenset() if ignore_eos else self.tokenizer.eos_token_ids
+        return generate(self._backend, prompt_ids[cached:], max_new_tokens=max_new_tokens, eos_token_ids=eos,
+                        drafter=self.drafter if speculative else None, max_tree=self.max_tree if speculative else 1,
+                        history=prompt_ids[:cached], on_token=on_token,
+                        policy=policy if policy is not None else self.policy(mode), sampling=self.config.sampling,
+                        chains_only=self.session.manifest.draft_shape == "chain")
+
+
+def open_drafter(session: DecoderSession, names: tuple[DrafterName, ...], *, max_tree: int,
+                 draft_model: Artifact | None = None,
+                 choices: tuple[tuple[DrafterName, ...], ...] = ()) -> Drafter | None:
+    """The drafters named, over an open session (Medusa heads need it opened with heads), each built by its
+    registry row, merged when several; `choices`: the candidates of a choice among them (drafters.parse_choices;
+    one drafter object per name, shared by the candidates naming it). `draft_model`: the draft model's artifact
+    (drafter "model")."""
+    built = {name: builder(DRAFTERS[name].build)(session, max_tree=max_tree, draft_model=draft_model)
+             for name in names}
+    if not built:
+        return None
+
+    def merged(group: tuple[DrafterName, ...]) -> Drafter:
+        parts = [built[n] for n in group]
+        return parts[0] if len(parts) == 1 else Merged(parts)
+
+    if len(choices) > 1:
+        return Priced([merged(group) for group in choices])
+    return merged(tuple(built))
+
+
+def builder(where: str) -> Callable[..., Any]:
+    """A registry row's "module:function"."""
+    module, _, function = where.partition(":")
+    built: Callable[..., Any] = getattr(importlib.import_module(module), function)
+    return built
+
+
+def open_engine(config: EngineConfig, *, log: Callable[[str], None] = print) -> Engine:
+    """The artifact opened for decoding; `engine.load_s`: seconds per loading piece (the session's among them)."""
+    started = time.perf_counter()
+    manifest = config.artifact.manifest
+    plan = plan_for(config, manifest, log=log)
+    config = replace(config, mode=plan.mode)
+    planned = time.perf_counter()
+    tokenizer = ChatTokenizer(config.artifact)
+    tokenized = time.perf_counter()
+    session = DecoderSession(config.artifact, SessionConfig(threads=config.threads, sizes=plan.sizes,
+                                                            heads=uses_heads_graph(plan.drafters),
+                                                            model_format=config.model_format))
+    opened = time.perf_counter()
+    drafter = open_drafter(session, plan.drafters, max_tree=plan.sizes.tree, draft_model=plan.draft_model,
+                           choices=drafter_choices(config, manifest) if plan.drafters else ())
+    load_s = {"manifest and plan": planned - started, "tokenizer": tokenized - planned, **session.load_s,
+              "drafters": time.perf_counter() - opened}
+    return Engine(config=config, session=session, tokenizer=tokenizer, drafter=drafter, plan=plan, log=log,
+                  load_s=load_s)
+
+
+def open_pool(config: EngineConfig, *, batch: int, log: Callable[[str], None] = print) -> SequencePool:
+    """B sequences per call (runtime/batch.py) behind a SequencePool: the artifact's batch graph for
+    `batch`, sizes decided as for one engine (C per row), drafters per row (Medusa heads shared, prompt
+    lookup each its own; the feature drafter keeps one sequence's KV and is left out), the batch width
+    policy choosing T each step (1: plain decoding). Greedy mode: plain decoding only."""
+    from specmemo.runtime.batch import BatchBackend, BatchSession
+    from specmemo.runtime.pool import BatchWidth, FixedWidth, SequencePool
+
+    if config.budget is not None:
+        raise ConfigError("a batch pool is sized by `capacity` per row (see specmemo plan --batch), not `budget` yet")
+    manifest = config.artifact.manifest
+    spec = config.drafter if config.drafter is not None else manifest.drafter
+    kept = "+".join(n.value for n in batchable(parse_drafter(spec))) if spec and config.mode is not Mode.GREEDY else ""
+    plan = plan_for(replace(config, mode=Mode.TREE if kept else Mode.GREEDY, drafter=kept or None), manifest,
+                    batch=batch, log=log)
+    names, sizes = plan.drafters, plan.sizes
+    session = BatchSession(config.artifact, SessionConfig(threads=config.threads, sizes=sizes, batch=batch,
+                                                          heads=uses_heads_graph(names)))
+    rows: list[RowDrafters] = []
+    for n in names:
+        build_rows = DRAFTERS[n].build_rows
+        assert build_rows is not None  # the plan kept the batchable drafters only (`kept`)
+        rows.append(builder(build_rows)(session, max_tree=sizes.tree))
+    prefetches = [r.prefetch for r in rows if r.prefetch is not None]
+
+    def drafter(row: int) -> Drafter:
+        parts = [r.for_row(row) for r in rows]
+        return parts[0] if len(parts) == 1 else Merged(parts)
+
+    speculative = bool(names) and config.mode is not Mode.GREEDY
+    width = ((FixedWidth(sizes.tree) if config.mode is Mode.TREE else BatchWidth(sizes.tree)) if speculative
+             else FixedWidth(1))
+    return SequencePool(BatchBackend(session), drafter_factory=drafter if speculative else None,
+                        max_tree=sizes.tree if speculative else 1, width=width,
+                        prefetch=prefetches[0] if prefetches and speculative else None)

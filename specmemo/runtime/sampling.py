@@ -1,0 +1,182 @@
+"""Sampling for speculative decoding: the next-token distribution at each tree node, and typical acceptance.
+
+The distribution after a node is what plain sampling would draw from at that position, in Hugging
+Face's order: the repetition penalty over every token before it (the context and the node's own
+root-to-node path, so each branch of a tree is penalised for what it itself repeats), then the
+temperature, then top-k, then top-p (the smallest set of most likely tokens whose mass reaches p).
+Two acceptance rules verify a drafted tree against those distributions:
+  exact (default) – speculative sampling for drafts that are single tokens (SpecInfer's multi-draft
+      rejection sampling): at a node with distribution p, its children are tried in draft order; child
+      x is kept with probability p(x), else p(x) is set to 0 and p renormalised, and when no child is
+      kept the next root is drawn from what is left of p. Every emitted token is then an exact draw
+      from the distribution plain sampling would use there, so speculation changes speed, never
+      the output distribution, and the repetition penalty (part of p) is honoured exactly.
+  typical – Medusa's typical acceptance: a drafted token is kept when p gives it more than
+      min(ε, α·exp(-entropy)); the next root is drawn after the last kept node. More tokens per step,
+      but not draws from p: measured with `bench chat`, it kept prompt lookup's copied (repeating)
+      continuations and made replies loop, so it is an option, not the default.
+Temperature 0 is exact greedy decoding (no Sampling at all).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from specmemo.errors import ConfigError
+from specmemo.runtime import tree
+
+if TYPE_CHECKING:
+    from specmemo.runtime.manifest import GenerationDefaults
+
+
+class Acceptance(StrEnum):
+    EXACT = "exact"  # rejection sampling: the output distribution of plain sampling
+    TYPICAL = "typical"  # Medusa's typical acceptance
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """How a speculative step samples (seeded); temperature > 0."""
+
+    temperature: float = 0.7
+    top_p: float = 1.0  # 1: off
+    top_k: int = 0  # 0: off
+    repetition_penalty: float = 1.0  # 1: off; > 1 discourages tokens already in the context (HF's rule)
+    posterior_threshold: float = 0.09  # ε
+    posterior_alpha: float = 0.3  # α
+    seed: int = 0
+    acceptance: Acceptance = Acceptance.EXACT
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "acceptance", Acceptance(self.acceptance))
+        if self.temperature <= 0:
+            raise ConfigError("sampling needs temperature > 0 (temperature 0 is greedy: pass no Sampling)")
+        if not 0 < self.top_p <= 1:
+            raise ConfigError(f"top-p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise ConfigError(f"top-k must be >= 0 (0: off), got {self.top_k}")
+        if self.repetition_penalty <= 0:
+            raise ConfigError(f"repetition penalty must be > 0 (1: off), got {self.repetition_penalty}")
+
+
+def penalize(logits: np.ndarray, seen: np.ndarray, penalty: float) -> None:
+    """HF's RepetitionPenaltyLogitsProcessor on one row [V], in place: a seen token's logit is divided by
+    the penalty if positive, multiplied if negative."""
+    values = logits[seen]
+    logits[seen] = np.where(values < 0, values * penalty, values / penalty)
+
+
+def distribution(logits: np.ndarray, sampling: Sampling, seen: np.ndarray | None = None) -> np.ndarray:
+    """[V] logits after a position, and the token ids before it (`seen`, for the penalty) → [V] probabilities."""
+    z = np.array(logits, dtype=np.float64)
+    if sampling.repetition_penalty != 1.0 and seen is not None and seen.size:
+        penalize(z, seen, sampling.repetition_penalty)
+    z /= sampling.temperature
+    if 0 < sampling.top_k < z.size:
+        kth = np.partition(z, -sampling.top_k)[-sampling.top_k]
+        z[z < kth] = -np.inf
+    z = np.exp(z - z.max())
+    probs: np.ndarray = z / z.sum()
+    if sampling.top_p < 1.0:
+        order = np.argsort(-probs, kind="stable")
+        mass = np.cumsum(probs[order])
+        cut = int(np.searchsorted(mass, sampling.top_p)) + 1  # the smallest head whose mass reaches p
+        probs[order[cut:]] = 0.0
+        probs /= probs.sum()
+    return probs
+
+
+def node_distributions(tokens: list[int], parents: list[int], logits: np.ndarray, sampling: Sampling,
+                       context: list[int], rows: list[int]) -> dict[int, np.ndarray]:
+    """The distribution after each node in `rows`: node i follows the context and its own path root → i."""
+    history = np.unique(np.asarray(context, dtype=np.int64)) if sampling.repetition_penalty != 1.0 else None
+    out = {}
+    for i in rows:
+        seen = None
+        if history is not None:
+            path = [tokens[n] for n in tree.path_to(parents, i)[1:]]  # node 0 (the root) is already in context
+            seen = np.union1d(history, np.asarray(path, dtype=np.int64))
+        out[i] = distribution(logits[i], sampling, seen)
+    return out
+
+
+def accept_sampled(tokens: list[int], parents: list[int], logits: np.ndarray, sampling: Sampling,
+                   rng: np.random.Generator, context: Sequence[int] = ()) -> tuple[list[int], int]:
+    """The step's accepted path and next root by `sampling.acceptance` (see the module doc)."""
+    if sampling.acceptance is Acceptance.TYPICAL:
+        return accept_typical(tokens, parents, logits, sampling, rng, context)
+    return accept_exact(tokens, parents, logits, sampling, rng, context)
+
+
+def accept_exact(tokens: list[int], parents: list[int], logits: np.ndarray, sampling: Sampling,
+                 rng: np.random.Generator, context: Sequence[int] = ()) -> tuple[list[int], int]:
+    """Multi-draft rejection sampling down the tree: (accepted path, next root), each token an exact draw."""
+    path = [0]
+    while True:
+        node = path[-1]
+        p = node_distributions(tokens, parents, logits, sampling, list(context), [node])[node]
+        kept = None
+        for child in (i for i, parent in enumerate(parents) if parent == node):
+            x = tokens[child]
+            if p[x] > 0 and rng.random() < p[x]:
+                kept = child
+                break
+            if p[x] > 0:  # rejected: the residual distribution is p without x
+                p[x] = 0.0
+                p /= p.sum()
+        if kept is None:
+            return path, int(rng.choice(p.size, p=p))
+        path.append(kept)
+
+
+def accept_typical(tokens: list[int], parents: list[int], logits: np.ndarray, sampling: Sampling,
+                   rng: np.random.Generator, context: Sequence[int] = ()) -> tuple[list[int], int]:
+    """Typical acceptance over a verified tree: (accepted path, next root sampled after its last node).
+    `context`: every token before the tree's root, the root included (for the repetition penalty)."""
+    depth = tree.depths(parents)
+    probs: dict[int, np.ndarray] = {}
+    ok = [True] * len(tokens)
+    for i in range(1, len(tokens)):  # parents first: a node needs an accepted parent
+        parent = parents[i]
+        if parent < 0 or not ok[parent]:
+            ok[i] = False
+            continue
+        if parent not in probs:
+            probs.update(node_distributions(tokens, parents, logits, sampling, list(context), [parent]))
+        p = probs[parent]
+        entropy = -(p * np.log(p + 1e-12)).sum()
+        ok[i] = p[tokens[i]] > min(sampling.posterior_threshold, sampling.posterior_alpha * np.exp(-entropy))
+    last = max((i for i in range(len(tokens)) if ok[i]), key=lambda i: (depth[i], -i))
+    if last not in probs:
+        probs.update(node_distributions(tokens, parents, logits, sampling, list(context), [last]))
+    root = int(rng.choice(probs[last].size, p=probs[last]))
+    return tree.path_to(parents, last), root
+
+
+def sample_next(logits: np.ndarray, sampling: Sampling, rng: np.random.Generator, context: list[int]) -> int:
+    """The first token after a prompt: one draw from the distribution after the context's last token."""
+    seen = np.unique(np.asarray(context, dtype=np.int64)) if sampling.repetition_penalty != 1.0 else None
+    probs = distribution(logits, sampling, seen)
+    return int(rng.choice(probs.size, p=probs))
+
+
+def describe(sampling: Sampling | None) -> str:
+    """One line for a header: what the replies are drawn with."""
+    if sampling is None:
+        return "greedy"
+    return (f"sampling: temperature {sampling.temperature:g}, top-p {sampling.top_p:g}, top-k {sampling.top_k}, "
+            f"repetition penalty {sampling.repetition_penalty:g}, {sampling.acceptance.value} acceptance, "
+            f"seed {sampling.seed}")
+
+
+def default_sampling(defaults: GenerationDefaults | None, *, seed: int = 0) -> Sampling | None:
+    """The Sampling an artifact's GenerationDefaults (manifest.generation) ask for; None: greedy."""
+    if defaults is None or defaults.temperature <= 0:
+        return None
+    return Sampling(temperature=defaults.temperature, top_p=defaults.top_p, top_k=defaults.top_k,
+                    repetition_penalty=defaults.repetition_penalty, seed=seed)

@@ -1,0 +1,400 @@
+"""The decoder graph in ONNX Runtime over one arena, with the KV buffer updated in place.
+
+Each layer's K and V are views `[B, H_kv, C, D]` of the arena (arena.py), bound as both the graph's past input and
+its present output (IOBinding): GroupQueryAttention writes the T new positions into them and nothing copies the
+cache. A step binds this step's shapes of the other inputs and outputs as pointers into the arena: T new tokens,
+their positions and the attention bias over the S = past + T attended positions in; logits, argmax ids and final
+hidden states out. A Medusa heads graph that shares the decoder's LM head gets the weight read once for both.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+
+from specmemo.errors import ConfigError, SpecMemoError
+from specmemo.runtime import tree
+from specmemo.runtime.arena import Arena, ArenaLayout
+from specmemo.runtime.artifact import Artifact
+from specmemo.runtime.config import DEFAULT_THREADS
+from specmemo.runtime.embedding import EmbeddingTable
+from specmemo.runtime.manifest import Manifest, ModelFormat, embedding_for, graph_file
+from specmemo.runtime.plan import check_capacity, default_sizes
+from specmemo.runtime.rss import reset_peak_rss, rss_bytes
+from specmemo.runtime.sizes import Sizes
+
+
+class ArtifactError(SpecMemoError, RuntimeError):
+    """The ONNX graph cannot be loaded, or does not match its manifest."""
+
+
+@dataclass(frozen=True)
+class SessionConfig:
+    threads: int = DEFAULT_THREADS  # intra-op threads
+    sizes: Sizes | None = None  # C, R, T_max as decided (plan.make_plan); None: plan.default_sizes
+    batch: int = 1
+    heads: bool = True  # load the Medusa heads graph too, when the artifact has one
+    warm_up: bool = True  # run the largest step once at load, so ORT's arena reaches its peak up front
+    profile: bool = False  # write an ORT profile (chrome trace) for this session
+    model_format: ModelFormat = ModelFormat.ONNX  # ORT: the .ort graphs of an `export --mobile` artifact
+
+    def __post_init__(self) -> None:
+        if self.threads < 1:
+            raise ConfigError(f"threads must be >= 1, got {self.threads}")
+        if not isinstance(self.model_format, ModelFormat):
+            object.__setattr__(self, "model_format", ModelFormat(self.model_format))
+        if self.batch < 1:
+            raise ConfigError(f"batch must be >= 1, got {self.batch}")
+
+
+@dataclass
+class StepOutput:
+    logits: np.ndarray  # [B, N, V], at the requested positions
+    next_token_ids: np.ndarray  # [B, N]
+    hidden_states: np.ndarray  # [B, T, h]
+
+
+_PROCESS_THREADS: int | None = None
+
+
+def configure_process(threads: int) -> None:
+    """Process-wide ORT state, set up once before the first session:
+    - one intra-op thread pool for every session (decoder and heads): with a pool per session, the pool that ran last
+      keeps spinning while the other runs, which on few cores slows a speculative step (heads call + decoder call)
+      markedly. Python reaches ORT's global pools only through `_pybind_state.set_global_thread_pool_sizes`;
+    - one CPU arena for every session, growing by exactly what is requested instead of doubling: its size is the largest
+      live set, which the memory model predicts (with the doubling default it overshot the prediction)."""
+    global _PROCESS_THREADS
+    if _PROCESS_THREADS is None:
+        from onnxruntime.capi import _pybind_state
+
+        _pybind_state.set_global_thread_pool_sizes(threads, 1)
+        config = ort.OrtArenaCfg({"arena_extend_strategy": 1, "initial_chunk_size_bytes": 1 << 20})  # 1: as requested
+        info = ort.OrtMemoryInfo("Cpu", ort.OrtAllocatorType.ORT_ARENA_ALLOCATOR, 0, ort.OrtMemType.DEFAULT)
+        ort.create_and_register_allocator(info, config)
+        _PROCESS_THREADS = threads
+    elif threads != _PROCESS_THREADS:
+        raise ConfigError(f"this process already runs ONNX Runtime with {_PROCESS_THREADS} threads (one pool for "
+                          f"all sessions): use --threads {_PROCESS_THREADS}, or a separate process")
+
+
+def session_options(config: SessionConfig, initializers: dict[str, ort.OrtValue] | None = None) -> ort.SessionOptions:
+    """Options chosen for a memory-lean CPU decoder; each measured (docs/runtime.md):
+    - initializers straight from the device allocator, not the arena (lower peak RSS at load);
+    - one thread pool and one CPU arena per process (`configure_process`); intermediates are carved
+      from it, so after warm-up a step asks the system for nothing (off: every op mallocs);
+    - memory pattern off: the attended length S changes every step, and a pattern is planned and
+      cached per input shape;
+    - `initializers`: weights shared between the decoder and heads sessions (the LM head), handed
+      in from one buffer instead of each session reading its own copy."""
+    configure_process(config.threads)
+    options = ort.SessionOptions()
+    options.use_per_session_threads = False  # the process-wide pool (configure_process)
+    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options.log_severity_level = 3
+    options.enable_cpu_mem_arena = True
+    options.enable_mem_pattern = False
+    options.add_session_config_entry("session.use_device_allocator_for_initializers", "1")
+    options.add_session_config_entry("session.use_env_allocators", "1")
+    for name, value in (initializers or {}).items():
+        options.add_initializer(name, value)
+    if config.profile:
+        options.enable_profiling = True
+    return options
+
+
+def load_graph(path: Path, config: SessionConfig,
+               initializers: dict[str, ort.OrtValue] | None = None) -> ort.InferenceSession:
+    """One of the artifact's graphs in ORT; a corrupt or unloadable file is a one-line ArtifactError."""
+    try:
+        return ort.InferenceSession(str(path), session_options(config, initializers),
+                                    providers=["CPUExecutionProvider"])
+    except Exception as err:  # ORT raises several types for the same cause
+        reason = str(err).strip().splitlines()[0][:200]
+        raise ArtifactError(f"{path} cannot be loaded by ONNX Runtime ({reason}): re-export the artifact") from None
+
+
+def open_session(artifact: Artifact, config: SessionConfig,
+                 initializers: dict[str, ort.OrtValue] | None = None) -> ort.InferenceSession:
+    manifest = artifact.manifest
+    path = artifact / graph_file(manifest, manifest.decoder_file, config.model_format)
+    session = load_graph(path, config, initializers)
+    check_graph_matches(session, manifest, path)
+    return session
+
+
+def check_graph_matches(session: ort.InferenceSession, manifest: Manifest, path: Path) -> None:
+    graph_inputs = [i.name for i in session.get_inputs()]
+    graph_outputs = [o.name for o in session.get_outputs()]
+    expected_inputs = [spec.name for spec in manifest.io.inputs]
+    expected_outputs = [spec.name for spec in manifest.io.outputs]
+    if graph_inputs != expected_inputs or graph_outputs != expected_outputs:
+        missing = sorted(set(expected_inputs + expected_outputs) - set(graph_inputs + graph_outputs))
+        detail = f"missing {missing[0]!r}" if missing else "names or order differ"
+        raise ArtifactError(f"{path} does not match its manifest ({detail}): re-export the artifact")
+
+
+def load_shared_lm_head(artifact: Artifact) -> np.ndarray | None:
+    """The LM head both graphs use, read once from the decoder's data file (None: nothing shared)."""
+    manifest = artifact.manifest
+    shared = manifest.heads.shared_lm_head if manifest.heads is not None else None
+    if shared is None:
+        return None
+    count = math.prod(shared.shape)
+    array = np.fromfile(artifact / shared.file, dtype=shared.dtype, count=count, offset=shared.offset)
+    if array.size != count:
+        raise ArtifactError(f"{artifact / shared.file} is shorter than the manifest says: re-export the artifact")
+    return array.reshape(shared.shape)
+
+
+def lm_head_initializers(manifest: Manifest, lm_head: np.ndarray | None
+                         ) -> tuple[dict[str, ort.OrtValue], dict[str, ort.OrtValue]]:
+    """(decoder's, heads graph's) initializers: the one shared LM head under each graph's name (none when
+    nothing is shared)."""
+    if lm_head is None:
+        return {}, {}
+    assert manifest.heads is not None and manifest.heads.shared_lm_head is not None  # lm_head was read from it
+    value, shared = ort.OrtValue.ortvalue_from_numpy(lm_head), manifest.heads.shared_lm_head
+    return {shared.decoder_name: value}, {shared.heads_name: value}
+
+
+def open_heads(artifact: Artifact, config: SessionConfig,
+               initializers: dict[str, ort.OrtValue]) -> ort.InferenceSession | None:
+    """The Medusa heads graph, when the session asks for heads and the artifact has them."""
+    manifest = artifact.manifest
+    if not config.heads or manifest.heads is None:
+        return None
+    return load_graph(artifact / graph_file(manifest, manifest.heads.file, config.model_format), config, initializers)
+
+
+def bind_view(binding: ort.IOBinding, name: str, view: np.ndarray, shape: tuple[int, ...],
+              output: bool = False) -> None:
+    """Bind `shape` elements of an arena view (its start) as an input or output: a pointer, no copy."""
+    args = (name, "cpu", 0, view.dtype, shape, view.ctypes.data)
+    (binding.bind_output if output else binding.bind_input)(*args)
+
+
+@dataclass
+class KVCache:
+    """2L views [B, H_kv, C, D] into the arena; the first `length` positions are committed.
+
+    A sliding-window layer's views have C_w rows and hold consecutive positions from `offset` on (its
+    row r is position offset + r); every other layer's row r is position r. `sliding` lists the
+    buffers (indices into `buffers`) of the sliding layers."""
+
+    buffers: list[np.ndarray]
+    sliding: tuple[int, ...] = ()
+    length: int = 0
+    offset: int = 0  # o: the position a sliding layer's row 0 holds
+
+    @property
+    def capacity(self) -> int:  # C, read off a full layer's view as the arena allocated it
+        return int(next(b.shape[2] for i, b in enumerate(self.buffers) if i not in self.sliding))
+
+    @property
+    def window_capacity(self) -> int:  # C_w (0: no sliding layers)
+        return self.buffers[self.sliding[0]].shape[2] if self.sliding else 0
+
+    def nbytes(self) -> int:
+        return sum(buffer.nbytes for buffer in self.buffers)
+
+    def used_bytes(self) -> int:
+        """Bytes of the rows holding committed positions: `length` rows of a full layer, length - offset
+        of a sliding one."""
+        return sum(buffer[:, :, :1].nbytes * (self.length - (self.offset if i in self.sliding else 0))
+                   for i, buffer in enumerate(self.buffers))
+
+
+class DecoderSession:
+    """The decoder graph (and the heads graph, if any) over one arena.
+
+    Load order: the shared LM head, the ORT sessions, then the arena (`rss_after_load` is read in
+    between, so a measurement can tell loading from generation). The KV views are bound once as
+    both past input and present output; a step binds the other inputs/outputs as pointers into
+    the arena with this step's shapes, so running a step allocates nothing."""
+
+    def __init__(self, artifact: Artifact, config: SessionConfig = SessionConfig()):
+        if config.batch != 1:
+            raise ConfigError("DecoderSession runs one sequence; B > 1 sequences run in runtime.batch.BatchSession")
+        self.artifact = artifact
+        self.manifest = artifact.manifest
+        self.config = config
+        m = self.manifest
+        self.sizes = config.sizes or default_sizes(m, tree=None if config.heads and m.heads is not None else 1)
+        check_capacity(m, self.sizes.capacity)
+        clock = time.perf_counter()
+        self.load_s: dict[str, float] = {}  # where loading went, piece by piece (bench load)
+
+        def took(piece: str) -> None:
+            nonlocal clock
+            now = time.perf_counter()
+            self.load_s[piece] = now - clock
+            clock = now
+
+        embedding = embedding_for(m, config.model_format)
+        self.embedding = EmbeddingTable(self.artifact / embedding.file, embedding)
+        self.lm_head = load_shared_lm_head(self.artifact)
+        shared, heads_shared = lm_head_initializers(m, self.lm_head)
+        took("embedding and shared head")
+        self.session = open_session(self.artifact, config, shared)
+        took("decoder session (ORT: graph, prepacked weights)")
+        self.heads_session = open_heads(self.artifact, config, heads_shared)
+        took("heads session")
+        self._shared_values = shared  # ORT does not own these buffers: keep them alive
+        self.rss_after_load = rss_bytes()
+        reset_peak_rss()  # from here on, the peak RSS measures generation (the arena and the steps)
+        self.layout = ArenaLayout.for_manifest(m, self.sizes, batch=config.batch)
+        self.arena = Arena(self.layout)
+        self.kv = KVCache(buffers=self.arena.kv, sliding=tuple(i for i in range(2 * m.dims.num_layers)
+                                                              if i // 2 in m.dims.sliding_layers))
+        self.binding = self.session.io_binding()
+        self._kv_values = [ort.OrtValue.ortvalue_from_numpy(buffer) for buffer in self.kv.buffers]  # wrap, no copy
+        for (past, present), value in zip(m.io.kv_pairs, self._kv_values, strict=False):
+            self.binding.bind_ortvalue_input(past, value)
+            self.binding.bind_ortvalue_output(present, value)  # same buffer: updated in place
+        took("arena")
+        if config.warm_up:
+            self.warm_up()
+            took("warm-up (the largest step)")
+
+    def warm_up(self) -> None:
+        """The largest step once (`full_step`) and one heads call: ORT's arena and its kernels' scratch buffers grow
+        to what a generation can need now, not mid-reply (smaller steps are carved from what the largest one freed;
+        `specmemo bench load` runs every size after it and reports the RSS they add). Commits nothing."""
+        self.full_step(self.rows)
+        if self.heads_session is not None:
+            assert self.manifest.heads is not None  # open_heads opens the manifest's heads only
+            self.heads_session.run(None, {self.manifest.heads.hidden: self.arena["heads_hidden"]})
+
+    def full_step(self, size: int) -> StepOutput:
+        """One step of `size` rows (at most R, and at most C_w where layers slide) attending to all C positions
+        (a sliding layer: its C_w rows). Writes K/V rows [C - size, C) (and [C_w - size, C_w)), which no step reads
+        before writing them again; commits nothing."""
+        attended, attended_w, a = self.kv.capacity, self.kv.window_capacity, self.arena
+        size = min(size, self.rows, attended, attended_w or attended)
+        a["input_ids"][:size] = 0
+        a["position_ids"][:size] = np.arange(attended - size, attended)
+        a["attention_bias"][: size * attended] = 0
+        if attended_w:
+            a["attention_bias_local"][: size * attended_w] = 0
+        logit_rows = min(self.logit_rows, size)
+        a["logits_indices"][:logit_rows] = np.arange(logit_rows)
+        return self.run(size, attended, logit_rows, attended_w)
+
+    @property
+    def rows(self) -> int:
+        return self.layout.rows
+
+    @property
+    def logit_rows(self) -> int:
+        return self.layout.logit_rows
+
+    def _bind(self, name: str, view: np.ndarray, shape: tuple[int, ...], output: bool = False) -> None:
+        bind_view(self.binding, name, view, shape, output)
+
+    def run(self, size: int, attended: int, logit_rows: int, attended_w: int = 0) -> StepOutput:
+        """Run T = `size` tokens whose inputs the caller wrote into the arena's first T
+        input_ids/position_ids, first T * S attention_bias (and T * S_w attention_bias_local, S_w =
+        `attended_w`, for sliding layers) and first N logits_indices entries.
+        Returns views into the arena (valid until the next run); writes K/V rows [S - T, S) (and [S_w - T, S_w))."""
+        if size > self.rows or logit_rows > self.logit_rows:
+            raise ValueError(f"{size} tokens / {logit_rows} logit rows exceed the arena's "
+                             f"{self.rows} / {self.logit_rows}")
+        if attended > self.kv.capacity or attended_w > self.kv.window_capacity:
+            raise OverflowError(f"{attended} positions exceed the KV capacity {self.kv.capacity}")
+        io, a, d = self.manifest.io, self.arena, self.manifest.dims
+        if self.kv.sliding:
+            self._bind(io.attention_bias_local, a["attention_bias_local"], (1, 1, size, attended_w))
+        embeds = a["inputs_embeds"][: size * d.hidden_size].reshape(size, d.hidden_size)
+        self.embedding.lookup(a["input_ids"][:size], embeds)
+        self._bind(io.inputs_embeds, embeds, (1, size, d.hidden_size))
+        self._bind(io.position_ids, a["position_ids"], (1, size))
+        self._bind(io.attention_bias, a["attention_bias"], (1, 1, size, attended))
+        self._bind(io.logits_indices, a["logits_indices"], (1, logit_rows))
+        self._bind(io.logits, a["logits"], (1, logit_rows, d.vocab_size), output=True)
+        self._bind(io.next_token_ids, a["next_token_ids"], (1, logit_rows), output=True)
+        self._bind(io.hidden_states, a["hidden_states"], (1, size, d.hidden_size), output=True)
+        self.session.run_with_iobinding(self.binding)
+        return StepOutput(logits=a["logits"][: logit_rows * d.vocab_size].reshape(1, logit_rows, d.vocab_size),
+                          next_token_ids=a["next_token_ids"][:logit_rows].reshape(1, logit_rows),
+                          hidden_states=a["hidden_states"][: size * d.hidden_size].reshape(1, size, d.hidden_size))
+
+    def step(self, input_ids: np.ndarray, position_ids: np.ndarray, attention_bias: np.ndarray,
+             logits_indices: np.ndarray) -> StepOutput:
+        """input_ids/position_ids [B, T] int64, attention_bias [B, 1, T, S] with S = kv.length + T,
+        logits_indices [B, N] int64 (positions among the T that get logits). Copies in and out
+        (for tests and tools; the decode loop writes the arena and calls `run`).
+
+        Writes the T new K/V positions at [kv.length, S); does not advance kv.length (see `commit`)."""
+        size, attended = input_ids.shape[1], attention_bias.shape[-1]
+        if attended != self.kv.length + size:
+            raise ValueError(f"attention_bias covers {attended} positions, expected {self.kv.length} past + {size} new")
+        n = logits_indices.shape[1]
+        a = self.arena
+        a["input_ids"][:size] = input_ids[0]
+        a["position_ids"][:size] = position_ids[0]
+        a["attention_bias"][: size * attended] = attention_bias.reshape(-1)
+        a["logits_indices"][:n] = logits_indices[0]
+        if self.kv.sliding:  # the same bias with the window applied, over rows that hold positions 0, 1, ...
+            if self.kv.offset or attended > self.kv.window_capacity:
+                raise ValueError("step() gives sliding layers the whole past: use OrtBackend past their window")
+            local = a["attention_bias_local"][: size * attended].reshape(size, attended)
+            local[:] = attention_bias[0, 0]
+            keys = np.concatenate([np.arange(self.kv.length), position_ids[0]])
+            tree.apply_window(local, position_ids[0], keys, self.manifest.dims.sliding_window)
+        out = self.run(size, attended, n, attended if self.kv.sliding else 0)
+        return StepOutput(out.logits.copy(), out.next_token_ids.copy(), out.hidden_states.copy())
+
+    def commit(self, count: int) -> None:
+        """Keep the first `count` positions the last step wrote (already contiguous after the committed ones)."""
+        if self.kv.length + count > self.kv.capacity:
+            raise OverflowError(f"committing {count} positions overflows the KV capacity {self.kv.capacity}")
+        self.kv.length += count
+
+    def move_positions(self, sources: list[int], start: int) -> None:
+        """Copy KV positions `sources` (absolute, ascending, each >= its target) to positions start,
+        start+1, ... in every layer: the tree commit. One position at a time, so no temporary is allocated."""
+        for target, source in enumerate(sources, start):
+            if source != target:
+                for i, buffer in enumerate(self.kv.buffers):
+                    shift = self.kv.offset if i in self.kv.sliding else 0
+                    buffer[:, :, target - shift] = buffer[:, :, source - shift]
+
+    def slide(self, first: int, end: int) -> None:
+        """Sliding layers: move the rows of positions [first, end) to the front, so row 0 holds position
+        `first` (positions before it are dropped: no query from `end` on can see them)."""
+        shift = first - self.kv.offset
+        if shift <= 0:
+            return
+        for i in self.kv.sliding:
+            buffer = self.kv.buffers[i]
+            buffer[:, :, : end - first] = buffer[:, :, shift : shift + end - first]  # numpy copies overlaps safely
+        self.kv.offset = first
+
+    def keepable(self, length: int) -> int:
+        """The longest committed prefix of at most `length` positions a later step can build on: all of it,
+        unless a sliding layer has already dropped positions that a query at `length` would see (then 0)."""
+        length = min(length, self.kv.length)
+        if self.kv.offset and length - (self.manifest.dims.sliding_window - 1) < self.kv.offset:
+            return 0
+        return length
+
+    def rewind(self, length: int) -> None:
+        """Forget the committed positions from `length` on (they are rewritten before they are read again);
+        `length` must be keepable."""
+        length = min(length, self.kv.length)
+        if length != self.keepable(length):
+            raise ValueError(f"cannot rewind to {length}: the sliding layers kept positions from {self.kv.offset} "
+                             f"on only; rewind to keepable({length}) = 0")
+        self.kv.length = length
+        if length == 0:
+            self.kv.offset = 0
+
+    def reset(self) -> None:
+        self.rewind(0)

@@ -1,0 +1,77 @@
+"""Tokenizer and chat template from the artifact (no transformers): `tokenizers` + jinja2.
+
+The template is rendered the way Hugging Face's `apply_chat_template` renders it (sandboxed
+jinja2, trim_blocks, lstrip_blocks, `raise_exception`), and the text is encoded without adding
+special tokens, as `apply_chat_template(tokenize=True)` does.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NoReturn
+
+from jinja2.exceptions import TemplateError
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+from tokenizers import Tokenizer
+
+from specmemo.errors import ConfigError
+from specmemo.runtime.artifact import Artifact
+from specmemo.runtime.text import first_non_text
+
+
+@dataclass(frozen=True)
+class Message:
+    role: str  # "system" | "user" | "assistant"
+    content: str
+
+
+def check_text(text: str) -> None:
+    """Text a tokenizer can take (text.first_non_text): a one-line error naming the first character that is not."""
+    at = first_non_text(text)
+    if at is not None:
+        raise ConfigError(f"the text holds an unpaired surrogate ({text[at]!r} at character {at}), which is not "
+                          f"Unicode text: decode input bytes as UTF-8 with errors='replace'")
+
+
+def _raise(message: str) -> NoReturn:
+    raise TemplateError(message)
+
+
+class ChatTokenizer:
+    def __init__(self, artifact: Artifact):
+        manifest = artifact.manifest
+        info = manifest.tokenizer
+        self.tokenizer = Tokenizer.from_file(str(artifact / info.file))
+        self.eos_token_ids = frozenset(info.eos_token_ids)
+        self.bos_token_id = info.bos_token_id
+        self.add_bos = info.add_bos_token
+        self.template = None
+        # what HF's apply_chat_template hands every template besides the messages (Gemma's starts with bos_token)
+        self.special_tokens = ({} if info.bos_token_id is None
+                               else {"bos_token": self.tokenizer.id_to_token(info.bos_token_id)})
+        if info.chat_template:
+            env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+            env.globals["raise_exception"] = _raise
+            self.template = env.from_string(info.chat_template)
+
+    def render(self, messages: list[Message], *, add_generation_prompt: bool = True) -> str:
+        if self.template is None:  # a base model: plain concatenation
+            return "\n".join(m.content for m in messages)
+        return self.template.render(
+            messages=[{"role": m.role, "content": m.content} for m in messages],
+            add_generation_prompt=add_generation_prompt, **self.special_tokens,
+        )
+
+    def encode(self, text: str) -> list[int]:
+        if not text.isascii():
+            check_text(text)
+        ids = self.tokenizer.encode(text, add_special_tokens=False).ids
+        if self.add_bos and self.bos_token_id is not None and ids[:1] != [self.bos_token_id]:
+            ids = [self.bos_token_id, *ids]
+        return ids
+
+    def encode_chat(self, messages: list[Message]) -> list[int]:
+        return self.encode(self.render(messages))
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
