@@ -7,7 +7,7 @@ MODEL ?= smollm2-135m
 ARTIFACT ?= artifacts/$(MODEL)
 PROMPT ?= Give me three short tips for staying focused while studying.
 
-.PHONY: setup js-setup lint-js peers-setup harness-setup drafter-cpu demo test test-fast lint docs-layout bench bench-decode bench-batch bench-soak bench-node compare-docs chat serve lock clean
+.PHONY: setup js-setup lint-js arm-check peers-setup harness-setup drafter-cpu demo test test-fast lint docs-layout bench bench-decode bench-batch bench-soak bench-node compare-docs chat serve lock clean
 
 setup: $(VENV)/.installed
 
@@ -113,6 +113,15 @@ test-fast: setup
 lint: setup lint-js
 	$(BIN)/ruff check .
 	$(BIN)/mypy
+
+# The runtime on aarch64 under QEMU (as root: binfmt_misc, chroot): an arm64 Debian root made once (cached), then
+# SmolLM2-135M float32 and int4, exported here, decoded there and here: speculative == greedy on ARM, ARM vs x86 ids
+ARM_ARTIFACTS ?= artifacts/smollm2-135m artifacts/smollm2-135m-int4
+arm-check: setup
+	test -f artifacts/smollm2-135m/manifest.json || $(BIN)/specmemo export --model smollm2-135m --out artifacts/smollm2-135m
+	test -f artifacts/smollm2-135m-int4/manifest.json || \
+	  $(BIN)/specmemo export --model smollm2-135m --dtype int4 --out artifacts/smollm2-135m-int4
+	$(BIN)/specmemo bench arm $(foreach a,$(ARM_ARTIFACTS),--artifact $(a))
 
 # docs/layout.md's module map, regenerated from the tree (tests/test_layout.py checks it is current)
 docs-layout: setup

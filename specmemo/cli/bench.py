@@ -7,6 +7,7 @@ import argparse
 from pathlib import Path
 
 from specmemo.bench.results import run_folder, write_json
+from specmemo.cli.bench_arm import add_arm_parser
 from specmemo.cli.bench_front import add_front_parser
 from specmemo.cli.bench_fuzz import add_fuzz_parser
 from specmemo.cli.bench_profile import add_profile_parser
@@ -175,6 +176,7 @@ def add_parser(sub) -> None:
     add_vllm_parser(bench)
     add_front_parser(bench)
     add_web_parser(bench)
+    add_arm_parser(bench)
     add_profile_parser(bench)
     add_fuzz_parser(bench)
 

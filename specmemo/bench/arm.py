@@ -1,0 +1,148 @@
+"""`specmemo bench arm`: SpecMemo's runtime on aarch64, under QEMU's user-mode emulation on this x86 host.
+
+For each artifact (exported here, on x86) and each emulated CPU class, the same MT-Bench first turns are decoded
+greedily and by the controller (speculative) inside an arm64 root (bench/arm_env.py) with the runtime alone, then on
+this host. What it checks and prints: speculative == greedy on ARM, prompt by prompt; ARM's greedy ids against this
+host's (x86: its ISA named), and where a prompt first differs, the position and the two likeliest next tokens with
+their logits on each machine (from a prefill of the common prefix); the rows each step ran at least (the padding
+row). Emulation says what the kernels compute, not how fast.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from specmemo.bench.arm_env import CPUS, ensure_root, run_in
+from specmemo.bench.results import run_folder
+from specmemo.errors import ConfigError
+from specmemo.runtime.config import DEFAULT_THREADS
+from specmemo.runtime.fresh_process import run_json
+
+REPO = Path(__file__).resolve().parents[2]
+WORKER = "specmemo.bench.arm_worker"
+MODES = ("greedy", "auto")
+
+
+@dataclass(frozen=True)
+class ArmConfig:
+    artifacts: tuple[Path, ...]
+    cpus: tuple[str, ...] = tuple(CPUS)
+    prompts: int = 5
+    max_new_tokens: int = 32
+    threads: int = DEFAULT_THREADS
+    capacity: int = 256
+    out: Path = field(default_factory=lambda: run_folder("bench-arm"))
+
+    def __post_init__(self) -> None:
+        unknown = sorted(set(self.cpus) - set(CPUS))
+        if unknown:
+            raise ConfigError(f"cpus: {', '.join(unknown)} is no CPU class here; choose from {', '.join(CPUS)}")
+        if not self.artifacts or self.prompts < 1 or self.max_new_tokens < 1:
+            raise ConfigError("give at least one artifact, one prompt and one new token")
+
+
+def prompt_ids(config: ArmConfig) -> list[list[int]]:
+    """The first `prompts` MT-Bench first turns through the first artifact's chat template (the artifacts share
+    a tokenizer: they are one model's formats)."""
+    from specmemo.datasets import prompt_sets
+    from specmemo.runtime.artifact import Artifact
+    from specmemo.runtime.tokenizer import ChatTokenizer, Message
+
+    tokenizer = ChatTokenizer(Artifact.open(config.artifacts[0]))
+    return [tokenizer.encode_chat([Message("user", q.turns[0])]) for q in prompt_sets("mt-bench",
+                                                                                      per_set=config.prompts)]
+
+
+def request(config: ArmConfig, prompts: list[list[int]], contexts: dict[str, list[list[int]]] | None = None
+            ) -> dict[str, Any]:
+    return {"artifacts": [str(a.resolve()) for a in config.artifacts], "prompts": prompts, "modes": list(MODES),
+            "max_new_tokens": config.max_new_tokens, "threads": config.threads, "capacity": config.capacity,
+            "contexts": contexts or {}}
+
+
+def on_arm(root: Path, cpu: str, body: dict[str, Any], artifacts: tuple[Path, ...]) -> dict[str, Any]:
+    done = run_in(root, ["python", "-m", WORKER], cpu=CPUS[cpu], repo=REPO,
+                  binds=[a.resolve() for a in artifacts], stdin=json.dumps(body))
+    lines = done.stdout.strip().splitlines()
+    if done.returncode != 0 or not lines:
+        reason = (done.stderr.strip().splitlines() or ["no output"])[-1][:300]
+        raise ConfigError(f"the runtime on emulated {cpu} failed ({reason})")
+    result: dict[str, Any] = json.loads(lines[-1])
+    return result
+
+
+def first_difference(a: list[int], b: list[int]) -> int | None:
+    """The first position where two replies differ (a shorter reply ends there); None when they are equal."""
+    for i, (x, y) in enumerate(zip(a, b, strict=False)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def compare(prompts: list[list[int]], host: dict[str, Any], arm: dict[str, Any]) -> dict[str, Any]:
+    """Per artifact: speculative == greedy on ARM, and ARM's greedy against the host's, prompt by prompt."""
+    out = {}
+    for folder, runs in arm["runs"].items():
+        greedy, auto = runs["greedy"]["replies"], runs["auto"]["replies"]
+        ours = host["runs"][folder]["greedy"]["replies"]
+        firsts = [first_difference(a, x) for a, x in zip(greedy, ours, strict=True)]
+        out[folder] = {"speculative_equals_greedy": sum(g == s for g, s in zip(greedy, auto, strict=True)),
+                       "speculative_first_difference": [first_difference(s, g)
+                                                        for s, g in zip(auto, greedy, strict=True)],
+                       "prompts": len(prompts), "arm_equals_host": sum(f is None for f in firsts),
+                       "first_difference": firsts, "min_rows_arm": runs["greedy"]["min_rows"],
+                       "min_rows_host": host["runs"][folder]["greedy"]["min_rows"]}
+    return out
+
+
+def contexts_at(prompts: list[list[int]], host: dict[str, Any], arm: dict[str, Any]) -> dict[str, list[list[int]]]:
+    """For every prompt whose ARM reply differs from the host's: the prompt and the common prefix before it."""
+    out: dict[str, list[list[int]]] = {}
+    for folder, runs in arm["runs"].items():
+        ours = host["runs"][folder]["greedy"]["replies"]
+        for prompt, a, x in zip(prompts, runs["greedy"]["replies"], ours, strict=True):
+            at = first_difference(a, x)
+            if at is not None:
+                out.setdefault(folder, []).append(prompt + x[:at])
+    return out
+
+
+def run(config: ArmConfig, *, lock: Path, log: Any = print) -> dict[str, Any]:
+    root = ensure_root(lock, log=log)
+    prompts = prompt_ids(config)
+    log(f"{len(prompts)} MT-Bench prompts x {config.max_new_tokens} tokens, {len(config.artifacts)} artifact(s), "
+        f"greedy and controller, on this host ({platform.machine()}) ...")
+    host = run_json(WORKER, request(config, prompts), what="the runtime on this host", fix="check the artifacts")
+    summary: dict[str, Any] = {"host": platform.machine(), "cpus": {}}
+    for cpu in config.cpus:
+        log(f"... on emulated aarch64 {cpu} (QEMU_CPU={CPUS[cpu]}): slow, a few minutes ...")
+        arm = on_arm(root, cpu, request(config, prompts), config.artifacts)
+        result = compare(prompts, host, arm)
+        differing = contexts_at(prompts, host, arm)
+        if differing:  # the two likeliest next tokens where a reply first differs, on each machine
+            theirs = on_arm(root, cpu, {**request(config, [], differing), "modes": []}, config.artifacts)
+            ours = run_json(WORKER, {**request(config, [], differing), "modes": []}, what="the host's logits",
+                            fix="check the artifacts")
+            for folder in differing:
+                result[folder]["logits_arm"] = theirs["runs"][folder]["logits"]
+                result[folder]["logits_host"] = ours["runs"][folder]["logits"]
+        summary["cpus"][cpu] = result
+    return summary
+
+
+def table(summary: dict[str, Any]) -> str:
+    lines = [f"{'cpu':<12}{'artifact':<28}{'spec == greedy':>16}{'ARM == ' + summary['host']:>16}{'min rows':>10}"
+             "  first differences from the host's; from greedy (position)"]
+    for cpu, result in summary["cpus"].items():
+        for folder, r in result.items():
+            firsts = ", ".join("-" if f is None else str(f) for f in r["first_difference"])
+            firsts += "; " + ", ".join("-" if f is None else str(f) for f in r["speculative_first_difference"])
+            lines.append(f"{cpu:<12}{Path(folder).name:<28}"
+                         f"{str(r['speculative_equals_greedy']) + '/' + str(r['prompts']):>16}"
+                         f"{str(r['arm_equals_host']) + '/' + str(r['prompts']):>16}"
+                         f"{str(r['min_rows_arm']) + ' vs ' + str(r['min_rows_host']):>10}  {firsts}")
+    return "\n".join(lines)

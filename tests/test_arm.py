@@ -1,0 +1,51 @@
+"""`specmemo bench arm`'s host side, without emulating anything: the lock pins what the arm64 root installs, replies
+are compared position by position, and the summary says speculative == greedy and ARM == host per prompt. (The
+emulated run itself is `make arm-check`: root, minutes, not a test.)"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from specmemo.bench.arm import ArmConfig, compare, contexts_at, first_difference, table
+from specmemo.bench.arm_env import RUNTIME_PACKAGES, pinned
+from specmemo.errors import ConfigError
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_the_lock_pins_every_runtime_package_the_arm_root_installs():
+    pins = pinned(ROOT / "requirements.lock", RUNTIME_PACKAGES)
+    assert [p.split("==")[0].lower() for p in pins] == list(RUNTIME_PACKAGES) and all("==" in p for p in pins)
+    assert any(p.startswith("onnxruntime==") for p in pins)  # the same ONNX Runtime as on x86
+
+
+def test_a_package_the_lock_lacks_is_one_line(tmp_path):
+    (tmp_path / "lock").write_text("numpy==2.0\n")
+    with pytest.raises(ConfigError, match="pins no onnxruntime"):
+        pinned(tmp_path / "lock", ("numpy", "onnxruntime"))
+
+
+def test_first_difference_is_the_first_unequal_position_or_the_shorter_end():
+    assert first_difference([1, 2, 3], [1, 2, 3]) is None
+    assert first_difference([1, 2, 3], [1, 5, 3]) == 1
+    assert first_difference([1, 2], [1, 2, 3]) == 2
+
+
+def test_the_summary_counts_speculation_and_agreement_per_prompt():
+    prompts = [[7, 8], [9]]
+    host = {"runs": {"a": {"greedy": {"replies": [[1, 2, 3], [4, 5]], "min_rows": 2}}}}
+    arm = {"runs": {"a": {"greedy": {"replies": [[1, 2, 3], [4, 6]], "min_rows": 2},
+                          "auto": {"replies": [[1, 2, 3], [4, 6]], "min_rows": 2}}}}
+    result = compare(prompts, host, arm)["a"]
+    assert (result["speculative_equals_greedy"], result["arm_equals_host"], result["first_difference"]) == (2, 1,
+                                                                                                          [None, 1])
+    assert result["speculative_first_difference"] == [None, None]
+    assert contexts_at(prompts, host, arm) == {"a": [[9, 4]]}  # the prompt and the common prefix
+    assert "2/2" in table({"host": "x86_64", "cpus": {"cortex-a76": {"a": result}}})
+
+
+def test_an_unknown_cpu_class_is_refused_by_name():
+    with pytest.raises(ConfigError, match="cortex-x9 is no CPU class"):
+        ArmConfig(artifacts=(Path("a"),), cpus=("cortex-x9",))
