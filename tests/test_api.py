@@ -29,7 +29,7 @@ def readme_quick_start() -> str:
 def model(smollm2_artifact):
     from specmemo import open_model
 
-    return open_model(smollm2_artifact, capacity=512)
+    return open_model(smollm2_artifact, capacity=512, temperature=0)  # greedy: the replies below are compared
 
 
 def test_the_readme_quick_start_runs_as_written(smollm2_artifact, tmp_path, monkeypatch):
@@ -58,7 +58,7 @@ def test_a_stream_is_the_reply_in_pieces_and_stops_when_left(model):
 def test_greedy_is_the_same_in_every_mode_and_messages_are_openai_shaped(model, smollm2_artifact):
     from specmemo import open_model
 
-    greedy = open_model(smollm2_artifact, capacity=512, mode="greedy")
+    greedy = open_model(smollm2_artifact, capacity=512, mode="greedy", temperature=0)
     prompt = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Name a planet."}]
     same = greedy.generate("Name a planet.", system="You are terse.", max_new_tokens=16)
     assert model.generate(prompt, max_new_tokens=16).token_ids == same.token_ids
@@ -80,5 +80,5 @@ def test_the_cli_generate_answers_what_the_api_answers(model, smollm2_artifact):
     reply = model.generate("Why is the sky blue?", max_new_tokens=16)
     done = subprocess.run([sys.executable, "-m", "specmemo.cli", "generate", "--artifact", str(smollm2_artifact),
                            "--capacity", "512", "--prompt", "Why is the sky blue?", "--max-new-tokens", "16",
-                           "--json"], capture_output=True, text=True, timeout=300, check=True)
+                           "--temperature", "0", "--json"], capture_output=True, text=True, timeout=300, check=True)
     assert json.loads(done.stdout)["token_ids"] == reply.token_ids

@@ -158,7 +158,7 @@ def test_generate_cli_modes_agree_and_plan_refuses_below_the_bound(real, capsys)
     artifact = str(real[0])
     outputs = {}
     for mode in ("greedy", "tree", "auto"):
-        assert main(["generate", "--artifact", artifact, "--prompt", PROMPTS[1], "--mode", mode,
+        assert main(["generate", "--artifact", artifact, "--prompt", PROMPTS[1], "--mode", mode, "--temperature", "0",
                      "--max-new-tokens", "40", "--json"]) == 0
         outputs[mode] = json.loads(capsys.readouterr().out)
     assert outputs["greedy"]["token_ids"] == outputs["tree"]["token_ids"] == outputs["auto"]["token_ids"]

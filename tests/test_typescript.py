@@ -107,7 +107,7 @@ REAL_PROMPTS = [
 def test_real_default_artifact_equals_specmemo_generate(smollm2_artifact):
     for prompt in REAL_PROMPTS:
         done = subprocess.run([sys.executable, "-m", "specmemo.cli", "generate", "--artifact", str(smollm2_artifact),
-                               "--prompt", prompt, "--max-new-tokens", "64", "--json"],
+                               "--prompt", prompt, "--max-new-tokens", "64", "--temperature", "0", "--json"],
                               capture_output=True, text=True, timeout=600, check=True)
         expected = json.loads(done.stdout.strip().splitlines()[-1])["token_ids"]
         for mode in ("greedy", "tree"):
