@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from specmemo.bench.arm import ArmConfig, compare, contexts_at, first_difference, table
-from specmemo.bench.arm_env import RUNTIME_PACKAGES, pinned
+from specmemo.bench.arm_env import CPUS, RUNTIME_PACKAGES, pinned
 from specmemo.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -49,3 +49,18 @@ def test_the_summary_counts_speculation_and_agreement_per_prompt():
 def test_an_unknown_cpu_class_is_refused_by_name():
     with pytest.raises(ConfigError, match="cortex-x9 is no CPU class"):
         ArmConfig(artifacts=(Path("a"),), cpus=("cortex-x9",))
+
+
+def test_every_arm_profile_names_a_cpu_class_the_arm_check_emulates():
+    from specmemo.bench.arm_env import EMULATED
+    from specmemo.device_profiles.schema import CpuClass, all_profiles, this_cpu
+
+    arm = [p for p in all_profiles() if p.cpu is not CpuClass.X86_64]
+    assert len(arm) == 5 and all(EMULATED[p.cpu.value] in CPUS for p in arm)
+    assert set(EMULATED) == {c.value for c in CpuClass} - {"x86-64"}
+    pi = "processor : 0\nFeatures : fp asimd evtstrm aes pmull sha1 sha2 crc32 atomics fphp asimdhp cpuid asimdrdm " \
+         "lrcpc dcpop asimddp\n"
+    assert this_cpu(pi, "aarch64")[0] is CpuClass.ARM_DOTPROD
+    assert this_cpu(pi.replace("asimddp", "asimddp i8mm"), "aarch64")[0] is CpuClass.ARM_DOTPROD_I8MM
+    assert this_cpu("Features : fp asimd\n", "aarch64")[0] is CpuClass.ARM and this_cpu("", "x86_64")[0] is \
+        CpuClass.X86_64

@@ -32,9 +32,10 @@ VENV = "/opt/specmemo"  # inside the root
 REPO = "/src"  # where the repository is bound inside the root
 BINFMT = Path("/proc/sys/fs/binfmt_misc")
 QEMU_REGISTRATION = Path("/usr/lib/binfmt.d/qemu-aarch64.conf")
-# QEMU CPU models for the three classes of core the device profiles hold (QEMU 7.2 has no cortex-x or a7xx
-# beyond a76): dot-product and i8mm without SVE/SME (a current phone's big core), a Pi 5's / Pixel 6's, a budget phone's
+# QEMU CPU models for the classes of core (device_profiles' CpuClass; QEMU 7.2 has no Cortex-X or A7xx beyond the
+# A76): dot-product and i8mm without SVE/SME (a current phone's big core), a Pi 5's / Pixel 6's, an older budget one's
 CPUS = {"flagship": "max,sve=off,sme=off", "cortex-a76": "cortex-a76", "cortex-a53": "cortex-a53"}
+EMULATED = {"aarch64-dotprod-i8mm": "flagship", "aarch64-dotprod": "cortex-a76", "aarch64": "cortex-a53"}
 
 
 def root_folder() -> Path:

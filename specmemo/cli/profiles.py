@@ -38,26 +38,27 @@ def cmd_profiles(args: argparse.Namespace) -> int:
     if args.json:
         rows = [{"name": p.name, "description": p.description, "kind": p.kind.value, "ram": p.ram,
                  "app_memory": p.app_memory, "accelerator_memory": p.accelerator_memory, "cpu_cores": p.cpu_cores,
-                 "threads": p.threads, "execution_provider": p.execution_provider.value,
+                 "threads": p.threads, "cpu": p.cpu.value, "execution_provider": p.execution_provider.value,
                  "weight_dtype": p.weight_dtype.value, "kv_dtype": p.kv_dtype.value, "sources": p.sources,
                  "plan": plans.get(p.name)}
                 for p in profiles]
         print(json.dumps(rows, indent=2))
         return 0
-    header = (f"{'profile':<22} {'kind':<7} {'RAM':>9} {'app mem':>9} {'cores':>5} {'thr':>3} {'EP':<8} "
+    header = (f"{'profile':<22} {'kind':<7} {'RAM':>9} {'app mem':>9} {'cores':>5} {'thr':>3} {'CPU':<20} {'EP':<8} "
               f"{'weights':<7} {'KV':<7}")
     if args.artifact:
         header += "  plan for " + str(args.artifact)
     print(header)
     for p in profiles:
         line = (f"{p.name:<22} {p.kind.value:<7} {p.ram / 2**30:>6.1f} GiB {p.app_memory / 2**30:>5.1f} GiB "
-                f"{p.cpu_cores:>5} {p.threads:>3} {p.execution_provider.value:<8} {p.weight_dtype.value:<7} "
+                f"{p.cpu_cores:>5} {p.threads:>3} {p.cpu.value:<20} {p.execution_provider.value:<8} "
+                f"{p.weight_dtype.value:<7} "
                 f"{p.kv_dtype.value:<7}")
         if args.artifact:
             line += "  " + _plan_text(plans[p.name])
         print(line)
-    print("\nsizes: GiB = 2^30 bytes. Figures and their sources: device_profiles/*.toml; "
-          "this-machine is detected now.")
+    print("\nsizes: GiB = 2^30 bytes. CPU: the kernel family its cores reach (specmemo bench arm emulates each ARM "
+          "one). Figures and their sources: specmemo/device_profiles/*.toml; this-machine is detected now.")
     return 0
 
 

@@ -39,7 +39,7 @@ from specmemo.runtime.memory import BudgetError, parse_size
 
 PROFILES_DIR = Path(__file__).parent
 THIS_MACHINE = "this-machine"
-REQUIRED_SOURCES = ("ram", "app_memory", "cpu_cores")
+REQUIRED_SOURCES = ("ram", "app_memory", "cpu_cores", "cpu")
 
 
 class ProfileError(SpecMemoError, ValueError):
@@ -51,6 +51,15 @@ class DeviceKind(StrEnum):
     BOARD = "board"
     GPU = "gpu"
     DESKTOP = "desktop"
+
+
+class CpuClass(StrEnum):
+    """Which of ONNX Runtime's CPU kernel families the device's cores reach: what decides each quantized matrix's
+    route (docs/on-device.md), and which emulated core `specmemo bench arm` checks it on."""
+    X86_64 = "x86-64"
+    ARM_DOTPROD_I8MM = "aarch64-dotprod-i8mm"  # Armv8.6+/v9 big cores (Cortex-X2 on): KleidiAI's i8mm kernels
+    ARM_DOTPROD = "aarch64-dotprod"  # Armv8.2 with dot-product (Cortex-A55/A76/A78): KleidiAI, NEON CompInt8
+    ARM = "aarch64"  # no dot-product (Cortex-A53): neither KleidiAI nor int8 compute
 
 
 class ExecutionProvider(StrEnum):
@@ -83,6 +92,7 @@ class DeviceProfile:
     app_memory: int  # bytes: the budget a plan for this device fits into
     cpu_cores: int
     threads: int
+    cpu: CpuClass
     execution_provider: ExecutionProvider
     weight_dtype: WeightDtype
     sources: dict[str, str]
@@ -95,7 +105,7 @@ class DeviceProfile:
         def bad(key: str, why: str) -> ProfileError:
             return ProfileError(f"{self.file or self.name}: key {key!r}: {why}")
 
-        for key, enum in (("kind", DeviceKind), ("execution_provider", ExecutionProvider),
+        for key, enum in (("kind", DeviceKind), ("cpu", CpuClass), ("execution_provider", ExecutionProvider),
                           ("weight_dtype", WeightDtype), ("kv_dtype", KvDtype)):
             value = getattr(self, key)
             try:
@@ -216,12 +226,33 @@ def detect_this_machine() -> DeviceProfile:
     available = min(memory.available, ram)
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     cuda = "CUDAExecutionProvider" in onnxruntime.get_available_providers()
+    cpu, how = this_cpu()
     return DeviceProfile(
         name=THIS_MACHINE, description="detected now: RAM, available memory, CPUs of this process",
-        kind=DeviceKind.DESKTOP, ram=ram, app_memory=available, cpu_cores=cores, threads=cores,
+        kind=DeviceKind.DESKTOP, ram=ram, app_memory=available, cpu_cores=cores, threads=cores, cpu=cpu,
         execution_provider=ExecutionProvider.CUDA if cuda else ExecutionProvider.CPU,
         weight_dtype=WeightDtype.FLOAT32,
         sources={"ram": "psutil.virtual_memory().total, capped by the cgroup memory limit",
                  "app_memory": "psutil.virtual_memory().available at start-up",
-                 "cpu_cores": "os.sched_getaffinity(0)"},
+                 "cpu_cores": "os.sched_getaffinity(0)", "cpu": how},
         file=THIS_MACHINE)
+
+
+def this_cpu(cpuinfo: str | None = None, machine: str | None = None) -> tuple[CpuClass, str]:
+    """This machine's CpuClass, and how it was read: the architecture, then on aarch64 the kernel's feature flags
+    (asimddp: dot-product, i8mm)."""
+    import platform
+
+    machine = machine or platform.machine()
+    if machine not in ("aarch64", "arm64"):
+        return CpuClass.X86_64, f"platform.machine() = {machine}"
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            cpuinfo = ""
+    flags = {word for line in cpuinfo.splitlines() if line.lower().startswith("features") for word in line.split()}
+    cpu = (CpuClass.ARM_DOTPROD_I8MM if {"asimddp", "i8mm"} <= flags else
+           CpuClass.ARM_DOTPROD if "asimddp" in flags else CpuClass.ARM)
+    return cpu, "the Features line of /proc/cpuinfo (asimddp, i8mm)"
+
