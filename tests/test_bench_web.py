@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from specmemo.bench import web
-from specmemo.errors import ConfigError
+from specmemo.errors import ConfigError, ManifestError
 
 
 def reply(ids, *, tokens, decode_ms, ttft_ms=100.0, rss=500 * 2**20, load_ms=None):
@@ -47,5 +47,5 @@ def test_a_run_becomes_rates_peaks_and_bars(tmp_path):
 def test_bad_settings_are_refused_in_one_line(tmp_path):
     with pytest.raises(ConfigError, match="unknown engine 'mlc'"):
         web.WebBenchConfig(artifact=tmp_path, gguf=tmp_path / "m.gguf", prompts=("x",), engines=("mlc",))
-    with pytest.raises(ConfigError, match=r"manifest\.json is missing"):
+    with pytest.raises(ManifestError, match=r"no manifest\.json in .*specmemo export"):
         web.WebBenchConfig(artifact=tmp_path, gguf=tmp_path / "m.gguf", prompts=("x",))

@@ -23,7 +23,7 @@ from specmemo.runtime.config import DEFAULT_THREADS
 from specmemo.runtime.fresh_process import run_json
 
 REPO = Path(__file__).resolve().parents[2]
-WORKER = "specmemo.bench.arm_worker"
+WORKER = "specmemo.bench.arm_worker"  # run_json below names it literally, so the boundary test can check it
 MODES = ("greedy", "auto")
 
 
@@ -112,11 +112,16 @@ def contexts_at(prompts: list[list[int]], host: dict[str, Any], arm: dict[str, A
 
 
 def run(config: ArmConfig, *, lock: Path, log: Any = print) -> dict[str, Any]:
+    from specmemo.runtime.artifact import Artifact
+
+    for given in config.artifacts:  # a wrong artifact is one line now, before minutes of making the root
+        Artifact.open(given)
     root = ensure_root(lock, log=log)
     prompts = prompt_ids(config)
     log(f"{len(prompts)} MT-Bench prompts x {config.max_new_tokens} tokens, {len(config.artifacts)} artifact(s), "
         f"greedy and controller, on this host ({platform.machine()}) ...")
-    host = run_json(WORKER, request(config, prompts), what="the runtime on this host", fix="check the artifacts")
+    host = run_json("specmemo.bench.arm_worker", request(config, prompts), what="the runtime on this host",
+                    fix="check the artifacts")
     summary: dict[str, Any] = {"host": platform.machine(), "cpus": {}}
     for cpu in config.cpus:
         log(f"... on emulated aarch64 {cpu} (QEMU_CPU={CPUS[cpu]}): slow, a few minutes ...")
@@ -125,8 +130,8 @@ def run(config: ArmConfig, *, lock: Path, log: Any = print) -> dict[str, Any]:
         differing = contexts_at(prompts, host, arm)
         if differing:  # the two likeliest next tokens where a reply first differs, on each machine
             theirs = on_arm(root, cpu, {**request(config, [], differing), "modes": []}, config.artifacts)
-            ours = run_json(WORKER, {**request(config, [], differing), "modes": []}, what="the host's logits",
-                            fix="check the artifacts")
+            ours = run_json("specmemo.bench.arm_worker", {**request(config, [], differing), "modes": []},
+                            what="the host's logits", fix="check the artifacts")
             for folder in differing:
                 result[folder]["logits_arm"] = theirs["runs"][folder]["logits"]
                 result[folder]["logits_host"] = ours["runs"][folder]["logits"]

@@ -61,9 +61,12 @@ class WebBenchConfig:
 
 
 def check_setup(artifact: Path, chromium: Path = CHROMIUM) -> None:
-    """What a run needs before anything loads, each missing one refused in one line naming the fix."""
-    for path, what in ((Path(artifact) / "manifest.json", "the artifact (specmemo export --dtype int4)"),
-                       (Path(chromium), "Chromium (apt-get install chromium)"),
+    """What a run needs before anything loads, each missing one refused in one line naming the fix: the artifact
+    (opened: its manifest read and checked), Chromium, the built pages."""
+    from specmemo.runtime.artifact import Artifact
+
+    Artifact.open(artifact)
+    for path, what in ((Path(chromium), "Chromium (apt-get install chromium)"),
                        (WEB / "dist" / "wllama.html", "the built pages (make js-setup)")):
         if not path.exists():
             raise ConfigError(f"{path} is missing: {what}")
