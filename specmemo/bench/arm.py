@@ -12,12 +12,11 @@ from __future__ import annotations
 
 import json
 import platform
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from specmemo.bench.arm_env import CPUS, ensure_root, run_in
-from specmemo.bench.results import run_folder
 from specmemo.errors import ConfigError
 from specmemo.runtime.config import DEFAULT_THREADS
 from specmemo.runtime.fresh_process import run_json
@@ -35,7 +34,6 @@ class ArmConfig:
     max_new_tokens: int = 32
     threads: int = DEFAULT_THREADS
     capacity: int = 256
-    out: Path = field(default_factory=lambda: run_folder("bench-arm"))
 
     def __post_init__(self) -> None:
         unknown = sorted(set(self.cpus) - set(CPUS))

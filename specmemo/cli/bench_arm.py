@@ -42,7 +42,7 @@ def cmd_bench_arm(args: argparse.Namespace) -> int:
     from specmemo.bench.results import write_json
 
     config = ArmConfig(artifacts=tuple(args.artifact), cpus=tuple(c.strip() for c in args.cpus.split(",") if c.strip()),
-                       prompts=args.prompts, max_new_tokens=args.max_new_tokens, threads=args.threads, out=args.out)
+                       prompts=args.prompts, max_new_tokens=args.max_new_tokens, threads=args.threads)
     summary = run(config, lock=LOCK, log=log_stderr)
     print(table(summary))
     print(f"wrote {write_json(args.out / 'summary.json', summary, threads=args.threads)}")
