@@ -12,6 +12,12 @@ def rss_bytes() -> int:
     return _proc_status_kib("VmRSS") * 1024
 
 
+def anonymous_rss_bytes() -> int:
+    """The part of the resident set this process allocated (heap, arenas, stacks): without the file-backed pages
+    of libraries and mapped files, which the kernel may drop under pressure and read back on the next touch."""
+    return _proc_status_kib("RssAnon") * 1024
+
+
 def peak_rss_bytes() -> int:
     """Peak resident set size of this process so far (Linux /proc; 0 elsewhere)."""
     return _proc_status_kib("VmHWM") * 1024
