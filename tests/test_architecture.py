@@ -310,13 +310,15 @@ def test_the_sizing_pass_decides_in_one_place(smollm2_artifact, tmp_path, monkey
     # a lambda, as the one `follow` runs: the profiler keys functions by name, so logging is not a stay of its own
     quiet: dict[str, Any] = {"log": lambda _: None}
     calibration = measured.memory_calibration(Artifact.open(smollm2_artifact), threads=2, **quiet)
+    route = measured.row_route(Artifact.open(smollm2_artifact), **quiet)  # data too: probed once, read back
     paths = [(Source.DEFAULTS, EngineConfig(artifact=Artifact.open(smollm2_artifact)), manifest),
              (Source.DEFAULTS, EngineConfig(artifact=Artifact.open(smollm2_artifact), mode=Mode.GREEDY), manifest),
              (Source.BUDGET, EngineConfig(artifact=Artifact.open(smollm2_artifact), budget=900 * 2**20), manifest),
              (Source.DEVICE_PLAN, EngineConfig(artifact=Artifact.open(smollm2_artifact)), device)]
     for source, config, m in paths:
         plans: list = []
-        stays = follow(partial(lambda out, c, m: out.append(make_plan(c, m, calibration=calibration, **quiet)),
+        stays = follow(partial(lambda out, c, m: out.append(make_plan(c, m, calibration=calibration, route=route,
+                                                                      **quiet)),
                                plans, config, m))
         assert plans[0].source is source and plans[0] == plan_for(config, m, **quiet)
         assert stays[:2] == ["tests/test_architecture.py", "specmemo/runtime/plan.py"] and len(stays) >= 5, stays
@@ -325,4 +327,4 @@ def test_the_sizing_pass_decides_in_one_place(smollm2_artifact, tmp_path, monkey
     assert engine.plan == plan_for(EngineConfig(artifact=Artifact.open(smollm2_artifact), budget=900 * 2**20), manifest,
                                    **quiet)
     assert engine.session.layout == engine.plan.layout and engine.session.arena.layout == engine.plan.layout
-    assert engine.backend.min_rows == engine.plan.min_rows
+    assert engine.backend.route == engine.plan.route

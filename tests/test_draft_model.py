@@ -111,7 +111,7 @@ def test_profiles_say_which_budgets_hold_the_pair(tiny_llama, other_draft, tmp_p
     bound = lower_bound(load_manifest(tiny_llama), measured.memory_calibration(Artifact.open(tiny_llama), threads=2),
                         context=load_manifest(tiny_llama).max_capacity).total
     tight = _plan_for(tiny_llama, dataclasses.replace(machine, app_memory=bound + mib), drafter)
-    assert tight["fits"] and tight["pair"] == {"held": False, "draft_total": None} and tight["tree"] == 1
+    assert tight["fits"] and tight["pair"] == {"held": False, "draft_total": None} and tight["mode"] == "greedy"
     assert "without the draft model" in _plan_text(tight)
     assert _plan_for(tiny_llama, machine)["pair"] is None  # no draft model asked for
 

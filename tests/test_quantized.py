@@ -108,34 +108,26 @@ def test_quantized_embedding_rows_read_back_exactly(tmp_path, bits):
     assert np.array_equal(out, blocks.dequantize()[[7, 0, 9]])
 
 
-def rows_route(artifact: Path, steps: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Logits of `steps` chained tokens three ways on the same KV: one call of T = steps; calls of
-    1 row each; calls of 2 rows each (the token + a padding row), via the runtime's backend."""
+def on_the_route(artifact: Path, steps: int) -> tuple[list[int], np.ndarray]:
+    """Under the manifest's numeric route, on the same KV: the call sizes up to `steps` whose rows differ, bit for
+    bit, from one-token calls (route_probe.py's own measurement), and the logits of one call of `steps` tokens."""
+    from specmemo.runtime import tree
     from specmemo.runtime.backend import OrtBackend
+    from specmemo.runtime.route_probe import differing_sizes
     from specmemo.runtime.session import DecoderSession, SessionConfig
     from specmemo.runtime.sizes import Sizes
 
     session = DecoderSession(Artifact.open(artifact), SessionConfig(sizes=Sizes(capacity=48, rows=16, tree=16)))
     backend = OrtBackend(session)
-    prompt = list(range(3, 11))
-    tokens = [int(t) for t in np.random.default_rng(4).integers(3, 60, steps)]
-    results = []
-    for min_rows in (None, 1, 2):
-        backend.reset()
-        backend.forward(prompt, list(range(-1, len(prompt) - 1)), last_only=True)
-        backend.commit(list(range(len(prompt))))
-        if min_rows is None:
-            out = backend.forward(tokens, list(range(-1, steps - 1)))
-            results.append(np.array(out.logits))
-            continue
-        backend.min_rows, rows = min_rows, []
-        for token in tokens:
-            rows.append(np.array(backend.forward([token], [-1]).logits[0]))
-            backend.commit([0])
-        backend.min_rows = session.manifest.min_step_rows
-        results.append(np.stack(rows))
-    one_call, single_rows, padded_rows = results
-    return one_call, single_rows, padded_rows
+    rng = np.random.default_rng(4)
+    prompt, tokens = list(range(3, 11)), [int(t) for t in rng.integers(3, 60, steps)]
+    differ = differing_sizes(backend, prompt, tokens, tuple(range(2, steps + 1)))
+    backend.rewind(len(prompt))
+    return differ, np.array(backend.forward(tokens, tree.chain(steps)).logits)
+
+
+def differing_sizes(artifact: Path, steps: int) -> list[int]:
+    return on_the_route(artifact, steps)[0]
 
 
 @pytest.fixture(scope="module")
@@ -153,11 +145,10 @@ def test_tiny_int4_export_is_matmulnbits_and_one_route_is_bitwise(tiny_int4, tin
     ops = {n.op_type for n in onnx.load(str(tiny_int4 / "decoder.onnx"), load_external_data=False).graph.node}
     assert "MatMulNBits" in ops and "MatMul" not in ops
     for artifact in (tiny_llama, tiny_int4):
-        chain, _single, padded = rows_route(artifact, 12)
-        assert np.array_equal(padded, chain), artifact  # >= 2 rows a call: bitwise, whatever T and row
-    # Why the padding row exists: on the machines this was first measured on, the M = 1 int8-activation
-    # kernels rounded apart from M >= 2; on an AMD EPYC (AVX-512 VNNI) they agreed. That is the CPU's
-    # business, so the one-route property above is asserted, not the difference.
+        assert differing_sizes(artifact, 12) == [], artifact  # the manifest's route: bitwise, whatever T and row
+    # Whether the padding row is needed is the CPU's business (route_probe.py decides it per machine): on the
+    # machines this was first measured on, the M = 1 int8-activation kernels rounded apart from M >= 2; on an AMD
+    # EPYC (AVX-512 VNNI) they agreed. So the manifest's route is asserted here, not the difference.
 
 
 def test_widened_blocks_are_the_same_weights_in_8_bits():
@@ -178,8 +169,7 @@ def test_int8_needs_accuracy_level_4_and_then_verifies_chains(tmp_path_factory):
     manifest = load_manifest(artifact)
     assert manifest.weight_dtype == "int8" and manifest.draft_shape == "chain"
     assert manifest.quantization.minimum == "block-sum"  # int8 widens Q4_1 blocks as they are (applied_minimum)
-    chain, _, padded = rows_route(artifact, 6)
-    assert np.array_equal(padded, chain)
+    assert differing_sizes(artifact, 6) == []
 
 
 def argmax_model(weight_t: np.ndarray) -> onnx.ModelProto:
@@ -327,12 +317,13 @@ def test_a_head_stored_once_reranks_from_its_own_4bit_rows():
     assert np.array_equal(session.run(None, {"x": x[:, 5:7]})[1][0], ids[5:7])
 
 
-def test_route_rows_for_pads_to_the_minimum_and_the_multiple():
-    from specmemo.runtime.plan import route_rows_for
+def test_a_route_pads_to_its_minimum_and_multiple():
+    from specmemo.runtime.row_route import RowRoute
 
-    assert [route_rows_for(n, min_rows=2, multiple=1, most=16) for n in (1, 2, 3, 16)] == [2, 2, 3, 16]
-    assert [route_rows_for(n, min_rows=2, multiple=2, most=16) for n in (1, 2, 3, 15, 16)] == [2, 2, 4, 16, 16]
-    assert route_rows_for(15, min_rows=2, multiple=2, most=15) == 15  # never past the arena's rows
+    assert [RowRoute(2, 1).rows_for(n, most=16) for n in (1, 2, 3, 16)] == [2, 2, 3, 16]
+    assert [RowRoute(2, 2).rows_for(n, most=16) for n in (1, 2, 3, 15, 16)] == [2, 2, 4, 16, 16]
+    assert RowRoute(2, 2).rows_for(15, most=15) == 15  # never past the arena's rows
+    assert [RowRoute(1, 1).rows_for(n, most=16) for n in (1, 2, 5)] == [1, 2, 5] and RowRoute(1, 1).padding == 0
 
 
 def test_blocks_over_32_run_an_even_row_count_and_stay_on_one_route(tmp_path_factory):
@@ -344,8 +335,7 @@ def test_blocks_over_32_run_an_even_row_count_and_stay_on_one_route(tmp_path_fac
     artifact = export_tiny(tiny_config("LlamaForCausalLM"), tmp_path_factory.mktemp("int4b64"),
                            quant=QuantOptions(dtype=WeightDtype.INT4, accuracy_level=4, block_size=64))
     assert load_manifest(artifact).step_row_multiple == 2
-    chain, _, padded = rows_route(artifact, 11)
-    assert np.array_equal(padded, chain)
+    assert differing_sizes(artifact, 11) == []
 
 
 def test_a_q6_k_head_reranks_from_its_own_six_bit_rows():

@@ -92,8 +92,9 @@ def compare(prompts: list[list[int]], host: dict[str, Any], arm: dict[str, Any])
                        "speculative_first_difference": [first_difference(s, g)
                                                         for s, g in zip(auto, greedy, strict=True)],
                        "prompts": len(prompts), "arm_equals_host": sum(f is None for f in firsts),
-                       "first_difference": firsts, "min_rows_arm": runs["greedy"]["min_rows"],
-                       "min_rows_host": host["runs"][folder]["greedy"]["min_rows"]}
+                       "first_difference": firsts, "route_arm": runs["greedy"]["route"],
+                       "route_host": host["runs"][folder]["greedy"]["route"],
+                       "route_probe_arm": runs["greedy"].get("route_probe")}
     return out
 
 
@@ -138,7 +139,7 @@ def run(config: ArmConfig, *, lock: Path, log: Any = print) -> dict[str, Any]:
 
 
 def table(summary: dict[str, Any]) -> str:
-    lines = [f"{'cpu':<12}{'artifact':<28}{'spec == greedy':>16}{'ARM == ' + summary['host']:>16}{'min rows':>10}"
+    lines = [f"{'cpu':<12}{'artifact':<28}{'spec == greedy':>16}{'ARM == ' + summary['host']:>16}{'route':>12}"
              "  first differences from the host's; from greedy (position)"]
     for cpu, result in summary["cpus"].items():
         for folder, r in result.items():
@@ -147,5 +148,5 @@ def table(summary: dict[str, Any]) -> str:
             lines.append(f"{cpu:<12}{Path(folder).name:<28}"
                          f"{str(r['speculative_equals_greedy']) + '/' + str(r['prompts']):>16}"
                          f"{str(r['arm_equals_host']) + '/' + str(r['prompts']):>16}"
-                         f"{str(r['min_rows_arm']) + ' vs ' + str(r['min_rows_host']):>10}  {firsts}")
+                         f"{r['route_arm'] + ' vs ' + r['route_host']:>12}  {firsts}")
     return "\n".join(lines)

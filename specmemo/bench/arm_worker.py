@@ -2,7 +2,8 @@
 the runtime alone (no torch, no transformers, no data packages: what an ARM board installs). The request (JSON on
 stdin): artifact folders, prompts as token ids (tokenized on the host), modes, new tokens, threads, and contexts
 whose next-token logits to report; the result (one JSON line): per artifact and mode, every reply's ids, the rows
-each step ran at least (the padding row), seconds; per context, the two likeliest next tokens and their logits.
+the numeric route each step ran on (rows at least x a multiple of, as probed
+there), seconds; per context, the two likeliest next tokens and their logits.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from specmemo.runtime import tree
+from specmemo.runtime import measured, tree
 from specmemo.runtime.artifact import Artifact
 from specmemo.runtime.backend import OrtBackend
 from specmemo.runtime.config import EngineConfig, Mode
@@ -29,7 +30,10 @@ def replies(artifact: Artifact, request: dict[str, Any], mode: Mode) -> dict[str
     started = time.perf_counter()
     ids = [engine.generate(list(prompt), max_new_tokens=request["max_new_tokens"]).token_ids
            for prompt in request["prompts"]]
-    return {"replies": ids, "min_rows": engine.plan.min_rows, "seconds": time.perf_counter() - started}
+    route = engine.plan.route
+    _, probed = measured.lookup(artifact, "row-route-onnx", request["threads"])  # what the probe found, per route
+    return {"replies": ids, "route": f"{route.min_rows}x{route.multiple}", "exact_route": route.exact,
+            "route_probe": (probed or {}).get("differing_sizes"), "seconds": time.perf_counter() - started}
 
 
 def next_token_logits(artifact: Artifact, request: dict[str, Any], contexts: list[list[int]]) -> list[list[Any]]:

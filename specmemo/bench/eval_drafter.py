@@ -36,11 +36,11 @@ from specmemo.errors import ConfigError
 from specmemo.runtime.artifact import Artifact
 from specmemo.runtime.config import DEFAULT_THREADS, EngineConfig, Mode
 from specmemo.runtime.controller import Controller, DrafterChoice
+from specmemo.runtime.cpu import cpu_name
 from specmemo.runtime.decode import prefill, verify_and_commit
 from specmemo.runtime.drafters import DraftContext, DraftTree, draft_model_dir, parse_choices, parse_drafter
 from specmemo.runtime.engine import Engine, open_drafter, open_engine
 from specmemo.runtime.formats import ModelFormat
-from specmemo.runtime.measured import cpu_name
 from specmemo.runtime.sampling import describe
 from specmemo.runtime.tokenizer import Message
 

@@ -40,7 +40,7 @@ def machine_info(threads: int) -> dict:
     the command line."""
     import onnxruntime
 
-    from specmemo.runtime.measured import cpu_name
+    from specmemo.runtime.cpu import cpu_name
 
     return {"commit": source_commit(), "platform": platform.platform(), "cpu": cpu_name(), "isa": isa(),
             "threads": threads, "onnxruntime": onnxruntime.__version__, "python": platform.python_version(),

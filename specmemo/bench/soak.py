@@ -22,8 +22,8 @@ from specmemo.runtime.artifact import Artifact
 from specmemo.runtime.backend import ContextOverflowError
 from specmemo.runtime.chat import ChatSession
 from specmemo.runtime.config import DEFAULT_THREADS
+from specmemo.runtime.cpu import cpu_name
 from specmemo.runtime.engine import EngineConfig, Mode, open_engine
-from specmemo.runtime.measured import cpu_name
 from specmemo.runtime.memory import MIB
 from specmemo.runtime.rss import peak_rss_bytes, rss_bytes
 

@@ -36,7 +36,7 @@ def add_parser(sub) -> None:
 def cmd_plan(args: argparse.Namespace) -> int:
     from specmemo.runtime import memory
     from specmemo.runtime.config import EngineConfig
-    from specmemo.runtime.measured import memory_calibration
+    from specmemo.runtime.measured import memory_calibration, row_route
     from specmemo.runtime.medusa_tree import exported_tree
     from specmemo.runtime.plan import (
         default_sizes,
@@ -60,8 +60,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
     draft_fp, draft = None, None
     try:
         draft = read_draft(config, manifest, priced=True, log=log_stderr)
+        route = row_route(artifact, threads=args.threads, log=log_stderr)
         decided = make_plan(config, manifest, calibration=calibration, draft=draft,  # what an engine opens with
-                            log=log_stderr)
+                            route=route, log=log_stderr)
         chosen, draft_fp = decided.footprint, decided.draft_footprint
     except memory.BudgetError as err:
         missed = args.budget_bytes
@@ -81,7 +82,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
                                   batch=args.batch)
     if args.json:
         out = {"lower_bound": _footprint_json(bound), "plan": chosen and _footprint_json(chosen), "context": context,
-               "budget": budget, "profile": profile.name if profile else None, "heads": heads}
+               "budget": budget, "profile": profile.name if profile else None, "heads": heads,
+               "route": decided.route.to_json()}
         if draft_fp is not None:
             assert chosen is not None  # a draft model is priced only beside a priced target
             out.update(draft_model=_footprint_json(draft_fp), total=chosen.total + draft_fp.total)
@@ -104,6 +106,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     d = manifest.dims
     print(f"{args.artifact}: {d.num_layers} layers, H_kv={d.num_kv_heads}, D={d.head_dim}, V={d.vocab_size}, "
           f"max C={manifest.max_capacity}, tree {exported_tree(manifest).size} nodes, K={heads}")
+    print(f"numeric route on this CPU: {decided.route.describe()}")
     print(f"\n{title}:")
     for label, mib in memory.breakdown(shown):
         print(f"  {label:<58} {mib:>9.1f} MiB")

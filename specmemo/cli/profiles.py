@@ -90,12 +90,14 @@ def _plan_for(artifact: Path, profile, drafter: str | None = None) -> dict:
             draft_total = plan.draft_footprint.total
         pair = {"held": held, "draft_total": draft_total}
     total = plan.footprint.total + (plan.draft_footprint.total if plan.draft_footprint else 0)
-    return {"fits": True, "capacity": s.capacity, "tree": s.tree, "rows": s.rows, "total": total, "pair": pair}
+    return {"fits": True, "capacity": s.capacity, "tree": s.tree, "rows": s.rows, "total": total, "pair": pair,
+            "mode": plan.mode.value}
 
 
 def _plan_text(plan: dict) -> str:
     if plan["fits"]:
-        text = f"C={plan['capacity']}, T_max={plan['tree']}, {plan['total'] / 2**20:.0f} MiB"
+        width = "plain decoding" if plan.get("mode") == "greedy" else f"T_max={plan['tree']}"
+        text = f"C={plan['capacity']}, {width}, {plan['total'] / 2**20:.0f} MiB"
         pair = plan.get("pair")
         if pair is not None:
             text += (f" with the draft model ({pair['draft_total'] / 2**20:.0f} MiB of it)" if pair["held"]

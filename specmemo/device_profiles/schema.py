@@ -238,21 +238,16 @@ def detect_this_machine() -> DeviceProfile:
         file=THIS_MACHINE)
 
 
-def this_cpu(cpuinfo: str | None = None, machine: str | None = None) -> tuple[CpuClass, str]:
+def this_cpu(flags: frozenset[str] | None = None, machine: str | None = None) -> tuple[CpuClass, str]:
     """This machine's CpuClass, and how it was read: the architecture, then on aarch64 the kernel's feature flags
-    (asimddp: dot-product, i8mm)."""
-    import platform
+    (asimddp: dot-product, i8mm; runtime/cpu.py reads them as ONNX Runtime does)."""
+    from specmemo.runtime import cpu as this
 
-    machine = machine or platform.machine()
+    machine = machine or this.machine()
     if machine not in ("aarch64", "arm64"):
         return CpuClass.X86_64, f"platform.machine() = {machine}"
-    if cpuinfo is None:
-        try:
-            cpuinfo = Path("/proc/cpuinfo").read_text()
-        except OSError:
-            cpuinfo = ""
-    flags = {word for line in cpuinfo.splitlines() if line.lower().startswith("features") for word in line.split()}
+    flags = this.features() if flags is None else flags
     cpu = (CpuClass.ARM_DOTPROD_I8MM if {"asimddp", "i8mm"} <= flags else
            CpuClass.ARM_DOTPROD if "asimddp" in flags else CpuClass.ARM)
-    return cpu, "the Features line of /proc/cpuinfo (asimddp, i8mm)"
+    return cpu, "the kernel's hardware capabilities (getauxval: asimddp, i8mm)"
 

@@ -99,7 +99,7 @@ def hardware(device: str = "cpu") -> str:
     """What trained it: the CPU (and its threads), or the CUDA device."""
     import torch
 
-    from specmemo.runtime.measured import cpu_name
+    from specmemo.runtime.cpu import cpu_name
 
     if device == "cuda":
         return f"{torch.cuda.get_device_name(0)} (CUDA)"

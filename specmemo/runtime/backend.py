@@ -18,7 +18,7 @@ import numpy.typing as npt
 
 from specmemo.errors import SpecMemoError
 from specmemo.runtime import tree
-from specmemo.runtime.plan import route_rows, route_rows_for
+from specmemo.runtime.row_route import RowRoute, manifest_route
 from specmemo.runtime.sizes import WINDOW_MARGIN
 
 if TYPE_CHECKING:  # the PyTorch reference uses this module without ONNX Runtime
@@ -90,28 +90,31 @@ def check_fits(length: int, new: int, capacity: int, reserved: int = 0) -> None:
 class OrtBackend:
     """DecoderSession behind the Backend interface, writing every input into the session's arena.
 
-    One numeric route: every call runs at least `manifest.min_step_rows` (2) rows, a multiple of
-    `manifest.step_row_multiple`, and gathers rows for the LM head by the same rule; a 1-token step gets a padding
-    row (the same token again, as its child) whose outputs are ignored. ONNX
-    Runtime's CPU kernels take another path for a single row (sgemm's M = 1 case, MatMulNBits'
-    M = 1 kernels), so a row computed alone differs from the same row in a T-node verify: by
-    rounding on fp32 logits, and by whole units with MatMulNBits at accuracy level 4. From 2 rows on,
-    each row's outputs are bitwise the same whatever the number of rows and its place among them
-    (tests/test_quantized.py checks it for fp32 and int4), so greedy and speculative steps
-    compute every committed token identically. The padding row costs one KV position: `capacity`
-    is the buffer's less one.
+    One numeric route (row_route.py): every call runs at least `route.min_rows` rows, a multiple of
+    `route.multiple`, and gathers rows for the LM head by the same rule, so greedy and speculative steps compute every
+    committed token identically. Where a row computed alone takes another kernel path than the same row among
+    others (x86: sgemm's and MatMulNBits' M = 1 cases), the route is 2: a 1-token step gets a padding row (the
+    same token again, as its child) whose outputs are ignored, and the buffer keeps one KV position for it. Where
+    every row is computed alike (probed per machine), greedy runs one row. Default: the manifest's route.
 
     Per tree shape the depths and the [T, T] ancestor bias are computed once (TreeInputs); a step
     then fills arena views in place. A chain longer than the arena's rows
     (a long prompt) runs in chunks of R rows, each attending to the positions written before it."""
 
-    def __init__(self, session: DecoderSession):
+    def __init__(self, session: DecoderSession, *, route: RowRoute | None = None):
         self.session = session
         self._tree = TreeInputs(session.arena["attention_bias"].dtype)
         self._arange = np.arange(session.rows, dtype=np.int64)
-        self.min_rows = route_rows(session.manifest, session.sizes)  # the plan's numeric route (plan.route_rows)
-        self.row_multiple = session.manifest.step_row_multiple
-        self.padding = max(self.min_rows, self.row_multiple) - 1  # the most padding rows a call adds
+        m = session.manifest
+        self.route = (route or manifest_route(m.min_step_rows, m.step_row_multiple)).capped(session.rows)
+
+    @property
+    def min_rows(self) -> int:  # rows every call runs at least
+        return self.route.min_rows
+
+    @property
+    def padding(self) -> int:  # the most padding rows a call adds
+        return self.route.padding
 
     @property
     def capacity(self) -> int:
@@ -148,7 +151,7 @@ class OrtBackend:
     def _run(self, tokens: list[int], parents: list[int], offset: int, last_only: bool) -> Forward:
         """One decoder call for `tokens` on top of the committed positions and `offset` uncommitted ones."""
         real = len(tokens)
-        rows = route_rows_for(real, min_rows=self.min_rows, multiple=self.row_multiple, most=self.session.rows)
+        rows = self.route.rows_for(real, most=self.session.rows)
         if real < rows:  # padding rows: a chain under the last node, never read
             tokens = [*tokens, *[tokens[-1]] * (rows - real)]
             parents = [*parents, *range(real - 1, rows - 1)]
@@ -165,8 +168,8 @@ class OrtBackend:
         bias[:, past:] = block
         wanted = 1 if last_only else real  # logit rows asked for: the last node's, or every node's
         first = real - wanted
-        gathered = route_rows_for(wanted, min_rows=min(self.min_rows, size), multiple=self.row_multiple,
-                                  most=min(size, self.session.logit_rows))  # the LM head's rows on the same route
+        gathered = self.route.rows_for(wanted, min_rows=min(self.min_rows, size),
+                                       most=min(size, self.session.logit_rows))  # the LM head's rows on the same route
         start = min(first, size - gathered)  # gathered rows [start, start + gathered) hold the wanted ones
         arena["logits_indices"][:gathered] = self._arange[start : start + gathered]
         attended_w = self._window_bias(past, size, block) if self.session.kv.sliding else 0

@@ -12,10 +12,10 @@ from __future__ import annotations
 from typing import Any
 
 from specmemo.runtime.artifact import Artifact
+from specmemo.runtime.cpu import cpu_name
 from specmemo.runtime.drafters.registry import in_artifact
 from specmemo.runtime.engine import EngineConfig, Mode, open_engine
 from specmemo.runtime.fresh_process import serve_json
-from specmemo.runtime.measured import cpu_name
 from specmemo.runtime.memory import activation_bytes
 from specmemo.runtime.rss import peak_rss_bytes, rss_bytes
 from specmemo.runtime.tokenizer import Message

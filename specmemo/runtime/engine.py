@@ -58,7 +58,7 @@ class Engine:
         return self.plan.sizes.tree
 
     def __post_init__(self) -> None:
-        self._backend = OrtBackend(self.session)
+        self._backend = OrtBackend(self.session, route=self.plan.route)
         self._curve: LatencyCurve | None = None
 
     def policy(self, mode: Mode) -> FullWidth | Controller | DrafterChoice | None:

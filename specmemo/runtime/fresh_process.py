@@ -28,6 +28,9 @@ def run_json(module: str, request: dict[str, Any], *, what: str, fix: str) -> di
     request = {**request, "spawned_at": time.time()}
     done = subprocess.run([sys.executable, "-m", module], input=json.dumps(request), capture_output=True, text=True)
     lines = done.stdout.strip().splitlines()
+    refused = _refusal(lines[-1]) if done.returncode != 0 and lines else None
+    if refused is not None:  # the child's own one-line error, which names its fix
+        raise FreshProcessError(f"{what} failed: {refused}")
     if done.returncode != 0 or not lines:
         reason = (done.stderr.strip().splitlines() or ["no output"])[-1][:300]
         raise FreshProcessError(f"{what} failed ({reason}): {fix}")
@@ -46,6 +49,20 @@ def first_reply_ready(request: dict[str, Any], reply: Callable[..., dict[str, An
     return started + float(reply(prompt, new_tokens)["ttft_s"])
 
 
+def _refusal(line: str) -> str | None:
+    try:
+        data = json.loads(line)
+    except json.JSONDecodeError:
+        return None
+    return data.get("error") if isinstance(data, dict) else None
+
+
 def serve_json(handler: Callable[[dict[str, Any]], dict[str, Any]]) -> None:
-    """The child's side: read the request from stdin, print the handler's result as one JSON line."""
-    print(json.dumps(handler(json.loads(sys.stdin.read()))))
+    """The child's side: read the request from stdin, print the handler's result as one JSON line; a SpecMemoError
+    (bad input, a broken artifact) as {"error": its one line}, exit status 1."""
+    try:
+        result = handler(json.loads(sys.stdin.read()))
+    except SpecMemoError as err:
+        print(json.dumps({"error": str(err)}))
+        sys.exit(1)
+    print(json.dumps(result))

@@ -1,10 +1,11 @@
-"""What is measured once per artifact and machine, read back as data: the memory calibration and the
-verify latency curve, cached under $SPECMEMO_CACHE/calibration/.
+"""What is measured once per artifact and machine, read back as data: the memory calibration, the
+verify latency curve and the numeric route, cached under $SPECMEMO_CACHE/calibration/.
 
 Cache keys: the manifest (without its device plan: the plan is chosen from these numbers), ONNX
-Runtime's version, the CPU, the thread count and Python's version: a new artifact or machine measures
-again, nothing else does. The measurements themselves sit above the engine: the memory probe
-(calibrate.py) opens an engine in a fresh process, started here by module name, never imported;
+Runtime's version, the CPU (name, architecture and the features that pick kernels: cpu.signature), the
+thread count and Python's version: a new artifact or machine measures again, nothing else does. The
+measurements themselves sit above the engine: the memory probe (calibrate.py) and the numeric-route
+probe (route_probe.py) each run in a fresh process, started here by module name, never imported;
 the latency curve times the engine's own backend (controller.measure_latency).
 """
 
@@ -19,22 +20,15 @@ from pathlib import Path
 from typing import Any
 
 from specmemo.paths import cache_root
+from specmemo.runtime import cpu
 from specmemo.runtime.artifact import Artifact
 from specmemo.runtime.config import DEFAULT_THREADS
 from specmemo.runtime.fresh_process import run_json
+from specmemo.runtime.manifest import ModelFormat
 from specmemo.runtime.memory import Calibration
+from specmemo.runtime.row_route import RowRoute
 
 VERSION = 8  # bump when the runtime's memory or timing behaviour changes: old measurements are void
-
-
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def lookup(artifact: Artifact, kind: str, threads: int) -> tuple[Path, dict[str, Any] | None]:
@@ -44,7 +38,7 @@ def lookup(artifact: Artifact, kind: str, threads: int) -> tuple[Path, dict[str,
     data.pop("plan", None)
     manifest = json.dumps(data, sort_keys=True).encode()
     key = hashlib.sha256(b"|".join([manifest, str(VERSION).encode(), version("onnxruntime").encode(),
-                                    cpu_name().encode(), str(threads).encode(),
+                                    cpu.signature().encode(), str(threads).encode(),
                                     platform.python_version().encode()])).hexdigest()[:16]
     path = cache_root() / "calibration" / f"{kind}-{key}.json"
     try:
@@ -72,3 +66,21 @@ def memory_calibration(artifact: Artifact, *, threads: int = DEFAULT_THREADS,
         store(path, data)
     return Calibration(load_bytes=data["load_bytes"], step_overhead_bytes=data["step_overhead_bytes"],
                        base_bytes=data.get("base_bytes", 0))
+
+
+def row_route(artifact: Artifact, *, threads: int = DEFAULT_THREADS, model_format: ModelFormat = ModelFormat.ONNX,
+              log: Callable[[str], None] = print) -> RowRoute:
+    """The cached numeric route (row_route.py), probed in a fresh process on first use (a second or two for a small
+    model: quietly, unless no route tried is exact here)."""
+    path, data = lookup(artifact, f"row-route-{model_format.value}", threads)
+    if data is None:
+        data = run_json("specmemo.runtime.route_probe", {"artifact": str(artifact.folder), "threads": threads,
+                                                         "model_format": model_format.value},
+                        what=f"numeric-route probe of {artifact}",
+                        fix="check the artifact with `specmemo export validate`")
+        store(path, data)  # said by `specmemo plan`; a first run is not held up by a line before its reply or error
+    route = RowRoute.from_json(data["route"])
+    if not route.exact:
+        log(f"warning: no numeric route tried computes every row of {artifact} alike on this CPU "
+            f"({data['differing_sizes']}): speculative replies may differ from greedy ones here")
+    return route

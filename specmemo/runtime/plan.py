@@ -11,12 +11,12 @@
                                otherwise  → --capacity or the graph's max C, R = the prefill chunk or
                                              the tree if larger
       layout     the arena view by view (arena.ArenaLayout: B, C_w, KV dtype, the drafter's scratch)
-      route      rows every decoder call runs (the manifest's min_step_rows, at most R): greedy and
-                 speculative steps compute every committed token on one numeric route
+      route      rows every decoder call runs (row_route.py: probed once per artifact and machine, at most R):
+                 greedy and speculative steps compute every committed token on one numeric route
       footprint  the memory model's price of the layout (with a budget or a device plan)
 
-Nothing downstream decides these again: the session allocates `layout`, the backend pads calls to
-`min_rows`, the drafters and the controller take `sizes.tree`. This module reads the measured
+Nothing downstream decides these again: the session allocates `layout`, the backend pads calls by
+`route`, the drafters and the controller take `sizes.tree`. This module reads the measured
 numbers as data (measured.py: cached; measured once, in a fresh process, on first use) and measures nothing
 itself.
 """
@@ -36,9 +36,10 @@ from specmemo.runtime.config import EngineConfig, Mode
 from specmemo.runtime.drafters import DrafterName, draft_model_dir, parse_choices, parse_drafter
 from specmemo.runtime.drafters.registry import DRAFTERS, MODEL_MAX_CHAIN, missing_part, with_own_model
 from specmemo.runtime.manifest import Manifest, ManifestError
-from specmemo.runtime.measured import memory_calibration
+from specmemo.runtime.measured import memory_calibration, row_route
 from specmemo.runtime.medusa_tree import tree_sizes, useful_tree_size
 from specmemo.runtime.memory import MIB
+from specmemo.runtime.row_route import RowRoute, manifest_route
 from specmemo.runtime.sizes import DEFAULT_PREFILL_CHUNK, Sizes
 
 
@@ -67,7 +68,7 @@ class Plan:
     drafters: tuple[DrafterName, ...]  # () in greedy mode
     sizes: Sizes  # C, R, T_max
     layout: ArenaLayout  # what the session allocates (B, C_w, KV dtype included)
-    min_rows: int  # the numeric route: rows every decoder call runs (padding rows when fewer are real)
+    route: RowRoute  # the numeric route: rows every decoder call runs (padding rows when fewer are real)
     useful_tree: int  # the lower bound's tree: the smallest prefix with medusa_tree.USEFUL_GAIN of the gain
     source: Source
     draft_model: Artifact | None = None  # the draft model's artifact (drafter "model")
@@ -86,14 +87,18 @@ class Plan:
         if (layout.capacity, layout.rows, layout.logit_rows) != (s.capacity, s.rows, s.tree):
             raise ConfigError(f"plan layout {layout.capacity}/{layout.rows}/{layout.logit_rows} does not match "
                               f"C={s.capacity}, R={s.rows}, T_max={s.tree}")
-        if not 1 <= self.min_rows <= s.rows:
-            raise ConfigError(f"the numeric route needs 1 <= min_rows <= R, got {self.min_rows} (R={s.rows})")
+        if not 1 <= self.route.min_rows <= s.rows:
+            raise ConfigError(f"the numeric route needs 1 <= min_rows <= R, got {self.route.min_rows} (R={s.rows})")
         if self.mode is Mode.GREEDY and self.drafters:
             raise ConfigError("a greedy plan runs no drafters")
 
     @property
     def kv_dtype(self) -> str:
         return self.layout.kv_dtype
+
+    @property
+    def min_rows(self) -> int:
+        return self.route.min_rows
 
 
 def drafter_spec(config: EngineConfig, manifest: Manifest) -> str:
@@ -156,21 +161,6 @@ def check_capacity(manifest: Manifest, capacity: int) -> int:
     return capacity
 
 
-def route_rows(manifest: Manifest, sizes: Sizes) -> int:
-    """The numeric route: rows every decoder call runs (padding rows when fewer are real), the manifest's
-    min_step_rows as the exporter measured it, at most R (R = 1: every call is one row anyway)."""
-    return min(manifest.min_step_rows, sizes.rows)
-
-
-def route_rows_for(real: int, *, min_rows: int, multiple: int, most: int) -> int:
-    """Rows a call of `real` rows runs: at least `min_rows`, rounded up to a `multiple` (the manifest's
-    step_row_multiple: some MatMulNBits kernels compute the last row of an odd count alone, another rounding), never
-    more than `most` (the arena's R, or the rows the LM head may gather)."""
-    rows = max(real, min_rows)
-    rows += -rows % multiple
-    return min(rows, max(real, most))
-
-
 def weights_stored(artifact: Artifact) -> int:
     """Bytes of the artifact's weight files (shown beside the measured load; ORT's packed copies are in it)."""
     manifest = artifact.manifest
@@ -200,7 +190,10 @@ def plan_for(config: EngineConfig, manifest: Manifest, *, batch: int = 1, log: C
     priced = needs_calibration(config, manifest)
     calibration = memory_calibration(config.artifact, threads=config.threads, log=log) if priced else None
     draft = read_draft(config, manifest, priced=priced, log=log)
-    return make_plan(config, manifest, calibration=calibration, draft=draft, batch=batch, log=log)
+    # a batch keeps each sequence's padding row (batch.py); one sequence takes the route probed on this machine
+    route = row_route(config.artifact, threads=config.threads, model_format=config.model_format, log=log) \
+        if batch == 1 else None
+    return make_plan(config, manifest, calibration=calibration, draft=draft, batch=batch, route=route, log=log)
 
 
 def read_draft(config: EngineConfig, manifest: Manifest, *, priced: bool, log: Callable[[str], None] = print
@@ -224,15 +217,19 @@ def draft_price(draft: DraftModel, sizes: Sizes) -> memory.Footprint:
 
 
 def make_plan(config: EngineConfig, manifest: Manifest, *, calibration: memory.Calibration | None = None,
-              draft: DraftModel | None = None, batch: int = 1, log: Callable[[str], None] = print) -> Plan:
+              draft: DraftModel | None = None, batch: int = 1, route: RowRoute | None = None,
+              log: Callable[[str], None] = print) -> Plan:
     """The one sizing pass (module doc). `calibration`: the measured numbers (measured.memory_calibration),
     required when `needs_calibration`; `draft`: the draft model's, when the drafters include one (a priced plan
     holds both; what cannot hold the pair leaves the draft model out, and says so). `batch`: B sequences per
-    call (runtime/batch.py), C per row."""
+    call (runtime/batch.py), C per row. `route`: the numeric route probed on this machine (measured.row_route;
+    default the manifest's)."""
     names = drafter_names(config, manifest)
     mode = config.mode if names else Mode.GREEDY  # nothing to speculate with: plain decoding
     exported, useful_tree = tree_sizes(manifest)
-    tree = draft_tree_size(names, exported=exported)
+    # logit rows for at least a one-token call's rows on the route: greedy's LM head runs as many rows as a verify's
+    route = route or manifest_route(manifest.min_step_rows, manifest.step_row_multiple)
+    tree = max(draft_tree_size(names, exported=exported), route.min_rows, route.multiple)  # so R >= the route's rows
     device_plan, budget, source = manifest.plan, config.budget, Source.BUDGET
     if budget is None and config.capacity is None and device_plan is not None:
         log(f"plan from the manifest: profile {device_plan.profile}, budget {device_plan.budget / 2**30:.2f} GiB, "
@@ -271,12 +268,13 @@ def make_plan(config: EngineConfig, manifest: Manifest, *, calibration: memory.C
                 f"({'drafting with ' + '+'.join(n.value for n in rest) if rest else 'plain decoding'})")
             spec = "+".join(n.value for n in rest)
             return make_plan(replace(config, drafter=spec or None, mode=config.mode if rest else Mode.GREEDY),
-                             manifest, calibration=calibration, batch=batch, log=log)
-    min_rows = route_rows(manifest, sizes)
+                             manifest, calibration=calibration, batch=batch, route=route, log=log)
     if footprint is not None:  # the weight files, shown beside the measured load
         footprint = replace(footprint, weights_stored=weights_stored(config.artifact))
+    if route.min_rows > sizes.rows:  # a budget cut R below the route's rows: every call is R rows at most
+        route = route.capped(sizes.rows)
     return Plan(mode=mode, drafters=names, sizes=sizes, layout=ArenaLayout.for_manifest(manifest, sizes, batch=batch),
-                min_rows=min_rows, useful_tree=useful_tree, source=source, footprint=footprint,
+                route=route, useful_tree=useful_tree, source=source, footprint=footprint,
                 draft_model=(draft.artifact if draft is not None
                              else _opened(draft_model_folder(config, manifest, names))),
                 draft_footprint=draft_footprint)

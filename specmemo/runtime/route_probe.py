@@ -1,0 +1,87 @@
+"""The numeric-route probe (row_route.py), run in a fresh process (fresh_process.py) by measured.row_route.
+
+On a small arena of the artifact's decoder: a pseudo-random prompt, then a chain of pseudo-random tokens decoded
+two ways under each candidate route, cheapest first: one token a call (greedy's steps, each committed), and one
+call of k tokens for every k of SIZES (a verify). The first candidate under which every row of every call equals
+the one-token row bit for bit is this machine's route. A chain, not a tree: the kernels see rows, and which rows a
+tree's mask lets each attend to does not change how a row is computed. Nothing in the runtime imports this module.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from specmemo.runtime import cpu, tree
+from specmemo.runtime.artifact import Artifact
+from specmemo.runtime.backend import OrtBackend
+from specmemo.runtime.fresh_process import serve_json
+from specmemo.runtime.manifest import ModelFormat
+from specmemo.runtime.row_route import CANDIDATES, RowRoute, manifest_route
+from specmemo.runtime.session import DecoderSession, SessionConfig
+from specmemo.runtime.sizes import Sizes
+
+# odd, even and four-tiled counts and their remainders: kernels compute rows in pairs or tiles of four, the rest apart
+PROMPT, SIZES = 24, (2, 3, 4, 5, 6, 7, 8, 9, 12, 16)
+
+
+def one_token_calls(backend: OrtBackend, tokens: list[int]) -> np.ndarray:
+    """The chain's logits as greedy decodes it: one token a call, each committed."""
+    rows = []
+    for token in tokens:
+        rows.append(np.array(backend.forward([token], [-1]).logits[0]))
+        backend.commit([0])
+    return np.stack(rows)
+
+
+def differing_sizes(backend: OrtBackend, prompt: list[int], chain: list[int], sizes: tuple[int, ...]) -> list[int]:
+    """The call sizes whose rows differ from one-token calls under the backend's route."""
+    backend.reset()
+    backend.forward(prompt, tree.chain(len(prompt)), last_only=True)
+    backend.commit(list(range(len(prompt))))
+    base = backend.length
+    alone = one_token_calls(backend, chain)
+    differ = []
+    for size in sizes:
+        backend.rewind(base)
+        together = backend.forward(chain[:size], tree.chain(size)).logits
+        if not np.array_equal(together, alone[:size]):
+            differ.append(size)
+    return differ
+
+
+def probe(session: DecoderSession, candidates: tuple[RowRoute, ...] = CANDIDATES) -> tuple[RowRoute, dict[str, Any]]:
+    """This machine's route for the session's graph, and per candidate the call sizes that differed."""
+    m = session.manifest
+    rng = np.random.default_rng(0)
+    prompt = [int(t) for t in rng.integers(0, m.dims.vocab_size, PROMPT)]
+    sizes = tuple(s for s in SIZES if s <= min(session.rows, session.logit_rows))
+    chain = [int(t) for t in rng.integers(0, m.dims.vocab_size, max(sizes))]
+    tried: dict[str, Any] = {}
+    for route in candidates:
+        differ = differing_sizes(OrtBackend(session, route=route), prompt, chain, sizes)
+        tried[f"{route.min_rows}x{route.multiple}"] = differ
+        if not differ:
+            return route, {"sizes": list(sizes), "differing_sizes": tried}
+    fallback = manifest_route(m.min_step_rows, m.step_row_multiple)
+    return RowRoute(fallback.min_rows, fallback.multiple, candidates[-1].source, exact=False), \
+        {"sizes": list(sizes), "differing_sizes": tried}
+
+
+def measure_route(request: dict[str, Any]) -> dict[str, Any]:
+    import onnxruntime as ort
+
+    artifact = Artifact.open(request["artifact"])  # this process's entry point
+    rows = max(SIZES)
+    capacity = min(artifact.manifest.max_capacity, PROMPT + 2 * rows + 2)
+    session = DecoderSession(artifact, SessionConfig(threads=request["threads"], heads=False, warm_up=False,
+                                                     sizes=Sizes(capacity=capacity, rows=rows, tree=rows),
+                                                     model_format=ModelFormat(request["model_format"])))
+    route, report = probe(session)
+    return {"route": route.to_json(), **report, "onnxruntime": ort.__version__, "cpu": cpu.signature(),
+            "threads": request["threads"]}
+
+
+if __name__ == "__main__":
+    serve_json(measure_route)
