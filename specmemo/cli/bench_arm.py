@@ -22,8 +22,8 @@ def add_arm_parser(bench) -> None:
                                      "greedily and by the controller on each artifact, under QEMU's user-mode "
                                      "emulation of each --cpus class, and on this host. Prints whether speculative "
                                      "output equals greedy on ARM, where ARM's ids first differ from this host's (with "
-                                     "the two likeliest tokens' logits there on each), and the rows each step ran at "
-                                     "least. Needs root (binfmt_misc, chroot). Emulation checks outputs, not speed. "
+                                     "the two likeliest tokens' logits there on each), and the numeric route each "
+                                     "machine probed for itself (rows a call: at least x a multiple of). Needs root (binfmt_misc, chroot). Emulation checks outputs, not speed. "
                                      "Example: specmemo bench arm --artifact artifacts/smollm2-135m "
                                      "--artifact artifacts/smollm2-135m-int4",
                          formatter_class=argparse.ArgumentDefaultsHelpFormatter)
