@@ -63,3 +63,36 @@ def test_every_arm_profile_names_a_cpu_class_the_arm_check_emulates():
     assert this_cpu(pi | {"i8mm"}, "aarch64")[0] is CpuClass.ARM_DOTPROD_I8MM
     assert this_cpu(frozenset(), "aarch64")[0] is CpuClass.ARM and this_cpu(frozenset(), "x86_64")[0] is \
         CpuClass.X86_64
+
+
+def test_kernel_probes_rebuild_each_kind_of_quantized_matrix_and_name_its_route(tmp_path):
+    """One-node probes of an int4 (zero points) and an 8-bit symmetric matrix: the float references dequantize the
+    same weights (level 1 and the unpacked MatMul agree to float rounding), and on x86 no output moves when KleidiAI
+    is switched off, so each route is one of MLAS's own; `route_of` reads the four outputs in order."""
+    import numpy as np
+    import onnxruntime as ort
+
+    from specmemo.bench.arm_routes import (
+        FP32,
+        INT8,
+        KLEIDIAI,
+        UNPACKED,
+        MatrixSpec,
+        kernel_routes,
+        route_of,
+        write_probes,
+    )
+
+    specs = [MatrixSpec(96, 40, 4, 32, 4, "uint8", count=3), MatrixSpec(64, 24, 8, 32, 4, "none")]
+    probes = write_probes(specs, tmp_path)
+    for entry in probes["matrices"]:
+        x = np.load(tmp_path / entry["x"])
+        level1, unpacked = (ort.InferenceSession(str(tmp_path / entry["files"][k])).run(None, {"x": x})[0]
+                            for k in ("fp32", "unpacked"))
+        assert np.allclose(level1, unpacked, rtol=1e-4, atol=1e-4 * np.abs(unpacked).max())
+    routes = kernel_routes(probes, threads=1)
+    assert [r["spec"]["count"] for r in routes] == [3, 1]
+    assert all(route != KLEIDIAI for r in routes for route in r["routes"].values())
+    a, b = np.zeros(2), np.ones(2)
+    assert (route_of(a, b, a, a), route_of(a, a, b, a), route_of(a, a, a, b), route_of(a, a, b, b)) == \
+        (KLEIDIAI, UNPACKED, FP32, INT8)

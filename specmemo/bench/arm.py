@@ -4,8 +4,9 @@ For each artifact (exported here, on x86) and each emulated CPU class, the same 
 greedily and by the controller (speculative) inside an arm64 root (bench/arm_env.py) with the runtime alone, then on
 this host. What it checks and prints: speculative == greedy on ARM, prompt by prompt; ARM's greedy ids against this
 host's (x86: its ISA named), and where a prompt first differs, the position and the two likeliest next tokens with
-their logits on each machine (from a prefill of the common prefix); the rows each step ran at least (the padding
-row). Emulation says what the kernels compute, not how fast.
+their logits on each machine (from a prefill of the common prefix); the numeric route each machine probed for
+itself (runtime/row_route.py); and which kernel each quantized matrix takes there (arm_routes.py). Emulation says
+what the kernels compute, not how fast.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ class ArmConfig:
     max_new_tokens: int = 32
     threads: int = DEFAULT_THREADS
     capacity: int = 256
+    replies: bool = True  # decode the prompts (False: the kernel-route table alone, seconds a CPU class)
 
     def __post_init__(self) -> None:
         unknown = sorted(set(self.cpus) - set(CPUS))
@@ -55,6 +57,18 @@ def prompt_ids(config: ArmConfig) -> list[list[int]]:
                                                                                       per_set=config.prompts)]
 
 
+def kernel_probes(artifacts: tuple[Path, ...], folder: Path) -> dict[str, Any]:
+    """Per artifact with quantized matrices: its one-node probe graphs (arm_routes.write_probes) under `folder`."""
+    from specmemo.bench.arm_routes import matrix_specs, write_probes
+
+    out = {}
+    for i, artifact in enumerate(artifacts):
+        specs = matrix_specs(artifact / "decoder.onnx")
+        if specs:
+            out[str(artifact.resolve())] = write_probes(specs, folder / str(i))
+    return out
+
+
 def request(config: ArmConfig, prompts: list[list[int]], contexts: dict[str, list[list[int]]] | None = None
             ) -> dict[str, Any]:
     return {"artifacts": [str(a.resolve()) for a in config.artifacts], "prompts": prompts, "modes": list(MODES),
@@ -63,8 +77,9 @@ def request(config: ArmConfig, prompts: list[list[int]], contexts: dict[str, lis
 
 
 def on_arm(root: Path, cpu: str, body: dict[str, Any], artifacts: tuple[Path, ...]) -> dict[str, Any]:
+    probes = [Path(p["folder"]) for p in body.get("kernel_probes", {}).values()]
     done = run_in(root, ["python", "-m", WORKER], cpu=CPUS[cpu], repo=REPO,
-                  binds=[a.resolve() for a in artifacts], stdin=json.dumps(body))
+                  binds=[*(a.resolve() for a in artifacts), *probes], stdin=json.dumps(body))
     lines = done.stdout.strip().splitlines()
     if done.returncode != 0 or not lines:
         reason = (done.stderr.strip().splitlines() or ["no output"])[-1][:300]
@@ -85,6 +100,8 @@ def compare(prompts: list[list[int]], host: dict[str, Any], arm: dict[str, Any])
     """Per artifact: speculative == greedy on ARM, and ARM's greedy against the host's, prompt by prompt."""
     out = {}
     for folder, runs in arm["runs"].items():
+        if "greedy" not in runs:  # a run of kernel routes only
+            continue
         greedy, auto = runs["greedy"]["replies"], runs["auto"]["replies"]
         ours = host["runs"][folder]["greedy"]["replies"]
         firsts = [first_difference(a, x) for a, x in zip(greedy, ours, strict=True)]
@@ -116,15 +133,21 @@ def run(config: ArmConfig, *, lock: Path, log: Any = print) -> dict[str, Any]:
     for given in config.artifacts:  # a wrong artifact is one line now, before minutes of making the root
         Artifact.open(given)
     root = ensure_root(lock, log=log)
-    prompts = prompt_ids(config)
+    prompts = prompt_ids(config) if config.replies else []
+    probes = kernel_probes(config.artifacts, root.parent / "kernel-probes")
+    first = {**request(config, prompts), "kernel_probes": probes,
+             **({} if config.replies else {"artifacts": [], "modes": []})}
     log(f"{len(prompts)} MT-Bench prompts x {config.max_new_tokens} tokens, {len(config.artifacts)} artifact(s), "
-        f"greedy and controller, on this host ({platform.machine()}) ...")
-    host = run_json("specmemo.bench.arm_worker", request(config, prompts), what="the runtime on this host",
-                    fix="check the artifacts")
-    summary: dict[str, Any] = {"host": platform.machine(), "cpus": {}}
+        f"greedy and controller, and the kernel of {sum(len(p['matrices']) for p in probes.values())} kinds of "
+        f"quantized matrix, on this host ({platform.machine()}) ...")
+    host = run_json("specmemo.bench.arm_worker", first, what="the runtime on this host", fix="check the artifacts")
+    summary: dict[str, Any] = {"host": platform.machine(), "cpus": {}, "kernel_routes": {"host": routes_of(host)}}
     for cpu in config.cpus:
         log(f"... on emulated aarch64 {cpu} (QEMU_CPU={CPUS[cpu]}): slow, a few minutes ...")
-        arm = on_arm(root, cpu, request(config, prompts), config.artifacts)
+        arm = on_arm(root, cpu, first, config.artifacts)
+        summary["kernel_routes"][cpu] = routes_of(arm)
+        if not config.replies:
+            continue
         result = compare(prompts, host, arm)
         differing = contexts_at(prompts, host, arm)
         if differing:  # the two likeliest next tokens where a reply first differs, on each machine
@@ -136,6 +159,29 @@ def run(config: ArmConfig, *, lock: Path, log: Any = print) -> dict[str, Any]:
                 result[folder]["logits_host"] = ours["runs"][folder]["logits"]
         summary["cpus"][cpu] = result
     return summary
+
+
+def routes_of(machine: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
+    return {folder: runs["kernel_routes"] for folder, runs in machine["runs"].items() if "kernel_routes" in runs}
+
+
+def routes_table(summary: dict[str, Any]) -> str:
+    """Per artifact and kind of quantized matrix: the kernel each machine takes at M = 1 (and at M = 4 if other)."""
+    machines = list(summary["kernel_routes"])
+    lines = [f"{'artifact':<26}{'matrices':<44}" + "".join(f"{m:>22}" for m in machines)]
+    host = summary["kernel_routes"]["host"]
+    for folder, entries in host.items():
+        for i, entry in enumerate(entries):
+            spec = entry["spec"]
+            label = (f"{spec['count']} x {spec['k']}x{spec['n']} {spec['bits']}-bit/{spec['block_size']} "
+                     f"zp={spec['zero_points']} L{spec['accuracy_level']}")
+            cells = []
+            for m in machines:
+                routes = summary["kernel_routes"][m][folder][i]["routes"]
+                one, four = routes["1"], routes["4"]
+                cells.append(one if one == four else f"{one} / {four}")
+            lines.append(f"{Path(folder).name:<26}{label:<44}" + "".join(f"{c:>22}" for c in cells))
+    return "\n".join(lines)
 
 
 def table(summary: dict[str, Any]) -> str:

@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from specmemo.bench.arm_routes import kernel_routes
 from specmemo.runtime import measured, tree
 from specmemo.runtime.artifact import Artifact
 from specmemo.runtime.backend import OrtBackend
@@ -52,9 +53,11 @@ def next_token_logits(artifact: Artifact, request: dict[str, Any], contexts: lis
 
 def handle(request: dict[str, Any]) -> dict[str, Any]:
     runs: dict[str, Any] = {}
+    for folder, probes in request.get("kernel_probes", {}).items():  # which kernel each quantized matrix takes
+        runs.setdefault(folder, {})["kernel_routes"] = kernel_routes(probes, request["threads"])
     for folder in request["artifacts"]:
         artifact = Artifact.open(folder)
-        runs[folder] = {mode: replies(artifact, request, Mode(mode)) for mode in request["modes"]}
+        runs.setdefault(folder, {}).update({mode: replies(artifact, request, Mode(mode)) for mode in request["modes"]})
         contexts = request.get("contexts", {}).get(folder, [])
         if contexts:
             runs[folder]["logits"] = next_token_logits(artifact, request, contexts)

@@ -22,8 +22,12 @@ def add_arm_parser(bench) -> None:
                                      "greedily and by the controller on each artifact, under QEMU's user-mode "
                                      "emulation of each --cpus class, and on this host. Prints whether speculative "
                                      "output equals greedy on ARM, where ARM's ids first differ from this host's (with "
-                                     "the two likeliest tokens' logits there on each), and the numeric route each "
-                                     "machine probed for itself (rows a call: at least x a multiple of). Needs root (binfmt_misc, chroot). Emulation checks outputs, not speed. "
+                                     "the two likeliest tokens' logits there on each), the numeric route each machine "
+                                     "probed for itself (rows a call: at least x a multiple of), and which kernel "
+                                     "each kind of quantized matrix takes on each (KleidiAI, CompInt8, CompFp32, "
+                                     "unpacked fallback: read from ONNX Runtime's outputs with and without "
+                                     "mlas.disable_kleidiai). Needs root (binfmt_misc, chroot). Emulation checks "
+                                     "outputs, not speed. "
                                      "Example: specmemo bench arm --artifact artifacts/smollm2-135m "
                                      "--artifact artifacts/smollm2-135m-int4",
                          formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -33,18 +37,23 @@ def add_arm_parser(bench) -> None:
     b.add_argument("--prompts", type=positive, default=5, help="first N MT-Bench first turns")
     b.add_argument("--max-new-tokens", type=positive, default=32)
     b.add_argument("--threads", type=positive, default=2)
+    b.add_argument("--routes-only", action="store_true",
+                   help="the kernel-route table alone, without decoding the prompts (seconds a CPU class)")
     b.add_argument("--out", type=Path, default=run_folder("bench-arm"))
     b.set_defaults(handler=cmd_bench_arm)
 
 
 def cmd_bench_arm(args: argparse.Namespace) -> int:
-    from specmemo.bench.arm import ArmConfig, run, table
+    from specmemo.bench.arm import ArmConfig, routes_table, run, table
     from specmemo.bench.results import write_json
 
     config = ArmConfig(artifacts=tuple(args.artifact), cpus=tuple(c.strip() for c in args.cpus.split(",") if c.strip()),
-                       prompts=args.prompts, max_new_tokens=args.max_new_tokens, threads=args.threads)
+                       prompts=args.prompts, max_new_tokens=args.max_new_tokens, threads=args.threads,
+                       replies=not args.routes_only)
     summary = run(config, lock=LOCK, log=log_stderr)
-    print(table(summary))
+    if summary["cpus"]:
+        print(table(summary) + "\n")
+    print(routes_table(summary))
     print(f"wrote {write_json(args.out / 'summary.json', summary, threads=args.threads)}")
     ok = all(r["speculative_equals_greedy"] == r["prompts"] for result in summary["cpus"].values()
              for r in result.values())
