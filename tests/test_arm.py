@@ -82,17 +82,62 @@ def test_kernel_probes_rebuild_each_kind_of_quantized_matrix_and_name_its_route(
         route_of,
         write_probes,
     )
+    from specmemo.runtime.session import SessionConfig, session_options
 
+    options = session_options(SessionConfig(threads=2))
     specs = [MatrixSpec(96, 40, 4, 32, 4, "uint8", count=3), MatrixSpec(64, 24, 8, 32, 4, "none")]
     probes = write_probes(specs, tmp_path)
     for entry in probes["matrices"]:
         x = np.load(tmp_path / entry["x"])
-        level1, unpacked = (ort.InferenceSession(str(tmp_path / entry["files"][k])).run(None, {"x": x})[0]
+        level1, unpacked = (ort.InferenceSession(str(tmp_path / entry["files"][k]), options).run(None, {"x": x})[0]
                             for k in ("fp32", "unpacked"))
         assert np.allclose(level1, unpacked, rtol=1e-4, atol=1e-4 * np.abs(unpacked).max())
-    routes = kernel_routes(probes, threads=1)
+    routes = kernel_routes(probes, threads=2)
     assert [r["spec"]["count"] for r in routes] == [3, 1]
     assert all(route != KLEIDIAI for r in routes for route in r["routes"].values())
     a, b = np.zeros(2), np.ones(2)
     assert (route_of(a, b, a, a), route_of(a, a, b, a), route_of(a, a, a, b), route_of(a, a, b, b)) == \
         (KLEIDIAI, UNPACKED, FP32, INT8)
+
+
+def test_an_arm_export_takes_the_minima_kleidiai_reads():
+    """--target, else the profile's CPU family, picks the Q4_1 minima's form: folded on x86 (block sums appended to K),
+    centered on aarch64 (K kept a multiple of the block, which KleidiAI's kernels need); --minimum and --exact win."""
+    from specmemo.device_profiles.schema import CpuClass
+    from specmemo.export.cpu_target import Target, export_target, minimum_for
+    from specmemo.export.weights_dtype import MinimumForm
+
+    assert [export_target(None, c.value) for c in CpuClass] == [Target.X86, Target.ARM, Target.ARM, Target.ARM]
+    assert export_target(None, None) is Target.X86 and export_target("x86-64", "aarch64-dotprod") is Target.X86
+    assert minimum_for(Target.ARM, given=None, exact=False) is MinimumForm.CENTERED
+    assert minimum_for(Target.X86, given=None, exact=False) is MinimumForm.FOLDED
+    assert minimum_for(Target.ARM, given=None, exact=True) is MinimumForm.BLOCK_SUM
+    assert minimum_for(Target.ARM, given="folded", exact=False) is MinimumForm.FOLDED
+
+
+def test_the_route_table_is_recorded_in_the_manifest_without_voiding_measurements(tmp_path):
+    """bench arm writes its rows into quantization.kernel_routes (merged per CPU class); the measurements keyed by
+    the manifest (memory, latency, numeric route) stay valid, as the table is about the artifact, not in it."""
+    from conftest import export_tiny, tiny_config
+
+    from specmemo.bench.arm import record_routes
+    from specmemo.export.weights_dtype import QuantOptions, WeightDtype
+    from specmemo.runtime import measured
+    from specmemo.runtime.artifact import Artifact
+    from specmemo.runtime.manifest import load_manifest
+
+    artifact = export_tiny(tiny_config("LlamaForCausalLM"), tmp_path, quant=QuantOptions(dtype=WeightDtype.INT4))
+    key = measured.lookup(Artifact.open(artifact), "memory", 2)[0]
+    spec = {"count": 2, "k": 64, "n": 64, "bits": 4, "block_size": 32, "zero_points": "uint8", "accuracy_level": 4}
+    entry = {"spec": spec, "routes": {"1": "CompInt8", "4": "CompInt8"}}
+    kleidiai = {**entry, "routes": {"1": "KleidiAI", "4": "KleidiAI"}}
+    summary = {"kernel_routes": {"host": {str(artifact): [entry]}, "cortex-a76": {str(artifact): [kleidiai]}}}
+    assert record_routes(summary) == [artifact / "manifest.json"]
+    record_routes({"kernel_routes": {"host": {str(artifact): [entry]},
+                                     "cortex-a53": {str(artifact): [{**entry, "routes": {"1": "CompFp32",
+                                                                                          "4": "CompInt8"}}]}}})
+    rows = load_manifest(artifact).quantization.kernel_routes
+    label = "2 x 64x64 4-bit/32 zp=uint8 L4"
+    assert rows == (("aarch64", label, "CompFp32 / CompInt8"), ("aarch64-dotprod", label, "KleidiAI"),
+                    ("x86-64", label, "CompInt8"))
+    assert measured.lookup(Artifact.open(artifact), "memory", 2)[0] == key

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from specmemo.bench.arm_env import CPUS, ensure_root, run_in
+from specmemo.bench.arm_env import CPUS, EMULATED, ensure_root, run_in
 from specmemo.errors import ConfigError
 from specmemo.runtime.config import DEFAULT_THREADS
 from specmemo.runtime.fresh_process import run_json
@@ -165,23 +165,53 @@ def routes_of(machine: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
     return {folder: runs["kernel_routes"] for folder, runs in machine["runs"].items() if "kernel_routes" in runs}
 
 
+def matrix_label(spec: dict[str, Any]) -> str:
+    return (f"{spec['count']} x {spec['k']}x{spec['n']} {spec['bits']}-bit/{spec['block_size']} "
+            f"zp={spec['zero_points']} L{spec['accuracy_level']}")
+
+
+def kernel_of(routes: dict[str, str]) -> str:
+    """The kernel at M = 1, and at M = 4 where it is another."""
+    one, four = routes["1"], routes["4"]
+    return one if one == four else f"{one} / {four}"
+
+
 def routes_table(summary: dict[str, Any]) -> str:
-    """Per artifact and kind of quantized matrix: the kernel each machine takes at M = 1 (and at M = 4 if other)."""
+    """Per artifact and kind of quantized matrix: the kernel each machine takes."""
     machines = list(summary["kernel_routes"])
-    lines = [f"{'artifact':<26}{'matrices':<44}" + "".join(f"{m:>22}" for m in machines)]
     host = summary["kernel_routes"]["host"]
+    width = max([len(Path(f).name) for f in host] + [8]) + 2
+    lines = [f"{'artifact':<{width}}{'matrices':<44}" + "".join(f"{m:>22}" for m in machines)]
     for folder, entries in host.items():
         for i, entry in enumerate(entries):
-            spec = entry["spec"]
-            label = (f"{spec['count']} x {spec['k']}x{spec['n']} {spec['bits']}-bit/{spec['block_size']} "
-                     f"zp={spec['zero_points']} L{spec['accuracy_level']}")
-            cells = []
-            for m in machines:
-                routes = summary["kernel_routes"][m][folder][i]["routes"]
-                one, four = routes["1"], routes["4"]
-                cells.append(one if one == four else f"{one} / {four}")
-            lines.append(f"{Path(folder).name:<26}{label:<44}" + "".join(f"{c:>22}" for c in cells))
+            cells = [kernel_of(summary["kernel_routes"][m][folder][i]["routes"]) for m in machines]
+            lines.append(f"{Path(folder).name:<{width}}{matrix_label(entry['spec']):<44}"
+                         + "".join(f"{c:>22}" for c in cells))
     return "\n".join(lines)
+
+
+def record_routes(summary: dict[str, Any]) -> list[Path]:
+    """Each artifact's manifest gets the table's rows for it (quantization.kernel_routes: CPU class, kind of matrix,
+    kernel), merged with what an earlier run recorded for other classes. Returns the manifests written."""
+    from dataclasses import replace
+
+    from specmemo.runtime.manifest import load_manifest, save_manifest
+
+    classes = {"host": "x86-64" if platform.machine() == "x86_64" else platform.machine(),
+               **{cpu: cls for cls, cpu in EMULATED.items()}}
+    written = []
+    for folder in summary["kernel_routes"]["host"]:
+        manifest = load_manifest(folder)
+        if manifest.quantization is None:
+            continue
+        rows = {(c, kind): kernel for c, kind, kernel in manifest.quantization.kernel_routes}
+        for machine, per_artifact in summary["kernel_routes"].items():
+            for entry in per_artifact.get(folder, []):
+                rows[(classes[machine], matrix_label(entry["spec"]))] = kernel_of(entry["routes"])
+        routes = tuple((c, kind, kernel) for (c, kind), kernel in sorted(rows.items()))
+        written.append(save_manifest(replace(manifest, quantization=replace(manifest.quantization,
+                                                                            kernel_routes=routes)), folder))
+    return written
 
 
 def table(summary: dict[str, Any]) -> str:

@@ -136,11 +136,12 @@ def kernel_routes(request: dict[str, Any], threads: int) -> list[dict[str, Any]]
     """On this machine: per matrix spec, the route taken at each of ROWS (runs in arm_worker, no onnx package)."""
     import onnxruntime as ort
 
+    from specmemo.runtime.session import SessionConfig, session_options
+
     folder = Path(request["folder"])
 
     def runner(name: str, *, kleidiai: bool = True) -> Any:
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = threads
+        options = session_options(SessionConfig(threads=threads))  # the runtime's own: its one thread pool
         if not kleidiai:
             options.add_session_config_entry("mlas.disable_kleidiai", "1")
         session = ort.InferenceSession(str(folder / name), options, providers=["CPUExecutionProvider"])

@@ -44,7 +44,7 @@ def add_arm_parser(bench) -> None:
 
 
 def cmd_bench_arm(args: argparse.Namespace) -> int:
-    from specmemo.bench.arm import ArmConfig, routes_table, run, table
+    from specmemo.bench.arm import ArmConfig, record_routes, routes_table, run, table
     from specmemo.bench.results import write_json
 
     config = ArmConfig(artifacts=tuple(args.artifact), cpus=tuple(c.strip() for c in args.cpus.split(",") if c.strip()),
@@ -54,6 +54,8 @@ def cmd_bench_arm(args: argparse.Namespace) -> int:
     if summary["cpus"]:
         print(table(summary) + "\n")
     print(routes_table(summary))
+    for manifest in record_routes(summary):
+        log_stderr(f"kernel routes recorded in {manifest} (quantization.kernel_routes)")
     print(f"wrote {write_json(args.out / 'summary.json', summary, threads=args.threads)}")
     ok = all(r["speculative_equals_greedy"] == r["prompts"] for result in summary["cpus"].values()
              for r in result.values())

@@ -65,14 +65,19 @@ def add_parser(sub) -> None:
                    help="int4: the float32 model's weights and arithmetic, at several times the step time: Q4_1 minima "
                         "as an exact block-sum term and fp32-compute kernels (--minimum block-sum --accuracy-level 0); "
                         "its argmax is the float32 model's almost everywhere (docs/int4.md)")
+    p.add_argument("--target", choices=("x86-64", "aarch64"), default=None,
+                   help="the CPU family an int4 export is made for: its Q4_1 minima take the form that reaches that "
+                        "family's fastest kernel (x86-64: folded; aarch64: centered, which KleidiAI takes on "
+                        "dot-product cores; export/cpu_target.py, docs/on-device.md) (default: the --profile's CPU, "
+                        "else x86-64)")
     p.add_argument("--minimum", choices=("folded", "centered", "block-sum", "zero-point"), default=None,
                    metavar="{folded,centered,block-sum}",
                    help="how a Q4_1 block's minimum (w = d·q + m) reaches MatMulNBits, whose fast kernels take integer "
-                        "zero points only: folded (default) = zero point round(-m/d), the exact residual inside the "
-                        "node as two 4-bit digits over the block sums appended to x (off by at most range/225; the "
-                        "fastest); centered = the same zero point with the residual as a block-sum term beside the "
-                        "node (the same weights); block-sum = zero point 0 + the whole m as a term (with --exact). "
-                        "docs/int4.md compares them")
+                        "zero points only (default: --target's): folded = zero point round(-m/d), the exact "
+                        "residual inside the node as two 4-bit digits over the block sums appended to x (off by at "
+                        "most range/225; the fastest on x86); centered = the same zero point with the residual as "
+                        "a block-sum term beside the node (the same weights; KleidiAI takes it on ARM); block-sum = "
+                        "zero point 0 + the whole m as a term (with --exact). docs/int4.md compares them")
     p.add_argument("--lm-head-rerank", type=int, default=8, metavar="K",
                    help="an 8-bit LM head (a GGUF's Q8_0) runs with int8 activations, fast but rounding its logits "
                         "far from fp32; the graph's greedy token then re-ranks the top K of those logits exactly "
@@ -174,11 +179,11 @@ def cmd_export(args: argparse.Namespace) -> int:
         default_heads,
         export_artifact,
     )
+    from specmemo.export.cpu_target import MINIMUM, Target, export_target, minimum_for
     from specmemo.export.weights_dtype import (
         BodyBlocks,
         BodyQuantizer,
         LmHeadRows,
-        MinimumForm,
         QuantOptions,
         WeightDtype,
         WideBlocks,
@@ -199,9 +204,13 @@ def cmd_export(args: argparse.Namespace) -> int:
         max_capacity = args.max_capacity or profile_capacity(args.model)
         finalize = sized_for(profile, threads=args.threads, capacity_given=args.max_capacity is not None,
                              log=log_stderr)
-    quant = QuantOptions(dtype=WeightDtype(args.dtype or "float32"), block_size=args.block_size,
+    target = export_target(args.target, profile.cpu.value if profile else None)
+    if profile is not None and args.target is None and target is Target.ARM and args.minimum is None:
+        log_stderr(f"profile {profile.name}: an {target.value} CPU, so {MINIMUM[target].value} Q4_1 minima "
+                   f"(--target overrides)")
+    quant = QuantOptions(dtype=WeightDtype(args.dtype or "float32"), block_size=args.block_size, target=target.value,
                          requantize=args.requantize, lm_head_rerank=args.lm_head_rerank,
-                         minimum=MinimumForm(args.minimum or ("block-sum" if args.exact else "folded")),
+                         minimum=minimum_for(target, given=args.minimum, exact=args.exact),
                          lm_head_bits=args.lm_head_bits,
                          wide_blocks=WideBlocks(args.wide_blocks) if args.wide_blocks else None,
                          body_blocks=BodyBlocks(args.body_blocks or "carried"),

@@ -34,6 +34,7 @@ def add_parser(sub) -> None:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
+    from specmemo.device_profiles.schema import this_cpu
     from specmemo.runtime import memory
     from specmemo.runtime.config import EngineConfig
     from specmemo.runtime.measured import memory_calibration, row_route
@@ -107,6 +108,11 @@ def cmd_plan(args: argparse.Namespace) -> int:
     print(f"{args.artifact}: {d.num_layers} layers, H_kv={d.num_kv_heads}, D={d.head_dim}, V={d.vocab_size}, "
           f"max C={manifest.max_capacity}, tree {exported_tree(manifest).size} nodes, K={heads}")
     print(f"numeric route on this CPU: {decided.route.describe()}")
+    cpu_class = this_cpu()[0].value
+    kernels = [f"{kind}: {kernel}" for c, kind, kernel in (manifest.quantization.kernel_routes
+                                                           if manifest.quantization else ()) if c == cpu_class]
+    if kernels:
+        print(f"kernels on this CPU class ({cpu_class}, as specmemo bench arm read them): {'; '.join(kernels)}")
     print(f"\n{title}:")
     for label, mib in memory.breakdown(shown):
         print(f"  {label:<58} {mib:>9.1f} MiB")

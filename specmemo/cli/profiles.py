@@ -91,13 +91,24 @@ def _plan_for(artifact: Path, profile, drafter: str | None = None) -> dict:
         pair = {"held": held, "draft_total": draft_total}
     total = plan.footprint.total + (plan.draft_footprint.total if plan.draft_footprint else 0)
     return {"fits": True, "capacity": s.capacity, "tree": s.tree, "rows": s.rows, "total": total, "pair": pair,
-            "mode": plan.mode.value}
+            "mode": plan.mode.value, "kernels": kernels_on(manifest, profile.cpu.value)}
+
+
+def kernels_on(manifest, cpu_class: str) -> dict[str, int]:
+    """Matrices per kernel on a CPU class, from the artifact's recorded route table (specmemo bench arm); {} if none."""
+    counts: dict[str, int] = {}
+    for c, kind, kernel in manifest.quantization.kernel_routes if manifest.quantization else ():
+        if c == cpu_class:
+            counts[kernel] = counts.get(kernel, 0) + int(kind.split(" x ", 1)[0])
+    return counts
 
 
 def _plan_text(plan: dict) -> str:
     if plan["fits"]:
         width = "plain decoding" if plan.get("mode") == "greedy" else f"T_max={plan['tree']}"
         text = f"C={plan['capacity']}, {width}, {plan['total'] / 2**20:.0f} MiB"
+        if plan.get("kernels"):
+            text += "; kernels " + ", ".join(f"{kernel} x{n}" for kernel, n in plan["kernels"].items())
         pair = plan.get("pair")
         if pair is not None:
             text += (f" with the draft model ({pair['draft_total'] / 2**20:.0f} MiB of it)" if pair["held"]

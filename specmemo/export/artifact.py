@@ -334,7 +334,7 @@ def quantize_artifact(quant: QuantOptions, dims: ModelDims, resolved, staging: P
     for path in staging.iterdir():
         path.chmod(0o644)
     info = QuantizationInfo(block_size=quant.block_size, accuracy_level=quant.accuracy_level,
-                            minimum=quant.applied_minimum.value,
+                            minimum=quant.applied_minimum.value, target=quant.target,
                             lm_head_accuracy_level=quant.lm_head_accuracy_level, lm_head_rerank=report.lm_head_rerank,
                             carried=tuple(sorted(set(report.carried.values()))), quantized=report.quantized,
                             outlier_channels=tuple((name, c)

@@ -132,6 +132,7 @@ class QuantOptions:
     body_blocks: BodyBlocks = BodyBlocks.CARRIED  # the body's matrices: the GGUF's blocks, or re-quantized into larger
     lm_head_rows: LmHeadRows = LmHeadRows.CARRIED  # the rows a narrowed head's re-rank reads
     body_quantizer: BodyQuantizer = BodyQuantizer.SEARCHED  # how a re-quantized body rounds (body_blocks not carried)
+    target: str = "x86-64"  # the CPU family `minimum` was chosen for (export/cpu_target.py), recorded in the manifest
 
     @property
     def step_row_multiple(self) -> int:

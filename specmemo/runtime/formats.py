@@ -61,6 +61,9 @@ class QuantizationInfo:
     outlier_channels: tuple[tuple[str, int], ...] = ()  # (matrix, input channel) computed apart in float32: int8
     # blocks of those inputs hurt most (export/activation_outliers.py)
     fp32_compute: tuple[str, ...] = ()  # older exports: whole matrices kept at accuracy level 0 instead
+    target: str = "x86-64"  # the CPU family the minima's form was chosen for (export/cpu_target.py)
+    # (CPU class, kind of matrix, kernel) as `specmemo bench arm` read them from ONNX Runtime for this artifact
+    kernel_routes: tuple[tuple[str, str, str], ...] = ()
 
 
 class ModelFormat(StrEnum):

@@ -33,9 +33,12 @@ VERSION = 8  # bump when the runtime's memory or timing behaviour changes: old m
 
 def lookup(artifact: Artifact, kind: str, threads: int) -> tuple[Path, dict[str, Any] | None]:
     """The cache file of one measurement, and what it holds (None: not measured yet, or unreadable).
-    Keyed by the manifest without its device plan: the plan is chosen from these measurements."""
+    Keyed by the manifest without its device plan (the plan is chosen from these measurements) and its kernel
+    routes (a measurement too)."""
     data = json.loads(artifact.manifest.to_json())
     data.pop("plan", None)
+    if data.get("quantization"):  # measured about the artifact, not part of it
+        data["quantization"].pop("kernel_routes", None)
     manifest = json.dumps(data, sort_keys=True).encode()
     key = hashlib.sha256(b"|".join([manifest, str(VERSION).encode(), version("onnxruntime").encode(),
                                     cpu.signature().encode(), str(threads).encode(),
