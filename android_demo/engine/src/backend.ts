@@ -3,14 +3,17 @@
  * positions, `length` committed. `forward` runs T new tokens laid out as a tree on top of the
  * committed positions; `commit` keeps a root-to-node path of them; `rewind` forgets positions.
  *
- * One numeric route: every call runs at least manifest.min_step_rows (2) rows and gathers at least
- * as many LM-head rows; a 1-token step gets a padding row (the same token again, as its child) whose
- * outputs are ignored. ONNX Runtime's CPU kernels take another path for a single row, so without it
- * a row computed alone could differ from the same row inside a tree verify. The padding row costs
- * one KV position: `capacity` is the buffer's less one.
+ * One numeric route (runtime/row_route.py): every call runs at least `route.minRows` rows, a multiple of
+ * `route.multiple`, and gathers as many LM-head rows; a 1-token step gets padding rows (the same token again, as a
+ * chain under it) whose outputs are ignored. ONNX Runtime's CPU kernels may take another path for a single row (x86)
+ * or compute rows in tiles (aarch64), so without it a row computed alone could differ from the same row inside a
+ * tree verify. The route is the CPU's business: the Python runtime probes it per machine; here it is the manifest's
+ * unless the app passes the device's (EngineOptions.route). Padding rows cost KV positions: `capacity` is the
+ * buffer's less them.
  */
 
-import { ContextOverflowError } from './errors';
+import { ConfigError, ContextOverflowError } from './errors';
+import { Manifest } from './manifest';
 import { DecoderSession } from './session';
 import { chain, depths, treeBias } from './tree';
 
@@ -36,15 +39,35 @@ export function routeRowsFor(real: number, minRows: number, multiple: number, mo
   return Math.min(rows, Math.max(real, most));
 }
 
+/** Rows every call runs at least, and a multiple of (runtime/row_route.py RowRoute). */
+export interface RowRoute {
+  minRows: number;
+  multiple: number;
+}
+
+/** The exporter's default route, as the manifest says it. */
+export function manifestRoute(m: Manifest): RowRoute {
+  return { minRows: m.min_step_rows, multiple: m.step_row_multiple ?? 1 };
+}
+
+/** A route from "4x4" (rows at least x a multiple of), as `specmemo plan` and `bench arm` print it. */
+export function parseRoute(text: string): RowRoute {
+  const match = /^(\d+)x([124])$/.exec(text);
+  if (match === null || Number(match[1]) < 1) {
+    throw new ConfigError(`route ${JSON.stringify(text)} is not rows x multiple (e.g. 2x1, 4x4; the multiple 1, 2 or 4)`);
+  }
+  return { minRows: Number(match[1]), multiple: Number(match[2]) };
+}
+
 export class OrtBackend {
   readonly minRows: number;
   readonly rowMultiple: number;
   readonly padding: number; // the most padding rows a call adds
   private readonly treeInputs = new Map<string, [number[], Float32Array]>();
 
-  constructor(readonly session: DecoderSession) {
-    this.minRows = Math.min(session.manifest.min_step_rows, session.rows);
-    this.rowMultiple = session.manifest.step_row_multiple ?? 1;
+  constructor(readonly session: DecoderSession, route: RowRoute = manifestRoute(session.manifest)) {
+    this.minRows = Math.min(route.minRows, session.rows);
+    this.rowMultiple = session.rows > 1 ? route.multiple : 1;
     this.padding = Math.max(this.minRows, this.rowMultiple) - 1;
   }
 

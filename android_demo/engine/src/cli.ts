@@ -8,6 +8,7 @@ import { parseArgs } from 'node:util';
 
 import * as ort from 'onnxruntime-node';
 
+import { parseRoute } from './backend';
 import { ChatSession } from './chat';
 import { Mode, openEngine } from './engine';
 import { ModelFormat } from './manifest';
@@ -31,6 +32,9 @@ options:
   --capacity C          KV positions to allocate (default: the manifest's plan, else its max)
   --threads N           ONNX Runtime intra-op threads (default 2)
   --model-format F      onnx (default) or ort (the .ort graphs of an \`export --mobile\` artifact)
+  --route RxM           rows every call runs, at least R and a multiple of M (default: the manifest's);
+                        give the one \`specmemo plan\` probed on this machine so greedy and speculative
+                        steps compute every token alike here
   --ignore-eos          keep generating past end-of-turn (for measurements)
   --json                print JSON: text, token_ids, stats (as \`specmemo generate --json\`)
   -h, --help            this text`;
@@ -42,7 +46,7 @@ async function main(): Promise<number> {
       artifact: { type: 'string' }, prompt: { type: 'string' }, message: { type: 'string', multiple: true },
       system: { type: 'string' }, 'max-new-tokens': { type: 'string', default: '256' }, mode: { type: 'string', default: 'auto' },
       drafter: { type: 'string' }, capacity: { type: 'string' }, threads: { type: 'string', default: '2' },
-      'model-format': { type: 'string', default: 'onnx' }, 'ignore-eos': { type: 'boolean', default: false },
+      'model-format': { type: 'string', default: 'onnx' }, route: { type: 'string' }, 'ignore-eos': { type: 'boolean', default: false },
       json: { type: 'boolean', default: false }, help: { type: 'boolean', short: 'h', default: false },
     },
   });
@@ -57,6 +61,7 @@ async function main(): Promise<number> {
   const source = new FolderSource(values.artifact);
   const engine = await openEngine({
     ort, source, mode: values.mode as Mode, drafter: values.drafter, threads: Number(values.threads),
+    route: values.route === undefined ? undefined : parseRoute(values.route),
     capacity: values.capacity === undefined ? undefined : Number(values.capacity),
     modelFormat: values['model-format'] as ModelFormat, log: (line) => process.stderr.write(`${line}\n`),
   });

@@ -10,7 +10,7 @@
  *              latency curve measured once per engine.
  */
 
-import { OrtBackend, checkFits } from './backend';
+import { OrtBackend, RowRoute, checkFits, manifestRoute } from './backend';
 import { Controller, LatencyCurve, measureLatency } from './controller';
 import { FullWidth, Generation, WidthPolicy, generate } from './decode';
 import { Drafter, Merged } from './drafters/draft';
@@ -38,6 +38,7 @@ export interface EngineOptions {
   modelFormat?: ModelFormat; // 'ort': the .ort graphs of an `export --mobile` artifact
   executionProviders?: string[];
   latencyCurve?: LatencyCurve; // skip measuring (auto mode)
+  route?: RowRoute; // rows a call runs (the device's, as the Python runtime probes it); default the manifest's
   log?: (line: string) => void;
 }
 
@@ -95,7 +96,7 @@ export class Engine {
     readonly mode: Mode,
     readonly plan: MemoryPlan,
   ) {
-    this.backend = new OrtBackend(session);
+    this.backend = new OrtBackend(session, options.route);
     this.curve = options.latencyCurve ?? null;
   }
 
@@ -160,7 +161,8 @@ export async function openEngine(options: EngineOptions): Promise<Engine> {
     throw new ConfigError("the feature drafter runs in the Python runtime only: use drafter 'medusa+lookup' or 'lookup'");
   }
   if (names.length === 0 && mode !== 'greedy') mode = 'greedy'; // nothing to speculate with
-  const sizes = resolveSizes(m, names, options.capacity);
+  const route = options.route ?? manifestRoute(m);
+  const sizes = resolveSizes(m, names, options.capacity, undefined, Math.max(route.minRows, route.multiple));
   const tokenizer = new ChatTokenizer(await source.readText(m.tokenizer.file), m.tokenizer);
   const session = await DecoderSession.open(options.ort, source, m, {
     threads: options.threads ?? 2, sizes, heads: names.includes('medusa'), modelFormat: options.modelFormat ?? 'onnx',

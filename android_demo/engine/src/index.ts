@@ -1,5 +1,7 @@
 /** SpecMemo's runtime in TypeScript: the Python runtime's steps over onnxruntime-common. */
 
+export { manifestRoute, parseRoute } from './backend';
+export type { RowRoute } from './backend';
 export { ChatSession } from './chat';
 export type { Reply, SendOptions, Turn } from './chat';
 export { Controller, LatencyCurve, measureLatency } from './controller';

@@ -71,8 +71,9 @@ export function draftTreeSize(m: Manifest, drafters: readonly DrafterName[]): nu
  * tree, R = the prefill chunk or the tree if larger (runtime/plan.py default_sizes, without a budget).
  */
 export function resolveSizes(m: Manifest, drafters: readonly DrafterName[], capacity?: number,
-  prefillChunk: number = DEFAULT_PREFILL_CHUNK): Sizes {
+  prefillChunk: number = DEFAULT_PREFILL_CHUNK, routeRows: number = Math.max(m.min_step_rows, m.step_row_multiple ?? 1)): Sizes {
   if (capacity === undefined && m.plan !== null) return makeSizes(m.plan.capacity, m.plan.rows, m.plan.tree);
-  const tree = draftTreeSize(m, drafters);
+  // logit rows for at least a one-token call's rows on the route (plan.make_plan): greedy's LM head runs a verify's rows
+  const tree = Math.max(draftTreeSize(m, drafters), routeRows);
   return makeSizes(checkCapacity(m, capacity ?? m.max_capacity), Math.max(prefillChunk, tree), tree);
 }

@@ -6,7 +6,7 @@ import { test } from 'node:test';
 import { ALIGN, Arena, allocationBytes, kvBytes, views } from '../src/arena';
 import { LatencyCurve, ScoreCalibration } from '../src/controller';
 import { KVCache, OrtModule } from '../src/session';
-import { routeRowsFor } from '../src/backend';
+import { parseRoute, routeRowsFor } from '../src/backend';
 import { accept } from '../src/decode';
 import { DraftTree, merge, ordered } from '../src/drafters/draft';
 import { NgramIndex } from '../src/drafters/lookup';
@@ -181,10 +181,14 @@ test('factored scales and minimums (a k-quant\'s f16 d per 8 blocks times a uint
   }
 });
 
-test('the numeric route pads a call to the minimum rows and the manifest multiple, as runtime/plan.py does', () => {
+test('the numeric route pads a call to its minimum rows and multiple, as runtime/row_route.py does', () => {
   assert.deepEqual([1, 2, 3, 16].map((n) => routeRowsFor(n, 2, 1, 16)), [2, 2, 3, 16]);
   assert.deepEqual([1, 2, 3, 15, 16].map((n) => routeRowsFor(n, 2, 2, 16)), [2, 2, 4, 16, 16]);
   assert.equal(routeRowsFor(15, 2, 2, 15), 15); // never past the arena's rows
+  assert.deepEqual([1, 4, 5, 9].map((n) => routeRowsFor(n, 4, 4, 16)), [4, 4, 8, 12]); // tiles of four (aarch64)
+  assert.deepEqual(parseRoute('4x4'), { minRows: 4, multiple: 4 });
+  assert.throws(() => parseRoute('2x3'), /rows x multiple/);
+  assert.throws(() => parseRoute('0x1'), /rows x multiple/);
 });
 
 test('KV span: committed rows keep their values when the span grows and shrinks', () => {
