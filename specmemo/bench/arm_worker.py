@@ -33,7 +33,7 @@ def replies(artifact: Artifact, request: dict[str, Any], mode: Mode) -> dict[str
            for prompt in request["prompts"]]
     route = engine.plan.route
     _, probed = measured.lookup(artifact, "row-route-onnx", request["threads"])  # what the probe found, per route
-    return {"replies": ids, "route": f"{route.min_rows}x{route.multiple}", "exact_route": route.exact,
+    return {"replies": ids, "route": route.label, "exact_route": route.exact,
             "route_probe": (probed or {}).get("differing_sizes"), "seconds": time.perf_counter() - started}
 
 

@@ -23,7 +23,9 @@ from specmemo.runtime.session import DecoderSession, SessionConfig
 from specmemo.runtime.sizes import Sizes
 
 # odd, even and four-tiled counts and their remainders: kernels compute rows in pairs or tiles of four, the rest apart
-PROMPT, SIZES = 24, (2, 3, 4, 5, 6, 7, 8, 9, 12, 16)
+# a prompt length that is no multiple of 2 or 4, so the calls attend to lengths of every alignment (a kernel may sum
+# a row's scores in lanes by key index with the last keys apart, which a length that is always aligned would hide)
+PROMPT, SIZES = 23, (2, 3, 4, 5, 6, 7, 8, 9, 12, 16)
 
 
 def one_token_calls(backend: OrtBackend, tokens: list[int]) -> np.ndarray:
@@ -61,7 +63,7 @@ def probe(session: DecoderSession, candidates: tuple[RowRoute, ...] = CANDIDATES
     tried: dict[str, Any] = {}
     for route in candidates:
         differ = differing_sizes(OrtBackend(session, route=route), prompt, chain, sizes)
-        tried[f"{route.min_rows}x{route.multiple}"] = differ
+        tried[route.label] = differ
         if not differ:
             return route, {"sizes": list(sizes), "differing_sizes": tried}
     fallback = manifest_route(m.min_step_rows, m.step_row_multiple)

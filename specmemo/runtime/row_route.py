@@ -46,6 +46,11 @@ class RowRoute:
         """The most padding rows a call adds (and KV positions kept for them)."""
         return max(self.min_rows, self.multiple) - 1
 
+    @property
+    def label(self) -> str:
+        """"2x1": at least 2 rows a call, a multiple of 1 (specmemo-node --route takes it)."""
+        return f"{self.min_rows}x{self.multiple}"
+
     def rows_for(self, real: int, *, most: int, min_rows: int | None = None) -> int:
         """Rows a call of `real` rows runs: at least `min_rows` (default the route's), rounded up to the multiple,
         never more than `most` (the arena's R, or the rows the LM head may gather) unless `real` is more."""
