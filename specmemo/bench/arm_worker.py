@@ -32,7 +32,7 @@ def replies(artifact: Artifact, request: dict[str, Any], mode: Mode) -> dict[str
     ids = [engine.generate(list(prompt), max_new_tokens=request["max_new_tokens"]).token_ids
            for prompt in request["prompts"]]
     route = engine.plan.route
-    _, probed = measured.lookup(artifact, "row-route-onnx", request["threads"])  # what the probe found, per route
+    _, probed = measured.route_probe_report(artifact, threads=request["threads"])  # what it found, per route
     return {"replies": ids, "route": route.label, "exact_route": route.exact,
             "route_probe": (probed or {}).get("differing_sizes"), "seconds": time.perf_counter() - started}
 

@@ -17,6 +17,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from specmemo.runtime.cpu import cpu_name, features
+
 __all__ = ["RUNS", "isa", "machine_info", "run_folder", "source_commit", "write_json"]
 
 RUNS = Path("runs")
@@ -39,8 +41,6 @@ def machine_info(threads: int) -> dict:
     """Where a result came from: the commit, the CPU and its ISA, the threads, ONNX Runtime's version, Python,
     the command line."""
     import onnxruntime
-
-    from specmemo.runtime.cpu import cpu_name
 
     return {"commit": source_commit(), "platform": platform.platform(), "cpu": cpu_name(), "isa": isa(),
             "threads": threads, "onnxruntime": onnxruntime.__version__, "python": platform.python_version(),
@@ -70,11 +70,7 @@ def source_commit() -> str:
 
 def isa() -> str:
     """The widest x86 vector ISA this CPU lists (MLAS and llama.cpp pick kernels by it)."""
-    try:
-        with open("/proc/cpuinfo") as cpuinfo:
-            flags = set(next(line for line in cpuinfo if line.startswith("flags")).split())
-    except (OSError, StopIteration):
-        return platform.machine()
+    flags = features()
     if "avx512f" in flags:
         return "AVX-512" + (" VNNI" if "avx512_vnni" in flags else "")
     return "AVX2" if "avx2" in flags else platform.machine()

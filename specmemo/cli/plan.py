@@ -109,8 +109,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
           f"max C={manifest.max_capacity}, tree {exported_tree(manifest).size} nodes, K={heads}")
     print(f"numeric route on this CPU: {decided.route.describe()}")
     cpu_class = this_cpu()[0].value
-    kernels = [f"{kind}: {kernel}" for c, kind, kernel in (manifest.quantization.kernel_routes
-                                                           if manifest.quantization else ()) if c == cpu_class]
+    kernels = [f"{kind}: {kernel}" for kind, kernel in (manifest.quantization.kernels_on(cpu_class)
+                                                        if manifest.quantization else ())]
     if kernels:
         print(f"kernels on this CPU class ({cpu_class}, as specmemo bench arm read them): {'; '.join(kernels)}")
     print(f"\n{title}:")

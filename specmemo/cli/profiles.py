@@ -97,9 +97,8 @@ def _plan_for(artifact: Path, profile, drafter: str | None = None) -> dict:
 def kernels_on(manifest, cpu_class: str) -> dict[str, int]:
     """Matrices per kernel on a CPU class, from the artifact's recorded route table (specmemo bench arm); {} if none."""
     counts: dict[str, int] = {}
-    for c, kind, kernel in manifest.quantization.kernel_routes if manifest.quantization else ():
-        if c == cpu_class:
-            counts[kernel] = counts.get(kernel, 0) + int(kind.split(" x ", 1)[0])
+    for kind, kernel in manifest.quantization.kernels_on(cpu_class) if manifest.quantization else ():
+        counts[kernel] = counts.get(kernel, 0) + int(kind.split(" x ", 1)[0])  # kinds read "N x KxN ..."
     return counts
 
 

@@ -105,8 +105,7 @@ class OrtBackend:
         self.session = session
         self._tree = TreeInputs(session.arena["attention_bias"].dtype)
         self._arange = np.arange(session.rows, dtype=np.int64)
-        m = session.manifest
-        self.route = (route or manifest_route(m.min_step_rows, m.step_row_multiple)).capped(session.rows)
+        self.route = (route or manifest_route(session.manifest)).capped(session.rows)
 
     @property
     def min_rows(self) -> int:  # rows every call runs at least

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ctypes
 import platform
+from functools import cache
 from pathlib import Path
 
 AT_HWCAP, AT_HWCAP2 = 16, 26
@@ -24,6 +25,7 @@ def machine() -> str:
     return "aarch64" if name in ("aarch64", "arm64") else name
 
 
+@cache
 def _cpuinfo() -> str:
     try:
         return Path("/proc/cpuinfo").read_text()
@@ -31,6 +33,7 @@ def _cpuinfo() -> str:
         return ""
 
 
+@cache
 def features() -> frozenset[str]:
     """The kernel-picking features of this CPU (ARM_HWCAPS or X86_FLAGS names); empty where they cannot be read."""
     if machine() == "aarch64":

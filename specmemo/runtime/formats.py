@@ -65,6 +65,10 @@ class QuantizationInfo:
     # (CPU class, kind of matrix, kernel) as `specmemo bench arm` read them from ONNX Runtime for this artifact
     kernel_routes: tuple[tuple[str, str, str], ...] = ()
 
+    def kernels_on(self, cpu_class: str) -> tuple[tuple[str, str], ...]:
+        """(kind of matrix, kernel) on a CPU class, as recorded; () where `specmemo bench arm` did not read it."""
+        return tuple((kind, kernel) for c, kind, kernel in self.kernel_routes if c == cpu_class)
+
 
 class ModelFormat(StrEnum):
     """Which file of each graph a runtime loads: the ONNX model (with external data) or, where the

@@ -71,11 +71,17 @@ def memory_calibration(artifact: Artifact, *, threads: int = DEFAULT_THREADS,
                        base_bytes=data.get("base_bytes", 0))
 
 
+def route_probe_report(artifact: Artifact, *, threads: int = DEFAULT_THREADS,
+                       model_format: ModelFormat = ModelFormat.ONNX) -> tuple[Path, dict[str, Any] | None]:
+    """Where the numeric-route probe's report is cached, and the report (None: not probed yet)."""
+    return lookup(artifact, f"row-route-{model_format.value}", threads)
+
+
 def row_route(artifact: Artifact, *, threads: int = DEFAULT_THREADS, model_format: ModelFormat = ModelFormat.ONNX,
               log: Callable[[str], None] = print) -> RowRoute:
     """The cached numeric route (row_route.py), probed in a fresh process on first use (a second or two for a small
     model: quietly, unless no route tried is exact here)."""
-    path, data = lookup(artifact, f"row-route-{model_format.value}", threads)
+    path, data = route_probe_report(artifact, threads=threads, model_format=model_format)
     if data is None:
         data = run_json("specmemo.runtime.route_probe", {"artifact": str(artifact.folder), "threads": threads,
                                                          "model_format": model_format.value},

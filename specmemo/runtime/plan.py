@@ -96,10 +96,6 @@ class Plan:
     def kv_dtype(self) -> str:
         return self.layout.kv_dtype
 
-    @property
-    def min_rows(self) -> int:
-        return self.route.min_rows
-
 
 def drafter_spec(config: EngineConfig, manifest: Manifest) -> str:
     """What drafts: "" in greedy mode, else --drafter or the manifest's choice."""
@@ -228,7 +224,7 @@ def make_plan(config: EngineConfig, manifest: Manifest, *, calibration: memory.C
     mode = config.mode if names else Mode.GREEDY  # nothing to speculate with: plain decoding
     exported, useful_tree = tree_sizes(manifest)
     # logit rows for at least a one-token call's rows on the route: greedy's LM head runs as many rows as a verify's
-    route = route or manifest_route(manifest.min_step_rows, manifest.step_row_multiple)
+    route = route or manifest_route(manifest)
     tree = max(draft_tree_size(names, exported=exported), route.min_rows, route.multiple)  # so R >= the route's rows
     device_plan, budget, source = manifest.plan, config.budget, Source.BUDGET
     if budget is None and config.capacity is None and device_plan is not None:

@@ -9,6 +9,7 @@ tree's mask lets each attend to does not change how a row is computed. Nothing i
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -18,7 +19,7 @@ from specmemo.runtime.artifact import Artifact
 from specmemo.runtime.backend import OrtBackend
 from specmemo.runtime.fresh_process import serve_json
 from specmemo.runtime.manifest import ModelFormat
-from specmemo.runtime.row_route import CANDIDATES, RowRoute, manifest_route
+from specmemo.runtime.row_route import CANDIDATES, RouteSource, RowRoute, manifest_route
 from specmemo.runtime.session import DecoderSession, SessionConfig
 from specmemo.runtime.sizes import Sizes
 
@@ -66,8 +67,7 @@ def probe(session: DecoderSession, candidates: tuple[RowRoute, ...] = CANDIDATES
         tried[route.label] = differ
         if not differ:
             return route, {"sizes": list(sizes), "differing_sizes": tried}
-    fallback = manifest_route(m.min_step_rows, m.step_row_multiple)
-    return RowRoute(fallback.min_rows, fallback.multiple, candidates[-1].source, exact=False), \
+    return replace(manifest_route(m), source=RouteSource.PROBED, exact=False), \
         {"sizes": list(sizes), "differing_sizes": tried}
 
 

@@ -19,9 +19,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from specmemo.errors import ConfigError
+
+if TYPE_CHECKING:  # the manifest is read by the callers; this module stays a primitive
+    from specmemo.runtime.manifest import Manifest
 
 
 class RouteSource(StrEnum):
@@ -83,5 +86,6 @@ CANDIDATES = (RowRoute(1, 1, RouteSource.PROBED), RowRoute(2, 1, RouteSource.PRO
               RowRoute(2, 2, RouteSource.PROBED), RowRoute(4, 4, RouteSource.PROBED))
 
 
-def manifest_route(min_step_rows: int, step_row_multiple: int) -> RowRoute:
-    return RowRoute(min_step_rows, step_row_multiple, RouteSource.MANIFEST)
+def manifest_route(manifest: Manifest) -> RowRoute:
+    """The exporter's default route, as the manifest says it (min_step_rows, step_row_multiple)."""
+    return RowRoute(manifest.min_step_rows, manifest.step_row_multiple, RouteSource.MANIFEST)

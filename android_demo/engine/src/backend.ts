@@ -13,7 +13,7 @@
  */
 
 import { ConfigError, ContextOverflowError } from './errors';
-import { Manifest } from './manifest';
+import { RowRoute, manifestRoute } from './manifest';
 import { DecoderSession } from './session';
 import { chain, depths, treeBias } from './tree';
 
@@ -37,17 +37,6 @@ export function routeRowsFor(real: number, minRows: number, multiple: number, mo
   let rows = Math.max(real, minRows);
   rows += (multiple - (rows % multiple)) % multiple;
   return Math.min(rows, Math.max(real, most));
-}
-
-/** Rows every call runs at least, and a multiple of (runtime/row_route.py RowRoute). */
-export interface RowRoute {
-  minRows: number;
-  multiple: number;
-}
-
-/** The exporter's default route, as the manifest says it. */
-export function manifestRoute(m: Manifest): RowRoute {
-  return { minRows: m.min_step_rows, multiple: m.step_row_multiple ?? 1 };
 }
 
 /** A route from "4x4" (rows at least x a multiple of), as `specmemo plan` and `bench arm` print it. */

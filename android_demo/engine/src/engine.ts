@@ -10,7 +10,7 @@
  *              latency curve measured once per engine.
  */
 
-import { OrtBackend, RowRoute, checkFits, manifestRoute } from './backend';
+import { OrtBackend, checkFits } from './backend';
 import { Controller, LatencyCurve, measureLatency } from './controller';
 import { FullWidth, Generation, WidthPolicy, generate } from './decode';
 import { Drafter, Merged } from './drafters/draft';
@@ -19,7 +19,7 @@ import { MedusaDrafter } from './drafters/medusa';
 import { DrafterName, parseDrafter } from './drafters/names';
 import { ConfigError } from './errors';
 import { allocationBytes, kvBytes } from './arena';
-import { Manifest, ManifestError, ModelFormat, bytesPerKvElement, parseManifest } from './manifest';
+import { Manifest, ManifestError, ModelFormat, RowRoute, bytesPerKvElement, manifestRoute, parseManifest } from './manifest';
 import { DecoderSession, OrtModule } from './session';
 import { Sizes, exportedTree, resolveSizes } from './sizes';
 import { ArtifactSource } from './source';
@@ -162,7 +162,7 @@ export async function openEngine(options: EngineOptions): Promise<Engine> {
   }
   if (names.length === 0 && mode !== 'greedy') mode = 'greedy'; // nothing to speculate with
   const route = options.route ?? manifestRoute(m);
-  const sizes = resolveSizes(m, names, options.capacity, undefined, Math.max(route.minRows, route.multiple));
+  const sizes = resolveSizes(m, names, options.capacity, undefined, route);
   const tokenizer = new ChatTokenizer(await source.readText(m.tokenizer.file), m.tokenizer);
   const session = await DecoderSession.open(options.ort, source, m, {
     threads: options.threads ?? 2, sizes, heads: names.includes('medusa'), modelFormat: options.modelFormat ?? 'onnx',

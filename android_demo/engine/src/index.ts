@@ -1,7 +1,6 @@
 /** SpecMemo's runtime in TypeScript: the Python runtime's steps over onnxruntime-common. */
 
-export { manifestRoute, parseRoute } from './backend';
-export type { RowRoute } from './backend';
+export { parseRoute } from './backend';
 export { ChatSession } from './chat';
 export type { Reply, SendOptions, Turn } from './chat';
 export { Controller, LatencyCurve, measureLatency } from './controller';
@@ -15,8 +14,8 @@ export type { DrafterName } from './drafters/names';
 export { Engine, drafterNames, openEngine } from './engine';
 export type { EngineOptions, GenerateRequest, MemoryPlan, Mode } from './engine';
 export { ArtifactError, ConfigError, ContextOverflowError } from './errors';
-export { ManifestError, parseManifest } from './manifest';
-export type { FeatureDrafterInfo, Manifest, ModelFormat } from './manifest';
+export { ManifestError, manifestRoute, parseManifest } from './manifest';
+export type { FeatureDrafterInfo, Manifest, ModelFormat, RowRoute } from './manifest';
 export { Arena, allocationBytes, kvBytes, layoutFor, views } from './arena';
 export { MedusaTree, USEFUL_GAIN } from './medusaTree';
 export { HEADROOM, activationBytes, footprint, lowerBound, pricedLayout } from './memory';

@@ -155,6 +155,17 @@ function need(condition: boolean, message: string): void {
 }
 
 /** Parse and check manifest.json's text; `where` names the file in messages. */
+/** Rows every call runs at least, and a multiple of (runtime/row_route.py RowRoute). */
+export interface RowRoute {
+  minRows: number;
+  multiple: number;
+}
+
+/** The exporter's default route, as the manifest says it. */
+export function manifestRoute(m: Manifest): RowRoute {
+  return { minRows: m.min_step_rows, multiple: m.step_row_multiple ?? 1 };
+}
+
 export function parseManifest(text: string, where: string): Manifest {
   let data: Record<string, unknown>;
   try {

@@ -9,7 +9,7 @@
 import { ConfigError } from './errors';
 import { DrafterName } from './drafters/names';
 import { LOOKUP_MAX_BRANCH } from './drafters/lookup';
-import { Manifest, ManifestError } from './manifest';
+import { Manifest, ManifestError, RowRoute, manifestRoute } from './manifest';
 import { MedusaTree, USEFUL_GAIN, expectedAccepted, rankAccuracyFromCumulative } from './medusaTree';
 
 export const DEFAULT_PREFILL_CHUNK = 64;
@@ -71,9 +71,9 @@ export function draftTreeSize(m: Manifest, drafters: readonly DrafterName[]): nu
  * tree, R = the prefill chunk or the tree if larger (runtime/plan.py default_sizes, without a budget).
  */
 export function resolveSizes(m: Manifest, drafters: readonly DrafterName[], capacity?: number,
-  prefillChunk: number = DEFAULT_PREFILL_CHUNK, routeRows: number = Math.max(m.min_step_rows, m.step_row_multiple ?? 1)): Sizes {
+  prefillChunk: number = DEFAULT_PREFILL_CHUNK, route: RowRoute = manifestRoute(m)): Sizes {
   if (capacity === undefined && m.plan !== null) return makeSizes(m.plan.capacity, m.plan.rows, m.plan.tree);
   // logit rows for at least a one-token call's rows on the route (plan.make_plan): greedy's LM head runs a verify's rows
-  const tree = Math.max(draftTreeSize(m, drafters), routeRows);
+  const tree = Math.max(draftTreeSize(m, drafters), route.minRows, route.multiple);
   return makeSizes(checkCapacity(m, capacity ?? m.max_capacity), Math.max(prefillChunk, tree), tree);
 }
