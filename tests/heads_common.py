@@ -1,23 +1,25 @@
 """What several test modules share about Medusa heads: random heads on a tiny model, an artifact exported
 with them, conversations of random words, and a drafter that knows the greedy reply. The fixtures over
-them (`tiny`, `exported`) live in conftest.py."""
+them (`tiny`, `exported`) live in conftest.py. torch is imported where heads are made, so the runtime's tests that
+only use the oracle drafter run where there is no exporter."""
 
 from __future__ import annotations
 
 from dataclasses import replace
 
 import numpy as np
-import torch
 from conftest import export_tiny, save_tiny_model, tiny_config
-from transformers import AutoModelForCausalLM
 
-from specmemo.export.heads import HeadsSpec, MedusaHeads, ResBlock, save_heads
 from specmemo.runtime.medusa_tree import grow_tree
 
 K, TOP_K = 3, 4
 
 
-def random_heads(lm_head_t, mode="shared", seed=0, **fields) -> MedusaHeads:
+def random_heads(lm_head_t, mode="shared", seed=0, **fields):
+    import torch
+
+    from specmemo.export.heads import HeadsSpec, MedusaHeads, ResBlock
+
     hidden, vocab = lm_head_t.shape
     spec = HeadsSpec(hidden_size=hidden, vocab_size=vocab, num_heads=K, mode=mode, **fields)
     token_map = torch.arange(0, vocab, 2)[: spec.subvocab_size] if mode == "subvocab" else None
@@ -36,6 +38,10 @@ def random_heads(lm_head_t, mode="shared", seed=0, **fields) -> MedusaHeads:
 def export_with_random_heads(root, *, mode="shared", max_capacity=160, tree_size=8, **spec):
     """A tiny Llama with random Medusa heads and a greedy-grown tree of `tree_size` nodes, exported
     into root/artifact: (artifact, the HF model, its folder)."""
+    from transformers import AutoModelForCausalLM
+
+    from specmemo.export.heads import save_heads
+
     config = tiny_config("LlamaForCausalLM")
     folder = save_tiny_model(config, root / "hf")
     model = AutoModelForCausalLM.from_pretrained(folder, dtype="float32").eval()

@@ -53,6 +53,7 @@ def test_open_model_reads_the_manifest_once(artifact, manifest_reads):
     assert manifest_reads == [str(artifact / "manifest.json")]
 
 
+@pytest.mark.full_install
 def test_the_server_reads_the_manifest_once(artifact, manifest_reads):
     from specmemo.serve.build import ServeConfig, build_app
 

@@ -41,11 +41,12 @@ def windowed(bias: np.ndarray, positions: np.ndarray, past: int, window: int) ->
 @pytest.fixture(scope="module", params=[pytest.param(v, marks=pytest.mark.slow) if v in ("qwen3", "llama-int4-f16kv")
                                         else v for v in VARIANTS])  # make test-fast: one dense, one sliding
 def artifact(request, tmp_path_factory):
-    from specmemo.export.weights_dtype import QuantOptions, WeightDtype
-
     architecture, variant = VARIANTS[request.param]
-    options = ({"quant": QuantOptions(dtype=WeightDtype.INT4, accuracy_level=4), "kv_dtype": "float16"}
-               if variant.get("int4") else {})
+    options = {}
+    if variant.get("int4"):
+        from specmemo.export.weights_dtype import QuantOptions, WeightDtype
+
+        options = {"quant": QuantOptions(dtype=WeightDtype.INT4, accuracy_level=4), "kv_dtype": "float16"}
     out = export_tiny(tiny_config(architecture), tmp_path_factory.mktemp("batch"), max_capacity=128, **options)
     if variant.get("int4"):
         from specmemo.runtime.manifest import load_manifest

@@ -87,7 +87,7 @@ def test_decoding_under_the_controller_is_token_identical(exported):
     from specmemo.runtime.drafters.medusa import MedusaDrafter
     from specmemo.runtime.session import DecoderSession
 
-    artifact, model, _ = exported
+    artifact, *_ = exported
     session = DecoderSession(Artifact.open(artifact))
     medusa = MedusaTree.from_choices(session.manifest.heads.tree)
     curve = LatencyCurve(sizes=(1, 4, 12), step_ms=(10.0, 11.0, 14.0))
@@ -96,7 +96,7 @@ def test_decoding_under_the_controller_is_token_identical(exported):
                       eos_token_ids=set())
     backend = OrtBackend(DecoderSession(Artifact.open(artifact)))
     controller = Controller(curve=curve, max_size=medusa.size)
-    oracle = OracleDrafter(backend, len(prompt), greedy.token_ids, model.config.vocab_size)
+    oracle = OracleDrafter(backend, len(prompt), greedy.token_ids, Artifact.open(artifact).manifest.dims.vocab_size)
     result = generate(backend, prompt, max_new_tokens=60, eos_token_ids=set(), drafter=MedusaDrafter(oracle, medusa),
                       max_tree=medusa.size, policy=controller)
     assert result.token_ids == greedy.token_ids

@@ -118,8 +118,8 @@ def repeating_prompt(vocab: int, seed: int) -> list[int]:
 
 @pytest.mark.parametrize("seed", range(3))
 def test_lookup_and_merged_drafts_decode_exactly_greedy(exported, seed):
-    artifact, model, _ = exported
-    vocab = model.config.vocab_size
+    artifact, *_ = exported
+    vocab = Artifact.open(artifact).manifest.dims.vocab_size
     prompt = repeating_prompt(vocab, seed)
     greedy = generate(OrtBackend(DecoderSession(Artifact.open(artifact))), prompt, max_new_tokens=40,
                       eos_token_ids=set()).token_ids
@@ -138,8 +138,8 @@ def test_lookup_and_merged_drafts_decode_exactly_greedy(exported, seed):
 
 def test_lookup_accepts_what_the_context_repeats(exported):
     """History counts: a reply that repeats an earlier turn is drafted from it, and accepted."""
-    artifact, model, _ = exported
-    prompt = repeating_prompt(model.config.vocab_size, 0)
+    artifact, *_ = exported
+    prompt = repeating_prompt(Artifact.open(artifact).manifest.dims.vocab_size, 0)
     session = DecoderSession(Artifact.open(artifact))
     first = generate(OrtBackend(session), prompt, max_new_tokens=30, eos_token_ids=set()).token_ids
     session.reset()
@@ -169,6 +169,7 @@ def test_score_draft_by_hand():
     assert record.tree_accepted_by_size == {2: [1], 4: [2]}  # the first 4 nodes hold b but not d
 
 
+@pytest.mark.full_install  # MT-Bench's package
 def test_eval_drafter_runs_and_reports_identity(exported):
     from specmemo.bench.eval_drafter import EvalDrafterConfig, run, table
 
@@ -186,6 +187,7 @@ def test_eval_drafter_runs_and_reports_identity(exported):
     assert "medusa+lookup" in table(results)
 
 
+@pytest.mark.full_install  # MT-Bench's package
 def test_eval_drafter_prices_a_choice_and_times_sampling(exported):
     """A choice among drafters is evaluated like one drafter (greedy output identical, the steps each candidate
     drafted reported); with --sampling the timed pass samples with the artifact's defaults."""
@@ -220,8 +222,8 @@ def test_a_choice_among_drafters_decodes_exactly_greedy_and_prices_each(exported
     that pays drafts nearly every step after, the other is re-priced now and then; greedy output either way."""
     from specmemo.runtime.controller import PROBE_EVERY, DrafterChoice, LatencyCurve
 
-    artifact, model, _ = exported
-    vocab = model.config.vocab_size
+    artifact, *_ = exported
+    vocab = Artifact.open(artifact).manifest.dims.vocab_size
     prompt = np.random.default_rng(7).integers(5, vocab, 16).tolist()  # nothing repeats: lookup finds nothing
     greedy = generate(OrtBackend(DecoderSession(Artifact.open(artifact))), prompt, max_new_tokens=80,
                       eos_token_ids=set()).token_ids
@@ -240,6 +242,7 @@ def test_a_choice_among_drafters_decodes_exactly_greedy_and_prices_each(exported
     assert by.count("medusa") > 0.8 * len(by) and by.count("lookup") >= len(by) // PROBE_EVERY  # re-priced
 
 
+@pytest.mark.full_install
 def test_every_drafter_has_its_row_and_builders_that_exist():
     """The registry is the one table: every DrafterName has a row, its builders resolve, a part it needs is a
     field of both the manifest and the export options, and the trees it fills are what the plan sizes for."""

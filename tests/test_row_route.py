@@ -4,6 +4,7 @@ LM head gathers as many rows as a verify's), it is measured once per artifact an
 exactly greedy on every route a machine may take, a four-row one included."""
 
 import json
+import platform
 
 import pytest
 from test_drafters import repeating_prompt
@@ -28,9 +29,15 @@ def small_session(artifact) -> DecoderSession:
 
 
 def test_the_probe_picks_an_exact_route_and_says_what_the_cheaper_ones_missed(tiny_llama):
-    route, report = probe(small_session(tiny_llama))
-    assert route.exact and route.source is RouteSource.PROBED and route in CANDIDATES
+    session = small_session(tiny_llama)
+    route, report = probe(session)
     tried = report["differing_sizes"]
+    if not route.exact:  # no candidate computes every row alike: aarch64's kernels (docs/on-device.md), not x86's
+        assert platform.machine() != "x86_64"
+        assert list(tried) == [c.label for c in CANDIDATES] and all(tried.values())
+        assert (route.min_rows, route.multiple) == (session.manifest.min_step_rows, session.manifest.step_row_multiple)
+        return
+    assert route.source is RouteSource.PROBED and route in CANDIDATES
     assert list(tried)[-1] == route.label and tried[list(tried)[-1]] == []
     assert all(tried[name] for name in list(tried)[:-1])  # every cheaper candidate differed at some size
 
@@ -49,8 +56,8 @@ def test_a_probe_that_finds_no_exact_route_keeps_the_manifests_and_says_so(tiny_
 @pytest.mark.parametrize("route", [RowRoute(2, 1), RowRoute(2, 2), RowRoute(4, 4)], ids=str)
 def test_speculation_is_exactly_greedy_on_each_route_a_machine_may_take(exported, route):
     """Padding to a minimum and to multiples (four-row tiles as on aarch64) keeps verify == greedy token for token."""
-    artifact, model, _ = exported
-    prompt = repeating_prompt(model.config.vocab_size, 1)
+    artifact, *_ = exported
+    prompt = repeating_prompt(Artifact.open(artifact).manifest.dims.vocab_size, 1)
 
     def backend():
         return OrtBackend(DecoderSession(Artifact.open(artifact), SessionConfig(heads=False)), route=route)
@@ -74,7 +81,8 @@ def test_the_route_is_probed_once_per_artifact_and_machine(tiny_llama, tmp_path,
     monkeypatch.setenv("SPECMEMO_CACHE", str(tmp_path))
     artifact, said = Artifact.open(tiny_llama), []
     plan = plan_for(EngineConfig(artifact=artifact), artifact.manifest, log=said.append)
-    assert plan.route.source is RouteSource.PROBED and said == []  # quiet: an exact route is found here
+    assert plan.route.source is RouteSource.PROBED
+    assert said == [] if plan.route.exact else len(said) == 1 and said[0].startswith("warning: no numeric route")
     cached = list((tmp_path / "calibration").glob("row-route-onnx-*.json"))
     assert len(cached) == 1 and json.loads(cached[0].read_text())["route"] == plan.route.to_json()
     stored = cached[0].stat().st_mtime_ns

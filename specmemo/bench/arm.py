@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from specmemo.bench import arm_tests
 from specmemo.bench.arm_env import CPUS, EMULATED, ensure_node, ensure_root, run_in
 from specmemo.errors import ConfigError
 from specmemo.runtime.config import DEFAULT_THREADS
@@ -36,6 +37,7 @@ class ArmConfig:
     threads: int = DEFAULT_THREADS
     capacity: int = 256
     replies: bool = True  # decode the prompts (False: the kernel-route table alone, seconds a CPU class)
+    tests: bool = True  # the runtime's own tests, here and on each class (arm_tests.py)
 
     def __post_init__(self) -> None:
         unknown = sorted(set(self.cpus) - set(CPUS))
@@ -178,7 +180,14 @@ def run(config: ArmConfig, *, lock: Path, log: Any = print) -> dict[str, Any]:
         f"quantized matrix, on this host ({platform.machine()}) ...")
     host = run_json("specmemo.bench.arm_worker", first, what="the runtime on this host", fix="check the artifacts")
     summary: dict[str, Any] = {"host": platform.machine(), "cpus": {}, "kernel_routes": {"host": routes_of(host)}}
+    store = root.parent / "tiny-artifacts"
+    if config.tests:
+        log(f"the runtime's tests on this host, filing their tiny artifacts in {store} ...")
+        summary["tests"] = {"host": arm_tests.on_host(store)}
     for cpu in config.cpus:
+        if config.tests:
+            log(f"... the same tests on emulated aarch64 {cpu}, without the exporter: ten minutes or more ...")
+            summary["tests"][cpu] = arm_tests.on_arm(root, cpu, store)
         log(f"... on emulated aarch64 {cpu} (QEMU_CPU={CPUS[cpu]}): slow, a few minutes ...")
         arm = on_arm(root, cpu, first, config.artifacts)
         summary["kernel_routes"][cpu] = routes_of(arm)

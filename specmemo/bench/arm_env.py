@@ -18,7 +18,7 @@ import shutil
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from specmemo.errors import ConfigError
@@ -28,7 +28,9 @@ ROOT_FOLDER = "arm64-root"
 SUITE, MIRROR = "bookworm", "http://deb.debian.org/debian"
 DEBIAN_PACKAGES = ("python3", "python3-venv", "ca-certificates")
 # the runtime's dependencies (pyproject's `dependencies`), pinned as requirements.lock pins them on x86
-RUNTIME_PACKAGES = ("numpy", "onnxruntime", "tokenizers", "jinja2", "markupsafe", "tqdm", "psutil")
+RUNTIME_PACKAGES = ("numpy", "onnxruntime", "tokenizers", "jinja2", "markupsafe", "tqdm", "psutil", "llguidance")
+# and what runs the runtime's own tests there (pure-Python wheels)
+TEST_PACKAGES = ("pytest", "pluggy", "iniconfig", "packaging", "pygments")
 VENV = "/opt/specmemo"  # inside the root
 REPO = "/src"  # where the repository is bound inside the root
 BINFMT = Path("/proc/sys/fs/binfmt_misc")
@@ -85,7 +87,10 @@ def ensure_root(lock: Path, *, log: Callable[[str], None] = print) -> Path:
     ensure_tools()
     ensure_binfmt()
     root = root_folder()
-    if (root / "opt" / "specmemo.ready").is_file():
+    ready = root / "opt" / "specmemo.ready"
+    if ready.is_file():
+        if ready.read_text().split() != pinned(lock, RUNTIME_PACKAGES + TEST_PACKAGES):
+            install_runtime(root, lock, log=log)  # the lock moved on (or a package was added): pip brings it level
         return root
     started = time.perf_counter()
     staging = root.with_name(root.name + ".tmp")
@@ -110,7 +115,7 @@ def install_runtime(staging: Path, lock: Path, *, log: Callable[[str], None]) ->
     """The runtime's dependencies in a venv inside the root, from PyPI's aarch64 wheels (the host's CA bundle, so
     pip reaches the index as the host does)."""
     shutil.copy("/etc/ssl/certs/ca-certificates.crt", staging / "etc" / "ssl" / "certs" / "host-ca.crt")
-    requirements = pinned(lock, RUNTIME_PACKAGES)
+    requirements = pinned(lock, RUNTIME_PACKAGES + TEST_PACKAGES)
     log(f"installing {', '.join(requirements)} (aarch64 wheels) ...")
     script = (f"python3 -m venv {VENV} && {VENV}/bin/pip install --quiet --no-deps --only-binary=:all: "
               f"{' '.join(shlex.quote(r) for r in requirements)}")
@@ -145,9 +150,11 @@ def ensure_node(root: Path, *, log: Callable[[str], None] = print) -> str:
 
 
 def run_in(root: Path, argv: Sequence[str], *, cpu: str, repo: Path, binds: Sequence[Path] = (),
-           stdin: str | None = None, timeout: float | None = None) -> subprocess.CompletedProcess[str]:
+           stdin: str | None = None, timeout: float | None = None, cwd: str = "/",
+           env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     """`argv` inside the root on the emulated `cpu` ("python" is the runtime's venv), the repository at /src (its
-    code on PYTHONPATH) and each of `binds` at its own path, read-only, in a mount namespace of its own."""
+    code on PYTHONPATH) and each of `binds` at its own path, read-only, in a mount namespace of its own; `cwd` and
+    `env` (added to a clean environment) as inside the root."""
     mounts = [(repo, Path(REPO)), *((b, b) for b in binds)]
     steps = [f"mkdir -p {shlex.quote(str(root))}{shlex.quote(str(inside))} && mount --bind -o ro "
              f"{shlex.quote(str(outside))} {shlex.quote(str(root))}{shlex.quote(str(inside))}"
@@ -156,8 +163,10 @@ def run_in(root: Path, argv: Sequence[str], *, cpu: str, repo: Path, binds: Sequ
     # and without them it only warns (MLAS asks QEMU for the CPU's features through the auxiliary vector)
     steps.append(f"mount -t proc proc {shlex.quote(str(root / 'proc'))}")
     command = [f"{VENV}/bin/python" if argv[0] == "python" else argv[0], *argv[1:]]
-    steps.append(f"exec chroot {shlex.quote(str(root))} /usr/bin/env -i QEMU_CPU={shlex.quote(cpu)} "
-                 f"PYTHONPATH={REPO} PATH={VENV}/bin:/usr/bin:/bin HOME=/tmp "
-                 + " ".join(shlex.quote(a) for a in command))
+    extra = " ".join(shlex.quote(f"{k}={v}") for k, v in (env or {}).items())
+    enter = shlex.quote(f'cd {shlex.quote(cwd)} && exec "$0" "$@"')  # the root's shell, so cwd is inside it
+    steps.append(f"exec chroot {shlex.quote(str(root))} /bin/sh -c {enter} "
+                 f"/usr/bin/env -i QEMU_CPU={shlex.quote(cpu)} PYTHONPATH={REPO} PATH={VENV}/bin:/usr/bin:/bin "
+                 f"HOME=/tmp {extra} " + " ".join(shlex.quote(a) for a in command))
     return subprocess.run(["unshare", "-m", "/bin/sh", "-c", " && ".join(steps)], input=stdin, capture_output=True,
                           text=True, timeout=timeout)

@@ -38,25 +38,30 @@ def add_arm_parser(bench) -> None:
     b.add_argument("--max-new-tokens", type=positive, default=32)
     b.add_argument("--threads", type=positive, default=2)
     b.add_argument("--routes-only", action="store_true",
-                   help="the kernel-route table alone, without decoding the prompts (seconds a CPU class)")
+                   help="the kernel-route table alone, without decoding the prompts or the tests (seconds a CPU class)")
+    b.add_argument("--no-tests", action="store_true",
+                   help="leave out the runtime's own tests (run here, then on each class with artifacts exported here)")
     b.add_argument("--out", type=Path, default=run_folder("bench-arm"))
     b.set_defaults(handler=cmd_bench_arm)
 
 
 def cmd_bench_arm(args: argparse.Namespace) -> int:
+    from specmemo.bench import arm_tests
     from specmemo.bench.arm import ArmConfig, record_routes, routes_table, run, table
     from specmemo.bench.results import write_json
 
     config = ArmConfig(artifacts=tuple(args.artifact), cpus=tuple(c.strip() for c in args.cpus.split(",") if c.strip()),
                        prompts=args.prompts, max_new_tokens=args.max_new_tokens, threads=args.threads,
-                       replies=not args.routes_only)
+                       replies=not args.routes_only, tests=not (args.routes_only or args.no_tests))
     summary = run(config, lock=LOCK, log=log_stderr)
     if summary["cpus"]:
         print(table(summary) + "\n")
     print(routes_table(summary))
+    if "tests" in summary:
+        print(arm_tests.table(summary["tests"]))
     for manifest in record_routes(summary):
         log_stderr(f"kernel routes recorded in {manifest} (quantization.kernel_routes)")
     print(f"wrote {write_json(args.out / 'summary.json', summary, threads=args.threads)}")
     ok = all(r["speculative_equals_greedy"] == r["prompts"] for result in summary["cpus"].values()
-             for r in result.values())
+             for r in result.values()) and all(t["returncode"] == 0 for t in summary.get("tests", {}).values())
     return 0 if ok else 1

@@ -42,8 +42,8 @@ def cmd_bench_fuzz(args: argparse.Namespace) -> int:
     from specmemo.bench.serve_load import InProcessServer
     from specmemo.runtime.manifest import load_manifest
     from specmemo.runtime.rss import rss_bytes
-    from specmemo.serve.api import Limits
     from specmemo.serve.build import ServeConfig
+    from specmemo.serve.limits import Limits
 
     manifest = load_manifest(args.artifact)
     manifest.batch_graph(args.batch)

@@ -10,8 +10,7 @@ import socket
 from specmemo.cli.options import add_artifact, add_mode, positive
 from specmemo.console import log_stderr
 from specmemo.errors import ConfigError
-from specmemo.serve.api import Limits
-from specmemo.serve.build import DEFAULT_BATCH, DEFAULT_CONTEXT
+from specmemo.serve.limits import DEFAULT_BATCH, DEFAULT_CONTEXT, Limits
 
 
 def add_parser(sub) -> None:

@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from starlette.responses import JSONResponse
 
 from specmemo.runtime.text import first_non_text
+from specmemo.serve.limits import BadRequest, Limits
 
 MAX_STOPS = 4  # OpenAI's limit
 MAX_DEPTH = 32  # JSON nesting a real request never needs (messages → content parts → part is depth 4)
@@ -31,34 +31,6 @@ def error(status: int, message: str, kind: str = "invalid_request_error", param:
     """OpenAI's error object: every refusal and failure the server answers, from any layer."""
     return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": code}},
                         status_code=status, headers=headers)
-
-
-class BadRequest(ValueError):
-    """A request refused with 400 (or `status`) and a one-line reason."""
-
-    def __init__(self, message: str, status: int = 400, param: str | None = None):
-        super().__init__(message)
-        self.status, self.param = status, param
-
-
-@dataclass(frozen=True)
-class Limits:
-    """What one request may ask for (`serve` flags; defaults sized for a small box)."""
-
-    max_body_bytes: int = 1 << 20  # --max-body-bytes: 1 MiB
-    max_messages: int = 256  # --max-messages
-    max_prompt_tokens: int | None = None  # --max-prompt-tokens (None: a row's context)
-    max_tokens: int | None = None  # --max-tokens: the most new tokens one request may ask for (None: the context)
-
-    def __post_init__(self) -> None:
-        if min(self.max_body_bytes, self.max_messages, self.max_prompt_tokens or 1, self.max_tokens or 1) < 1:
-            raise ValueError("--max-body-bytes, --max-messages, --max-prompt-tokens and --max-tokens must be >= 1")
-
-    def check_body_size(self, size: int) -> None:
-        """413 for a body (declared, read so far, or whole) over --max-body-bytes."""
-        if size > self.max_body_bytes:
-            raise BadRequest(f"the body is {size} bytes or more, over this server's {self.max_body_bytes} "
-                             f"(serve --max-body-bytes)", status=413)
 
 
 class TextPart(BaseModel):

@@ -8,11 +8,8 @@ from pathlib import Path
 
 from specmemo.errors import ConfigError
 from specmemo.runtime.config import DEFAULT_THREADS, Mode
-from specmemo.serve.api import Limits
 from specmemo.serve.guard import Exposure
-
-DEFAULT_BATCH = 8
-DEFAULT_CONTEXT = 1024
+from specmemo.serve.limits import DEFAULT_BATCH, DEFAULT_CONTEXT, Limits
 
 
 @dataclass(frozen=True)
