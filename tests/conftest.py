@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import hashlib
+import importlib.util
+import json
 import os
 import random
+import shutil
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -33,8 +38,70 @@ def make_tokenizer(vocab_size: int):
     return tokenizer
 
 
+# a byte-level BPE tokenizer (every byte a token, and a few JSON pairs merged): text a grammar engine can read
+JSON_MERGES = (("{", '"'), ('"', ":"), ('"', ","), (",", '"'), ('"', "}"), (":", '"'), ("n", "u"), ("t", "r"))
+BYTE_VOCAB = len(SPECIAL) + 256 + len(JSON_MERGES)
+
+
+def make_byte_tokenizer():
+    """The special tokens, the 256 bytes (as GPT-2's byte-level alphabet), then JSON_MERGES: BYTE_VOCAB tokens."""
+    from tokenizers import Tokenizer, decoders, models
+    from tokenizers.pre_tokenizers import ByteLevel
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {token: i for i, token in enumerate(SPECIAL)}
+    vocab.update({ch: len(SPECIAL) + i for i, ch in enumerate(sorted(ByteLevel.alphabet()))})
+    vocab.update({a + b: len(vocab) + i for i, (a, b) in enumerate(JSON_MERGES)})
+    backend = Tokenizer(models.BPE(vocab=vocab, merges=list(JSON_MERGES)))
+    backend.pre_tokenizer = ByteLevel(add_prefix_space=False, use_regex=False)
+    backend.decoder = decoders.ByteLevel()
+    backend.add_special_tokens(SPECIAL)
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>", eos_token="<|end|>")
+    tokenizer.chat_template = CHAT_TEMPLATE
+    return tokenizer
+
+
+# ---- the runtime's tests where there is no exporter (an arm64 root: bench/arm.py) ----------------------------
+# SPECMEMO_TINY_ARTIFACTS names a folder of tiny artifacts by key (what tiny_config and export_tiny were asked for).
+# Where the exporter (torch) is installed, export_tiny exports as always and files a copy there; where it is not,
+# tiny_config returns only its key and export_tiny copies the artifact exported on the host out of that folder.
+TINY_ARTIFACTS = "SPECMEMO_TINY_ARTIFACTS"
+HAS_EXPORTER = importlib.util.find_spec("torch") is not None
+_KEYS: dict[int, str] = {}  # id(config) -> the tiny_config call that made it
+
+
+@dataclass(frozen=True)
+class ConfigKey:
+    """tiny_config's answer without the exporter: which config was asked for, nothing to build a model from."""
+
+    key: str
+
+
+def config_key(architecture: str, seed: int | None, overrides: dict[str, Any]) -> str:
+    return json.dumps([architecture, seed, overrides], sort_keys=True, default=repr)
+
+
+def export_key(config, max_capacity: int, options: dict[str, Any]) -> str | None:
+    """The folder name of one export in the store: the config's key, the capacity and the options (paths by name);
+    None for a config tiny_config did not make."""
+    key = config.key if isinstance(config, ConfigKey) else _KEYS.get(id(config))
+    if key is None:
+        return None
+    named = {k: v.name if isinstance(v, Path) else v for k, v in options.items()}
+    text = json.dumps([key, max_capacity, named], sort_keys=True, default=repr)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
 def tiny_config(architecture: str, *, seed: int | None = None, **overrides):
     """A small random config. With a seed, the dims themselves are drawn at random (GQA kept valid)."""
+    if not HAS_EXPORTER:
+        return ConfigKey(config_key(architecture, seed, overrides))
+    config = _tiny_config(architecture, seed, overrides)
+    _KEYS[id(config)] = config_key(architecture, seed, overrides)
+    return config
+
+
+def _tiny_config(architecture: str, seed: int | None, overrides: dict[str, Any]):
     from transformers import Gemma3TextConfig, LlamaConfig, Qwen2Config, Qwen3Config
 
     rng = random.Random(seed)
@@ -83,8 +150,9 @@ def llama3_config(**overrides):
     return tiny_config("LlamaForCausalLM", rope_parameters=scaling, **overrides)
 
 
-def save_tiny_model(config, folder: Path, *, seed: int = 0) -> Path:
-    """Random weights (scaled up so logits are not all ~0) + tokenizer, as a local HF folder."""
+def save_tiny_model(config, folder: Path, *, seed: int = 0, tokenizer=None) -> Path:
+    """Random weights (scaled up so logits are not all ~0) + tokenizer (default: make_tokenizer's), as a local HF
+    folder."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -97,7 +165,7 @@ def save_tiny_model(config, folder: Path, *, seed: int = 0) -> Path:
             elif config.model_type in ("gemma3_text", "qwen3"):  # norms that are not all ones: (1 + w), QK-norm
                 param.add_(torch.randn_like(param) * 0.2)
     model.save_pretrained(folder)
-    make_tokenizer(config.vocab_size).save_pretrained(folder)
+    (tokenizer or make_tokenizer(config.vocab_size)).save_pretrained(folder)
     return folder
 
 
@@ -134,7 +202,15 @@ def tiny_llama(tmp_path_factory) -> Path:
 
 
 def export_tiny(config, root: Path, max_capacity: int = 64, **options) -> Path:
-    """Export root/hf (saved from `config` unless already there) into root/artifact."""
+    """Export root/hf (saved from `config` unless already there) into root/artifact (see TINY_ARTIFACTS)."""
+    store, key = os.environ.get(TINY_ARTIFACTS), export_key(config, max_capacity, options)
+    stored = Path(store) / key if store and key else None
+    if not HAS_EXPORTER:
+        if stored is None or not (stored / "manifest.json").is_file():
+            pytest.fail(f"no exporter here and no artifact for this test in {TINY_ARTIFACTS}={store}: run the same "
+                        f"tests where torch is installed with that variable set first")
+        shutil.copytree(stored, root / "artifact")
+        return root / "artifact"
     from specmemo.export.artifact import ExportOptions, export_artifact
 
     folder = root / "hf"
@@ -143,6 +219,8 @@ def export_tiny(config, root: Path, max_capacity: int = 64, **options) -> Path:
     export_artifact(ExportOptions(model=str(folder), out=root / "artifact", max_capacity=max_capacity,
                                   **options),
                     log=lambda *_: None)
+    if stored is not None and not stored.exists():
+        shutil.copytree(root / "artifact", stored)
     return root / "artifact"
 
 
@@ -178,16 +256,21 @@ def tiny(tmp_path_factory):
 
 @pytest.fixture(scope="session", params=["shared", "own", "subvocab"])  # read only (copy it to change it)
 def exported(request, tmp_path_factory):
-    """A tiny artifact exported with random heads (and a small grown tree) in each projection mode."""
+    """A tiny artifact exported with random heads (and a small grown tree) in each projection mode: (artifact, the
+    HF model, the heads); without the exporter, the artifact alone (TINY_ARTIFACTS), the other two None."""
     from dataclasses import replace
 
     from heads_common import TOP_K, K, random_heads
+
+    root = tmp_path_factory.mktemp(f"heads-{request.param}")
+    heads_folder = root / f"heads-{request.param}"  # by name in the store's key: one export per mode
+    if not HAS_EXPORTER:
+        return export_tiny(tiny_config("LlamaForCausalLM"), root, heads=heads_folder, top_k=TOP_K), None, None
     from transformers import AutoModelForCausalLM
 
     from specmemo.export.heads import load_heads, save_heads
     from specmemo.runtime.medusa_tree import grow_tree
 
-    root = tmp_path_factory.mktemp(f"heads-{request.param}")
     config = tiny_config("LlamaForCausalLM")
     folder = save_tiny_model(config, root / "hf")  # export_tiny reuses it
     model = AutoModelForCausalLM.from_pretrained(folder, dtype="float32").eval()
@@ -195,6 +278,6 @@ def exported(request, tmp_path_factory):
     heads = random_heads(model.lm_head.weight.detach().t().contiguous(), request.param, **extra)
     accuracy = [[0.6 * 0.5**d * 0.6**r for r in range(TOP_K)] for d in range(K)]
     spec = replace(heads.spec, tree=grow_tree(accuracy, 12).choices)
-    save_heads(heads, root / "heads", spec)
-    artifact = export_tiny(config, root, heads=root / "heads", top_k=TOP_K)
-    return artifact, model, load_heads(root / "heads", model.lm_head.weight.detach().t().contiguous())
+    save_heads(heads, heads_folder, spec)
+    artifact = export_tiny(config, root, heads=heads_folder, top_k=TOP_K)
+    return artifact, model, load_heads(heads_folder, model.lm_head.weight.detach().t().contiguous())

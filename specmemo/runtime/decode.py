@@ -19,6 +19,11 @@
 Plain greedy decoding is the same loop with a one-node tree (no drafter). Greedy speculative output
 is token-identical to plain greedy whatever the drafter proposes: every emitted token is the base
 model's argmax after its prefix.
+
+With a constraint (runtime/constraint.py) the same steps take its mask: every row's choice is made among the
+tokens the grammar allows (argmax or draw), drafted nodes it forbids are pruned before `choose`, and tokens it
+forces are decided without a model step of their own: the next verify runs them as a chain ahead of the tree.
+Greedy and speculative decoding share all three, so constrained output is the same either way.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ import numpy as np
 
 from specmemo.runtime import tree
 from specmemo.runtime.backend import Backend, Forward
+from specmemo.runtime.constraint import Matcher, masked
 from specmemo.runtime.drafters.draft import DraftContext, Drafter, DraftTree
 from specmemo.runtime.sampling import Sampling, accept_sampled, sample_next
 
@@ -52,12 +58,15 @@ class GenerationStats:
     steps: int = 0  # decoder calls after prefill, + 1 for the prefill
     prefill_s: float = 0.0  # time to first token
     decode_s: float = 0.0
-    finish_reason: str = ""  # "eos" | "length" | "capacity"
+    finish_reason: str = ""  # "eos" | "length" | "capacity" | "constraint" (the grammar allowed no token)
     accept_lengths: list[int] = field(default_factory=list)  # tokens gained per verify step
     tree_sizes: list[int] = field(default_factory=list)  # T verified per step
     draft_sizes: list[int] = field(default_factory=list)  # nodes the drafter proposed per step
     draft_s: float = 0.0  # of decode_s, time spent drafting
     kv_used: list[int] = field(default_factory=list)  # committed KV positions after each step
+    forced_tokens: int = 0  # tokens a constraint forced (decided without a model step of their own)
+    pruned_nodes: int = 0  # drafted nodes a constraint forbade (cut before the verify)
+    mask_s: float = 0.0  # of decode_s and prefill_s, time spent computing a constraint's masks
 
     @property
     def decode_tokens_per_s(self) -> float:
@@ -82,12 +91,31 @@ class Step:
     path: list[int] | None = None  # the nodes it committed, in order (None: every row, as in prefill)
 
 
+NO_TOKEN = -1  # a constraint allowed nothing
+
+
 def prefill(backend: Backend, prompt: list[int], sampling: Sampling | None = None,
-            rng: np.random.Generator | None = None, history: list[int] | tuple[int, ...] = ()) -> Step:
+            rng: np.random.Generator | None = None, history: list[int] | tuple[int, ...] = (),
+            constraint: Matcher | None = None) -> Step:
     """Run the prompt as one causal chain; return the first generated token and the last hidden state."""
     out = backend.forward(prompt, tree.chain(len(prompt)), last_only=True)
     backend.commit(list(range(len(prompt))))
+    if constraint is not None:
+        token = choose(out.logits[-1], constraint.mask(), sampling, rng, [*history, *prompt])
+        return Step(token, out.hidden_states[-1], out.hidden_states)
     return Step(first_token(out, sampling, rng, [*history, *prompt]), out.hidden_states[-1], out.hidden_states)
+
+
+def choose(logits: np.ndarray, allowed: np.ndarray, sampling: Sampling | None, rng: np.random.Generator | None,
+           context: Sequence[int]) -> int:
+    """A row's token among the allowed ones: the argmax, or a draw (NO_TOKEN when none is allowed)."""
+    if not allowed.any():
+        return NO_TOKEN
+    row = masked(logits, allowed)
+    if sampling is None:
+        return int(np.argmax(row))
+    assert rng is not None
+    return sample_next(row, sampling, rng, list(context))
 
 
 def first_token(out: Forward, sampling: Sampling | None, rng: np.random.Generator | None, context: list[int]) -> int:
@@ -132,6 +160,42 @@ def verify_and_commit(backend: Backend, tokens: list[int], parents: list[int], s
     return path, step
 
 
+def verify_constrained(backend: Backend, draft: DraftTree, decided: int, masks: dict[int, np.ndarray],
+                       sampling: Sampling | None, rng: np.random.Generator | None, context: Sequence[int]
+                       ) -> tuple[list[int], Step]:
+    """verify → accept → commit under a constraint. Nodes [0, decided) are a chain of decided tokens (the root and
+    what the grammar forced after it), kept whatever the model says; the drafted nodes under the last of them were
+    pruned to what the grammar allows, and `masks` holds the allowed tokens after each (and after the last decided
+    one). Acceptance is decode's, on the masked rows: the argmax walk, or exact rejection sampling."""
+    out = backend.forward(list(draft.tokens), list(draft.parents))
+    last = decided - 1
+    if sampling is None or draft.size == decided:
+        path = list(range(decided))
+        while True:
+            node = path[-1]
+            want = choose(out.logits[node], masks[node], sampling, rng, [*context, *draft.tokens[decided:node + 1]])
+            child = next((i for i in range(node + 1, draft.size)
+                          if draft.parents[i] == node and draft.tokens[i] == want), None)
+            if child is None or sampling is not None:
+                root = want
+                break
+            path.append(child)
+    else:  # a drafted tree under the root alone (decided == 1): every node has its mask
+        # a node where the grammar is complete has no children left and its bonus draw is dropped: its row as is
+        rows = np.stack([masked(out.logits[i], masks[i]) if masks[i].any() else out.logits[i]
+                         for i in range(draft.size)])
+        if not masks[0].any():
+            path, root = [0], NO_TOKEN
+        else:
+            assert rng is not None and last == 0
+            path, root = accept_sampled(list(draft.tokens), list(draft.parents), rows, sampling, rng, context)
+            if not masks[path[-1]].any():
+                root = NO_TOKEN
+    step = Step(root, out.hidden_states[path[-1]], out.hidden_states, path)
+    backend.commit(path)
+    return path, step
+
+
 class FullWidth:
     """The default width policy: draft up to T_max nodes (cut to the KV positions left), verify them all."""
 
@@ -161,6 +225,7 @@ def generate(
     policy: WidthPolicy | None = None,
     sampling: Sampling | None = None,
     chains_only: bool = False,
+    constraint: Matcher | None = None,
 ) -> Generation:
     """Greedy decoding on top of whatever the backend has committed (multi-turn reuses it);
     speculative when a drafter is given, with trees of at most `max_tree` nodes (T_max, the
@@ -168,7 +233,8 @@ def generate(
     committed before `prompt` (earlier turns), for drafters that read the conversation. `policy`
     decides each step's draft budget and verified width (default: all of it that fits);
     `sampling` switches to typical acceptance with seeded sampling. `chains_only`: verify only the
-    draft's best path (a graph whose tree verify rounds apart from a chain, manifest.draft_shape)."""
+    draft's best path (a graph whose tree verify rounds apart from a chain, manifest.draft_shape). `constraint`:
+    a fresh matcher (runtime/constraint.py) the reply must satisfy; its masks, pruning and forced tokens."""
     speculative = drafter is not None and max_tree > 1
     policy = policy if policy is not None and speculative else FullWidth(max_tree if speculative else 1)
     rng = np.random.default_rng(sampling.seed) if sampling is not None else None
@@ -176,7 +242,7 @@ def generate(
     stats = result.stats
     stats.prompt_tokens = len(prompt)
     started = time.perf_counter()
-    step = prefill(backend, prompt, sampling, rng, history)
+    step = prefill(backend, prompt, sampling, rng, history, constraint)
     stats.prefill_s = time.perf_counter() - started
     stats.steps = 1
     context = [*history, *prompt, step.root]  # every decided token; the drafters read it
@@ -185,7 +251,17 @@ def generate(
         prepare(context)
         stats.prefill_s = time.perf_counter() - started
     pending = [step.root]  # decided tokens not yet emitted
+    forced: list[int] = []  # of them, the ones a constraint forced after the root (not yet run by the model)
+    if constraint is not None:
+        forced = _decide(constraint, [step.root], backend, stats)
+        pending += forced
+        context += forced
     while True:
+        if constraint is not None and (step.root == NO_TOKEN or constraint.done):
+            finished = _emit(result, [t for t in pending if t != NO_TOKEN], max_new_tokens, eos_token_ids, on_token)
+            if not finished:  # the grammar is complete, or allowed nothing
+                stats.finish_reason = "eos" if constraint.done else "constraint"
+            break
         finished = _emit(result, pending, max_new_tokens, eos_token_ids, on_token)
         if finished:
             break
@@ -194,30 +270,66 @@ def generate(
             break
         budget = policy.budget(backend.capacity - backend.length)
         draft_ms = 0.0
-        if budget > 1 and speculative:
+        decided = 1 + len(forced)
+        masks: dict[int, np.ndarray] = {}
+        if forced:  # the grammar's tokens run as a chain this step, nothing drafted under them
+            proposal = DraftTree.chain([step.root, *forced])
+            assert constraint is not None
+            masks[decided - 1] = constraint.mask()
+        elif budget > 1 and speculative:
             drafted = time.perf_counter()
             assert drafter is not None  # speculative
             proposal = drafter.propose(DraftContext(context, step.hidden, step.rows, step.path), budget=budget)
             if chains_only:
                 proposal = proposal.best_path()
+            if constraint is not None:  # what the grammar forbids is not worth a verify row
+                kept, masks = constraint.along(proposal.tokens, proposal.parents)
+                stats.pruned_nodes += proposal.size - len(kept)
+                proposal = proposal.keep(kept)
+                masks = {new: masks[old] for new, old in enumerate(kept)}
             draft_ms = 1e3 * (time.perf_counter() - drafted)
             stats.draft_s += draft_ms / 1e3
         else:
             proposal = DraftTree.root_only(step.root)
-        verified = proposal.prefix(policy.choose(proposal, draft_ms))
+            if constraint is not None:
+                masks[0] = constraint.mask()
+        verified = proposal if forced else proposal.prefix(policy.choose(proposal, draft_ms))
         verifying = time.perf_counter()
-        path, step = verify_and_commit(backend, list(verified.tokens), list(verified.parents), sampling, rng, context)
-        policy.observe(proposal, verified.size, path, 1e3 * (time.perf_counter() - verifying))
+        if constraint is None:
+            path, step = verify_and_commit(backend, list(verified.tokens), list(verified.parents), sampling, rng,
+                                           context)
+        else:
+            path, step = verify_constrained(backend, verified, decided, masks, sampling, rng, context)
+        if not forced:  # a forced chain is no draft: the policy learns nothing from it
+            policy.observe(proposal, verified.size, path, 1e3 * (time.perf_counter() - verifying))
         stats.steps += 1
         stats.draft_sizes.append(proposal.size)
         stats.tree_sizes.append(verified.size)
         stats.accept_lengths.append(len(path))
         stats.kv_used.append(backend.length)
-        pending = [verified.tokens[i] for i in path[1:]] + [step.root]
+        pending = [verified.tokens[i] for i in path[decided:]] + [step.root]
+        if constraint is not None:
+            forced = _decide(constraint, pending, backend, stats) if step.root != NO_TOKEN else []
+            pending += forced
         context.extend(pending)
     stats.new_tokens = len(result.token_ids)
     stats.decode_s = time.perf_counter() - started - stats.prefill_s
+    if constraint is not None:
+        stats.mask_s = constraint.mask_s
     return result
+
+
+def _decide(constraint: Matcher, tokens: list[int], backend: Backend, stats: GenerationStats) -> list[int]:
+    """The matcher takes the newly decided tokens; returns what the grammar forces after them, as many as the KV
+    room leaves for the chain that will run them (the rest are forced again next step)."""
+    constraint.consume([t for t in tokens if t != NO_TOKEN])
+    if constraint.done or NO_TOKEN in tokens:
+        return []
+    room = backend.capacity - backend.length - 1 - getattr(backend, "padding", 0)  # the chain: root + forced
+    forced = constraint.forced()[: max(0, room)]
+    constraint.consume(forced)
+    stats.forced_tokens += len(forced)
+    return forced
 
 
 def _emit(result: Generation, tokens: list[int], limit: int, eos: frozenset[int] | set[int],

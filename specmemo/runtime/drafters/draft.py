@@ -61,6 +61,18 @@ class DraftTree:
             return self
         return DraftTree(self.tokens[:size], self.parents[:size], self.scores[:size])
 
+    def keep(self, nodes: list[int]) -> DraftTree:
+        """The tree of these nodes (the root and, with each node, its parent), in their order here."""
+        index = {old: new for new, old in enumerate(nodes)}
+        return DraftTree(tuple(self.tokens[i] for i in nodes),
+                         tuple(-1 if i == 0 else index[self.parents[i]] for i in nodes),
+                         tuple(self.scores[i] for i in nodes))
+
+    @classmethod
+    def chain(cls, tokens: list[int]) -> DraftTree:
+        """Decided tokens as a chain (each certain)."""
+        return cls(tuple(tokens), tuple(range(-1, len(tokens) - 1)), (1.0,) * len(tokens))
+
     def best_path(self) -> DraftTree:
         """The chain root → its best child → its best child ..., as a draft of its own (for graphs
         where only a chain verifies exactly: manifest.draft_shape "chain")."""

@@ -1,0 +1,162 @@
+"""Constrained decoding (runtime/constraint.py) on a tiny random model with a byte-level tokenizer: every reply
+matches its constraint, speculative output equals constrained greedy token for token (drafts pruned by the grammar,
+forced tokens decided without a step of their own), and constrained sampling keeps its distribution under drafts."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import Counter
+
+import numpy as np
+import pytest
+from conftest import BYTE_VOCAB, export_tiny, make_byte_tokenizer, save_tiny_model, tiny_config
+
+from specmemo.runtime.artifact import Artifact
+from specmemo.runtime.backend import OrtBackend
+from specmemo.runtime.constraint import Constraint, ConstraintError, ConstraintKind, GrammarTokenizer
+from specmemo.runtime.decode import generate
+from specmemo.runtime.drafters.draft import DraftContext, DraftTree, ordered
+from specmemo.runtime.drafters.lookup import PromptLookup
+from specmemo.runtime.sampling import Sampling
+from specmemo.runtime.session import DecoderSession, SessionConfig
+from specmemo.runtime.sizes import Sizes
+from specmemo.runtime.tokenizer import ChatTokenizer, Message
+
+pytest.importorskip("llguidance")
+
+EOS = 1  # "<|end|>"
+PERSON = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 6},
+                                           "age": {"type": "integer", "minimum": 0, "maximum": 120},
+                                           "tags": {"type": "array", "items": {"enum": ["a", "bc"]}, "maxItems": 3}},
+          "required": ["name", "age", "tags"], "additionalProperties": False}
+SPECS = {
+    "schema": Constraint.json_schema(PERSON),
+    "json_object": Constraint(ConstraintKind.JSON_OBJECT),
+    "regex": Constraint(ConstraintKind.REGEX, source=r"[a-z]{2,5}-[0-9]{3}"),
+    "choice": Constraint(ConstraintKind.CHOICE, choices=("yes", "no", "maybe not")),
+    "lark": Constraint(ConstraintKind.GRAMMAR, source='start: "(" NUM ("+" NUM){1,3} ")"\nNUM: /[1-9][0-9]?/'),
+}
+
+
+@pytest.fixture(scope="module")
+def artifact(tmp_path_factory):
+    root = tmp_path_factory.mktemp("constraint")
+    config = tiny_config("LlamaForCausalLM", vocab_size=BYTE_VOCAB, max_position_embeddings=512)
+    save_tiny_model(config, root / "hf", tokenizer=make_byte_tokenizer())
+    return Artifact.open(export_tiny(config, root, max_capacity=256))
+
+
+def prompt_of(artifact: Artifact, text: str = "Describe a person as JSON.") -> list[int]:
+    return ChatTokenizer(artifact).encode_chat([Message("user", text)])
+
+
+def decode(artifact: Artifact, spec: Constraint, *, drafter=None, sampling=None, max_new_tokens=80, prompt=None):
+    backend = OrtBackend(DecoderSession(artifact, SessionConfig(heads=False, sizes=Sizes(256, 16, 16))))
+    return generate(backend, prompt or prompt_of(artifact), max_new_tokens=max_new_tokens, eos_token_ids={EOS},
+                    drafter=drafter, max_tree=8 if drafter else 1, sampling=sampling,
+                    constraint=GrammarTokenizer.of(artifact).matcher(spec))
+
+
+def text_of(artifact: Artifact, ids: list[int]) -> str:
+    return ChatTokenizer(artifact).decode([t for t in ids if t != EOS])
+
+
+def valid(name: str, text: str) -> bool:
+    if name in ("schema", "json_object"):
+        value = json.loads(text)
+        if name == "json_object":
+            return isinstance(value, dict)
+        return (set(value) == {"name", "age", "tags"} and isinstance(value["name"], str) and len(value["name"]) <= 6
+                and isinstance(value["age"], int) and 0 <= value["age"] <= 120
+                and all(t in ("a", "bc") for t in value["tags"]) and len(value["tags"]) <= 3)
+    if name == "regex":
+        return re.fullmatch(r"[a-z]{2,5}-[0-9]{3}", text) is not None
+    if name == "choice":
+        return text in ("yes", "no", "maybe not")
+    return re.fullmatch(r"\([1-9][0-9]?(\+[1-9][0-9]?){1,3}\)", text) is not None
+
+
+class Replay:
+    """Drafts that know the reply: the next tokens of `reply` as the best path, mostly right (a wrong token now and
+    then), beside siblings drawn at random (most of them ones the grammar forbids)."""
+
+    name = "replay"
+
+    def __init__(self, prompt_len: int, reply: list[int], seed: int = 0):
+        self.prompt_len, self.reply, self.rng = prompt_len, reply, np.random.default_rng(seed)
+
+    def propose(self, context: DraftContext, *, budget: int) -> DraftTree:
+        at = len(context.tokens) - self.prompt_len  # reply index of the token after the root
+        tokens, parents, scores = [context.root], [-1], [1.0]
+        for k in range(4):
+            truth = self.reply[at + k] if at + k < len(self.reply) else EOS
+            token = truth if self.rng.random() < 0.85 else int(self.rng.integers(5, BYTE_VOCAB))
+            sibling = int(self.rng.integers(5, BYTE_VOCAB))
+            parent = len(tokens) - 1 if k == 0 else len(tokens) - 2
+            tokens += [token, sibling]
+            parents += [parent, parent]
+            scores += [0.9 - 0.1 * k, 0.5 - 0.1 * k]
+        return ordered(tokens, parents, scores, budget=budget)
+
+
+@pytest.mark.parametrize("name", list(SPECS))
+def test_speculative_constrained_output_is_constrained_greedy_and_valid(artifact, name):
+    spec = SPECS[name]
+    prompt = prompt_of(artifact)
+    greedy = decode(artifact, spec, prompt=prompt)
+    if name != "json_object":  # the others' languages are finite: a random model's reply ends within the limit
+        assert greedy.stats.finish_reason == "eos", greedy.stats.finish_reason
+    if greedy.stats.finish_reason == "eos":
+        assert valid(name, text_of(artifact, greedy.token_ids)), text_of(artifact, greedy.token_ids)
+    replay = decode(artifact, spec, drafter=Replay(len(prompt), greedy.token_ids), prompt=prompt)
+    lookup = decode(artifact, spec, drafter=PromptLookup(), prompt=prompt)
+    assert replay.token_ids == greedy.token_ids and lookup.token_ids == greedy.token_ids
+    if len(greedy.token_ids) > 12:  # long enough for drafts (a choice is one token, then the grammar's)
+        assert replay.stats.mean_accepted > 1.5 and replay.stats.pruned_nodes > 0
+    if name in ("schema", "lark", "choice"):  # fixed keys, brackets and the rest of a choice's word
+        assert greedy.stats.forced_tokens > 0 and greedy.stats.steps < len(greedy.token_ids)
+
+
+def test_sampled_replies_are_valid_and_drafts_keep_the_distribution(artifact):
+    """Constrained sampling with and without drafts: every reply valid; the choice among three answers drawn with
+    the same frequencies (exact acceptance: the drafts change the draws, not their distribution)."""
+    spec, prompt = SPECS["choice"], prompt_of(artifact, "yes or no?")
+    sampling = Sampling(temperature=1.5, seed=0)
+    plain, drafted = Counter(), Counter()
+    for seed in range(150):
+        at = Sampling(temperature=sampling.temperature, seed=seed)
+        a = text_of(artifact, decode(artifact, spec, sampling=at, prompt=prompt).token_ids)
+        replay = Replay(len(prompt), ChatTokenizer(artifact).encode("maybe not"), seed)
+        b = text_of(artifact, decode(artifact, spec, sampling=at, drafter=replay, prompt=prompt).token_ids)
+        assert valid("choice", a) and valid("choice", b), (a, b)
+        plain[a] += 1
+        drafted[b] += 1
+    assert len(plain) >= 2  # the temperature spreads the draws
+    assert sum(abs(plain[k] - drafted[k]) for k in set(plain) | set(drafted)) / 150 < 0.25, (plain, drafted)
+    schema = SPECS["schema"]
+    for seed in range(4):
+        out = decode(artifact, schema, sampling=Sampling(temperature=1.0, seed=seed), drafter=PromptLookup())
+        assert out.stats.finish_reason != "eos" or valid("schema", text_of(artifact, out.token_ids))
+
+
+@pytest.mark.parametrize(("spec", "message"), [
+    (lambda: Constraint.json_schema('{"type": "object",'), "schema: not JSON"),
+    (lambda: Constraint.json_schema("[1, 2]"), "schema: a JSON schema is an object"),
+    (lambda: Constraint(ConstraintKind.CHOICE, choices=()), "at least one non-empty string"),
+    (lambda: Constraint(ConstraintKind.REGEX, source=""), "empty regex"),
+])
+def test_malformed_constraints_are_one_line_errors(spec, message):
+    with pytest.raises(ConstraintError, match=message):
+        spec()
+
+
+@pytest.mark.parametrize("spec", [
+    Constraint.json_schema({"type": "objectx"}),
+    Constraint(ConstraintKind.REGEX, source="(ab"),
+    Constraint(ConstraintKind.GRAMMAR, source="start: undefined_rule"),
+])
+def test_constraints_that_do_not_compile_name_their_field(artifact, spec):
+    with pytest.raises(ConstraintError) as err:
+        GrammarTokenizer.of(artifact).matcher(spec)
+    assert str(err.value).startswith(spec.field) and "\n" not in str(err.value)
