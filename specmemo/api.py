@@ -26,7 +26,7 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from specmemo.errors import ConfigError
 from specmemo.runtime.artifact import Artifact
@@ -36,6 +36,7 @@ from specmemo.runtime.manifest import ModelFormat
 if TYPE_CHECKING:
     from specmemo.device_profiles.schema import DeviceProfile
     from specmemo.runtime.chat import ChatSession
+    from specmemo.runtime.constraint import Constraint
     from specmemo.runtime.decode import GenerationStats
     from specmemo.runtime.engine import Engine
     from specmemo.runtime.manifest import GenerationDefaults
@@ -56,8 +57,32 @@ class Completion:
     stats: GenerationStats  # tokens, steps, accepted tokens per step, timings
 
     @property
-    def finish_reason(self) -> str:  # "eos" (the model ended its turn), "length" or "capacity" (the KV cache)
+    def finish_reason(self) -> str:
+        """"eos" (the model ended its turn, or the grammar its reply), "length", "capacity" (the KV cache) or
+        "constraint" (the grammar allowed no token)."""
         return self.stats.finish_reason
+
+
+def constraint_of(*, schema: dict[str, Any] | str | None = None, regex: str | None = None,
+                  grammar: str | None = None, choices: Sequence[str] | None = None,
+                  json_object: bool = False) -> Constraint | None:
+    """The one constraint a request's keywords name (None for none): a one-line error when it names several."""
+    from specmemo.runtime.constraint import Constraint, ConstraintError, ConstraintKind
+
+    given = {name: value for name, value in (("schema", schema), ("regex", regex), ("grammar", grammar),
+                                             ("choices", choices), ("json_object", json_object or None))
+             if value is not None}
+    if len(given) > 1:
+        raise ConstraintError(f"give one constraint, not {' and '.join(given)}")
+    if schema is not None:
+        return Constraint.json_schema(schema)
+    if regex is not None:
+        return Constraint(ConstraintKind.REGEX, source=regex, field="regex")
+    if grammar is not None:
+        return Constraint(ConstraintKind.GRAMMAR, source=grammar, field="grammar")
+    if choices is not None:
+        return Constraint(ConstraintKind.CHOICE, choices=tuple(choices), field="choices")
+    return Constraint(ConstraintKind.JSON_OBJECT, field="json_object") if json_object else None
 
 
 class Model:
@@ -74,9 +99,13 @@ class Model:
 
     def generate(self, prompt: str | Sequence[Message | dict[str, str]], *, max_new_tokens: int = 128,
                  system: str | None = None, on_text: Callable[[str], None] | None = None,
-                 ignore_eos: bool = False) -> Completion:
+                 ignore_eos: bool = False, schema: dict[str, Any] | str | None = None, regex: str | None = None,
+                 grammar: str | None = None, choices: Sequence[str] | None = None) -> Completion:
         """One reply to `prompt` (a user message, or a whole conversation as messages) through the chat template.
-        `on_text` hears the reply as it is accepted, piece by piece."""
+        `on_text` hears the reply as it is accepted, piece by piece. At most one of `schema` (a JSON schema, as a
+        dict or its text; compact JSON), `regex`, `grammar` (Lark, or GBNF) and `choices` constrains the reply:
+        every mode then gives constrained greedy's tokens, and `stats.forced_tokens` counts what the grammar
+        decided without the model."""
         from specmemo.console import TextStream
 
         if max_new_tokens < 1:
@@ -84,7 +113,9 @@ class Model:
         tokenizer = self.engine.tokenizer
         ids = tokenizer.encode_chat(messages_of(prompt, system=system))
         stream = TextStream(tokenizer, out=_Callback(on_text)) if on_text is not None else None
-        result = self.engine.generate(ids, max_new_tokens=max_new_tokens, on_token=stream, ignore_eos=ignore_eos)
+        constraint = constraint_of(schema=schema, regex=regex, grammar=grammar, choices=choices)
+        result = self.engine.generate(ids, max_new_tokens=max_new_tokens, on_token=stream, ignore_eos=ignore_eos,
+                                      constraint=constraint)
         text = tokenizer.decode([t for t in result.token_ids if t not in tokenizer.eos_token_ids])
         return Completion(text=text, token_ids=result.token_ids, stats=result.stats)
 

@@ -160,3 +160,30 @@ def test_constraints_that_do_not_compile_name_their_field(artifact, spec):
     with pytest.raises(ConstraintError) as err:
         GrammarTokenizer.of(artifact).matcher(spec)
     assert str(err.value).startswith(spec.field) and "\n" not in str(err.value)
+
+
+REAL_CASES = [
+    ("Invent a person and describe them as JSON.",
+     {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"},
+                                       "hobbies": {"type": "array", "items": {"type": "string"}, "maxItems": 3}},
+      "required": ["name", "age", "hobbies"], "additionalProperties": False}),
+    ("Give the capital of France as JSON with the fields city and country.",
+     {"type": "object", "properties": {"city": {"type": "string"}, "country": {"type": "string"}},
+      "required": ["city", "country"], "additionalProperties": False}),
+]
+
+
+@pytest.mark.real_model
+def test_smollm2_answers_in_json_and_speculation_keeps_constrained_greedys_tokens(smollm2_artifact):
+    from specmemo import open_model
+
+    greedy = open_model(smollm2_artifact, mode="greedy", temperature=0, capacity=512)
+    auto = open_model(smollm2_artifact, mode="auto", temperature=0, capacity=512)
+    for prompt, schema in REAL_CASES:
+        a = greedy.generate(prompt, schema=schema, max_new_tokens=96)
+        b = auto.generate(prompt, schema=schema, max_new_tokens=96)
+        assert a.token_ids == b.token_ids and a.finish_reason == "eos", (a.text, b.text)
+        value = json.loads(a.text)
+        assert set(value) == set(schema["required"]) and a.stats.forced_tokens > 0
+    with pytest.raises(ConstraintError, match="give one constraint"):
+        greedy.generate("x", schema={"type": "object"}, regex="a+")

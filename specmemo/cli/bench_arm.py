@@ -39,6 +39,8 @@ def add_arm_parser(bench) -> None:
     b.add_argument("--threads", type=positive, default=2)
     b.add_argument("--routes-only", action="store_true",
                    help="the kernel-route table alone, without decoding the prompts or the tests (seconds a CPU class)")
+    b.add_argument("--tests-only", action="store_true",
+                   help="the kernel-route table and the runtime's own tests, without decoding the prompts")
     b.add_argument("--no-tests", action="store_true",
                    help="leave out the runtime's own tests (run here, then on each class with artifacts exported here)")
     b.add_argument("--out", type=Path, default=run_folder("bench-arm"))
@@ -52,7 +54,8 @@ def cmd_bench_arm(args: argparse.Namespace) -> int:
 
     config = ArmConfig(artifacts=tuple(args.artifact), cpus=tuple(c.strip() for c in args.cpus.split(",") if c.strip()),
                        prompts=args.prompts, max_new_tokens=args.max_new_tokens, threads=args.threads,
-                       replies=not args.routes_only, tests=not (args.routes_only or args.no_tests))
+                       replies=not (args.routes_only or args.tests_only),
+                       tests=not (args.routes_only or args.no_tests))
     summary = run(config, lock=LOCK, log=log_stderr)
     if summary["cpus"]:
         print(table(summary) + "\n")

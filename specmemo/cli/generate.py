@@ -5,9 +5,11 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 from specmemo.cli.options import add_artifact, add_decoding_options, open_model_from, positive
 from specmemo.console import log_stderr, readable
+from specmemo.errors import ConfigError
 
 
 def add_parser(sub) -> None:
@@ -27,6 +29,14 @@ def add_parser(sub) -> None:
     p.add_argument("--ignore-eos", action="store_true", help="keep generating past end-of-turn (for measurements)")
     p.add_argument("--stats", action="store_true", help="print per-step decisions (T, accepted, KV used) to stderr")
     p.add_argument("--json", action="store_true", help="print one JSON object: text, token_ids, stats")
+    shape = p.add_mutually_exclusive_group()
+    shape.add_argument("--json-schema", type=Path, metavar="FILE",
+                       help="the reply is compact JSON valid against this JSON schema (constrained decoding; "
+                            "exact under speculation, tokens the schema forces are not asked of the model)")
+    shape.add_argument("--json-object", action="store_true", help="the reply is a JSON object")
+    shape.add_argument("--regex", help="the whole reply matches this regular expression")
+    shape.add_argument("--grammar", type=Path, metavar="FILE", help="the reply is in this grammar (Lark, or GBNF)")
+    shape.add_argument("--choice", action="append", metavar="TEXT", help="the reply is one of these (repeat it)")
     p.set_defaults(handler=cmd_generate)
 
 
@@ -38,7 +48,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     engine = model.engine
     session, config = engine.session, engine.config
     result = model.generate(prompt, system=args.system, max_new_tokens=args.max_new_tokens, ignore_eos=args.ignore_eos,
-                            on_text=None if args.json else print_now)
+                            on_text=None if args.json else print_now, **constraint_args(args))
     stats = result.stats
     summary = {**vars(stats), "decode_tokens_per_s": stats.decode_tokens_per_s, "mean_accepted": stats.mean_accepted,
                "mode": config.mode.value, "drafter": engine.drafter.name if engine.drafter else None,
@@ -63,6 +73,20 @@ def cmd_generate(args: argparse.Namespace) -> int:
                                                                  stats.accept_lengths, stats.kv_used, strict=False), 1):
             print(f"{i:>4} {drafted:>8} {size:>2} {accepted:>9} {used:>8}", file=sys.stderr)
     return 0
+
+
+def constraint_args(args: argparse.Namespace) -> dict[str, object]:
+    """--json-schema, --json-object, --regex, --grammar, --choice as Model.generate's keywords (files read here)."""
+    if args.json_object:
+        return {"schema": {"type": "object"}}
+    for flag, key in (("json_schema", "schema"), ("grammar", "grammar")):
+        path = getattr(args, flag)
+        if path is not None:
+            try:
+                return {key: path.read_text()}
+            except OSError as err:
+                raise ConfigError(f"--{flag.replace('_', '-')} {path}: {err.strerror}") from None
+    return {"regex": args.regex} if args.regex is not None else {"choices": args.choice} if args.choice else {}
 
 
 def print_now(text: str) -> None:

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from specmemo.errors import ConfigError
 from specmemo.runtime.backend import OrtBackend, check_fits
 from specmemo.runtime.config import EngineConfig, Mode
+from specmemo.runtime.constraint import Constraint, GrammarTokenizer
 from specmemo.runtime.controller import Controller, DrafterChoice, LatencyCurve, latency_curve
 from specmemo.runtime.decode import FullWidth, Generation, WidthPolicy, generate
 from specmemo.runtime.drafters import Drafter, DrafterName, Merged, Priced, parse_drafter
@@ -79,13 +80,14 @@ class Engine:
 
     def generate(self, prompt_ids: list[int], *, max_new_tokens: int, on_token: Callable[[int], None] | None = None,
                  ignore_eos: bool = False, mode: Mode | None = None, cached: int = 0,
-                 policy: WidthPolicy | None = None) -> Generation:
+                 policy: WidthPolicy | None = None, constraint: Constraint | None = None) -> Generation:
         """One reply in the engine's mode or `mode` (a speculative mode needs an engine opened with
         a drafter). `cached`: how many leading prompt tokens already sit in the KV buffer as its first
         positions (multi-turn chat; the caller vouches for them): the rest is rewound and only
         prompt_ids[cached:] is prefilled; 0 starts from an empty cache. `policy`: a width policy
         that outlives the reply (chat keeps one controller across turns); default: a fresh one.
-        `ignore_eos`: run to max_new_tokens, for measurements."""
+        `ignore_eos`: run to max_new_tokens, for measurements. `constraint`: what the reply must match
+        (runtime/constraint.py; its grammar is compiled before the cache is touched)."""
         mode = mode or self.config.mode
         if mode is not Mode.GREEDY and self.drafter is None:
             raise ConfigError(f"mode {mode.value} needs a drafter: open the engine in a speculative mode")
@@ -95,6 +97,7 @@ class Engine:
         # before any latency measurement
         check_fits(cached, len(prompt_ids) - cached, self._backend.capacity, self._backend.padding)
         speculative = mode is not Mode.GREEDY
+        matcher = GrammarTokenizer.of(self.config.artifact).matcher(constraint) if constraint is not None else None
         if cached == 0:
             self._backend.reset()
         else:
@@ -104,7 +107,7 @@ class Engine:
                         drafter=self.drafter if speculative else None, max_tree=self.max_tree if speculative else 1,
                         history=prompt_ids[:cached], on_token=on_token,
                         policy=policy if policy is not None else self.policy(mode), sampling=self.config.sampling,
-                        chains_only=self.session.manifest.draft_shape == "chain")
+                        chains_only=self.session.manifest.draft_shape == "chain", constraint=matcher)
 
 
 def open_drafter(session: DecoderSession, names: tuple[DrafterName, ...], *, max_tree: int,
