@@ -187,3 +187,58 @@ def test_smollm2_answers_in_json_and_speculation_keeps_constrained_greedys_token
         assert set(value) == set(schema["required"]) and a.stats.forced_tokens > 0
     with pytest.raises(ConstraintError, match="give one constraint"):
         greedy.generate("x", schema={"type": "object"}, regex="a+")
+
+
+def test_a_batch_of_constrained_requests_decodes_each_as_it_would_alone(artifact):
+    """The sequence pool (serve's): rows under different constraints (and one under none), with and without
+    drafts, each row's tokens those of constrained greedy alone."""
+    from specmemo.runtime.batch import BatchBackend, BatchSession
+    from specmemo.runtime.pool import FixedWidth, Request, SequencePool
+
+    names = ["schema", "regex", "lark", None]
+    prompts = [prompt_of(artifact, text) for text in ("a person", "a code", "a sum", "anything")]
+    grammar = GrammarTokenizer.of(artifact)
+    alone = [decode(artifact, SPECS[n], prompt=p).token_ids if n else None for n, p in zip(names, prompts, strict=True)]
+    for width, drafter in ((1, None), (8, PromptLookup)):
+        session = BatchSession(artifact, SessionConfig(sizes=Sizes(256, 16, 16), heads=False, batch=4))
+        pool = SequencePool(BatchBackend(session), drafter_factory=(lambda row: drafter()) if drafter else None,
+                            max_tree=width, width=FixedWidth(width))
+        requests = [Request(p, 80, frozenset({EOS}), constraint=grammar.matcher(SPECS[n]) if n else None)
+                    for n, p in zip(names, prompts, strict=True)]
+        done = pool.run(requests)
+        for name, expected, got in zip(names, alone, done, strict=True):
+            if name is not None:
+                assert got.token_ids == expected and got.stats.finish_reason == "eos", name
+                assert valid(name, text_of(artifact, got.token_ids))
+        assert sum(g.stats.forced_tokens for g in done) > 0
+
+
+def test_serve_holds_replies_to_response_format_as_constrained_greedy_would(artifact):
+    """OpenAI's response_format through `specmemo serve` (the controller's pool): json_schema gives constrained
+    greedy's reply, streamed or not; json_object a JSON object; a schema that does not compile is a one-line 400."""
+    import httpx
+    from test_serve import Server
+
+    question = "Describe a person as JSON."
+    expected = text_of(artifact, decode(artifact, SPECS["schema"], prompt=prompt_of(artifact, question)).token_ids)
+    server = Server(artifact.folder, batch=2, max_queue=4)
+    try:
+        client = server.client()
+        ask = {"model": "tiny", "messages": [{"role": "user", "content": question}], "max_tokens": 80,
+               "temperature": 0}
+        person = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON, "strict": True}}
+        reply = client.chat.completions.create(**ask, response_format=person)
+        assert reply.choices[0].message.content == expected and reply.choices[0].finish_reason == "stop"
+        chunks = client.chat.completions.create(**ask, response_format=person, stream=True)
+        assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == expected
+        anything = client.chat.completions.create(**ask, response_format={"type": "json_object"})
+        if anything.choices[0].finish_reason == "stop":
+            assert isinstance(json.loads(anything.choices[0].message.content), dict)
+        bad = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "objectx"}}}
+        refused = httpx.Client(trust_env=False).post(f"{server.url}/v1/chat/completions",
+                                                     json={**ask, "response_format": bad})
+        message = refused.json()["error"]["message"]
+        assert refused.status_code == 400 and message.startswith("response_format.json_schema.schema: ")
+        assert "\n" not in message
+    finally:
+        server.stop()

@@ -120,7 +120,8 @@ def test_openai_fields_are_taken_ignored_or_refused_by_name(server):
                                                                                              "text": "w5"}]}]}
     assert http.post(f"{server.url}/v1/chat/completions", json={**base, **ok}).status_code == 200
     cases = [({"tools": []}, "'tools' is not supported"), ({"frobnicate": 1}, "unknown field 'frobnicate'"),
-             ({"response_format": {"type": "json_object"}}, "response_format 'json_object' is not supported"),
+             ({"response_format": {"type": "json_object"}}, "cannot be read by the grammar engine"),
+             ({"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}, "give the JSON schema"),
              ({"n": 2}, "n:"), ({"stop": ["a", "b", "c", "d", "e"]}, "stop"), ({"temperature": "hot"}, "temperature"),
              ({"top_logprobs": 2}, "top_logprobs needs logprobs"), ({"max_tokens": 49}, "serve --max-tokens"),
              ({"messages": [{"role": "user", "content": "w5"}] * 9}, "serve --max-messages"),
@@ -304,3 +305,21 @@ def test_a_non_streaming_client_that_hangs_up_frees_its_row(artifact):
         assert h["completed"] == 0 and h["cancelled"] == 1
     finally:
         server.stop()
+
+
+def test_a_body_over_the_limit_sent_by_urllib_reads_its_413(server):
+    """urllib writes the whole body before it reads the answer: the server drains what it refuses, so the client
+    reads the 413 (not a connection reset), quickly, and the server serves on."""
+    import urllib.error
+    import urllib.request
+
+    body = json.dumps({"model": "tiny", "messages": [{"role": "user", "content": "w5 " * (400 << 10)}]}).encode()
+    request = urllib.request.Request(f"{server.url}/v1/chat/completions", data=body, method="POST",
+                                     headers={"Content-Type": "application/json"})
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    started = time.perf_counter()
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        opener.open(request, timeout=30)
+    assert refused.value.code == 413 and "max-body-bytes" in json.loads(refused.value.read())["error"]["message"]
+    assert time.perf_counter() - started < 10
+    assert server.health()["status"] == "ok"

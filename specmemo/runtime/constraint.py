@@ -111,7 +111,11 @@ class GrammarTokenizer:
         from llguidance import LLTokenizer
 
         self.vocab_size = vocab_size
-        self.llg = LLTokenizer(str(tokenizer_json), n_vocab=vocab_size, eos_token=list(eos_token_ids))
+        try:
+            self.llg = LLTokenizer(str(tokenizer_json), n_vocab=vocab_size, eos_token=list(eos_token_ids))
+        except (ValueError, RuntimeError, OSError) as err:
+            raise ConstraintError(f"this model's tokenizer ({tokenizer_json.name}) cannot be read by the grammar "
+                                  f"engine ({first_line(err)}): constrained replies are not available for it") from None
 
     @classmethod
     def of(cls, artifact: Any) -> GrammarTokenizer:

@@ -160,15 +160,14 @@ def verify_and_commit(backend: Backend, tokens: list[int], parents: list[int], s
     return path, step
 
 
-def verify_constrained(backend: Backend, draft: DraftTree, decided: int, masks: dict[int, np.ndarray],
+def accept_constrained(draft: DraftTree, decided: int, masks: dict[int, np.ndarray], out: Forward,
                        sampling: Sampling | None, rng: np.random.Generator | None, context: Sequence[int]
-                       ) -> tuple[list[int], Step]:
-    """verify → accept → commit under a constraint. Nodes [0, decided) are a chain of decided tokens (the root and
-    what the grammar forced after it), kept whatever the model says; the drafted nodes under the last of them were
-    pruned to what the grammar allows, and `masks` holds the allowed tokens after each (and after the last decided
-    one). Acceptance is decode's, on the masked rows: the argmax walk, or exact rejection sampling."""
-    out = backend.forward(list(draft.tokens), list(draft.parents))
-    last = decided - 1
+                       ) -> tuple[list[int], int]:
+    """The accepted nodes and the next root of a verified tree under a constraint. Nodes [0, decided) are a chain of
+    decided tokens (the root and what the grammar forced after it), kept whatever the model says; the drafted nodes
+    under the last of them were pruned to what the grammar allows (constrain_draft), and `masks` holds the allowed
+    tokens after each (and after the last decided one). Acceptance is decode's, on the masked rows: the argmax walk,
+    or exact rejection sampling. The root is NO_TOKEN where the grammar allows nothing."""
     if sampling is None or draft.size == decided:
         path = list(range(decided))
         while True:
@@ -177,23 +176,39 @@ def verify_constrained(backend: Backend, draft: DraftTree, decided: int, masks: 
             child = next((i for i in range(node + 1, draft.size)
                           if draft.parents[i] == node and draft.tokens[i] == want), None)
             if child is None or sampling is not None:
-                root = want
-                break
+                return path, want
             path.append(child)
-    else:  # a drafted tree under the root alone (decided == 1): every node has its mask
-        # a node where the grammar is complete has no children left and its bonus draw is dropped: its row as is
-        rows = np.stack([masked(out.logits[i], masks[i]) if masks[i].any() else out.logits[i]
-                         for i in range(draft.size)])
-        if not masks[0].any():
-            path, root = [0], NO_TOKEN
-        else:
-            assert rng is not None and last == 0
-            path, root = accept_sampled(list(draft.tokens), list(draft.parents), rows, sampling, rng, context)
-            if not masks[path[-1]].any():
-                root = NO_TOKEN
-    step = Step(root, out.hidden_states[path[-1]], out.hidden_states, path)
-    backend.commit(path)
-    return path, step
+    assert rng is not None and decided == 1  # a drafted tree under the root alone: every node has its mask
+    if not masks[0].any():
+        return [0], NO_TOKEN
+    # a node where the grammar is complete has no children left and its bonus draw is dropped: its row as is
+    rows = np.stack([masked(out.logits[i], masks[i]) if masks[i].any() else out.logits[i] for i in range(draft.size)])
+    path, root = accept_sampled(list(draft.tokens), list(draft.parents), rows, sampling, rng, context)
+    return path, root if masks[path[-1]].any() else NO_TOKEN
+
+
+def constrain_draft(constraint: Matcher, proposal: DraftTree, forced: list[int]
+                    ) -> tuple[DraftTree, int, dict[int, np.ndarray]]:
+    """A step's tree under a constraint: with forced tokens pending, the chain root + forced alone (nothing drafted
+    under it); else the proposal pruned to what the grammar allows. Returns the tree, how many of its first nodes
+    are decided, and the masks accept_constrained reads."""
+    if forced:
+        return DraftTree.chain([proposal.tokens[0], *forced]), 1 + len(forced), {len(forced): constraint.mask()}
+    if proposal.size == 1:
+        return proposal, 1, {0: constraint.mask()}
+    kept, masks = constraint.along(proposal.tokens, proposal.parents)
+    return proposal.keep(kept), 1, {new: masks[old] for new, old in enumerate(kept)}
+
+
+def decide(constraint: Matcher, tokens: list[int], room: int) -> list[int]:
+    """The matcher takes newly decided tokens; returns what the grammar forces after them (consumed too), as many as
+    `room` (KV positions left for the chain that will run them after the root; the rest are forced again later)."""
+    constraint.consume([t for t in tokens if t != NO_TOKEN])
+    if constraint.done or NO_TOKEN in tokens:
+        return []
+    forced = constraint.forced()[: max(0, room)]
+    constraint.consume(forced)
+    return forced
 
 
 class FullWidth:
@@ -253,7 +268,8 @@ def generate(
     pending = [step.root]  # decided tokens not yet emitted
     forced: list[int] = []  # of them, the ones a constraint forced after the root (not yet run by the model)
     if constraint is not None:
-        forced = _decide(constraint, [step.root], backend, stats)
+        forced = decide(constraint, [step.root], _room(backend))
+        stats.forced_tokens += len(forced)
         pending += forced
         context += forced
     while True:
@@ -270,36 +286,31 @@ def generate(
             break
         budget = policy.budget(backend.capacity - backend.length)
         draft_ms = 0.0
-        decided = 1 + len(forced)
-        masks: dict[int, np.ndarray] = {}
-        if forced:  # the grammar's tokens run as a chain this step, nothing drafted under them
-            proposal = DraftTree.chain([step.root, *forced])
-            assert constraint is not None
-            masks[decided - 1] = constraint.mask()
-        elif budget > 1 and speculative:
+        decided, masks = 1, dict[int, np.ndarray]()
+        if budget > 1 and speculative and not forced:
             drafted = time.perf_counter()
             assert drafter is not None  # speculative
             proposal = drafter.propose(DraftContext(context, step.hidden, step.rows, step.path), budget=budget)
             if chains_only:
                 proposal = proposal.best_path()
-            if constraint is not None:  # what the grammar forbids is not worth a verify row
-                kept, masks = constraint.along(proposal.tokens, proposal.parents)
-                stats.pruned_nodes += proposal.size - len(kept)
-                proposal = proposal.keep(kept)
-                masks = {new: masks[old] for new, old in enumerate(kept)}
             draft_ms = 1e3 * (time.perf_counter() - drafted)
             stats.draft_s += draft_ms / 1e3
         else:
             proposal = DraftTree.root_only(step.root)
-            if constraint is not None:
-                masks[0] = constraint.mask()
+        if constraint is not None:  # what the grammar forbids is not worth a verify row; what it forces is decided
+            drafted_size = proposal.size
+            proposal, decided, masks = constrain_draft(constraint, proposal, forced)
+            stats.pruned_nodes += 0 if forced else drafted_size - proposal.size
         verified = proposal if forced else proposal.prefix(policy.choose(proposal, draft_ms))
         verifying = time.perf_counter()
         if constraint is None:
             path, step = verify_and_commit(backend, list(verified.tokens), list(verified.parents), sampling, rng,
                                            context)
         else:
-            path, step = verify_constrained(backend, verified, decided, masks, sampling, rng, context)
+            out = backend.forward(list(verified.tokens), list(verified.parents))
+            path, root = accept_constrained(verified, decided, masks, out, sampling, rng, context)
+            step = Step(root, out.hidden_states[path[-1]], out.hidden_states, path)
+            backend.commit(path)
         if not forced:  # a forced chain is no draft: the policy learns nothing from it
             policy.observe(proposal, verified.size, path, 1e3 * (time.perf_counter() - verifying))
         stats.steps += 1
@@ -309,7 +320,8 @@ def generate(
         stats.kv_used.append(backend.length)
         pending = [verified.tokens[i] for i in path[decided:]] + [step.root]
         if constraint is not None:
-            forced = _decide(constraint, pending, backend, stats) if step.root != NO_TOKEN else []
+            forced = decide(constraint, pending, _room(backend))
+            stats.forced_tokens += len(forced)
             pending += forced
         context.extend(pending)
     stats.new_tokens = len(result.token_ids)
@@ -317,19 +329,6 @@ def generate(
     if constraint is not None:
         stats.mask_s = constraint.mask_s
     return result
-
-
-def _decide(constraint: Matcher, tokens: list[int], backend: Backend, stats: GenerationStats) -> list[int]:
-    """The matcher takes the newly decided tokens; returns what the grammar forces after them, as many as the KV
-    room leaves for the chain that will run them (the rest are forced again next step)."""
-    constraint.consume([t for t in tokens if t != NO_TOKEN])
-    if constraint.done or NO_TOKEN in tokens:
-        return []
-    room = backend.capacity - backend.length - 1 - getattr(backend, "padding", 0)  # the chain: root + forced
-    forced = constraint.forced()[: max(0, room)]
-    constraint.consume(forced)
-    stats.forced_tokens += len(forced)
-    return forced
 
 
 def _emit(result: Generation, tokens: list[int], limit: int, eos: frozenset[int] | set[int],
@@ -347,3 +346,7 @@ def _emit(result: Generation, tokens: list[int], limit: int, eos: frozenset[int]
             return True
     return False
 
+
+def _room(backend: Backend) -> int:
+    """KV positions left after the next root for the tokens a grammar forces (the chain that runs them)."""
+    return backend.capacity - backend.length - 1 - getattr(backend, "padding", 0)

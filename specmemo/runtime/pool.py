@@ -29,7 +29,17 @@ from specmemo.errors import SpecMemoError
 from specmemo.runtime import tree
 from specmemo.runtime.backend import Forward, check_fits
 from specmemo.runtime.batch import BatchBackend, RowCall
-from specmemo.runtime.decode import Generation, accept_tree, first_token
+from specmemo.runtime.constraint import Matcher
+from specmemo.runtime.decode import (
+    NO_TOKEN,
+    Generation,
+    accept_constrained,
+    accept_tree,
+    choose,
+    constrain_draft,
+    decide,
+    first_token,
+)
 from specmemo.runtime.drafters.draft import DraftContext, Drafter, DraftTree
 from specmemo.runtime.logit_rules import LogitRules, TokenLogprob, apply, token_logprob
 from specmemo.runtime.sampling import Sampling, sample_next
@@ -46,10 +56,13 @@ class Request:
     eos_token_ids: frozenset[int] = frozenset()
     sampling: Sampling | None = None  # None: greedy
     rules: LogitRules | None = None  # penalties, logit bias, log-probabilities: one token a step (logit_rules.py)
+    constraint: Matcher | None = None  # a fresh matcher the reply must satisfy (runtime/constraint.py)
 
     def __post_init__(self) -> None:
         if not self.prompt or self.max_new_tokens < 1:
             raise ValueError("a request needs a non-empty prompt and max_new_tokens >= 1")
+        if self.rules is not None and self.constraint is not None:
+            raise ValueError("a request takes logit rules or a constraint, not both")
 
 
 @dataclass(frozen=True)
@@ -59,7 +72,7 @@ class Update:
     row: int
     tokens: tuple[int, ...]
     finished: bool = False
-    finish_reason: str = ""  # eos | length | capacity | cancelled
+    finish_reason: str = ""  # eos | length | capacity | cancelled | constraint
     logprobs: tuple[TokenLogprob, ...] = ()  # per token, when the request asked for them
 
 
@@ -97,6 +110,7 @@ class _Sequence:
     path: list[int] | None = None
     started: float = field(default_factory=time.perf_counter)
     logprob: TokenLogprob | None = None  # the root's, when the request asked for log-probabilities
+    forced: list[int] = field(default_factory=list)  # tokens the constraint forced after the root, not yet run
 
 
 class BatchWidth:
@@ -208,6 +222,8 @@ class SequencePool:
         started = time.perf_counter()
         size = self.width.choose(self.active)
         calls, proposals, draft_s = [], {}, 0.0
+        masks: dict[int, dict[int, np.ndarray]] = {}  # constrained rows: the allowed tokens after each node
+        fixed: dict[int, int] = {}  # constrained rows: leading nodes already decided (root + forced)
         rows_per_call = self.backend.session.rows
         prefilling = any(seq.pending for seq in self.sequences.values())
         if self.prefetch is not None and size > 1:
@@ -226,12 +242,17 @@ class SequencePool:
                 calls.append(RowCall(row, chunk, tree.chain(len(chunk)), last_only=True))
                 continue
             budget = min(size, self.backend.capacity - self.backend.lengths[row])
-            if budget > 1 and seq.drafter is not None:
+            if budget > 1 and seq.drafter is not None and not seq.forced:
                 drafted = time.perf_counter()
                 proposal = seq.drafter.propose(DraftContext(seq.context, seq.hidden, seq.rows, seq.path), budget=budget)
                 draft_s += time.perf_counter() - drafted
             else:
                 proposal = DraftTree.root_only(seq.root)
+            if seq.request.constraint is not None:  # pruned, or the forced chain (decode.constrain_draft)
+                drafted_size = proposal.size
+                proposal, decided_nodes, masks[row] = constrain_draft(seq.request.constraint, proposal, seq.forced)
+                seq.generation.stats.pruned_nodes += 0 if seq.forced else drafted_size - proposal.size
+                fixed[row] = decided_nodes
             proposals[row] = proposal
             calls.append(RowCall(row, list(proposal.tokens), list(proposal.parents)))
         forwarded = time.perf_counter()
@@ -248,21 +269,28 @@ class SequencePool:
                 if seq.pending:
                     continue
                 seq.generation.stats.prefill_s = time.perf_counter() - seq.started
-                seq.root = (self._choose(seq, out, -1) if seq.request.rules is not None
-                            else first_token(out, seq.request.sampling, seq.rng, seq.context))
+                if seq.request.constraint is not None:
+                    seq.root = choose(out.logits[-1], seq.request.constraint.mask(), seq.request.sampling, seq.rng,
+                                      seq.context)
+                else:
+                    seq.root = (self._choose(seq, out, -1) if seq.request.rules is not None
+                                else first_token(out, seq.request.sampling, seq.rng, seq.context))
                 seq.hidden, seq.rows, seq.path = out.hidden_states[-1], out.hidden_states, None
                 decided = [seq.root]
             else:
                 proposal = proposals[call.row]
                 if seq.request.rules is not None:  # a root-only call: the rules choose the next token
                     path, root = [0], self._choose(seq, out, 0)
+                elif seq.request.constraint is not None:
+                    path, root = accept_constrained(proposal, fixed[call.row], masks[call.row], out,
+                                                    seq.request.sampling, seq.rng, seq.context)
                 else:
                     path, root = accept_tree(call.tokens, call.parents, out, seq.request.sampling, seq.rng,
                                              seq.context)
                 self.backend.commit(call.row, path)
                 commit_s += time.perf_counter() - committing
                 seq.hidden, seq.rows, seq.path, seq.root = out.hidden_states[path[-1]], out.hidden_states, path, root
-                decided = [proposal.tokens[i] for i in path[1:]] + [root]
+                decided = [proposal.tokens[i] for i in path[fixed.get(call.row, 1):]] + [root]
                 stats = seq.generation.stats
                 stats.steps += 1
                 stats.accept_lengths.append(len(path))
@@ -270,6 +298,11 @@ class SequencePool:
                 gained += len(decided)
                 self.stats.row_steps += 1
                 self.stats.accepted += len(decided)
+            if seq.request.constraint is not None:
+                room = min(self.backend.capacity - self.backend.lengths[call.row], self.backend.session.logit_rows) - 1
+                seq.forced = decide(seq.request.constraint, decided, room)
+                seq.generation.stats.forced_tokens += len(seq.forced)
+                decided = [t for t in decided if t != NO_TOKEN] + seq.forced
             seq.context.extend(decided)
             updates.append(self._emit(call.row, seq, decided))
         if not prefilling:  # a prefill chunk's time says nothing about the width
@@ -312,6 +345,9 @@ class SequencePool:
                       "length" if len(result.token_ids) >= request.max_new_tokens else "")
             if reason:
                 return self._finish(row, seq, emitted, reason, logprobs)
+        constraint = request.constraint
+        if constraint is not None and (constraint.done or seq.root == NO_TOKEN):  # complete, or nothing allowed
+            return self._finish(row, seq, emitted, "eos" if constraint.done else "constraint")
         if self.backend.lengths[row] >= self.backend.capacity:
             return self._finish(row, seq, emitted, "capacity", logprobs)
         return Update(row, tuple(emitted), logprobs=logprobs)

@@ -55,9 +55,18 @@ class StreamOptions(BaseModel):
     include_usage: bool = False
 
 
+class JsonSchemaFormat(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    name: str = Field(min_length=1, max_length=64)
+    schema_: dict | None = Field(default=None, alias="schema")
+    strict: bool | None = None  # the reply is held to the schema either way (constrained decoding)
+    description: str | None = None
+
+
 class ResponseFormat(BaseModel):
-    model_config = ConfigDict(extra="allow", strict=True)
+    model_config = ConfigDict(extra="forbid", strict=True)
     type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
 
 
 class Common(BaseModel):
@@ -248,10 +257,15 @@ def check_chat(request: ChatRequest, limits: Limits) -> None:
     if len(request.messages) > limits.max_messages:
         raise BadRequest(f"{len(request.messages)} messages, over this server's {limits.max_messages} "
                          f"(serve --max-messages)")
-    if request.response_format is not None and request.response_format.type != "text":
-        raise BadRequest(f"response_format {request.response_format.type!r} is not supported (no constrained "
-                         f"decoding here): ask for JSON in the prompt, or leave response_format out",
+    shape = request.response_format
+    if shape is not None and shape.type == "json_schema" and (shape.json_schema is None or
+                                                               shape.json_schema.schema_ is None):
+        raise BadRequest("response_format.json_schema.schema: give the JSON schema the reply must follow",
                          param="response_format")
+    if shape is not None and shape.type != "text" and (request.presence_penalty or request.frequency_penalty
+                                                       or request.logit_bias or request.logprobs):
+        raise BadRequest("response_format with penalties, logit_bias or logprobs is not supported: send one or the "
+                         "other", param="response_format")
     if request.top_logprobs is not None and not request.logprobs:
         raise BadRequest("top_logprobs needs logprobs: true", param="top_logprobs")
 

@@ -10,9 +10,10 @@ A request passes the Host/Origin guard (guard.py) and the key check (keys.py); i
 `application/json` (415), and is checked before it queues (api.py): size, UTF-8, nesting, text, fields and
 types → 400 (413 for size) with one line in OpenAI's error object; the prompt is tokenized off the event loop and
 checked against --max-prompt-tokens and the row's context; the queue full → 429 with Retry-After; an unknown
-model → 404. `stop` ends a reply before the stop string (stops.py); penalties, `logit_bias` and
-`logprobs` decode their row one token a step (runtime/logit_rules.py); every other request speculates,
-and the reply looks the same either way. A client that goes away frees its row. Unknown routes and
+model → 404. `response_format` (json_object, json_schema) holds the reply to JSON by constrained decoding
+(runtime/constraint.py), exact under speculation. `stop` ends a reply before the stop string (stops.py); penalties,
+`logit_bias` and `logprobs` decode their row one token a step (runtime/logit_rules.py); every other request
+speculates, and the reply looks the same either way. A client that goes away frees its row. Unknown routes and
 methods get OpenAI's error object too; an unhandled error is a JSON 500 with a request id, logged and
 counted (a bug, which the tests fail on).
 """
@@ -38,6 +39,7 @@ from starlette.routing import Route
 from specmemo.api import sampling_for
 from specmemo.errors import ConfigError
 from specmemo.runtime.artifact import Artifact
+from specmemo.runtime.constraint import Constraint, ConstraintError, ConstraintKind, GrammarTokenizer, Matcher
 from specmemo.runtime.logit_rules import LogitRules, TokenLogprob
 from specmemo.runtime.pool import Request
 from specmemo.runtime.sampling import Sampling
@@ -57,8 +59,8 @@ class ServeApp:
     def __init__(self, *, artifact: Artifact, worker: PoolWorker, tokenizer: ChatTokenizer, model: str, capacity: int,
                  limits: Limits = Limits(), keys: tuple[str, ...] = ()):
         """`artifact`: the one the pool runs (its generation defaults fill what a request leaves out; its vocabulary
-        bounds logit_bias)."""
-        self.worker, self.tokenizer, self.model = worker, tokenizer, model
+        bounds logit_bias; its tokenizer is the grammar engine's)."""
+        self.artifact, self.worker, self.tokenizer, self.model = artifact, worker, tokenizer, model
         self.defaults, self.capacity, self.limits, self.keys = artifact.manifest.generation, capacity, limits, keys
         self.vocab = artifact.manifest.dims.vocab_size
         self.metrics = Metrics(worker, capacity=capacity)
@@ -96,7 +98,7 @@ class ServeApp:
                 return self._refuse(error(404, f"model {body.model!r} is not served here: GET /v1/models lists "
                                                f"{self.model!r}", "not_found_error", "model"))
             prompt, echo = await self._prompt(body)
-            job_request = self._request(body, prompt)
+            job_request = await asyncio.to_thread(self._request, body, prompt)  # a grammar compiles off the loop
         except BadRequest as err:
             return self._refuse(error(err.status, str(err), param=err.param))
         except ClientDisconnect:
@@ -127,23 +129,33 @@ class ServeApp:
         return JSONResponse(self._completion_body(reply_id(kind), echo, reply, reply.finish, logprobs=logprobs))
 
     async def _body(self, request: HttpRequest) -> bytes:
-        """The body, read with a time limit and cut off past --max-body-bytes (never buffered whole)."""
-        declared = request.headers.get("content-length", "")
-        if declared.isdigit():
-            self.limits.check_body_size(int(declared))
+        """The body, read with a time limit and cut off past --max-body-bytes (never buffered whole). A body over
+        the limit is drained before the 413 goes out (drain)."""
 
         async def read() -> bytes:
+            declared = request.headers.get("content-length", "")
+            if declared.isdigit():
+                self.limits.check_body_size(int(declared))
             chunks, size = [], 0
-            async for chunk in request.stream():
+            while True:
+                message = await request.receive()
+                if message["type"] != "http.request":
+                    raise ClientDisconnect
+                chunk = message.get("body", b"")
                 size += len(chunk)
                 self.limits.check_body_size(size)
                 chunks.append(chunk)
-            return b"".join(chunks)
+                if not message.get("more_body", False):
+                    return b"".join(chunks)
 
         try:
             return await asyncio.wait_for(read(), BODY_TIMEOUT_S)
         except TimeoutError:
             raise BadRequest(f"the body did not arrive within {BODY_TIMEOUT_S:.0f} s", status=408) from None
+        except BadRequest as err:
+            if err.status == 413 and request.headers.get("expect", "").lower() != "100-continue":
+                await drain(request)
+            raise
 
     async def _prompt(self, body: ChatRequest | CompletionRequest) -> tuple[list[int], str]:
         """Prompt token ids (tokenized off the event loop) and, for completions with echo, its text."""
@@ -200,7 +212,22 @@ class ServeApp:
             except ConfigError as err:
                 raise BadRequest(str(err), param="logit_bias") from None
         return Request(prompt, min(wanted or room, cap or room), self.tokenizer.eos_token_ids, self.sampling(body),
-                       rules)
+                       rules, self._constraint(body))
+
+    def _constraint(self, body: ChatRequest | CompletionRequest) -> Matcher | None:
+        """response_format as a fresh matcher (runtime/constraint.py; the grammar's tokenizer loads on the first)."""
+        shape = body.response_format if isinstance(body, ChatRequest) else None
+        if shape is None or shape.type == "text":
+            return None
+        try:
+            if shape.type == "json_object":
+                spec = Constraint(ConstraintKind.JSON_OBJECT, field="response_format")
+            else:
+                assert shape.json_schema is not None and shape.json_schema.schema_ is not None  # api.check_chat
+                spec = Constraint.json_schema(shape.json_schema.schema_, field="response_format.json_schema.schema")
+            return GrammarTokenizer.of(self.artifact).matcher(spec)
+        except ConstraintError as err:
+            raise BadRequest(str(err), param="response_format") from None
 
     def sampling(self, body) -> Sampling | None:
         """The request's sampling by the API's one rule (api.sampling_for)."""
@@ -343,6 +370,27 @@ class Gone(Response):
 
     async def __call__(self, scope, receive, send) -> None:
         return None
+
+
+DRAIN_BYTES = 16 << 20  # of a refused body, at most this much is read and dropped
+DRAIN_S = 5.0  # and for at most this long
+
+
+async def drain(request: HttpRequest) -> None:
+    """Read and drop the rest of a body that is refused (bounded in bytes and seconds), as nginx's lingering close
+    does: a client that writes its whole body before reading the answer (Python's urllib) then reads the 413 instead
+    of a connection reset. A client that asked `Expect: 100-continue` sent nothing yet and is not drained."""
+
+    async def drop() -> None:
+        size = 0
+        while size <= DRAIN_BYTES:
+            message = await request.receive()
+            if message["type"] != "http.request" or not message.get("more_body", False):
+                return
+            size += len(message.get("body", b""))
+
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(drop(), DRAIN_S)
 
 
 def check_json(content_type: str) -> None:
