@@ -44,6 +44,7 @@ if TYPE_CHECKING:
     from specmemo.runtime.pool import SequencePool
     from specmemo.runtime.sampling import Sampling
     from specmemo.runtime.tokenizer import Message
+    from specmemo.runtime.tools import ToolCall
 
 __all__ = ["DEFAULT_THREADS", "Completion", "Model", "device_settings", "open_batch", "open_model", "sampling_for"]
 
@@ -55,6 +56,7 @@ class Completion:
     text: str  # the reply, the stop token left out
     token_ids: list[int]  # the generated ids, the stop token included
     stats: GenerationStats  # tokens, steps, accepted tokens per step, timings
+    tool_calls: tuple[ToolCall, ...] = ()  # the functions the reply calls (generate's tools=), read back
 
     @property
     def finish_reason(self) -> str:
@@ -100,24 +102,40 @@ class Model:
     def generate(self, prompt: str | Sequence[Message | dict[str, str]], *, max_new_tokens: int = 128,
                  system: str | None = None, on_text: Callable[[str], None] | None = None,
                  ignore_eos: bool = False, schema: dict[str, Any] | str | None = None, regex: str | None = None,
-                 grammar: str | None = None, choices: Sequence[str] | None = None) -> Completion:
+                 grammar: str | None = None, choices: Sequence[str] | None = None,
+                 tools: list[dict[str, Any]] | None = None, tool_choice: str | dict[str, Any] | None = None
+                 ) -> Completion:
         """One reply to `prompt` (a user message, or a whole conversation as messages) through the chat template.
         `on_text` hears the reply as it is accepted, piece by piece. At most one of `schema` (a JSON schema, as a
         dict or its text; compact JSON), `regex`, `grammar` (Lark, or GBNF) and `choices` constrains the reply:
         every mode then gives constrained greedy's tokens, and `stats.forced_tokens` counts what the grammar
-        decided without the model."""
+        decided without the model. `tools` (OpenAI's function list) are offered through the model's chat template;
+        `tool_choice` "auto" (default), "required", "none" or {"type": "function", "function": {"name": ...}}
+        (runtime/tools.py); the calls the reply makes come back in `tool_calls`, its text in `text`."""
         from specmemo.console import TextStream
 
         if max_new_tokens < 1:
             raise ConfigError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
         tokenizer = self.engine.tokenizer
-        ids = tokenizer.encode_chat(messages_of(prompt, system=system))
-        stream = TextStream(tokenizer, out=_Callback(on_text)) if on_text is not None else None
         constraint = constraint_of(schema=schema, regex=regex, grammar=grammar, choices=choices)
+        calling = None
+        if tools is not None:
+            from specmemo.runtime.constraint import ConstraintError
+            from specmemo.runtime.tools import tool_request
+
+            calling = tool_request(tools, tool_choice, self.engine.config.artifact.manifest.tokenizer.chat_template)
+            if constraint is not None and calling.constraint is not None:
+                raise ConstraintError("give tools with tool_choice \"required\" or a constraint, not both")
+            constraint = constraint or calling.constraint
+        ids = tokenizer.encode_chat(messages_of(prompt, system=system), tools=calling.offered if calling else None)
+        stream = TextStream(tokenizer, out=_Callback(on_text)) if on_text is not None else None
         result = self.engine.generate(ids, max_new_tokens=max_new_tokens, on_token=stream, ignore_eos=ignore_eos,
                                       constraint=constraint)
         text = tokenizer.decode([t for t in result.token_ids if t not in tokenizer.eos_token_ids])
-        return Completion(text=text, token_ids=result.token_ids, stats=result.stats)
+        if calling is None:
+            return Completion(text=text, token_ids=result.token_ids, stats=result.stats)
+        content, calls = calling.read(text)
+        return Completion(text=content or "", token_ids=result.token_ids, stats=result.stats, tool_calls=tuple(calls))
 
     def stream(self, prompt: str | Sequence[Message | dict[str, str]], *, max_new_tokens: int = 128,
                system: str | None = None) -> Iterator[str]:
@@ -204,14 +222,17 @@ def open_batch(artifact: str | Path | Artifact, *, batch: int, capacity: int, mo
     return open_pool(config, batch=batch, log=log or (lambda _: None))
 
 
-def messages_of(prompt: str | Sequence[Message | dict[str, str]], *, system: str | None = None) -> list[Message]:
-    """A user message, or a conversation given as Messages or {"role", "content"} dicts (OpenAI's shape)."""
+def messages_of(prompt: str | Sequence[Message | dict[str, Any]], *, system: str | None = None) -> list[Message]:
+    """A user message, or a conversation given as Messages or {"role", "content"} dicts (OpenAI's shape: an
+    assistant's "tool_calls" and a tool message's "tool_call_id" too)."""
     from specmemo.runtime.tokenizer import Message
 
     if isinstance(prompt, str):
         turns = [Message("user", prompt)]
     else:
-        turns = [m if isinstance(m, Message) else Message(m["role"], m["content"]) for m in prompt]
+        turns = [m if isinstance(m, Message) else Message(m["role"], m.get("content") or "",
+                                                          tuple(m.get("tool_calls") or ()), m.get("tool_call_id"))
+                 for m in prompt]
         if not turns:
             raise ConfigError("the prompt has no messages: give a string or at least one {role, content}")
     return ([Message("system", system)] if system else []) + turns

@@ -252,6 +252,7 @@ def test_missing_batch_graph_and_bad_sizes_are_one_line_errors(artifact, tmp_pat
         BatchSession(Artifact.open(artifact), SessionConfig(sizes=SIZES, heads=False, batch=1))
 
 
+@pytest.mark.full_install  # the exporter writes the graph
 def test_export_batch_adds_a_graph(artifact, tmp_path):
     import shutil
 

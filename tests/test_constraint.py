@@ -201,8 +201,8 @@ def test_a_batch_of_constrained_requests_decodes_each_as_it_would_alone(artifact
     alone = [decode(artifact, SPECS[n], prompt=p).token_ids if n else None for n, p in zip(names, prompts, strict=True)]
     for width, drafter in ((1, None), (8, PromptLookup)):
         session = BatchSession(artifact, SessionConfig(sizes=Sizes(256, 16, 16), heads=False, batch=4))
-        pool = SequencePool(BatchBackend(session), drafter_factory=(lambda row: drafter()) if drafter else None,
-                            max_tree=width, width=FixedWidth(width))
+        factory = (lambda row, make=drafter: make()) if drafter else None
+        pool = SequencePool(BatchBackend(session), drafter_factory=factory, max_tree=width, width=FixedWidth(width))
         requests = [Request(p, 80, frozenset({EOS}), constraint=grammar.matcher(SPECS[n]) if n else None)
                     for n, p in zip(names, prompts, strict=True)]
         done = pool.run(requests)

@@ -26,10 +26,11 @@ def artifact(tmp_path_factory):
 class Server(InProcessServer):
     """`specmemo serve`'s app under uvicorn on a thread, on a free loopback port."""
 
-    def __init__(self, artifact, *, batch: int, max_queue: int, step_delay: float = 0.0, **options):
+    def __init__(self, artifact, *, batch: int, max_queue: int, step_delay: float = 0.0, capacity: int = CAPACITY,
+                 **options):
         from specmemo.serve.build import ServeConfig
 
-        super().__init__(ServeConfig(artifact=artifact, batch=batch, capacity=CAPACITY, max_queue=max_queue, threads=2,
+        super().__init__(ServeConfig(artifact=artifact, batch=batch, capacity=capacity, max_queue=max_queue, threads=2,
                                      model_name="tiny", **options))
         self.chat = self.served
         if step_delay:  # slow steps, so a test can act while a reply is still streaming

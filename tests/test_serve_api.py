@@ -119,7 +119,8 @@ def test_openai_fields_are_taken_ignored_or_refused_by_name(server):
           "messages": [{"role": "developer", "content": "w1"}, {"role": "user", "content": [{"type": "text",
                                                                                              "text": "w5"}]}]}
     assert http.post(f"{server.url}/v1/chat/completions", json={**base, **ok}).status_code == 200
-    cases = [({"tools": []}, "'tools' is not supported"), ({"frobnicate": 1}, "unknown field 'frobnicate'"),
+    cases = [({"tools": []}, "tools: give a non-empty list"), ({"functions": []}, "legacy function calling"),
+             ({"frobnicate": 1}, "unknown field 'frobnicate'"),
              ({"response_format": {"type": "json_object"}}, "cannot be read by the grammar engine"),
              ({"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}, "give the JSON schema"),
              ({"n": 2}, "n:"), ({"stop": ["a", "b", "c", "d", "e"]}, "stop"), ({"temperature": "hot"}, "temperature"),

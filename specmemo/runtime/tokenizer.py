@@ -7,8 +7,9 @@ special tokens, as `apply_chat_template(tokenize=True)` does.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from jinja2.exceptions import TemplateError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
@@ -21,8 +22,18 @@ from specmemo.runtime.text import first_non_text
 
 @dataclass(frozen=True)
 class Message:
-    role: str  # "system" | "user" | "assistant"
+    role: str  # "system" | "user" | "assistant" | "tool" (a function's result)
     content: str
+    tool_calls: tuple[dict[str, Any], ...] = ()  # an assistant's calls, as OpenAI writes them
+    tool_call_id: str | None = None  # a tool message: the call it answers
+
+    def as_template_input(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"role": self.role, "content": self.content}
+        if self.tool_calls:
+            out["tool_calls"] = [dict(c) for c in self.tool_calls]
+        if self.tool_call_id is not None:
+            out["tool_call_id"] = self.tool_call_id
+        return out
 
 
 def check_text(text: str) -> None:
@@ -35,6 +46,12 @@ def check_text(text: str) -> None:
 
 def _raise(message: str) -> NoReturn:
     raise TemplateError(message)
+
+
+def _tojson(value: Any, indent: int | None = None, separators: tuple[str, str] | None = None,
+            sort_keys: bool = False, ensure_ascii: bool = False) -> str:
+    """HF's `tojson` for chat templates: plain json.dumps (jinja2's own escapes <, > and & for HTML)."""
+    return json.dumps(value, indent=indent, separators=separators, sort_keys=sort_keys, ensure_ascii=ensure_ascii)
 
 
 class ChatTokenizer:
@@ -52,14 +69,18 @@ class ChatTokenizer:
         if info.chat_template:
             env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
             env.globals["raise_exception"] = _raise
+            env.filters["tojson"] = _tojson
             self.template = env.from_string(info.chat_template)
 
-    def render(self, messages: list[Message], *, add_generation_prompt: bool = True) -> str:
+    def render(self, messages: list[Message], *, add_generation_prompt: bool = True,
+               tools: list[dict[str, Any]] | None = None) -> str:
+        """The conversation as the template writes it; `tools`: functions offered (OpenAI's form, as HF's
+        apply_chat_template takes them), for a template with a tool section (runtime/tools.py)."""
         if self.template is None:  # a base model: plain concatenation
             return "\n".join(m.content for m in messages)
         return self.template.render(
-            messages=[{"role": m.role, "content": m.content} for m in messages],
-            add_generation_prompt=add_generation_prompt, **self.special_tokens,
+            messages=[m.as_template_input() for m in messages],
+            add_generation_prompt=add_generation_prompt, **self.special_tokens, **({"tools": tools} if tools else {}),
         )
 
     def encode(self, text: str) -> list[int]:
@@ -70,8 +91,8 @@ class ChatTokenizer:
             ids = [self.bos_token_id, *ids]
         return ids
 
-    def encode_chat(self, messages: list[Message]) -> list[int]:
-        return self.encode(self.render(messages))
+    def encode_chat(self, messages: list[Message], *, tools: list[dict[str, Any]] | None = None) -> list[int]:
+        return self.encode(self.render(messages, tools=tools))
 
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)

@@ -41,12 +41,16 @@ class TextPart(BaseModel):
 
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
-    role: Literal["system", "developer", "user", "assistant"]
-    content: str | list[TextPart]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextPart] | None = None  # None: an assistant message that only calls tools
     name: str | None = None
+    tool_calls: list[dict] | None = None  # an assistant's calls, as a reply gave them
+    tool_call_id: str | None = None  # a tool message: the call whose result it is
 
     @property
     def text(self) -> str:
+        if self.content is None:
+            return ""
         return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
 
 
@@ -117,6 +121,8 @@ class ChatRequest(Common):
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
     response_format: ResponseFormat | None = None
+    tools: list[dict] | None = None  # functions offered (runtime/tools.py)
+    tool_choice: str | dict | None = None
 
     @property
     def wanted(self) -> int | None:
@@ -149,8 +155,8 @@ IGNORED = {"chat": {"metadata", "store", "user", "service_tier", "parallel_tool_
                     "safety_identifier"},
            "completions": {"user", "suffix"}}
 REFUSED = {  # OpenAI's fields this server does not do, and why
-    "chat": {"tools": "tool calling", "tool_choice": "tool calling", "functions": "function calling",
-             "function_call": "function calling", "audio": "audio output", "modalities": "modalities other than text",
+    "chat": {"functions": "legacy function calling: send tools", "function_call": "legacy function calling: send "
+             "tool_choice", "audio": "audio output", "modalities": "modalities other than text",
              "prediction": "predicted outputs", "web_search_options": "web search",
              "reasoning_effort": "reasoning models", "verbosity": "verbosity control"},
     "completions": {},
@@ -265,6 +271,11 @@ def check_chat(request: ChatRequest, limits: Limits) -> None:
     if shape is not None and shape.type != "text" and (request.presence_penalty or request.frequency_penalty
                                                        or request.logit_bias or request.logprobs):
         raise BadRequest("response_format with penalties, logit_bias or logprobs is not supported: send one or the "
+                         "other", param="response_format")
+    if request.tool_choice is not None and request.tools is None:
+        raise BadRequest("tool_choice needs tools: send the functions to choose from", param="tool_choice")
+    if request.tools is not None and shape is not None and shape.type != "text" and request.tool_choice != "none":
+        raise BadRequest("response_format with tools is not supported: a reply is JSON or a call, send one or the "
                          "other", param="response_format")
     if request.top_logprobs is not None and not request.logprobs:
         raise BadRequest("top_logprobs needs logprobs: true", param="top_logprobs")

@@ -28,6 +28,7 @@ import time
 import uuid
 from collections.abc import Sequence
 
+from jinja2.exceptions import TemplateError
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware.cors import CORSMiddleware
@@ -39,19 +40,20 @@ from starlette.routing import Route
 from specmemo.api import sampling_for
 from specmemo.errors import ConfigError
 from specmemo.runtime.artifact import Artifact
-from specmemo.runtime.constraint import Constraint, ConstraintError, ConstraintKind, GrammarTokenizer, Matcher
 from specmemo.runtime.logit_rules import LogitRules, TokenLogprob
 from specmemo.runtime.pool import Request
 from specmemo.runtime.sampling import Sampling
 from specmemo.runtime.tokenizer import ChatTokenizer, Message
+from specmemo.runtime.tools import ToolRequest
 from specmemo.serve.api import BadRequest, ChatRequest, CompletionRequest, Limits, error, parse
+from specmemo.serve.body import check_json, read_body
 from specmemo.serve.guard import ConnectionGone, Exposure, Guard
 from specmemo.serve.keys import RequireKey
 from specmemo.serve.metrics import Metrics
-from specmemo.serve.replies import Reply, reply_id, usage
+from specmemo.serve.replies import Reply, called, reply_id, tool_chunk, usage
+from specmemo.serve.shapes import matcher_of, tools_of
 from specmemo.serve.worker import PoolWorker, QueueFull
 
-BODY_TIMEOUT_S = 30.0  # a client that has not sent its whole body by then is dropped (408)
 LOG = logging.getLogger("specmemo.serve")
 
 
@@ -93,12 +95,13 @@ class ServeApp:
     async def _serve(self, request: HttpRequest, kind: str):
         try:
             check_json(request.headers.get("content-type", ""))
-            body = parse(await self._body(request), kind, self.limits)
+            body = parse(await read_body(request, self.limits), kind, self.limits)
             if body.model != self.model:
                 return self._refuse(error(404, f"model {body.model!r} is not served here: GET /v1/models lists "
                                                f"{self.model!r}", "not_found_error", "model"))
-            prompt, echo = await self._prompt(body)
-            job_request = await asyncio.to_thread(self._request, body, prompt)  # a grammar compiles off the loop
+            calling = tools_of(body, self.artifact)
+            prompt, echo = await self._prompt(body, calling)
+            job_request = await asyncio.to_thread(self._request, body, prompt, calling)  # grammars compile off the loop
         except BadRequest as err:
             return self._refuse(error(err.status, str(err), param=err.param))
         except ClientDisconnect:
@@ -114,54 +117,33 @@ class ServeApp:
             return self._refuse(error(400, str(err)))
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
-            return StreamingResponse(self._stream(job, reply, kind, echo, body, include_usage),
+            return StreamingResponse(self._stream(job, reply, kind, echo, body, include_usage, calling),
                                      media_type="text/event-stream")
         reason = await self._collect(job, reply, request)
         if reason == "error":
             return error(500, "decoding failed; see the server log", "server_error")
         logprobs = body.logprob_top is not None
         if kind == "chat":
-            choice = {"index": 0, "message": {"role": "assistant", "content": reply.sent},
-                      "logprobs": self._chat_logprobs(reply.logprobs) if logprobs else None,
-                      "finish_reason": reply.finish}
+            message, finish = called(calling, reply)
+            choice = {"index": 0, "message": message,
+                      "logprobs": self._chat_logprobs(reply.logprobs) if logprobs else None, "finish_reason": finish}
             return JSONResponse({"id": reply_id(kind), "object": "chat.completion", "created": int(time.time()),
                                  "model": self.model, "choices": [choice], "usage": usage(reply)})
         return JSONResponse(self._completion_body(reply_id(kind), echo, reply, reply.finish, logprobs=logprobs))
 
-    async def _body(self, request: HttpRequest) -> bytes:
-        """The body, read with a time limit and cut off past --max-body-bytes (never buffered whole). A body over
-        the limit is drained before the 413 goes out (drain)."""
-
-        async def read() -> bytes:
-            declared = request.headers.get("content-length", "")
-            if declared.isdigit():
-                self.limits.check_body_size(int(declared))
-            chunks, size = [], 0
-            while True:
-                message = await request.receive()
-                if message["type"] != "http.request":
-                    raise ClientDisconnect
-                chunk = message.get("body", b"")
-                size += len(chunk)
-                self.limits.check_body_size(size)
-                chunks.append(chunk)
-                if not message.get("more_body", False):
-                    return b"".join(chunks)
-
-        try:
-            return await asyncio.wait_for(read(), BODY_TIMEOUT_S)
-        except TimeoutError:
-            raise BadRequest(f"the body did not arrive within {BODY_TIMEOUT_S:.0f} s", status=408) from None
-        except BadRequest as err:
-            if err.status == 413 and request.headers.get("expect", "").lower() != "100-continue":
-                await drain(request)
-            raise
-
-    async def _prompt(self, body: ChatRequest | CompletionRequest) -> tuple[list[int], str]:
-        """Prompt token ids (tokenized off the event loop) and, for completions with echo, its text."""
+    async def _prompt(self, body: ChatRequest | CompletionRequest, calling: ToolRequest | None = None
+                      ) -> tuple[list[int], str]:
+        """Prompt token ids (tokenized off the event loop; the offered tools rendered by the chat template) and,
+        for completions with echo, its text."""
         if isinstance(body, ChatRequest):
-            messages = [Message("system" if m.role == "developer" else m.role, m.text) for m in body.messages]
-            ids, echo = await asyncio.to_thread(self.tokenizer.encode_chat, messages), ""
+            messages = [Message("system" if m.role == "developer" else m.role, m.text, tuple(m.tool_calls or ()),
+                                m.tool_call_id) for m in body.messages]
+            offered = calling.offered if calling is not None else None
+            try:
+                ids = await asyncio.to_thread(lambda: self.tokenizer.encode_chat(messages, tools=offered))
+            except TemplateError as err:
+                raise BadRequest(f"messages: the chat template refused them ({err})", param="messages") from None
+            echo = ""
         else:
             first = body.prompt[0] if isinstance(body.prompt, list) and body.prompt else None
             prompt: str | list[int]
@@ -190,7 +172,8 @@ class ServeApp:
             raise BadRequest(f"the prompt is {len(ids)} tokens, over this server's {limit} (serve --max-prompt-tokens)")
         return ids, echo
 
-    def _request(self, body: ChatRequest | CompletionRequest, prompt: list[int]) -> Request | None:
+    def _request(self, body: ChatRequest | CompletionRequest, prompt: list[int],
+                 calling: ToolRequest | None = None) -> Request | None:
         room = self.capacity - len(prompt)
         wanted = body.wanted
         cap = self.limits.max_tokens
@@ -212,22 +195,7 @@ class ServeApp:
             except ConfigError as err:
                 raise BadRequest(str(err), param="logit_bias") from None
         return Request(prompt, min(wanted or room, cap or room), self.tokenizer.eos_token_ids, self.sampling(body),
-                       rules, self._constraint(body))
-
-    def _constraint(self, body: ChatRequest | CompletionRequest) -> Matcher | None:
-        """response_format as a fresh matcher (runtime/constraint.py; the grammar's tokenizer loads on the first)."""
-        shape = body.response_format if isinstance(body, ChatRequest) else None
-        if shape is None or shape.type == "text":
-            return None
-        try:
-            if shape.type == "json_object":
-                spec = Constraint(ConstraintKind.JSON_OBJECT, field="response_format")
-            else:
-                assert shape.json_schema is not None and shape.json_schema.schema_ is not None  # api.check_chat
-                spec = Constraint.json_schema(shape.json_schema.schema_, field="response_format.json_schema.schema")
-            return GrammarTokenizer.of(self.artifact).matcher(spec)
-        except ConstraintError as err:
-            raise BadRequest(str(err), param="response_format") from None
+                       rules, matcher_of(body, calling, self.artifact))
 
     def sampling(self, body) -> Sampling | None:
         """The request's sampling by the API's one rule (api.sampling_for)."""
@@ -292,8 +260,10 @@ class ServeApp:
             gone.cancel()
             self._ended(reply)
 
-    async def _stream(self, job, reply: Reply, kind: str, echo: str, body, include_usage: bool):
-        """Server-sent events in OpenAI's chunk format; a client that goes away cancels its row."""
+    async def _stream(self, job, reply: Reply, kind: str, echo: str, body, include_usage: bool,
+                      calling: ToolRequest | None = None):
+        """Server-sent events in OpenAI's chunk format; a client that goes away cancels its row. With tools, the
+        reply is read for calls once it is whole: its content and calls come in the last chunks."""
         chunk_id = reply_id(kind)
         chat = kind == "chat"
         logprobs = body.logprob_top is not None
@@ -322,10 +292,17 @@ class ServeApp:
                     yield f"data: {json.dumps({'error': {'message': 'decoding failed', 'type': 'server_error'}})}\n\n"
                     done = True
                     return
-                if text or lps:
+                if (text or lps) and calling is None:
                     yield chunk(text, None, lps)
                 if finish:
                     done = True
+                    if calling is not None:
+                        message, final = called(calling, reply)
+                        finish = final or finish
+                        if message["content"]:
+                            yield chunk(message["content"])
+                        if "tool_calls" in message:
+                            yield tool_chunk(chunk_id, self.model, message["tool_calls"])
                     yield chunk("", finish)
                     if include_usage:
                         data: dict[str, object] = {
@@ -370,36 +347,6 @@ class Gone(Response):
 
     async def __call__(self, scope, receive, send) -> None:
         return None
-
-
-DRAIN_BYTES = 16 << 20  # of a refused body, at most this much is read and dropped
-DRAIN_S = 5.0  # and for at most this long
-
-
-async def drain(request: HttpRequest) -> None:
-    """Read and drop the rest of a body that is refused (bounded in bytes and seconds), as nginx's lingering close
-    does: a client that writes its whole body before reading the answer (Python's urllib) then reads the 413 instead
-    of a connection reset. A client that asked `Expect: 100-continue` sent nothing yet and is not drained."""
-
-    async def drop() -> None:
-        size = 0
-        while size <= DRAIN_BYTES:
-            message = await request.receive()
-            if message["type"] != "http.request" or not message.get("more_body", False):
-                return
-            size += len(message.get("body", b""))
-
-    with contextlib.suppress(TimeoutError):
-        await asyncio.wait_for(drop(), DRAIN_S)
-
-
-def check_json(content_type: str) -> None:
-    """Bodies are JSON, said so: a form or text/plain POST (which a web page may send anywhere without
-    asking) is refused before it is read."""
-    media = content_type.partition(";")[0].strip().lower()
-    if media != "application/json":
-        raise BadRequest(f"the body must be sent as Content-Type: application/json, not {media or 'none'!a} "
-                         f"(curl: -H 'Content-Type: application/json')", status=415)
 
 
 async def _disconnected(request: HttpRequest) -> None:

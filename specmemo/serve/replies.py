@@ -3,12 +3,14 @@ split across tokens, or a stop string still incomplete, is held back), and OpenA
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from dataclasses import dataclass, field
 
 from specmemo.runtime.logit_rules import TokenLogprob
 from specmemo.runtime.tokenizer import ChatTokenizer
+from specmemo.runtime.tools import ToolRequest
 from specmemo.serve import stops
 
 FINISH = {"eos": "stop", "length": "length", "capacity": "length"}  # the pool's finish reasons → OpenAI's
@@ -61,3 +63,24 @@ class Reply:
 def usage(reply: Reply) -> dict:
     return {"prompt_tokens": reply.prompt_tokens, "completion_tokens": len(reply.ids),
             "total_tokens": reply.prompt_tokens + len(reply.ids)}
+
+
+def called(calling: ToolRequest | None, reply: Reply) -> tuple[dict, str | None]:
+    """The chat reply's message and finish reason: its text, or with tools the calls read from it (OpenAI's
+    tool_calls, finish reason "tool_calls") and what text is left."""
+    if calling is None:
+        return {"role": "assistant", "content": reply.sent}, reply.finish
+    content, calls = calling.read(reply.sent)
+    if not calls:
+        return {"role": "assistant", "content": content}, reply.finish
+    return ({"role": "assistant", "content": content,
+             "tool_calls": [{"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
+                             "function": {"name": c.name, "arguments": c.arguments}} for c in calls]}, "tool_calls")
+
+
+def tool_chunk(chunk_id: str, model: str, calls: list[dict]) -> str:
+    """A stream's tool calls, each whole in one delta (index, id, type, name and arguments)."""
+    delta = {"tool_calls": [{"index": i, **call} for i, call in enumerate(calls)]}
+    data = {"id": chunk_id, "object": "chat.completion.chunk", "created": int(time.time()), "model": model,
+            "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": None}]}
+    return f"data: {json.dumps(data)}\n\n"
