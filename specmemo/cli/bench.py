@@ -11,6 +11,7 @@ from specmemo.cli.bench_arm import add_arm_parser
 from specmemo.cli.bench_front import add_front_parser
 from specmemo.cli.bench_fuzz import add_fuzz_parser
 from specmemo.cli.bench_profile import add_profile_parser
+from specmemo.cli.bench_structured import add_structured_parser
 from specmemo.cli.bench_vllm import add_vllm_parser
 from specmemo.cli.bench_web import add_web_parser
 from specmemo.cli.options import add_artifact, add_mode, add_profile_options, apply_profile, positive, sizes_list
@@ -179,6 +180,7 @@ def add_parser(sub) -> None:
     add_arm_parser(bench)
     add_profile_parser(bench)
     add_fuzz_parser(bench)
+    add_structured_parser(bench)
 
     b = bench.add_parser("harness", help="lm-evaluation-harness through serve's /v1/completions vs a direct greedy run",
                          description="Start `specmemo serve` (with an API key) on loopback and run EleutherAI's "
