@@ -36,6 +36,8 @@ SPECS = {
     "regex": Constraint(ConstraintKind.REGEX, source=r"[a-z]{2,5}-[0-9]{3}"),
     "choice": Constraint(ConstraintKind.CHOICE, choices=("yes", "no", "maybe not")),
     "lark": Constraint(ConstraintKind.GRAMMAR, source='start: "(" NUM ("+" NUM){1,3} ")"\nNUM: /[1-9][0-9]?/'),
+    "gbnf": Constraint(ConstraintKind.GRAMMAR, source='root ::= "(" num ("+" num)? ("+" num)? ")"\n'
+                                                     'num ::= [1-9] [0-9]?'),
 }
 
 
@@ -74,6 +76,8 @@ def valid(name: str, text: str) -> bool:
         return re.fullmatch(r"[a-z]{2,5}-[0-9]{3}", text) is not None
     if name == "choice":
         return text in ("yes", "no", "maybe not")
+    if name == "gbnf":
+        return re.fullmatch(r"\([1-9][0-9]?(\+[1-9][0-9]?){0,2}\)", text) is not None
     return re.fullmatch(r"\([1-9][0-9]?(\+[1-9][0-9]?){1,3}\)", text) is not None
 
 
@@ -114,7 +118,7 @@ def test_speculative_constrained_output_is_constrained_greedy_and_valid(artifact
     assert replay.token_ids == greedy.token_ids and lookup.token_ids == greedy.token_ids
     if len(greedy.token_ids) > 12:  # long enough for drafts (a choice is one token, then the grammar's)
         assert replay.stats.mean_accepted > 1.5 and replay.stats.pruned_nodes > 0
-    if name in ("schema", "lark", "choice"):  # fixed keys, brackets and the rest of a choice's word
+    if name in ("schema", "lark", "gbnf", "choice"):  # fixed keys, brackets and the rest of a choice's word
         assert greedy.stats.forced_tokens > 0 and greedy.stats.steps < len(greedy.token_ids)
 
 
@@ -155,6 +159,7 @@ def test_malformed_constraints_are_one_line_errors(spec, message):
     Constraint.json_schema({"type": "objectx"}),
     Constraint(ConstraintKind.REGEX, source="(ab"),
     Constraint(ConstraintKind.GRAMMAR, source="start: undefined_rule"),
+    Constraint.json_schema({"type": "integer", "minimum": 5, "maximum": 3}),  # nothing satisfies it
 ])
 def test_constraints_that_do_not_compile_name_their_field(artifact, spec):
     with pytest.raises(ConstraintError) as err:
