@@ -123,7 +123,8 @@ class Model:
             from specmemo.runtime.constraint import ConstraintError
             from specmemo.runtime.tools import tool_request
 
-            calling = tool_request(tools, tool_choice, self.engine.config.artifact.manifest.tokenizer.chat_template)
+            calling = tool_request(tools, tool_choice, self.engine.config.artifact.manifest.tokenizer.chat_template,
+                                   added_token_id=tokenizer.added_token_id)
             if constraint is not None and calling.constraint is not None:
                 raise ConstraintError("give tools with tool_choice \"required\" or a constraint, not both")
             constraint = constraint or calling.constraint

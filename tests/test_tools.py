@@ -76,6 +76,12 @@ def test_calls_are_read_back_from_free_text_and_bad_tool_lists_are_one_line():
     assert read_calls(ToolFormat.HERMES, broken) == (broken, [])
     assert read_calls(ToolFormat.LLAMA3_JSON, '{"name": "f", "parameters": {}}') == (None, [ToolCall("f", "{}")])
     assert tool_format(TOOL_TEMPLATE) is ToolFormat.HERMES and tool_format("{{ messages }}") is None
+    # where the vocabulary has <tool_call> as a token of its own (Qwen2.5), the grammar asks for that token
+    by_token = tool_request(TOOLS, "required", TOOL_TEMPLATE, added_token_id={"<tool_call>": 7, "</tool_call>": 8}.get)
+    assert by_token.constraint is not None
+    assert by_token.constraint.source.startswith('start: <[7]> "\\n" call "\\n" <[8]>')
+    plain = tool_request(TOOLS, "required", TOOL_TEMPLATE).constraint
+    assert plain is not None and plain.source.startswith('start: "<tool_call>" "\\n" call')
     for tools, choice, words in [
         ([], None, "tools: give a non-empty list"),
         ([{"type": "function"}], None, "tools.0:"),

@@ -220,7 +220,8 @@ def genai_engine(artifact: Any, config: StructuredConfig, *, log: Any):
         if task.kind == "schemas":
             kind, data = "json_schema", json.dumps(task.schema)
         else:
-            calling = tool_request(task.tools, "required", m.tokenizer.chat_template)
+            calling = tool_request(task.tools, "required", m.tokenizer.chat_template,
+                                   added_token_id=tokenizer.added_token_id)
             assert calling.constraint is not None
             kind, data = "lark_grammar", calling.constraint.source
         prompt = tokenizer.encode_chat([Message("user", task.prompt)], tools=calling.offered if calling else None)
@@ -264,8 +265,8 @@ def summarize(rows: list[Row], tasks: list[Task]) -> dict[str, dict[str, Any]]:
             "mask_ms_per_token": float(np.mean(masks)) if masks else None,
             "accepted_per_step": float(np.mean([r.accepted_per_step for r in mine])) if mine else 0.0,
             "forced_per_reply": float(np.mean(forced)) if forced else None,
-            "equal_to_greedy": (sum(r.token_ids == greedy.get((r.task, r.kind)) for r in mine)
-                                if greedy and engine != "specmemo-greedy" else None),
+            "equal_to_greedy": (sum(r.token_ids == greedy.get((r.task, r.kind)) for r in mine)  # our graph's
+                                if greedy and engine == "specmemo-controller" else None),
         }
     return out
 

@@ -60,6 +60,7 @@ class ChatTokenizer:
         info = manifest.tokenizer
         self.tokenizer = Tokenizer.from_file(str(artifact / info.file))
         self.eos_token_ids = frozenset(info.eos_token_ids)
+        self._added = {t.content: i for i, t in self.tokenizer.get_added_tokens_decoder().items()}
         self.bos_token_id = info.bos_token_id
         self.add_bos = info.add_bos_token
         self.template = None
@@ -82,6 +83,10 @@ class ChatTokenizer:
             messages=[m.as_template_input() for m in messages],
             add_generation_prompt=add_generation_prompt, **self.special_tokens, **({"tools": tools} if tools else {}),
         )
+
+    def added_token_id(self, text: str) -> int | None:
+        """The id of a token the vocabulary added whole (Qwen's <tool_call>), None when `text` is not one."""
+        return self._added.get(text)
 
     def encode(self, text: str) -> list[int]:
         if not text.isascii():

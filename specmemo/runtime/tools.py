@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
@@ -38,14 +39,14 @@ class ToolFormat(StrEnum):
 class FormatRow:
     marker: str  # a string only this family's tool-aware templates hold
     arguments_key: str  # what the call names its arguments
-    opener: str  # what the reply starts a call with ("" for a bare JSON object)
-    closer: str
+    open_token: str = ""  # the text a call starts with, a token of its own in the family's vocabulary ("": none)
+    close_token: str = ""  # and ends with
 
 
 FORMATS = {
-    ToolFormat.HERMES: FormatRow(marker="<tool_call>", arguments_key="arguments", opener="<tool_call>\n",
-                                 closer="\n</tool_call>"),
-    ToolFormat.LLAMA3_JSON: FormatRow(marker='"parameters"', arguments_key="parameters", opener="", closer=""),
+    ToolFormat.HERMES: FormatRow(marker="<tool_call>", arguments_key="arguments", open_token="<tool_call>",
+                                 close_token="</tool_call>"),
+    ToolFormat.LLAMA3_JSON: FormatRow(marker='"parameters"', arguments_key="parameters"),
 }
 
 
@@ -113,16 +114,23 @@ def call_schema(fmt: ToolFormat, tools: tuple[Tool, ...]) -> dict[str, Any]:
     return {**schema, "x-guidance": {"whitespace_flexible": False}}  # compact: the fixed parts are forced
 
 
-def call_constraint(fmt: ToolFormat, tools: tuple[Tool, ...], *, name: str | None = None) -> Constraint:
+def call_constraint(fmt: ToolFormat, tools: tuple[Tool, ...], *, name: str | None = None,
+                    token_ids: dict[str, int] | None = None) -> Constraint:
     """The reply as exactly one call: of the function `name` (tool_choice naming it) or of any offered one
-    ("required"), in the format's own wrapping, its JSON compact."""
+    ("required"), in the format's own wrapping, its JSON compact. `token_ids`: the wrapping's texts that are tokens of
+    their own in the model's vocabulary (Qwen's <tool_call>), written as that token, as the model writes them."""
     chosen = tools if name is None else tuple(t for t in tools if t.name == name)
     if not chosen:
         raise ConstraintError(f"tool_choice: function {name!r} is not among the tools offered")
-    row = FORMATS[fmt]
+    row, ids = FORMATS[fmt], token_ids or {}
+
+    def piece(text: str) -> str:
+        return f"<[{ids[text]}]>" if text in ids else json.dumps(text)
+
     body = "%json " + json.dumps(call_schema(fmt, chosen))
-    grammar = f"start: {json.dumps(row.opener)} call {json.dumps(row.closer)}\ncall: {body}" if row.opener else \
-        f"start: call\ncall: {body}"
+    if not row.open_token:
+        return Constraint(ConstraintKind.GRAMMAR, source=f"start: call\ncall: {body}", field="tools")
+    grammar = f'start: {piece(row.open_token)} "\\n" call "\\n" {piece(row.close_token)}\ncall: {body}'
     return Constraint(ConstraintKind.GRAMMAR, source=grammar, field="tools")
 
 
@@ -169,6 +177,7 @@ class ToolRequest:
     tools: tuple[Tool, ...]
     choice: ToolChoice
     name: str | None = None  # tool_choice naming one function (choice REQUIRED)
+    token_ids: tuple[tuple[str, int], ...] = ()  # the format's wrapping texts that are tokens of the vocabulary
 
     @property
     def offered(self) -> list[dict[str, Any]] | None:
@@ -176,27 +185,33 @@ class ToolRequest:
 
     @property
     def constraint(self) -> Constraint | None:
-        return call_constraint(self.format, self.tools, name=self.name) if self.choice is ToolChoice.REQUIRED \
-            else None
+        if self.choice is not ToolChoice.REQUIRED:
+            return None
+        return call_constraint(self.format, self.tools, name=self.name, token_ids=dict(self.token_ids))
 
     def read(self, text: str) -> tuple[str | None, list[ToolCall]]:
         return (text, []) if self.choice is ToolChoice.NONE else read_calls(self.format, text)
 
 
-def tool_request(tools: Any, tool_choice: Any, chat_template: str | None) -> ToolRequest:
+def tool_request(tools: Any, tool_choice: Any, chat_template: str | None, *,
+                 added_token_id: Callable[[str], int | None] = lambda _: None) -> ToolRequest:
     """OpenAI's `tools` and `tool_choice` ("auto" by default; "required", "none", or {"type": "function",
-    "function": {"name": ...}}) for a model with this chat template: one-line errors naming the field."""
+    "function": {"name": ...}}) for a model with this chat template: one-line errors naming the field.
+    `added_token_id`: the model's token for a text that is one (ChatTokenizer.added_token_id)."""
     parsed = parse_tools(tools)
     fmt = tool_format(chat_template)
     if fmt is None:
         raise ConstraintError("tools: this model's chat template has no tool section (its family was not trained "
                               "to call functions): leave tools out, or use a model whose template renders them")
+    row = FORMATS[fmt]
+    ids = tuple((text, i) for text in (row.open_token, row.close_token)
+                if text and (i := added_token_id(text)) is not None)
     if tool_choice is None or tool_choice in ("auto", "required", "none"):
-        return ToolRequest(fmt, parsed, ToolChoice(tool_choice or "auto"))
+        return ToolRequest(fmt, parsed, ToolChoice(tool_choice or "auto"), token_ids=ids)
     name = tool_choice.get("function", {}).get("name") if isinstance(tool_choice, dict) else None
     if not isinstance(name, str):
         raise ConstraintError('tool_choice: "auto", "required", "none" or {"type": "function", "function": '
                               '{"name": ...}}')
     if name not in {t.name for t in parsed}:
         raise ConstraintError(f"tool_choice: function {name!r} is not among the tools offered")
-    return ToolRequest(fmt, parsed, ToolChoice.REQUIRED, name)
+    return ToolRequest(fmt, parsed, ToolChoice.REQUIRED, name, ids)

@@ -99,7 +99,7 @@ class ServeApp:
             if body.model != self.model:
                 return self._refuse(error(404, f"model {body.model!r} is not served here: GET /v1/models lists "
                                                f"{self.model!r}", "not_found_error", "model"))
-            calling = tools_of(body, self.artifact)
+            calling = tools_of(body, self.artifact, self.tokenizer)
             prompt, echo = await self._prompt(body, calling)
             job_request = await asyncio.to_thread(self._request, body, prompt, calling)  # grammars compile off the loop
         except BadRequest as err:

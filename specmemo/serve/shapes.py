@@ -6,17 +6,20 @@ from __future__ import annotations
 
 from specmemo.runtime.artifact import Artifact
 from specmemo.runtime.constraint import Constraint, ConstraintError, ConstraintKind, GrammarTokenizer, Matcher
+from specmemo.runtime.tokenizer import ChatTokenizer
 from specmemo.runtime.tools import ToolRequest, tool_request
 from specmemo.serve.api import ChatRequest, CompletionRequest
 from specmemo.serve.limits import BadRequest
 
 
-def tools_of(body: ChatRequest | CompletionRequest, artifact: Artifact) -> ToolRequest | None:
-    """`tools` and `tool_choice` for this model's chat template (None: no tools)."""
+def tools_of(body: ChatRequest | CompletionRequest, artifact: Artifact, tokenizer: ChatTokenizer
+             ) -> ToolRequest | None:
+    """`tools` and `tool_choice` for this model's chat template and vocabulary (None: no tools)."""
     if not isinstance(body, ChatRequest) or body.tools is None:
         return None
     try:
-        return tool_request(body.tools, body.tool_choice, artifact.manifest.tokenizer.chat_template)
+        return tool_request(body.tools, body.tool_choice, artifact.manifest.tokenizer.chat_template,
+                            added_token_id=tokenizer.added_token_id)
     except ConstraintError as err:
         raise BadRequest(str(err), param=str(err).split(":")[0].split(".")[0]) from None
 
