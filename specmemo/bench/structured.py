@@ -177,7 +177,7 @@ def open_engine(name: str, artifact: Any, config: StructuredConfig, *, log: Any)
     """A function task → Row for the named engine, its model opened once."""
     if name == "onnxruntime-genai":
         return genai_engine(artifact, config, log=log)
-    from specmemo import open_model
+    from specmemo.api import open_model
 
     model = open_model(artifact, mode="greedy" if name == "specmemo-greedy" else "auto", temperature=0,
                        threads=config.threads)

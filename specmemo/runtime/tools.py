@@ -6,7 +6,7 @@ format its family was trained on; FORMATS is the table of those formats:
   hermes      (Qwen2.5, Hermes)  <tool_call>\\n{"name": "f", "arguments": {...}}\\n</tool_call>, one block per call
   llama3_json (Llama 3.1-3.3)    {"name": "f", "parameters": {...}} as the whole reply
 
-    tools = parse_tools(request["tools"])                    # one-line errors naming tools.N.function...
+    tools = parse_tools(request["tools"])                    # one-line errors naming the entry
     fmt = tool_format(chat_template)                         # None: the template has no tool section
     spec = call_constraint(fmt, tools, name=None)            # tool_choice "required" (or a named function)
     content, calls = read_calls(fmt, reply_text)             # tool_choice "auto": whatever the model wrote
