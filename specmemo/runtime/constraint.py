@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import functools
 import json
+import time
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
@@ -175,8 +176,6 @@ class Matcher:
 
     def mask(self) -> np.ndarray:
         """[V] bool: the tokens allowed next."""
-        import time
-
         started = time.perf_counter()
         bits = np.unpackbits(np.frombuffer(self.llm.compute_bitmask(), dtype=np.uint8), bitorder="little")
         self.mask_calls += 1
