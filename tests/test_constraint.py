@@ -15,7 +15,7 @@ from conftest import BYTE_VOCAB, export_tiny, make_byte_tokenizer, save_tiny_mod
 from specmemo.runtime.artifact import Artifact
 from specmemo.runtime.backend import OrtBackend
 from specmemo.runtime.constraint import Constraint, ConstraintError, ConstraintKind, GrammarTokenizer
-from specmemo.runtime.decode import generate
+from specmemo.runtime.decode import constrain_draft, generate
 from specmemo.runtime.drafters.draft import DraftContext, DraftTree, ordered
 from specmemo.runtime.drafters.lookup import PromptLookup
 from specmemo.runtime.sampling import Sampling
@@ -89,8 +89,10 @@ class Replay:
 
     def __init__(self, prompt_len: int, reply: list[int], seed: int = 0):
         self.prompt_len, self.reply, self.rng = prompt_len, reply, np.random.default_rng(seed)
+        self.past_forced = 0  # drafts asked for past a chain of forced tokens (context.ahead > 0)
 
     def propose(self, context: DraftContext, *, budget: int) -> DraftTree:
+        self.past_forced += context.ahead > 0
         at = len(context.tokens) - self.prompt_len  # reply index of the token after the root
         tokens, parents, scores = [context.root], [-1], [1.0]
         for k in range(4):
@@ -113,13 +115,32 @@ def test_speculative_constrained_output_is_constrained_greedy_and_valid(artifact
         assert greedy.stats.finish_reason == "eos", greedy.stats.finish_reason
     if greedy.stats.finish_reason == "eos":
         assert valid(name, text_of(artifact, greedy.token_ids)), text_of(artifact, greedy.token_ids)
-    replay = decode(artifact, spec, drafter=Replay(len(prompt), greedy.token_ids), prompt=prompt)
+    drafter = Replay(len(prompt), greedy.token_ids)
+    replay = decode(artifact, spec, drafter=drafter, prompt=prompt)
     lookup = decode(artifact, spec, drafter=PromptLookup(), prompt=prompt)
     assert replay.token_ids == greedy.token_ids and lookup.token_ids == greedy.token_ids
     if len(greedy.token_ids) > 12:  # long enough for drafts (a choice is one token, then the grammar's)
         assert replay.stats.mean_accepted > 1.5 and replay.stats.pruned_nodes > 0
+    if name == "schema":  # free tokens after forced keys: drafted past the chain, verified by the same call
+        assert drafter.past_forced > 0 and replay.stats.steps < greedy.stats.steps
     if name in ("schema", "lark", "gbnf", "choice"):  # fixed keys, brackets and the rest of a choice's word
         assert greedy.stats.forced_tokens > 0 and greedy.stats.steps < len(greedy.token_ids)
+
+
+def test_a_draft_past_forced_tokens_hangs_under_their_chain_pruned_by_the_grammar(artifact):
+    """constrain_draft: the decided chain (root + forced) first, then the draft rooted at its last token with the
+    nodes the grammar forbids cut; masks after the chain's end and each kept node; pruned nodes counted."""
+    vocab = GrammarTokenizer.of(artifact)
+    matcher = vocab.matcher(SPECS["lark"])
+    tokenize = ChatTokenizer(artifact).encode
+    open_, one, plus, two, x = (tokenize(t)[0] for t in ("(", "1", "+", "2", "x"))
+    matcher.consume([open_, one])  # decided: "(1"; the draft below is rooted at "1"
+    draft = DraftTree((one, plus, x, two), (-1, 0, 0, 1), (1.0, 0.9, 0.5, 0.8))
+    tree, masks, pruned = constrain_draft(matcher, draft, [open_, one])
+    assert tree.tokens == (open_, one, plus, two) and tree.parents == (-1, 0, 1, 2) and pruned == 1
+    assert sorted(masks) == [1, 2, 3] and masks[1][plus] and not masks[1][x] and masks[2][two]
+    with pytest.raises(ValueError, match="grafted"):
+        DraftTree.chain([open_, one]).graft(DraftTree.chain([two, plus]))
 
 
 def test_sampled_replies_are_valid_and_drafts_keep_the_distribution(artifact):

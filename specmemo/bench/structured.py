@@ -8,6 +8,11 @@ task in turn (interleaved), greedy, threads pinned:
   specmemo-controller   the controller's speculation under the same constraint (its tokens must equal greedy's)
   onnxruntime-genai     ONNX Runtime GenAI 0.18 on its builder's model of the same source, llguidance through
                         `set_guidance` (the same JSON schema, or the same Lark grammar for a call), forced tokens on
+  llama.cpp             llama-cpp-python on the model's own GGUF, its grammar route: the schema through its
+                        json_schema_to_gbnf (a call: the same call object in the template's wrapping), greedy
+
+`--temperature T` samples instead (our engines only, seeded by --seed): validity is the measure then, and the
+controller's replies are not compared token for token (exact acceptance keeps the distribution, not the draws).
 
 Per engine: how many replies finished (the grammar complete within --max-new-tokens), how many of those are valid
 (JSON that parses and satisfies its schema; a call of an offered function whose arguments satisfy its parameters:
@@ -29,7 +34,8 @@ from specmemo.errors import ConfigError
 from specmemo.runtime.config import DEFAULT_THREADS
 
 TASKS = Path(__file__).with_name("data") / "structured_tasks.json"
-ENGINES = ("specmemo-greedy", "specmemo-controller", "onnxruntime-genai")
+ENGINES = ("specmemo-greedy", "specmemo-controller", "onnxruntime-genai", "llama.cpp")
+PEERS = ("onnxruntime-genai", "llama.cpp")
 KINDS = ("schemas", "tools")
 
 
@@ -41,6 +47,8 @@ class StructuredConfig:
     max_new_tokens: int = 160
     threads: int = DEFAULT_THREADS
     limit: int | None = None  # the first N tasks of each kind
+    temperature: float = 0.0  # 0: greedy; else our engines sample (seeded), the peers are left out
+    seed: int = 0
 
     def __post_init__(self) -> None:
         unknown = sorted(set(self.engines) - set(ENGINES)) + sorted(set(self.kinds) - set(KINDS))
@@ -48,6 +56,10 @@ class StructuredConfig:
             raise ConfigError(f"{', '.join(unknown)}: engines are {', '.join(ENGINES)}; kinds {', '.join(KINDS)}")
         if self.max_new_tokens < 8 or (self.limit is not None and self.limit < 1):
             raise ConfigError("--max-new-tokens must be >= 8 and --limit >= 1")
+        if self.temperature < 0:
+            raise ConfigError("--temperature must be >= 0 (0: greedy)")
+        if self.temperature > 0 and set(self.engines) & set(PEERS):
+            raise ConfigError(f"--temperature runs our engines only: leave out {', '.join(PEERS)} (--engines)")
 
 
 @dataclass(frozen=True)
@@ -169,7 +181,8 @@ def run(config: StructuredConfig, *, log: Any = print) -> dict[str, Any]:
             r = rows[-1]
             log(f"{task.kind}/{task.id:<10} {name:<20} {'finished' if r.finished else 'cut':<8} "
                 f"{'valid' if r.finished and r.problem is None else r.problem or '-'}")
-    return {"tasks": len(tasks), "kinds": list(kinds), "engines": summarize(rows, tasks),
+    return {"tasks": len(tasks), "kinds": list(kinds), "temperature": config.temperature,
+            "engines": summarize(rows, tasks, config.temperature or None),
             "rows": [vars(r) for r in rows]}
 
 
@@ -177,10 +190,12 @@ def open_engine(name: str, artifact: Any, config: StructuredConfig, *, log: Any)
     """A function task → Row for the named engine, its model opened once."""
     if name == "onnxruntime-genai":
         return genai_engine(artifact, config, log=log)
+    if name == "llama.cpp":
+        return llama_cpp_engine(artifact, config, log=log)
     from specmemo.api import open_model
 
-    model = open_model(artifact, mode="greedy" if name == "specmemo-greedy" else "auto", temperature=0,
-                       threads=config.threads)
+    model = open_model(artifact, mode="greedy" if name == "specmemo-greedy" else "auto",
+                       temperature=config.temperature, seed=config.seed, threads=config.threads)
 
     def decode(task: Task) -> Row:
         if task.kind == "schemas":
@@ -249,7 +264,64 @@ def genai_engine(artifact: Any, config: StructuredConfig, *, log: Any):
     return decode
 
 
-def summarize(rows: list[Row], tasks: list[Task]) -> dict[str, dict[str, Any]]:
+def llama_cpp_engine(artifact: Any, config: StructuredConfig, *, log: Any):
+    """llama.cpp on the artifact's source GGUF, held by its own grammar sampler (GBNF from the same schema; a call:
+    the template's wrapping around the call object's schema), greedy, on the prompt ids ours read."""
+    try:
+        import llama_cpp
+        from llama_cpp.llama_grammar import json_schema_to_gbnf
+    except ImportError:
+        raise ConfigError("llama-cpp-python is not installed: make peers-setup (a source build for this CPU), or "
+                          "leave llama.cpp out of --engines") from None
+    from specmemo.bench.peers import gguf_file
+    from specmemo.runtime.tokenizer import ChatTokenizer, Message
+    from specmemo.runtime.tools import FORMATS, call_schema, parse_tools, tool_format, tool_request
+
+    m = artifact.manifest
+    gguf = gguf_file(m.source_model)
+    model = llama_cpp.Llama(str(gguf), n_threads=config.threads, n_threads_batch=config.threads, n_ctx=2048,
+                            n_batch=512, verbose=False)
+    tokenizer = ChatTokenizer(artifact)
+    fmt = tool_format(m.tokenizer.chat_template)
+    log(f"llama.cpp (llama-cpp-python {llama_cpp.__version__}): {gguf}")
+
+    def grammar_of(task: Task) -> str:
+        if task.kind == "schemas":
+            return json_schema_to_gbnf(json.dumps(task.schema))
+        assert fmt is not None  # tool tasks run only for a template with a tool format (run)
+        row = FORMATS[fmt]
+        call = json_schema_to_gbnf(json.dumps(call_schema(fmt, parse_tools(task.tools))))
+        call = call.replace("root ::=", "call ::=", 1)
+        if not row.open_token:
+            return f"root ::= call\n{call}"
+        return f"root ::= {json.dumps(row.open_token)} \"\\n\" call \"\\n\" {json.dumps(row.close_token)}\n{call}"
+
+    def decode(task: Task) -> Row:
+        calling = (tool_request(task.tools, "required", m.tokenizer.chat_template,
+                                added_token_id=tokenizer.added_token_id) if task.kind == "tools" else None)
+        prompt = tokenizer.encode_chat([Message("user", task.prompt)], tools=calling.offered if calling else None)
+        grammar = llama_cpp.LlamaGrammar.from_string(grammar_of(task), verbose=False)
+        model.reset()
+        started, first = time.perf_counter(), None
+        ids: list[int] = []
+        for token in model.generate(prompt, top_k=1, top_p=1.0, min_p=0.0, temp=0.0, repeat_penalty=1.0,
+                                    grammar=grammar, reset=True):
+            ids.append(int(token))
+            first = first or time.perf_counter()
+            if token in tokenizer.eos_token_ids or len(ids) >= config.max_new_tokens:
+                break
+        elapsed = time.perf_counter() - (first or started)
+        finished = bool(ids) and ids[-1] in tokenizer.eos_token_ids
+        text = tokenizer.decode([t for t in ids if t not in tokenizer.eos_token_ids])
+        calls = [(c.name, c.arguments) for c in calling.read(text)[1]] if calling else []
+        return Row("llama.cpp", task.id, task.kind, finished, check_reply(task, text, calls) if finished else None,
+                   ids, (len(ids) - 1) / elapsed if elapsed > 0 and len(ids) > 1 else 0.0, None, 1.0, None)
+
+    return decode
+
+
+def summarize(rows: list[Row], tasks: list[Task], sampled: float | None = None) -> dict[str, dict[str, Any]]:
+    """Per engine; `sampled` (a temperature): replies drawn, so none is compared with greedy's tokens."""
     greedy = {(r.task, r.kind): r.token_ids for r in rows if r.engine == "specmemo-greedy"}
     out = {}
     for engine in dict.fromkeys(r.engine for r in rows):
@@ -266,7 +338,7 @@ def summarize(rows: list[Row], tasks: list[Task]) -> dict[str, dict[str, Any]]:
             "accepted_per_step": float(np.mean([r.accepted_per_step for r in mine])) if mine else 0.0,
             "forced_per_reply": float(np.mean(forced)) if forced else None,
             "equal_to_greedy": (sum(r.token_ids == greedy.get((r.task, r.kind)) for r in mine)  # our graph's
-                                if greedy and engine == "specmemo-controller" else None),
+                                if greedy and engine == "specmemo-controller" and sampled is None else None),
         }
     return out
 

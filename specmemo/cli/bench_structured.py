@@ -18,8 +18,10 @@ def add_structured_parser(bench) -> None:
                          description="Runs the tasks of specmemo/bench/data/structured_tasks.json (JSON schemas; "
                                      "tool calls where the model's chat template renders tools) through each engine "
                                      "in turn, greedy: our constrained greedy, our controller under the same "
-                                     "constraint, and ONNX Runtime GenAI with llguidance (set_guidance, forced tokens "
-                                     "on). Prints per engine the replies that finished, how many are valid against "
+                                     "constraint, ONNX Runtime GenAI with llguidance (set_guidance, forced tokens "
+                                     "on) and llama.cpp's grammar sampler (GBNF from the same schema; needs make "
+                                     "peers-setup). With --temperature, our engines sample and validity is the "
+                                     "measure. Prints per engine the replies that finished, how many are valid against "
                                      "their schema, decode tok/s, mask ms per token, tokens per step, forced tokens "
                                      "per reply and the controller's replies equal to constrained greedy's. "
                                      "Example: specmemo bench structured --artifact artifacts/smollm2-135m-int4",
@@ -31,6 +33,9 @@ def add_structured_parser(bench) -> None:
     b.add_argument("--limit", type=positive, help="the first N tasks of each kind")
     b.add_argument("--max-new-tokens", type=positive, default=160)
     b.add_argument("--threads", type=positive, default=2)
+    b.add_argument("--temperature", type=float, default=0.0, help="0: greedy; above 0 our engines sample (leave "
+                                                                   "the peers out of --engines)")
+    b.add_argument("--seed", type=int, default=0, help="the sampled engines' seed")
     b.add_argument("--out", type=Path, default=run_folder("bench-structured"))
     b.set_defaults(handler=cmd_bench_structured)
 
@@ -40,7 +45,8 @@ def cmd_bench_structured(args: argparse.Namespace) -> int:
     from specmemo.bench.structured import StructuredConfig, run, table
 
     config = StructuredConfig(artifact=args.artifact, engines=split(args.engines), kinds=split(args.kinds),
-                              max_new_tokens=args.max_new_tokens, threads=args.threads, limit=args.limit)
+                              max_new_tokens=args.max_new_tokens, threads=args.threads, limit=args.limit,
+                              temperature=args.temperature, seed=args.seed)
     summary = run(config, log=log_stderr)
     print(table(summary))
     print(f"wrote {write_json(args.out / 'summary.json', summary, threads=args.threads)}")

@@ -215,7 +215,9 @@ class Controller:
             return limit
         return 1
 
-    def choose(self, draft: DraftTree, draft_ms: float) -> int:
+    def choose(self, draft: DraftTree, draft_ms: float, *, decided: int = 1) -> int:
+        if decided > 1:
+            return self._choose_after(draft, draft_ms, decided)
         if draft_ms > 0:
             self.draft_ms = (draft_ms if self.draft_ms is None
                              else self.draft_ms + (draft_ms - self.draft_ms) / RATE_MEMORY)
@@ -237,16 +239,35 @@ class Controller:
         self._expected = float(gains[best])
         return best + 1
 
+    def _choose_after(self, draft: DraftTree, draft_ms: float, decided: int) -> int:
+        """T for a chain of `decided` tokens (a constraint forced them; all are verified) with a draft under it:
+        the prefix, from the chain alone up, with the most tokens per ms. The running rates are left as they are:
+        they price ordinary steps."""
+        size = min(draft.size, self.max_size)
+        if size <= decided:
+            return decided
+        gains = decided + np.cumsum(np.concatenate(([0.0], self.calibration(np.asarray(draft.scores[decided:size])))))
+        rates = gains / (draft_ms + self._verify_ms[decided - 1:size])  # [size - decided + 1]: T = decided .. size
+        return decided + int(np.argmax(rates))
+
     def refine(self, size: int, verify_ms: float | None) -> None:
         """The curve's point at T = `size` moves toward a verify the loop timed (a running mean)."""
-        if verify_ms is not None and 0 < verify_ms < 1e5:
+        if verify_ms is not None and 0 < verify_ms < 1e5 and size <= self.max_size:
             self._verify_ms[size - 1] += (verify_ms - self._verify_ms[size - 1]) / RATE_MEMORY
 
-    def observe(self, draft: DraftTree, size: int, path: list[int], verify_ms: float | None = None) -> None:
+    def observe(self, draft: DraftTree, size: int, path: list[int], verify_ms: float | None = None, *,
+                decided: int = 1) -> None:
         """`verify_ms`: the loop's timing of this step's verify (decoder call, accept, commit): the curve's
         point at this T moves toward it (a running mean), so a curve measured briefly, elsewhere or for another
-        load of the machine converges on what the steps cost now."""
+        load of the machine converges on what the steps cost now. A step that ran a forced chain (`decided` > 1)
+        refines the curve and the calibration by the nodes drafted under the chain; it is no decision."""
         self.refine(size, verify_ms)
+        if decided > 1:
+            if size > decided:
+                accepted = np.zeros(size - decided, dtype=bool)
+                accepted[[i - decided for i in path if i >= decided]] = True
+                self.calibration.observe(np.asarray(draft.scores[decided:size]), accepted)
+            return
         self.decisions.append(Decision(drafted=draft.size, size=size, accepted=len(path), space_left=self._space,
                                        expected=self._expected))
         if size > 1:
@@ -293,11 +314,17 @@ class DrafterChoice:
         self.drafter.current = self.pick()
         return self.controllers[self.drafter.current].budget(space_left)
 
-    def choose(self, draft: DraftTree, draft_ms: float) -> int:
-        return self.controllers[self.drafter.current].choose(draft, draft_ms)
+    def choose(self, draft: DraftTree, draft_ms: float, *, decided: int = 1) -> int:
+        return self.controllers[self.drafter.current].choose(draft, draft_ms, decided=decided)
 
-    def observe(self, draft: DraftTree, size: int, path: list[int], verify_ms: float | None = None) -> None:
+    def observe(self, draft: DraftTree, size: int, path: list[int], verify_ms: float | None = None, *,
+                decided: int = 1) -> None:
         current = self.drafter.current
+        if decided > 1:  # a forced chain: the curve learns its time, the drafting candidate its nodes; no decision
+            for i, controller in enumerate(self.controllers):
+                controller.observe(draft, size, path, verify_ms, decided=decided) if i == current else \
+                    controller.refine(size, verify_ms)
+            return
         for i, controller in enumerate(self.controllers):
             if i != current:
                 controller.refine(size, verify_ms)

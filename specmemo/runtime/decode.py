@@ -45,9 +45,11 @@ from specmemo.runtime.sampling import Sampling, accept_sampled, sample_next
 class WidthPolicy(Protocol):
     def budget(self, space_left: int) -> int: ...  # nodes to draft this step; 1: a plain step, no draft
 
-    def choose(self, draft: DraftTree, draft_ms: float) -> int: ...  # T to verify, 1 <= T <= draft.size
+    def choose(self, draft: DraftTree, draft_ms: float, *, decided: int = 1) -> int: ...
+    # T to verify, decided <= T <= draft.size (the first `decided` nodes: the root and tokens a constraint forced)
 
-    def observe(self, draft: DraftTree, size: int, path: list[int], verify_ms: float | None = None) -> None: ...
+    def observe(self, draft: DraftTree, size: int, path: list[int], verify_ms: float | None = None, *,
+                decided: int = 1) -> None: ...
     # T verified, nodes accepted, and the verify's wall ms (decoder call, accept, commit)
 
 
@@ -178,26 +180,35 @@ def accept_constrained(draft: DraftTree, decided: int, masks: dict[int, np.ndarr
             if child is None or sampling is not None:
                 return path, want
             path.append(child)
-    assert rng is not None and decided == 1  # a drafted tree under the root alone: every node has its mask
-    if not masks[0].any():
-        return [0], NO_TOKEN
+    assert rng is not None
+    last = decided - 1  # the drafted subtree hangs under the decided chain's last node: accepted from there
+    if not masks[last].any():
+        return list(range(decided)), NO_TOKEN
     # a node where the grammar is complete has no children left and its bonus draw is dropped: its row as is
-    rows = np.stack([masked(out.logits[i], masks[i]) if masks[i].any() else out.logits[i] for i in range(draft.size)])
-    path, root = accept_sampled(list(draft.tokens), list(draft.parents), rows, sampling, rng, context)
+    rows = np.stack([masked(out.logits[i], masks[i]) if masks[i].any() else out.logits[i]
+                     for i in range(last, draft.size)])
+    parents = [-1, *(p - last for p in draft.parents[decided:])]
+    path, root = accept_sampled(list(draft.tokens[last:]), parents, rows, sampling, rng, context)
+    path = [*range(last), *(last + i for i in path)]
     return path, root if masks[path[-1]].any() else NO_TOKEN
 
 
-def constrain_draft(constraint: Matcher, proposal: DraftTree, forced: list[int]
-                    ) -> tuple[DraftTree, int, dict[int, np.ndarray]]:
-    """A step's tree under a constraint: with forced tokens pending, the chain root + forced alone (nothing drafted
-    under it); else the proposal pruned to what the grammar allows. Returns the tree, how many of its first nodes
-    are decided, and the masks accept_constrained reads."""
-    if forced:
-        return DraftTree.chain([proposal.tokens[0], *forced]), 1 + len(forced), {len(forced): constraint.mask()}
+def constrain_draft(constraint: Matcher, proposal: DraftTree, decided: list[int]
+                    ) -> tuple[DraftTree, dict[int, np.ndarray], int]:
+    """A step's tree under a constraint: the decided chain (the root, then the tokens the grammar forced after it,
+    not yet run by the model) with the proposal, a draft rooted at the chain's last token, hung under it once
+    pruned to what the grammar allows. Returns the tree (its first len(decided) nodes decided), the masks
+    accept_constrained reads (after the chain's last node and after each drafted one), and how many drafted nodes
+    the grammar pruned."""
     if proposal.size == 1:
-        return proposal, 1, {0: constraint.mask()}
-    kept, masks = constraint.along(proposal.tokens, proposal.parents)
-    return proposal.keep(kept), 1, {new: masks[old] for new, old in enumerate(kept)}
+        kept, masks = [0], {0: constraint.mask()}
+    else:
+        kept, masks = constraint.along(proposal.tokens, proposal.parents)
+    last = len(decided) - 1
+    tree = proposal.keep(kept)
+    if last:
+        tree = DraftTree.chain(decided).graft(tree)
+    return tree, {last + new: masks[old] for new, old in enumerate(kept)}, proposal.size - len(kept)
 
 
 def decide(constraint: Matcher, tokens: list[int], room: int) -> list[int]:
@@ -220,10 +231,11 @@ class FullWidth:
     def budget(self, space_left: int) -> int:
         return max(1, min(self.max_size, space_left))
 
-    def choose(self, draft: DraftTree, draft_ms: float) -> int:
+    def choose(self, draft: DraftTree, draft_ms: float, *, decided: int = 1) -> int:
         return draft.size
 
-    def observe(self, draft: DraftTree, size: int, path: list[int], verify_ms: float | None = None) -> None:
+    def observe(self, draft: DraftTree, size: int, path: list[int], verify_ms: float | None = None, *,
+                decided: int = 1) -> None:
         pass
 
 
@@ -284,24 +296,25 @@ def generate(
         if backend.length >= backend.capacity:
             stats.finish_reason = "capacity"
             break
-        budget = policy.budget(backend.capacity - backend.length)
+        budget = policy.budget(backend.capacity - backend.length) - len(forced)
         draft_ms = 0.0
-        decided, masks = 1, dict[int, np.ndarray]()
-        if budget > 1 and speculative and not forced:
+        if budget > 1 and speculative:  # past a forced chain only drafters that read tokens alone draft
             drafted = time.perf_counter()
             assert drafter is not None  # speculative
-            proposal = drafter.propose(DraftContext(context, step.hidden, step.rows, step.path), budget=budget)
+            proposal = drafter.propose(DraftContext(context, step.hidden, step.rows, step.path, ahead=len(forced)),
+                                       budget=budget)
             if chains_only:
                 proposal = proposal.best_path()
             draft_ms = 1e3 * (time.perf_counter() - drafted)
             stats.draft_s += draft_ms / 1e3
         else:
-            proposal = DraftTree.root_only(step.root)
+            proposal = DraftTree.root_only(context[-1])
+        decided, masks = 1, dict[int, np.ndarray]()
         if constraint is not None:  # what the grammar forbids is not worth a verify row; what it forces is decided
-            drafted_size = proposal.size
-            proposal, decided, masks = constrain_draft(constraint, proposal, forced)
-            stats.pruned_nodes += 0 if forced else drafted_size - proposal.size
-        verified = proposal if forced else proposal.prefix(policy.choose(proposal, draft_ms))
+            decided = 1 + len(forced)
+            proposal, masks, pruned = constrain_draft(constraint, proposal, [step.root, *forced])
+            stats.pruned_nodes += pruned
+        verified = proposal.prefix(policy.choose(proposal, draft_ms, decided=decided))
         verifying = time.perf_counter()
         if constraint is None:
             path, step = verify_and_commit(backend, list(verified.tokens), list(verified.parents), sampling, rng,
@@ -311,8 +324,7 @@ def generate(
             path, root = accept_constrained(verified, decided, masks, out, sampling, rng, context)
             step = Step(root, out.hidden_states[path[-1]], out.hidden_states, path)
             backend.commit(path)
-        if not forced:  # a forced chain is no draft: the policy learns nothing from it
-            policy.observe(proposal, verified.size, path, 1e3 * (time.perf_counter() - verifying))
+        policy.observe(proposal, verified.size, path, 1e3 * (time.perf_counter() - verifying), decided=decided)
         stats.steps += 1
         stats.draft_sizes.append(proposal.size)
         stats.tree_sizes.append(verified.size)

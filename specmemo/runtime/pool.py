@@ -246,13 +246,13 @@ class SequencePool:
                 drafted = time.perf_counter()
                 proposal = seq.drafter.propose(DraftContext(seq.context, seq.hidden, seq.rows, seq.path), budget=budget)
                 draft_s += time.perf_counter() - drafted
-            else:
-                proposal = DraftTree.root_only(seq.root)
+            else:  # a row's forced chain is verified alone (its drafters read hidden states)
+                proposal = DraftTree.root_only(seq.forced[-1] if seq.forced else seq.root)
             if seq.request.constraint is not None:  # pruned, or the forced chain (decode.constrain_draft)
-                drafted_size = proposal.size
-                proposal, decided_nodes, masks[row] = constrain_draft(seq.request.constraint, proposal, seq.forced)
-                seq.generation.stats.pruned_nodes += 0 if seq.forced else drafted_size - proposal.size
-                fixed[row] = decided_nodes
+                proposal, masks[row], pruned = constrain_draft(seq.request.constraint, proposal,
+                                                               [seq.root, *seq.forced])
+                seq.generation.stats.pruned_nodes += pruned
+                fixed[row] = 1 + len(seq.forced)
             proposals[row] = proposal
             calls.append(RowCall(row, list(proposal.tokens), list(proposal.parents)))
         forwarded = time.perf_counter()

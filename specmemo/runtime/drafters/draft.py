@@ -73,6 +73,15 @@ class DraftTree:
         """Decided tokens as a chain (each certain)."""
         return cls(tuple(tokens), tuple(range(-1, len(tokens) - 1)), (1.0,) * len(tokens))
 
+    def graft(self, tree: DraftTree) -> DraftTree:
+        """This chain with `tree` hung under its last node (which is `tree`'s root): decided tokens, then a draft
+        of what follows them."""
+        if self.parents != tuple(range(-1, self.size - 1)) or self.tokens[-1] != tree.tokens[0]:
+            raise ValueError("a draft is grafted under a chain whose last token is the draft's root")
+        last = self.size - 1
+        return DraftTree(self.tokens + tree.tokens[1:], self.parents + tuple(p + last for p in tree.parents[1:]),
+                         self.scores + tree.scores[1:])
+
     def best_path(self) -> DraftTree:
         """The chain root → its best child → its best child ..., as a draft of its own (for graphs
         where only a chain verifies exactly: manifest.draft_shape "chain")."""
@@ -102,12 +111,16 @@ class DraftContext:
       position before the root), a view valid until the next decoder call.
     rows, path: the last decoder call's hidden states [T, h] and the nodes it committed (None:
       all rows, as after prefill), so `recent` gives the hidden states of the positions committed
-      last, in order; read only by drafters that need them (no copy otherwise)."""
+      last, in order; read only by drafters that need them (no copy otherwise).
+    ahead: how many tokens before the root are decided but not yet run by the model (tokens a constraint
+      forced, verified by the same call as the draft): no hidden state exists for them, so drafters that
+      read hidden states draft nothing; those that read tokens alone draft on from the root."""
 
     tokens: list[int]
     hidden: np.ndarray | None = None
     rows: np.ndarray | None = None
     path: list[int] | None = None
+    ahead: int = 0
     root: int = field(init=False)
 
     def __post_init__(self) -> None:

@@ -146,6 +146,8 @@ class FeatureDrafter:
         return out[-1], ids[-1], probs[-1]
 
     def propose(self, context: DraftContext, *, budget: int) -> DraftTree:
+        if context.ahead:  # no hidden states for the tokens before the root yet
+            return DraftTree.root_only(context.root)
         start = self.catch_up(context)
         if start is None or budget <= 1:
             return DraftTree.root_only(context.root)

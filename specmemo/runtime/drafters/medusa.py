@@ -42,7 +42,7 @@ class MedusaDrafter:
         self._index = np.array(tree.candidate_indices(heads.top_k), dtype=np.int64)  # [T - 1] into [K * k]
 
     def propose(self, context: DraftContext, *, budget: int) -> DraftTree:
-        if budget <= 1 or self.tree.size == 1:
+        if budget <= 1 or self.tree.size == 1 or context.ahead:  # ahead: no hidden state before the root yet
             return DraftTree.root_only(context.root)
         assert context.hidden is not None  # the decode loop hands the heads the last committed hidden state
         ids, probs = self.heads.draft(context.hidden)  # [K, k] each
