@@ -4,6 +4,7 @@ with lookup and with Medusa + lookup merged token-identical to greedy on a tiny 
 from __future__ import annotations
 
 import json
+from itertools import pairwise
 
 import numpy as np
 import pytest
@@ -239,7 +240,34 @@ def test_a_choice_among_drafters_decodes_exactly_greedy_and_prices_each(exported
     assert out.token_ids == greedy
     by = [d.drafter for d in choice.decisions]
     assert by[0] == "lookup" and "medusa" in by[:3]  # each untried candidate first
-    assert by.count("medusa") > 0.8 * len(by) and by.count("lookup") >= len(by) // PROBE_EVERY  # re-priced
+    assert by.count("medusa") > 0.8 * len(by) and by.count("lookup") >= 1 + (len(by) > PROBE_EVERY)  # re-priced
+
+
+def test_a_candidate_that_keeps_losing_its_probes_is_probed_ever_less_often():
+    """A choice between a drafter whose every node is accepted and one whose drafts never are: the loser is
+    probed after PROBE_EVERY steps, then after twice that each time it loses again, up to PROBE_MAX."""
+    from specmemo.runtime.controller import PROBE_EVERY, PROBE_MAX, DrafterChoice, LatencyCurve
+
+    class Fixed:
+        def __init__(self, name):
+            self.name = name
+
+        def propose(self, context, *, budget):
+            return DraftTree((0, *range(1, budget)), tuple(range(-1, budget - 1)), (1.0,) + (0.5,) * (budget - 1))
+
+    priced = Priced([Fixed("good"), Fixed("bad")])
+    choice = DrafterChoice(curve=LatencyCurve(sizes=(1, 8), step_ms=(10.0, 11.0)), max_size=8, drafter=priced)
+    for _ in range(1500):
+        budget = choice.budget(1000)
+        draft = priced.propose(DraftContext([0]), budget=budget)
+        size = choice.choose(draft, 0.1)
+        accepted = size if priced.current == 0 else 1  # good: every node; bad: none
+        choice.observe(draft, size, list(range(accepted)), 10.0)
+    probes = [i for i, d in enumerate(choice.decisions) if d.drafter == "bad"][1:]  # after its first try
+    gaps = [b - a for a, b in pairwise(probes)]
+    assert gaps and gaps[0] >= PROBE_EVERY and max(gaps) <= PROBE_MAX + 1
+    assert all(b >= a for a, b in pairwise(gaps)) and gaps[-1] >= 8 * PROBE_EVERY, gaps
+    assert len(probes) < 1500 // PROBE_EVERY // 3  # a fixed interval would have probed it ~60 times
 
 
 @pytest.mark.full_install

@@ -25,7 +25,10 @@ step (prompt lookup) always runs: a miss costs nothing worth saving. Every decis
 A choice among drafters (`--drafter feature,lookup,model`, drafters.Priced) is priced by DrafterChoice: one
 Controller per candidate (its own calibration, drafting ms, per-depth reach), one latency curve that every
 verify refines; each step the candidate whose drafted steps promised the most tokens per ms drafts, each
-untried candidate first and every PROBE_EVERY steps the one left longest, so a price that changed is seen.
+untried candidate first, and a candidate left aside is probed again after PROBE_EVERY steps, so a price that
+changed is seen; each probe it loses (its price still not the best) doubles its wait, up to PROBE_MAX, and a
+probe it wins brings the wait back to PROBE_EVERY (as the explore gap above), so a candidate that never pays stops
+costing probes.
 """
 
 from __future__ import annotations
@@ -55,7 +58,8 @@ FREE_DRAFT = 0.02  # drafting under 2% of a plain step always runs
 RATE_MEMORY = 16  # steps: the running mean of drafted steps' rate forgets with this time constant
 PRIOR_REACH = 0.5  # before any step: a drafted depth is reached (accepted down to it) half the time, per level
 PRIOR_DEPTH_TRIALS = 4
-PROBE_EVERY = 24  # steps: a choice among drafters re-prices the candidate left longest this often
+PROBE_EVERY = 24  # steps: a choice among drafters re-prices a candidate left aside this long after it last drafted
+PROBE_MAX = 384  # steps: the longest wait, after probes it kept losing
 
 
 @dataclass(frozen=True)
@@ -289,6 +293,8 @@ class DrafterChoice:
                             for c in drafter.candidates]
         self.decisions: list[Decision] = []
         self._last_used = [-1] * len(self.names)
+        self._wait = [PROBE_EVERY] * len(self.names)  # steps before a candidate left aside is probed again
+        self._probing: int | None = None  # the candidate this step probes
 
     def drafted_by(self) -> dict[str, int]:
         """Steps each candidate drafted (a tree past the root), those that drafted at all, in first-draft order."""
@@ -299,16 +305,19 @@ class DrafterChoice:
         return counts
 
     def pick(self) -> int:
-        """The candidate to draft next: an untried one, else the one left longest every PROBE_EVERY steps, else
-        the one whose drafted steps promised the most tokens per ms."""
+        """The candidate to draft next: an untried one, else one left aside for its wait (the longest left first),
+        else the one whose drafted steps promised the most tokens per ms."""
         step = len(self.decisions)
         rates = [c.drafted_rate for c in self.controllers]
+        self._probing = None
         if None in rates:
             return rates.index(None)
-        oldest = int(np.argmin(self._last_used))
-        if step - self._last_used[oldest] >= PROBE_EVERY:
-            return oldest
-        return int(np.argmax(cast(list[float], rates)))  # every candidate is priced by now (None returned above)
+        best = int(np.argmax(cast(list[float], rates)))  # every candidate is priced by now (None returned above)
+        due = [i for i in range(len(rates)) if i != best and step - self._last_used[i] >= self._wait[i]]
+        if due:
+            self._probing = min(due, key=lambda i: self._last_used[i])
+            return self._probing
+        return best
 
     def budget(self, space_left: int) -> int:
         self.drafter.current = self.pick()
@@ -322,7 +331,9 @@ class DrafterChoice:
         current = self.drafter.current
         if decided > 1:  # a forced chain: the curve learns its time, the drafting candidate its nodes; no decision
             for i, controller in enumerate(self.controllers):
-                controller.observe(draft, size, path, verify_ms, decided=decided) if i == current else \
+                if i == current:
+                    controller.observe(draft, size, path, verify_ms, decided=decided)
+                else:
                     controller.refine(size, verify_ms)
             return
         for i, controller in enumerate(self.controllers):
@@ -331,4 +342,8 @@ class DrafterChoice:
         chosen = self.controllers[current]
         chosen.observe(draft, size, path, verify_ms)
         self._last_used[current] = len(self.decisions)
+        if self._probing == current:  # a probe won brings the wait back; one lost doubles it
+            rates = [c.drafted_rate if c.drafted_rate is not None else 0.0 for c in self.controllers]
+            won = int(np.argmax(rates)) == current
+            self._wait[current] = PROBE_EVERY if won else min(2 * self._wait[current], PROBE_MAX)
         self.decisions.append(replace(chosen.decisions[-1], drafter=self.names[current]))
