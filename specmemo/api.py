@@ -32,6 +32,9 @@ from specmemo.errors import ConfigError
 from specmemo.runtime.artifact import Artifact
 from specmemo.runtime.config import DEFAULT_THREADS, EngineConfig, Mode
 from specmemo.runtime.manifest import ModelFormat
+from specmemo.runtime.memory import parse_size
+from specmemo.runtime.recall import DEFAULT_BUDGET as DEFAULT_RECALL_BUDGET
+from specmemo.runtime.recall import RecallConfig
 
 if TYPE_CHECKING:
     from specmemo.device_profiles.schema import DeviceProfile
@@ -171,6 +174,15 @@ class Model:
             stop.set()
             worker.join()
 
+    def forget(self) -> None:
+        """Empty the recall store (open_model(recall=...)): nothing written before drafts any more; its file, if it
+        has one, is rewritten empty. Nothing to do without one."""
+        store = self.engine.recall
+        if store is not None:
+            store.clear()
+            if store.path is not None:
+                store.save()
+
     def chat(self, *, system: str | None = None, max_new_tokens: int = 256) -> ChatSession:
         """A conversation: `send(text)` → a Reply; earlier turns stay in the KV cache, the oldest are dropped
         (the system prompt stays) when a turn would not fit."""
@@ -184,6 +196,7 @@ def open_model(artifact: str | Path | Artifact, *, profile: str | None = None, b
                drafter: str | None = None, threads: int | None = None, temperature: float | None = None,
                top_p: float | None = None, top_k: int | None = None, repetition_penalty: float | None = None,
                seed: int = 0, acceptance: str = "exact", model_format: str = "onnx",
+               recall: str | Path | bool | None = None, recall_budget: str | int | None = None,
                log: Callable[[str], None] | None = None) -> Model:
     """Open an exported artifact (`specmemo export`): its folder, or an Artifact already opened.
 
@@ -192,8 +205,10 @@ def open_model(artifact: str | Path | Artifact, *, profile: str | None = None, b
     fit), or `capacity` (KV positions, no budget); none of them: the manifest's device plan, else the graph's
     max. `mode`: auto (the controller prices each step's draft), tree, or greedy. `drafter`: the manifest's
     choice unless named ("medusa+lookup", "feature", ...). Sampling (`sampling_for`): each setting given wins, the
-    artifact's generation defaults fill the rest; `temperature=0` is exact greedy. `log`: progress notes (default:
-    none)."""
+    artifact's generation defaults fill the rest; `temperature=0` is exact greedy. `recall`: draft from what was
+    written before (earlier turns and conversations; runtime/recall.py): a file the store is kept in (an app's own,
+    one per user), or True for a store in memory only; `recall_budget` its bytes ("8MiB" default). Off unless
+    given; `Model.forget()` empties it. `log`: progress notes (default: none)."""
     from specmemo.runtime.engine import open_engine
 
     log = log or (lambda _: None)
@@ -201,8 +216,19 @@ def open_model(artifact: str | Path | Artifact, *, profile: str | None = None, b
     opened = opened_artifact(artifact)
     sampling = sampling_for(opened.manifest.generation, temperature=temperature, top_p=top_p, top_k=top_k,
                             repetition_penalty=repetition_penalty, seed=seed, acceptance=acceptance)
+    store = RecallConfig()
+    if recall is not None and recall is not False:
+        from specmemo.runtime.drafters import with_recall
+
+        store = RecallConfig(file=None if recall is True else Path(recall),
+                             budget=parse_size(recall_budget) if isinstance(recall_budget, str)
+                             else recall_budget or DEFAULT_RECALL_BUDGET)
+        drafter = with_recall(drafter if drafter is not None else opened.manifest.drafter)
+    elif recall_budget is not None:
+        raise ConfigError("recall_budget sizes the recall store: give recall= too (a file, or True)")
     config = EngineConfig(artifact=opened, mode=Mode(mode), drafter=drafter, threads=threads, budget=budget_bytes,
-                          capacity=capacity, context=context, sampling=sampling, model_format=ModelFormat(model_format))
+                          capacity=capacity, context=context, sampling=sampling, model_format=ModelFormat(model_format),
+                          recall=store)
     return Model(open_engine(config, log=log))
 
 

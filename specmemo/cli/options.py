@@ -112,6 +112,16 @@ def add_decoding_options(parser: argparse.ArgumentParser) -> None:
                           help="how a sampled tree is verified: exact (rejection sampling: the distribution of plain "
                                "sampling) or typical (Medusa's typical acceptance: more tokens per step, not exact)")
     sampling.add_argument("--seed", type=int, default=0, help="sampling seed")
+    recall = parser.add_argument_group(
+        "recall", "draft from what was written before: earlier turns and conversations, kept in a bounded store "
+        "(oldest evicted first) in a file you own; exact as every drafter (greedy output unchanged). Off unless "
+        "--recall is given.")
+    recall.add_argument("--recall", type=Path, metavar="FILE",
+                        help="the store's file (created on the first reply; a damaged or foreign file is refused in "
+                             "one line and started afresh), e.g. ~/.local/share/specmemo/chat.recall")
+    recall.add_argument("--recall-budget", default=None, metavar="SIZE",
+                        help="the store's memory, e.g. 8MiB (default), 64MiB: a line of the memory plan")
+    recall.add_argument("--forget", action="store_true", help="empty the --recall store before starting")
 
 
 def check_sampling_flags(args: argparse.Namespace) -> None:
@@ -137,11 +147,17 @@ def open_model_from(args: argparse.Namespace, *, log=log_dim):
     from specmemo.api import open_model
 
     check_sampling_flags(args)
-    return open_model(args.artifact, profile=getattr(args, "profile", None), budget=getattr(args, "budget", None),
+    if (args.recall_budget or args.forget) and args.recall is None:
+        raise ConfigError("--recall-budget and --forget act on a recall store: give --recall FILE")
+    model = open_model(args.artifact, profile=getattr(args, "profile", None), budget=getattr(args, "budget", None),
                       capacity=args.capacity, context=getattr(args, "context", None), mode=args.mode,
                       drafter=args.drafter, threads=args.threads, temperature=args.temperature, top_p=args.top_p,
                       top_k=args.top_k, repetition_penalty=args.repetition_penalty, seed=args.seed,
-                      acceptance=getattr(args, "acceptance", "exact"), model_format=args.model_format, log=log)
+                      acceptance=getattr(args, "acceptance", "exact"), model_format=args.model_format,
+                      recall=args.recall, recall_budget=args.recall_budget, log=log)
+    if args.forget:
+        model.forget()
+    return model
 
 
 def base_model(args: argparse.Namespace):

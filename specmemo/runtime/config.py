@@ -6,7 +6,7 @@ sizes they lead to are decided in one place, plan.make_plan.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import TYPE_CHECKING
 
@@ -14,6 +14,7 @@ from specmemo.errors import ConfigError
 from specmemo.runtime.artifact import Artifact
 from specmemo.runtime.drafters import parse_drafter
 from specmemo.runtime.manifest import ModelFormat
+from specmemo.runtime.recall import RecallConfig
 from specmemo.runtime.sizes import DEFAULT_PREFILL_CHUNK
 
 if TYPE_CHECKING:
@@ -45,6 +46,7 @@ class EngineConfig:
     prefill_chunk: int = DEFAULT_PREFILL_CHUNK
     sampling: Sampling | None = None  # None: greedy acceptance
     model_format: ModelFormat = ModelFormat.ONNX  # ort: the .ort graphs (`export --mobile`)
+    recall: RecallConfig = field(default_factory=RecallConfig)  # the store the recall drafter reads, if it runs
 
     def __post_init__(self) -> None:
         if self.drafter is not None:

@@ -5,7 +5,9 @@
     plan     – plan.make_plan: mode, drafters, C, R, T_max, the arena layout and the numeric route,
                decided once;
     open     – DecoderSession (decoder + heads graphs, the plan's arena), tokenizer;
-    drafter  – the plan's drafters (runtime/drafters) over the session;
+    drafter  – the plan's drafters (runtime/drafters) over the session; the store of what was already written
+               (runtime/recall.py) when the recall drafter runs, every finished turn added to it (and saved to
+               its file, if it has one);
     policy   – greedy: none; tree: the drafter's whole tree (cut to the KV positions left); auto:
                the controller (verify latency curve measured once per machine, cached), one per candidate
                when the drafter is a choice (controller.DrafterChoice).
@@ -27,8 +29,9 @@ from specmemo.runtime.controller import Controller, DrafterChoice, LatencyCurve,
 from specmemo.runtime.decode import FullWidth, Generation, WidthPolicy, generate
 from specmemo.runtime.drafters import Drafter, DrafterName, Merged, Priced, parse_drafter
 from specmemo.runtime.drafters.draft import RowDrafters, draft_cost
-from specmemo.runtime.drafters.registry import DRAFTERS, batchable, uses_heads_graph
+from specmemo.runtime.drafters.registry import DRAFTERS, batchable, reads_store, uses_heads_graph
 from specmemo.runtime.plan import Plan, drafter_choices, plan_for
+from specmemo.runtime.recall import Recall, fingerprint, open_store
 from specmemo.runtime.session import DecoderSession, SessionConfig
 from specmemo.runtime.tokenizer import ChatTokenizer
 
@@ -47,6 +50,7 @@ class Engine:
     drafter: Drafter | None
     plan: Plan  # sizes, arena layout, numeric route; plan.footprint: the memory model's price, if priced
     controller: Controller | DrafterChoice | None = None
+    recall: Recall | None = None  # the store the recall drafter reads (None: it does not run)
     log: Callable[[str], None] = field(default=print, repr=False)
     load_s: dict[str, float] = field(default_factory=dict, repr=False)  # open_engine's pieces, seconds
 
@@ -103,21 +107,27 @@ class Engine:
         else:
             self._backend.rewind(cached)
         eos = frozenset() if ignore_eos else self.tokenizer.eos_token_ids
-        return generate(self._backend, prompt_ids[cached:], max_new_tokens=max_new_tokens, eos_token_ids=eos,
-                        drafter=self.drafter if speculative else None, max_tree=self.max_tree if speculative else 1,
-                        history=prompt_ids[:cached], on_token=on_token,
-                        policy=policy if policy is not None else self.policy(mode), sampling=self.config.sampling,
-                        chains_only=self.session.manifest.draft_shape == "chain", constraint=matcher)
+        out = generate(self._backend, prompt_ids[cached:], max_new_tokens=max_new_tokens, eos_token_ids=eos,
+                       drafter=self.drafter if speculative else None, max_tree=self.max_tree if speculative else 1,
+                       history=prompt_ids[:cached], on_token=on_token,
+                       policy=policy if policy is not None else self.policy(mode), sampling=self.config.sampling,
+                       chains_only=self.session.manifest.draft_shape == "chain", constraint=matcher)
+        if self.recall is not None:  # the turn's new tokens, for the turns and conversations after it
+            self.recall.add([*prompt_ids[cached:], *out.token_ids])
+            if self.recall.path is not None:
+                self.recall.save()
+        return out
 
 
 def open_drafter(session: DecoderSession, names: tuple[DrafterName, ...], *, max_tree: int,
                  draft_model: Artifact | None = None,
-                 choices: tuple[tuple[DrafterName, ...], ...] = ()) -> Drafter | None:
+                 choices: tuple[tuple[DrafterName, ...], ...] = (), recall: Recall | None = None) -> Drafter | None:
     """The drafters named, over an open session (Medusa heads need it opened with heads), each built by its
     registry row, merged when several; `choices`: the candidates of a choice among them (drafters.parse_choices;
     one drafter object per name, shared by the candidates naming it). `draft_model`: the draft model's artifact
-    (drafter "model")."""
-    built = {name: builder(DRAFTERS[name].build)(session, max_tree=max_tree, draft_model=draft_model)
+    (drafter "model"); `recall`: the store the drafters that read one are given."""
+    built = {name: builder(DRAFTERS[name].build)(session, max_tree=max_tree, draft_model=draft_model,
+                                                 **({"recall": recall} if DRAFTERS[name].store else {}))
              for name in names}
     if not built:
         return None
@@ -151,12 +161,14 @@ def open_engine(config: EngineConfig, *, log: Callable[[str], None] = print) -> 
                                                             heads=uses_heads_graph(plan.drafters),
                                                             model_format=config.model_format))
     opened = time.perf_counter()
+    store = (open_store(config.recall, fingerprint=fingerprint(config.artifact.path(manifest.tokenizer.file)),
+                        log=log) if reads_store(plan.drafters) else None)
     drafter = open_drafter(session, plan.drafters, max_tree=plan.sizes.tree, draft_model=plan.draft_model,
-                           choices=drafter_choices(config, manifest) if plan.drafters else ())
+                           choices=drafter_choices(config, manifest) if plan.drafters else (), recall=store)
     load_s = {"manifest and plan": planned - started, "tokenizer": tokenized - planned, **session.load_s,
               "drafters": time.perf_counter() - opened}
-    return Engine(config=config, session=session, tokenizer=tokenizer, drafter=drafter, plan=plan, log=log,
-                  load_s=load_s)
+    return Engine(config=config, session=session, tokenizer=tokenizer, drafter=drafter, plan=plan, recall=store,
+                  log=log, load_s=load_s)
 
 
 def open_pool(config: EngineConfig, *, batch: int, log: Callable[[str], None] = print) -> SequencePool:

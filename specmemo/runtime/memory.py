@@ -14,6 +14,8 @@
 
     headroom   = 5% of generation, kept free in every plan for the model's own error against
                  measured generation memory (bench decode reports it), so a budget leaves room for that
+    recall     = the store of what was already written, when the recall drafter runs: N·(4 + 8·K) bytes
+                 (runtime/recall.py), its budget set apart before the arena is fitted
 
 The weights as stored (the artifact's data files) are shown beside `load` for reference. The
 embedding table is in neither term: the runtime reads its rows from the file (runtime/embedding.py).
@@ -28,6 +30,7 @@ import re
 from dataclasses import dataclass
 
 from specmemo.errors import SpecMemoError
+from specmemo.runtime import recall
 from specmemo.runtime.arena import ArenaLayout
 from specmemo.runtime.manifest import Manifest, ModelDims
 from specmemo.runtime.sizes import Sizes
@@ -66,6 +69,7 @@ class Footprint:
     bytes_per_kv_element: int
     window_capacity: int = 0  # C_w of the sliding-window layers (0: none)
     batch: int = 1  # B sequences priced
+    recall: int = 0  # the store of what was already written (runtime/recall.py), when its drafter runs
 
     @property
     def arena(self) -> int:
@@ -83,7 +87,7 @@ class Footprint:
 
     @property
     def total(self) -> int:
-        return self.load + self.generation + self.headroom
+        return self.load + self.generation + self.headroom + self.recall
 
 
 def kv_bytes(dims: ModelDims, *, capacity: int, window_capacity: int = 0, batch: int = 1, itemsize: int) -> int:
@@ -153,6 +157,8 @@ def breakdown(fp: Footprint) -> list[tuple[str, float]]:
         ("step overhead (measured once)", fp.step_overhead / MIB),
         ("generation (arena + activations + overhead)", fp.generation / MIB),
         ("headroom (5% of generation: the model's error bound)", fp.headroom / MIB),
+        *([(f"recall store: N·(4 + 8·K) bytes, N={recall.tokens_for(fp.recall)}, K={len(recall.ORDERS)}",
+            fp.recall / MIB)] if fp.recall else []),
         ("total", fp.total / MIB),
     ]
 

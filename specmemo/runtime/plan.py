@@ -34,7 +34,7 @@ from specmemo.runtime.arena import ArenaLayout
 from specmemo.runtime.artifact import Artifact
 from specmemo.runtime.config import EngineConfig, Mode
 from specmemo.runtime.drafters import DrafterName, draft_model_dir, parse_choices, parse_drafter
-from specmemo.runtime.drafters.registry import DRAFTERS, MODEL_MAX_CHAIN, missing_part, with_own_model
+from specmemo.runtime.drafters.registry import DRAFTERS, MODEL_MAX_CHAIN, missing_part, reads_store, with_own_model
 from specmemo.runtime.manifest import Manifest, ManifestError
 from specmemo.runtime.measured import memory_calibration, row_route
 from specmemo.runtime.medusa_tree import tree_sizes, useful_tree_size
@@ -227,6 +227,7 @@ def make_plan(config: EngineConfig, manifest: Manifest, *, calibration: memory.C
     route = route or manifest_route(manifest)
     tree = max(draft_tree_size(names, exported=exported), route.min_rows, route.multiple)  # so R >= the route's rows
     device_plan, budget, source = manifest.plan, config.budget, Source.BUDGET
+    recall_bytes = config.recall.nbytes if reads_store(names) else 0  # set apart before the arena is fitted
     if budget is None and config.capacity is None and device_plan is not None:
         log(f"plan from the manifest: profile {device_plan.profile}, budget {device_plan.budget / 2**30:.2f} GiB, "
             f"C={device_plan.capacity}")
@@ -243,21 +244,22 @@ def make_plan(config: EngineConfig, manifest: Manifest, *, calibration: memory.C
         sizes = Sizes(capacity=device_plan.capacity, rows=device_plan.rows, tree=device_plan.tree)
         footprint = memory.footprint(manifest, calibration, sizes, batch=batch)
     else:
-        footprint = fit(manifest, calibration, budget=budget, context=config.context,
+        footprint = fit(manifest, calibration, budget=budget - recall_bytes, context=config.context,
                         prefill_chunk=config.prefill_chunk, tree=tree)
         sizes = footprint.sizes
     draft_footprint = None
     if footprint is not None and draft is not None and with_own_model(names):
         assert budget is not None and calibration is not None  # a footprint is priced: a budget, the calibration
         draft_footprint = draft_price(draft, sizes)
-        if footprint.total + draft_footprint.total > budget and source is Source.BUDGET:
+        if footprint.total + draft_footprint.total + recall_bytes > budget and source is Source.BUDGET:
             try:  # a smaller target arena beside the draft model
-                footprint = fit(manifest, calibration, budget=budget - draft_footprint.total, context=config.context,
+                footprint = fit(manifest, calibration, budget=budget - draft_footprint.total - recall_bytes,
+                                context=config.context,
                                 prefill_chunk=config.prefill_chunk, tree=tree)
                 sizes, draft_footprint = footprint.sizes, draft_price(draft, footprint.sizes)
             except memory.BudgetError:
                 pass
-        if footprint.total + draft_footprint.total > budget:
+        if footprint.total + draft_footprint.total + recall_bytes > budget:
             rest = tuple(n for n in names if not DRAFTERS[n].own_model)
             log(f"the draft model {draft.artifact} needs {draft_footprint.total / MIB:.0f} MiB beside the target's "
                 f"{footprint.total / MIB:.0f} MiB: over the budget of {budget / MIB:.0f} MiB, so it is left out "
@@ -265,8 +267,8 @@ def make_plan(config: EngineConfig, manifest: Manifest, *, calibration: memory.C
             spec = "+".join(n.value for n in rest)
             return make_plan(replace(config, drafter=spec or None, mode=config.mode if rest else Mode.GREEDY),
                              manifest, calibration=calibration, batch=batch, route=route, log=log)
-    if footprint is not None:  # the weight files, shown beside the measured load
-        footprint = replace(footprint, weights_stored=weights_stored(config.artifact))
+    if footprint is not None:  # the weight files, shown beside the measured load; the recall store's line
+        footprint = replace(footprint, weights_stored=weights_stored(config.artifact), recall=recall_bytes)
     if route.min_rows > sizes.rows:  # a budget cut R below the route's rows: every call is R rows at most
         route = route.capped(sizes.rows)
     return Plan(mode=mode, drafters=names, sizes=sizes, layout=ArenaLayout.for_manifest(manifest, sizes, batch=batch),

@@ -4,6 +4,8 @@
   feature – the feature drafter (EAGLE family): one layer unrolled on its own predicted hidden
             states, a tree grown by confidence (feature.py);
   lookup  – prompt lookup: the continuation of the context's longest earlier n-gram match (lookup.py);
+  recall  – the same over what was written before this conversation: earlier turns and conversations, files an app
+            added, in a bounded store kept across runs (recall.py over runtime/recall.py);
   model   – a draft model: a smaller LM of the same tokenizer drafting a chain (model.py); `model:DIR`
             names its artifact, plain `model` the one the manifest names (`export --draft-model`);
   a+b     – both, merged into one tree (draft.merge), e.g. medusa+lookup;
@@ -22,7 +24,7 @@ from specmemo.errors import ConfigError
 from specmemo.runtime.drafters.draft import DraftContext, Drafter, DraftTree, merge
 
 __all__ = ["DraftContext", "DraftTree", "Drafter", "DrafterName", "Merged", "Priced", "draft_model_dir",
-           "parse_choices", "parse_drafter"]
+           "parse_choices", "parse_drafter", "with_recall"]
 
 
 class DrafterName(StrEnum):
@@ -30,6 +32,7 @@ class DrafterName(StrEnum):
     LOOKUP = "lookup"
     FEATURE = "feature"
     MODEL = "model"
+    RECALL = "recall"
 
 
 def parse_choices(spec: str) -> tuple[tuple[DrafterName, ...], ...]:
@@ -61,6 +64,16 @@ def parse_drafter(spec: str) -> tuple[DrafterName, ...]:
     """Every drafter a spec runs, in order of first mention: 'medusa+lookup' → (MEDUSA, LOOKUP),
     'feature,model:DIR+lookup' → (FEATURE, MODEL, LOOKUP)."""
     return tuple(dict.fromkeys(n for group in parse_choices(spec) for n in group))
+
+
+def with_recall(spec: str | None) -> str:
+    """`spec` with the recall drafter merged into each candidate that lacks it ('feature+lookup,model' →
+    'feature+lookup+recall,model+recall'); no spec: recall alone."""
+    if not spec:
+        return DrafterName.RECALL.value
+    groups = [group.strip() for group in spec.split(",")]
+    return ",".join(group if DrafterName.RECALL in parse_choices(group)[0] else f"{group}+{DrafterName.RECALL.value}"
+                    for group in groups)
 
 
 def draft_model_dir(spec: str) -> str | None:

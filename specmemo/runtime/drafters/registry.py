@@ -11,6 +11,8 @@ sequence, a batch pool) read this table; adding a drafter is its module and one 
     build       – "module:function" building it over an open session: (session, *, max_tree, draft_model)
                   → Drafter. Named, not imported, so the table stays below the sessions it is built over.
     build_rows  – the batchable drafters' "module:function": (batch session, *, max_tree) → RowDrafters.
+    store       – it drafts from the store of what was already written (runtime/recall.py): the engine opens the
+                  store, the plan prices its bytes, and `build` is given it as `recall=`.
 """
 
 from __future__ import annotations
@@ -24,15 +26,18 @@ __all__ = [
     "FEATURE_MAX_TREE",
     "LOOKUP_MAX_BRANCH",
     "MODEL_MAX_CHAIN",
+    "RECALL_MAX_BRANCH",
     "DrafterKind",
     "batchable",
     "in_artifact",
     "missing_part",
+    "reads_store",
     "uses_heads_graph",
     "with_own_model",
 ]
 
 LOOKUP_MAX_BRANCH = 10  # prompt lookup's longest branch (nodes after the root)
+RECALL_MAX_BRANCH = 10  # recall's longest branch
 FEATURE_MAX_TREE = 16  # T_max the engine sizes for the feature drafter (the controller verifies a prefix)
 MODEL_MAX_CHAIN = 8  # the draft model's longest chain (nodes after the root): T_max = 1 + it
 
@@ -50,6 +55,7 @@ class DrafterKind:
     own_model: bool
     build: str
     build_rows: str | None = None
+    store: bool = False
 
     def __post_init__(self) -> None:
         if (self.part is None) != (self.export_flag is None):
@@ -72,6 +78,8 @@ DRAFTERS: dict[DrafterName, DrafterKind] = {k.name: k for k in (
                 build=f"{_PACKAGE}.feature:build"),
     DrafterKind(DrafterName.MODEL, part="draft_model", needs="a draft model", export_flag="--draft-model",
                 max_tree=1 + MODEL_MAX_CHAIN, batchable=False, own_model=True, build=f"{_PACKAGE}.model:build"),
+    DrafterKind(DrafterName.RECALL, part=None, needs="nothing", export_flag=None, max_tree=1 + RECALL_MAX_BRANCH,
+                batchable=False, own_model=False, build=f"{_PACKAGE}.recall:build", store=True),
 )}
 
 
@@ -83,6 +91,11 @@ def uses_heads_graph(names: tuple[DrafterName, ...]) -> bool:
 def batchable(names: tuple[DrafterName, ...]) -> tuple[DrafterName, ...]:
     """The drafters of `names` a batch pool runs per row."""
     return tuple(n for n in names if DRAFTERS[n].batchable)
+
+
+def reads_store(names: tuple[DrafterName, ...]) -> bool:
+    """Whether a drafter of `names` drafts from the store of what was already written."""
+    return any(DRAFTERS[n].store for n in names)
 
 
 def with_own_model(names: tuple[DrafterName, ...]) -> tuple[DrafterName, ...]:

@@ -1,0 +1,49 @@
+"""Recall: draft what followed the context's last tokens the latest time they were written before — in an earlier
+turn, an earlier conversation, or a file an app added — from the store of what was already written
+(runtime/recall.py), bounded in bytes and kept across runs.
+
+Prompt lookup (lookup.py) searches the conversation being decoded; recall searches everything before it, so the two
+merge well (`feature+lookup+recall`). The longest of recall.ORDERS that matches proposes one branch of up to
+`budget - 1` nodes (to the end of the document it was found in); node d of a branch found by an n-gram scores
+HIT[n] ** d, a prior the controller corrects with what it measures. Drafts from tokens alone: it drafts past tokens a
+constraint forced as well.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from specmemo.runtime.drafters.draft import DraftContext, DraftTree
+from specmemo.runtime.drafters.registry import RECALL_MAX_BRANCH
+from specmemo.runtime.recall import ORDERS, Recall
+
+if TYPE_CHECKING:
+    from specmemo.runtime.artifact import Artifact
+    from specmemo.runtime.session import DecoderSession
+
+HIT = dict(zip(ORDERS, (0.5, 0.65, 0.75, 0.85), strict=True))  # prior per match length n
+
+
+class RecallDrafter:
+    name = "recall"
+
+    def __init__(self, store: Recall):
+        self.store = store
+
+    def propose(self, context: DraftContext, *, budget: int) -> DraftTree:
+        if budget <= 1:
+            return DraftTree.root_only(context.root)
+        match = self.store.lookup(context.tokens, min(budget - 1, RECALL_MAX_BRANCH))
+        if match is None:
+            return DraftTree.root_only(context.root)
+        branch, hit = match.continuation, HIT[match.order]
+        return DraftTree(tokens=(context.root, *branch), parents=tuple(range(-1, len(branch))),
+                         scores=(1.0, *(hit ** (d + 1) for d in range(len(branch)))))
+
+
+def build(session: DecoderSession, *, max_tree: int, draft_model: Artifact | None = None,
+          recall: Recall | None = None) -> RecallDrafter:
+    """Over the engine's store (engine.open_engine opens it: a file, or memory only for the engine's life)."""
+    if recall is None:
+        raise ValueError("the recall drafter drafts from a store: open_engine opens one when the drafters name it")
+    return RecallDrafter(recall)
