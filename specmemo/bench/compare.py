@@ -41,7 +41,11 @@ from specmemo.runtime.fresh_process import run_json
 TORCH_MEDUSA, TORCH_MEDUSA_SIZED = "pytorch-medusa", "pytorch-medusa-sized"
 TORCH_ENGINES = ("hf-generate", TORCH_MEDUSA, TORCH_MEDUSA_SIZED)
 CONTROLLER, FULL_TREE, DEFAULT = "specmemo-controller", "specmemo-full-tree", "specmemo-default"
-ORT_ENGINES = ("specmemo-greedy", FULL_TREE, CONTROLLER, DEFAULT)
+# the controller with the recall store (in memory, empty when the process starts) merged into its drafter: kept
+# across the run's conversations, or emptied when a new conversation starts (its own earlier turns only)
+RECALL, RECALL_TURNS = "specmemo-recall", "specmemo-recall-turns"
+RECALL_ENGINES = (RECALL, RECALL_TURNS)
+ORT_ENGINES = ("specmemo-greedy", FULL_TREE, CONTROLLER, DEFAULT, *RECALL_ENGINES)
 PEER = "onnxruntime-genai"
 GENAI_NGRAM, GENAI_DRAFT = "onnxruntime-genai-ngram", "onnxruntime-genai-draft-model"
 GENAI_ENGINES = (PEER, GENAI_NGRAM, GENAI_DRAFT)
@@ -77,6 +81,13 @@ FEATURE_BARS = {  # a feature drafter on an int4 artifact under the controller, 
     "decode_tokens_per_s_vs_specmemo_greedy": (">=", 1.8),
     "decode_tokens_per_s_vs_fastest_peer_row": (">=", 1.4),
 }
+RECALL_BARS = {  # the recall store under the controller: multi-turn sessions from the second turn on, and the
+    # single-turn mix where it has nothing to offer
+    "recall_later_turns_vs_specmemo_greedy": (">=", 2.5),
+    "recall_later_turns_vs_controller": (">=", 1.3),
+    "recall_later_turns_vs_fastest_peer_row": (">=", 1.4),
+    "recall_single_turn_vs_controller": (">=", 0.98),
+}
 PAIR_BARS = {  # a draft model under the controller against plain decoding, ours and the peers'
     "decode_tokens_per_s_vs_specmemo_greedy": (">=", 1.6),
     "decode_tokens_per_s_vs_fastest_peer_greedy": (">=", 1.3),
@@ -89,6 +100,7 @@ class CompareConfig:
     artifact: Path
     model: str
     prompts: tuple[tuple[int, str, list[int]], ...]  # (question id, category, prompt ids)
+    turns: tuple[int, ...] = ()  # each prompt's turn in its conversation (sessions.py); (): all first turns
     max_new_tokens: int = 128
     rounds: int = 3
     threads: int = DEFAULT_THREADS
@@ -115,6 +127,12 @@ class CompareConfig:
             raise ConfigError("the artifact has no Medusa heads: the Medusa engines need them (export with heads)")
         if TORCH_MEDUSA_SIZED in self.engines and not self.our_capacity:
             raise ConfigError(f"{TORCH_MEDUSA_SIZED} needs our_capacity, the C our engines allocate")
+        if self.turns and len(self.turns) != len(self.prompts):
+            raise ConfigError("one turn index per prompt, or none")
+
+    @property
+    def turn_of(self) -> tuple[int, ...]:
+        return self.turns or (0,) * len(self.prompts)
 
 
 def run_capacity(prompt_lengths: list[int], *, max_new_tokens: int, trace_tokens: int, tree: int) -> int:
@@ -129,6 +147,7 @@ def run_capacity(prompt_lengths: list[int], *, max_new_tokens: int, trace_tokens
 def request_for(config: CompareConfig, engine: str) -> dict:
     return {"engine": engine, "model": config.model, "artifact": str(config.artifact),
             "prompts": [p for _, _, p in config.prompts], "max_new_tokens": config.max_new_tokens,
+            "conversations": [qid for qid, _, _ in config.prompts],
             "threads": config.threads, "budget": config.budget, "capacity": config.capacity,
             "kv_capacity": config.our_capacity, "heads": config.heads, "tree": config.tree,
             "top_k": config.top_k, "eos": list(config.eos), "trace_tokens": config.trace_tokens,
@@ -161,9 +180,22 @@ def e2e_tokens_per_s(run: dict) -> float:
     return sum(len(t["token_ids"]) for t in run["turns"]) / sum(t["wall_s"] for t in run["turns"])
 
 
-def decode_tokens_per_s(run: dict) -> float:
-    tokens = sum(max(0, len(t["token_ids"]) - 1) for t in run["turns"])
-    return tokens / sum(t["wall_s"] - t["ttft_s"] for t in run["turns"])
+def decode_tokens_per_s(run: dict, keep: list[bool] | None = None) -> float:
+    """New tokens after the first over the time after the first, over the prompts `keep` marks (default: all)."""
+    turns = [t for i, t in enumerate(run["turns"]) if keep is None or keep[i]]
+    tokens = sum(max(0, len(t["token_ids"]) - 1) for t in turns)
+    return tokens / sum(t["wall_s"] - t["ttft_s"] for t in turns)
+
+
+def by_turn(runs: list[dict], turn_of: tuple[int, ...]) -> dict[str, dict[str, float]]:
+    """Per turn index of the conversations: decode tok/s (median over rounds) and tokens accepted per step."""
+    out = {}
+    for turn in sorted(set(turn_of)):
+        keep = [t == turn for t in turn_of]
+        accepted = [a for run in runs for i, t in enumerate(run["turns"]) if keep[i] for a in t["accept_lengths"]]
+        out[str(turn)] = {"decode_tokens_per_s": statistics.median(decode_tokens_per_s(r, keep) for r in runs),
+                          "mean_accepted": sum(accepted) / len(accepted) if accepted else 1.0}
+    return out
 
 
 def agreement(turns: list[dict], reference: list[dict]) -> tuple[int, float]:
@@ -177,7 +209,10 @@ def agreement(turns: list[dict], reference: list[dict]) -> tuple[int, float]:
     return identical, matched / total if total else 1.0
 
 
-def summarize_engine(runs: list[dict], reference: list[dict] | None, greedy: list[dict] | None = None) -> dict:
+def summarize_engine(runs: list[dict], reference: list[dict] | None, greedy: list[dict] | None = None,
+                     turn_of: tuple[int, ...] = ()) -> dict:
+    """One engine's row; `turn_of`: each prompt's turn in its conversation, for the per-turn rows of a run of
+    conversations (and the turns after the first together)."""
     med = statistics.median
     accepted = [a for run in runs for t in run["turns"] for a in t["accept_lengths"]]
     decode_by_round = [decode_tokens_per_s(r) for r in runs]
@@ -205,6 +240,10 @@ def summarize_engine(runs: list[dict], reference: list[dict] | None, greedy: lis
     if greedy is not None:  # a speculative engine against its own runtime's greedy decoding (exactness)
         row["identical_to_greedy"] = sum(agreement(r["turns"], greedy)[0] for r in runs)
         row["greedy_prompts"] = len(greedy) * len(runs)
+    if len(set(turn_of)) > 1:
+        later = [t > 0 for t in turn_of]
+        row["by_turn"] = by_turn(runs, turn_of)
+        row["later_turns_decode_tokens_per_s"] = med(decode_tokens_per_s(r, later) for r in runs)
     return row
 
 
@@ -253,6 +292,31 @@ def ratios(engines: dict[str, dict]) -> dict[str, float]:
     if GREEDY in engines:
         out["decode_tokens_per_s_vs_specmemo_greedy"] = (c["decode_tokens_per_s"]
                                                          / engines[GREEDY]["decode_tokens_per_s"])
+    out.update(recall_ratios(engines))
+    return out
+
+
+def recall_ratios(engines: dict[str, dict]) -> dict[str, float]:
+    """The recall engines against greedy, the controller and the peers: over the turns after each conversation's
+    first in a run of conversations, over every prompt in a single-turn run."""
+    out: dict[str, float] = {}
+    for name in RECALL_ENGINES:
+        r = engines.get(name)
+        if r is None:
+            continue
+        prefix = "recall" if name == RECALL else "recall_turns"
+        if "later_turns_decode_tokens_per_s" not in r:  # single-turn prompts: what the store costs where it has
+            if CONTROLLER in engines:                    # nothing to offer
+                out[f"{prefix}_single_turn_vs_controller"] = (r["decode_tokens_per_s"]
+                                                              / engines[CONTROLLER]["decode_tokens_per_s"])
+            continue
+        mine = r["later_turns_decode_tokens_per_s"]
+        for other, key in ((GREEDY, "specmemo_greedy"), (CONTROLLER, "controller")):
+            if other in engines:
+                out[f"{prefix}_later_turns_vs_{key}"] = mine / engines[other]["later_turns_decode_tokens_per_s"]
+        peers = [engines[p]["later_turns_decode_tokens_per_s"] for p in PEER_ENGINES if p in engines]
+        if peers:
+            out[f"{prefix}_later_turns_vs_fastest_peer_row"] = mine / max(peers)
     return out
 
 
@@ -260,7 +324,7 @@ def bars(found: dict[str, float], weight_dtype: str = "float32", *, draft_model:
          feature: bool = False) -> dict[str, dict]:
     """The bars that apply to this run: an int4 artifact is held to INT4_BARS against the int4 peers, a draft
     model to PAIR_BARS, an int4 artifact drafting with its feature drafter to FEATURE_BARS."""
-    table = {**BARS, **INT4_BARS} if weight_dtype == "int4" else dict(BARS)
+    table = {**BARS, **INT4_BARS, **RECALL_BARS} if weight_dtype == "int4" else {**BARS, **RECALL_BARS}
     if draft_model:
         table.update(PAIR_BARS)
     if feature and weight_dtype == "int4":
@@ -272,11 +336,13 @@ def bars(found: dict[str, float], weight_dtype: str = "float32", *, draft_model:
 
 def summarize(config: CompareConfig, runs: dict[str, list[dict]], machine: dict) -> dict:
     reference = runs[REFERENCE][0]["turns"] if REFERENCE in runs else None
-    engines = {name: summarize_engine(engine_runs, reference, greedy_turns(runs, name))
+    engines = {name: summarize_engine(engine_runs, reference, greedy_turns(runs, name), config.turn_of)
                for name, engine_runs in runs.items()}
     found = ratios(engines)
     trace = next((r["trace"] for r in runs.get(CONTROLLER, []) if "trace" in r), None)
     return {"config": {"artifact": str(config.artifact), "model": config.model, "prompts": len(config.prompts),
+                       "conversations": len({qid for qid, _, _ in config.prompts}),
+                       "turns_per_conversation": max(config.turn_of) + 1,
                        "max_new_tokens": config.max_new_tokens, "rounds": config.rounds, "threads": config.threads,
                        "budget": config.budget, "capacity": config.capacity, "our_capacity": config.our_capacity,
                        "engines": list(config.engines)},
@@ -314,6 +380,16 @@ def format_table(summary: dict) -> str:
                      f"| {e['load_s']:.1f} | {e['mean_accepted']:.2f} | {e['rss_after_load'] / MIB:.0f} "
                      f"| {e['peak_rss'] / MIB:.0f} | {e['generation_memory'] / MIB:.1f} | {kv} | {arena} | {same} "
                      f"| {own} |")
+    turns = {name: e["by_turn"] for name, e in summary["engines"].items() if "by_turn" in e}
+    if turns:
+        indices = sorted(next(iter(turns.values())), key=int)
+        lines += ["", "decode tok/s (tokens accepted per step) by turn of the conversation:", "",
+                  "| engine | " + " | ".join(f"turn {int(i) + 1}" for i in indices) + " | turns 2+ |",
+                  "|" + "---|" * (len(indices) + 2)]
+        for name, rows in turns.items():
+            cells = [f"{rows[i]['decode_tokens_per_s']:.1f} ({rows[i]['mean_accepted']:.2f})" for i in indices]
+            later = summary["engines"][name]["later_turns_decode_tokens_per_s"]
+            lines.append(f"| {name} | " + " | ".join(cells) + f" | {later:.1f} |")
     lines.append("")
     for name, bar in summary["bars"].items():
         lines.append(f"- {name.replace('_', ' ')}: {bar['value']:.3f} (bar {bar['bar']}): "

@@ -8,6 +8,9 @@ JSON on stdin, result as one JSON line on stdout):
                             per-step T and KV positions make the trace plot;
     specmemo-default      – the controller as `specmemo generate` opens it without --capacity or
                             --budget: C from the manifest (its device plan, else the graph's max);
+    specmemo-recall       – the controller with the recall store (runtime/recall.py) merged into its drafter, in
+                            memory, empty when the timed prompts start: what the run's earlier replies teach;
+    specmemo-recall-turns – the same, emptied whenever a new conversation starts (its own earlier turns only);
     onnxruntime-genai     – ONNX Runtime GenAI greedy on the same model (its model builder);
     onnxruntime-genai-ngram, onnxruntime-genai-draft-model
                           – GenAI's own speculative decoding (peers.GENAI_SPECULATIVE), greedy: n-gram lookup,
@@ -24,6 +27,7 @@ import time
 from pathlib import Path
 
 from specmemo.runtime.artifact import Artifact
+from specmemo.runtime.drafters import with_recall
 from specmemo.runtime.engine import EngineConfig, Mode, open_engine
 from specmemo.runtime.fresh_process import first_reply_ready, serve_json
 from specmemo.runtime.measured import memory_calibration
@@ -31,17 +35,21 @@ from specmemo.runtime.memory import footprint
 from specmemo.runtime.rss import peak_rss_bytes, reset_peak_rss, rss_bytes
 
 MODES = {"specmemo-greedy": Mode.GREEDY, "specmemo-full-tree": Mode.TREE, "specmemo-controller": Mode.AUTO,
-         "specmemo-default": Mode.AUTO}
+         "specmemo-default": Mode.AUTO, "specmemo-recall": Mode.AUTO, "specmemo-recall-turns": Mode.AUTO}
+RECALL = ("specmemo-recall", "specmemo-recall-turns")
 WARM_UP_TOKENS = 8
 
 
 def run_specmemo(request: dict) -> dict:
     mode = MODES[request["engine"]]
     default = request["engine"] == "specmemo-default"  # what a user gets with no sizing flags
-    engine = open_engine(EngineConfig(artifact=Artifact.open(Path(request["artifact"])), mode=mode,
-                                      threads=request["threads"], budget=None if default else request.get("budget"),
-                                      capacity=None if default else request.get("capacity"),
-                                      drafter=None if default or mode is Mode.GREEDY else request.get("drafter")),
+    artifact = Artifact.open(Path(request["artifact"]))
+    drafter = None if default or mode is Mode.GREEDY else request.get("drafter")
+    if request["engine"] in RECALL:
+        drafter = with_recall(drafter or artifact.manifest.drafter)
+    engine = open_engine(EngineConfig(artifact=artifact, mode=mode, threads=request["threads"],
+                                      budget=None if default else request.get("budget"),
+                                      capacity=None if default else request.get("capacity"), drafter=drafter),
                          log=lambda _: None)
     engine.policy(mode)  # the controller's latency curve: read (or measured) before anything is timed
     session = engine.session
@@ -55,7 +63,14 @@ def run_specmemo(request: dict) -> dict:
 
     prompts, limit = request["prompts"], request["max_new_tokens"]
     ready_s = first_reply_ready(request, reply, prompts[0], WARM_UP_TOKENS)
-    turns = [reply(prompt, limit) for prompt in prompts]
+    conversations = request.get("conversations") or list(range(len(prompts)))
+    turns = []
+    for i, prompt in enumerate(prompts):
+        store = engine.recall
+        if store is not None and (i == 0 or (request["engine"] == "specmemo-recall-turns"
+                                             and conversations[i] != conversations[i - 1])):
+            store.clear()  # empty before the first timed prompt (the warm-up's reply is no one's to recall)
+        turns.append(reply(prompt, limit))
     for turn in turns:
         del turn["kv_used"]
     result = {"engine": request["engine"], "rss_after_load": session.rss_after_load, "turns": turns, "ready_s": ready_s}

@@ -1,8 +1,9 @@
 """`specmemo eval drafter`: how good is a drafter, and what does it buy on this machine?
 
 For each drafter named (a choice among drafters too, e.g. feature,lookup,model:DIR), on a workload
-(MT-Bench first turns, MT-Bench and HumanEval alternating, or the quoting workload where replies
-quote their prompt), 128 new tokens by default:
+(MT-Bench first turns, MT-Bench and HumanEval alternating, the quoting workload where replies
+quote their prompt, or multi-turn coding sessions, every turn, with the timed pass reported by turn too),
+128 new tokens by default:
   1. teacher-forced – plain greedy decoding, asking the drafter for a tree of `--max-tree` nodes at
      every position; afterwards, against the greedy reply: depth-wise top-1 (the draft's best child
      at depth d is the true token, given depths < d were), chain acceptance (tokens a verify of the
@@ -39,8 +40,10 @@ from specmemo.runtime.controller import Controller, DrafterChoice
 from specmemo.runtime.cpu import cpu_name
 from specmemo.runtime.decode import prefill, verify_and_commit
 from specmemo.runtime.drafters import DraftContext, DraftTree, draft_model_dir, parse_choices, parse_drafter
+from specmemo.runtime.drafters.registry import reads_store
 from specmemo.runtime.engine import Engine, open_drafter, open_engine
 from specmemo.runtime.formats import ModelFormat
+from specmemo.runtime.recall import Recall, RecallConfig, fingerprint, tokens_for
 from specmemo.runtime.sampling import describe
 from specmemo.runtime.tokenizer import Message
 
@@ -51,6 +54,8 @@ class Workload(StrEnum):
     MT_BENCH = "mt-bench"  # MT-Bench first turns
     MIXED = "mt-bench,humaneval"  # MT-Bench first turns and HumanEval tasks, alternating (compare's prompts)
     QUOTING = "quoting"  # ShareGPT passages to rewrite, correct, summarise or list (datasets.quoting_prompts)
+    CODE_SESSIONS = "code-sessions"  # multi-turn coding conversations, every turn (bench/sessions.py); --prompts
+    # counts conversations; each drafter that reads a recall store keeps its own, empty at the start
 
 
 @dataclass(frozen=True)
@@ -169,9 +174,18 @@ def teacher_forced(engine: Engine, drafter, prompts: list[list[int]], config: Ev
     return record
 
 
-def encode(engine: Engine, config: EvalDrafterConfig) -> list[list[int]]:
+def encode(engine: Engine, config: EvalDrafterConfig, *, log=print) -> tuple[list[list[int]], list[int]]:
+    """The workload's prompts, and each one's turn in its conversation (0 for single-turn workloads)."""
     from specmemo.datasets import load_questions, prompt_sets, quoting_prompts
 
+    if config.workload is Workload.CODE_SESSIONS:
+        from specmemo.bench.sessions import session_prompts
+        from specmemo.paths import cache_root
+
+        asked = session_prompts(engine.config.artifact, prompt_sets("code-sessions", per_set=config.prompts),
+                                max_new_tokens=config.max_new_tokens, threads=config.threads,
+                                cache=cache_root() / "sessions", log=log)
+        return [t.ids for t in asked], [t.turn for t in asked]
     if config.workload is Workload.MIXED:
         sets = prompt_sets(config.workload.value, per_set=-(-config.prompts // 2))
         half = len(sets) // 2
@@ -180,7 +194,7 @@ def encode(engine: Engine, config: EvalDrafterConfig) -> list[list[int]]:
         texts = [q.turns[0] for q in load_questions()[: config.prompts]]
     else:
         texts = quoting_prompts(config.prompts)
-    return [engine.tokenizer.encode_chat([Message("user", t)]) for t in texts]
+    return [engine.tokenizer.encode_chat([Message("user", t)]) for t in texts], [0] * len(texts)
 
 
 def open_engines(config: EvalDrafterConfig, *, log=print) -> tuple[Engine, dict[str, Engine]]:
@@ -201,16 +215,24 @@ def open_engines(config: EvalDrafterConfig, *, log=print) -> tuple[Engine, dict[
         named = draft_model_dir(spec)
         return Artifact.open(named) if named else engine.plan.draft_model
 
-    engines = {spec: Engine(config=engine.config, session=engine.session, tokenizer=engine.tokenizer,
-                            drafter=open_drafter(engine.session, parse_drafter(spec), max_tree=engine.max_tree,
-                                                 draft_model=model_dir(spec), choices=parse_choices(spec)),
-                            plan=engine.plan, log=log) for spec in config.drafters}
+    def store(spec: str) -> Recall | None:  # each spec that recalls its own, empty: what this run's replies teach
+        fp = fingerprint(engine.config.artifact.path(engine.session.manifest.tokenizer.file))
+        return Recall(tokens_for(RecallConfig().budget), fp) if reads_store(parse_drafter(spec)) else None
+
+    engines = {}
+    for spec in config.drafters:
+        recall = store(spec)
+        engines[spec] = Engine(config=engine.config, session=engine.session, tokenizer=engine.tokenizer,
+                               drafter=open_drafter(engine.session, parse_drafter(spec), max_tree=engine.max_tree,
+                                                    draft_model=model_dir(spec), choices=parse_choices(spec),
+                                                    recall=recall),
+                               plan=engine.plan, recall=recall, log=log)
     return engine, engines
 
 
 def run(config: EvalDrafterConfig, *, log=print) -> dict:
     engine, engines = open_engines(config, log=log)
-    prompts = encode(engine, config)
+    prompts, turn_of = encode(engine, config, log=log)
     policy = engine.policy(Mode.AUTO)
     assert isinstance(policy, (Controller, DrafterChoice))  # auto's policy is a controller, over the latency curve
     curve = policy.curve  # verify ms per T: measured once per machine (cached)
@@ -226,21 +248,33 @@ def run(config: EvalDrafterConfig, *, log=print) -> dict:
         if config.teacher_forced:
             forced = teacher_forced(eng, eng.drafter, prompts, config, f"teacher-forced {spec}")
             results["drafters"][spec]["teacher_forced"] = forced.summary()
-    timed: dict[str, _Timed] = {
-        name: {"tokens": 0, "seconds": 0.0, "accepted": [], "sizes": [], "identical": 0, "drafted_by": {}}
-        for name in ("greedy", *config.drafters)}
-    for prompt in tqdm(prompts, desc="timed, interleaved", unit="prompt", dynamic_ncols=True, leave=False):
+    def arms() -> dict[str, _Timed]:
+        return {name: {"tokens": 0, "seconds": 0.0, "accepted": [], "sizes": [], "identical": 0, "drafted_by": {}}
+                for name in ("greedy", *config.drafters)}
+
+    timed, by_turn = arms(), {turn: arms() for turn in sorted(set(turn_of))}
+    for prompt, turn in tqdm(list(zip(prompts, turn_of, strict=True)), desc="timed, interleaved", unit="prompt",
+                             dynamic_ncols=True, leave=False):
         greedy = engine.generate(prompt, max_new_tokens=config.max_new_tokens, mode=Mode.GREEDY, ignore_eos=True)
-        _add(timed["greedy"], greedy, greedy.token_ids)
+        for slot in (timed, by_turn[turn]):
+            _add(slot["greedy"], greedy, greedy.token_ids)
         for spec, eng in engines.items():
-            _add(timed[spec], eng.generate(prompt, max_new_tokens=config.max_new_tokens, mode=Mode.AUTO,
-                                           ignore_eos=True), greedy.token_ids)
+            out = eng.generate(prompt, max_new_tokens=config.max_new_tokens, mode=Mode.AUTO, ignore_eos=True)
+            for slot in (timed, by_turn[turn]):
+                _add(slot[spec], out, greedy.token_ids)
             if isinstance(eng.controller, DrafterChoice):  # a choice among drafters
                 by = timed[spec]["drafted_by"]
                 for name, steps in eng.controller.drafted_by().items():
                     by[name] = by.get(name, 0) + steps
     greedy_rate = timed["greedy"]["tokens"] / timed["greedy"]["seconds"]
     results["greedy_tokens_per_s"] = round(greedy_rate, 1)
+    if len(by_turn) > 1:  # conversations: each drafter's speed-up and tokens per step by turn
+        results["by_turn"] = {
+            str(turn): {spec: {"speedup_vs_greedy": round((t[spec]["tokens"] / t[spec]["seconds"])
+                                                          / (t["greedy"]["tokens"] / t["greedy"]["seconds"]), 3),
+                               "accepted_per_step": round(float(np.mean(t[spec]["accepted"])), 3)}
+                        for spec in config.drafters}
+            for turn, t in by_turn.items()}
     for spec in config.drafters:
         t, forced = timed[spec], results["drafters"][spec].get("teacher_forced")
         rate = t["tokens"] / t["seconds"]
@@ -313,6 +347,10 @@ def table(results: dict) -> str:
             lines.append(f"{spec}: top-5 @ depth 1/2/3/4 {top5}; a draft costs {r['draft_share_of_verify']:.0%} of a "
                          f"{results['max_tree']}-node verify step; bound with chains only "
                          f"{r['bound_chains_only']:.2f} (trees {r['bound']:.2f})")
+    for turn, row in results.get("by_turn", {}).items():
+        cells = ", ".join(f"{spec} {r['speedup_vs_greedy']:.2f}x ({r['accepted_per_step']:.2f}/step)"
+                          for spec, r in row.items())
+        lines.append(f"turn {int(turn) + 1}: {cells}")
     lines.append(f"teacher-forced with trees of up to {results['max_tree']} nodes: chain/tree = tokens a verify step "
                  f"would gain from the draft's best path / whole tree; bound = the best speed-up any controller "
                  f"gets from those trees at this machine's verify ms per T (verify_ms: {results['verify_ms']})")

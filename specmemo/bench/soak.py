@@ -23,8 +23,11 @@ from specmemo.runtime.backend import ContextOverflowError
 from specmemo.runtime.chat import ChatSession
 from specmemo.runtime.config import DEFAULT_THREADS
 from specmemo.runtime.cpu import cpu_name
+from specmemo.runtime.drafters import with_recall
 from specmemo.runtime.engine import EngineConfig, Mode, open_engine
 from specmemo.runtime.memory import MIB
+from specmemo.runtime.recall import DEFAULT_BUDGET as DEFAULT_RECALL_BUDGET
+from specmemo.runtime.recall import RecallConfig
 from specmemo.runtime.rss import peak_rss_bytes, rss_bytes
 
 PEAK_GROWTH_BAR = 0.02
@@ -40,6 +43,8 @@ class SoakConfig:
     settle: int = 50
     mode: Mode = Mode.AUTO
     threads: int = DEFAULT_THREADS
+    recall: Path | None = None  # a recall store's file: every turn added to it and saved (its drafter merged in)
+    recall_budget: int = DEFAULT_RECALL_BUDGET
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "mode", Mode(self.mode))
@@ -48,8 +53,13 @@ class SoakConfig:
 
 
 def run_soak(config: SoakConfig, *, log=print) -> dict:
-    engine = open_engine(EngineConfig(artifact=Artifact.open(config.artifact), mode=config.mode, threads=config.threads,
-                                      capacity=config.capacity), log=log)
+    artifact = Artifact.open(config.artifact)
+    store, drafter = RecallConfig(), None
+    if config.recall is not None:
+        store = RecallConfig(file=config.recall, budget=config.recall_budget)
+        drafter = with_recall(artifact.manifest.drafter)
+    engine = open_engine(EngineConfig(artifact=artifact, mode=config.mode, threads=config.threads,
+                                      capacity=config.capacity, drafter=drafter, recall=store), log=log)
     chat = ChatSession(engine, max_new_tokens=config.max_new_tokens)
     messages = [turn for question in load_questions() for turn in question.turns]
     record = np.zeros((config.turns, len(COLUMNS)), dtype=np.int64)  # allocated once: the log does not grow
@@ -84,6 +94,10 @@ def run_soak(config: SoakConfig, *, log=print) -> dict:
         "rss_max_after_settle": int(record[config.settle - 1:, 0].max()),
         "bar_met": growth <= PEAK_GROWTH_BAR and answered + refused == config.turns and answered > 0,
         "per_turn": {name: record[:, j].tolist() for j, name in enumerate(COLUMNS)},
+        **({"recall": {"file": str(config.recall), "bytes": engine.recall.nbytes, "held": engine.recall.held,
+                       "written": engine.recall.written,
+                       "file_bytes": config.recall.stat().st_size if config.recall.is_file() else 0}}
+           if engine.recall is not None and config.recall is not None else {}),
     }
 
 
@@ -103,6 +117,10 @@ def format_table(result: dict) -> str:
          f"{100 * result['peak_growth']:+.2f}% — {'met' if result['bar_met'] else 'MISSED'}"),
         ("wall time", f"{result['wall_s'] / 60:.1f} min"),
     ]
+    if "recall" in result:
+        r = result["recall"]
+        rows.append(("recall store: tokens written / held, its bytes, its file",
+                     f"{r['written']} / {r['held']}, {r['bytes'] / MIB:.1f} MiB, {r['file_bytes'] / MIB:.1f} MiB"))
     width = max(len(label) for label, _ in rows)
     head = (f"chat soak: {c['turns']} turns, C={c['capacity']}, {c['max_new_tokens']} new tokens per reply, "
             f"mode {c['mode']}, {c['threads']} threads, {c['cpu']}")

@@ -132,6 +132,9 @@ def add_parser(sub) -> None:
     b.add_argument("--capacity", type=positive, default=512, help="KV positions C: small, to force evictions")
     b.add_argument("--max-new-tokens", type=positive, default=32)
     b.add_argument("--settle", type=positive, default=50, help="the turn whose peak RSS is the reference")
+    b.add_argument("--recall", type=Path, metavar="FILE", help="keep a recall store in FILE (every turn added and "
+                                                              "saved; its drafter merged into the artifact's)")
+    b.add_argument("--recall-budget", default="8MiB", help="the recall store's memory")
     add_mode(b)
     add_profile_options(b, budget=False)
     b.add_argument("--json", type=Path, default=run_folder("bench-soak.json"), help="where to write JSON")
@@ -331,10 +334,12 @@ def cmd_bench_batch(args: argparse.Namespace) -> int:
 
 def cmd_bench_soak(args: argparse.Namespace) -> int:
     from specmemo.bench.soak import SoakConfig, format_table, run_soak
+    from specmemo.runtime.memory import parse_size
 
     apply_profile(args)
     config = SoakConfig(artifact=args.artifact, turns=args.turns, capacity=args.capacity,
-                        max_new_tokens=args.max_new_tokens, settle=args.settle, mode=args.mode, threads=args.threads)
+                        max_new_tokens=args.max_new_tokens, settle=args.settle, mode=args.mode, threads=args.threads,
+                        recall=args.recall, recall_budget=parse_size(args.recall_budget))
     result = run_soak(config, log=log_stderr)
     print(format_table(result))
     print(f"wrote {write_json(args.json, result, threads=args.threads)}")

