@@ -130,7 +130,7 @@ def test_conversation_prompts_carry_greedys_earlier_replies(chat_model, tmp_path
     artifact = Artifact.open(chat_model[0])
     questions = [Question(7, "toy", ("w10 w11", "w12 w13")), Question(8, "toy", ("w14",))]
     heard: list[str] = []
-    prompts = session_prompts(artifact, questions, max_new_tokens=5, threads=1, cache=tmp_path, log=heard.append)
+    prompts = session_prompts(artifact, questions, max_new_tokens=5, threads=2, cache=tmp_path, log=heard.append)
     assert [(p.question_id, p.turn) for p in prompts] == [(7, 0), (7, 1), (8, 0)]
     tokenizer = ChatTokenizer(artifact)
     assert prompts[0].ids == tokenizer.encode_chat([Message("user", "w10 w11")])
@@ -138,7 +138,7 @@ def test_conversation_prompts_carry_greedys_earlier_replies(chat_model, tmp_path
     text = tokenizer.decode([t for t in reply if t not in tokenizer.eos_token_ids])
     assert prompts[1].ids == tokenizer.encode_chat([Message("user", "w10 w11"), Message("assistant", text),
                                                     Message("user", "w12 w13")])
-    again = session_prompts(artifact, questions, max_new_tokens=5, threads=1, cache=tmp_path,
+    again = session_prompts(artifact, questions, max_new_tokens=5, threads=2, cache=tmp_path,
                             log=lambda line: pytest.fail(f"decoded again: {line}"))
     assert [p.ids for p in again] == [p.ids for p in prompts] and heard
 
