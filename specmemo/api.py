@@ -207,12 +207,13 @@ def open_model(artifact: str | Path | Artifact, *, profile: str | None = None, b
     choice unless named ("medusa+lookup", "feature", ...). Sampling (`sampling_for`): each setting given wins, the
     artifact's generation defaults fill the rest; `temperature=0` is exact greedy. `recall`: draft from what was
     written before (earlier turns and conversations; runtime/recall.py): a file the store is kept in (an app's own,
-    one per user), or True for a store in memory only; `recall_budget` its bytes ("8MiB" default). Off unless
+    one per user), or True for a store in memory only; `recall_budget` its bytes (default: the profile's
+    recall_memory, else 8 MiB), set apart from the budget before the arena is sized. Off unless
     given; `Model.forget()` empties it. `log`: progress notes (default: none)."""
     from specmemo.runtime.engine import open_engine
 
     log = log or (lambda _: None)
-    _, budget_bytes, threads = device_settings(profile=profile, budget=budget, threads=threads, log=log)
+    loaded, budget_bytes, threads = device_settings(profile=profile, budget=budget, threads=threads, log=log)
     opened = opened_artifact(artifact)
     sampling = sampling_for(opened.manifest.generation, temperature=temperature, top_p=top_p, top_k=top_k,
                             repetition_penalty=repetition_penalty, seed=seed, acceptance=acceptance)
@@ -220,6 +221,8 @@ def open_model(artifact: str | Path | Artifact, *, profile: str | None = None, b
     if recall is not None and recall is not False:
         from specmemo.runtime.drafters import with_recall
 
+        if recall_budget is None:  # the device profile's share, else the store's default
+            recall_budget = loaded.recall_memory if loaded is not None and loaded.recall_memory else None
         store = RecallConfig(file=None if recall is True else Path(recall),
                              budget=parse_size(recall_budget) if isinstance(recall_budget, str)
                              else recall_budget or DEFAULT_RECALL_BUDGET)

@@ -57,6 +57,8 @@ def test_this_machine_is_detected():
     (lambda t: re.sub(r"(?m)^cpu_cores = .*\n(?=execution)", "", t.replace("\ncpu_cores = 9\n", "\n")), "cpu_cores"),
     (lambda t: re.sub(r"(?m)^ram = \"https.*\n", "", t), "sources"),  # a figure without a source
     (lambda t: t + 'bogus = "x"\n', "sources.bogus"),  # (appended inside [sources])
+    (lambda t: t.replace('recall_memory = "32MiB"', 'recall_memory = "5GiB"'), "recall_memory"),  # over app memory
+    (lambda t: t.replace('recall_memory = "32MiB"', 'recall_memory = "lots"'), "recall_memory"),  # not a size
 ])
 def test_a_malformed_profile_is_one_line_naming_file_and_key(tmp_path, edit, key):
     path = tmp_path / "pixel-8.toml"
@@ -65,6 +67,11 @@ def test_a_malformed_profile_is_one_line_naming_file_and_key(tmp_path, edit, key
         load_profile_file(path)
     message = str(err.value)
     assert "\n" not in message and str(path) in message and f"key {key!r}" in message, message
+
+
+def test_a_profile_may_size_the_recall_store():
+    assert load_profile("pixel-8").recall_memory == 32 * 2**20
+    assert load_profile("titan-rtx-24gb").recall_memory is None  # the store's default then
 
 
 def test_invalid_toml_and_unknown_names(tmp_path):

@@ -324,3 +324,31 @@ def test_a_body_over_the_limit_sent_by_urllib_reads_its_413(server):
     assert refused.value.code == 413 and "max-body-bytes" in json.loads(refused.value.read())["error"]["message"]
     assert time.perf_counter() - started < 10
     assert server.health()["status"] == "ok"
+
+
+def test_each_api_key_drafts_from_its_own_recall_store(artifact, greedy, tmp_path):
+    """serve --recall-dir: a key's finished replies join its own store (its own file, named by the key's digest),
+    a second ask of the same question drafts from it in fewer steps, another key's store stays apart, and every
+    reply is greedy's."""
+    from specmemo.serve.stores import RecallStores
+
+    server = Server(artifact, batch=2, max_queue=4, keys=("alice", "bob"), drafter="lookup", recall_dir=tmp_path)
+    try:
+        stores, pool = server.chat.stores, server.chat.worker.pool
+        assert isinstance(stores, RecallStores)
+
+        def steps_of(key: str) -> int:
+            before = pool.stats.steps
+            assert ask(server.client(api_key=key)).choices[0].message.content == greedy[1]
+            return pool.stats.steps - before
+
+        first = steps_of("alice")
+        assert stores.file_for("alice").is_file() and not stores.file_for("bob").exists()
+        assert "alice" not in stores.file_for("alice").name
+        again, other = steps_of("alice"), steps_of("bob")
+        assert again < other <= first, (first, again, other)
+        alice, bob = stores.for_header("Bearer alice"), stores.for_header("Bearer bob")
+        assert alice is not bob and alice.written > bob.written > 0
+        assert stores.for_header("Bearer mallory") is None
+    finally:
+        server.stop()

@@ -36,7 +36,7 @@ from specmemo.errors import ConfigError
 from specmemo.runtime.config import DEFAULT_THREADS
 from specmemo.runtime.drafters import DrafterName, parse_drafter
 from specmemo.runtime.drafters.registry import with_own_model
-from specmemo.runtime.fresh_process import run_json
+from specmemo.runtime.fresh_process import FreshProcessError, run_json
 
 TORCH_MEDUSA, TORCH_MEDUSA_SIZED = "pytorch-medusa", "pytorch-medusa-sized"
 TORCH_ENGINES = ("hf-generate", TORCH_MEDUSA, TORCH_MEDUSA_SIZED)
@@ -163,16 +163,30 @@ def run_engine(config: CompareConfig, engine: str) -> dict:
                     fix="run it alone to see why")
 
 
-def run_rounds(config: CompareConfig, *, log: Callable[[str], None] = print) -> dict[str, list[dict]]:
-    """rounds × engines, each a fresh process; the engine order rotates per round."""
+def run_rounds(config: CompareConfig, *, log: Callable[[str], None] = print,
+               failed: dict[str, str] | None = None) -> dict[str, list[dict]]:
+    """rounds × engines, each a fresh process; the engine order rotates per round. An engine whose process fails
+    is said in one line, noted in `failed` (engine → why) and left out of the rest of the run, so one peer's
+    failure does not cost the others' results; the run fails only if no engine is left."""
     engines = list(config.engines)
     runs: dict[str, list[dict]] = {engine: [] for engine in engines}
+    failed = failed if failed is not None else {}
     for r in range(config.rounds):
         for engine in engines[r % len(engines):] + engines[: r % len(engines)]:
-            result = run_engine(config, engine)
+            if engine in failed:
+                continue
+            try:
+                result = run_engine(config, engine)
+            except FreshProcessError as err:
+                failed[engine] = str(err)
+                log(f"round {r + 1}/{config.rounds} {engine}: left out of this run ({err})")
+                continue
             runs[engine].append(result)
             log(f"round {r + 1}/{config.rounds} {engine}: {e2e_tokens_per_s(result):.1f} tok/s, "
                 f"peak RSS {result['peak_rss'] / MIB:.0f} MiB")
+    runs = {engine: results for engine, results in runs.items() if engine not in failed}
+    if not runs:
+        raise ConfigError(f"every engine failed: {'; '.join(failed.values())}")
     return runs
 
 
@@ -334,7 +348,8 @@ def bars(found: dict[str, float], weight_dtype: str = "float32", *, draft_model:
             for name, (op, limit) in table.items() if name in found}
 
 
-def summarize(config: CompareConfig, runs: dict[str, list[dict]], machine: dict) -> dict:
+def summarize(config: CompareConfig, runs: dict[str, list[dict]], machine: dict,
+              failed: dict[str, str] | None = None) -> dict:
     reference = runs[REFERENCE][0]["turns"] if REFERENCE in runs else None
     engines = {name: summarize_engine(engine_runs, reference, greedy_turns(runs, name), config.turn_of)
                for name, engine_runs in runs.items()}
@@ -346,7 +361,7 @@ def summarize(config: CompareConfig, runs: dict[str, list[dict]], machine: dict)
                        "max_new_tokens": config.max_new_tokens, "rounds": config.rounds, "threads": config.threads,
                        "budget": config.budget, "capacity": config.capacity, "our_capacity": config.our_capacity,
                        "engines": list(config.engines)},
-            "machine": machine, "engines": engines, "ratios": found,
+            "machine": machine, "engines": engines, "ratios": found, "failed": dict(failed or {}),
             "bars": bars(found, config.weight_dtype, draft_model=uses_draft_model(config.drafter),
                          feature=bool(config.drafter and DrafterName.FEATURE in parse_drafter(config.drafter))),
             "controller_trace": trace}
@@ -390,6 +405,8 @@ def format_table(summary: dict) -> str:
             cells = [f"{rows[i]['decode_tokens_per_s']:.1f} ({rows[i]['mean_accepted']:.2f})" for i in indices]
             later = summary["engines"][name]["later_turns_decode_tokens_per_s"]
             lines.append(f"| {name} | " + " | ".join(cells) + f" | {later:.1f} |")
+    for name, why in summary.get("failed", {}).items():
+        lines.append(f"- {name}: failed, left out ({why})")
     lines.append("")
     for name, bar in summary["bars"].items():
         lines.append(f"- {name.replace('_', ' ')}: {bar['value']:.3f} (bar {bar['bar']}): "

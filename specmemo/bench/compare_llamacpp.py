@@ -119,7 +119,9 @@ def _speculative_reply(model, eos: set[int]):
 
 def run(request: dict) -> dict:
     prompts, limit, engine = request["prompts"], request["max_new_tokens"], request["engine"]
-    context = max(len(p) for p in prompts) + limit + DRAFT_MAX + 8
+    # a multiple of 256, as llama.cpp pads n_ctx: llama-cpp-python caps drafts by the padded context but sizes its
+    # logits buffer by the one asked for, so a draft near the end of a long prompt would overflow the buffer
+    context = -(-(max(len(p) for p in prompts) + limit + DRAFT_MAX + 8) // 256) * 256
     eos = set(request["eos"])
     if engine == "llama.cpp":
         reply = _greedy_reply(_open(request["gguf"], request, context), eos)

@@ -128,8 +128,9 @@ def cmd_compare(args: argparse.Namespace) -> int:
         weight_dtype=manifest.weight_dtype, trace_tokens=args.trace_tokens, engines=engines.names)
     log_stderr(f"{len(prompts)} prompts x {len(engines.names)} engines x {args.rounds} rounds, each run a fresh "
                f"process ...")
-    runs = compare.run_rounds(config, log=log_stderr)
-    summary = compare.summarize(config, runs, machine_info(args.threads))
+    failed: dict[str, str] = {}
+    runs = compare.run_rounds(config, log=log_stderr, failed=failed)
+    summary = compare.summarize(config, runs, machine_info(args.threads), failed)
     print(compare.format_table(summary))
     paths = compare.write_results(summary, runs, config, args.out, tokenizer.decode)
     paths += write_plots(summary, args.out)

@@ -6,6 +6,7 @@ import argparse
 import contextlib
 import errno
 import socket
+from pathlib import Path
 
 from specmemo.cli.options import add_artifact, add_mode, positive
 from specmemo.console import log_stderr
@@ -46,6 +47,10 @@ def add_parser(sub) -> None:
     p.add_argument("--api-key", action="append", default=None, metavar="KEY",
                    help="require `Authorization: Bearer KEY` on every route but /health (repeat for several keys; "
                         "also read from SPECMEMO_API_KEY, comma-separated)")
+    p.add_argument("--recall-dir", type=Path, default=None, metavar="DIR",
+                   help="draft from each user's earlier replies: one recall store per API key (one for an open "
+                        "server) in DIR, kept across restarts (docs/recall.md); off unless given")
+    p.add_argument("--recall-budget", default="8MiB", metavar="SIZE", help="memory per recall store (--recall-dir)")
     p.add_argument("--allow-no-key", action="store_true",
                    help="serve a non-loopback --host without a key (an open endpoint: only on a trusted network)")
     p.add_argument("--allowed-host", action="append", default=None, metavar="NAME",
@@ -79,6 +84,7 @@ def port_number(text: str) -> int:
 def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
+    from specmemo.runtime.memory import parse_size
     from specmemo.serve.build import ServeConfig, build_app
     from specmemo.serve.guard import Exposure
     from specmemo.serve.keys import check_exposure, keys_from
@@ -93,7 +99,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         app, chat = build_app(ServeConfig(artifact=args.artifact, mode=args.mode, drafter=args.drafter,
                                           batch=args.batch, capacity=args.capacity, max_queue=args.max_queue,
                                           threads=args.threads, model_name=args.model_name, limits=limits, keys=keys,
-                                          exposure=exposure), log=log_stderr)
+                                          exposure=exposure, recall_dir=args.recall_dir,
+                                          recall_budget=parse_size(args.recall_budget)), log=log_stderr)
         log_stderr(f"serving {chat.model} on http://{url_host(args.host)}:{sock.getsockname()[1]}/v1 ({args.batch} "
                    f"rows of {chat.capacity} positions, queue {chat.worker.max_queue}, {len(keys) or 'no'} API "
                    f"key{'s' if len(keys) != 1 else ''})")

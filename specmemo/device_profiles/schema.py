@@ -98,6 +98,8 @@ class DeviceProfile:
     sources: dict[str, str]
     accelerator_memory: int | None = None  # bytes, a discrete GPU's own memory
     kv_dtype: KvDtype = KvDtype.FLOAT32  # the KV buffer's elements (export --kv-dtype), decided apart from weights
+    recall_memory: int | None = None  # bytes of app_memory a recall store may take (runtime/recall.py; None: its
+    # default), set apart before the arena is sized
     notes: str = ""
     file: str = ""  # where it was read from (for error messages)
 
@@ -125,12 +127,15 @@ class DeviceProfile:
         if not 0 < self.app_memory <= limit:
             raise bad("app_memory", f"{self.app_memory / 2**30:.2f} GiB must be above zero and at most "
                                     f"{limit_key} ({limit / 2**30:.2f} GiB)")
+        if self.recall_memory is not None and not 0 < self.recall_memory < self.app_memory:
+            raise bad("recall_memory", f"{self.recall_memory / 2**20:.1f} MiB must be above zero and below "
+                                       f"app_memory ({self.app_memory / 2**30:.2f} GiB)")
         missing = [key for key in REQUIRED_SOURCES if not str(self.sources.get(key, "")).strip()]
         if missing:
             raise bad("sources", f"needs a source for {', '.join(missing)} (a URL or a note on how it was measured)")
 
 
-_SIZE_KEYS = ("ram", "app_memory", "accelerator_memory")
+_SIZE_KEYS = ("ram", "app_memory", "accelerator_memory", "recall_memory")
 
 
 def parse_profile(data: dict, *, file: str) -> DeviceProfile:
@@ -140,7 +145,7 @@ def parse_profile(data: dict, *, file: str) -> DeviceProfile:
     if unknown:
         raise ProfileError(f"{file}: key {unknown[0]!r}: unknown (known keys: {', '.join(sorted(known))})")
     required = {f.name for f in fields(DeviceProfile)
-                if f.name not in ("accelerator_memory", "notes", "file", "kv_dtype")}
+                if f.name not in ("accelerator_memory", "notes", "file", "kv_dtype", "recall_memory")}
     missing = sorted(required - set(data))
     if missing:
         raise ProfileError(f"{file}: key {missing[0]!r}: missing")

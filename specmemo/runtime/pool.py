@@ -40,8 +40,11 @@ from specmemo.runtime.decode import (
     decide,
     first_token,
 )
+from specmemo.runtime.drafters import Merged
 from specmemo.runtime.drafters.draft import DraftContext, Drafter, DraftTree
+from specmemo.runtime.drafters.recall import RecallDrafter
 from specmemo.runtime.logit_rules import LogitRules, TokenLogprob, apply, token_logprob
+from specmemo.runtime.recall import Recall
 from specmemo.runtime.sampling import Sampling, sample_next
 
 
@@ -57,6 +60,7 @@ class Request:
     sampling: Sampling | None = None  # None: greedy
     rules: LogitRules | None = None  # penalties, logit bias, log-probabilities: one token a step (logit_rules.py)
     constraint: Matcher | None = None  # a fresh matcher the reply must satisfy (runtime/constraint.py)
+    recall: Recall | None = None  # the requester's store of earlier replies (serve: one per API key): it drafts too
 
     def __post_init__(self) -> None:
         if not self.prompt or self.max_new_tokens < 1:
@@ -207,6 +211,8 @@ class SequencePool:
         rng = np.random.default_rng(request.sampling.seed) if request.sampling is not None else None
         drafts = self.max_tree > 1 and request.rules is None  # logit_rules.py: plain steps
         drafter = self.drafter_factory(row) if self.drafter_factory is not None and drafts else None
+        if drafter is not None and request.recall is not None:
+            drafter = Merged([drafter, RecallDrafter(request.recall)])
         self.sequences[row] = _Sequence(request, list(request.prompt), list(request.prompt), drafter, rng)
         return row
 

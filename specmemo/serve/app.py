@@ -27,6 +27,7 @@ import logging
 import time
 import uuid
 from collections.abc import Sequence
+from dataclasses import replace
 
 from jinja2.exceptions import TemplateError
 from starlette.applications import Starlette
@@ -52,6 +53,7 @@ from specmemo.serve.keys import RequireKey
 from specmemo.serve.metrics import Metrics
 from specmemo.serve.replies import Reply, called, reply_id, tool_chunk, usage
 from specmemo.serve.shapes import matcher_of, tools_of
+from specmemo.serve.stores import RecallStores
 from specmemo.serve.worker import PoolWorker, QueueFull
 
 LOG = logging.getLogger("specmemo.serve")
@@ -59,10 +61,12 @@ LOG = logging.getLogger("specmemo.serve")
 
 class ServeApp:
     def __init__(self, *, artifact: Artifact, worker: PoolWorker, tokenizer: ChatTokenizer, model: str, capacity: int,
-                 limits: Limits = Limits(), keys: tuple[str, ...] = ()):
+                 limits: Limits = Limits(), keys: tuple[str, ...] = (), stores: RecallStores | None = None):
         """`artifact`: the one the pool runs (its generation defaults fill what a request leaves out; its vocabulary
-        bounds logit_bias; its tokenizer is the grammar engine's)."""
+        bounds logit_bias; its tokenizer is the grammar engine's). `stores`: a recall store per API key (stores.py),
+        given to each request of that key."""
         self.artifact, self.worker, self.tokenizer, self.model = artifact, worker, tokenizer, model
+        self.stores = stores
         self.defaults, self.capacity, self.limits, self.keys = artifact.manifest.generation, capacity, limits, keys
         self.vocab = artifact.manifest.dims.vocab_size
         self.metrics = Metrics(worker, capacity=capacity)
@@ -102,6 +106,9 @@ class ServeApp:
             calling = tools_of(body, self.artifact, self.tokenizer)
             prompt, echo = await self._prompt(body, calling)
             job_request = await asyncio.to_thread(self._request, body, prompt, calling)  # grammars compile off the loop
+            if job_request is not None and self.stores is not None:
+                store = await asyncio.to_thread(self.stores.for_header, request.headers.get("authorization", ""))
+                job_request = replace(job_request, recall=store)
         except BadRequest as err:
             return self._refuse(error(err.status, str(err), param=err.param))
         except ClientDisconnect:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from specmemo.errors import ConfigError
 from specmemo.runtime.config import DEFAULT_THREADS, Mode
+from specmemo.runtime.recall import DEFAULT_BUDGET as DEFAULT_RECALL_BUDGET
 from specmemo.serve.guard import Exposure
 from specmemo.serve.limits import DEFAULT_BATCH, DEFAULT_CONTEXT, Limits
 
@@ -25,6 +26,8 @@ class ServeConfig:
     limits: Limits = field(default_factory=Limits)  # body bytes, messages, prompt tokens, max_tokens per request
     keys: tuple[str, ...] = ()  # API keys (keys.py); () : open
     exposure: Exposure = field(default_factory=Exposure)  # bound address, allowed Host names, CORS origins (guard.py)
+    recall_dir: Path | None = None  # one recall store per API key in this folder (stores.py); None: no recall
+    recall_budget: int = DEFAULT_RECALL_BUDGET  # bytes per store
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "artifact", Path(self.artifact))
@@ -49,7 +52,16 @@ def build_app(config: ServeConfig, *, log=print):
     pool = open_batch(artifact, batch=config.batch, capacity=config.capacity, mode=config.mode,
                       drafter=config.drafter, threads=config.threads, log=log)
     worker = PoolWorker(pool, max_queue=config.max_queue or 4 * config.batch)
+    stores = None
+    if config.recall_dir is not None:
+        from specmemo.serve.stores import RecallStores
+
+        if pool.drafter_factory is None:
+            log("recall: the pool does not draft (greedy mode, or no drafter that batches), so no store is kept")
+        else:
+            stores = RecallStores(Path(config.recall_dir), budget=config.recall_budget,
+                                  tokenizer_file=artifact.path(manifest.tokenizer.file), keys=config.keys, log=log)
     served = ServeApp(artifact=artifact, worker=worker, tokenizer=ChatTokenizer(artifact),
                       model=config.model_name or manifest.source_model,
-                      capacity=pool.backend.capacity, limits=config.limits, keys=config.keys)
+                      capacity=pool.backend.capacity, limits=config.limits, keys=config.keys, stores=stores)
     return make_app(served, config.exposure), served

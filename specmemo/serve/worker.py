@@ -8,6 +8,7 @@ take a lock and return at once. Tokens reach an asyncio handler through `loop.ca
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 import time
 from collections import deque
@@ -15,6 +16,8 @@ from dataclasses import dataclass, field
 
 from specmemo.errors import SpecMemoError
 from specmemo.runtime.pool import Request, SequencePool
+
+LOG = logging.getLogger("specmemo.serve")
 
 
 class QueueFull(SpecMemoError, RuntimeError):
@@ -152,3 +155,17 @@ class PoolWorker:
                 job.send("done", update.finish_reason)
                 del self._jobs[update.row]
                 self.counters.completed += 1
+                self._remember(job.request, self.pool.completed.get(update.row))
+
+    def _remember(self, request: Request, generation) -> None:
+        """A finished reply joins its requester's recall store (saved whole, stores.py), here on the worker thread:
+        the only one that touches a store."""
+        store = request.recall
+        if store is None or generation is None:
+            return
+        store.add([*request.prompt, *generation.token_ids])
+        if store.path is not None:
+            try:
+                store.save()
+            except OSError as err:  # a full disk costs the memory of a reply, never the reply
+                LOG.warning("recall: %s: %s", store.path, err.strerror)
