@@ -7,11 +7,13 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from test_chat import chat_model  # noqa: F401  (tiny Llama with random heads, C=160)
 
 from specmemo.bench import compare
+from specmemo.errors import ConfigError
 
 pytestmark = pytest.mark.slow  # rounds of fresh-process engines
 
@@ -117,6 +119,30 @@ def test_conversations_are_summarized_by_turn_and_recall_faces_its_bars_by_hand(
                                                                                  "specmemo-controller")}
     assert "by_turn" not in single["specmemo-recall"]
     assert compare.recall_ratios(single) == {"recall_single_turn_vs_controller": pytest.approx(1.0)}
+
+
+def test_an_engine_that_fails_is_left_out_and_named_while_the_others_run(monkeypatch):
+    from specmemo.runtime.fresh_process import FreshProcessError
+
+    def run_engine(config, engine):
+        if engine == "llama.cpp":
+            raise FreshProcessError("the llama.cpp run failed (ValueError: boom): run it alone to see why")
+        return {"turns": [{"token_ids": [1, 2], "ttft_s": 0.1, "wall_s": 0.2, "accept_lengths": [1]}],
+                "rss_after_load": 1, "peak_rss": 2, "ready_s": 1.0}
+
+    monkeypatch.setattr(compare, "run_engine", run_engine)
+    config = compare.CompareConfig(artifact=Path("a"), model="m", prompts=((1, "c", [5, 6]),), rounds=2,
+                                   engines=("specmemo-greedy", "llama.cpp"))
+    failed: dict[str, str] = {}
+    heard: list[str] = []
+    runs = compare.run_rounds(config, log=heard.append, failed=failed)
+    assert list(runs) == ["specmemo-greedy"] and len(runs["specmemo-greedy"]) == 2
+    assert list(failed) == ["llama.cpp"] and sum("left out" in line for line in heard) == 1
+    summary = compare.summarize(config, runs, {}, failed)
+    assert "llama.cpp: failed, left out (the llama.cpp run failed" in compare.format_table(summary)
+    monkeypatch.setattr(compare, "run_engine", lambda config, engine: run_engine(config, "llama.cpp"))
+    with pytest.raises(ConfigError, match="every engine failed"):
+        compare.run_rounds(config, log=heard.append)
 
 
 def test_conversation_prompts_carry_greedys_earlier_replies(chat_model, tmp_path):  # noqa: F811
