@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from test_chat import chat_model  # noqa: F401  (tiny Llama with random heads, C=160)
 
-from specmemo.bench import compare
+from specmemo.bench import compare, compare_bars
 from specmemo.errors import ConfigError
 
 pytestmark = pytest.mark.slow  # rounds of fresh-process engines
@@ -229,7 +229,7 @@ def test_compare_runs_every_engine_and_writes_everything(chat_model, tmp_path, c
     assert engines["specmemo-controller"]["arena_bytes"] > engines["specmemo-controller"]["kv_bytes"] > 0
     assert (summary["config"]["capacity"] == engines["specmemo-controller"]["capacity"]
             < load_manifest(artifact).max_capacity)
-    assert set(summary["bars"]) == (set(compare.BARS) | {"recall_single_turn_vs_controller"}) - {
+    assert set(summary["bars"]) == (set(compare_bars.BARS) | {"recall_single_turn_vs_controller"}) - {
         "decode_tokens_per_s_vs_onnxruntime_genai"}  # no GenAI here; recall on single turns: what it costs
     assert engines["specmemo-recall"]["identical_to_greedy"] == 2 * 2  # two prompts, two rounds
     # the honest baseline: PyTorch Medusa with its KV sized exactly like ours, beside Medusa's all-positions KV

@@ -34,7 +34,7 @@ from specmemo.runtime.arena import ArenaLayout
 from specmemo.runtime.artifact import Artifact
 from specmemo.runtime.config import EngineConfig, Mode
 from specmemo.runtime.drafters import DrafterName, draft_model_dir, parse_choices, parse_drafter
-from specmemo.runtime.drafters.registry import DRAFTERS, MODEL_MAX_CHAIN, missing_part, reads_store, with_own_model
+from specmemo.runtime.drafters.registry import DRAFTERS, MODEL_MAX_CHAIN, missing_part, with_own_model
 from specmemo.runtime.manifest import Manifest, ManifestError
 from specmemo.runtime.measured import memory_calibration, row_route
 from specmemo.runtime.medusa_tree import tree_sizes, useful_tree_size
@@ -227,7 +227,7 @@ def make_plan(config: EngineConfig, manifest: Manifest, *, calibration: memory.C
     route = route or manifest_route(manifest)
     tree = max(draft_tree_size(names, exported=exported), route.min_rows, route.multiple)  # so R >= the route's rows
     device_plan, budget, source = manifest.plan, config.budget, Source.BUDGET
-    recall_bytes = config.recall.nbytes if reads_store(names) else 0  # set apart before the arena is fitted
+    recall_bytes = config.recall.nbytes if any(DRAFTERS[n].store for n in names) else 0  # set apart before fitting
     if budget is None and config.capacity is None and device_plan is not None:
         log(f"plan from the manifest: profile {device_plan.profile}, budget {device_plan.budget / 2**30:.2f} GiB, "
             f"C={device_plan.capacity}")
