@@ -151,11 +151,11 @@ class PoolWorker:
                 continue
             if update.tokens:
                 job.send("tokens", (list(update.tokens), list(update.logprobs)))
-            if update.finished:
+            if update.finished:  # remembered first: a client that asks again at once drafts from this reply
+                self._remember(job.request, self.pool.completed.get(update.row))
                 job.send("done", update.finish_reason)
                 del self._jobs[update.row]
                 self.counters.completed += 1
-                self._remember(job.request, self.pool.completed.get(update.row))
 
     def _remember(self, request: Request, generation) -> None:
         """A finished reply joins its requester's recall store (saved whole, stores.py), here on the worker thread:
