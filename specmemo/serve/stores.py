@@ -33,11 +33,9 @@ class RecallStores:
         None for a header that carries none of them (the key check refuses such requests before they get here)."""
         if not self.keys:
             return self._store(None)
-        scheme, _, token = authorization.partition(" ")
-        key = token.strip()
-        if not authorized(authorization, self.keys) or scheme.lower() != "bearer":
+        if not authorized(authorization, self.keys):  # a Bearer header carrying one of the keys
             return None
-        return self._store(key)
+        return self._store(authorization.partition(" ")[2].strip())
 
     def _store(self, key: str | None) -> Recall:
         path = self.file_for(key)
