@@ -153,22 +153,14 @@ class Recall:
             return
         reduced = ends % self.capacity
         followed = self.ring[reduced] != SEPARATOR
-        last_sep = self._last_separator(ends)
         for k, n in enumerate(ORDERS):
-            keep = followed & (ends - n >= oldest) & (last_sep < ends - n)
+            keep = followed & (ends - n >= oldest)
+            for j in range(1, n + 1):  # the n-gram's own tokens: none a separator (no n-gram spans two documents)
+                keep &= self.ring[(ends - j) % self.capacity] != SEPARATOR
             if not keep.any():
                 continue
             slots = _slots(_hashes(self.ring, reduced[keep], n), self.capacity).astype(np.int64)
             self.tables[k, slots] = ends[keep]  # ascending ends: numpy keeps the last write of a repeated slot
-
-    def _last_separator(self, ends: np.ndarray) -> np.ndarray:
-        """[len(ends)] the absolute position of the latest separator before each end (or -1)."""
-        lo = max(0, self.written - self.capacity)
-        positions = np.arange(lo, self.written, dtype=np.int64)
-        seps = np.where(self.ring[positions % self.capacity] == SEPARATOR, positions, -1)
-        latest = np.maximum.accumulate(seps)  # latest separator at or before each position
-        at = np.clip(ends - 1 - lo, 0, latest.size - 1)
-        return np.where(ends - 1 >= lo, latest[at], -1)
 
     def lookup(self, context: list[int] | tuple[int, ...], length: int) -> Match | None:
         """The continuation (up to `length` tokens, to the end of its document) of the longest n-gram of ORDERS

@@ -12,7 +12,17 @@ import { parseRoute } from './backend';
 import { ChatSession } from './chat';
 import { Mode, openEngine } from './engine';
 import { ModelFormat } from './manifest';
-import { FolderSource } from './node';
+import { FolderSource, RecallFileOnDisk } from './node';
+
+const UNITS: Record<string, number> = { '': 1, b: 1, kib: 2 ** 10, mib: 2 ** 20, gib: 2 ** 30, kb: 1e3, mb: 1e6, gb: 1e9 };
+
+/** '8MiB' → 8388608; a one-line error naming the form otherwise. */
+function parseSize(text: string): number {
+  const match = /^\s*(\d+(?:\.\d+)?)\s*([a-z]*)\s*$/i.exec(text);
+  const unit = match ? UNITS[match[2].toLowerCase()] : undefined;
+  if (!match || unit === undefined) throw new Error(`--recall-budget ${JSON.stringify(text)}: give a size such as 8MiB, 512KiB or a number of bytes`);
+  return Math.floor(Number(match[1]) * unit);
+}
 
 const HELP = `usage: specmemo-node <generate|chat> --artifact DIR [options]
 
@@ -28,13 +38,17 @@ options:
   --max-new-tokens N    default 256
   --mode M              greedy | tree | auto (default auto): greedy output is the same token for
                         token in every mode; tree and auto only change how many tokens a step verifies
-  --drafter D           medusa, lookup or medusa+lookup (default: the manifest's)
+  --drafter D           medusa, lookup, recall, or several joined by '+' (default: the manifest's)
   --capacity C          KV positions to allocate (default: the manifest's plan, else its max)
   --threads N           ONNX Runtime intra-op threads (default 2)
   --model-format F      onnx (default) or ort (the .ort graphs of an \`export --mobile\` artifact)
   --route RxM           rows every call runs, at least R and a multiple of M (default: the manifest's);
                         give the one \`specmemo plan\` probed on this machine so greedy and speculative
                         steps compute every token alike here
+  --recall FILE         draft from what was written before (earlier turns and runs), kept in FILE: every
+                        turn joins it; the same file \`specmemo chat --recall\` keeps (docs/recall.md)
+  --recall-budget SIZE  the store's memory, e.g. 8MiB (default), 512KiB or bytes
+  --forget              empty the --recall store before starting
   --ignore-eos          keep generating past end-of-turn (for measurements)
   --json                print JSON: text, token_ids, stats (as \`specmemo generate --json\`)
   -h, --help            this text`;
@@ -47,6 +61,7 @@ async function main(): Promise<number> {
       system: { type: 'string' }, 'max-new-tokens': { type: 'string', default: '256' }, mode: { type: 'string', default: 'auto' },
       drafter: { type: 'string' }, capacity: { type: 'string' }, threads: { type: 'string', default: '2' },
       'model-format': { type: 'string', default: 'onnx' }, route: { type: 'string' }, 'ignore-eos': { type: 'boolean', default: false },
+      recall: { type: 'string' }, 'recall-budget': { type: 'string' }, forget: { type: 'boolean', default: false },
       json: { type: 'boolean', default: false }, help: { type: 'boolean', short: 'h', default: false },
     },
   });
@@ -58,14 +73,20 @@ async function main(): Promise<number> {
   if (!['generate', 'chat'].includes(command)) throw new Error(`unknown command ${JSON.stringify(command)}: use generate or chat (see --help)`);
   if (!values.artifact) throw new Error('--artifact is required: the folder `specmemo export` wrote');
   const maxNewTokens = Number(values['max-new-tokens']);
+  if ((values['recall-budget'] !== undefined || values.forget) && values.recall === undefined) {
+    throw new Error('--recall-budget and --forget act on a recall store: give --recall FILE');
+  }
+  const recall = values.recall === undefined ? undefined
+    : { file: new RecallFileOnDisk(values.recall), budget: values['recall-budget'] === undefined ? undefined : parseSize(values['recall-budget']) };
   const source = new FolderSource(values.artifact);
   const engine = await openEngine({
     ort, source, mode: values.mode as Mode, drafter: values.drafter, threads: Number(values.threads),
     route: values.route === undefined ? undefined : parseRoute(values.route),
     capacity: values.capacity === undefined ? undefined : Number(values.capacity),
-    modelFormat: values['model-format'] as ModelFormat, log: (line) => process.stderr.write(`${line}\n`),
+    modelFormat: values['model-format'] as ModelFormat, log: (line) => process.stderr.write(`${line}\n`), recall,
   });
   try {
+    if (values.forget) await engine.forget();
     if (command === 'generate') {
       if (values.prompt === undefined) throw new Error('--prompt is required for generate');
       const messages = [...(values.system ? [{ role: 'system' as const, content: values.system }] : []),

@@ -5,7 +5,8 @@
  *   sizes    – C, R and T_max, decided once (sizes.resolveSizes: the manifest's device plan, or
  *              `capacity` and the drafters' tree);
  *   open     – DecoderSession (decoder + heads graphs, one arena), tokenizer;
- *   drafter  – `drafter` or the manifest's choice, none in greedy mode;
+ *   drafter  – `drafter` or the manifest's choice, none in greedy mode; with `recall`, the recall
+ *              drafter merged in over a store (recall.ts) that every finished turn joins, saved after it;
  *   policy   – greedy: none; tree: the drafter's whole tree; auto: the controller, over a verify
  *              latency curve measured once per engine.
  */
@@ -16,7 +17,8 @@ import { FullWidth, Generation, WidthPolicy, generate } from './decode';
 import { Drafter, Merged } from './drafters/draft';
 import { PromptLookup } from './drafters/lookup';
 import { MedusaDrafter } from './drafters/medusa';
-import { DrafterName, parseDrafter } from './drafters/names';
+import { DrafterName, parseDrafter, withRecall } from './drafters/names';
+import { RecallDrafter } from './drafters/recall';
 import { ConfigError } from './errors';
 import { allocationBytes, kvBytes } from './arena';
 import { Manifest, ManifestError, ModelFormat, RowRoute, bytesPerKvElement, manifestRoute, parseManifest } from './manifest';
@@ -24,6 +26,7 @@ import { DecoderSession, OrtModule } from './session';
 import { Sizes, exportedTree, resolveSizes } from './sizes';
 import { ArtifactSource } from './source';
 import { ChatTokenizer } from './tokenizer';
+import { Digest, Recall, RecallFile, fingerprint, openRecall, sha256 } from './recall';
 
 export type Mode = 'greedy' | 'tree' | 'auto';
 const MODES: readonly Mode[] = ['greedy', 'tree', 'auto'];
@@ -39,7 +42,15 @@ export interface EngineOptions {
   executionProviders?: string[];
   latencyCurve?: LatencyCurve; // skip measuring (auto mode)
   route?: RowRoute; // rows a call runs (the device's, as the Python runtime probes it); default the manifest's
+  recall?: RecallOptions; // draft from what was written before (earlier turns and conversations); off unless given
   log?: (line: string) => void;
+}
+
+/** The store the recall drafter reads: kept in `file` across runs (null: in memory, for the engine's life). */
+export interface RecallOptions {
+  file?: RecallFile | null;
+  budget?: number; // bytes, default 8 MiB (recall.ts DEFAULT_BUDGET)
+  digest?: Digest; // SHA-256; default Web Crypto's
 }
 
 export interface MemoryPlan {
@@ -48,6 +59,7 @@ export interface MemoryPlan {
   tree: number; // T_max
   arenaBytes: number; // the one allocation: KV + step I/O
   kvBytes: number; // 2·L·H_kv·C·D·bytes
+  recallBytes: number; // the recall store, N·(4 + 8·K), when its drafter runs
   summary: string;
 }
 
@@ -63,15 +75,17 @@ export interface GenerateRequest {
 
 const MIB = 2 ** 20;
 
-function memoryPlan(m: Manifest, sizes: Sizes, session: DecoderSession): MemoryPlan {
+function memoryPlan(m: Manifest, sizes: Sizes, session: DecoderSession, recall: Recall | null): MemoryPlan {
   const arena = allocationBytes(session.layout);
   const kv = kvBytes(session.layout);
   const d = m.dims;
   const bytes = bytesPerKvElement(m);
+  const recallBytes = recall?.nbytes ?? 0;
   return {
-    capacity: sizes.capacity, rows: sizes.rows, tree: sizes.tree, arenaBytes: arena, kvBytes: kv,
+    capacity: sizes.capacity, rows: sizes.rows, tree: sizes.tree, arenaBytes: arena, kvBytes: kv, recallBytes,
     summary: `C=${sizes.capacity} R=${sizes.rows} T_max=${sizes.tree}: KV ${(kv / MIB).toFixed(1)} MiB ` +
-      `(2·${d.num_layers}·${d.num_kv_heads}·${sizes.capacity}·${d.head_dim}·${bytes} B), arena ${(arena / MIB).toFixed(1)} MiB`,
+      `(2·${d.num_layers}·${d.num_kv_heads}·${sizes.capacity}·${d.head_dim}·${bytes} B), arena ${(arena / MIB).toFixed(1)} MiB` +
+      (recall ? `, recall store ${(recallBytes / MIB).toFixed(1)} MiB (N=${recall.capacity} tokens)` : ''),
   };
 }
 
@@ -95,6 +109,7 @@ export class Engine {
     readonly maxTree: number, // T_max
     readonly mode: Mode,
     readonly plan: MemoryPlan,
+    readonly recall: Recall | null = null, // the store the recall drafter reads
   ) {
     this.backend = new OrtBackend(session, options.route);
     this.curve = options.latencyCurve ?? null;
@@ -138,7 +153,25 @@ export class Engine {
       policy: request.policy !== undefined ? request.policy : await this.policy(mode),
       chainsOnly: this.manifest.draft_shape === 'chain',
       signal: request.signal,
+    }).then(async (out) => {
+      if (this.recall !== null) { // the turn's new tokens, for the turns and conversations after it
+        this.recall.add([...promptIds.slice(cached), ...out.tokenIds]);
+        await this.saveRecall();
+      }
+      return out;
     });
+  }
+
+  /** Empty the recall store (and its file): nothing written before drafts any more. */
+  async forget(): Promise<void> {
+    if (this.recall === null) throw new ConfigError('this engine keeps no recall store: open it with `recall`');
+    this.recall.clear();
+    await this.saveRecall();
+  }
+
+  private async saveRecall(): Promise<void> {
+    const file = this.options.recall?.file;
+    if (this.recall !== null && file) await file.write(await this.recall.toBytes(this.options.recall?.digest ?? sha256));
   }
 
   async close(): Promise<void> {
@@ -153,7 +186,8 @@ export async function openEngine(options: EngineOptions): Promise<Engine> {
   }), `${source.where}/manifest.json`);
   let mode = options.mode ?? 'auto';
   if (!MODES.includes(mode)) throw new ConfigError(`unknown mode ${JSON.stringify(mode)}: use one of ${MODES.join(', ')}`);
-  const names = drafterNames(mode, options.drafter, m);
+  const asked = drafterNames(mode, options.drafter, m);
+  const names = options.recall && mode !== 'greedy' ? withRecall(asked) : asked;
   if (names.includes('medusa') && m.heads === null) {
     throw new ManifestError(`${source.where} has no Medusa heads: use drafter 'lookup', or re-export with --heads`);
   }
@@ -163,7 +197,12 @@ export async function openEngine(options: EngineOptions): Promise<Engine> {
   if (names.length === 0 && mode !== 'greedy') mode = 'greedy'; // nothing to speculate with
   const route = options.route ?? manifestRoute(m);
   const sizes = resolveSizes(m, names, options.capacity, undefined, route);
-  const tokenizer = new ChatTokenizer(await source.readText(m.tokenizer.file), m.tokenizer);
+  const tokenizerText = await source.readText(m.tokenizer.file);
+  const tokenizer = new ChatTokenizer(tokenizerText, m.tokenizer);
+  const recall = names.includes('recall')
+    ? await openRecall(options.recall?.file ?? null, { budget: options.recall?.budget, log: options.log, digest: options.recall?.digest,
+      fingerprint: await fingerprint(tokenizerText, options.recall?.digest) })
+    : null;
   const session = await DecoderSession.open(options.ort, source, m, {
     threads: options.threads ?? 2, sizes, heads: names.includes('medusa'), modelFormat: options.modelFormat ?? 'onnx',
     executionProviders: options.executionProviders,
@@ -180,10 +219,12 @@ export async function openEngine(options: EngineOptions): Promise<Engine> {
       }, exportedTree(m).prefix(sizes.tree)));
     } else if (name === 'lookup') {
       parts.push(new PromptLookup());
+    } else if (name === 'recall') {
+      parts.push(new RecallDrafter(recall!));
     }
   }
   const drafter = parts.length === 0 ? null : parts.length === 1 ? parts[0] : new Merged(parts);
-  const plan = memoryPlan(m, sizes, session);
+  const plan = memoryPlan(m, sizes, session, recall);
   options.log?.(`plan: ${plan.summary}`);
-  return new Engine(options, m, session, tokenizer, drafter, sizes.tree, mode, plan);
+  return new Engine(options, m, session, tokenizer, drafter, sizes.tree, mode, plan, recall);
 }

@@ -1,9 +1,11 @@
-/** Node: an artifact folder on disk as an ArtifactSource (graphs opened by path, rows read with pread). */
+/** Node: an artifact folder on disk as an ArtifactSource (graphs opened by path, rows read with pread); a recall
+ * store's file, written whole or not at all. */
 
 import { closeSync, openSync, readSync } from 'node:fs';
-import { readFile } from 'node:fs/promises';
-import { join, resolve } from 'node:path';
+import { mkdir, open, readFile, rename } from 'node:fs/promises';
+import { basename, dirname, join, resolve } from 'node:path';
 
+import { RecallFile } from './recall';
 import { ArtifactSource, GraphInput } from './source';
 
 /** `work` done now, its result or its throw handed over as a promise: synchronous reads behind the async interface. */
@@ -44,5 +46,37 @@ export class FolderSource implements ArtifactSource {
   close(): void {
     for (const fd of this.handles.values()) closeSync(fd);
     this.handles.clear();
+  }
+}
+
+/** A recall store kept in a file: written to a temporary file beside it, flushed to disk, renamed over it (a killed
+ * process leaves the old file or the new one, never half of one: runtime/recall.py save). */
+export class RecallFileOnDisk implements RecallFile {
+  readonly where: string;
+
+  constructor(path: string) {
+    this.where = resolve(path);
+  }
+
+  async read(): Promise<Uint8Array | null> {
+    try {
+      return new Uint8Array(await readFile(this.where));
+    } catch (err) {
+      if ((err as NodeJS.ErrnoException).code === 'ENOENT') return null;
+      throw err;
+    }
+  }
+
+  async write(bytes: Uint8Array): Promise<void> {
+    await mkdir(dirname(this.where), { recursive: true });
+    const partial = join(dirname(this.where), `.${basename(this.where)}.${process.pid}.partial`);
+    const handle = await open(partial, 'w');
+    try {
+      await handle.writeFile(bytes);
+      await handle.sync();
+    } finally {
+      await handle.close();
+    }
+    await rename(partial, this.where);
   }
 }

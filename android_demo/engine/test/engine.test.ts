@@ -10,7 +10,9 @@ import { parseRoute, routeRowsFor } from '../src/backend';
 import { accept } from '../src/decode';
 import { DraftTree, merge, ordered } from '../src/drafters/draft';
 import { NgramIndex } from '../src/drafters/lookup';
-import { parseDrafter } from '../src/drafters/names';
+import { parseDrafter, withRecall } from '../src/drafters/names';
+import { RecallDrafter } from '../src/drafters/recall';
+import { ORDERS, Recall, RecallError, bytesFor, tokensFor } from '../src/recall';
 import { EmbeddingTable, halfToFloat } from '../src/embedding';
 import { MedusaTree, expectedAccepted, rankAccuracyFromCumulative } from '../src/medusaTree';
 import { chain, depths, pathTo, treeBias } from '../src/tree';
@@ -207,4 +209,38 @@ test('KV span: committed rows keep their values when the span grows and shrinks'
   (kv as unknown as { relayout(span: number, keep: number): void }).relayout(8, 3); // grow to 8
   assert.deepEqual(rows(8), before);
   assert.deepEqual((kv.tensorsFor(3, 3)[0] as unknown as { dims: number[] }).dims, [1, 3, 8, 2]);
+});
+
+test('recall: exact bytes, the longest match drafts to its document\'s end, eviction, files refused in one line', async () => {
+  for (const budget of [4096, 8 * 2 ** 20, 10 ** 6 + 7]) {
+    const store = new Recall(tokensFor(budget), 'fp');
+    assert.ok(store.nbytes === bytesFor(store.capacity) && store.nbytes <= budget && budget < bytesFor(store.capacity + 1));
+    assert.equal(store.nbytes, store.capacity * (4 + 8 * ORDERS.length));
+  }
+  const store = new Recall(1000, 'fp');
+  store.add([5, 6, 7, 8, 9, 10, 11]);
+  store.add([1, 6, 7, 20, 21]);
+  assert.deepEqual(store.lookup([99, 6, 7, 8], 10), { continuation: [9, 10, 11], order: 3 });
+  assert.deepEqual(store.lookup([0, 6, 7], 10)?.continuation, [20, 21]); // the latest occurrence wins
+  assert.equal(store.lookup([9, 10, 11], 10), null); // nothing follows a document's end
+  assert.equal(store.lookup([11, 1], 10), null); // no n-gram spans two documents
+  const tree = await new RecallDrafter(store).propose({ tokens: [3, 6, 7, 8], hidden: new Float32Array() }, 3);
+  assert.deepEqual([tree.tokens, tree.parents], [[8, 9, 10], [-1, 0, 1]]);
+  assert.ok(tree.scores[1] > tree.scores[2]);
+  assert.deepEqual(withRecall(parseDrafter('medusa+lookup')), ['medusa', 'lookup', 'recall']);
+
+  const small = new Recall(tokensFor(4096), 'fp');
+  const first = Array.from({ length: 30 }, (_, i) => 100 + i);
+  small.add(first);
+  for (let i = 0; i < 20; i++) small.add(Array.from({ length: 30 }, (_, j) => 1000 + 30 * i + j));
+  assert.equal(small.lookup(first.slice(0, 10), 5), null); // evicted
+  assert.equal(small.held, small.capacity);
+  const bytes = await small.toBytes();
+  const back = await Recall.fromBytes(bytes, { capacity: small.capacity, fingerprint: 'fp' });
+  assert.deepEqual(back.lookup([1570, 1571], 3), small.lookup([1570, 1571], 3));
+  const damaged = bytes.slice();
+  damaged[damaged.length - 40] ^= 1;
+  await assert.rejects(Recall.fromBytes(damaged, { capacity: 100, fingerprint: 'fp' }), /damaged/);
+  await assert.rejects(Recall.fromBytes(bytes, { capacity: 100, fingerprint: 'other' }), /another tokenizer/);
+  await assert.rejects(Recall.fromBytes(new TextEncoder().encode('{}\n' + 'x'.repeat(40)), { capacity: 100, fingerprint: 'fp' }), RecallError);
 });

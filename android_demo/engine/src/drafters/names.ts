@@ -2,8 +2,8 @@
 
 import { ConfigError } from '../errors';
 
-export type DrafterName = 'medusa' | 'lookup' | 'feature';
-const NAMES: readonly DrafterName[] = ['medusa', 'lookup', 'feature'];
+export type DrafterName = 'medusa' | 'lookup' | 'feature' | 'recall';
+const NAMES: readonly DrafterName[] = ['medusa', 'lookup', 'feature', 'recall'];
 
 /** 'medusa+lookup' → ['medusa', 'lookup']; a one-line error naming the choices otherwise. */
 export function parseDrafter(spec: string): DrafterName[] {
@@ -16,4 +16,9 @@ export function parseDrafter(spec: string): DrafterName[] {
     names.push(part as DrafterName);
   }
   return names;
+}
+
+/** `names` with the recall drafter merged in (runtime/drafters/__init__.py with_recall), for an engine given a store. */
+export function withRecall(names: readonly DrafterName[]): DrafterName[] {
+  return names.includes('recall') ? [...names] : [...names, 'recall'];
 }

@@ -1,0 +1,27 @@
+/**
+ * Recall (runtime/drafters/recall.py): draft what followed the context's last tokens the latest time
+ * they were written before — an earlier turn, an earlier conversation, a file an app added — from the
+ * store of what was already written (recall.ts). The longest of ORDERS that matches proposes one branch;
+ * node d of a branch found by an n-gram scores HIT[n] ** d, a prior the controller corrects.
+ */
+
+import { ORDERS, Recall } from '../recall';
+import { DraftContext, DraftTree, Drafter } from './draft';
+
+export const RECALL_MAX_BRANCH = 10;
+const HIT: Record<number, number> = Object.fromEntries(ORDERS.map((n, i) => [n, [0.5, 0.65, 0.75, 0.85][i]]));
+
+export class RecallDrafter implements Drafter {
+  readonly name = 'recall';
+
+  constructor(readonly store: Recall) {}
+
+  propose(context: DraftContext, budget: number): Promise<DraftTree> {
+    const root = context.tokens[context.tokens.length - 1];
+    const match = budget > 1 ? this.store.lookup(context.tokens, Math.min(budget - 1, RECALL_MAX_BRANCH)) : null;
+    if (match === null) return Promise.resolve(DraftTree.rootOnly(root));
+    const branch = match.continuation;
+    const hit = HIT[match.order];
+    return Promise.resolve(new DraftTree([root, ...branch], [-1, ...branch.map((_, i) => i)], [1, ...branch.map((_, d) => hit ** (d + 1))]));
+  }
+}
