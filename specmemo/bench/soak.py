@@ -5,6 +5,10 @@ the oldest turns are dropped every few turns and the rest re-prefilled. After ev
 peak RSS (VmHWM, reset once the sessions are open), KV positions used, turns dropped. The bar: the
 peak at the end is within 2% of the peak after turn `settle` (by then every code path, eviction
 and re-prefill included, has run), and every turn that fits got a reply.
+
+With `conversation_turns` N a new conversation starts every N turns (N = 2: each MT-Bench question, both its turns,
+is one conversation), the way an app is used day after day; with a recall store (`recall`) every turn joins it, so
+a small budget is filled and evicted again and again while RSS is watched.
 """
 
 from __future__ import annotations
@@ -45,9 +49,12 @@ class SoakConfig:
     threads: int = DEFAULT_THREADS
     recall: Path | None = None  # a recall store's file: every turn added to it and saved (its drafter merged in)
     recall_budget: int = DEFAULT_RECALL_BUDGET
+    conversation_turns: int = 0  # a new conversation every this many turns; 0: one conversation throughout
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "mode", Mode(self.mode))
+        if self.conversation_turns < 0:
+            raise ConfigError(f"--conversation-turns {self.conversation_turns}: give 0 (one conversation) or more")
         if not 1 <= self.settle < self.turns:
             raise ConfigError(f"--settle {self.settle} must be a turn before the last (--turns {self.turns})")
 
@@ -66,6 +73,8 @@ def run_soak(config: SoakConfig, *, log=print) -> dict:
     answered = refused = empty = 0
     started = time.perf_counter()
     for i in tqdm(range(config.turns), desc="soak", unit="turn", mininterval=2.0):
+        if config.conversation_turns and i and i % config.conversation_turns == 0:
+            chat.reset()
         try:
             reply = chat.send(messages[i % len(messages)])
         except ContextOverflowError:
@@ -83,7 +92,8 @@ def run_soak(config: SoakConfig, *, log=print) -> dict:
     return {
         "config": {"artifact": str(config.artifact), "turns": config.turns, "capacity": config.capacity,
                    "max_new_tokens": config.max_new_tokens, "settle": config.settle, "mode": config.mode.value,
-                   "threads": config.threads, "cpu": cpu_name()},
+                   "threads": config.threads, "cpu": cpu_name(), "conversation_turns": config.conversation_turns,
+                   "recall_budget": config.recall_budget if config.recall is not None else None},
         "answered": answered, "refused_too_long": refused, "empty_replies": empty,
         "turns_evicted": totals.evictions, "turns_with_eviction": int((record[:, 3] > 0).sum()),
         "tokens": totals.new_tokens, "prefilled": totals.prefilled, "reused": totals.reused,
@@ -122,6 +132,7 @@ def format_table(result: dict) -> str:
         rows.append(("recall store: tokens written / held, its bytes, its file",
                      f"{r['written']} / {r['held']}, {r['bytes'] / MIB:.1f} MiB, {r['file_bytes'] / MIB:.1f} MiB"))
     width = max(len(label) for label, _ in rows)
-    head = (f"chat soak: {c['turns']} turns, C={c['capacity']}, {c['max_new_tokens']} new tokens per reply, "
+    every = f", a new conversation every {c['conversation_turns']} turns" if c.get("conversation_turns") else ""
+    head = (f"chat soak: {c['turns']} turns{every}, C={c['capacity']}, {c['max_new_tokens']} new tokens per reply, "
             f"mode {c['mode']}, {c['threads']} threads, {c['cpu']}")
     return "\n".join([head] + [f"  {label:<{width}}  {value}" for label, value in rows])

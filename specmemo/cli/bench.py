@@ -135,6 +135,8 @@ def add_parser(sub) -> None:
     b.add_argument("--recall", type=Path, metavar="FILE", help="keep a recall store in FILE (every turn added and "
                                                               "saved; its drafter merged into the artifact's)")
     b.add_argument("--recall-budget", default="8MiB", help="the recall store's memory")
+    b.add_argument("--conversation-turns", type=int, default=0, metavar="N",
+                   help="start a new conversation every N turns (2: each MT-Bench question is one); 0: one throughout")
     add_mode(b)
     add_profile_options(b, budget=False)
     b.add_argument("--json", type=Path, default=run_folder("bench-soak.json"), help="where to write JSON")
@@ -339,7 +341,8 @@ def cmd_bench_soak(args: argparse.Namespace) -> int:
     apply_profile(args)
     config = SoakConfig(artifact=args.artifact, turns=args.turns, capacity=args.capacity,
                         max_new_tokens=args.max_new_tokens, settle=args.settle, mode=args.mode, threads=args.threads,
-                        recall=args.recall, recall_budget=parse_size(args.recall_budget))
+                        recall=args.recall, recall_budget=parse_size(args.recall_budget),
+                        conversation_turns=args.conversation_turns)
     result = run_soak(config, log=log_stderr)
     print(format_table(result))
     print(f"wrote {write_json(args.json, result, threads=args.threads)}")
