@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 
 from specmemo.runtime.artifact import Artifact
-from specmemo.runtime.controller import Controller, LatencyCurve, ScoreCalibration
+from specmemo.runtime.controller import Controller, LatencyCurve
 from specmemo.runtime.decode import generate
+from specmemo.runtime.drafters.calibration import ScoreCalibration
 from specmemo.runtime.drafters.draft import DraftTree
 from specmemo.runtime.medusa_tree import MedusaTree
 from specmemo.runtime.sampling import Sampling, accept_typical

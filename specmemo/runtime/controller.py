@@ -9,8 +9,8 @@ tokens per ms, from
   (b) a T → verify ms curve measured once for this artifact and machine, briefly (a few sizes,
       a short past; cached, measured.py), each verified size then refined by the loop's own timings,
   (c) the drafting time, measured every step (a running mean),
-  (d) a score calibration: per score band, how often a verified node of that band was accepted,
-      starting from the raw scores as a prior worth PRIOR_TRIALS observations.
+  (d) a score calibration (drafters/calibration.py): per score band, how often a verified node of that band
+      was accepted, starting from the raw scores as a prior.
 A drafter whose cost grows with every node it drafts (a draft model: one call per guess, `draft_cost`
 PER_NODE) is also given a budget before it drafts: the T with the most expected tokens per ms when each
 node costs the measured ms per node and is reached as often as that depth was accepted so far (running
@@ -43,6 +43,7 @@ import numpy as np
 
 from specmemo.errors import ConfigError
 from specmemo.runtime import decode, measured, tree
+from specmemo.runtime.drafters.calibration import ScoreCalibration
 from specmemo.runtime.drafters.draft import DraftCost, DraftTree, draft_cost
 
 if TYPE_CHECKING:
@@ -50,8 +51,6 @@ if TYPE_CHECKING:
     from specmemo.runtime.backend import Backend
     from specmemo.runtime.drafters import Priced
 
-PRIOR_TRIALS = 16
-SCORE_BANDS = (0.0, 0.02, 0.05, 0.1, 0.2, 0.3, 0.45, 0.6, 0.75, 0.9, 1.0)  # band edges of raw scores
 EXPLORE_EVERY = 32
 EXPLORE_MAX = 512
 FREE_DRAFT = 0.02  # drafting under 2% of a plain step always runs
@@ -122,31 +121,6 @@ def latency_curve(artifact: Artifact, backend: Backend, max_size: int, *, thread
         measured.store(path, {k: list(v) for k, v in asdict(curve).items()})
         return curve
     return LatencyCurve(sizes=tuple(data["sizes"]), step_ms=tuple(data["step_ms"]))
-
-
-class ScoreCalibration:
-    """Raw draft score → chance of acceptance, per band of SCORE_BANDS: accepted / verified nodes
-    of that band, with the band's middle as a prior worth `prior_trials` observations."""
-
-    def __init__(self, prior_trials: int = PRIOR_TRIALS):
-        edges = np.array(SCORE_BANDS)
-        self.hits = (edges[:-1] + edges[1:]) / 2 * prior_trials  # [bands]
-        self.trials = np.full(len(edges) - 1, float(prior_trials))
-        self._inner = edges[1:-1]
-
-    def bands(self, scores: np.ndarray) -> np.ndarray:
-        return np.searchsorted(self._inner, scores, side="right")
-
-    def __call__(self, scores: np.ndarray) -> np.ndarray:
-        """[N] raw scores → [N] calibrated acceptance chances."""
-        chances: np.ndarray = (self.hits / self.trials)[self.bands(scores)]
-        return chances
-
-    def observe(self, scores: np.ndarray, accepted: np.ndarray) -> None:
-        """scores [N] of verified non-root nodes, accepted [N] bool."""
-        bands = self.bands(scores)
-        np.add.at(self.trials, bands, 1.0)
-        np.add.at(self.hits, bands, accepted.astype(np.float64))
 
 
 @dataclass

@@ -8,7 +8,8 @@
             added, in a bounded store kept across runs (recall.py over runtime/recall.py);
   model   – a draft model: a smaller LM of the same tokenizer drafting a chain (model.py); `model:DIR`
             names its artifact, plain `model` the one the manifest names (`export --draft-model`);
-  a+b     – both, merged into one tree (draft.merge), e.g. medusa+lookup;
+  a+b     – both, merged into one tree (draft.merge), e.g. medusa+lookup, each part's scores first rescored by
+            how often its own drafts were right (calibration.py);
   a,b     – a choice: one of them drafts each step, the one the controller prices best (Priced and
             controller.DrafterChoice), e.g. feature+lookup,model.
 
@@ -21,6 +22,7 @@ from __future__ import annotations
 from enum import StrEnum
 
 from specmemo.errors import ConfigError
+from specmemo.runtime.drafters.calibration import ScoreCalibration, rescored, trials
 from specmemo.runtime.drafters.draft import DraftContext, Drafter, DraftTree, merge
 
 __all__ = ["DraftContext", "DraftTree", "Drafter", "DrafterName", "Merged", "Priced", "draft_model_dir",
@@ -86,11 +88,26 @@ def draft_model_dir(spec: str) -> str | None:
 
 
 class Merged:
-    """Several drafters as one: each drafts within the whole budget; their trees are merged and cut."""
+    """Several drafters as one: each drafts within the whole budget; each tree is rescored by its own part's
+    calibration (how often that part's drafts were right, judged by the text decoded after them), then the trees
+    are merged and cut, so a part that keeps failing sinks below the others instead of taking their rows."""
 
     def __init__(self, drafters: list[Drafter]):
         self.drafters = drafters
         self.name = "+".join(d.name for d in drafters)
+        self.calibrations = [ScoreCalibration() for _ in drafters]
+        self._last: tuple[list[int], int, list[DraftTree]] | None = None  # (context, its root's index, each draft)
+
+    def _learn(self, tokens: list[int]) -> None:
+        """Judge each part's last draft by what was decoded after its root (the same context list, grown)."""
+        if self._last is None or self._last[0] is not tokens or len(tokens) <= self._last[1] + 1:
+            return
+        _, root, drafts = self._last
+        followed = tokens[root + 1:]
+        for calibration, draft in zip(self.calibrations, drafts, strict=True):
+            scores, right = trials(draft, followed)
+            if scores.size:
+                calibration.observe(scores, right)
 
     def prepare(self, tokens: list[int]) -> None:
         for drafter in self.drafters:
@@ -98,7 +115,10 @@ class Merged:
                 drafter.prepare(tokens)
 
     def propose(self, context: DraftContext, *, budget: int) -> DraftTree:
-        trees = [d.propose(context, budget=budget) for d in self.drafters]
+        self._learn(context.tokens)
+        drafts = [d.propose(context, budget=budget) for d in self.drafters]
+        self._last = (context.tokens, len(context.tokens) - 1, drafts)
+        trees = [rescored(draft, calibration) for draft, calibration in zip(drafts, self.calibrations, strict=True)]
         out = trees[0]
         for other in trees[1:]:
             if other.size > 1:
