@@ -64,8 +64,14 @@ class GreedyDraft:
 
 
 def _open(path: str, request: dict, context: int, **extra):
+    """A Llama of `context` positions. With a draft model llama-cpp-python keeps every position's logits (its
+    `logits_all` is forced on) but sizes the buffer that holds them by the `logits_all` it was given (n_batch rows
+    without it): so a speculative Llama is opened with logits_all=True, or a prompt longer than n_batch overflows
+    that buffer ("could not broadcast"). The buffer is n_ctx · vocab float32s: part of that peer's memory."""
     import llama_cpp
 
+    if extra.get("draft_model") is not None:
+        extra = {**extra, "logits_all": True}
     return llama_cpp.Llama(path, n_threads=request["threads"], n_threads_batch=request["threads"], n_ctx=context,
                            n_batch=512, verbose=False, **extra)
 
