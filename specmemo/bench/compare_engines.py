@@ -28,9 +28,11 @@ class Engines:
 
 
 def select_engines(*, artifact: Path, manifest: Manifest, drafter: str | None, wanted: tuple[str, ...] | None,
-                   peers: bool, log: Callable[[str], None]) -> Engines:
+                   peers: bool, log: Callable[[str], None], multi_turn: bool = True) -> Engines:
     """The engines to run: those that can run here, narrowed to `wanted` (None: all). `drafter`: the drafter asked
-    for (None: the manifest's); `peers`: False leaves every peer out."""
+    for (None: the manifest's); `peers`: False leaves every peer out; `multi_turn` False (every conversation one
+    turn): the recall row that keeps only a conversation's own turns is the controller there, left out unless
+    named."""
     names: tuple[str, ...] = compare.TORCH_ENGINES + compare.ORT_ENGINES
     peer_draft = peer_draft_model(manifest.source_model, draft_manifest(artifact, manifest, drafter))
     genai_dir, genai_pair, gguf, draft_gguf = None, None, None, None
@@ -66,6 +68,8 @@ def select_engines(*, artifact: Path, manifest: Manifest, drafter: str | None, w
         names = tuple(e for e in names if e not in compare.TORCH_ENGINES or e == compare.REFERENCE)
     if not (drafter or manifest.drafter):  # nothing to speculate with
         names = tuple(e for e in names if e in compare.PLAIN_ENGINES)
+    if wanted is None and not multi_turn:
+        names = tuple(e for e in names if e != compare.RECALL_TURNS)
     if wanted is not None:
         unknown = sorted(set(wanted) - set(names))
         if unknown:

@@ -26,6 +26,7 @@ import statistics
 import time
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
+from functools import cache
 from pathlib import Path
 from typing import TypedDict
 
@@ -215,9 +216,14 @@ def open_engines(config: EvalDrafterConfig, *, log=print) -> tuple[Engine, dict[
         named = draft_model_dir(spec)
         return Artifact.open(named) if named else engine.plan.draft_model
 
+    @cache
+    def tokenizer_fingerprint() -> str:  # hashed once, when a spec first recalls
+        return fingerprint(engine.config.artifact.path(engine.session.manifest.tokenizer.file))
+
     def store(spec: str) -> Recall | None:  # each spec that recalls its own, empty: what this run's replies teach
-        fp = fingerprint(engine.config.artifact.path(engine.session.manifest.tokenizer.file))
-        return Recall(tokens_for(RecallConfig().budget), fp) if reads_store(parse_drafter(spec)) else None
+        if not reads_store(parse_drafter(spec)):
+            return None
+        return Recall(tokens_for(RecallConfig().budget), tokenizer_fingerprint())
 
     engines = {}
     for spec in config.drafters:

@@ -103,7 +103,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
                         for q in questions)
     drafter = args.drafter or manifest.drafter
     engines = select_engines(artifact=artifact, manifest=manifest, drafter=args.drafter, wanted=args.engines,
-                             peers=not args.no_peer, log=log_stderr)
+                             peers=not args.no_peer, log=log_stderr, multi_turn=bool(turns))
     capacity = None
     if args.budget_bytes is None:
         capacity = args.capacity or compare.run_capacity(
