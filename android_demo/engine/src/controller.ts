@@ -9,12 +9,11 @@
 
 import { OrtBackend } from './backend';
 import { ConfigError } from './errors';
+import { ScoreCalibration } from './drafters/calibration';
 import { DraftTree } from './drafters/draft';
 import { WidthPolicy, prefill, verifyAndCommit } from './decode';
 import { chain } from './tree';
 
-export const PRIOR_TRIALS = 16;
-export const SCORE_BANDS = [0.0, 0.02, 0.05, 0.1, 0.2, 0.3, 0.45, 0.6, 0.75, 0.9, 1.0];
 export const EXPLORE_EVERY = 32;
 export const EXPLORE_MAX = 512;
 export const FREE_DRAFT = 0.02;
@@ -72,35 +71,6 @@ export async function measureLatency(backend: OrtBackend, maxSize: number, conte
   }
   backend.reset();
   return new LatencyCurve(sizes, sizes.map((s) => median(perSize.get(s)!)));
-}
-
-/** Raw draft score → chance of acceptance, per band: accepted / verified, with the band's middle as a prior. */
-export class ScoreCalibration {
-  private readonly hits: number[];
-  private readonly trials: number[];
-  private readonly inner = SCORE_BANDS.slice(1, -1);
-
-  constructor(priorTrials = PRIOR_TRIALS) {
-    this.hits = SCORE_BANDS.slice(0, -1).map((edge, i) => ((edge + SCORE_BANDS[i + 1]) / 2) * priorTrials);
-    this.trials = this.hits.map(() => priorTrials);
-  }
-
-  band(score: number): number { // np.searchsorted(inner, score, side="right")
-    let n = 0;
-    while (n < this.inner.length && this.inner[n] <= score) n++;
-    return n;
-  }
-
-  chance(score: number): number {
-    const b = this.band(score);
-    return this.hits[b] / this.trials[b];
-  }
-
-  observe(score: number, accepted: boolean): void {
-    const b = this.band(score);
-    this.trials[b] += 1;
-    this.hits[b] += accepted ? 1 : 0;
-  }
 }
 
 export interface Decision {

@@ -14,7 +14,8 @@
 import { OrtBackend, checkFits } from './backend';
 import { Controller, LatencyCurve, measureLatency } from './controller';
 import { FullWidth, Generation, WidthPolicy, generate } from './decode';
-import { Drafter, Merged } from './drafters/draft';
+import { Drafter } from './drafters/draft';
+import { Merged } from './drafters/merged';
 import { PromptLookup } from './drafters/lookup';
 import { MedusaDrafter } from './drafters/medusa';
 import { DrafterName, parseDrafter, withRecall } from './drafters/names';

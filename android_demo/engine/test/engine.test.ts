@@ -4,11 +4,13 @@ import assert from 'node:assert/strict';
 import { test } from 'node:test';
 
 import { ALIGN, Arena, allocationBytes, kvBytes, views } from '../src/arena';
-import { LatencyCurve, ScoreCalibration } from '../src/controller';
+import { LatencyCurve } from '../src/controller';
+import { ScoreCalibration, rescored, trials } from '../src/drafters/calibration';
 import { KVCache, OrtModule } from '../src/session';
 import { parseRoute, routeRowsFor } from '../src/backend';
 import { accept } from '../src/decode';
 import { DraftTree, merge, ordered } from '../src/drafters/draft';
+import { Merged } from '../src/drafters/merged';
 import { NgramIndex } from '../src/drafters/lookup';
 import { parseDrafter, withRecall } from '../src/drafters/names';
 import { RecallDrafter } from '../src/drafters/recall';
@@ -243,4 +245,24 @@ test('recall: exact bytes, the longest match drafts to its document\'s end, evic
   await assert.rejects(Recall.fromBytes(damaged, { capacity: 100, fingerprint: 'fp' }), /damaged/);
   await assert.rejects(Recall.fromBytes(bytes, { capacity: 100, fingerprint: 'other' }), /another tokenizer/);
   await assert.rejects(Recall.fromBytes(new TextEncoder().encode('{}\n' + 'x'.repeat(40)), { capacity: 100, fingerprint: 'fp' }), RecallError);
+});
+
+test('merged parts are rescored by their own calibration, judged by the text decoded after each draft (as Python)', async () => {
+  const draft = new DraftTree([5, 7, 8, 9, 4], [-1, 0, 0, 1, 3], [1, 0.9, 0.5, 0.8, 0.7]);
+  assert.deepEqual(trials(draft, [7, 9]), [[0.9, 0.5, 0.8], [true, false, true]]);
+  assert.deepEqual(trials(draft, [7, 3, 4])[1], [true, false, false, false]);
+  const calibration = new ScoreCalibration();
+  for (let i = 0; i < 50; i++) calibration.observe(0.95, false);
+  assert.deepEqual(rescored(new DraftTree([1, 2, 3], [-1, 0, 0], [1, 0.95, 0.25]), calibration).tokens, [1, 3, 2]);
+  const fixed = (name: string, token: number, score: number) => ({
+    name, propose: (c: { tokens: number[] }) => Promise.resolve(new DraftTree([c.tokens[c.tokens.length - 1], token], [-1, 0], [1, score])),
+  });
+  const merged = new Merged([fixed('bold', 100, 0.95), fixed('modest', 200, 0.25)]);
+  const tokens = [1];
+  assert.deepEqual((await merged.propose({ tokens, hidden: new Float32Array() }, 2)).tokens, [1, 100]);
+  for (let i = 0; i < 40; i++) {
+    tokens.push(200, 200);
+    await merged.propose({ tokens, hidden: new Float32Array() }, 3);
+  }
+  assert.deepEqual((await merged.propose({ tokens, hidden: new Float32Array() }, 2)).tokens, [200, 200]);
 });

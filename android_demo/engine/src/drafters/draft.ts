@@ -98,21 +98,3 @@ export function merge(first: DraftTree, second: DraftTree, budget: number): Draf
   }
   return ordered(tokens, parents, scores, budget);
 }
-
-/** Several drafters as one: each drafts within the whole budget; their trees are merged and cut. */
-export class Merged implements Drafter {
-  readonly name: string;
-
-  constructor(readonly drafters: readonly Drafter[]) {
-    this.name = drafters.map((d) => d.name).join('+');
-  }
-
-  async propose(context: DraftContext, budget: number): Promise<DraftTree> {
-    let out: DraftTree | null = null;
-    for (const drafter of this.drafters) {
-      const tree = await drafter.propose(context, budget);
-      out = out === null ? tree : tree.size > 1 ? merge(out, tree, budget) : out;
-    }
-    return out!.prefix(budget);
-  }
-}
