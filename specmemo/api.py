@@ -183,6 +183,18 @@ class Model:
             if store.path is not None:
                 store.save()
 
+    def remember(self, text: str) -> int:
+        """Add `text` (a project's file, an app's own prompts) to the recall store as one document, so replies
+        draft from it; saved to the store's file. Returns the tokens added. Needs open_model(recall=...)."""
+        store = self.engine.recall
+        if store is None:
+            raise ConfigError("remember() adds to the recall store: open the model with recall= (a file, or True)")
+        ids = self.engine.tokenizer.encode(text)
+        store.add(ids)
+        if store.path is not None:
+            store.save()
+        return len(ids)
+
     def chat(self, *, system: str | None = None, max_new_tokens: int = 256) -> ChatSession:
         """A conversation: `send(text)` → a Reply; earlier turns stay in the KV cache, the oldest are dropped
         (the system prompt stays) when a turn would not fit."""

@@ -172,3 +172,32 @@ def test_the_plan_sets_the_stores_bytes_apart_before_fitting_the_arena(smollm2_a
     assert with_store.footprint.total <= budget and with_store.sizes != without.sizes  # a smaller arena
     assert with_store.sizes == plan("lookup", budget - store.nbytes).sizes
     assert any(label.startswith("recall store") for label, _ in memory.breakdown(with_store.footprint))
+
+
+def test_text_an_app_remembers_drafts_the_reply_and_output_stays_greedy(tmp_path):
+    from heads_common import export_with_random_heads
+
+    artifact = export_with_random_heads(tmp_path / "tiny", mode="subvocab", subvocab_size=128)[0]
+    prompt = " ".join(f"w{i}" for i in range(40, 90))
+    plain = open_model(artifact, mode="tree", drafter="lookup", temperature=0, recall=True)
+    first = plain.generate(prompt, max_new_tokens=40)
+    with pytest.raises(ConfigError, match="open the model with recall="):
+        open_model(artifact, mode="tree", drafter="lookup", temperature=0).remember("w1 w2")
+    model = open_model(artifact, mode="tree", drafter="lookup", temperature=0, recall=tmp_path / "app.recall")
+    assert model.remember(first.text) > 10  # the app's corpus: here, the text of the reply to come
+    again = model.generate(prompt, max_new_tokens=40)
+    assert again.token_ids == first.token_ids
+    assert again.stats.steps < first.stats.steps
+    assert read_store(tmp_path / "app.recall", capacity=model.engine.recall.capacity,
+                      fingerprint=model.engine.recall.fingerprint).written > 0  # saved
+
+
+def test_recall_flags_without_a_store_or_a_missing_file_are_one_line(tmp_path, capsys):
+    from specmemo.cli import main
+
+    for flags, needle in ((["--recall-add", "x.txt"], "give --recall FILE"),
+                          (["--recall", str(tmp_path / "s.recall"), "--recall-add", str(tmp_path / "none.txt")],
+                           "no such file")):
+        assert main(["generate", "--artifact", str(tmp_path), "--prompt", "hi", *flags]) != 0
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and needle in err[0], err

@@ -113,3 +113,8 @@ def test_a_second_run_drafts_from_the_firsts_file_and_stays_greedy(tmp_path):
     store.write_bytes(store.read_bytes()[:-1] + b"x")  # damaged: refused in one line, started afresh
     damaged, log = chat(artifact, store)
     assert damaged["token_ids"] == greedy and "damaged" in log and damaged["stats"]["steps"] == first["stats"]["steps"]
+    corpus = tmp_path / "project.txt"  # an app's corpus: here, the text of the reply to come
+    corpus.write_text(first["text"])
+    added, log = chat(artifact, tmp_path / "fresh.recall", "--recall-add", str(corpus))
+    assert added["token_ids"] == greedy and added["stats"]["steps"] < first["stats"]["steps"]
+    assert f"{corpus} added" in log

@@ -122,6 +122,9 @@ def add_decoding_options(parser: argparse.ArgumentParser) -> None:
     recall.add_argument("--recall-budget", default=None, metavar="SIZE",
                         help="the store's memory, e.g. 8MiB (default), 64MiB: a line of the memory plan")
     recall.add_argument("--forget", action="store_true", help="empty the --recall store before starting")
+    recall.add_argument("--recall-add", type=Path, action="append", default=[], metavar="FILE",
+                        help="add a text file to the store before starting (a project's source, an app's prompts), "
+                             "so replies draft from it; repeat for several")
 
 
 def check_sampling_flags(args: argparse.Namespace) -> None:
@@ -147,8 +150,11 @@ def open_model_from(args: argparse.Namespace, *, log=log_dim):
     from specmemo.api import open_model
 
     check_sampling_flags(args)
-    if (args.recall_budget or args.forget) and args.recall is None:
-        raise ConfigError("--recall-budget and --forget act on a recall store: give --recall FILE")
+    if (args.recall_budget or args.forget or args.recall_add) and args.recall is None:
+        raise ConfigError("--recall-budget, --forget and --recall-add act on a recall store: give --recall FILE")
+    for path in args.recall_add:
+        if not path.is_file():
+            raise ConfigError(f"--recall-add {path}: no such file; name a text file to add to the store")
     model = open_model(args.artifact, profile=getattr(args, "profile", None), budget=getattr(args, "budget", None),
                       capacity=args.capacity, context=getattr(args, "context", None), mode=args.mode,
                       drafter=args.drafter, threads=args.threads, temperature=args.temperature, top_p=args.top_p,
@@ -157,6 +163,8 @@ def open_model_from(args: argparse.Namespace, *, log=log_dim):
                       recall=args.recall, recall_budget=args.recall_budget, log=log)
     if args.forget:
         model.forget()
+    for path in args.recall_add:
+        log(f"recall: {path} added ({model.remember(path.read_text(errors='replace'))} tokens)")
     return model
 
 

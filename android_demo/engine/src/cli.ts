@@ -4,6 +4,7 @@
  * `specmemo generate` / `specmemo chat` so the two runtimes can be compared id for id.
  */
 
+import { readFile } from 'node:fs/promises';
 import { parseArgs } from 'node:util';
 
 import * as ort from 'onnxruntime-node';
@@ -49,6 +50,7 @@ options:
                         turn joins it; the same file \`specmemo chat --recall\` keeps (docs/recall.md)
   --recall-budget SIZE  the store's memory, e.g. 8MiB (default), 512KiB or bytes
   --forget              empty the --recall store before starting
+  --recall-add FILE     add a text file to the store first (a project's source); repeat for several
   --ignore-eos          keep generating past end-of-turn (for measurements)
   --json                print JSON: text, token_ids, stats (as \`specmemo generate --json\`)
   -h, --help            this text`;
@@ -62,6 +64,7 @@ async function main(): Promise<number> {
       drafter: { type: 'string' }, capacity: { type: 'string' }, threads: { type: 'string', default: '2' },
       'model-format': { type: 'string', default: 'onnx' }, route: { type: 'string' }, 'ignore-eos': { type: 'boolean', default: false },
       recall: { type: 'string' }, 'recall-budget': { type: 'string' }, forget: { type: 'boolean', default: false },
+      'recall-add': { type: 'string', multiple: true },
       json: { type: 'boolean', default: false }, help: { type: 'boolean', short: 'h', default: false },
     },
   });
@@ -73,8 +76,9 @@ async function main(): Promise<number> {
   if (!['generate', 'chat'].includes(command)) throw new Error(`unknown command ${JSON.stringify(command)}: use generate or chat (see --help)`);
   if (!values.artifact) throw new Error('--artifact is required: the folder `specmemo export` wrote');
   const maxNewTokens = Number(values['max-new-tokens']);
-  if ((values['recall-budget'] !== undefined || values.forget) && values.recall === undefined) {
-    throw new Error('--recall-budget and --forget act on a recall store: give --recall FILE');
+  const adds = values['recall-add'] ?? [];
+  if ((values['recall-budget'] !== undefined || values.forget || adds.length) && values.recall === undefined) {
+    throw new Error('--recall-budget, --forget and --recall-add act on a recall store: give --recall FILE');
   }
   const recall = values.recall === undefined ? undefined
     : { file: new RecallFileOnDisk(values.recall), budget: values['recall-budget'] === undefined ? undefined : parseSize(values['recall-budget']) };
@@ -87,6 +91,7 @@ async function main(): Promise<number> {
   });
   try {
     if (values.forget) await engine.forget();
+    for (const file of adds) process.stderr.write(`recall: ${file} added (${await engine.remember(await readFile(file, 'utf-8'))} tokens)\n`);
     if (command === 'generate') {
       if (values.prompt === undefined) throw new Error('--prompt is required for generate');
       const messages = [...(values.system ? [{ role: 'system' as const, content: values.system }] : []),

@@ -163,6 +163,15 @@ export class Engine {
     });
   }
 
+  /** Add `text` (a project's file, an app's own prompts) to the recall store as one document, saved; the tokens added. */
+  async remember(text: string): Promise<number> {
+    if (this.recall === null) throw new ConfigError('remember() adds to the recall store: open the engine with `recall`');
+    const ids = this.tokenizer.encode(text);
+    this.recall.add(ids);
+    await this.saveRecall();
+    return ids.length;
+  }
+
   /** Empty the recall store (and its file): nothing written before drafts any more. */
   async forget(): Promise<void> {
     if (this.recall === null) throw new ConfigError('this engine keeps no recall store: open it with `recall`');
