@@ -18,6 +18,7 @@ from specmemo.runtime.decode import generate
 from specmemo.runtime.drafters import DrafterName, Merged, Priced, parse_choices, parse_drafter
 from specmemo.runtime.drafters.draft import DraftContext, DraftTree, merge, ordered
 from specmemo.runtime.drafters.lookup import HIT, NgramIndex, PromptLookup
+from specmemo.runtime.drafters.lookup import hit as lookup_hit
 from specmemo.runtime.drafters.medusa import MedusaDrafter
 from specmemo.runtime.manifest import ManifestError, load_manifest
 from specmemo.runtime.medusa_tree import MedusaTree
@@ -67,6 +68,10 @@ def test_ngram_index_finds_the_longest_most_recent_match():
     assert index.continuation(3) == ([], 0)  # "8" never seen before
     index.extend([2, 3])
     assert index.continuation(2) == ([8, 2], 2)  # "2 3": its most recent earlier occurrence (then 8) wins
+    copy = NgramIndex()
+    copy.extend([5, 6, 7, 8, 9, 1, 2, 3, 0, 5, 6, 7, 8, 9, 1, 2, 3])
+    assert copy.continuation(2) == ([0, 5], 8)  # found by 4 tokens, matching 8 back: a copy in progress
+    assert lookup_hit(8) > lookup_hit(4) == 0.8 > lookup_hit(1)
 
 
 def test_prompt_lookup_proposes_a_scored_chain_and_reindexes_a_new_reply():

@@ -46,6 +46,8 @@ def test_the_longest_match_drafts_what_followed_it_up_to_its_documents_end():
     store.add([1, 6, 7, 20, 21])
     assert store.lookup([99, 6, 7, 8], 10).continuation == [9, 10, 11]  # 3 tokens matched: the older text
     assert store.lookup([99, 6, 7, 8], 10).order == 3
+    assert store.lookup([5, 6, 7, 8], 10).matched == 4  # found by 3 tokens, matching 4 back (to the document's start)
+    assert store.lookup([4, 5, 6, 7, 8], 10).matched == 4  # the document starts there
     assert store.lookup([0, 6, 7], 10).continuation == [20, 21]  # 2 tokens: the latest occurrence wins
     assert store.lookup([9, 10, 11], 10) is None  # at a document's end nothing follows
     assert store.lookup([11, 1], 10) is None  # no n-gram spans two documents

@@ -49,7 +49,8 @@ const lookups = (store) => input.contexts.map((c) => store.lookup(c, 8));
 
 
 def as_json(match) -> dict | None:
-    return None if match is None else {"continuation": match.continuation, "order": match.order}
+    return None if match is None else {"continuation": match.continuation, "order": match.order,
+                                       "matched": match.matched}
 
 
 def test_both_runtimes_keep_the_same_slots_and_read_each_others_files(tmp_path):

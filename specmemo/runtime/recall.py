@@ -103,10 +103,14 @@ def _hash(tokens: list[int]) -> int:
     return int(_hashes(np.asarray(tokens, dtype=np.int32), np.array([len(tokens)]), len(tokens))[0])
 
 
+MAX_MATCH = 64  # how far back a match is followed past its n-gram (drafters/recall.py scores by it)
+
+
 @dataclass(frozen=True)
 class Match:
     continuation: list[int]  # the tokens that followed the matched n-gram's latest occurrence
-    order: int  # n: how many tokens matched
+    order: int  # n: the n-gram that found it
+    matched: int  # how many tokens back that occurrence matches the context (>= n, up to MAX_MATCH)
 
 
 class Recall:
@@ -181,8 +185,19 @@ class Recall:
             if SEPARATOR in out:
                 out = out[: out.index(SEPARATOR)]
             if out:
-                return Match(out, n)
+                return Match(out, n, self._matched(context, at, n))
         return None
+
+    def _matched(self, context: list[int] | tuple[int, ...], at: int, n: int) -> int:
+        """How far back the text before absolute position `at` matches the context's end (n already do), within
+        its document and the ring, up to MAX_MATCH."""
+        oldest, matched = self.written - self.capacity, n
+        while matched < min(MAX_MATCH, len(context)) and at - 1 - matched >= max(oldest, 0):
+            token = int(self.ring[(at - 1 - matched) % self.capacity])
+            if token == SEPARATOR or token != context[-1 - matched]:
+                break
+            matched += 1
+        return matched
 
     def clear(self) -> None:
         self.ring[:] = SEPARATOR

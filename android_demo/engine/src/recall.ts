@@ -78,9 +78,12 @@ export async function fingerprint(tokenizerText: string, digest: Digest = sha256
   return Array.from(hash.subarray(0, 8), (b) => b.toString(16).padStart(2, '0')).join('');
 }
 
+export const MAX_MATCH = 64; // how far back a match is followed past its n-gram
+
 export interface Match {
   continuation: number[]; // what followed the matched n-gram's latest occurrence
-  order: number; // n: how many tokens matched
+  order: number; // n: the n-gram that found it
+  matched: number; // how many tokens back that occurrence matches the context (>= n, up to MAX_MATCH)
 }
 
 export class Recall {
@@ -154,9 +157,22 @@ export class Recall {
       if (suffix.some((t, i) => this.at(at - n + i) !== t)) continue; // a collision, or evicted text
       const out: number[] = [];
       for (let p = at; p < Math.min(at + length, this.written) && this.at(p) !== SEPARATOR; p++) out.push(this.at(p));
-      if (out.length) return { continuation: out, order: n };
+      if (out.length) return { continuation: out, order: n, matched: this.matched(context, at, n) };
     }
     return null;
+  }
+
+  /** How far back the text before absolute position `at` matches the context's end (n already do), within its
+   * document and the ring, up to MAX_MATCH. */
+  private matched(context: readonly number[], at: number, n: number): number {
+    const oldest = Math.max(this.written - this.capacity, 0);
+    let matched = n;
+    while (matched < Math.min(MAX_MATCH, context.length) && at - 1 - matched >= oldest) {
+      const token = this.at(at - 1 - matched);
+      if (token === SEPARATOR || token !== context[context.length - 1 - matched]) break;
+      matched++;
+    }
+    return matched;
   }
 
   clear(): void {

@@ -95,6 +95,9 @@ test('prompt lookup continues the latest earlier match of the longest suffix', (
   const index = new NgramIndex();
   index.extend([1, 2, 3, 4, 9, 2, 3]);
   assert.deepEqual(index.continuation(3), [[4, 9, 2], 2]);
+  const copy = new NgramIndex();
+  copy.extend([5, 6, 7, 8, 9, 1, 2, 3, 0, 5, 6, 7, 8, 9, 1, 2, 3]);
+  assert.deepEqual(copy.continuation(2), [[0, 5], 8]); // found by 4 tokens, matching 8 back (as Python)
 });
 
 test('controller pieces: latency interpolation and score bands as numpy does', () => {
@@ -222,7 +225,8 @@ test('recall: exact bytes, the longest match drafts to its document\'s end, evic
   const store = new Recall(1000, 'fp');
   store.add([5, 6, 7, 8, 9, 10, 11]);
   store.add([1, 6, 7, 20, 21]);
-  assert.deepEqual(store.lookup([99, 6, 7, 8], 10), { continuation: [9, 10, 11], order: 3 });
+  assert.deepEqual(store.lookup([99, 6, 7, 8], 10), { continuation: [9, 10, 11], order: 3, matched: 3 });
+  assert.equal(store.lookup([5, 6, 7, 8], 10)?.matched, 4); // found by 3 tokens, matching 4 back (to the document's start)
   assert.deepEqual(store.lookup([0, 6, 7], 10)?.continuation, [20, 21]); // the latest occurrence wins
   assert.equal(store.lookup([9, 10, 11], 10), null); // nothing follows a document's end
   assert.equal(store.lookup([11, 1], 10), null); // no n-gram spans two documents

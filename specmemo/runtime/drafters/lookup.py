@@ -8,7 +8,10 @@ matches proposes the tokens that followed its most recent occurrence as one bran
 
 Scores (the chance each node is accepted) are a prior the controller corrects with what it
 measures: a branch found by a longer match is likelier to be right, and each step down it is a
-further guess, so node d of a branch found by an n-gram scores HIT[n] ** d.
+further guess, so node d of a branch whose match runs back `matched` tokens scores hit(matched) ** d.
+The match is followed back past the n-gram that found it (up to MAX_MATCH tokens): a reply copying
+a function from the prompt matches far back, and its branch is scored close to certain, so the
+calibration (per score band) tells a copy in progress from a chance two-token match.
 """
 
 from __future__ import annotations
@@ -27,6 +30,13 @@ MIN_NGRAM = 1
 MAX_NGRAM = 4
 MAX_BRANCH = LOOKUP_MAX_BRANCH  # longest branch proposed (nodes after the root; registry.py)
 HIT = {1: 0.35, 2: 0.55, 3: 0.7, 4: 0.8}  # prior per match length n: chance each next token is right
+MAX_MATCH = 64  # how far back a match is followed when scoring its branch
+
+
+def hit(matched: int) -> float:
+    """The prior chance each next token is right after a match running back `matched` tokens: HIT up to
+    MAX_NGRAM, then its miss rate shrinking as 1/matched (a longer match, a likelier copy)."""
+    return HIT[matched] if matched <= MAX_NGRAM else 1 - (1 - HIT[MAX_NGRAM]) * MAX_NGRAM / matched
 
 
 class NgramIndex:
@@ -46,12 +56,18 @@ class NgramIndex:
             seen.append(token)
 
     def continuation(self, length: int) -> tuple[list[int], int]:
-        """(the tokens after the longest matching suffix's latest earlier occurrence, its n); ([], 0) if none."""
+        """(the tokens after the longest matching suffix's latest earlier occurrence, how many tokens back that
+        occurrence matches the context: its n, followed back up to MAX_MATCH); ([], 0) if none."""
         seen = self.tokens
-        for n in range(min(MAX_NGRAM, len(seen)), MIN_NGRAM - 1, -1):
-            start = self.after.get(tuple(seen[len(seen) - n :]))
+        end = len(seen)
+        for n in range(min(MAX_NGRAM, end), MIN_NGRAM - 1, -1):
+            start = self.after.get(tuple(seen[end - n :]))
             if start is not None:
-                return seen[start : start + length], n
+                matched = n
+                while matched < MAX_MATCH and start - 1 - matched >= 0 and \
+                        seen[start - 1 - matched] == seen[end - 1 - matched]:
+                    matched += 1
+                return seen[start : start + length], matched
         return [], 0
 
 
@@ -67,12 +83,12 @@ class PromptLookup:
         if tokens is not self._source or len(tokens) < len(self._index.tokens):  # a new reply: index it afresh
             self._index, self._source = NgramIndex(), tokens
         self._index.extend(tokens[len(self._index.tokens) :])
-        branch, n = self._index.continuation(min(budget - 1, MAX_BRANCH))
+        branch, matched = self._index.continuation(min(budget - 1, MAX_BRANCH))
         if not branch:
             return DraftTree.root_only(context.root)
-        hit = HIT[n]
+        chance = hit(matched)
         return DraftTree(tokens=(context.root, *branch), parents=tuple(range(-1, len(branch))),
-                         scores=(1.0, *(hit ** (d + 1) for d in range(len(branch)))))
+                         scores=(1.0, *(chance ** (d + 1) for d in range(len(branch)))))
 
 
 def build(session: DecoderSession, *, max_tree: int, draft_model: Artifact | None = None) -> PromptLookup:

@@ -5,8 +5,9 @@ turn, an earlier conversation, or a file an app added — from the store of what
 Prompt lookup (lookup.py) searches the conversation being decoded; recall searches everything before it, so the two
 merge well (`feature+lookup+recall`). The longest of recall.ORDERS that matches proposes one branch of up to
 `budget - 1` nodes (to the end of the document it was found in); node d of a branch found by an n-gram scores
-HIT[n] ** d, a prior the controller corrects with what it measures. Drafts from tokens alone: it drafts past tokens a
-constraint forced as well.
+HIT[n] ** d, and closer to 1 when the match runs back further than the longest order (a copy of earlier text in
+progress: lookup.hit's rule), a prior the controller and the merged drafter's calibration correct. Drafts from
+tokens alone: it drafts past tokens a constraint forced as well.
 """
 
 from __future__ import annotations
@@ -24,6 +25,13 @@ if TYPE_CHECKING:
 HIT = dict(zip(ORDERS, (0.5, 0.65, 0.75, 0.85), strict=True))  # prior per match length n
 
 
+def hit(order: int, matched: int) -> float:
+    """The prior chance each next token is right: HIT[order], its miss rate shrinking as 1/matched past the
+    longest order."""
+    longest = max(ORDERS)
+    return HIT[order] if matched <= longest else 1 - (1 - HIT[longest]) * longest / matched
+
+
 class RecallDrafter:
     name = "recall"
 
@@ -36,9 +44,9 @@ class RecallDrafter:
         match = self.store.lookup(context.tokens, min(budget - 1, RECALL_MAX_BRANCH))
         if match is None:
             return DraftTree.root_only(context.root)
-        branch, hit = match.continuation, HIT[match.order]
+        branch, chance = match.continuation, hit(match.order, match.matched)
         return DraftTree(tokens=(context.root, *branch), parents=tuple(range(-1, len(branch))),
-                         scores=(1.0, *(hit ** (d + 1) for d in range(len(branch)))))
+                         scores=(1.0, *(chance ** (d + 1) for d in range(len(branch)))))
 
 
 def build(session: DecoderSession, *, max_tree: int, draft_model: Artifact | None = None,

@@ -1,7 +1,8 @@
 /**
  * Prompt lookup (runtime/drafters/lookup.py): draft the continuation of the longest earlier match
  * of the context's last n tokens (n = MAX_NGRAM down to MIN_NGRAM) as one branch. No weights.
- * Node d of a branch found by an n-gram scores HIT[n] ** d, a prior the controller corrects.
+ * Node d of a branch whose match runs back `matched` tokens (followed past its n-gram, up to MAX_MATCH)
+ * scores hit(matched) ** d, a prior the controller and the merged drafter's calibration correct.
  */
 
 import { DraftContext, DraftTree, Drafter } from './draft';
@@ -10,6 +11,12 @@ export const MIN_NGRAM = 1;
 export const MAX_NGRAM = 4;
 export const LOOKUP_MAX_BRANCH = 10;
 const HIT: Record<number, number> = { 1: 0.35, 2: 0.55, 3: 0.7, 4: 0.8 };
+export const MAX_MATCH = 64;
+
+/** HIT up to MAX_NGRAM, then its miss rate shrinking as 1/matched (a longer match, a likelier copy). */
+export function hit(matched: number): number {
+  return matched <= MAX_NGRAM ? HIT[matched] : 1 - ((1 - HIT[MAX_NGRAM]) * MAX_NGRAM) / matched;
+}
 
 /** n-gram → the position after its most recent occurrence whose next token is known. */
 export class NgramIndex {
@@ -25,12 +32,17 @@ export class NgramIndex {
     }
   }
 
-  /** [the tokens after the longest matching suffix's latest earlier occurrence, its n]; [[], 0] if none. */
+  /** [the tokens after the longest matching suffix's latest earlier occurrence, how many tokens back it matches
+   * (its n, followed back up to MAX_MATCH)]; [[], 0] if none. */
   continuation(length: number): [number[], number] {
     const seen = this.tokens;
-    for (let n = Math.min(MAX_NGRAM, seen.length); n >= MIN_NGRAM; n--) {
-      const start = this.after.get(seen.slice(seen.length - n).join(','));
-      if (start !== undefined) return [seen.slice(start, start + length), n];
+    const end = seen.length;
+    for (let n = Math.min(MAX_NGRAM, end); n >= MIN_NGRAM; n--) {
+      const start = this.after.get(seen.slice(end - n).join(','));
+      if (start === undefined) continue;
+      let matched = n;
+      while (matched < MAX_MATCH && start - 1 - matched >= 0 && seen[start - 1 - matched] === seen[end - 1 - matched]) matched++;
+      return [seen.slice(start, start + length), matched];
     }
     return [[], 0];
   }
@@ -54,9 +66,9 @@ export class PromptLookup implements Drafter {
       this.source = tokens;
     }
     this.index.extend(tokens.slice(this.index.tokens.length));
-    const [branch, n] = this.index.continuation(Math.min(budget - 1, LOOKUP_MAX_BRANCH));
+    const [branch, matched] = this.index.continuation(Math.min(budget - 1, LOOKUP_MAX_BRANCH));
     if (branch.length === 0) return DraftTree.rootOnly(root);
-    const hit = HIT[n];
-    return new DraftTree([root, ...branch], [-1, ...branch.map((_, i) => i)], [1, ...branch.map((_, d) => hit ** (d + 1))]);
+    const chance = hit(matched);
+    return new DraftTree([root, ...branch], [-1, ...branch.map((_, i) => i)], [1, ...branch.map((_, d) => chance ** (d + 1))]);
   }
 }

@@ -2,7 +2,8 @@
  * Recall (runtime/drafters/recall.py): draft what followed the context's last tokens the latest time
  * they were written before — an earlier turn, an earlier conversation, a file an app added — from the
  * store of what was already written (recall.ts). The longest of ORDERS that matches proposes one branch;
- * node d of a branch found by an n-gram scores HIT[n] ** d, a prior the controller corrects.
+ * node d of a branch found by an n-gram scores hit(n, matched) ** d: HIT[n], closer to 1 when the match
+ * runs back further than the longest order (a copy in progress), a prior the calibrations correct.
  */
 
 import { ORDERS, Recall } from '../recall';
@@ -10,6 +11,11 @@ import { DraftContext, DraftTree, Drafter } from './draft';
 
 export const RECALL_MAX_BRANCH = 10;
 const HIT: Record<number, number> = Object.fromEntries(ORDERS.map((n, i) => [n, [0.5, 0.65, 0.75, 0.85][i]]));
+const LONGEST = ORDERS[ORDERS.length - 1];
+
+export function hit(order: number, matched: number): number {
+  return matched <= LONGEST ? HIT[order] : 1 - ((1 - HIT[LONGEST]) * LONGEST) / matched;
+}
 
 export class RecallDrafter implements Drafter {
   readonly name = 'recall';
@@ -21,7 +27,7 @@ export class RecallDrafter implements Drafter {
     const match = budget > 1 ? this.store.lookup(context.tokens, Math.min(budget - 1, RECALL_MAX_BRANCH)) : null;
     if (match === null) return Promise.resolve(DraftTree.rootOnly(root));
     const branch = match.continuation;
-    const hit = HIT[match.order];
-    return Promise.resolve(new DraftTree([root, ...branch], [-1, ...branch.map((_, i) => i)], [1, ...branch.map((_, d) => hit ** (d + 1))]));
+    const chance = hit(match.order, match.matched);
+    return Promise.resolve(new DraftTree([root, ...branch], [-1, ...branch.map((_, i) => i)], [1, ...branch.map((_, d) => chance ** (d + 1))]));
   }
 }
