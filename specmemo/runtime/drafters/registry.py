@@ -36,8 +36,8 @@ __all__ = [
     "with_own_model",
 ]
 
-LOOKUP_MAX_BRANCH = 10  # prompt lookup's longest branch (nodes after the root)
-RECALL_MAX_BRANCH = 10  # recall's longest branch
+LOOKUP_MAX_BRANCH = 15  # prompt lookup's longest branch (nodes after the root)
+RECALL_MAX_BRANCH = 15  # recall's longest branch
 FEATURE_MAX_TREE = 16  # T_max the engine sizes for the feature drafter (the controller verifies a prefix)
 MODEL_MAX_CHAIN = 8  # the draft model's longest chain (nodes after the root): T_max = 1 + it
 

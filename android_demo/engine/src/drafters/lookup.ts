@@ -9,7 +9,7 @@ import { DraftContext, DraftTree, Drafter } from './draft';
 
 export const MIN_NGRAM = 1;
 export const MAX_NGRAM = 4;
-export const LOOKUP_MAX_BRANCH = 10;
+export const LOOKUP_MAX_BRANCH = 15;
 const HIT: Record<number, number> = { 1: 0.35, 2: 0.55, 3: 0.7, 4: 0.8 };
 export const MAX_MATCH = 64;
 

@@ -9,7 +9,7 @@
 import { ORDERS, Recall } from '../recall';
 import { DraftContext, DraftTree, Drafter } from './draft';
 
-export const RECALL_MAX_BRANCH = 10;
+export const RECALL_MAX_BRANCH = 15;
 const HIT: Record<number, number> = Object.fromEntries(ORDERS.map((n, i) => [n, [0.5, 0.65, 0.75, 0.85][i]]));
 const LONGEST = ORDERS[ORDERS.length - 1];
 
