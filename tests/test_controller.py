@@ -162,3 +162,14 @@ def test_a_per_node_drafter_gets_the_budget_that_pays_before_it_drafts():
         per_node.choose(chain, draft_ms=8 * 17.0)
         per_node.observe(chain, 9, [0, 1] if _ % 10 < 7 else [0])
     assert per_node.budget(100) == 2  # one guess: 1.7 tokens for 69 ms beats every longer chain
+
+
+def test_the_decision_log_keeps_the_newest_and_does_not_grow_with_the_turns():
+    from specmemo.runtime.controller import DECISION_LOG
+
+    controller = Controller(curve=LatencyCurve(sizes=(1, 2), step_ms=(10.0, 11.0)), max_size=2)
+    for _ in range(DECISION_LOG + 10):
+        tree = draft(0.9)
+        size = controller.choose(tree, 0.1)
+        controller.observe(tree, size, [0, 1][:size])
+    assert controller.steps == DECISION_LOG + 10 and len(controller.decisions) == DECISION_LOG

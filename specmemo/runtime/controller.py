@@ -19,8 +19,8 @@ Before drafting it asks whether drafting pays at all: while the running mean of 
 steps' expected rate falls below a plain step's rate, it decodes plainly, probing a draft now and
 then (after EXPLORE_EVERY steps, then twice as long each time, up to EXPLORE_MAX) so the
 statistics can recover when the text gets easier. A drafter costing under FREE_DRAFT of a plain
-step (prompt lookup) always runs: a miss costs nothing worth saving. Every decision is kept for
-`--stats`.
+step (prompt lookup) always runs: a miss costs nothing worth saving. The last DECISION_LOG decisions are
+kept for `--stats` (a chat keeps one controller for all its turns: the log must not grow with them).
 
 A choice among drafters (`--drafter feature,lookup,model`, drafters.Priced) is priced by DrafterChoice: one
 Controller per candidate (its own calibration, drafting ms, per-depth reach), one latency curve that every
@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, cast
@@ -59,6 +60,7 @@ PRIOR_REACH = 0.5  # before any step: a drafted depth is reached (accepted down 
 PRIOR_DEPTH_TRIALS = 4
 PROBE_EVERY = 24  # steps: a choice among drafters re-prices a candidate left aside this long after it last drafted
 PROBE_MAX = 384  # steps: the longest wait, after probes it kept losing
+DECISION_LOG = 4096  # decisions kept for --stats (the newest)
 
 
 @dataclass(frozen=True)
@@ -142,7 +144,8 @@ class Controller:
     max_size: int  # T_max from the plan
     draft_cost: DraftCost = DraftCost.FIXED
     calibration: ScoreCalibration = field(default_factory=ScoreCalibration)
-    decisions: list[Decision] = field(default_factory=list)
+    decisions: deque[Decision] = field(default_factory=lambda: deque(maxlen=DECISION_LOG))  # the newest
+    steps: int = 0  # decisions made
     draft_ms: float | None = None  # running mean of the drafting time
     drafted_rate: float | None = None  # running mean of drafted steps' expected tokens per ms
     _space: int = 0
@@ -187,9 +190,9 @@ class Controller:
             return limit
         if self.draft_ms is not None and self.draft_ms < FREE_DRAFT * self._verify_ms[0]:
             return limit
-        if len(self.decisions) + 1 >= self._next_explore:  # probe: keep the statistics alive
+        if self.steps + 1 >= self._next_explore:  # probe: keep the statistics alive
             self._explore_gap = min(2 * self._explore_gap, EXPLORE_MAX)
-            self._next_explore = len(self.decisions) + 1 + self._explore_gap
+            self._next_explore = self.steps + 1 + self._explore_gap
             return limit
         return 1
 
@@ -248,6 +251,7 @@ class Controller:
             return
         self.decisions.append(Decision(drafted=draft.size, size=size, accepted=len(path), space_left=self._space,
                                        expected=self._expected))
+        self.steps += 1
         if size > 1:
             self._drafted[1:size] += 1  # depths 1 .. size - 1 were verified; those down to the path's end reached
             self._reached[1:len(path)] += 1
@@ -265,23 +269,21 @@ class DrafterChoice:
         self.names = tuple(c.name for c in drafter.candidates)
         self.controllers = [Controller(curve=curve, max_size=max_size, draft_cost=draft_cost(c))
                             for c in drafter.candidates]
-        self.decisions: list[Decision] = []
+        self.decisions: deque[Decision] = deque(maxlen=DECISION_LOG)  # the newest
+        self.steps = 0  # decisions made
+        self._drafted_by: dict[str, int] = {}  # steps each candidate drafted a tree past the root, in first-draft order
         self._last_used = [-1] * len(self.names)
         self._wait = [PROBE_EVERY] * len(self.names)  # steps before a candidate left aside is probed again
         self._probing: int | None = None  # the candidate this step probes
 
     def drafted_by(self) -> dict[str, int]:
         """Steps each candidate drafted (a tree past the root), those that drafted at all, in first-draft order."""
-        counts: dict[str, int] = {}
-        for d in self.decisions:
-            if d.drafted > 1:
-                counts[d.drafter] = counts.get(d.drafter, 0) + 1
-        return counts
+        return dict(self._drafted_by)
 
     def pick(self) -> int:
         """The candidate to draft next: an untried one, else one left aside for its wait (the longest left first),
         else the one whose drafted steps promised the most tokens per ms."""
-        step = len(self.decisions)
+        step = self.steps
         rates = [c.drafted_rate for c in self.controllers]
         self._probing = None
         if None in rates:
@@ -315,9 +317,13 @@ class DrafterChoice:
                 controller.refine(size, verify_ms)
         chosen = self.controllers[current]
         chosen.observe(draft, size, path, verify_ms)
-        self._last_used[current] = len(self.decisions)
+        self._last_used[current] = self.steps
         if self._probing == current:  # a probe won brings the wait back; one lost doubles it
             rates = [c.drafted_rate if c.drafted_rate is not None else 0.0 for c in self.controllers]
             won = int(np.argmax(rates)) == current
             self._wait[current] = PROBE_EVERY if won else min(2 * self._wait[current], PROBE_MAX)
-        self.decisions.append(replace(chosen.decisions[-1], drafter=self.names[current]))
+        decision = replace(chosen.decisions[-1], drafter=self.names[current])
+        self.decisions.append(decision)
+        self.steps += 1
+        if decision.drafted > 1:
+            self._drafted_by[decision.drafter] = self._drafted_by.get(decision.drafter, 0) + 1
