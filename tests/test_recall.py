@@ -56,6 +56,16 @@ def test_the_longest_match_drafts_what_followed_it_up_to_its_documents_end():
     assert tree.tokens == (8, 9, 10) and tree.parents == (-1, 0, 1) and tree.scores[1] > tree.scores[2]
 
 
+def test_the_conversations_own_text_comes_first():
+    store = Recall(1000, "fp")
+    store.add([5, 6, 7, 8, 9, 10, 11])
+    drafter = RecallDrafter(store)
+    # the conversation itself holds "5 6 7 8" (then 1): as far back as the store's match, prompt lookup drafts it
+    assert drafter.propose(DraftContext([5, 6, 7, 8, 1, 2, 5, 6, 7, 8]), budget=4).size == 1
+    # its own "6 7 8" matches 3 back, the store's 4: the store's continuation drafts
+    assert drafter.propose(DraftContext([0, 6, 7, 8, 3, 5, 6, 7, 8]), budget=4).tokens == (8, 9, 10, 11)
+
+
 def test_a_store_filled_past_its_size_keeps_the_newest_text_in_the_same_bytes():
     store = Recall(tokens_for(64 * 1024), "fp")
     rng = np.random.default_rng(0)

@@ -234,6 +234,9 @@ test('recall: exact bytes, the longest match drafts to its document\'s end, evic
   assert.deepEqual([tree.tokens, tree.parents], [[8, 9, 10], [-1, 0, 1]]);
   assert.ok(tree.scores[1] > tree.scores[2]);
   assert.deepEqual(withRecall(parseDrafter('medusa+lookup')), ['medusa', 'lookup', 'recall']);
+  const own = new RecallDrafter(store); // the conversation's own text first (as Python)
+  assert.equal((await own.propose({ tokens: [5, 6, 7, 8, 9, 10, 11, 1, 5, 6, 7, 8], hidden: new Float32Array() }, 4)).size, 1);
+  assert.deepEqual((await own.propose({ tokens: [0, 6, 7, 8, 3, 5, 6, 7, 8], hidden: new Float32Array() }, 4)).tokens, [8, 9, 10, 11]);
 
   const small = new Recall(tokensFor(4096), 'fp');
   const first = Array.from({ length: 30 }, (_, i) => 100 + i);

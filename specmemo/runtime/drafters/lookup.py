@@ -71,19 +71,29 @@ class NgramIndex:
         return [], 0
 
 
+class ConversationIndex:
+    """An NgramIndex kept in step with the context list a reply grows (indexed afresh for a new reply)."""
+
+    def __init__(self) -> None:
+        self.index = NgramIndex()
+        self._source: list[int] | None = None  # the context token list the index mirrors
+
+    def update(self, tokens: list[int]) -> NgramIndex:
+        if tokens is not self._source or len(tokens) < len(self.index.tokens):  # a new reply: index it afresh
+            self.index, self._source = NgramIndex(), tokens
+        self.index.extend(tokens[len(self.index.tokens) :])
+        return self.index
+
+
 class PromptLookup:
     name = "lookup"
 
     def __init__(self) -> None:
-        self._index = NgramIndex()
-        self._source: list[int] | None = None  # the context token list the index mirrors
+        self._conversation = ConversationIndex()
 
     def propose(self, context: DraftContext, *, budget: int) -> DraftTree:
-        tokens = context.tokens
-        if tokens is not self._source or len(tokens) < len(self._index.tokens):  # a new reply: index it afresh
-            self._index, self._source = NgramIndex(), tokens
-        self._index.extend(tokens[len(self._index.tokens) :])
-        branch, matched = self._index.continuation(min(budget - 1, MAX_BRANCH))
+        index = self._conversation.update(context.tokens)
+        branch, matched = index.continuation(min(budget - 1, MAX_BRANCH))
         if not branch:
             return DraftTree.root_only(context.root)
         chance = hit(matched)

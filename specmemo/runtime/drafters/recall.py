@@ -6,8 +6,10 @@ Prompt lookup (lookup.py) searches the conversation being decoded; recall search
 merge well (`feature+lookup+recall`). The longest of recall.ORDERS that matches proposes one branch of up to
 `budget - 1` nodes (to the end of the document it was found in); node d of a branch found by an n-gram scores
 HIT[n] ** d, and closer to 1 when the match runs back further than the longest order (a copy of earlier text in
-progress: lookup.hit's rule), a prior the controller and the merged drafter's calibration correct. Drafts from
-tokens alone: it drafts past tokens a constraint forced as well.
+progress: lookup.hit's rule), a prior the controller and the merged drafter's calibration correct. The conversation's
+own text comes first: where it matches the context's end at least as far back as the store does (prompt lookup
+drafts from it), recall proposes nothing, so text the store holds from elsewhere never crowds out a copy of this
+conversation's own. Drafts from tokens alone: it drafts past tokens a constraint forced as well.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from specmemo.runtime.drafters.draft import DraftContext, DraftTree
+from specmemo.runtime.drafters.lookup import ConversationIndex
 from specmemo.runtime.drafters.registry import RECALL_MAX_BRANCH
 from specmemo.runtime.recall import ORDERS, Recall
 
@@ -37,12 +40,14 @@ class RecallDrafter:
 
     def __init__(self, store: Recall):
         self.store = store
+        self._conversation = ConversationIndex()  # how far back the conversation's own text matches
 
     def propose(self, context: DraftContext, *, budget: int) -> DraftTree:
+        own = self._conversation.update(context.tokens)
         if budget <= 1:
             return DraftTree.root_only(context.root)
         match = self.store.lookup(context.tokens, min(budget - 1, RECALL_MAX_BRANCH))
-        if match is None:
+        if match is None or own.continuation(1)[1] >= match.matched:  # the conversation's own text first
             return DraftTree.root_only(context.root)
         branch, chance = match.continuation, hit(match.order, match.matched)
         return DraftTree(tokens=(context.root, *branch), parents=tuple(range(-1, len(branch))),

@@ -48,10 +48,24 @@ export class NgramIndex {
   }
 }
 
+/** An NgramIndex kept in step with the context list a reply grows (indexed afresh for a new reply). */
+export class ConversationIndex {
+  index = new NgramIndex();
+  private source: number[] | null = null; // the context token list the index mirrors
+
+  update(tokens: number[]): NgramIndex {
+    if (tokens !== this.source || tokens.length < this.index.tokens.length) { // a new reply: index afresh
+      this.index = new NgramIndex();
+      this.source = tokens;
+    }
+    this.index.extend(tokens.slice(this.index.tokens.length));
+    return this.index;
+  }
+}
+
 export class PromptLookup implements Drafter {
   readonly name = 'lookup';
-  private index = new NgramIndex();
-  private source: number[] | null = null; // the context token list the index mirrors
+  private readonly conversation = new ConversationIndex();
 
   propose(context: DraftContext, budget: number): Promise<DraftTree> {
     return Promise.resolve(this.draft(context, budget));
@@ -59,14 +73,8 @@ export class PromptLookup implements Drafter {
 
   /** The branch after the longest earlier match (no model call: the tree is ready at once). */
   draft(context: DraftContext, budget: number): DraftTree {
-    const tokens = context.tokens;
-    const root = tokens[tokens.length - 1];
-    if (tokens !== this.source || tokens.length < this.index.tokens.length) { // a new reply: index afresh
-      this.index = new NgramIndex();
-      this.source = tokens;
-    }
-    this.index.extend(tokens.slice(this.index.tokens.length));
-    const [branch, matched] = this.index.continuation(Math.min(budget - 1, LOOKUP_MAX_BRANCH));
+    const root = context.tokens[context.tokens.length - 1];
+    const [branch, matched] = this.conversation.update(context.tokens).continuation(Math.min(budget - 1, LOOKUP_MAX_BRANCH));
     if (branch.length === 0) return DraftTree.rootOnly(root);
     const chance = hit(matched);
     return new DraftTree([root, ...branch], [-1, ...branch.map((_, i) => i)], [1, ...branch.map((_, d) => chance ** (d + 1))]);

@@ -3,11 +3,13 @@
  * they were written before — an earlier turn, an earlier conversation, a file an app added — from the
  * store of what was already written (recall.ts). The longest of ORDERS that matches proposes one branch;
  * node d of a branch found by an n-gram scores hit(n, matched) ** d: HIT[n], closer to 1 when the match
- * runs back further than the longest order (a copy in progress), a prior the calibrations correct.
+ * runs back further than the longest order (a copy in progress), a prior the calibrations correct. The
+ * conversation's own text comes first: where it matches at least as far back, recall proposes nothing.
  */
 
 import { ORDERS, Recall } from '../recall';
 import { DraftContext, DraftTree, Drafter } from './draft';
+import { ConversationIndex } from './lookup';
 
 export const RECALL_MAX_BRANCH = 15;
 const HIT: Record<number, number> = Object.fromEntries(ORDERS.map((n, i) => [n, [0.5, 0.65, 0.75, 0.85][i]]));
@@ -20,12 +22,15 @@ export function hit(order: number, matched: number): number {
 export class RecallDrafter implements Drafter {
   readonly name = 'recall';
 
+  private readonly conversation = new ConversationIndex(); // how far back the conversation's own text matches
+
   constructor(readonly store: Recall) {}
 
   propose(context: DraftContext, budget: number): Promise<DraftTree> {
     const root = context.tokens[context.tokens.length - 1];
+    const own = this.conversation.update(context.tokens);
     const match = budget > 1 ? this.store.lookup(context.tokens, Math.min(budget - 1, RECALL_MAX_BRANCH)) : null;
-    if (match === null) return Promise.resolve(DraftTree.rootOnly(root));
+    if (match === null || own.continuation(1)[1] >= match.matched) return Promise.resolve(DraftTree.rootOnly(root)); // its own text first
     const branch = match.continuation;
     const chance = hit(match.order, match.matched);
     return Promise.resolve(new DraftTree([root, ...branch], [-1, ...branch.map((_, i) => i)], [1, ...branch.map((_, d) => chance ** (d + 1))]));
