@@ -180,8 +180,7 @@ class Model:
         store = self.engine.recall
         if store is not None:
             store.clear()
-            if store.path is not None:
-                store.save()
+            store.keep()
 
     def remember(self, text: str) -> int:
         """Add `text` (a project's file, an app's own prompts) to the recall store as one document, so replies
@@ -191,8 +190,7 @@ class Model:
             raise ConfigError("remember() adds to the recall store: open the model with recall= (a file, or True)")
         ids = self.engine.tokenizer.encode(text)
         store.add(ids)
-        if store.path is not None:
-            store.save()
+        store.keep()
         return len(ids)
 
     def chat(self, *, system: str | None = None, max_new_tokens: int = 256) -> ChatSession:

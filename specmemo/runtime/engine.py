@@ -114,8 +114,7 @@ class Engine:
                        chains_only=self.session.manifest.draft_shape == "chain", constraint=matcher)
         if self.recall is not None:  # the turn's new tokens, for the turns and conversations after it
             self.recall.add([*prompt_ids[cached:], *out.token_ids])
-            if self.recall.path is not None:
-                self.recall.save()
+            self.recall.keep()
         return out
 
 

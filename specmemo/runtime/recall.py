@@ -204,6 +204,11 @@ class Recall:
         self.tables[:] = -1
         self.written = 0
 
+    def keep(self) -> None:
+        """Save to the store's file, when it has one (a store in memory only keeps nothing)."""
+        if self.path is not None:
+            self.save()
+
     def save(self, path: Path | None = None) -> Path:
         """Write the store to `path` (default: where it was opened from) atomically: a temporary file beside it,
         flushed to disk, renamed over it."""

@@ -164,8 +164,7 @@ class PoolWorker:
         if store is None or generation is None:
             return
         store.add([*request.prompt, *generation.token_ids])
-        if store.path is not None:
-            try:
-                store.save()
-            except OSError as err:  # a full disk costs the memory of a reply, never the reply
-                LOG.warning("recall: %s: %s", store.path, err.strerror)
+        try:
+            store.keep()
+        except OSError as err:  # a full disk costs the memory of a reply, never the reply
+            LOG.warning("recall: %s: %s", store.path, err.strerror)

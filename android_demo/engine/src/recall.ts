@@ -111,10 +111,10 @@ export class Recall {
     return this.ring[position % this.capacity];
   }
 
-  /** The slot of the n-gram ending before absolute position `end`. */
-  private slot(end: number, n: number): number {
+  /** The table slot of the n-gram token(0) .. token(n - 1) (runtime/recall.py _hashes, then _slots). */
+  private slot(n: number, token: (j: number) => number): number {
     let h = 0n;
-    for (let j = n; j >= 1; j--) h = BigInt.asUintN(64, h * PRIME + BigInt(this.at(end - j)));
+    for (let j = 0; j < n; j++) h = BigInt.asUintN(64, h * PRIME + BigInt(token(j)));
     return Number((BigInt.asUintN(64, h * MIX) >> 32n) % BigInt(this.capacity));
   }
 
@@ -137,7 +137,7 @@ export class Recall {
       let clean = 0; // how many tokens before `end` are not separators, up to the longest order
       while (clean < MAX_ORDER && end - clean - 1 >= oldest && this.at(end - clean - 1) !== SEPARATOR) clean++;
       ORDERS.forEach((n, k) => {
-        if (n <= clean) this.tables[k * this.capacity + this.slot(end, n)] = end;
+        if (n <= clean) this.tables[k * this.capacity + this.slot(n, (j) => this.at(end - n + j))] = end;
       });
     }
   }
@@ -150,9 +150,7 @@ export class Recall {
       const n = ORDERS[k];
       if (context.length < n) continue;
       const suffix = context.slice(context.length - n);
-      let h = 0n;
-      for (const t of suffix) h = BigInt.asUintN(64, h * PRIME + BigInt(t));
-      const at = this.tables[k * this.capacity + Number((BigInt.asUintN(64, h * MIX) >> 32n) % BigInt(this.capacity))];
+      const at = this.tables[k * this.capacity + this.slot(n, (j) => suffix[j])];
       if (at < 0 || at - n < oldest || at >= this.written) continue;
       if (suffix.some((t, i) => this.at(at - n + i) !== t)) continue; // a collision, or evicted text
       const out: number[] = [];

@@ -33,10 +33,16 @@ HIT = {1: 0.35, 2: 0.55, 3: 0.7, 4: 0.8}  # prior per match length n: chance eac
 MAX_MATCH = 64  # how far back a match is followed when scoring its branch
 
 
+def longer(chance: float, length: int, matched: int) -> float:
+    """`chance` of a match `length` tokens long, for a match running back `matched` >= `length` tokens: its miss
+    rate shrinking as 1/matched (a longer match, a likelier copy)."""
+    return 1 - (1 - chance) * length / matched
+
+
 def hit(matched: int) -> float:
     """The prior chance each next token is right after a match running back `matched` tokens: HIT up to
-    MAX_NGRAM, then its miss rate shrinking as 1/matched (a longer match, a likelier copy)."""
-    return HIT[matched] if matched <= MAX_NGRAM else 1 - (1 - HIT[MAX_NGRAM]) * MAX_NGRAM / matched
+    MAX_NGRAM, then `longer` from there."""
+    return HIT[matched] if matched <= MAX_NGRAM else longer(HIT[MAX_NGRAM], MAX_NGRAM, matched)
 
 
 class NgramIndex:

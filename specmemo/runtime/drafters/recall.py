@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from specmemo.runtime.drafters.draft import DraftContext, DraftTree
-from specmemo.runtime.drafters.lookup import ConversationIndex
+from specmemo.runtime.drafters.lookup import ConversationIndex, longer
 from specmemo.runtime.drafters.registry import RECALL_MAX_BRANCH
 from specmemo.runtime.recall import ORDERS, Recall
 
@@ -32,7 +32,7 @@ def hit(order: int, matched: int) -> float:
     """The prior chance each next token is right: HIT[order], its miss rate shrinking as 1/matched past the
     longest order."""
     longest = max(ORDERS)
-    return HIT[order] if matched <= longest else 1 - (1 - HIT[longest]) * longest / matched
+    return HIT[order] if matched <= longest else longer(HIT[longest], longest, matched)
 
 
 class RecallDrafter:

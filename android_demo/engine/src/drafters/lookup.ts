@@ -13,9 +13,15 @@ export const LOOKUP_MAX_BRANCH = 15;
 const HIT: Record<number, number> = { 1: 0.35, 2: 0.55, 3: 0.7, 4: 0.8 };
 export const MAX_MATCH = 64;
 
-/** HIT up to MAX_NGRAM, then its miss rate shrinking as 1/matched (a longer match, a likelier copy). */
+/** `chance` of a match `length` tokens long, for one running back `matched` >= `length` tokens: its miss rate
+ * shrinking as 1/matched (a longer match, a likelier copy). */
+export function longer(chance: number, length: number, matched: number): number {
+  return 1 - ((1 - chance) * length) / matched;
+}
+
+/** HIT up to MAX_NGRAM, then `longer` from there. */
 export function hit(matched: number): number {
-  return matched <= MAX_NGRAM ? HIT[matched] : 1 - ((1 - HIT[MAX_NGRAM]) * MAX_NGRAM) / matched;
+  return matched <= MAX_NGRAM ? HIT[matched] : longer(HIT[MAX_NGRAM], MAX_NGRAM, matched);
 }
 
 /** n-gram → the position after its most recent occurrence whose next token is known. */

@@ -9,14 +9,14 @@
 
 import { ORDERS, Recall } from '../recall';
 import { DraftContext, DraftTree, Drafter } from './draft';
-import { ConversationIndex } from './lookup';
+import { ConversationIndex, longer } from './lookup';
 
 export const RECALL_MAX_BRANCH = 15;
 const HIT: Record<number, number> = Object.fromEntries(ORDERS.map((n, i) => [n, [0.5, 0.65, 0.75, 0.85][i]]));
 const LONGEST = ORDERS[ORDERS.length - 1];
 
 export function hit(order: number, matched: number): number {
-  return matched <= LONGEST ? HIT[order] : 1 - ((1 - HIT[LONGEST]) * LONGEST) / matched;
+  return matched <= LONGEST ? HIT[order] : longer(HIT[LONGEST], LONGEST, matched);
 }
 
 export class RecallDrafter implements Drafter {
