@@ -262,13 +262,15 @@ def test_a_candidate_that_keeps_losing_its_probes_is_probed_ever_less_often():
 
     priced = Priced([Fixed("good"), Fixed("bad")])
     choice = DrafterChoice(curve=LatencyCurve(sizes=(1, 8), step_ms=(10.0, 11.0)), max_size=8, drafter=priced)
+    drafted_by = []  # every step's candidate (the choice's own log keeps only the newest)
     for _ in range(1500):
         budget = choice.budget(1000)
         draft = priced.propose(DraftContext([0]), budget=budget)
         size = choice.choose(draft, 0.1)
         accepted = size if priced.current == 0 else 1  # good: every node; bad: none
         choice.observe(draft, size, list(range(accepted)), 10.0)
-    probes = [i for i, d in enumerate(choice.decisions) if d.drafter == "bad"][1:]  # after its first try
+        drafted_by.append(choice.decisions[-1].drafter)
+    probes = [i for i, name in enumerate(drafted_by) if name == "bad"][1:]  # after its first try
     gaps = [b - a for a, b in pairwise(probes)]
     assert gaps and gaps[0] >= PROBE_EVERY and max(gaps) <= PROBE_MAX + 1
     assert all(b >= a for a, b in pairwise(gaps)) and gaps[-1] >= 8 * PROBE_EVERY, gaps

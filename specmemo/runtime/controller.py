@@ -20,7 +20,8 @@ steps' expected rate falls below a plain step's rate, it decodes plainly, probin
 then (after EXPLORE_EVERY steps, then twice as long each time, up to EXPLORE_MAX) so the
 statistics can recover when the text gets easier. A drafter costing under FREE_DRAFT of a plain
 step (prompt lookup) always runs: a miss costs nothing worth saving. The last DECISION_LOG decisions are
-kept for `--stats` (a chat keeps one controller for all its turns: the log must not grow with them).
+kept for inspection (a chat keeps one controller for all its turns: the log must not grow with them, and it is
+kept short, as every decision held is memory a long chat carries).
 
 A choice among drafters (`--drafter feature,lookup,model`, drafters.Priced) is priced by DrafterChoice: one
 Controller per candidate (its own calibration, drafting ms, per-depth reach), one latency curve that every
@@ -60,7 +61,7 @@ PRIOR_REACH = 0.5  # before any step: a drafted depth is reached (accepted down 
 PRIOR_DEPTH_TRIALS = 4
 PROBE_EVERY = 24  # steps: a choice among drafters re-prices a candidate left aside this long after it last drafted
 PROBE_MAX = 384  # steps: the longest wait, after probes it kept losing
-DECISION_LOG = 4096  # decisions kept for --stats (the newest)
+DECISION_LOG = 256  # decisions kept for inspection (the newest)
 
 
 @dataclass(frozen=True)
@@ -125,7 +126,7 @@ def latency_curve(artifact: Artifact, backend: Backend, max_size: int, *, thread
     return LatencyCurve(sizes=tuple(data["sizes"]), step_ms=tuple(data["step_ms"]))
 
 
-@dataclass
+@dataclass(frozen=True, slots=True)
 class Decision:
     drafted: int  # nodes the drafter proposed (1: no draft)
     size: int  # T verified

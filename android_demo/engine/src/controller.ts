@@ -18,6 +18,7 @@ export const EXPLORE_EVERY = 32;
 export const EXPLORE_MAX = 512;
 export const FREE_DRAFT = 0.02;
 export const RATE_MEMORY = 16;
+export const DECISION_LOG = 256; // decisions kept for inspection (the newest): a chat keeps one controller for all its turns
 // As the Python runtime's (runtime/controller.py): a short measurement at first use, wider trees extrapolate.
 export const CURVE_SIZES = [1, 2, 4, 8, 16];
 export const CURVE_CONTEXT = 32;
@@ -83,7 +84,8 @@ export interface Decision {
 
 export class Controller implements WidthPolicy {
   readonly calibration = new ScoreCalibration();
-  readonly decisions: Decision[] = [];
+  readonly decisions: Decision[] = []; // the newest DECISION_LOG
+  steps = 0; // decisions made
   draftMs: number | null = null;
   draftedRate: number | null = null;
   private space = 0;
@@ -106,9 +108,9 @@ export class Controller implements WidthPolicy {
     const limit = Math.max(1, Math.min(this.maxSize, spaceLeft));
     if (limit === 1 || this.draftedRate === null || this.draftedRate > this.plainRate) return limit;
     if (this.draftMs !== null && this.draftMs < FREE_DRAFT * this.verifyMs[0]) return limit;
-    if (this.decisions.length + 1 >= this.nextExplore) { // probe: keep the statistics alive
+    if (this.steps + 1 >= this.nextExplore) { // probe: keep the statistics alive
       this.exploreGap = Math.min(2 * this.exploreGap, EXPLORE_MAX);
-      this.nextExplore = this.decisions.length + 1 + this.exploreGap;
+      this.nextExplore = this.steps + 1 + this.exploreGap;
       return limit;
     }
     return 1;
@@ -138,6 +140,8 @@ export class Controller implements WidthPolicy {
 
   observe(draft: DraftTree, size: number, path: readonly number[]): void {
     this.decisions.push({ drafted: draft.size, size, accepted: path.length, spaceLeft: this.space, expected: this.expected });
+    if (this.decisions.length > DECISION_LOG) this.decisions.shift();
+    this.steps += 1;
     for (let i = 1; i < size; i++) this.calibration.observe(draft.scores[i], path.includes(i));
   }
 }

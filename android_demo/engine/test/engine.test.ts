@@ -4,7 +4,7 @@ import assert from 'node:assert/strict';
 import { test } from 'node:test';
 
 import { ALIGN, Arena, allocationBytes, kvBytes, views } from '../src/arena';
-import { LatencyCurve } from '../src/controller';
+import { Controller, DECISION_LOG, LatencyCurve } from '../src/controller';
 import { ScoreCalibration, rescored, trials } from '../src/drafters/calibration';
 import { KVCache, OrtModule } from '../src/session';
 import { parseRoute, routeRowsFor } from '../src/backend';
@@ -109,6 +109,17 @@ test('controller pieces: latency interpolation and score bands as numpy does', (
   assert.equal(calibration.band(0.02), 1); // side="right": an edge belongs to the band above
   assert.equal(calibration.band(1.0), 9);
   assert.ok(Math.abs(calibration.chance(0.95) - 0.95) < 1e-12);
+});
+
+test('the controller\'s decision log keeps the newest and does not grow with the turns', () => {
+  const controller = new Controller(new LatencyCurve([1, 2], [10, 11]), 2);
+  const draft = new DraftTree([0, 1], [-1, 0], [1, 0.9]);
+  for (let i = 0; i < DECISION_LOG + 10; i++) {
+    const size = controller.choose(draft, 0.1);
+    controller.observe(draft, size, [0, 1].slice(0, size));
+  }
+  assert.equal(controller.steps, DECISION_LOG + 10);
+  assert.equal(controller.decisions.length, DECISION_LOG);
 });
 
 test('float16 rows decode exactly; drafter names are checked', () => {
