@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -131,6 +132,22 @@ def test_stop_keeps_a_prefix_and_the_next_turn_is_exact(web_artifact, tmp_path):
     chat = python_chat(web_artifact, Mode.GREEDY, max_new)
     chat.turns = [Turn(first, stopped["text"])]
     assert nxt["ids"] == chat.send(second).token_ids and not nxt["interrupted"]
+
+
+def test_recall_in_the_page_is_kept_across_visits_and_stays_exact(web_artifact, tmp_path):
+    """?recall=on: the store lives in the page's IndexedDB. A first visit answers a message; the second visit reads
+    back what the first wrote and, asked the same, drafts the reply from it (more tokens a step than the same
+    tree without a store), with greedy's tokens."""
+    chat = python_chat(web_artifact, Mode.TREE, MAX_NEW_TOKENS)
+    plain = chat.send(MESSAGES[0])
+    visit, reply = browser(web_artifact, MESSAGES[:1], screenshot_path(tmp_path, "web-recall"), "--visits", "2",
+                           "--recall", mode="tree")
+    assert visit["visit"] == 1 and reply["recallAtOpen"]["held"] > len(plain.token_ids)  # the first visit's turn
+    assert reply["ids"] == python_replies(web_artifact, Mode.GREEDY, MESSAGES[:1])[0] == plain.token_ids
+    accepted = float(re.search(r"([\d.]+) accepted/step", reply["stats"]).group(1))
+    assert accepted > plain.stats.mean_accepted + 0.5, (accepted, plain.stats.mean_accepted)
+    assert reply["recall"]["written"] > reply["recallAtOpen"]["written"]  # this visit's turn joined it
+    assert reply["recall"]["bytes"] == 8 * 2**20 // 36 * 36  # N·(4 + 8·4) bytes within the default 8 MiB
 
 
 @pytest.mark.real_model

@@ -5,22 +5,26 @@
  * URL parameters: artifact=<url of the artifact folder>, mode=greedy|tree|auto, max-new-tokens=N,
  * drafter=<e.g. medusa+lookup>, capacity=N (KV positions), threads=N, system=<system prompt>,
  * model-format=onnx|ort (the .ort graphs of an `export --mobile` artifact), budget=<MiB> (the memory the
- * page may plan into; default a share of navigator.deviceMemory: memory.ts).
+ * page may plan into; default a share of navigator.deviceMemory: memory.ts), recall=on (draft from what was
+ * written before, in earlier turns and visits: a store in IndexedDB per artifact, recallFile.ts; off by default)
+ * and recall-budget=<MiB> (its size, set apart from the budget before the KV cache is fitted; default 8).
  *
  * For tests: <body data-state="idle|loading|ready|generating|error">; after each reply
  * body.dataset.replyIds is the reply's token ids as JSON (and replyInterrupted "true"/"false"),
  * body.dataset.replyTiming {tokens, ttftMs, decodeMs}; body.dataset.plan the memory plan (memory.ts) and
  * body.dataset.loaded {network, cache} bytes of the last opening; the streaming reply's bubble counts its
- * tokens in data-tokens; errors are shown in #error.
+ * tokens in data-tokens; errors are shown in #error; body.dataset.recall {held, written, bytes} of the recall
+ * store after opening and after each reply ("null" with recall off).
  */
 import * as ort from 'onnxruntime-web/wasm';
-import { ChatSession, openEngine, type Engine, type Mode, type Reply } from '@specmemo/engine';
+import { ChatSession, DEFAULT_BUDGET, openEngine, type Engine, type Mode, type Reply } from '@specmemo/engine';
 
 import { allocationMessage, budgetBytes, planSource, type PagePlan } from './memory';
 import { forThePage } from './ortSessions';
 import { PickedFolderSource, UrlSource, type Progress } from './sources';
 
 import { CurveStore } from './curves';
+import { RecallFileInIndexedDB } from './recallFile';
 
 type State = 'idle' | 'loading' | 'ready' | 'generating' | 'error';
 const MODES: readonly Mode[] = ['greedy', 'tree', 'auto'];
@@ -45,6 +49,7 @@ const ui = {
   send: $<HTMLButtonElement>('send'),
   stop: $<HTMLButtonElement>('stop'),
   newChat: $<HTMLButtonElement>('new-chat'),
+  forget: $<HTMLButtonElement>('forget'),
   engineLog: $('engine-log'),
   ortVersion: $('ort-version'),
 };
@@ -71,6 +76,23 @@ function applyParams(): void {
   }
   const maxNewTokens = intParam('max-new-tokens');
   if (maxNewTokens !== undefined) ui.maxNewTokens.value = String(maxNewTokens);
+}
+
+/** ?recall=on: the recall store's budget in bytes (?recall-budget=<MiB>, default the engine's); null: off. */
+function recallBudget(): number | null {
+  const recall = params.get('recall') ?? 'off';
+  if (recall !== 'on' && recall !== 'off') throw new Error(`?recall=${recall}: use on or off`);
+  const raw = params.get('recall-budget');
+  const mib = raw === null || raw === '' ? DEFAULT_BUDGET / 2 ** 20 : Number(raw);
+  if (!(mib > 0)) throw new Error(`?recall-budget=${raw}: expected a size in MiB above 0, e.g. 8`);
+  return recall === 'on' ? Math.floor(mib * 2 ** 20) : null;
+}
+
+/** The recall store's state for tests and the plan line (null with recall off). */
+function showRecall(): void {
+  const store = engine?.recall ?? null;
+  document.body.dataset.recall = JSON.stringify(store && { held: store.held, written: store.written, bytes: store.nbytes });
+  ui.forget.hidden = store === null;
 }
 
 /** ?model-format=ort: the .ort graphs of an `export --mobile` artifact (default: the .onnx ones). */
@@ -109,7 +131,7 @@ function setState(state: State): void {
   ui.message.disabled = !ready && state !== 'generating';
   ui.send.disabled = !ready;
   ui.stop.disabled = state !== 'generating';
-  ui.newChat.disabled = !ready;
+  ui.newChat.disabled = ui.forget.disabled = !ready;
   ui.folder.disabled = state === 'loading' || state === 'generating';
   ui.mode.disabled = ui.maxNewTokens.disabled = ui.folder.disabled;
 }
@@ -177,8 +199,10 @@ function progressReporter(): (p: Progress) => void {
  * cannot fit the budget. */
 async function planFor(opened: PickedFolderSource | UrlSource, mode: Mode): Promise<PagePlan> {
   const deviceMemory = (navigator as Navigator & { deviceMemory?: number }).deviceMemory;
+  const budget = budgetBytes(params.get('budget'), deviceMemory);
+  const store = recallBudget() ?? 0; // the recall store is set apart before the KV cache is fitted
   const plan = await planSource(opened, { mode, drafter: params.get('drafter') ?? undefined,
-    budget: budgetBytes(params.get('budget'), deviceMemory), capacity: intParam('capacity') });
+    budget: budget === null ? null : budget - store, capacity: intParam('capacity') });
   document.body.dataset.plan = JSON.stringify(plan);
   if (!plan.fits) throw new Error(plan.text);
   return plan;
@@ -263,6 +287,7 @@ async function open(makeSource: () => PickedFolderSource | UrlSource): Promise<v
     logLine(`opening ${opened.where} (mode ${mode}, ${threads} WASM thread${threads > 1 ? 's' : ''}, crossOriginIsolated ${self.crossOriginIsolated})`);
     setStatus(`Opening ${opened.where}…`);
     const started = performance.now();
+    const recall = recallBudget();
     plan = await planFor(opened, mode);
     if (plan.lowered) logLine(`memory: ${plan.text}`);
     curves = await CurveStore.open(opened, threads);
@@ -277,12 +302,14 @@ async function open(makeSource: () => PickedFolderSource | UrlSource): Promise<v
       modelFormat: modelFormat(),
       threads,
       latencyCurve,
+      recall: recall === null ? undefined : { file: new RecallFileInIndexedDB(opened.where), budget: recall },
       log: (line) => {
         logLine(line);
         if (document.body.dataset.state === 'loading') setStatus(line);
       },
     });
     newChat();
+    showRecall();
     const seconds = ((performance.now() - started) / 1000).toFixed(1);
     ui.plan.textContent = `Memory plan: ${engine.plan.summary} · ${plan.text}`;
     readyStatus = `Ready: ${opened.where}, mode ${engine.mode}, ${threads} thread${threads > 1 ? 's' : ''} (opened in ${seconds} s).`;
@@ -333,6 +360,7 @@ async function send(text: string): Promise<void> {
     stats.textContent = statsLine(reply, session) + (reply.interrupted ? ' · stopped' : '');
     answer.append(stats);
     document.body.dataset.replyInterrupted = String(reply.interrupted);
+    showRecall();
     document.body.dataset.replyIds = JSON.stringify(reply.tokenIds);
     curves?.keep(engine?.latencyCurve ?? null);
     document.body.dataset.replyTiming = JSON.stringify({
@@ -367,6 +395,13 @@ ui.newChat.addEventListener('click', () => {
   ui.log.replaceChildren();
   delete document.body.dataset.replyIds;
   setStatus('New chat: the KV cache is empty.');
+});
+ui.forget.addEventListener('click', () => {
+  if (!engine || document.body.dataset.state !== 'ready') return;
+  void engine.forget().then(() => {
+    showRecall();
+    setStatus('Recall store emptied: nothing written before drafts any more.');
+  }, showError);
 });
 // Another mode needs another engine (same source: a URL's data files are not downloaded again);
 // another reply length, a new chat on the same engine.

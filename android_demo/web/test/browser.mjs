@@ -6,7 +6,7 @@
  *   node test/browser.mjs --artifact DIR --message TEXT [--message TEXT ...] --screenshot PNG
  *        [--mode greedy|tree|auto] [--max-new-tokens N] [--threads N] [--no-isolation]
  *        [--stop-after-tokens N] [--pick] [--model-format onnx|ort] [--chromium /usr/bin/chromium] [--timeout SECONDS]
- *        [--new-chat-each] [--visits N] [--budget MIB] [--expect-error]
+ *        [--new-chat-each] [--visits N] [--budget MIB] [--expect-error] [--recall]
  *   node test/browser.mjs --gguf FILE --message TEXT ... --screenshot PNG   # the peer's page (wllama.html)
  *
  * Prints one JSON line per message: {"ids": [...], "text": "...", "state": "...", "interrupted":
@@ -19,7 +19,9 @@
  * {"visit": i, "loadMs", "networkBytes", "cacheBytes"} line each, after one reply to the first message (model
  * files over the network vs read
  * from the page's Cache Storage; manifest.json, which names the cache, left out). --budget passes
- * ?budget=<MiB>; --expect-error prints {"error": "..."} for a page that refuses (exit 0). Exits 1 with a
+ * ?budget=<MiB>; --recall passes ?recall=on (each line then has "recall", the store after the reply, and the
+ * first "recallAtOpen", the store the page read back); --expect-error prints {"error": "..."} for a page that
+ * refuses (exit 0). Exits 1 with a
  * one-line error on a timeout, a page error, a console error, or the page's error state. --pick opens the artifact through the folder picker
  * (<input webkitdirectory>, files read from disk by the browser) instead of ?artifact=/artifact/.
  *
@@ -60,6 +62,7 @@ try {
       visits: { type: 'string', default: '1' },
       budget: { type: 'string' },
       'expect-error': { type: 'boolean', default: false },
+      recall: { type: 'boolean', default: false },
     },
   }));
 } catch (error) {
@@ -125,6 +128,7 @@ async function main() {
   if (args.threads) query.set('threads', args.threads);
   if (args['model-format']) query.set('model-format', args['model-format']);
   if (args.budget) query.set('budget', args.budget);
+  if (args.recall) query.set('recall', 'on');
   for (let visit = 1; visit < Number(args.visits); visit++) { // earlier visits: how each loads
     const earlier = await context.newPage();
     const bytes = countModelBytes(earlier);
@@ -188,6 +192,7 @@ async function main() {
   const loadMs = Date.now() - started;
   const env = await page.evaluate(() => ({ crossOriginIsolated: self.crossOriginIsolated, log: document.getElementById('engine-log')?.textContent ?? '' }));
   const threads = Number(/(\d+) WASM thread/.exec(env.log)?.[1] ?? NaN);
+  const recallAtOpen = JSON.parse(await page.evaluate(() => document.body.dataset.recall ?? 'null'));
 
   const lines = [];
   for (const [i, message] of args.message.entries()) {
@@ -231,13 +236,14 @@ async function main() {
         frames: window.__frames?.frames ?? 0,
         stats: last?.querySelector('.stats')?.textContent ?? '',
         timing: JSON.parse(document.body.dataset.replyTiming ?? 'null'),
+        recall: JSON.parse(document.body.dataset.recall ?? 'null'),
       };
     });
     const line = { ...reply, ms: Date.now() - t0, peakRssBytes: await peakRss() };
     if (i === 0) {
       const loaded = JSON.parse(await page.evaluate(() => document.body.dataset.loaded ?? '{}'));
       Object.assign(line, { loadMs, crossOriginIsolated: env.crossOriginIsolated, threads, networkBytes: networkBytes.n,
-        cacheBytes: loaded.cache ?? 0, curveKept: env.log.includes('verify latency curve: kept') });
+        cacheBytes: loaded.cache ?? 0, curveKept: env.log.includes('verify latency curve: kept'), recallAtOpen });
     }
     lines.push(line);
   }
