@@ -2,12 +2,7 @@
  * The page: open an artifact (a picked folder, or `?artifact=<url>`), then chat with it on one
  * ChatSession, tokens streaming into the log.
  *
- * URL parameters: artifact=<url of the artifact folder>, mode=greedy|tree|auto, max-new-tokens=N,
- * drafter=<e.g. medusa+lookup>, capacity=N (KV positions), threads=N, system=<system prompt>,
- * model-format=onnx|ort (the .ort graphs of an `export --mobile` artifact), budget=<MiB> (the memory the
- * page may plan into; default a share of navigator.deviceMemory: memory.ts), recall=on (draft from what was
- * written before, in earlier turns and visits: a store in IndexedDB per artifact, recallFile.ts; off by default)
- * and recall-budget=<MiB> (its size, set apart from the budget before the KV cache is fitted; default 8).
+ * URL parameters: params.ts.
  *
  * For tests: <body data-state="idle|loading|ready|generating|error">; after each reply
  * body.dataset.replyIds is the reply's token ids as JSON (and replyInterrupted "true"/"false"),
@@ -17,10 +12,11 @@
  * store after opening and after each reply ("null" with recall off).
  */
 import * as ort from 'onnxruntime-web/wasm';
-import { ChatSession, DEFAULT_BUDGET, openEngine, type Engine, type Mode, type Reply } from '@specmemo/engine';
+import { ChatSession, openEngine, type Engine, type Mode, type Reply } from '@specmemo/engine';
 
 import { allocationMessage, budgetBytes, planSource, type PagePlan } from './memory';
 import { forThePage } from './ortSessions';
+import { intParam, modelFormat, params, recallBudget } from './params';
 import { PickedFolderSource, UrlSource, type Progress } from './sources';
 
 import { CurveStore } from './curves';
@@ -57,16 +53,6 @@ const ui = {
 // ---------------------------------------------------------------------------------------------------
 // Settings: URL parameters first, then the controls
 
-const params = new URLSearchParams(location.search);
-
-function intParam(name: string): number | undefined {
-  const raw = params.get(name);
-  if (raw === null || raw === '') return undefined;
-  const n = Number(raw);
-  if (!Number.isInteger(n) || n < 1) throw new Error(`?${name}=${raw}: expected a whole number >= 1`);
-  return n;
-}
-
 /** The controls' values from the URL (bad values are reported like any other error). */
 function applyParams(): void {
   const mode = params.get('mode');
@@ -78,28 +64,11 @@ function applyParams(): void {
   if (maxNewTokens !== undefined) ui.maxNewTokens.value = String(maxNewTokens);
 }
 
-/** ?recall=on: the recall store's budget in bytes (?recall-budget=<MiB>, default the engine's); null: off. */
-function recallBudget(): number | null {
-  const recall = params.get('recall') ?? 'off';
-  if (recall !== 'on' && recall !== 'off') throw new Error(`?recall=${recall}: use on or off`);
-  const raw = params.get('recall-budget');
-  const mib = raw === null || raw === '' ? DEFAULT_BUDGET / 2 ** 20 : Number(raw);
-  if (!(mib > 0)) throw new Error(`?recall-budget=${raw}: expected a size in MiB above 0, e.g. 8`);
-  return recall === 'on' ? Math.floor(mib * 2 ** 20) : null;
-}
-
 /** The recall store's state for tests and the plan line (null with recall off). */
 function showRecall(): void {
   const store = engine?.recall ?? null;
   document.body.dataset.recall = JSON.stringify(store && { held: store.held, written: store.written, bytes: store.nbytes });
   ui.forget.hidden = store === null;
-}
-
-/** ?model-format=ort: the .ort graphs of an `export --mobile` artifact (default: the .onnx ones). */
-function modelFormat(): 'onnx' | 'ort' {
-  const format = params.get('model-format') ?? 'onnx';
-  if (format !== 'onnx' && format !== 'ort') throw new Error(`?model-format=${format}: use onnx or ort`);
-  return format;
 }
 
 /**
@@ -195,14 +164,13 @@ function progressReporter(): (p: Progress) => void {
   };
 }
 
-/** The memory plan for `opened` before its graphs load (memory.ts); refused in one line when the model
- * cannot fit the budget. */
-async function planFor(opened: PickedFolderSource | UrlSource, mode: Mode): Promise<PagePlan> {
+/** The memory plan for `opened` before its graphs load (memory.ts), with `recall` bytes (a recall store's, or
+ * none) set apart from the budget before the KV cache is fitted; refused in one line when the model cannot fit. */
+async function planFor(opened: PickedFolderSource | UrlSource, mode: Mode, recall: number | null): Promise<PagePlan> {
   const deviceMemory = (navigator as Navigator & { deviceMemory?: number }).deviceMemory;
   const budget = budgetBytes(params.get('budget'), deviceMemory);
-  const store = recallBudget() ?? 0; // the recall store is set apart before the KV cache is fitted
   const plan = await planSource(opened, { mode, drafter: params.get('drafter') ?? undefined,
-    budget: budget === null ? null : budget - store, capacity: intParam('capacity') });
+    budget: budget === null ? null : budget - (recall ?? 0), capacity: intParam('capacity') });
   document.body.dataset.plan = JSON.stringify(plan);
   if (!plan.fits) throw new Error(plan.text);
   return plan;
@@ -288,7 +256,7 @@ async function open(makeSource: () => PickedFolderSource | UrlSource): Promise<v
     setStatus(`Opening ${opened.where}…`);
     const started = performance.now();
     const recall = recallBudget();
-    plan = await planFor(opened, mode);
+    plan = await planFor(opened, mode, recall);
     if (plan.lowered) logLine(`memory: ${plan.text}`);
     curves = await CurveStore.open(opened, threads);
     const latencyCurve = curves?.curve;
