@@ -147,6 +147,8 @@ def test_a_second_conversation_drafts_from_the_first_and_replies_stay_greedys(sm
     first = open_model(smollm2_artifact, drafter="lookup", temperature=0, capacity=512, recall=path,
                        recall_budget="1MiB")
     assert first.plan.footprint is None or first.plan.footprint.recall == RecallConfig(budget=2**20).nbytes
+    lookup, recall = first.engine.drafter.drafters  # lookup+recall: one index of the conversation between them
+    assert lookup.conversation is recall.conversation
     one = first.generate(question, max_new_tokens=60)
     assert one.token_ids == greedy.token_ids and path.is_file()
     second = open_model(smollm2_artifact, drafter="lookup", temperature=0, capacity=512, recall=path,

@@ -29,7 +29,8 @@ from specmemo.runtime.controller import Controller, DrafterChoice, LatencyCurve,
 from specmemo.runtime.decode import FullWidth, Generation, WidthPolicy, generate
 from specmemo.runtime.drafters import Drafter, DrafterName, Merged, Priced, parse_drafter
 from specmemo.runtime.drafters.draft import RowDrafters, draft_cost
-from specmemo.runtime.drafters.registry import DRAFTERS, batchable, reads_store, uses_heads_graph
+from specmemo.runtime.drafters.lookup import ConversationIndex
+from specmemo.runtime.drafters.registry import DRAFTERS, DrafterKind, batchable, reads_store, uses_heads_graph
 from specmemo.runtime.plan import Plan, drafter_choices, plan_for
 from specmemo.runtime.recall import Recall, fingerprint, open_store
 from specmemo.runtime.session import DecoderSession, SessionConfig
@@ -125,8 +126,14 @@ def open_drafter(session: DecoderSession, names: tuple[DrafterName, ...], *, max
     registry row, merged when several; `choices`: the candidates of a choice among them (drafters.parse_choices;
     one drafter object per name, shared by the candidates naming it). `draft_model`: the draft model's artifact
     (drafter "model"); `recall`: the store the drafters that read one are given."""
+    conversation = ConversationIndex()  # one index of the conversation's n-grams for the drafters reading them
+
+    def given(kind: DrafterKind) -> dict[str, Any]:
+        return {**({"recall": recall} if kind.store else {}),
+                **({"conversation": conversation} if kind.conversation else {})}
+
     built = {name: builder(DRAFTERS[name].build)(session, max_tree=max_tree, draft_model=draft_model,
-                                                 **({"recall": recall} if DRAFTERS[name].store else {}))
+                                                 **given(DRAFTERS[name]))
              for name in names}
     if not built:
         return None

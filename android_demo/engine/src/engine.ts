@@ -16,7 +16,7 @@ import { Controller, LatencyCurve, measureLatency } from './controller';
 import { FullWidth, Generation, WidthPolicy, generate } from './decode';
 import { Drafter } from './drafters/draft';
 import { Merged } from './drafters/merged';
-import { PromptLookup } from './drafters/lookup';
+import { ConversationIndex, PromptLookup } from './drafters/lookup';
 import { MedusaDrafter } from './drafters/medusa';
 import { DrafterName, parseDrafter, withRecall } from './drafters/names';
 import { RecallDrafter } from './drafters/recall';
@@ -218,6 +218,7 @@ export async function openEngine(options: EngineOptions): Promise<Engine> {
     executionProviders: options.executionProviders,
   });
   const parts: Drafter[] = [];
+  const conversation = new ConversationIndex(); // one index of the conversation's n-grams for lookup and recall
   for (const name of names) {
     if (name === 'medusa') {
       parts.push(new MedusaDrafter({
@@ -228,9 +229,9 @@ export async function openEngine(options: EngineOptions): Promise<Engine> {
         },
       }, exportedTree(m).prefix(sizes.tree)));
     } else if (name === 'lookup') {
-      parts.push(new PromptLookup());
+      parts.push(new PromptLookup(conversation));
     } else if (name === 'recall') {
-      parts.push(new RecallDrafter(recall!));
+      parts.push(new RecallDrafter(recall!, conversation));
     }
   }
   const drafter = parts.length === 0 ? null : parts.length === 1 ? parts[0] : new Merged(parts);

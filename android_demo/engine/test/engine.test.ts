@@ -11,7 +11,7 @@ import { parseRoute, routeRowsFor } from '../src/backend';
 import { accept } from '../src/decode';
 import { DraftTree, merge, ordered } from '../src/drafters/draft';
 import { Merged } from '../src/drafters/merged';
-import { NgramIndex } from '../src/drafters/lookup';
+import { ConversationIndex, NgramIndex, PromptLookup } from '../src/drafters/lookup';
 import { parseDrafter, withRecall } from '../src/drafters/names';
 import { RecallDrafter } from '../src/drafters/recall';
 import { ORDERS, Recall, RecallError, bytesFor, tokensFor } from '../src/recall';
@@ -248,6 +248,15 @@ test('recall: exact bytes, the longest match drafts to its document\'s end, evic
   const own = new RecallDrafter(store); // the conversation's own text first (as Python)
   assert.equal((await own.propose({ tokens: [5, 6, 7, 8, 9, 10, 11, 1, 5, 6, 7, 8], hidden: new Float32Array() }, 4)).size, 1);
   assert.deepEqual((await own.propose({ tokens: [0, 6, 7, 8, 3, 5, 6, 7, 8], hidden: new Float32Array() }, 4)).tokens, [8, 9, 10, 11]);
+  const conversation = new ConversationIndex(); // lookup and recall sharing one index draft as with their own
+  const shared = [new PromptLookup(conversation), new RecallDrafter(store, conversation)];
+  const apart = [new PromptLookup(), new RecallDrafter(store)];
+  for (const tokens of [[0, 6, 7, 8, 3, 5, 6, 7, 8], [5, 6, 7, 8, 9, 10, 11, 1, 5, 6, 7, 8]]) {
+    for (let i = 0; i < 2; i++) {
+      const context = { tokens, hidden: new Float32Array() };
+      assert.deepEqual((await shared[i].propose(context, 4)).tokens, (await apart[i].propose(context, 4)).tokens);
+    }
+  }
 
   const small = new Recall(tokensFor(4096), 'fp');
   const first = Array.from({ length: 30 }, (_, i) => 100 + i);

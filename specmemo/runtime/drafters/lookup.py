@@ -78,7 +78,9 @@ class NgramIndex:
 
 
 class ConversationIndex:
-    """An NgramIndex kept in step with the context list a reply grows (indexed afresh for a new reply)."""
+    """An NgramIndex kept in step with the context list a reply grows (indexed afresh for a new reply). Every
+    drafter of one engine that reads the conversation's n-grams (registry.DrafterKind.conversation) shares one:
+    updating it again with the same list adds nothing."""
 
     def __init__(self) -> None:
         self.index = NgramIndex()
@@ -92,13 +94,16 @@ class ConversationIndex:
 
 
 class PromptLookup:
+    """`conversation`: the index of the conversation's tokens, shared with the other drafters of one engine that
+    read it (recall); its own when not given."""
+
     name = "lookup"
 
-    def __init__(self) -> None:
-        self._conversation = ConversationIndex()
+    def __init__(self, conversation: ConversationIndex | None = None) -> None:
+        self.conversation = conversation if conversation is not None else ConversationIndex()
 
     def propose(self, context: DraftContext, *, budget: int) -> DraftTree:
-        index = self._conversation.update(context.tokens)
+        index = self.conversation.update(context.tokens)
         branch, matched = index.continuation(min(budget - 1, MAX_BRANCH))
         if not branch:
             return DraftTree.root_only(context.root)
@@ -107,8 +112,9 @@ class PromptLookup:
                          scores=(1.0, *(chance ** (d + 1) for d in range(len(branch)))))
 
 
-def build(session: DecoderSession, *, max_tree: int, draft_model: Artifact | None = None) -> PromptLookup:
-    return PromptLookup()
+def build(session: DecoderSession, *, max_tree: int, draft_model: Artifact | None = None,
+          conversation: ConversationIndex | None = None) -> PromptLookup:
+    return PromptLookup(conversation)
 
 
 def build_rows(session: BatchSession, *, max_tree: int) -> RowDrafters:

@@ -38,12 +38,14 @@ def hit(order: int, matched: int) -> float:
 class RecallDrafter:
     name = "recall"
 
-    def __init__(self, store: Recall):
+    def __init__(self, store: Recall, conversation: ConversationIndex | None = None):
+        """`conversation`: how far back the conversation's own text matches (shared with prompt lookup where the
+        engine runs both; its own when not given)."""
         self.store = store
-        self._conversation = ConversationIndex()  # how far back the conversation's own text matches
+        self.conversation = conversation if conversation is not None else ConversationIndex()
 
     def propose(self, context: DraftContext, *, budget: int) -> DraftTree:
-        own = self._conversation.update(context.tokens)
+        own = self.conversation.update(context.tokens)
         if budget <= 1:
             return DraftTree.root_only(context.root)
         match = self.store.lookup(context.tokens, min(budget - 1, RECALL_MAX_BRANCH))
@@ -55,8 +57,8 @@ class RecallDrafter:
 
 
 def build(session: DecoderSession, *, max_tree: int, draft_model: Artifact | None = None,
-          recall: Recall | None = None) -> RecallDrafter:
+          recall: Recall | None = None, conversation: ConversationIndex | None = None) -> RecallDrafter:
     """Over the engine's store (engine.open_engine opens it: a file, or memory only for the engine's life)."""
     if recall is None:
         raise ValueError("the recall drafter drafts from a store: open_engine opens one when the drafters name it")
-    return RecallDrafter(recall)
+    return RecallDrafter(recall, conversation)

@@ -13,6 +13,8 @@ sequence, a batch pool) read this table; adding a drafter is its module and one 
     build_rows  – the batchable drafters' "module:function": (batch session, *, max_tree) → RowDrafters.
     store       – it drafts from the store of what was already written (runtime/recall.py): the engine opens the
                   store, the plan prices its bytes, and `build` is given it as `recall=`.
+    conversation – it reads the n-grams of the conversation being decoded (lookup.ConversationIndex): the drafters
+                  that do are given one index, shared, as `conversation=`.
 """
 
 from __future__ import annotations
@@ -56,6 +58,7 @@ class DrafterKind:
     build: str
     build_rows: str | None = None
     store: bool = False
+    conversation: bool = False
 
     def __post_init__(self) -> None:
         if (self.part is None) != (self.export_flag is None):
@@ -72,14 +75,15 @@ DRAFTERS: dict[DrafterName, DrafterKind] = {k.name: k for k in (
                 build_rows=f"{_PACKAGE}.medusa:build_rows"),
     DrafterKind(DrafterName.LOOKUP, part=None, needs="nothing", export_flag=None, max_tree=1 + LOOKUP_MAX_BRANCH,
                 batchable=True, own_model=False, build=f"{_PACKAGE}.lookup:build",
-                build_rows=f"{_PACKAGE}.lookup:build_rows"),
+                build_rows=f"{_PACKAGE}.lookup:build_rows", conversation=True),
     DrafterKind(DrafterName.FEATURE, part="feature_drafter", needs="the feature drafter graph",
                 export_flag="--feature-drafter", max_tree=FEATURE_MAX_TREE, batchable=False, own_model=False,
                 build=f"{_PACKAGE}.feature:build"),
     DrafterKind(DrafterName.MODEL, part="draft_model", needs="a draft model", export_flag="--draft-model",
                 max_tree=1 + MODEL_MAX_CHAIN, batchable=False, own_model=True, build=f"{_PACKAGE}.model:build"),
     DrafterKind(DrafterName.RECALL, part=None, needs="nothing", export_flag=None, max_tree=1 + RECALL_MAX_BRANCH,
-                batchable=False, own_model=False, build=f"{_PACKAGE}.recall:build", store=True),
+                batchable=False, own_model=False, build=f"{_PACKAGE}.recall:build", store=True,
+                conversation=True),
 )}
 
 

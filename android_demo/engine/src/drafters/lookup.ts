@@ -54,7 +54,11 @@ export class NgramIndex {
   }
 }
 
-/** An NgramIndex kept in step with the context list a reply grows (indexed afresh for a new reply). */
+/**
+ * An NgramIndex kept in step with the context list a reply grows (indexed afresh for a new reply). The
+ * drafters of one engine that read the conversation's n-grams (lookup, recall) share one: updating it
+ * again with the same list adds nothing.
+ */
 export class ConversationIndex {
   index = new NgramIndex();
   private source: number[] | null = null; // the context token list the index mirrors
@@ -71,7 +75,9 @@ export class ConversationIndex {
 
 export class PromptLookup implements Drafter {
   readonly name = 'lookup';
-  private readonly conversation = new ConversationIndex();
+
+  /** `conversation`: the index shared with recall where the engine runs both; its own when not given. */
+  constructor(readonly conversation: ConversationIndex = new ConversationIndex()) {}
 
   propose(context: DraftContext, budget: number): Promise<DraftTree> {
     return Promise.resolve(this.draft(context, budget));

@@ -22,9 +22,8 @@ export function hit(order: number, matched: number): number {
 export class RecallDrafter implements Drafter {
   readonly name = 'recall';
 
-  private readonly conversation = new ConversationIndex(); // how far back the conversation's own text matches
-
-  constructor(readonly store: Recall) {}
+  /** `conversation`: how far back the conversation's own text matches (shared with prompt lookup where the engine runs both). */
+  constructor(readonly store: Recall, readonly conversation: ConversationIndex = new ConversationIndex()) {}
 
   propose(context: DraftContext, budget: number): Promise<DraftTree> {
     const root = context.tokens[context.tokens.length - 1];
