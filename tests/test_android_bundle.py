@@ -31,6 +31,7 @@ MARKERS = {
     "Onnxruntime": "onnxruntime-react-native (NativeModules.Onnxruntime)",
     "RNFSManager": "react-native-fs",
     "TextDecoder": "the app's TextDecoder polyfill / tokenizers.js",
+    "/recall": "the app's recall store file (src/recallFile.ts, its SHA-256 from @noble/hashes)",
 }
 
 

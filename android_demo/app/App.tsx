@@ -1,7 +1,8 @@
 /**
  * SpecMemo chat: pick an artifact folder on the phone, open it with the shared engine over
  * onnxruntime-react-native, chat with it (one ChatSession: later turns reuse the KV positions of
- * the earlier ones).
+ * the earlier ones). With "remember" on, the engine drafts from a recall store of every earlier turn
+ * and conversation, kept in the app's files per artifact (src/recallFile.ts); Forget empties it.
  */
 
 import React, { useCallback, useEffect, useRef, useState } from 'react';
@@ -23,12 +24,14 @@ import * as ort from 'onnxruntime-react-native';
 import { ChatSession, openEngine } from '@specmemo/engine';
 import type { Engine, Mode, Reply } from '@specmemo/engine';
 
+import { RecallFileOnPhone, digest } from './src/recallFile';
 import { ARTIFACTS_DIR, DeviceSource, listArtifacts } from './src/source';
 import type { ArtifactEntry } from './src/source';
 
 type FormatChoice = 'auto' | 'onnx' | 'ort';
 const MODES: Mode[] = ['auto', 'tree', 'greedy'];
 const FORMATS: FormatChoice[] = ['auto', 'ort', 'onnx'];
+const REMEMBER: boolean[] = [false, true]; // the recall store: off unless chosen (it keeps what was typed, on the phone)
 const MAX_NEW_TOKENS = 256;
 
 interface Message {
@@ -90,11 +93,18 @@ function Button(props: { label: string; onPress: () => void; disabled?: boolean;
   );
 }
 
-function Picker(props: { onOpen: (artifact: ArtifactEntry, mode: Mode, format: FormatChoice) => void }) {
+/** The recall store's line: tokens held of its capacity, its bytes. */
+function recallLine(engine: Engine): string {
+  const store = engine.recall;
+  return store === null ? '' : ` · recall ${store.held}/${store.capacity} tokens, ${(store.nbytes / 2 ** 20).toFixed(1)} MiB`;
+}
+
+function Picker(props: { onOpen: (artifact: ArtifactEntry, mode: Mode, format: FormatChoice, remember: boolean) => void }) {
   const [artifacts, setArtifacts] = useState<ArtifactEntry[] | null>(null);
   const [error, setError] = useState<string | null>(null);
   const [mode, setMode] = useState<Mode>('auto');
   const [format, setFormat] = useState<FormatChoice>('auto');
+  const [remember, setRemember] = useState(false);
 
   // state set in the listing's callbacks only (an effect that sets state at once renders twice)
   const listFolder = useCallback(() => listArtifacts().then(setArtifacts, (err: unknown) => setError(errorText(err))), []);
@@ -118,6 +128,10 @@ function Picker(props: { onOpen: (artifact: ArtifactEntry, mode: Mode, format: F
         <Text style={styles.label}>graphs</Text>
         {FORMATS.map((f) => <Chip key={f} label={f} active={format === f} onPress={() => setFormat(f)} />)}
       </View>
+      <View style={styles.row}>
+        <Text style={styles.label}>recall</Text>
+        {REMEMBER.map((r) => <Chip key={String(r)} label={r ? 'remember' : 'off'} active={remember === r} onPress={() => setRemember(r)} />)}
+      </View>
       {error !== null && <Text style={styles.error}>{error}</Text>}
       {artifacts === null && error === null && <ActivityIndicator />}
       <FlatList
@@ -134,7 +148,7 @@ function Picker(props: { onOpen: (artifact: ArtifactEntry, mode: Mode, format: F
         renderItem={({ item }) => (
           <Pressable
             disabled={item.problem !== null}
-            onPress={() => props.onOpen(item, mode, format)}
+            onPress={() => props.onOpen(item, mode, format, remember)}
             style={[styles.artifact, item.problem !== null && styles.buttonDisabled]}>
             <Text style={styles.artifactName}>{item.name}</Text>
             <Text style={styles.muted}>
@@ -153,7 +167,7 @@ function Chat(props: { loaded: Loaded; lastLog: string; onClose: () => void }) {
   const [messages, setMessages] = useState<Message[]>([]);
   const [input, setInput] = useState('');
   const [busy, setBusy] = useState(false);
-  const [status, setStatus] = useState(`${format} graphs · mode ${engine.mode} · ${engine.plan.summary}`);
+  const [status, setStatus] = useState(`${format} graphs · mode ${engine.mode} · ${engine.plan.summary}${recallLine(engine)}`);
   const abort = useRef<AbortController | null>(null);
   const pending = useRef<Promise<void> | null>(null); // the reply being generated
   const nextId = useRef(0);
@@ -174,7 +188,7 @@ function Chat(props: { loaded: Loaded; lastLog: string; onClose: () => void }) {
         onToken: (_id, textSoFar) => update({ text: textSoFar }),
       });
       update({ text: reply.text, stats: statsLine(reply, session, engine) });
-      setStatus(`KV ${session.kvUsed()}/${session.capacity} · ${engine.plan.summary}`);
+      setStatus(`KV ${session.kvUsed()}/${session.capacity} · ${engine.plan.summary}${recallLine(engine)}`);
     } catch (err) {
       update({ role: 'error', text: errorText(err) });
     } finally {
@@ -193,7 +207,16 @@ function Chat(props: { loaded: Loaded; lastLog: string; onClose: () => void }) {
   const newChat = () => {
     session.reset();
     setMessages([]);
-    setStatus(`new chat · KV ${session.kvUsed()}/${session.capacity} · ${engine.plan.summary}`);
+    setStatus(`new chat · KV ${session.kvUsed()}/${session.capacity} · ${engine.plan.summary}${recallLine(engine)}`);
+  };
+
+  const forget = async () => { // nothing written before drafts any more; the store's file is emptied too
+    try {
+      await engine.forget();
+      setStatus(`forgotten · ${engine.plan.summary}${recallLine(engine)}`);
+    } catch (err) {
+      setStatus(errorText(err));
+    }
   };
 
   const close = async () => {
@@ -207,6 +230,7 @@ function Chat(props: { loaded: Loaded; lastLog: string; onClose: () => void }) {
       <View style={styles.row}>
         <Text style={[styles.title, styles.fill]} numberOfLines={1}>{artifact.name}</Text>
         <Button label="New chat" onPress={newChat} disabled={busy} />
+        {engine.recall !== null && <Button label="Forget" onPress={() => void forget()} disabled={busy} />}
         <Button label="Close" onPress={() => void close()} />
       </View>
       <Text style={styles.muted}>{status}</Text>
@@ -247,7 +271,7 @@ export default function App() {
   const [log, setLog] = useState<string[]>([]); // the engine's log lines: the load's, then later ones
   const [error, setError] = useState<string | null>(null);
 
-  const open = useCallback(async (artifact: ArtifactEntry, mode: Mode, choice: FormatChoice) => {
+  const open = useCallback(async (artifact: ArtifactEntry, mode: Mode, choice: FormatChoice, remember: boolean) => {
     const format = resolveFormat(choice, artifact);
     const started = Date.now();
     // the engine keeps this for later lines too (auto mode measures its verify latency at the first reply)
@@ -256,7 +280,7 @@ export default function App() {
     setError(null);
     setLog([]);
     setOpening(true);
-    write(`opening ${artifact.name} (${format} graphs, mode ${mode}) ...`);
+    write(`opening ${artifact.name} (${format} graphs, mode ${mode}${remember ? ', recall on' : ''}) ...`);
     try {
       const engine = await openEngine({
         // onnxruntime-react-native implements onnxruntime-common's API, the one copy in this app (tsconfig.json paths)
@@ -264,6 +288,7 @@ export default function App() {
         source: new DeviceSource(artifact.path),
         mode,
         modelFormat: format,
+        recall: remember ? { file: new RecallFileOnPhone(artifact.name), digest } : undefined,
         log: write,
       });
       write('ready');
@@ -294,7 +319,7 @@ export default function App() {
         ) : loaded !== null ? (
           <Chat loaded={loaded} lastLog={log[log.length - 1] ?? ''} onClose={close} />
         ) : (
-          <Picker onOpen={(artifact, mode, format) => void open(artifact, mode, format)} />
+          <Picker onOpen={(artifact, mode, format, remember) => void open(artifact, mode, format, remember)} />
         )}
       </SafeAreaView>
     </SafeAreaProvider>
