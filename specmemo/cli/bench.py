@@ -17,6 +17,7 @@ from specmemo.cli.bench_web import add_web_parser
 from specmemo.cli.options import add_artifact, add_mode, add_profile_options, apply_profile, positive, sizes_list
 from specmemo.console import log_stderr
 from specmemo.runtime.artifact import Artifact
+from specmemo.runtime.manifest import Manifest
 
 
 def add_parser(sub) -> None:
@@ -227,12 +228,13 @@ def cmd_bench_quality(args: argparse.Namespace) -> int:
     return 0
 
 
-def _genai_dir(args: argparse.Namespace, source_model: str):
+def _genai_dir(args: argparse.Namespace, manifest: Manifest) -> Path | None:
+    """GenAI's build of the artifact's model at the artifact's precision (int4 beside int4), or None (--no-peer)."""
     if args.no_peer:
         return None
-    from specmemo.bench.peers import genai_model_dir  # builds once, offline, from the same HF folder
+    from specmemo.bench.peers import genai_model_dir, genai_precision  # builds once, offline, from the HF folder
 
-    return genai_model_dir(source_model)
+    return genai_model_dir(manifest.source_model, genai_precision(manifest.weight_dtype))
 
 
 def cmd_bench_step(args: argparse.Namespace) -> int:
@@ -242,7 +244,7 @@ def cmd_bench_step(args: argparse.Namespace) -> int:
     apply_profile(args)
     config = StepBenchConfig(artifact=args.artifact, tree_sizes=args.tree_sizes, context=args.context,
                              rounds=args.rounds, steps_per_round=args.steps, threads=args.threads,
-                             genai_dir=_genai_dir(args, load_manifest(args.artifact).source_model))
+                             genai_dir=_genai_dir(args, load_manifest(args.artifact)))
     result = run_step_bench(config)
     print(format_table(result))
     print(f"wrote {write_json(result, args.json)}")
@@ -260,7 +262,7 @@ def cmd_bench_decode(args: argparse.Namespace) -> int:
     config = bench.DecodeBenchConfig(artifact=args.artifact, questions=args.questions,
                                      max_new_tokens=args.max_new_tokens, threads=args.threads, capacity=args.capacity,
                                      budget=args.budget_bytes, memory_questions=args.memory_questions, out=args.out,
-                                     genai_dir=_genai_dir(args, manifest.source_model), drafter=args.drafter)
+                                     genai_dir=_genai_dir(args, manifest), drafter=args.drafter)
     questions = load_questions()[: config.questions]
     runs = bench.run_speed(config, questions, log=log_stderr)
     tokenizer = ChatTokenizer(Artifact.open(args.artifact))
