@@ -15,8 +15,9 @@ import pytest
 
 from specmemo.api import open_model
 from specmemo.errors import ConfigError
-from specmemo.runtime.drafters import with_recall
+from specmemo.runtime.drafters import Merged, with_recall
 from specmemo.runtime.drafters.draft import DraftContext
+from specmemo.runtime.drafters.lookup import PromptLookup, conversation_of
 from specmemo.runtime.drafters.recall import RecallDrafter
 from specmemo.runtime.recall import (
     ORDERS,
@@ -64,6 +65,15 @@ def test_the_conversations_own_text_comes_first():
     assert drafter.propose(DraftContext([5, 6, 7, 8, 1, 2, 5, 6, 7, 8]), budget=4).size == 1
     # its own "6 7 8" matches 3 back, the store's 4: the store's continuation drafts
     assert drafter.propose(DraftContext([0, 6, 7, 8, 3, 5, 6, 7, 8]), budget=4).tokens == (8, 9, 10, 11)
+
+
+def test_recall_finds_the_index_lookup_keeps_in_a_merged_drafter():
+    """A batch row's drafter is lookup alone or merged with another drafter (Medusa heads): recall joining it shares
+    lookup's index."""
+    lookup, store = PromptLookup(), Recall(1000, "fp")
+    assert conversation_of(lookup) is lookup.conversation
+    assert conversation_of(Merged([RecallDrafter(store), lookup])) is lookup.conversation
+    assert conversation_of(RecallDrafter(store)) is None
 
 
 def test_a_store_filled_past_its_size_keeps_the_newest_text_in_the_same_bytes():

@@ -42,7 +42,7 @@ from specmemo.runtime.decode import (
 )
 from specmemo.runtime.drafters import Merged
 from specmemo.runtime.drafters.draft import DraftContext, Drafter, DraftTree
-from specmemo.runtime.drafters.lookup import PromptLookup
+from specmemo.runtime.drafters.lookup import conversation_of
 from specmemo.runtime.drafters.recall import RecallDrafter
 from specmemo.runtime.logit_rules import LogitRules, TokenLogprob, apply, token_logprob
 from specmemo.runtime.recall import Recall
@@ -213,8 +213,7 @@ class SequencePool:
         drafts = self.max_tree > 1 and request.rules is None  # logit_rules.py: plain steps
         drafter = self.drafter_factory(row) if self.drafter_factory is not None and drafts else None
         if drafter is not None and request.recall is not None:  # one index of the conversation, where lookup has it
-            shared = drafter.conversation if isinstance(drafter, PromptLookup) else None
-            drafter = Merged([drafter, RecallDrafter(request.recall, shared)])
+            drafter = Merged([drafter, RecallDrafter(request.recall, conversation_of(drafter))])
         self.sequences[row] = _Sequence(request, list(request.prompt), list(request.prompt), drafter, rng)
         return row
 

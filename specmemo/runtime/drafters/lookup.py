@@ -18,7 +18,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from specmemo.runtime.drafters.draft import DraftContext, DraftTree, RowDrafters
+from specmemo.runtime.drafters import Merged
+from specmemo.runtime.drafters.draft import DraftContext, Drafter, DraftTree, RowDrafters
 from specmemo.runtime.drafters.registry import LOOKUP_MAX_BRANCH
 
 if TYPE_CHECKING:
@@ -110,6 +111,13 @@ class PromptLookup:
         chance = hit(matched)
         return DraftTree(tokens=(context.root, *branch), parents=tuple(range(-1, len(branch))),
                          scores=(1.0, *(chance ** (d + 1) for d in range(len(branch)))))
+
+
+def conversation_of(drafter: Drafter) -> ConversationIndex | None:
+    """The conversation index prompt lookup keeps in `drafter` (itself, or a part of a merged drafter), for another
+    drafter of the same sequence to share; None where lookup is not among them."""
+    parts = drafter.drafters if isinstance(drafter, Merged) else [drafter]
+    return next((p.conversation for p in parts if isinstance(p, PromptLookup)), None)
 
 
 def build(session: DecoderSession, *, max_tree: int, draft_model: Artifact | None = None,
