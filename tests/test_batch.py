@@ -134,6 +134,7 @@ def test_batch_graph_rows_are_bitwise_the_one_sequence_graph(artifact):
         if m.io.attention_bias_local:
             one[m.io.attention_bias_local] = windowed(one[m.io.attention_bias], one[m.io.position_ids], past,
                                                       d.sliding_window)
+        one.update({name: np.array([past]) for name in (m.io.write_position, m.io.write_position_local) if name})
         one.update({past_name: k.copy() for (past_name, _), k in zip(m.io.kv_pairs, kv, strict=True)})
         singles.append(single.run(None, one))
         embeds.append(x)
@@ -144,6 +145,8 @@ def test_batch_graph_rows_are_bitwise_the_one_sequence_graph(artifact):
         if m.io.attention_bias_local:
             feeds[graph.attention_bias_local[b]] = windowed(feeds[graph.attention_bias[b]], positions[-1], past,
                                                             d.sliding_window)
+        feeds.update({names[b]: np.array([past]) for names in (graph.write_position, graph.write_position_local)
+                      if names})
         feeds.update({name: k.copy() for (name, _), k in zip(graph.kv_pairs[b * len(kv):], kv, strict=False)})
         start, at = start + n, at + n + 1
     feeds.update({m.io.inputs_embeds: np.concatenate(embeds, 1), m.io.logits_indices: np.arange(start)[None],

@@ -107,15 +107,21 @@ def test_kv_buffer_is_updated_in_place(tiny_llama):
 
 
 def test_graph_has_no_whole_cache_copies(tiny_llama):
-    """No Concat/Split/Slice of a KV input inside the graph: GroupQueryAttention reads it directly
+    """No Concat/Split/Slice of a KV input inside the graph: one attention call per layer reads it, and inside
+    the grouped attention only TensorScatter writes the buffer (in place) and a Slice reads the span attended to
     (a Shape node may read its dims, which touches no data)."""
     manifest = load_manifest(tiny_llama)
-    graph = onnx.load(str(tiny_llama / manifest.decoder_file), load_external_data=False).graph
+    model = onnx.load(str(tiny_llama / manifest.decoder_file), load_external_data=False)
     kv_inputs = {past for past, _ in manifest.io.kv_pairs}
-    for node in graph.node:
+    for node in model.graph.node:
         if kv_inputs & set(node.input):
-            assert node.op_type in ("GroupQueryAttention", "Shape"), node.op_type
-    assert sum(node.op_type == "GroupQueryAttention" for node in graph.node) == manifest.dims.num_layers
+            assert node.op_type in ("GroupedAttention", "Shape"), node.op_type
+    assert sum(node.op_type == "GroupedAttention" for node in model.graph.node) == manifest.dims.num_layers
+    (function,) = model.functions
+    readers = {node.op_type for node in function.node if {"past_key", "past_value"} & set(node.input)}
+    assert readers == {"TensorScatter"}
+    span_readers = [node.op_type for node in function.node if {"present_key", "present_value"} & set(node.input)]
+    assert span_readers == ["Slice", "Slice"]
 
 
 def test_graph_holds_only_the_lm_head_and_the_embedding_is_its_own_file(tiny_llama):

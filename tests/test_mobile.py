@@ -36,7 +36,8 @@ def steps(artifact, model_format: str) -> list[np.ndarray]:
 def test_ort_graphs_step_like_the_onnx_ones(tiny_mobile):
     info = load_manifest(tiny_mobile).ort_format
     assert info.files == ("decoder.ort",) and info.target_platform == "amd64"
-    assert any(line.startswith("com.microsoft;1;") and "GroupQueryAttention" in line for line in info.operators)
+    # the grouped attention, inlined: its K/V writes are a standard op of opset 24 (a reduced build must keep it)
+    assert any(line.startswith("ai.onnx;24;") and "TensorScatter" in line for line in info.operators)
     for ort, onnx in zip(steps(tiny_mobile, "ort"), steps(tiny_mobile, "onnx"), strict=True):
         np.testing.assert_allclose(ort, onnx, rtol=0, atol=1e-5)
 

@@ -8,6 +8,7 @@ from pathlib import Path
 from specmemo.cli.options import add_model_format, add_profile_options, apply_profile, positive
 from specmemo.console import log_stderr
 from specmemo.export.load import DEFAULT_MODEL, default_artifact
+from specmemo.runtime.span import AttentionOp
 
 
 def add_parser(sub) -> None:
@@ -109,6 +110,11 @@ def add_parser(sub) -> None:
                    help="the KV buffer's elements: float16 halves the largest memory use after the weights "
                         "(attention then computes in float16, and the artifact verifies chains only; see "
                         "docs/int4.md) (default: the --profile's, else float32, the faster)")
+    p.add_argument("--attention", choices=[op.value for op in AttentionOp], default=AttentionOp.GROUPED.value,
+                   help="the decoder's attention: grouped (default) is built from plain ops so that a token's "
+                        "numbers do not depend on how many rows its call runs or how long the past is, which lets "
+                        "greedy run one row a step where the matrix kernels allow it; gqa is ONNX Runtime's "
+                        "GroupQueryAttention node, whose one-row calls need a padding row (docs/on-device.md)")
     p.add_argument("--mobile", nargs="?", const="arm", choices=["arm", "amd64"], default=None,
                    help="also write every graph in ONNX Runtime's own format (.ort, optimizations for this "
                         "platform baked in; default arm) and required_operators.config, the operator list "
@@ -226,6 +232,7 @@ def cmd_export(args: argparse.Namespace) -> int:
                                   top_k=args.top_k, drafter=args.drafter, feature_drafter=feature,
                                   feature_depth=args.feature_depth, feature_width=args.feature_width,
                                   mobile=args.mobile, kv_dtype=args.kv_dtype, draft_model=args.draft_model,
+                                  attention=AttentionOp(args.attention),
                                   **({} if args.batch is None else {"batch": args.batch})),
                     finalize=finalize)
     if args.no_validate:

@@ -12,11 +12,13 @@ from pathlib import Path
 from specmemo.errors import ConfigError
 from specmemo.export.batch_graph import DEFAULT_BATCHES, write_batch_graph
 from specmemo.export.checkpoint import Checkpoint
-from specmemo.export.dims import dims_from_config
+from specmemo.export.dims import check_max_capacity, dims_from_config
 from specmemo.export.drafter_graph import export_feature_drafter
 from specmemo.export.embedding_rows import gguf_rows, tied_rows
 from specmemo.export.feature_drafter import DRAFTER_SPEC_FILE, trained_on_dtype
 from specmemo.export.generation import generation_defaults
+from specmemo.export.grouped_attention import OPSET as GROUPED_OPSET
+from specmemo.export.grouped_attention import lower_file
 from specmemo.export.heads import SPEC_FILE, HeadsError, MedusaHeads, load_any_heads
 from specmemo.export.heads_graph import export_heads_graph
 from specmemo.export.kv_dtype import check_kv_dtype, kv_as_float16
@@ -45,6 +47,7 @@ from specmemo.runtime.manifest import (
     TokenizerInfo,
     save_manifest,
 )
+from specmemo.runtime.span import SPAN_BUCKET, AttentionOp
 from specmemo.version import __version__
 
 DECODER_FILE = "decoder.onnx"
@@ -74,6 +77,7 @@ class ExportOptions:
     kv_dtype: str | None = None  # --kv-dtype: the KV buffer's elements (export/kv_dtype.py); None: default_kv_dtype
     batch: tuple[int, ...] = DEFAULT_BATCHES  # --batch: B of the batch graphs to write (export/batch_graph.py)
     draft_model: str | None = None  # --draft-model: a smaller model of the same tokenizer, exported into draft/
+    attention: AttentionOp = AttentionOp.GROUPED  # --attention: the decoder's attention (runtime/span.py)
 
     def __post_init__(self) -> None:
         kind = missing_part(self.drafter, self, named_dir_counts=True)
@@ -143,14 +147,6 @@ def default_heads(model: str) -> Path | None:
     return folder if (folder / SPEC_FILE).is_file() else None
 
 
-def check_max_capacity(max_capacity: int, dims: ModelDims) -> None:
-    if max_capacity > dims.max_position_embeddings:
-        raise ConfigError(
-            f"--max-capacity {max_capacity} exceeds the model's {dims.max_position_embeddings} positions: "
-            f"use --max-capacity {dims.max_position_embeddings} or less"
-        )
-
-
 def export_artifact(options: ExportOptions, *, log=print, finalize=None) -> Manifest:
     """Export into a temp folder beside `out`, then move it into place: a failed export loses nothing.
     `finalize(staging, manifest) -> manifest` runs on the finished staging folder before the move
@@ -162,7 +158,7 @@ def export_artifact(options: ExportOptions, *, log=print, finalize=None) -> Mani
     resolved = resolve_model(options.model)
     dims = dims_from_config(AutoConfig.from_pretrained(resolved.hf_folder, local_files_only=True))
     check_max_capacity(options.max_capacity, dims)
-    if options.kv_dtype == "float16" and (dims.qk_norm or dims.sliding_layers):
+    if options.kv_dtype == "float16" and options.attention is AttentionOp.GQA and (dims.qk_norm or dims.sliding_layers):
         raise ConfigError(f"--kv-dtype float16 is not supported for {dims.architecture} yet "
                           f"(its attention takes Q, K, V apart, or two biases): export with --kv-dtype float32")
     log(f"model {options.model}: {dims.architecture}, {dims.num_layers} layers, h={dims.hidden_size}, "
@@ -183,10 +179,15 @@ def export_artifact(options: ExportOptions, *, log=print, finalize=None) -> Mani
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     staging.chmod(0o755)
     try:
-        io_names = io_spec.decoder_io(dims, "float32", kv_dtype=options.kv_dtype)
+        grouped = options.attention is AttentionOp.GROUPED
+        io_names = io_spec.decoder_io(dims, "float32", kv_dtype=options.kv_dtype, attention=options.attention)
         log("tracing the decoder step to ONNX (its weights written a layer at a time) ...")
-        export_streamed(checkpoint, dims, options.max_capacity, io_names, staging / DECODER_FILE)
-        if options.kv_dtype == "float16":
+        traced = io_spec.decoder_io(dims, "float32", kv_dtype="float32" if grouped else options.kv_dtype)
+        export_streamed(checkpoint, dims, options.max_capacity, traced, staging / DECODER_FILE)
+        if grouped:
+            log(f"attention whose rows do not depend on the call's shape (span in buckets of {SPAN_BUCKET}) ...")
+            lower_file(staging / DECODER_FILE, dims, kv_dtype=options.kv_dtype, io=io_names)
+        elif options.kv_dtype == "float16":
             log("attention in float16 over a float16 KV buffer ...")
             rewrite_graph(staging / DECODER_FILE, kv_as_float16)
         embedding = write_embedding(checkpoint.parameter(hf_model, hf_model.get_input_embeddings().weight), staging)
@@ -228,7 +229,7 @@ def export_artifact(options: ExportOptions, *, log=print, finalize=None) -> Mani
             weight_dtype=options.quant.dtype.value,
             kv_dtype=options.kv_dtype,
             activation_dtype="float32",
-            opset=OPSET,
+            opset=GROUPED_OPSET if grouped else OPSET,
             max_capacity=options.max_capacity,
             decoder_file=DECODER_FILE,
             decoder_data_file=DECODER_FILE + ".data",
@@ -243,6 +244,8 @@ def export_artifact(options: ExportOptions, *, log=print, finalize=None) -> Mani
             step_row_multiple=options.quant.step_row_multiple,
             ort_format=ort_format,
             generation=generation_defaults(resolved.hf_folder),
+            attention=options.attention,
+            span_bucket=SPAN_BUCKET if grouped else 1,
         )
         manifest = add_batch_graphs(staging, manifest, options.batch, log)
         if options.draft_model is not None:

@@ -32,10 +32,12 @@ from __future__ import annotations
 from pathlib import Path
 
 from specmemo.errors import ConfigError
+from specmemo.export.grouped_attention import FUNCTION
 from specmemo.runtime import io_spec
 from specmemo.runtime.manifest import BatchGraph, Manifest
 
 GQA = "GroupQueryAttention"
+GROUPED = FUNCTION  # export/grouped_attention.py's function: the same per-row rewrite, with a write position per row
 MAX_BATCH = 64
 DEFAULT_BATCHES = (2, 4, 8, 10)  # what `export` writes unless --batch says otherwise (bench batch measures these)
 
@@ -117,7 +119,7 @@ def rewrite(graph, manifest: Manifest, names: BatchGraph) -> None:
     for node in graph.node:
         if node in bias_casts:  # replaced by the rows' own casts
             continue
-        if node.op_type != GQA:
+        if node.op_type not in (GQA, GROUPED):
             for i, name in enumerate(node.input):
                 if name in kv_inputs or name in same_b:
                     if node.op_type != "Shape":
@@ -126,7 +128,11 @@ def rewrite(graph, manifest: Manifest, names: BatchGraph) -> None:
                     node.input[i] = kv_row[name, 0] if name in kv_inputs else same_b[name]
             kept.append(node)
             continue
-        q, k, v, past_k, past_v, _, _, cos, sin, pos, bias = list(node.input)[:11]
+        grouped = node.op_type == GROUPED
+        if grouped:  # write_position in place of GQA's two lengths
+            q, k, v, past_k, past_v, write, cos, sin, pos, bias = list(node.input)
+        else:
+            q, k, v, past_k, past_v, _, _, cos, sin, pos, bias = list(node.input)[:11]
         if past_k not in kv_inputs or bias not in per_row or pos != io.position_ids:
             raise ConfigError(f"{node.name or GQA}: its KV, bias or positions are not the graph's own inputs (or the "
                               f"bias's one cast): this decoder cannot be batched; re-export the artifact")
@@ -141,11 +147,12 @@ def rewrite(graph, manifest: Manifest, names: BatchGraph) -> None:
         row_outputs = []
         attributes = {a.name: helper.get_attribute_value(a) for a in node.attribute}
         for b in range(batch):
-            row_bias, (seqlens, total) = per_row[bias][b]
+            row_bias, gqa_lengths = per_row[bias][b]
+            length_inputs = [io_spec.row_name(write, b)] if grouped else list(gqa_lengths)
             inputs = [split[q][b], split[k][b] if k else "", split[v][b] if v else "", kv_row[past_k, b],
-                      kv_row[past_v, b], seqlens, total, cos, sin, positions[b], row_bias]
+                      kv_row[past_v, b], *length_inputs, cos, sin, positions[b], row_bias]
             row_outputs.append(f"{out}.row{b}")
-            new_nodes.append(helper.make_node(GQA, inputs,
+            new_nodes.append(helper.make_node(node.op_type, inputs,
                                               [row_outputs[-1], kv_row[present_k, b], kv_row[present_v, b]],
                                               domain=node.domain, **attributes))
         new_nodes.append(helper.make_node("Concat", row_outputs, [f"{out}.attention"], axis=1))
@@ -158,7 +165,7 @@ def rewrite(graph, manifest: Manifest, names: BatchGraph) -> None:
     def dims(value) -> list:
         return [d.dim_param or d.dim_value for d in value.type.tensor_type.shape.dim]
 
-    biases = (io.attention_bias, io.attention_bias_local, io.position_ids)
+    biases = (io.attention_bias, io.attention_bias_local, io.position_ids, io.write_position, io.write_position_local)
     inputs = [i for i in graph.input if i.name not in kv_inputs and i.name not in biases]
     inputs += [helper.make_tensor_value_info(names.attention_rows, TensorProto.INT64, ["A"]),
                helper.make_tensor_value_info(names.attention_position_ids, TensorProto.INT64, [1, "A"]),
@@ -167,6 +174,7 @@ def rewrite(graph, manifest: Manifest, names: BatchGraph) -> None:
         inputs.append(row_input(io.attention_bias, b, [1, 1, f"T_{b}", f"S_{b}"]))
         if io.attention_bias_local:
             inputs.append(row_input(io.attention_bias_local, b, [1, 1, f"T_{b}", f"S_w_{b}"]))
+        inputs += [row_input(write, b, [1]) for write in (io.write_position, io.write_position_local) if write]
         for past, _ in io.kv_pairs:
             inputs.append(row_input(past, b, [1, *dims(old_inputs[past])[1:]]))
     outputs = [o for o in graph.output if o.name not in kv_outputs]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from specmemo.errors import SpecMemoError
+from specmemo.errors import ConfigError, SpecMemoError
 from specmemo.runtime.dims import HIDDEN_ACTS, AttentionKind, ModelDims
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "Gemma3ForCausalLM")
@@ -98,3 +98,11 @@ def architecture_of(config_json: dict) -> str:
     """The architecture a config.json (as a dict) declares."""
     architectures = config_json.get("architectures") or ()
     return architectures[0] if architectures else _arch_from_model_type(config_json.get("model_type", ""))
+
+
+def check_max_capacity(max_capacity: int, dims: ModelDims) -> None:
+    if max_capacity > dims.max_position_embeddings:
+        raise ConfigError(
+            f"--max-capacity {max_capacity} exceeds the model's {dims.max_position_embeddings} positions: "
+            f"use --max-capacity {dims.max_position_embeddings} or less"
+        )

@@ -45,6 +45,7 @@ from specmemo.runtime.session import (
     open_heads,
 )
 from specmemo.runtime.sizes import WINDOW_MARGIN
+from specmemo.runtime.span import span_for
 
 STUB = 1  # tokens a free row runs
 
@@ -87,6 +88,7 @@ class BatchSession:
         self.layout = ArenaLayout.for_manifest(m, self.sizes, batch=config.batch)
         self.arena = Arena(self.layout)
         self.binding = self.session.io_binding()
+        self._write = np.zeros((2, config.batch), dtype=np.int64)  # grouped attention: rows' write positions
         pairs = len(m.io.kv_pairs)
         self._kv_values = []
         for b in range(config.batch):
@@ -119,6 +121,13 @@ class BatchSession:
     def local_stride(self) -> int:  # between two rows' sliding-layer biases: (R + 1) * C_w
         return (self.rows + 1) * self.layout.window_capacity
 
+    def span(self, attended: int) -> int:
+        """L_b: a row's bias columns for `attended` positions (runtime/span.py)."""
+        return span_for(attended, self.sizes.capacity, self.manifest.span_bucket)
+
+    def span_w(self, attended_w: int) -> int:
+        return span_for(attended_w, self.layout.window_capacity, self.manifest.span_bucket)
+
     def run(self, sizes: list[int], attended: list[int], logit_rows: int, attended_w: Sequence[int] = (),
             lanes: int | None = None) -> None:
         """Run the call whose inputs the caller wrote into the arena: row b's n_b = sizes[b] tokens at
@@ -130,10 +139,17 @@ class BatchSession:
         rows = sum(sizes) + len(sizes)  # A: each row's tokens and its padding row
         total = lanes or sum(sizes)
         for b, (size, span) in enumerate(zip(sizes, attended, strict=False)):
-            self._bind(g.attention_bias[b], a["attention_bias"][b * self.bias_stride:], (1, 1, size + 1, span))
+            self._bind(g.attention_bias[b], a["attention_bias"][b * self.bias_stride:],
+                       (1, 1, size + 1, self.span(span)))
+            if g.write_position:  # grouped attention: row b's rows go at S_b - T_b
+                self._write[0, b] = span - size - 1
+                self._bind(g.write_position[b], self._write[0, b:], (1,))
         for b, (size, span) in enumerate(zip(sizes, attended_w, strict=False)):
             self._bind(g.attention_bias_local[b], a["attention_bias_local"][b * self.local_stride:],
-                       (1, 1, size + 1, span))
+                       (1, 1, size + 1, self.span_w(span)))
+            if g.write_position_local:
+                self._write[1, b] = span - size - 1
+                self._bind(g.write_position_local[b], self._write[1, b:], (1,))
         embeds = a["inputs_embeds"][: total * d.hidden_size].reshape(total, d.hidden_size)
         self.embedding.lookup(a["input_ids"][:total], embeds)
         self._bind(io.inputs_embeds, embeds, (1, total, d.hidden_size))
@@ -197,9 +213,11 @@ class BatchBackend:
             rows[at + size] = start + size - 1
             np.add(depths, past, out=positions[at:at + size + 1])
             span = past + size + 1
-            bias = a["attention_bias"][b * s.bias_stride: b * s.bias_stride + (size + 1) * span].reshape(size + 1, span)
+            bias = a["attention_bias"][b * s.bias_stride: b * s.bias_stride + (size + 1) * s.span(span)]
+            bias = bias.reshape(size + 1, -1)
             bias[:, :past] = 0
-            bias[:, past:] = block
+            bias[:, past:span] = block
+            bias[:, span:] = tree.MASKED
             if self.sliding:
                 attended_w.append(self._window_bias(b, past, size + 1, block, positions[at:at + size + 1]))
             if call is not None:
@@ -235,8 +253,10 @@ class BatchBackend:
             keep = min(capacity_w - size, window - 1 + WINDOW_MARGIN)
             self._slide(row, max(self.offsets[row], past - keep), past)
         span = past - self.offsets[row] + size
-        bias = s.arena["attention_bias_local"][row * s.local_stride: row * s.local_stride + size * span]
-        tree.window_bias(bias.reshape(size, span), block, first=self.offsets[row], past=past, queries=queries,
+        bias = s.arena["attention_bias_local"][row * s.local_stride: row * s.local_stride + size * s.span_w(span)]
+        bias = bias.reshape(size, -1)
+        bias[:, span:] = tree.MASKED
+        tree.window_bias(bias[:, :span], block, first=self.offsets[row], past=past, queries=queries,
                          window=window)
         return span
 

@@ -30,6 +30,8 @@ class DecoderIO:
     hidden_states: str
     kv_pairs: tuple[tuple[str, str], ...]  # (past input, present output) bound to one buffer
     attention_bias_local: str = ""  # [B, 1, T, S_w]: the sliding layers' bias over their own buffer ("": none)
+    write_position: str = ""  # [B] int64: where the call's K/V rows go, S - T (grouped attention; "": none)
+    write_position_local: str = ""  # [B] the same in the sliding layers' buffers, S_w - T
 
 
 @dataclass(frozen=True)
@@ -125,6 +127,8 @@ class BatchGraph:
     attention_rows: str = "attention_rows"  # [A] int64, A = sum T_b: the token each attention row takes
     attention_position_ids: str = "attention_position_ids"  # [1, A] int64
     token_rows: str = "token_rows"  # [n] int64: the attention row of each token (its output)
+    write_position: tuple[str, ...] = ()  # [B] inputs [1]: row b's write position (grouped attention; (): none)
+    write_position_local: tuple[str, ...] = ()  # [B] inputs [1]: its sliding layers' (when any)
 
     def __post_init__(self) -> None:
         if (self.batch < 2 or len(self.attention_bias) != self.batch or len(self.kv_pairs) % self.batch

@@ -26,9 +26,10 @@ from specmemo.runtime.formats import (
     graph_file,
 )
 from specmemo.runtime.graphs import BatchGraph, DecoderIO, FeatureDrafterInfo, HeadsInfo, SharedInitializer, TensorSpec
+from specmemo.runtime.span import AttentionOp
 
 __all__ = [  # the contract's parts, defined by concept (dims, graphs, formats) and read here as one manifest
-    "AttentionKind", "BatchGraph", "DecoderIO", "DevicePlan", "EmbeddingInfo", "FeatureDrafterInfo",
+    "AttentionKind", "AttentionOp", "BatchGraph", "DecoderIO", "DevicePlan", "EmbeddingInfo", "FeatureDrafterInfo",
     "GenerationDefaults", "HeadsInfo", "Manifest", "ManifestError", "ModelDims", "ModelFormat", "OrtFormatInfo",
     "QuantizationInfo", "QuantizedRows", "SharedInitializer", "TensorSpec", "TokenizerInfo", "embedding_for",
     "graph_file", "load_manifest", "manifest_from_dict", "save_manifest"]
@@ -116,6 +117,8 @@ class Manifest:
     generation: GenerationDefaults | None = None  # chat's sampling defaults (None: greedy)
     batch_graphs: tuple[BatchGraph, ...] = ()  # decoders for B > 1 sequences per call (export --batch)
     draft_model: str = ""  # the draft model's artifact folder, relative to this one ("": none; drafter "model")
+    attention: AttentionOp = AttentionOp.GQA  # the decoder's attention (runtime/span.py)
+    span_bucket: int = 1  # a call attends to S rounded up to this many positions (1: exactly S)
 
     def __post_init__(self) -> None:
         if self.format_version != FORMAT_VERSION:
@@ -125,6 +128,15 @@ class Manifest:
             )
         if self.max_capacity <= 0:
             raise ManifestError(f"max_capacity must be positive, got {self.max_capacity}")
+        try:
+            object.__setattr__(self, "attention", AttentionOp(self.attention))
+        except ValueError:
+            raise ManifestError(f"attention {self.attention!r} is not one of "
+                                f"{', '.join(op.value for op in AttentionOp)}: re-export the artifact") from None
+        grouped = self.attention is AttentionOp.GROUPED
+        if self.span_bucket < 1 or (not grouped and self.span_bucket != 1) or grouped != bool(self.io.write_position):
+            raise ManifestError(f"attention {self.attention.value} with span_bucket {self.span_bucket} and write "
+                                f"position {self.io.write_position!r} do not go together: re-export the artifact")
         if self.draft_shape not in ("tree", "chain"):
             raise ManifestError(f"draft_shape {self.draft_shape!r} is not tree or chain: re-export the artifact")
         if self.min_step_rows < 1 or self.step_row_multiple not in (1, 2):

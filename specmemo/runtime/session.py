@@ -23,10 +23,12 @@ from specmemo.runtime.arena import Arena, ArenaLayout
 from specmemo.runtime.artifact import Artifact
 from specmemo.runtime.config import DEFAULT_THREADS
 from specmemo.runtime.embedding import EmbeddingTable
+from specmemo.runtime.kv_cache import KVCache
 from specmemo.runtime.manifest import Manifest, ModelFormat, embedding_for, graph_file
 from specmemo.runtime.plan import check_capacity, default_sizes
 from specmemo.runtime.rss import reset_peak_rss, rss_bytes
 from specmemo.runtime.sizes import Sizes
+from specmemo.runtime.span import span_for
 
 
 class ArtifactError(SpecMemoError, RuntimeError):
@@ -180,37 +182,6 @@ def bind_view(binding: ort.IOBinding, name: str, view: np.ndarray, shape: tuple[
     (binding.bind_output if output else binding.bind_input)(*args)
 
 
-@dataclass
-class KVCache:
-    """2L views [B, H_kv, C, D] into the arena; the first `length` positions are committed.
-
-    A sliding-window layer's views have C_w rows and hold consecutive positions from `offset` on (its
-    row r is position offset + r); every other layer's row r is position r. `sliding` lists the
-    buffers (indices into `buffers`) of the sliding layers."""
-
-    buffers: list[np.ndarray]
-    sliding: tuple[int, ...] = ()
-    length: int = 0
-    offset: int = 0  # o: the position a sliding layer's row 0 holds
-
-    @property
-    def capacity(self) -> int:  # C, read off a full layer's view as the arena allocated it
-        return int(next(b.shape[2] for i, b in enumerate(self.buffers) if i not in self.sliding))
-
-    @property
-    def window_capacity(self) -> int:  # C_w (0: no sliding layers)
-        return self.buffers[self.sliding[0]].shape[2] if self.sliding else 0
-
-    def nbytes(self) -> int:
-        return sum(buffer.nbytes for buffer in self.buffers)
-
-    def used_bytes(self) -> int:
-        """Bytes of the rows holding committed positions: `length` rows of a full layer, length - offset
-        of a sliding one."""
-        return sum(buffer[:, :, :1].nbytes * (self.length - (self.offset if i in self.sliding else 0))
-                   for i, buffer in enumerate(self.buffers))
-
-
 class DecoderSession:
     """The decoder graph (and the heads graph, if any) over one arena.
 
@@ -254,6 +225,7 @@ class DecoderSession:
         self.kv = KVCache(buffers=self.arena.kv, sliding=tuple(i for i in range(2 * m.dims.num_layers)
                                                               if i // 2 in m.dims.sliding_layers))
         self.binding = self.session.io_binding()
+        self._write = np.zeros(2, dtype=np.int64)  # a grouped graph's write positions (full, sliding layers)
         self._kv_values = [ort.OrtValue.ortvalue_from_numpy(buffer) for buffer in self.kv.buffers]  # wrap, no copy
         for (past, present), value in zip(m.io.kv_pairs, self._kv_values, strict=False):
             self.binding.bind_ortvalue_input(past, value)
@@ -298,10 +270,19 @@ class DecoderSession:
     def _bind(self, name: str, view: np.ndarray, shape: tuple[int, ...], output: bool = False) -> None:
         bind_view(self.binding, name, view, shape, output)
 
+    def span(self, attended: int) -> int:
+        """L: the bias's columns for a call attending to `attended` positions (runtime/span.py)."""
+        return span_for(attended, self.kv.capacity, self.manifest.span_bucket)
+
+    def span_w(self, attended_w: int) -> int:
+        """L_w: the same for the sliding layers' own buffer."""
+        return span_for(attended_w, self.kv.window_capacity, self.manifest.span_bucket)
+
     def run(self, size: int, attended: int, logit_rows: int, attended_w: int = 0) -> StepOutput:
         """Run T = `size` tokens whose inputs the caller wrote into the arena's first T
-        input_ids/position_ids, first T * S attention_bias (and T * S_w attention_bias_local, S_w =
-        `attended_w`, for sliding layers) and first N logits_indices entries.
+        input_ids/position_ids, first T * L attention_bias (L = span(S), the columns from S on masked; and
+        T * L_w attention_bias_local, L_w = span_w(S_w), S_w = `attended_w`, for sliding layers) and first N
+        logits_indices entries.
         Returns views into the arena (valid until the next run); writes K/V rows [S - T, S) (and [S_w - T, S_w))."""
         if size > self.rows or logit_rows > self.logit_rows:
             raise ValueError(f"{size} tokens / {logit_rows} logit rows exceed the arena's "
@@ -310,12 +291,17 @@ class DecoderSession:
             raise OverflowError(f"{attended} positions exceed the KV capacity {self.kv.capacity}")
         io, a, d = self.manifest.io, self.arena, self.manifest.dims
         if self.kv.sliding:
-            self._bind(io.attention_bias_local, a["attention_bias_local"], (1, 1, size, attended_w))
+            self._bind(io.attention_bias_local, a["attention_bias_local"], (1, 1, size, self.span_w(attended_w)))
+        if io.write_position:  # grouped attention: the rows go at S - T (S_w - T), the span is the bias's
+            self._write[:] = attended - size, attended_w - size
+            self._bind(io.write_position, self._write, (1,))
+            if io.write_position_local:
+                self._bind(io.write_position_local, self._write[1:], (1,))
         embeds = a["inputs_embeds"][: size * d.hidden_size].reshape(size, d.hidden_size)
         self.embedding.lookup(a["input_ids"][:size], embeds)
         self._bind(io.inputs_embeds, embeds, (1, size, d.hidden_size))
         self._bind(io.position_ids, a["position_ids"], (1, size))
-        self._bind(io.attention_bias, a["attention_bias"], (1, 1, size, attended))
+        self._bind(io.attention_bias, a["attention_bias"], (1, 1, size, self.span(attended)))
         self._bind(io.logits_indices, a["logits_indices"], (1, logit_rows))
         self._bind(io.logits, a["logits"], (1, logit_rows, d.vocab_size), output=True)
         self._bind(io.next_token_ids, a["next_token_ids"], (1, logit_rows), output=True)
@@ -339,12 +325,15 @@ class DecoderSession:
         a = self.arena
         a["input_ids"][:size] = input_ids[0]
         a["position_ids"][:size] = position_ids[0]
-        a["attention_bias"][: size * attended] = attention_bias.reshape(-1)
+        bias = a["attention_bias"][: size * self.span(attended)].reshape(size, -1)
+        bias[:, :attended], bias[:, attended:] = attention_bias[0, 0], tree.MASKED
         a["logits_indices"][:n] = logits_indices[0]
         if self.kv.sliding:  # the same bias with the window applied, over rows that hold positions 0, 1, ...
             if self.kv.offset or attended > self.kv.window_capacity:
                 raise ValueError("step() gives sliding layers the whole past: use OrtBackend past their window")
-            local = a["attention_bias_local"][: size * attended].reshape(size, attended)
+            local_span = a["attention_bias_local"][: size * self.span_w(attended)].reshape(size, -1)
+            local_span[:, attended:] = tree.MASKED
+            local = local_span[:, :attended]
             local[:] = attention_bias[0, 0]
             keys = np.concatenate([np.arange(self.kv.length), position_ids[0]])
             tree.apply_window(local, position_ids[0], keys, self.manifest.dims.sliding_window)

@@ -130,9 +130,11 @@ export class OrtBackend {
       positions[i] = BigInt(past + depth[i]);
     }
     const bias = a.f32('attention_bias');
+    const columns = this.session.span(attended); // a grouped graph's span past S is masked (runtime/span.py)
     for (let i = 0; i < size; i++) {
-      bias.fill(0, i * attended, i * attended + past);
-      bias.set(block.subarray(i * size, (i + 1) * size), i * attended + past);
+      bias.fill(0, i * columns, i * columns + past);
+      bias.set(block.subarray(i * size, (i + 1) * size), i * columns + past);
+      bias.fill(-Infinity, i * columns + attended, (i + 1) * columns);
     }
     const wanted = lastOnly ? 1 : real; // logit rows asked for: the last node's, or every node's
     const first = real - wanted;

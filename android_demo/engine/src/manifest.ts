@@ -46,6 +46,7 @@ export interface DecoderIO {
   next_token_ids: string;
   hidden_states: string;
   kv_pairs: [string, string][]; // (past input, present output) bound to one buffer
+  write_position?: string; // [B] int64: where a call's K/V rows go (grouped attention; absent or '': none)
 }
 
 /** Embedding rows stored as MatMulNBits stores the tied LM head (see runtime/manifest.py QuantizedRows). */
@@ -146,6 +147,13 @@ export interface Manifest {
   step_row_multiple?: number; // rows per call rounded up to this (1 when absent)
   draft_shape: 'tree' | 'chain';
   ort_format: OrtFormatInfo | null;
+  attention?: 'gqa' | 'grouped'; // the decoder's attention (runtime/span.py; 'gqa' when absent)
+  span_bucket?: number; // a call attends to S rounded up to this many positions (1 when absent)
+}
+
+/** L: the bias's columns for a call attending to `attended` of `capacity` positions (runtime/span.py span). */
+export function span(attended: number, capacity: number, bucket: number): number {
+  return Math.min(Math.ceil(attended / bucket) * bucket, Math.max(capacity, attended));
 }
 
 export type ModelFormat = 'onnx' | 'ort';

@@ -25,7 +25,7 @@ import type * as ortTypes from 'onnxruntime-common';
 import { Arena, ArenaLayout, View, layoutFor } from './arena';
 import { EmbeddingTable } from './embedding';
 import { ArtifactError } from './errors';
-import { Manifest, ModelFormat, embeddingFor, graphDataFiles, graphFile } from './manifest';
+import { Manifest, ModelFormat, embeddingFor, graphDataFiles, graphFile, span } from './manifest';
 import { Sizes } from './sizes';
 import { ArtifactSource } from './source';
 
@@ -166,6 +166,7 @@ export class DecoderSession {
   readonly embedding: EmbeddingTable;
   private readonly route = new OutputRoute(); // how this binding returns the decoder's outputs
   private readonly headsRoute = new OutputRoute();
+  private readonly write = new BigInt64Array(1); // a grouped graph's write position
 
   private constructor(
     readonly ort: OrtModule,
@@ -207,6 +208,11 @@ export class DecoderSession {
     return this.layout.rows;
   }
 
+  /** L: the bias's columns for a call attending to `attended` positions (runtime/span.py). */
+  span(attended: number): number {
+    return span(attended, this.kv.capacity, this.manifest.span_bucket ?? 1);
+  }
+
   get logitRows(): number {
     return this.layout.logitRows;
   }
@@ -215,7 +221,7 @@ export class DecoderSession {
    * first token. Unlike Python (all C positions), they attend to a few spans only: at C, the bindings'
    * copies of every layer's whole buffer left later steps slower, with stalls. Writes K/V positions no step reads before writing them. */
   private async warmUp(): Promise<void> {
-    const attended = Math.min(this.kv.capacity, Math.max(this.rows, WARM_UP_SPANS * SPAN_STEP));
+    const attended = this.span(Math.min(this.kv.capacity, Math.max(this.rows, WARM_UP_SPANS * SPAN_STEP)));
     const a = this.arena;
     const sizes = new Set<number>([this.logitRows]);
     for (let s = 1; s < this.rows; s *= 2) sizes.add(s);
@@ -237,8 +243,8 @@ export class DecoderSession {
   }
 
   /**
-   * Run T = `size` tokens whose ids, positions, bias rows (T * S) and N logit row indices the
-   * caller wrote into the arena. Returns arena views (valid until the next run); writes K/V
+   * Run T = `size` tokens whose ids, positions, bias rows (T * L, L = span(S), the columns from S on
+   * masked) and N logit row indices the caller wrote into the arena. Returns arena views (valid until the next run); writes K/V
    * positions [S - T, S).
    */
   async run(size: number, attended: number, logitRows: number): Promise<StepOutput> {
@@ -254,9 +260,13 @@ export class DecoderSession {
     const feeds: Record<string, Tensor> = {
       [io.inputs_embeds]: this.tensor('float32', embeds, [1, size, h]),
       [io.position_ids]: this.tensor('int64', a.i64('position_ids'), [1, size]),
-      [io.attention_bias]: this.tensor('float32', a.f32('attention_bias'), [1, 1, size, attended]),
+      [io.attention_bias]: this.tensor('float32', a.f32('attention_bias'), [1, 1, size, this.span(attended)]),
       [io.logits_indices]: this.tensor('int64', a.i64('logits_indices'), [1, logitRows]),
     };
+    if (io.write_position) { // grouped attention: the rows go at S - T, the span is the bias's
+      this.write[0] = BigInt(attended - size);
+      feeds[io.write_position] = this.tensor('int64', this.write, [1]);
+    }
     // Not fetched: logits (greedy acceptance reads next_token_ids; a binding would copy N·V floats a step).
     const outputs: Output[] = [
       { name: io.next_token_ids, tensor: this.tensor('int64', a.i64('next_token_ids'), [1, logitRows]),
@@ -264,7 +274,7 @@ export class DecoderSession {
       { name: io.hidden_states, tensor: this.tensor('float32', a.f32('hidden_states'), [1, size, h]),
         view: a.f32('hidden_states').subarray(0, size * h), poison: NaN },
     ];
-    const kv = this.kv.tensorsFor(attended, attended - size);
+    const kv = this.kv.tensorsFor(this.span(attended), attended - size);
     io.kv_pairs.forEach(([past, present], i) => {
       feeds[past] = kv[i];
       outputs.push({ name: present, tensor: kv[i], view: kv[i].data as View }); // the same buffer: present lands where past was

@@ -1,0 +1,193 @@
+"""Attention whose rows do not depend on the call's shape: the decoder's default attention.
+
+ONNX Runtime's GroupQueryAttention computes a one-row call on other kernels than the same row among
+others, and on ARM sums a softmax row differently with the attended length; so a token's logits depend
+on how many rows its call ran and how long the past was. This module rewrites each GroupQueryAttention
+node of the traced decoder into a call of one model-local function, `specmemo.GroupedAttention`, built
+from plain ops whose every row is computed alike whatever shares the call:
+
+    q, k  --RotaryEmbedding at position_ids (half-split)-->
+    K, V rows written in place at `write_position` by TensorScatter (past and present are one buffer)
+    Q [B, H, T, D] as [B, H_kv, G·T, D]: the G query heads of one K/V head stacked on the rows, so
+         the score GEMM has M = G·T >= 2 rows even for one token (MatMul's one-row path is another)
+    scores [B, H_kv, G, T, L] = Q·scale · K[:, :, :L]ᵀ + bias     (L: the bias's last axis)
+    out = Softmax(scores) · V[:, :, :L]  → [B, T, H·D]
+
+The runtime feeds a bias over L = S rounded up to the manifest's `span_bucket` (runtime/span.py), with
+the positions past S masked: a masked weight comes out exactly 0.0, and a softmax row summed over a
+length that moves only by whole buckets is summed alike. The K/V buffers stay float32 or float16
+(`kv_dtype`); the arithmetic is float32 either way. The function is inlined by ONNX Runtime at load.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import FunctionProto, ModelProto, NodeProto, TensorProto, helper, numpy_helper
+
+from specmemo.runtime.manifest import DecoderIO, ModelDims
+
+DOMAIN = "specmemo"
+FUNCTION = "GroupedAttention"
+OPSET = 24  # TensorScatter is a standard op from 24 on
+GQA = "GroupQueryAttention"
+ATTENTION_NODE = "grouped_attention"  # the call nodes' names: grouped_attention.{layer} (bench profile reads them)
+FUNCTION_INPUTS = ("query", "key", "value", "past_key", "past_value", "write_position", "cos_cache", "sin_cache",
+                   "position_ids", "attention_bias")
+FUNCTION_OUTPUTS = ("output", "present_key", "present_value")
+GQA_INPUTS = {"query": 0, "key": 1, "value": 2, "past_key": 3, "past_value": 4, "cos_cache": 7, "sin_cache": 8,
+              "position_ids": 9, "attention_bias": 10}
+
+
+def _const(name: str, values, dtype=np.int64) -> NodeProto:
+    array = np.asarray(values, dtype=dtype)
+    return helper.make_node("Constant", [], [name], value=numpy_helper.from_array(array, name))
+
+
+def grouped_function(dims: ModelDims, kv_dtype: str = "float32") -> FunctionProto:
+    """The function's body for this model's heads (H, H_kv, D and the softmax scale baked in as constants)."""
+    heads, kv_heads, d = dims.num_heads, dims.num_kv_heads, dims.head_dim
+    group = heads // kv_heads
+    half = kv_dtype == "float16"
+    n = [
+        _const("c.q4", [0, 0, heads, d]), _const("c.kv4", [0, 0, kv_heads, d]), _const("c.qg", [0, kv_heads, -1, d]),
+        _const("c.out4", [0, heads, -1, d]), _const("c.out3", [0, 0, heads * d]), _const("c.hg", [kv_heads, group]),
+        _const("c.hkv", [kv_heads]),
+        _const("c.neg1", [-1]), _const("c.zero", [0]), _const("c.two", [2]),
+        _const("c.i0", [0]), _const("c.i1", [1]), _const("c.i2", [2]), _const("c.i4", [4]),
+        _const("c.scale", dims.softmax_scale, np.float32),
+        helper.make_node("RotaryEmbedding", ["query", "cos_cache", "sin_cache", "position_ids"], ["q.rot"],
+                         num_heads=heads),
+        helper.make_node("RotaryEmbedding", ["key", "cos_cache", "sin_cache", "position_ids"], ["k.rot"],
+                         num_heads=kv_heads),
+        helper.make_node("Reshape", ["q.rot", "c.q4"], ["q.4"]),
+        helper.make_node("Transpose", ["q.4"], ["q.heads"], perm=[0, 2, 1, 3]),  # [B, H, T, D]
+        helper.make_node("Mul", ["q.heads", "c.scale"], ["q.scaled"]),
+        helper.make_node("Reshape", ["q.scaled", "c.qg"], ["q.grouped"]),  # [B, H_kv, G·T, D]
+    ]
+    for x, rotated in (("k", "k.rot"), ("v", "value")):
+        n += [helper.make_node("Reshape", [rotated, "c.kv4"], [f"{x}.4"]),
+              helper.make_node("Transpose", [f"{x}.4"], [f"{x}.new"], perm=[0, 2, 1, 3])]  # [B, H_kv, T, D]
+        if half:
+            n.append(helper.make_node("Cast", [f"{x}.new"], [f"{x}.new.f16"], to=TensorProto.FLOAT16))
+    n += [
+        helper.make_node("TensorScatter", ["past_key", "k.new.f16" if half else "k.new", "write_position"],
+                         ["present_key"], axis=2),
+        helper.make_node("TensorScatter", ["past_value", "v.new.f16" if half else "v.new", "write_position"],
+                         ["present_value"], axis=2),
+        helper.make_node("Shape", ["attention_bias"], ["bias.shape"]),  # [B, 1, T, L]
+        helper.make_node("Slice", ["bias.shape", "c.i0", "c.i1"], ["bias.B"]),
+        helper.make_node("Slice", ["bias.shape", "c.i2", "c.i4"], ["bias.TL"]),
+        helper.make_node("Slice", ["bias.shape", "c.neg1", "c.i4"], ["bias.L"]),
+        helper.make_node("Slice", ["present_key", "c.zero", "bias.L", "c.two"], ["k.span"]),  # [B, H_kv, L, D]
+        helper.make_node("Slice", ["present_value", "c.zero", "bias.L", "c.two"], ["v.span"]),
+    ]
+    if half:
+        n += [helper.make_node("Cast", ["k.span"], ["k.span32"], to=TensorProto.FLOAT),
+              helper.make_node("Cast", ["v.span"], ["v.span32"], to=TensorProto.FLOAT)]
+    keys, values = ("k.span32", "v.span32") if half else ("k.span", "v.span")
+    n += [
+        helper.make_node("Transpose", [keys], ["k.t"], perm=[0, 1, 3, 2]),
+        helper.make_node("MatMul", ["q.grouped", "k.t"], ["scores"]),  # [B, H_kv, G·T, L]
+        helper.make_node("Concat", ["bias.B", "c.hg", "bias.TL"], ["shape5"], axis=0),
+        helper.make_node("Reshape", ["scores", "shape5"], ["scores5"]),  # [B, H_kv, G, T, L]
+        helper.make_node("Unsqueeze", ["attention_bias", "c.two"], ["bias5"]),  # [B, 1, 1, T, L]
+        helper.make_node("Add", ["scores5", "bias5"], ["masked5"]),
+        helper.make_node("Softmax", ["masked5"], ["probs5"], axis=-1),
+        helper.make_node("Concat", ["bias.B", "c.hkv", "c.neg1", "bias.L"], ["shape4"], axis=0),
+        helper.make_node("Reshape", ["probs5", "shape4"], ["probs"]),  # [B, H_kv, G·T, L]
+        helper.make_node("MatMul", ["probs", values], ["out.grouped"]),  # [B, H_kv, G·T, D]
+        helper.make_node("Reshape", ["out.grouped", "c.out4"], ["out.heads"]),  # [B, H, T, D]
+        helper.make_node("Transpose", ["out.heads"], ["out.4"], perm=[0, 2, 1, 3]),
+        helper.make_node("Reshape", ["out.4", "c.out3"], ["output"]),  # [B, T, H·D]
+    ]
+    for i, node in enumerate(n):  # named, so a profile of the inlined graph tells attention's kernels apart
+        node.name = f"{ATTENTION_NODE}.{i}.{node.op_type}"
+    return helper.make_function(DOMAIN, FUNCTION, list(FUNCTION_INPUTS), list(FUNCTION_OUTPUTS), n,
+                                [helper.make_opsetid("", OPSET)])
+
+
+def lower_attention(model: ModelProto, dims: ModelDims, *, kv_dtype: str, write_inputs: dict[str, str]) -> int:
+    """Replace every GroupQueryAttention node of `model` by a call of the grouped function, in place; returns how
+    many. `write_inputs`: the bias each node reads → the graph input carrying that node's write position [B]
+    (added as an int64 input). The KV inputs and outputs become `kv_dtype`; the length arithmetic GQA needed
+    (seqlens_k, total_sequence_length) drops out."""
+    graph = model.graph
+    nodes = [node for node in graph.node if node.op_type == GQA]
+    if not nodes:
+        raise ValueError("the decoder graph has no GroupQueryAttention node to lower")
+    d = dims
+    sizes = [d.num_heads * d.head_dim, d.num_kv_heads * d.head_dim, d.num_kv_heads * d.head_dim]
+    graph.initializer.append(numpy_helper.from_array(np.array(sizes, np.int64), "grouped.qkv_sizes"))
+    kv_names: set[str] = set()
+    rewritten: list[NodeProto] = []
+    for node in graph.node:
+        if node.op_type != GQA:
+            rewritten.append(node)
+            continue
+        named = {key: node.input[i] if i < len(node.input) else "" for key, i in GQA_INPUTS.items()}
+        bias = named["attention_bias"]
+        if bias not in write_inputs:
+            raise ValueError(f"{node.name or GQA} reads the bias {bias!r}, which has no write position")
+        if not named["key"]:  # Q, K and V packed: split them in the graph, the function takes them apart
+            parts = [f"{node.name}.{x}" for x in ("q", "k", "v")]
+            rewritten.append(helper.make_node("Split", [named["query"], "grouped.qkv_sizes"], parts, axis=-1,
+                                              name=f"{node.name}.SplitQKV"))
+            named["query"], named["key"], named["value"] = parts
+        named["write_position"] = write_inputs[bias]
+        kv_names.update((named["past_key"], named["past_value"], *node.output[1:3]))
+        rewritten.append(helper.make_node(FUNCTION, [named[key] for key in FUNCTION_INPUTS], list(node.output[:3]),
+                                          name=f"{ATTENTION_NODE}.{len(kv_names) // 4 - 1}", domain=DOMAIN))
+    del graph.node[:]
+    graph.node.extend(rewritten)
+    have = {value.name for value in graph.input}
+    graph.input.extend(helper.make_tensor_value_info(name, TensorProto.INT64, ["B"])
+                       for name in dict.fromkeys(write_inputs.values()) if name not in have)
+    kv_type = {"float32": TensorProto.FLOAT, "float16": TensorProto.FLOAT16}[kv_dtype]
+    for value in list(graph.input) + list(graph.output):
+        if value.name in kv_names:
+            value.type.tensor_type.elem_type = kv_type
+    del graph.value_info[:]  # shapes of the removed length arithmetic; ORT infers the rest
+    _drop_dead(graph)
+    model.functions.append(grouped_function(dims, kv_dtype))
+    _set_opsets(model)
+    return len(nodes)
+
+
+def lower_file(path: Path, dims: ModelDims, *, kv_dtype: str, io: DecoderIO) -> None:
+    """`lower_attention` on a traced decoder file, in place; its weights file is left as it is."""
+    model = onnx.load(str(path), load_external_data=False)
+    writes = {io.attention_bias: io.write_position}
+    if io.attention_bias_local:
+        writes[io.attention_bias_local] = io.write_position_local
+    lower_attention(model, dims, kv_dtype=kv_dtype, write_inputs=writes)
+    onnx.save(model, str(path))
+
+
+def _drop_dead(graph) -> None:
+    """Nodes and initializers no graph output depends on (GQA's length arithmetic)."""
+    producer = {out: node for node in graph.node for out in node.output}
+    live, stack = set(), [o.name for o in graph.output]
+    while stack:
+        node = producer.get(stack.pop())
+        if node is not None and id(node) not in live:
+            live.add(id(node))
+            stack.extend(name for name in node.input if name)
+    kept = [node for node in graph.node if id(node) in live]
+    del graph.node[:]
+    graph.node.extend(kept)
+    used = {name for node in kept for name in node.input}
+    dead = [t for t in graph.initializer if t.name not in used]
+    for tensor in dead:
+        graph.initializer.remove(tensor)
+
+
+def _set_opsets(model: ModelProto) -> None:
+    imports = {o.domain: o for o in model.opset_import}
+    if "" in imports:
+        imports[""].version = max(imports[""].version, OPSET)
+    if DOMAIN not in imports:
+        model.opset_import.append(helper.make_opsetid(DOMAIN, 1))
+    model.ir_version = max(model.ir_version, 10)

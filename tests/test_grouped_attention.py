@@ -1,0 +1,100 @@
+"""The grouped attention (export/grouped_attention.py): the graph it writes, parity with PyTorch where GQA could not go
+(float16 KV beside Q/K norms and sliding layers), and the property it exists for: a row's logits are bit for bit the
+same whatever the call's row count and whatever span it attends to, so greedy may run one row."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from conftest import export_tiny, tiny_config
+from transformers import AutoModelForCausalLM
+
+from specmemo.export.validate import validate
+from specmemo.runtime import tree
+from specmemo.runtime.artifact import Artifact
+from specmemo.runtime.backend import OrtBackend
+from specmemo.runtime.manifest import load_manifest
+from specmemo.runtime.route_probe import probe
+from specmemo.runtime.row_route import RouteSource, RowRoute
+from specmemo.runtime.session import DecoderSession, SessionConfig
+from specmemo.runtime.sizes import Sizes
+from specmemo.runtime.span import SPAN_BUCKET, AttentionOp, span_for
+
+
+def test_span_rounds_up_to_the_bucket_and_never_past_the_buffer():
+    assert [span_for(s, 200, 64) for s in (1, 64, 65, 128, 129, 190, 199)] == [64, 64, 128, 128, 192, 192, 200]
+    assert span_for(37, 100, 1) == 37  # GroupQueryAttention's artifacts: exactly S
+
+
+def test_the_graph_holds_one_grouped_call_per_layer_and_no_gqa(tiny_llama):
+    m = load_manifest(tiny_llama)
+    assert m.attention is AttentionOp.GROUPED and m.span_bucket == SPAN_BUCKET and m.opset == 24
+    model = onnx.load(str(tiny_llama / m.decoder_file), load_external_data=False)
+    ops = [node.op_type for node in model.graph.node]
+    assert "GroupQueryAttention" not in ops and ops.count("GroupedAttention") == m.dims.num_layers
+    assert [i.name for i in model.graph.input][-1] == m.io.write_position == "write_position"
+    for graph in m.batch_graphs:  # a write position per row
+        batch = onnx.load(str(tiny_llama / graph.file), load_external_data=False)
+        assert set(graph.write_position) <= {i.name for i in batch.graph.input}
+        assert len(graph.write_position) == graph.batch
+
+
+@pytest.mark.parametrize("architecture", ["Qwen3ForCausalLM",
+                                          pytest.param("Gemma3ForCausalLM", marks=pytest.mark.slow)])
+def test_float16_kv_now_exports_the_models_gqa_refused(tmp_path, architecture):
+    """Q/K norms (Qwen3) and sliding layers (Gemma 3) with a float16 KV buffer: within the float16 tolerance."""
+    config = tiny_config(architecture)
+    artifact = export_tiny(config, tmp_path, kv_dtype="float16", batch=())
+    hf = AutoModelForCausalLM.from_pretrained(artifact.parent / "hf", dtype="float32").eval()
+    report = validate(artifact, hf, np.random.default_rng(0).integers(5, config.vocab_size, 12).tolist())
+    print(report.table())
+    assert report.passed and load_manifest(artifact).kv_dtype == "float16"
+
+
+def chain_logits(backend: OrtBackend, prompt: list[int], chain: list[int], sizes: list[int]) -> np.ndarray:
+    """The chain's logits computed in calls of `sizes` tokens (cycled), each call committed whole."""
+    backend.reset()
+    backend.forward(prompt, tree.chain(len(prompt)), last_only=True)
+    backend.commit(list(range(len(prompt))))
+    rows, at, i = [], 0, 0
+    while at < len(chain):
+        part = chain[at:at + sizes[i % len(sizes)]]
+        rows.append(np.array(backend.forward(part, tree.chain(len(part))).logits))
+        backend.commit(list(range(len(part))))
+        at, i = at + len(part), i + 1
+    return np.concatenate(rows)
+
+
+def test_a_row_is_the_same_bits_whatever_its_call_and_span(tmp_path):
+    """One token a call on one row, against calls of 2..16 rows, over a chain that crosses two bucket edges (the span
+    grows 64 → 128 → 192 mid-call): every row's logits bit for bit equal. Float32 MatMuls with constant weights are
+    row-invariant on every ISA we run (docs/on-device.md), so this holds wherever the tests run."""
+    config = tiny_config("LlamaForCausalLM")
+    artifact = export_tiny(config, tmp_path, max_capacity=256, batch=())
+    session = DecoderSession(Artifact.open(artifact), SessionConfig(threads=2, heads=False, warm_up=False,
+                                                                    sizes=Sizes(capacity=256, rows=16, tree=16)))
+    backend = OrtBackend(session, route=RowRoute(1, 1, RouteSource.PROBED))
+    rng = np.random.default_rng(5)
+    prompt, chain = (rng.integers(5, config.vocab_size, n).tolist() for n in (41, 150))
+    alone = chain_logits(backend, prompt, chain, [1])
+    for sizes in ([2, 3, 5, 16], [7, 9, 4, 12, 6], [16]):
+        assert np.array_equal(chain_logits(backend, prompt, chain, sizes), alone), sizes
+
+
+def test_the_route_probe_chooses_one_row_for_a_grouped_graph(tiny_llama):
+    session = DecoderSession(Artifact.open(tiny_llama), SessionConfig(threads=2, heads=False, warm_up=False,
+                                                                      sizes=Sizes(capacity=64, rows=16, tree=16)))
+    route, report = probe(session)
+    assert (route.min_rows, route.multiple, route.exact) == (1, 1, True), report
+
+
+def test_gqa_stays_an_export_option(tmp_path):
+    config = tiny_config("LlamaForCausalLM")
+    artifact = export_tiny(config, tmp_path, attention=AttentionOp.GQA, batch=(2,))
+    m = load_manifest(artifact)
+    assert m.attention is AttentionOp.GQA and m.span_bucket == 1 and not m.io.write_position
+    hf = AutoModelForCausalLM.from_pretrained(artifact.parent / "hf", dtype="float32").eval()
+    report = validate(artifact, hf, np.random.default_rng(0).integers(5, config.vocab_size, 12).tolist(),
+                      tolerance=1e-4)
+    assert report.passed
