@@ -98,3 +98,18 @@ def test_gqa_stays_an_export_option(tmp_path):
     report = validate(artifact, hf, np.random.default_rng(0).integers(5, config.vocab_size, 12).tolist(),
                       tolerance=1e-4)
     assert report.passed
+
+
+@pytest.mark.parametrize("attention", [AttentionOp.GROUPED, AttentionOp.GQA])
+def test_the_audit_finds_gqa_one_row_calls_apart_and_grouped_ones_alike(tmp_path, attention):
+    """bench invariance over 8 starts (calls crossing the span's first bucket edge): the grouped graph's rows agree
+    under one row a call; GroupQueryAttention's one-row path is another kernel on every ISA, so its one-row route
+    differs and only its padding row agrees."""
+    from specmemo.bench.invariance import InvarianceConfig, run, table
+
+    artifact = export_tiny(tiny_config("LlamaForCausalLM"), tmp_path, max_capacity=128, attention=attention, batch=())
+    result = run(InvarianceConfig(artifact=artifact, sizes=(2, 3, 5, 8), prompt=60, starts=8), log=lambda *_: None)
+    print(table(result))
+    one_row, padded = result["routes"]["1x1"], result["routes"]["2x1"]
+    assert padded["differ"] == 0 and one_row["rows"] == 8 * (2 + 3 + 5 + 8)
+    assert (one_row["differ"] == 0) == (attention is AttentionOp.GROUPED)

@@ -14,6 +14,7 @@ from specmemo.runtime.medusa_tree import useful_tree_size
 from specmemo.runtime.memory import BudgetError, Calibration, activation_bytes, footprint, kv_bytes, parse_size
 from specmemo.runtime.plan import fit, lower_bound
 from specmemo.runtime.sizes import Sizes
+from specmemo.runtime.span import AttentionOp
 
 SMOLLM2 = ModelDims(architecture="LlamaForCausalLM", vocab_size=49152, hidden_size=576, intermediate_size=1536,
                     num_layers=30, num_heads=9, num_kv_heads=3, head_dim=64, rms_norm_eps=1e-5,
@@ -31,6 +32,13 @@ def test_activation_bytes_by_hand():
     # R rows x (3 x 1536 MLP + (9 + 6) x 64 QKV + 2 x 576) x 4 + 9 heads x R x C x 4 scores
     assert activation_bytes(SMOLLM2, rows=32, capacity=2048, itemsize=4) == (32 * (4608 + 960 + 1152) * 4
                                                                               + 9 * 32 * 2048 * 4)
+    # the grouped attention: scores and their softmax, 2 x 9 x R x C x 4, and the K/V span, 2 x 3 x C x 64 x 4
+    # (a float16 buffer adds its float16 slices, 2 x 3 x C x 64 x 2, before their cast)
+    token_wise = 32 * (4608 + 960 + 1152) * 4
+    grouped = activation_bytes(SMOLLM2, rows=32, capacity=2048, itemsize=4, attention=AttentionOp.GROUPED)
+    assert grouped == token_wise + 2 * 9 * 32 * 2048 * 4 + 2 * 3 * 2048 * 64 * 4
+    assert activation_bytes(SMOLLM2, rows=32, capacity=2048, itemsize=4, attention=AttentionOp.GROUPED,
+                            kv_itemsize=2) == grouped + 2 * 3 * 2048 * 64 * 2
 
 
 def small_layout(**overrides) -> ArenaLayout:

@@ -6,6 +6,7 @@ Export + validate against PyTorch; `specmemo chat --temperature 0` answers 3 scr
 equal to HF `generate` on the whole history; a reply past the 512-position window (the sliding
 buffers slide) stays equal to HF's own sliding-window generate, speculative included."""
 
+import copy
 import io
 import json
 
@@ -43,7 +44,9 @@ def test_gemma3_exports_and_validates(gemma):
     artifact, model, tokenizer = gemma
     d = load_manifest(artifact).dims
     assert d.architecture == "Gemma3ForCausalLM" and d.sliding_window == 512 and len(d.sliding_layers) == 15
-    report = validate(artifact, model, chat_prompt_ids(tokenizer, VALIDATION_PROMPT))
+    # against the model in float64: on an AVX-512 host torch's own float32 prefill is 1.6e-4 from it, past the
+    # tolerance, where the graph is 1.0e-4 from it (docs/artifact.md)
+    report = validate(artifact, copy.deepcopy(model).double(), chat_prompt_ids(tokenizer, VALIDATION_PROMPT))
     print(report.table())
     assert report.passed
 

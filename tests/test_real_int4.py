@@ -111,8 +111,13 @@ def test_mobile_export_writes_ort_graphs_and_the_reduced_build_operators(int4):
     info = load_manifest(artifact).ort_format
     assert info.files == ("decoder.ort", "heads.ort") and all((artifact / f).stat().st_size > 0 for f in info.files)
     config = (artifact / info.required_operators).read_text()
-    assert ("com.microsoft;1;GroupQueryAttention,MatMulNBits,QuickGelu,SkipSimplifiedLayerNormalization"
-            in config.splitlines())
+    ops: dict[str, set[str]] = {}
+    for line in config.splitlines():
+        if not line.startswith("#"):
+            domain, _version, names = line.split(";")
+            ops.setdefault(domain, set()).update(names.split(","))
+    assert {"MatMulNBits", "QuickGelu", "SkipSimplifiedLayerNormalization"} <= ops["com.microsoft"]
+    assert "TensorScatter" in ops["ai.onnx"] and "GroupQueryAttention" not in ops["com.microsoft"]  # grouped attention
     assert [line for line in config.splitlines() if not line.startswith("#")] == list(info.operators)
     # the .ort set reads token rows from decoder.ort itself: the same values as from decoder.onnx.data
     manifest = load_manifest(artifact)
@@ -130,12 +135,16 @@ def test_speculative_equals_greedy_of_the_same_int4_graph(int4, mode, model_form
     artifact, _, _ = int4
     engine = open_engine(EngineConfig(artifact=Artifact.open(artifact), mode=mode, capacity=256,
                                       model_format=model_format), log=lambda *_: None)
+    widest = []
     for prompt in PROMPTS:
         ids = engine.tokenizer.encode_chat([Message("user", prompt)])
         greedy = engine.generate(ids, max_new_tokens=NEW_TOKENS, mode=Mode.GREEDY, ignore_eos=True)
         speculative = engine.generate(ids, max_new_tokens=NEW_TOKENS, ignore_eos=True)
         assert speculative.token_ids == greedy.token_ids, prompt
-        assert max(speculative.stats.tree_sizes) > 1  # it did speculate
+        widest.append(max(speculative.stats.tree_sizes))
+    # it did speculate: the whole tree on every prompt; the controller where drafting paid (one-row greedy steps
+    # are cheap where the route is one row, so on a prompt its drafts do not pay for it may draft nothing)
+    assert min(widest) > 1 if mode is Mode.TREE else max(widest) > 1, widest
 
 
 def test_typescript_engine_reads_the_same_int4_artifact_in_both_formats(int4):

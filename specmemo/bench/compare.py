@@ -46,14 +46,17 @@ CONTROLLER, FULL_TREE, DEFAULT = "specmemo-controller", "specmemo-full-tree", "s
 # across the run's conversations, or emptied when a new conversation starts (its own earlier turns only)
 RECALL, RECALL_TURNS = "specmemo-recall", "specmemo-recall-turns"
 RECALL_ENGINES = (RECALL, RECALL_TURNS)
-ORT_ENGINES = ("specmemo-greedy", FULL_TREE, CONTROLLER, DEFAULT, *RECALL_ENGINES)
+# greedy on the padding row (two rows a call) whatever the machine's probed route: what one-row greedy saves
+GREEDY_PADDED = "specmemo-greedy-padded"
+ORT_ENGINES = ("specmemo-greedy", GREEDY_PADDED, FULL_TREE, CONTROLLER, DEFAULT, *RECALL_ENGINES)
 PEER = "onnxruntime-genai"
 GENAI_NGRAM, GENAI_DRAFT = "onnxruntime-genai-ngram", "onnxruntime-genai-draft-model"
 GENAI_ENGINES = (PEER, GENAI_NGRAM, GENAI_DRAFT)
 LLAMA_CPP, LLAMA_CPP_DRAFT, LLAMA_CPP_LOOKUP = "llama.cpp", "llama.cpp-draft-model", "llama.cpp-prompt-lookup"
 LLAMA_CPP_ENGINES = (LLAMA_CPP, LLAMA_CPP_DRAFT, LLAMA_CPP_LOOKUP)
 REFERENCE = "hf-generate"
-PLAIN_ENGINES = (REFERENCE, "specmemo-greedy", DEFAULT, PEER, LLAMA_CPP)  # those that run without a drafter
+# those that run without a drafter
+PLAIN_ENGINES = (REFERENCE, "specmemo-greedy", GREEDY_PADDED, DEFAULT, PEER, LLAMA_CPP)
 ENGINE_MODULES = {**{e: "specmemo.bench.compare_torch" for e in TORCH_ENGINES},
                   **{e: "specmemo.bench.compare_ort" for e in ORT_ENGINES + GENAI_ENGINES},
                   **{e: "specmemo.bench.compare_llamacpp" for e in LLAMA_CPP_ENGINES}}

@@ -1,7 +1,8 @@
 """The ONNX Runtime engines of `specmemo compare`, each run in its own fresh process (request as
 JSON on stdin, result as one JSON line on stdout):
 
-    specmemo-greedy       – our runtime, plain decoding (no heads session);
+    specmemo-greedy       – our runtime, plain decoding (no heads session), on the route probed here;
+    specmemo-greedy-padded – the same on the padding row (two rows a call) whatever the probe found;
     specmemo-full-tree    – our runtime, the drafter's whole tree (a draft model's whole chain) every step;
     specmemo-controller   – our runtime, the controller picks each step's width (its latency
                             curve is read before timing); also one long generation whose
@@ -32,12 +33,15 @@ from specmemo.runtime.engine import EngineConfig, Mode, open_engine
 from specmemo.runtime.fresh_process import first_reply_ready, serve_json
 from specmemo.runtime.measured import memory_calibration
 from specmemo.runtime.memory import footprint
+from specmemo.runtime.row_route import RouteSource, RowRoute
 from specmemo.runtime.rss import peak_rss_bytes, reset_peak_rss, rss_bytes
 
-MODES = {"specmemo-greedy": Mode.GREEDY, "specmemo-full-tree": Mode.TREE, "specmemo-controller": Mode.AUTO,
+MODES = {"specmemo-greedy": Mode.GREEDY, "specmemo-greedy-padded": Mode.GREEDY, "specmemo-full-tree": Mode.TREE,
+         "specmemo-controller": Mode.AUTO,
          "specmemo-default": Mode.AUTO, "specmemo-recall": Mode.AUTO, "specmemo-recall-turns": Mode.AUTO}
 RECALL = ("specmemo-recall", "specmemo-recall-turns")
 WARM_UP_TOKENS = 8
+PADDED = RowRoute(2, 1, RouteSource.MANIFEST)  # specmemo-greedy-padded: a padding row whatever the probe found
 
 
 def run_specmemo(request: dict) -> dict:
@@ -49,7 +53,8 @@ def run_specmemo(request: dict) -> dict:
         drafter = with_recall(drafter or artifact.manifest.drafter)
     engine = open_engine(EngineConfig(artifact=artifact, mode=mode, threads=request["threads"],
                                       budget=None if default else request.get("budget"),
-                                      capacity=None if default else request.get("capacity"), drafter=drafter),
+                                      capacity=None if default else request.get("capacity"), drafter=drafter,
+                                      route=PADDED if request["engine"] == "specmemo-greedy-padded" else None),
                          log=lambda _: None)
     engine.policy(mode)  # the controller's latency curve: read (or measured) before anything is timed
     session = engine.session

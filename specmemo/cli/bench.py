@@ -10,6 +10,7 @@ from specmemo.bench.results import run_folder, write_json
 from specmemo.cli.bench_arm import add_arm_parser
 from specmemo.cli.bench_front import add_front_parser
 from specmemo.cli.bench_fuzz import add_fuzz_parser
+from specmemo.cli.bench_invariance import add_invariance_parser
 from specmemo.cli.bench_profile import add_profile_parser
 from specmemo.cli.bench_structured import add_structured_parser
 from specmemo.cli.bench_vllm import add_vllm_parser
@@ -184,6 +185,7 @@ def add_parser(sub) -> None:
     add_front_parser(bench)
     add_web_parser(bench)
     add_arm_parser(bench)
+    add_invariance_parser(bench)
     add_profile_parser(bench)
     add_fuzz_parser(bench)
     add_structured_parser(bench)

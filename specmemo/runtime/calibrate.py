@@ -43,7 +43,8 @@ def measure_memory(request: dict[str, Any]) -> dict[str, Any]:
     new = max(1, min(PROBE_TOKENS, capacity - len(prompt)))
     engine.generate(prompt, max_new_tokens=new, ignore_eos=True)
     formula = activation_bytes(manifest.dims, rows=session.rows, capacity=capacity,
-                               itemsize=manifest.bytes_per_activation)
+                               itemsize=manifest.bytes_per_activation, attention=manifest.attention,
+                               kv_itemsize=manifest.bytes_per_kv_element)
     generation = peak_rss_bytes() - session.rss_after_load
     return {"load_bytes": session.rss_after_load, "base_bytes": base,
             "step_overhead_bytes": max(0, generation - session.arena.nbytes - formula),

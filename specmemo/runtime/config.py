@@ -15,6 +15,7 @@ from specmemo.runtime.artifact import Artifact
 from specmemo.runtime.drafters import parse_drafter
 from specmemo.runtime.manifest import ModelFormat
 from specmemo.runtime.recall import RecallConfig
+from specmemo.runtime.row_route import RowRoute
 from specmemo.runtime.sizes import DEFAULT_PREFILL_CHUNK
 
 if TYPE_CHECKING:
@@ -47,6 +48,7 @@ class EngineConfig:
     sampling: Sampling | None = None  # None: greedy acceptance
     model_format: ModelFormat = ModelFormat.ONNX  # ort: the .ort graphs (`export --mobile`)
     recall: RecallConfig = field(default_factory=RecallConfig)  # the store the recall drafter reads, if it runs
+    route: RowRoute | None = None  # rows every call runs; None: probed on this machine (plan.plan_for)
 
     def __post_init__(self) -> None:
         if self.drafter is not None:

@@ -8,7 +8,8 @@
                    layer holds C_w ≈ W + 64 + R rows instead of C), one allocation
       activations  ORT's intermediate tensors for a call of R rows attending to up to C rows:
                    R·(3·I + (H + 2·H_kv)·D + 2·h)·bytes (MLP gate/up/product, packed QKV, residual and
-                   norm) + H·R·C·bytes (GroupQueryAttention's scores), the largest live set of one layer
+                   norm) + the attention's (attention_bytes: H·R·C·bytes of scores for GroupQueryAttention;
+                   2·H·R·C + 2·H_kv·C·D for the grouped attention), the largest live set of one layer
       step overhead  measured once: what the first steps add beyond those (ORT run state, the heads
                    graph's [V] logits, Python objects)
 
@@ -32,7 +33,7 @@ from dataclasses import dataclass
 from specmemo.errors import SpecMemoError
 from specmemo.runtime import recall
 from specmemo.runtime.arena import ArenaLayout
-from specmemo.runtime.manifest import Manifest, ModelDims
+from specmemo.runtime.manifest import AttentionOp, Manifest, ModelDims
 from specmemo.runtime.sizes import Sizes
 
 HEADROOM = 0.05  # of predicted generation memory: room for the model's error (bench decode measures it)
@@ -98,20 +99,36 @@ def kv_bytes(dims: ModelDims, *, capacity: int, window_capacity: int = 0, batch:
     return 2 * batch * dims.num_kv_heads * dims.head_dim * itemsize * rows
 
 
-def activation_bytes(dims: ModelDims, *, rows: int, capacity: int, itemsize: int, batch: int = 1) -> int:
+def activation_bytes(dims: ModelDims, *, rows: int, capacity: int, itemsize: int, batch: int = 1,
+                     attention: AttentionOp = AttentionOp.GQA, kv_itemsize: int | None = None) -> int:
     """ORT's largest live set in one layer for R rows attending to up to C rows (see module doc). With
     B rows per call (runtime/batch.py) the token-wise terms take B·R rows; attention runs one row's
-    GroupQueryAttention at a time, so its scores stay H·R·C."""
+    attention at a time, so its terms stay those of R rows."""
     per_row = (3 * dims.intermediate_size + (dims.num_heads + 2 * dims.num_kv_heads) * dims.head_dim
                + 2 * dims.hidden_size)
-    return batch * rows * per_row * itemsize + dims.num_heads * rows * capacity * itemsize
+    return batch * rows * per_row * itemsize + attention_bytes(dims, rows=rows, capacity=capacity, itemsize=itemsize,
+                                                               attention=attention, kv_itemsize=kv_itemsize)
+
+
+def attention_bytes(dims: ModelDims, *, rows: int, capacity: int, itemsize: int, attention: AttentionOp,
+                    kv_itemsize: int | None = None) -> int:
+    """One layer's attention for R rows over a span of up to C: GroupQueryAttention holds its scores, H·R·C; the
+    grouped attention (export/grouped_attention.py) its scores and their softmax, 2·H·R·C, and the K/V span it
+    reads, 2·H_kv·C·D (float32, plus the float16 slices before their cast when the buffer is float16)."""
+    scores = dims.num_heads * rows * capacity * itemsize
+    if attention is AttentionOp.GQA:
+        return scores
+    span = 2 * dims.num_kv_heads * capacity * dims.head_dim
+    cast = span * kv_itemsize if kv_itemsize is not None and kv_itemsize != itemsize else 0
+    return 2 * scores + span * itemsize + cast
 
 
 def footprint(manifest: Manifest, calibration: Calibration, sizes: Sizes, *, weights: int = 0,
               batch: int = 1) -> Footprint:
     """`batch`: B sequences per call (runtime/batch.py): B KV rows and B·R token rows in the arena."""
     activations = activation_bytes(manifest.dims, rows=sizes.rows, capacity=sizes.capacity,
-                                   itemsize=manifest.bytes_per_activation, batch=batch)
+                                   itemsize=manifest.bytes_per_activation, batch=batch, attention=manifest.attention,
+                                   kv_itemsize=manifest.bytes_per_kv_element)
     layout = ArenaLayout.for_manifest(manifest, sizes, batch=batch)
     return Footprint(
         weights_stored=weights, load=calibration.load_bytes, kv=layout.kv_nbytes,

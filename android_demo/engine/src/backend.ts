@@ -22,6 +22,7 @@ const TREE_CACHE = 16; // tree shapes whose depths and bias stay cached
 export interface Forward {
   nextTokenIds: number[]; // [N] greedy next token after each node (N = T, or 1 with lastOnly)
   hiddenStates: Float32Array; // [T * h] (an arena view, valid until the next forward)
+  logits?: Float32Array; // [N * V], a copy, when the backend fetches them (withLogits: the route probe)
 }
 
 export function checkFits(length: number, added: number, capacity: number, reserved = 0): void {
@@ -52,6 +53,7 @@ export class OrtBackend {
   readonly minRows: number;
   readonly rowMultiple: number;
   readonly padding: number; // the most padding rows a call adds
+  withLogits = false; // fetch the logits too (a copy of N·V floats a call: the route probe only)
   private readonly treeInputs = new Map<string, [number[], Float32Array]>();
 
   constructor(readonly session: DecoderSession, route: RowRoute = manifestRoute(session.manifest)) {
@@ -143,12 +145,14 @@ export class OrtBackend {
     const start = Math.min(first, size - gathered); // gathered rows [start, start + gathered) hold the wanted ones
     const indices = a.i64('logits_indices');
     for (let i = 0; i < gathered; i++) indices[i] = BigInt(start + i);
-    const out = await this.session.run(size, attended, gathered);
+    const out = await this.session.run(size, attended, gathered, this.withLogits);
     const at = first - start;
     const h = this.hiddenSize;
+    const v = this.session.layout.vocabSize;
     return {
       nextTokenIds: Array.from(out.nextTokenIds.subarray(at, at + wanted), Number),
       hiddenStates: out.hiddenStates.subarray(0, real * h),
+      ...(this.withLogits ? { logits: a.f32('logits').slice(at * v, (at + wanted) * v) } : {}),
     };
   }
 

@@ -23,6 +23,7 @@ import { RecallDrafter } from './drafters/recall';
 import { ConfigError } from './errors';
 import { allocationBytes, kvBytes } from './arena';
 import { Manifest, ManifestError, ModelFormat, RowRoute, bytesPerKvElement, manifestRoute, parseManifest } from './manifest';
+import { probeRoute } from './routeProbe';
 import { DecoderSession, OrtModule } from './session';
 import { Sizes, exportedTree, resolveSizes } from './sizes';
 import { ArtifactSource } from './source';
@@ -237,5 +238,7 @@ export async function openEngine(options: EngineOptions): Promise<Engine> {
   const drafter = parts.length === 0 ? null : parts.length === 1 ? parts[0] : new Merged(parts);
   const plan = memoryPlan(m, sizes, session, recall);
   options.log?.(`plan: ${plan.summary}`);
-  return new Engine(options, m, session, tokenizer, drafter, sizes.tree, mode, plan, recall);
+  const probed = options.route ?? await probeRoute(session, m); // one row a call where this device computes it alike
+  options.log?.(`route: ${probed.minRows}x${probed.multiple} (rows a call at least x a multiple of)`);
+  return new Engine({ ...options, route: probed }, m, session, tokenizer, drafter, sizes.tree, mode, plan, recall);
 }

@@ -54,9 +54,20 @@ export interface Footprint {
 }
 
 /** ORT's largest live set in one layer for `rows` rows attending to up to `capacity` rows (one sequence). */
-export function activationBytes(d: ModelDims, rows: number, capacity: number, itemsize: number): number {
+export function activationBytes(d: ModelDims, rows: number, capacity: number, itemsize: number,
+  attention: 'gqa' | 'grouped' = 'gqa', kvItemsize: number = itemsize): number {
   const perRow = 3 * d.intermediate_size + (d.num_heads + 2 * d.num_kv_heads) * d.head_dim + 2 * d.hidden_size;
-  return rows * perRow * itemsize + d.num_heads * rows * capacity * itemsize;
+  return rows * perRow * itemsize + attentionBytes(d, rows, capacity, itemsize, attention, kvItemsize);
+}
+
+/** One layer's attention (runtime/memory.py attention_bytes): GQA's scores, or the grouped attention's scores,
+ * their softmax and the K/V span it reads (and the float16 slices before their cast). */
+export function attentionBytes(d: ModelDims, rows: number, capacity: number, itemsize: number,
+  attention: 'gqa' | 'grouped', kvItemsize: number): number {
+  const scores = d.num_heads * rows * capacity * itemsize;
+  if (attention === 'gqa') return scores;
+  const span = 2 * d.num_kv_heads * capacity * d.head_dim;
+  return 2 * scores + span * itemsize + (kvItemsize !== itemsize ? span * kvItemsize : 0);
 }
 
 /** The arena the Python runtime allocates for `sizes` (arena.py ArenaLayout.for_manifest): the heads' I/O when
@@ -74,7 +85,8 @@ export function footprint(m: Manifest, calibration: Calibration, sizes: Sizes, {
   const layout = pricedLayout(m, sizes);
   const kv = kvBytes(layout);
   const io = allocationBytes(layout) - kv;
-  const activations = activationBytes(m.dims, sizes.rows, sizes.capacity, bytesPerActivation(m));
+  const activations = activationBytes(m.dims, sizes.rows, sizes.capacity, bytesPerActivation(m), m.attention ?? 'gqa',
+    bytesPerKvElement(m));
   const generation = kv + io + activations + calibration.stepOverheadBytes;
   const headroom = Math.floor(HEADROOM * generation);
   return {

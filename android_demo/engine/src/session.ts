@@ -90,6 +90,10 @@ interface Output {
   poison?: number | bigint; // absent for the KV buffers (they hold committed rows)
 }
 
+// errors only, per run: where outputs are copied back (onnxruntime-web), TensorScatter cannot write the KV rows in
+// place and warns about its copy on every call through the run's logger, whose default is warnings
+const RUN_OPTIONS: ortTypes.InferenceSession.RunOptions = { logSeverityLevel: 3 };
+
 /**
  * How a binding returns outputs, found on a session's first run: onnxruntime-node and
  * onnxruntime-react-native write them into the tensors handed to them (node also returns copies,
@@ -105,13 +109,13 @@ export class OutputRoute {
     if (this.inPlace !== false) {
       const probing = this.inPlace === null;
       if (probing) for (const o of outputs) if (o.poison !== undefined) (o.view as Float32Array).fill(o.poison as number);
-      await session.run(feeds, Object.fromEntries(outputs.map((o) => [o.name, o.tensor])));
+      await session.run(feeds, Object.fromEntries(outputs.map((o) => [o.name, o.tensor])), RUN_OPTIONS);
       if (probing) {
         this.inPlace = outputs.every((o) => o.poison === undefined || !o.view.some((x: number | bigint) => Object.is(x, o.poison)));
       }
       if (this.inPlace) return;
     }
-    const results = await session.run(feeds, outputs.map((o) => o.name));
+    const results = await session.run(feeds, outputs.map((o) => o.name), RUN_OPTIONS);
     for (const o of outputs) (o.view as Float32Array).set(results[o.name].data as Float32Array);
   }
 }
@@ -247,7 +251,7 @@ export class DecoderSession {
    * masked) and N logit row indices the caller wrote into the arena. Returns arena views (valid until the next run); writes K/V
    * positions [S - T, S).
    */
-  async run(size: number, attended: number, logitRows: number): Promise<StepOutput> {
+  async run(size: number, attended: number, logitRows: number, withLogits = false): Promise<StepOutput> {
     if (size > this.rows || logitRows > this.logitRows) {
       throw new RangeError(`${size} tokens / ${logitRows} logit rows exceed the arena's ${this.rows} / ${this.logitRows}`);
     }
@@ -274,6 +278,11 @@ export class DecoderSession {
       { name: io.hidden_states, tensor: this.tensor('float32', a.f32('hidden_states'), [1, size, h]),
         view: a.f32('hidden_states').subarray(0, size * h), poison: NaN },
     ];
+    if (withLogits) { // the route probe compares them (routeProbe.ts)
+      const v = this.layout.vocabSize;
+      outputs.push({ name: io.logits, tensor: this.tensor('float32', a.f32('logits'), [1, logitRows, v]),
+        view: a.f32('logits').subarray(0, logitRows * v), poison: NaN });
+    }
     const kv = this.kv.tensorsFor(this.span(attended), attended - size);
     io.kv_pairs.forEach(([past, present], i) => {
       feeds[past] = kv[i];

@@ -221,7 +221,7 @@ function statsLine(reply: Reply, session: ChatSession): string {
 // Opening an artifact
 
 ort.env.wasm.wasmPaths = new URL('ort/', document.baseURI).href; // served by the page (vite.config.ts)
-ort.env.logLevel = 'warning';
+ort.env.logLevel = 'error'; // a page's console is its user's: errors only (runs too: engine/src/session.ts)
 ui.ortVersion.textContent = ort.env.versions.web ?? '';
 const engineOrt = forThePage(ort); // the page kept responsive between steps: see ortSessions.ts
 
