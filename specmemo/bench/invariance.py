@@ -21,6 +21,7 @@ import numpy as np
 
 from specmemo.errors import ConfigError
 from specmemo.runtime import tree
+from specmemo.runtime.route_probe import one_token_calls
 from specmemo.runtime.row_route import RouteSource, RowRoute
 
 ROUTES = (RowRoute(1, 1, RouteSource.PROBED), RowRoute(2, 1, RouteSource.PROBED))
@@ -51,11 +52,7 @@ def audit_route(backend, prompt: list[int], chain: list[int], sizes: tuple[int, 
     backend.forward(prompt, tree.chain(len(prompt)), last_only=True)
     backend.commit(list(range(len(prompt))))
     base = backend.length
-    alone = []
-    for token in chain:
-        alone.append(np.array(backend.forward([token], [-1]).logits[0]))
-        backend.commit([0])
-    alone_logits = np.stack(alone)
+    alone_logits = one_token_calls(backend, chain)
     kv = [buffer.copy() for buffer in backend.session.kv.buffers]  # the reference K/V, put back after each call
     by_size: dict[int, dict[str, int]] = {}
     for size in sizes:
