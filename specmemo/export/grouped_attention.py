@@ -56,7 +56,7 @@ def grouped_function(dims: ModelDims, kv_dtype: str = "float32") -> FunctionProt
         _const("c.out4", [0, heads, -1, d]), _const("c.out3", [0, 0, heads * d]), _const("c.hg", [kv_heads, group]),
         _const("c.hkv", [kv_heads]),
         _const("c.neg1", [-1]), _const("c.zero", [0]), _const("c.two", [2]),
-        _const("c.i0", [0]), _const("c.i1", [1]), _const("c.i2", [2]), _const("c.i4", [4]),
+        _const("c.one", [1]), _const("c.four", [4]),
         _const("c.scale", dims.softmax_scale, np.float32),
         helper.make_node("RotaryEmbedding", ["query", "cos_cache", "sin_cache", "position_ids"], ["q.rot"],
                          num_heads=heads),
@@ -78,9 +78,9 @@ def grouped_function(dims: ModelDims, kv_dtype: str = "float32") -> FunctionProt
         helper.make_node("TensorScatter", ["past_value", "v.new.f16" if half else "v.new", "write_position"],
                          ["present_value"], axis=2),
         helper.make_node("Shape", ["attention_bias"], ["bias.shape"]),  # [B, 1, T, L]
-        helper.make_node("Slice", ["bias.shape", "c.i0", "c.i1"], ["bias.B"]),
-        helper.make_node("Slice", ["bias.shape", "c.i2", "c.i4"], ["bias.TL"]),
-        helper.make_node("Slice", ["bias.shape", "c.neg1", "c.i4"], ["bias.L"]),
+        helper.make_node("Slice", ["bias.shape", "c.zero", "c.one"], ["bias.B"]),
+        helper.make_node("Slice", ["bias.shape", "c.two", "c.four"], ["bias.TL"]),
+        helper.make_node("Slice", ["bias.shape", "c.neg1", "c.four"], ["bias.L"]),
         helper.make_node("Slice", ["present_key", "c.zero", "bias.L", "c.two"], ["k.span"]),  # [B, H_kv, L, D]
         helper.make_node("Slice", ["present_value", "c.zero", "bias.L", "c.two"], ["v.span"]),
     ]
