@@ -33,7 +33,7 @@ DOMAIN = "specmemo"
 FUNCTION = "GroupedAttention"
 OPSET = 24  # TensorScatter is a standard op from 24 on
 GQA = "GroupQueryAttention"
-ATTENTION_NODE = "grouped_attention"  # the call nodes' names: grouped_attention.{layer} (bench profile reads them)
+ATTENTION_NODE = "grouped_attention"  # the call nodes' names: grouped_attention.{layer}
 FUNCTION_INPUTS = ("query", "key", "value", "past_key", "past_value", "write_position", "cos_cache", "sin_cache",
                    "position_ids", "attention_bias")
 FUNCTION_OUTPUTS = ("output", "present_key", "present_value")
@@ -103,8 +103,6 @@ def grouped_function(dims: ModelDims, kv_dtype: str = "float32") -> FunctionProt
         helper.make_node("Transpose", ["out.heads"], ["out.4"], perm=[0, 2, 1, 3]),
         helper.make_node("Reshape", ["out.4", "c.out3"], ["output"]),  # [B, T, H·D]
     ]
-    for i, node in enumerate(n):  # named, so a profile of the inlined graph tells attention's kernels apart
-        node.name = f"{ATTENTION_NODE}.{i}.{node.op_type}"
     return helper.make_function(DOMAIN, FUNCTION, list(FUNCTION_INPUTS), list(FUNCTION_OUTPUTS), n,
                                 [helper.make_opsetid("", OPSET)])
 
@@ -123,6 +121,7 @@ def lower_attention(model: ModelProto, dims: ModelDims, *, kv_dtype: str, write_
     graph.initializer.append(numpy_helper.from_array(np.array(sizes, np.int64), "grouped.qkv_sizes"))
     kv_names: set[str] = set()
     rewritten: list[NodeProto] = []
+    layer = 0
     for node in graph.node:
         if node.op_type != GQA:
             rewritten.append(node)
@@ -139,7 +138,8 @@ def lower_attention(model: ModelProto, dims: ModelDims, *, kv_dtype: str, write_
         named["write_position"] = write_inputs[bias]
         kv_names.update((named["past_key"], named["past_value"], *node.output[1:3]))
         rewritten.append(helper.make_node(FUNCTION, [named[key] for key in FUNCTION_INPUTS], list(node.output[:3]),
-                                          name=f"{ATTENTION_NODE}.{len(kv_names) // 4 - 1}", domain=DOMAIN))
+                                          name=f"{ATTENTION_NODE}.{layer}", domain=DOMAIN))
+        layer += 1
     del graph.node[:]
     graph.node.extend(rewritten)
     have = {value.name for value in graph.input}

@@ -162,10 +162,9 @@ class OrtBackend:
         for i, token in enumerate(tokens):  # element-wise: no temporary array
             ids[i] = token
         np.add(depths, past, out=arena["position_ids"][:size])
-        bias = arena["attention_bias"][: size * self.session.span(attended)].reshape(size, -1)
+        bias = tree.masked_span(arena["attention_bias"], size, attended, self.session.span(attended))
         bias[:, :past] = 0
-        bias[:, past:attended] = block
-        bias[:, attended:] = tree.MASKED  # a grouped graph's span past S (runtime/span.py)
+        bias[:, past:] = block
         wanted = 1 if last_only else real  # logit rows asked for: the last node's, or every node's
         first = real - wanted
         gathered = self.route.rows_for(wanted, min_rows=min(self.min_rows, size),
@@ -185,10 +184,9 @@ class OrtBackend:
         if past - s.kv.offset + size > s.kv.window_capacity:  # arena.window_capacity: this always makes room
             s.slide(max(s.kv.offset, past - (window - 1) - WINDOW_MARGIN), past)
         attended_w = past - s.kv.offset + size
-        bias = s.arena["attention_bias_local"][: size * s.span_w(attended_w)].reshape(size, -1)
-        bias[:, attended_w:] = tree.MASKED
-        tree.window_bias(bias[:, :attended_w], block, first=s.kv.offset, past=past,
-                         queries=s.arena["position_ids"][:size], window=window)
+        bias = tree.masked_span(s.arena["attention_bias_local"], size, attended_w, s.span_w(attended_w))
+        tree.window_bias(bias, block, first=s.kv.offset, past=past, queries=s.arena["position_ids"][:size],
+                         window=window)
         return attended_w
 
     def commit(self, nodes: list[int]) -> None:

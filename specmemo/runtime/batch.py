@@ -213,11 +213,9 @@ class BatchBackend:
             rows[at + size] = start + size - 1
             np.add(depths, past, out=positions[at:at + size + 1])
             span = past + size + 1
-            bias = a["attention_bias"][b * s.bias_stride: b * s.bias_stride + (size + 1) * s.span(span)]
-            bias = bias.reshape(size + 1, -1)
+            bias = tree.masked_span(a["attention_bias"][b * s.bias_stride:], size + 1, span, s.span(span))
             bias[:, :past] = 0
-            bias[:, past:span] = block
-            bias[:, span:] = tree.MASKED
+            bias[:, past:] = block
             if self.sliding:
                 attended_w.append(self._window_bias(b, past, size + 1, block, positions[at:at + size + 1]))
             if call is not None:
@@ -253,11 +251,8 @@ class BatchBackend:
             keep = min(capacity_w - size, window - 1 + WINDOW_MARGIN)
             self._slide(row, max(self.offsets[row], past - keep), past)
         span = past - self.offsets[row] + size
-        bias = s.arena["attention_bias_local"][row * s.local_stride: row * s.local_stride + size * s.span_w(span)]
-        bias = bias.reshape(size, -1)
-        bias[:, span:] = tree.MASKED
-        tree.window_bias(bias[:, :span], block, first=self.offsets[row], past=past, queries=queries,
-                         window=window)
+        bias = tree.masked_span(s.arena["attention_bias_local"][row * s.local_stride:], size, span, s.span_w(span))
+        tree.window_bias(bias, block, first=self.offsets[row], past=past, queries=queries, window=window)
         return span
 
     def _slide(self, row: int, first: int, end: int) -> None:

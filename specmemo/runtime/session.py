@@ -325,15 +325,12 @@ class DecoderSession:
         a = self.arena
         a["input_ids"][:size] = input_ids[0]
         a["position_ids"][:size] = position_ids[0]
-        bias = a["attention_bias"][: size * self.span(attended)].reshape(size, -1)
-        bias[:, :attended], bias[:, attended:] = attention_bias[0, 0], tree.MASKED
+        tree.masked_span(a["attention_bias"], size, attended, self.span(attended))[:] = attention_bias[0, 0]
         a["logits_indices"][:n] = logits_indices[0]
         if self.kv.sliding:  # the same bias with the window applied, over rows that hold positions 0, 1, ...
             if self.kv.offset or attended > self.kv.window_capacity:
                 raise ValueError("step() gives sliding layers the whole past: use OrtBackend past their window")
-            local_span = a["attention_bias_local"][: size * self.span_w(attended)].reshape(size, -1)
-            local_span[:, attended:] = tree.MASKED
-            local = local_span[:, :attended]
+            local = tree.masked_span(a["attention_bias_local"], size, attended, self.span_w(attended))
             local[:] = attention_bias[0, 0]
             keys = np.concatenate([np.arange(self.kv.length), position_ids[0]])
             tree.apply_window(local, position_ids[0], keys, self.manifest.dims.sliding_window)

@@ -50,6 +50,14 @@ def attention_bias(parents: list[int], past: int, dtype: npt.DTypeLike = np.floa
     return bias
 
 
+def masked_span(buffer: np.ndarray, rows: int, attended: int, span: int) -> np.ndarray:
+    """The first rows·span elements of a flat bias buffer as [rows, span], its columns from `attended` on masked
+    (a grouped graph's span past S, runtime/span.py); returns the [rows, attended] view the caller fills."""
+    bias = buffer[: rows * span].reshape(rows, span)
+    bias[:, attended:] = MASKED
+    return bias[:, :attended]
+
+
 def apply_window(bias: np.ndarray, query_positions: np.ndarray, key_positions: np.ndarray, window: int) -> None:
     """Mask, in place, what a sliding-window layer may not see: bias [T, S_w] over keys at `key_positions`
     [S_w], for queries at `query_positions` [T]; a query at position p sees keys at positions > p - W
