@@ -115,8 +115,12 @@ lint: setup lint-js
 	$(BIN)/mypy
 
 # The runtime on aarch64 under QEMU (as root: binfmt_misc, chroot): an arm64 Debian root made once (cached), then
-# SmolLM2-135M float32 and int4, exported here, decoded there and here: speculative == greedy on ARM, ARM vs x86 ids
+# SmolLM2-135M float32 and int4, exported here, decoded there and here: speculative == greedy on ARM, ARM vs x86 ids.
+# `make arm-check ARM_CPUS=cortex-a76 ARM_PROMPTS=2` for a shorter run; ARM_ARTIFACTS names other exports
 ARM_ARTIFACTS ?= artifacts/smollm2-135m artifacts/smollm2-135m-int4 artifacts/smollm2-135m-int4-arm
+ARM_CPUS ?= flagship,cortex-a76,cortex-a53
+ARM_PROMPTS ?= 8
+ARM_TOKENS ?= 48
 arm-check: setup android_demo/engine/node_modules/.installed
 	cd android_demo/engine && npm run --silent build
 	test -f artifacts/smollm2-135m/manifest.json || $(BIN)/specmemo export --model smollm2-135m --out artifacts/smollm2-135m
@@ -124,7 +128,8 @@ arm-check: setup android_demo/engine/node_modules/.installed
 	  $(BIN)/specmemo export --model smollm2-135m --dtype int4 --out artifacts/smollm2-135m-int4
 	test -f artifacts/smollm2-135m-int4-arm/manifest.json || \
 	  $(BIN)/specmemo export --model smollm2-135m --dtype int4 --target aarch64 --out artifacts/smollm2-135m-int4-arm
-	$(BIN)/specmemo bench arm $(foreach a,$(ARM_ARTIFACTS),--artifact $(a))
+	$(BIN)/specmemo bench arm $(foreach a,$(ARM_ARTIFACTS),--artifact $(a)) --cpus $(ARM_CPUS) \
+	  --prompts $(ARM_PROMPTS) --max-new-tokens $(ARM_TOKENS) --prompt "Why is the sky blue?"
 
 # docs/layout.md's module map, regenerated from the tree (tests/test_layout.py checks it is current)
 docs-layout: setup

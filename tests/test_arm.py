@@ -141,3 +141,22 @@ def test_the_route_table_is_recorded_in_the_manifest_without_voiding_measurement
     assert rows == (("aarch64", label, "CompFp32 / CompInt8"), ("aarch64-dotprod", label, "KleidiAI"),
                     ("x86-64", label, "CompInt8"))
     assert measured.lookup(Artifact.open(artifact), "memory", 2)[0] == key
+
+
+def test_the_instruction_count_runs_the_worker_under_the_plugin_with_an_arm_cpuinfo(tmp_path):
+    """bench arm --count: QEMU with the counting plugin, the root as sysroot, the repository at /src, an ARM
+    cpuinfo bound over the host's; a call's count is the difference of the marks around it."""
+    import json
+
+    from specmemo.bench.arm_count import DATA, count_command, count_table
+
+    assert "asimddp" in (DATA / "cpuinfo.neoverse-n1").read_text() and (DATA / "insnmark.c").is_file()
+    request = {"kind": "ours", "model": "/a", "rows": 1, "past": 100, "calls": 2}
+    argv = count_command(tmp_path, tmp_path / "libinsnmark.so", "cortex-a76", request)
+    script = argv[-1]
+    assert argv[:3] == ["unshare", "-m", "sh"] and "/proc/cpuinfo" in script and f"{tmp_path}/src" in script
+    assert "-cpu cortex-a76" in script and "specmemo.bench.arm_count_worker" in script
+    assert json.dumps(request) in script.replace("'", "")
+    table = count_table({"past": 100, "cpus": {"cortex-a76": {
+        "GenAI, 1 row": {"per_call": 50e6}, "ours, 1 row": {"per_call": 55e6}, "ours, 2 rows": {"per_call": 99e6}}}})
+    assert "1.100x" in table and "80%" in table

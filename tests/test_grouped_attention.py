@@ -113,3 +113,40 @@ def test_the_audit_finds_gqa_one_row_calls_apart_and_grouped_ones_alike(tmp_path
     one_row, padded = result["routes"]["1x1"], result["routes"]["2x1"]
     assert padded["differ"] == 0 and one_row["rows"] == 8 * (2 + 3 + 5 + 8)
     assert (one_row["differ"] == 0) == (attention is AttentionOp.GROUPED)
+
+
+@pytest.mark.parametrize("attention", [AttentionOp.GROUPED, AttentionOp.GQA])
+def test_the_per_op_audit_names_the_op_that_makes_a_row_depend_on_its_call(tmp_path, attention):
+    """The per-op audit over ORT's optimized graph: its logits are the runtime's on every call; in the grouped graph
+    no op changes a row; in the GQA graph GroupQueryAttention is the op that does, and the only one."""
+    from specmemo.bench.invariance import InvarianceConfig
+    from specmemo.bench.op_audit import op_table, per_op, record
+
+    artifact = export_tiny(tiny_config("LlamaForCausalLM"), tmp_path, max_capacity=128, attention=attention, batch=())
+    result = per_op(InvarianceConfig(artifact=artifact, sizes=(2, 3, 5), prompt=60, starts=8), log=lambda *_: None)
+    print(op_table(result))
+    assert result["calls"] > 8 and result["logits_agree"] == result["calls"]
+    changed = {op for op, r in result["ops"].items() if r["depends_on"] != "nothing"}
+    assert changed == (set() if attention is AttentionOp.GROUPED else {"GroupQueryAttention"})
+    assert {"MatMul", "Softmax"} <= set(result["ops"]) if attention is AttentionOp.GROUPED else True
+    record(artifact, "test-machine", result["ops"])
+    assert ("test-machine", "Softmax" if attention is AttentionOp.GROUPED else "GroupQueryAttention",
+            "nothing" if attention is AttentionOp.GROUPED else result["ops"]["GroupQueryAttention"]["depends_on"]) \
+        in load_manifest(artifact).shape_audit
+
+
+def test_row_layouts_are_read_from_shapes():
+    """A token axis doubles with two rows (G entries a row where query heads are stacked), a span axis grows with L,
+    a buffer axis is the capacity's; a tensor holding no rows has no layout."""
+    from specmemo.bench.op_audit import Layout, layouts_from, row_of
+
+    one = {"hidden": (1, 1, 8), "scores": (1, 2, 3, 64), "buffer": (1, 2, 128, 4), "k_span": (1, 2, 64, 4),
+           "shape": (4,)}
+    wider = {**one, "scores": (1, 2, 3, 128), "k_span": (1, 2, 128, 4)}
+    two = {**one, "hidden": (1, 2, 8), "scores": (1, 2, 6, 64)}
+    layouts = layouts_from(one, wider, two, spans=(64, 0), buffers=(128, 0))
+    assert layouts == {"hidden": Layout("token", 1, 1), "scores": Layout("token", 2, 3, 3),
+                       "buffer": Layout("buffer", None, 1, 2), "k_span": Layout("span", None, 1, 2)}
+    scores = np.arange(1 * 2 * 6 * 64, dtype=np.float32).reshape(1, 2, 6, 64)  # [B, H_kv, G·T, L], G = 3, T = 2
+    row = row_of(scores, layouts["scores"], 1, 2, 70, np.arange(5))
+    assert row.shape == (1, 2, 3, 5) and np.array_equal(row, scores.reshape(1, 2, 3, 2, 64)[:, :, :, 1, :5])

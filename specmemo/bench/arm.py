@@ -33,11 +33,15 @@ class ArmConfig:
     artifacts: tuple[Path, ...]
     cpus: tuple[str, ...] = tuple(CPUS)
     prompts: int = 5
+    extra_prompts: tuple[str, ...] = ()  # decoded after the MT-Bench turns (the README's, for one)
     max_new_tokens: int = 32
     threads: int = DEFAULT_THREADS
     capacity: int = 256
     replies: bool = True  # decode the prompts (False: the kernel-route table alone, seconds a CPU class)
     tests: bool = True  # the runtime's own tests, here and on each class (arm_tests.py)
+    per_op: bool = False  # the per-op shape audit (op_audit.py) of each artifact, here and on each class
+    per_op_sizes: tuple[int, ...] = (2, 3, 4, 5, 8, 16)
+    per_op_starts: int = 16
 
     def __post_init__(self) -> None:
         unknown = sorted(set(self.cpus) - set(CPUS))
@@ -50,12 +54,12 @@ class ArmConfig:
 def prompt_texts(config: ArmConfig) -> list[str]:
     from specmemo.datasets import prompt_sets
 
-    return [q.turns[0] for q in prompt_sets("mt-bench", per_set=config.prompts)]
+    return [q.turns[0] for q in prompt_sets("mt-bench", per_set=config.prompts)] + list(config.extra_prompts)
 
 
 def prompt_ids(config: ArmConfig) -> list[list[int]]:
-    """The first `prompts` MT-Bench first turns through the first artifact's chat template (the artifacts share
-    a tokenizer: they are one model's formats)."""
+    """The first `prompts` MT-Bench first turns (then the extra prompts) through the first artifact's chat
+    template (the artifacts share a tokenizer: they are one model's formats)."""
     from specmemo.runtime.artifact import Artifact
     from specmemo.runtime.tokenizer import ChatTokenizer, Message
 
@@ -111,7 +115,9 @@ def request(config: ArmConfig, prompts: list[list[int]], contexts: dict[str, lis
             ) -> dict[str, Any]:
     return {"artifacts": [str(a.resolve()) for a in config.artifacts], "prompts": prompts, "modes": list(MODES),
             "max_new_tokens": config.max_new_tokens, "threads": config.threads, "capacity": config.capacity,
-            "contexts": contexts or {}}
+            "contexts": contexts or {},
+            **({"per_op": {"sizes": list(config.per_op_sizes), "starts": config.per_op_starts}} if config.per_op
+               else {})}
 
 
 def on_arm(root: Path, cpu: str, body: dict[str, Any], artifacts: tuple[Path, ...]) -> dict[str, Any]:
@@ -174,12 +180,13 @@ def run(config: ArmConfig, *, lock: Path, log: Any = print) -> dict[str, Any]:
     prompts = prompt_ids(config) if config.replies else []
     probes = kernel_probes(config.artifacts, root.parent / "kernel-probes")
     first = {**request(config, prompts), "kernel_probes": probes,
-             **({} if config.replies else {"artifacts": [], "modes": []})}
-    log(f"{len(prompts)} MT-Bench prompts x {config.max_new_tokens} tokens, {len(config.artifacts)} artifact(s), "
+             **({} if config.replies else {"modes": []} if config.per_op else {"artifacts": [], "modes": []})}
+    log(f"{len(prompts)} prompts x {config.max_new_tokens} tokens, {len(config.artifacts)} artifact(s), "
         f"greedy and controller, and the kernel of {sum(len(p['matrices']) for p in probes.values())} kinds of "
         f"quantized matrix, on this host ({platform.machine()}) ...")
     host = run_json("specmemo.bench.arm_worker", first, what="the runtime on this host", fix="check the artifacts")
-    summary: dict[str, Any] = {"host": platform.machine(), "cpus": {}, "kernel_routes": {"host": routes_of(host)}}
+    summary: dict[str, Any] = {"host": platform.machine(), "cpus": {}, "kernel_routes": {"host": routes_of(host)},
+                               **({"per_op": {"host": per_op_of(host)}} if config.per_op else {})}
     store = root.parent / "tiny-artifacts"
     if config.tests:
         log(f"the runtime's tests on this host, filing their tiny artifacts in {store} ...")
@@ -191,6 +198,8 @@ def run(config: ArmConfig, *, lock: Path, log: Any = print) -> dict[str, Any]:
         log(f"... on emulated aarch64 {cpu} (QEMU_CPU={CPUS[cpu]}): slow, a few minutes ...")
         arm = on_arm(root, cpu, first, config.artifacts)
         summary["kernel_routes"][cpu] = routes_of(arm)
+        if config.per_op:
+            summary["per_op"][cpu] = per_op_of(arm)
         if not config.replies:
             continue
         summary.setdefault("typescript", {})[cpu] = typescript_on_arm(root, cpu, config, arm)
@@ -205,6 +214,37 @@ def run(config: ArmConfig, *, lock: Path, log: Any = print) -> dict[str, Any]:
                 result[folder]["logits_host"] = ours["runs"][folder]["logits"]
         summary["cpus"][cpu] = result
     return summary
+
+
+def per_op_of(machine: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {folder: runs["per_op"] for folder, runs in machine["runs"].items() if "per_op" in runs}
+
+
+def machine_classes() -> dict[str, str]:
+    """The name each machine of a run is recorded under in manifests: this host's ISA, each emulated CPU's class."""
+    from specmemo.bench.results import isa
+
+    host = isa() if platform.machine() == "x86_64" else platform.machine()
+    return {"host": host, **{cpu: cls for cls, cpu in EMULATED.items()}}
+
+
+def per_op_tables(summary: dict[str, Any]) -> str:
+    """Per artifact and machine: the per-op audit's table (op_audit.op_table)."""
+    from specmemo.bench.op_audit import op_table
+
+    classes = machine_classes()
+    return "\n\n".join(f"{Path(folder).name} on {classes[machine]} ({machine}):\n{op_table(result)}"
+                        for machine, per_artifact in summary.get("per_op", {}).items()
+                        for folder, result in per_artifact.items())
+
+
+def record_per_op(summary: dict[str, Any]) -> list[Path]:
+    """Each audited artifact's manifest gets every machine's per-op verdicts (shape_audit)."""
+    from specmemo.bench.op_audit import record
+
+    classes = machine_classes()
+    return [record(Path(folder), classes[machine], result["ops"])
+            for machine, per_artifact in summary.get("per_op", {}).items() for folder, result in per_artifact.items()]
 
 
 def routes_of(machine: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
@@ -243,8 +283,7 @@ def record_routes(summary: dict[str, Any]) -> list[Path]:
 
     from specmemo.runtime.manifest import load_manifest, save_manifest
 
-    classes = {"host": "x86-64" if platform.machine() == "x86_64" else platform.machine(),
-               **{cpu: cls for cls, cpu in EMULATED.items()}}
+    classes = {**machine_classes(), "host": "x86-64" if platform.machine() == "x86_64" else platform.machine()}
     written = []
     for folder in summary["kernel_routes"]["host"]:
         manifest = load_manifest(folder)

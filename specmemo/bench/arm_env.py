@@ -29,8 +29,10 @@ SUITE, MIRROR = "bookworm", "http://deb.debian.org/debian"
 DEBIAN_PACKAGES = ("python3", "python3-venv", "ca-certificates")
 # the runtime's dependencies (pyproject's `dependencies`), pinned as requirements.lock pins them on x86
 RUNTIME_PACKAGES = ("numpy", "onnxruntime", "tokenizers", "jinja2", "markupsafe", "tqdm", "psutil", "llguidance")
-# and what runs the runtime's own tests there (pure-Python wheels)
-TEST_PACKAGES = ("pytest", "pluggy", "iniconfig", "packaging", "pygments")
+# and what runs the runtime's own tests there (pure-Python wheels), and the per-op audit (bench/op_audit.py: onnx
+# edits ONNX Runtime's optimized graph there)
+TEST_PACKAGES = ("pytest", "pluggy", "iniconfig", "packaging", "pygments", "onnx", "protobuf", "ml-dtypes",
+                 "typing-extensions")
 VENV = "/opt/specmemo"  # inside the root
 REPO = "/src"  # where the repository is bound inside the root
 BINFMT = Path("/proc/sys/fs/binfmt_misc")

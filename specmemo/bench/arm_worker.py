@@ -51,6 +51,17 @@ def next_token_logits(artifact: Artifact, request: dict[str, Any], contexts: lis
     return out
 
 
+def op_audit(folder: str, request: dict[str, Any]) -> dict[str, Any]:
+    from pathlib import Path
+
+    from specmemo.bench.invariance import InvarianceConfig
+    from specmemo.bench.op_audit import per_op
+
+    asked = request["per_op"]
+    return per_op(InvarianceConfig(artifact=Path(folder), sizes=tuple(asked["sizes"]), starts=asked["starts"],
+                                   threads=request["threads"]), log=lambda _: None)
+
+
 def handle(request: dict[str, Any]) -> dict[str, Any]:
     runs: dict[str, Any] = {}
     for folder, probes in request.get("kernel_probes", {}).items():  # which kernel each quantized matrix takes
@@ -58,6 +69,8 @@ def handle(request: dict[str, Any]) -> dict[str, Any]:
     for folder in request["artifacts"]:
         artifact = Artifact.open(folder)
         runs.setdefault(folder, {}).update({mode: replies(artifact, request, Mode(mode)) for mode in request["modes"]})
+        if request.get("per_op"):  # the per-op shape audit of this artifact on this machine (bench/op_audit.py)
+            runs[folder]["per_op"] = op_audit(folder, request)
         contexts = request.get("contexts", {}).get(folder, [])
         if contexts:
             runs[folder]["logits"] = next_token_logits(artifact, request, contexts)

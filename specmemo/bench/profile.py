@@ -45,8 +45,13 @@ class ProfileConfig:
             raise ConfigError("--context must be >= 2 and --steps >= 8")
 
 
+ATTENTION_FUNCTION = "_inlfunc_GroupedAttention"  # ORT's prefix for the nodes it inlined from our function
+
+
 def component(node: str, op: str) -> str:
     """The part of the model a node of ours belongs to, from the names the exporter gives them."""
+    if op == "GroupQueryAttention" or node.startswith(ATTENTION_FUNCTION):
+        return "attention"
     if any(part in node for part in (".BiasMatMul", ".BiasAdd", ".block_sums", ".with_block_sums")):
         return "Q4_1 minimum term"
     if any(part in node for part in (".inliers", ".outliers", ".Outlier")):
@@ -249,6 +254,60 @@ def _llama_cpp_pass(config: ProfileConfig, *, profile: bool) -> dict | None:
         model.eval([1000 + i])
         times.append(time.perf_counter() - started)
     return {"run_ms": 1e3 * statistics.median(times[WARMUP_STEPS:]), "rows_per_call": 1}
+
+
+def attention_ms(artifact: Path, *, rows: int, context: int, steps: int, threads: int) -> dict[str, float]:
+    """Kernel ms per call of every attention node of the decoder summed (ours: the grouped function's nodes as ORT
+    inlined them; GQA: its GroupQueryAttention nodes), and of the whole call, for calls of `rows` rows on a past of
+    `context` positions (the same call again and again, the past rewound: no padding row, no commit)."""
+    from specmemo.runtime import tree
+    from specmemo.runtime.backend import OrtBackend
+    from specmemo.runtime.row_route import RouteSource, RowRoute
+    from specmemo.runtime.session import DecoderSession, SessionConfig
+    from specmemo.runtime.sizes import DEFAULT_PREFILL_CHUNK, Sizes
+
+    opened = Artifact.open(artifact)
+    capacity = -(-(context + rows + 1) // 64) * 64
+    session = DecoderSession(opened, SessionConfig(threads=threads, heads=False, profile=True,
+                                                   sizes=Sizes(capacity=capacity, rows=DEFAULT_PREFILL_CHUNK,
+                                                               tree=rows)))
+    backend = OrtBackend(session, route=RowRoute(1, 1, RouteSource.PROBED))
+    vocab = opened.manifest.dims.vocab_size
+    backend.forward(_prompt(vocab, context), tree.chain(context), last_only=True)
+    backend.commit(list(range(context)))
+    tokens = _prompt(vocab, rows + 1)[1:]
+    for _ in range(steps + WARMUP_STEPS):
+        backend.forward(tokens, tree.chain(rows))
+        backend.rewind(context)
+    spent = account(session.session, steps)
+    return {"attention_ms": _per_step_ms(spent["by_component"].get("attention", 0.0), steps),
+            "call_ms": _per_step_ms(sum(spent["by_op"].values()), steps)}
+
+
+def attention_table_rows(ours: Path, gqa: Path, *, contexts: tuple[int, ...], steps: int, threads: int,
+                         log=print) -> list[dict]:
+    """The attention's kernel ms per call, ours (grouped) against the same model exported with GQA, at one and
+    two rows a call, at each context."""
+    out = []
+    for context in contexts:
+        for rows in (1, 2):
+            row: dict = {"context": context, "rows": rows}
+            for name, artifact in (("ours", ours), ("gqa", gqa)):
+                log(f"attention: {name} ({artifact.name}), {rows} row(s) a call on {context} past positions ...")
+                row[name] = attention_ms(artifact, rows=rows, context=context, steps=steps, threads=threads)
+            out.append(row)
+    return out
+
+
+def format_attention(rows: list[dict]) -> str:
+    lines = ["attention, every node summed (ORT's profiler, kernel ms per call): ours (grouped) against GQA",
+             f"{'context':>8}{'rows':>6}{'ours':>9}{'GQA':>9}{'ours/GQA':>10}{'ours call':>11}{'GQA call':>10}"]
+    for r in rows:
+        ours, gqa = r["ours"], r["gqa"]
+        ratio = ours["attention_ms"] / gqa["attention_ms"] if gqa["attention_ms"] else float("nan")
+        lines.append(f"{r['context']:>8}{r['rows']:>6}{ours['attention_ms']:>9.3f}{gqa['attention_ms']:>9.3f}"
+                     f"{ratio:>10.2f}{ours['call_ms']:>11.3f}{gqa['call_ms']:>10.3f}")
+    return "\n".join(lines)
 
 
 def run_profile(config: ProfileConfig, *, log=print) -> dict:

@@ -25,6 +25,11 @@ def add_invariance_parser(bench) -> None:
     b.add_argument("--sizes", type=sizes_list, default=tuple(range(2, 17)), help="T of the verify calls")
     b.add_argument("--starts", type=positive, default=64, help="consecutive start positions audited")
     b.add_argument("--prompt", type=positive, default=41, help="tokens before the first start")
+    b.add_argument("--per-op", action="store_true",
+                   help="also audit every node ONNX Runtime runs (its optimized graph, one row a call): per op type, "
+                        "the rows that differ and those the op changed itself, with the same span or another; "
+                        "recorded in the artifact's manifest (shape_audit) for this machine. Minutes: pair it with "
+                        "--sizes 2,3,4,5,8,16")
     b.add_argument("--threads", type=positive, default=2)
     b.add_argument("--out", type=Path, default=run_folder("bench-invariance.json"))
     b.set_defaults(handler=cmd_bench_invariance)
@@ -34,8 +39,18 @@ def cmd_bench_invariance(args: argparse.Namespace) -> int:
     from specmemo.bench.invariance import InvarianceConfig, run, table
     from specmemo.bench.results import write_json
 
-    result = run(InvarianceConfig(artifact=args.artifact, sizes=tuple(args.sizes), starts=args.starts,
-                                  prompt=args.prompt, threads=args.threads), log=log_stderr)
+    config = InvarianceConfig(artifact=args.artifact, sizes=tuple(args.sizes), starts=args.starts, prompt=args.prompt,
+                              threads=args.threads)
+    result = run(config, log=log_stderr)
+    if args.per_op:
+        from specmemo.bench.op_audit import op_table, per_op, record
+        from specmemo.bench.results import isa
+
+        result["per_op"] = {"machine": isa(), **per_op(config, log=log_stderr)}
     print(table(result))
+    if args.per_op:
+        print(op_table(result["per_op"]))
+        log_stderr(f"per-op verdicts recorded in {record(args.artifact, isa(), result['per_op']['ops'])} "
+                   f"(shape_audit, {isa()})")
     print(f"wrote {write_json(args.out, result, threads=args.threads)}")
     return 0

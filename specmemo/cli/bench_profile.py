@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import Any
 
 from specmemo.bench.results import run_folder
-from specmemo.cli.options import add_artifact, positive
+from specmemo.cli.options import add_artifact, positive, sizes_list
 from specmemo.console import log_stderr
 
 
@@ -36,6 +37,12 @@ def add_profile_parser(bench) -> None:
                         "and run in turns, --block steps each, this many rounds (0: skip it)")
     b.add_argument("--block", type=positive, default=10, help="steps per turn in the alternated pass")
     b.add_argument("--skip-account", action="store_true", help="only the alternated pass (no per-operator account)")
+    b.add_argument("--attention-against", type=Path, metavar="GQA_ARTIFACT",
+                   help="also the attention's kernel ms per call (every attention node summed) at one and two rows "
+                        "a call at each --contexts, ours against this export of the same model with "
+                        "`--attention gqa`")
+    b.add_argument("--contexts", type=sizes_list, default=(100, 700, 1500),
+                   help="past lengths for --attention-against")
     b.add_argument("--json", type=Path, default=run_folder("bench-profile.json"), help="where to write JSON")
     b.set_defaults(handler=cmd_bench_profile)
 
@@ -87,11 +94,19 @@ def cmd_bench_profile(args: argparse.Namespace) -> int:
     if args.skip_account:
         from specmemo.bench.results import machine_info
 
-        result = {"config": {"artifact": str(args.artifact), "context": args.context, "threads": args.threads},
-                  "machine": machine_info(args.threads), "engines": {}}
+        result: dict[str, Any] = {"config": {"artifact": str(args.artifact), "context": args.context,
+                                             "threads": args.threads},
+                                  "machine": machine_info(args.threads), "engines": {}}
     else:
         result = run_profile(config, log=log_stderr)
         print(format_table(result))
+    if args.attention_against is not None:
+        from specmemo.bench.profile import attention_table_rows, format_attention
+
+        attention = attention_table_rows(args.artifact, args.attention_against, contexts=tuple(args.contexts),
+                                         steps=args.steps, threads=args.threads, log=log_stderr)
+        result["attention"] = attention
+        print(format_attention(attention))
     if args.rounds > 0:
         result["alternated"] = alternated(args, genai_dir)
         print(format_alternated(result["alternated"], result["machine"]))

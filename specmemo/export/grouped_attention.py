@@ -103,6 +103,8 @@ def grouped_function(dims: ModelDims, kv_dtype: str = "float32") -> FunctionProt
         helper.make_node("Transpose", ["out.heads"], ["out.4"], perm=[0, 2, 1, 3]),
         helper.make_node("Reshape", ["out.4", "c.out3"], ["output"]),  # [B, T, H·D]
     ]
+    for i, node in enumerate(n):  # ORT names an inlined node _inlfunc_GroupedAttention_<its name>: bench profile
+        node.name = f"{ATTENTION_NODE}.{i}.{node.op_type}"  # sums the attention's kernels by that prefix
     return helper.make_function(DOMAIN, FUNCTION, list(FUNCTION_INPUTS), list(FUNCTION_OUTPUTS), n,
                                 [helper.make_opsetid("", OPSET)])
 

@@ -119,6 +119,9 @@ class Manifest:
     draft_model: str = ""  # the draft model's artifact folder, relative to this one ("": none; drafter "model")
     attention: AttentionOp = AttentionOp.GQA  # the decoder's attention (runtime/span.py)
     span_bucket: int = 1  # a call attends to S rounded up to this many positions (1: exactly S)
+    # (machine, op type, what a row of it depends on: nothing | T | L | T and L), as `specmemo bench invariance
+    # --per-op` (and `bench arm`) audited ONNX Runtime's kernels of this graph there (bench/op_audit.py)
+    shape_audit: tuple[tuple[str, str, str], ...] = ()
 
     def __post_init__(self) -> None:
         if self.format_version != FORMAT_VERSION:
