@@ -49,13 +49,13 @@ def test_the_attention_is_accounted_across_every_node_of_ours_and_gqa(tiny_llama
     attention; its ms per call are a part of the call's, at one and two rows."""
     from conftest import export_tiny, tiny_config
 
-    from specmemo.bench.profile import attention_table_rows, format_attention
+    from specmemo.bench.attention_cost import attention_table_rows, format_attention
     from specmemo.runtime.span import AttentionOp
 
     assert component("_inlfunc_GroupedAttention_grouped_attention.39.Softmax", "Softmax") == "attention"
     assert component("/layers.0/attn/GroupQueryAttention", "GroupQueryAttention") == "attention"
     gqa = export_tiny(tiny_config("LlamaForCausalLM"), tmp_path, attention=AttentionOp.GQA, batch=())
-    rows = attention_table_rows(tiny_llama, gqa, contexts=(30,), steps=8, threads=1, log=lambda *_: None)
+    rows = attention_table_rows(tiny_llama, gqa, contexts=(30,), steps=8, threads=2, log=lambda *_: None)
     assert [(r["context"], r["rows"]) for r in rows] == [(30, 1), (30, 2)]
     for r in rows:
         for side in ("ours", "gqa"):

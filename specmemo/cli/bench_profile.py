@@ -101,7 +101,7 @@ def cmd_bench_profile(args: argparse.Namespace) -> int:
         result = run_profile(config, log=log_stderr)
         print(format_table(result))
     if args.attention_against is not None:
-        from specmemo.bench.profile import attention_table_rows, format_attention
+        from specmemo.bench.attention_cost import attention_table_rows, format_attention
 
         attention = attention_table_rows(args.artifact, args.attention_against, contexts=tuple(args.contexts),
                                          steps=args.steps, threads=args.threads, log=log_stderr)
