@@ -4,9 +4,10 @@ syscall the counting plugin answers with its count so far. The request is the fi
     {"kind": "ours", "model": ARTIFACT, "rows": 1 or 2, "past": P, "calls": N}
     {"kind": "genai", "model": GenAI's model.onnx, "past": P, "calls": N}
 
-ours:  the runtime's own DecoderSession (one thread) and backend: a prompt of P tokens prefilled, then N calls of
-       `rows` tokens at the same position (the past rewound after each), one row a call as the route 1x1 runs it;
-       what is counted is the graph's call (session.run_with_iobinding), not the host loop around it.
+ours:  the runtime's own DecoderSession (one thread) and backend as bench/attention_cost.py's caller opens them: a
+       prompt of P tokens prefilled, then N calls of `rows` tokens at the same position (the past rewound after
+       each), one row a call as the route 1x1 runs it; what is counted is the graph's call
+       (session.run_with_iobinding), not the host loop around it.
 genai: GenAI's model.onnx as GenAI runs it on CPU (bench/profile.py's binding: KV buffers shared by past and present,
        a mask over P + 1 positions), one token a call.
 One warm-up call precedes the counted ones.
@@ -44,30 +45,13 @@ def marked(run):
 
 
 def ours(request: dict[str, Any]) -> None:
-    from specmemo.bench.profile import _prompt
-    from specmemo.runtime import tree
-    from specmemo.runtime.artifact import Artifact
-    from specmemo.runtime.backend import OrtBackend
-    from specmemo.runtime.row_route import RouteSource, RowRoute
-    from specmemo.runtime.session import DecoderSession, SessionConfig
-    from specmemo.runtime.sizes import DEFAULT_PREFILL_CHUNK, Sizes
+    from specmemo.bench.attention_cost import attention_caller
 
-    artifact = Artifact.open(request["model"])
-    past, rows = request["past"], request["rows"]
-    capacity = -(-(past + rows + 1) // 64) * 64
-    session = DecoderSession(artifact, SessionConfig(threads=1, heads=False, warm_up=False,
-                                                     sizes=Sizes(capacity=capacity, rows=DEFAULT_PREFILL_CHUNK,
-                                                                 tree=rows)))
-    backend = OrtBackend(session, route=RowRoute(1, 1, RouteSource.PROBED))
-    vocab = artifact.manifest.dims.vocab_size
-    backend.forward(_prompt(vocab, past), tree.chain(past), last_only=True)
-    backend.commit(list(range(past)))
+    step, session = attention_caller(Path(request["model"]), rows=request["rows"], context=request["past"], threads=1)
     session.session.run_with_iobinding, state = marked(session.session.run_with_iobinding)
-    tokens = _prompt(vocab, rows + 1)[1:]
     for i in range(request["calls"] + 1):
         state["armed"] = i > 0
-        backend.forward(tokens, tree.chain(rows))
-        backend.rewind(past)
+        step()
 
 
 def genai(request: dict[str, Any]) -> None:
