@@ -126,8 +126,8 @@ def on_arm(root: Path, cpu: str, body: dict[str, Any], artifacts: tuple[Path, ..
                   binds=[*(a.resolve() for a in artifacts), *probes], stdin=json.dumps(body))
     lines = done.stdout.strip().splitlines()
     if done.returncode != 0 or not lines:
-        lines = [line for line in done.stderr.strip().splitlines() if "onnxruntime warning" not in line]
-        reason = (lines or ["no output"])[-1][:300]  # ORT's cpuinfo warning under QEMU is not the cause
+        errors = [line for line in done.stderr.strip().splitlines() if "onnxruntime warning" not in line]
+        reason = (errors or ["no output"])[-1][:300]  # ORT's cpuinfo warning under QEMU is not the cause
         raise ConfigError(f"the runtime on emulated {cpu} failed ({reason})")
     result: dict[str, Any] = json.loads(lines[-1])
     return result
@@ -221,19 +221,18 @@ def per_op_of(machine: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {folder: runs["per_op"] for folder, runs in machine["runs"].items() if "per_op" in runs}
 
 
-def machine_classes() -> dict[str, str]:
-    """The name each machine of a run is recorded under in manifests: this host's ISA, each emulated CPU's class."""
-    from specmemo.bench.results import isa
-
-    host = isa() if platform.machine() == "x86_64" else platform.machine()
+def machine_classes(host: str) -> dict[str, str]:
+    """The name each machine of a run is recorded under in a manifest: `host` for this one, each emulated CPU's
+    class for the others."""
     return {"host": host, **{cpu: cls for cls, cpu in EMULATED.items()}}
 
 
 def per_op_tables(summary: dict[str, Any]) -> str:
     """Per artifact and machine: the per-op audit's table (op_audit.op_table)."""
     from specmemo.bench.op_audit import op_table
+    from specmemo.bench.results import isa
 
-    classes = machine_classes()
+    classes = machine_classes(isa())  # a kernel's numbers depend on the ISA (isa(): the architecture on ARM)
     return "\n\n".join(f"{Path(folder).name} on {classes[machine]} ({machine}):\n{op_table(result)}"
                         for machine, per_artifact in summary.get("per_op", {}).items()
                         for folder, result in per_artifact.items())
@@ -242,8 +241,9 @@ def per_op_tables(summary: dict[str, Any]) -> str:
 def record_per_op(summary: dict[str, Any]) -> list[Path]:
     """Each audited artifact's manifest gets every machine's per-op verdicts (shape_audit)."""
     from specmemo.bench.op_audit import record
+    from specmemo.bench.results import isa
 
-    classes = machine_classes()
+    classes = machine_classes(isa())
     return [record(Path(folder), classes[machine], result["ops"])
             for machine, per_artifact in summary.get("per_op", {}).items() for folder, result in per_artifact.items()]
 
@@ -284,7 +284,7 @@ def record_routes(summary: dict[str, Any]) -> list[Path]:
 
     from specmemo.runtime.manifest import load_manifest, save_manifest
 
-    classes = {**machine_classes(), "host": "x86-64" if platform.machine() == "x86_64" else platform.machine()}
+    classes = machine_classes("x86-64" if platform.machine() == "x86_64" else platform.machine())
     written = []
     for folder in summary["kernel_routes"]["host"]:
         manifest = load_manifest(folder)

@@ -10,9 +10,7 @@ turns in one process.
 
 from __future__ import annotations
 
-import statistics
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 from specmemo.bench.profile import WARMUP_STEPS, _per_step_ms, _prompt, account
@@ -67,26 +65,14 @@ def attention_ms(artifact: Path, *, rows: int, context: int, steps: int, threads
             "profiled_call_ms": _per_step_ms(sum(spent["by_op"].values()), steps)}
 
 
-def in_turns(steppers: dict[str, Callable[[], float]], *, rounds: int, block: int) -> dict[str, float]:
-    """Each stepper `block` calls in turn for `rounds` rounds (the order rotated), after WARMUP_STEPS each: the
-    median ms per call of each."""
-    names = list(steppers)
-    for name in names:
-        for _ in range(WARMUP_STEPS):
-            steppers[name]()
-    times: dict[str, list[float]] = {name: [] for name in names}
-    for r in range(rounds):
-        for name in names[r % len(names):] + names[:r % len(names)]:
-            times[name] += [steppers[name]() for _ in range(block)]
-    return {name: statistics.median(t) for name, t in times.items()}
-
-
 def attention_table_rows(ours: Path, gqa: Path, *, contexts: tuple[int, ...], steps: int, threads: int,
                          log=print) -> list[dict]:
     """The attention's ms per call, ours (grouped) against the same model exported with GQA, at one and two rows a
     call, at each context. The two graphs differ only in the attention, so ours is also estimated without the
     profiler's per-node cost: GQA's profiled attention plus the difference of the two calls' unprofiled times, the
-    two sessions' calls run in turns (in_turns)."""
+    two sessions' calls run in turns (step_ab.alternate)."""
+    from specmemo.bench.step_ab import alternate
+
     out = []
     for context in contexts:
         for rows in (1, 2):
@@ -97,8 +83,8 @@ def attention_table_rows(ours: Path, gqa: Path, *, contexts: tuple[int, ...], st
                 row[name] = attention_ms(artifact, rows=rows, context=context, steps=steps, threads=threads)
             steppers = {name: attention_caller(artifact, rows=rows, context=context, threads=threads)[0]
                         for name, artifact in pair.items()}
-            for name, timed in in_turns(steppers, rounds=6, block=max(steps // 6, 4)).items():
-                row[name]["call_ms"] = timed
+            for name, timed in alternate(steppers, rounds=6, block=max(steps // 6, 4)).items():
+                row[name]["call_ms"] = timed["run_ms"]
             row["ours_estimated_ms"] = row["gqa"]["attention_ms"] + row["ours"]["call_ms"] - row["gqa"]["call_ms"]
             out.append(row)
     return out

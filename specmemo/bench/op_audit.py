@@ -130,9 +130,11 @@ def row_of(value: np.ndarray, layout: Layout, row: int, rows: int, position: int
     return np.take(value, position, axis=layout.position_axis)
 
 
+VERDICTS = {(False, False): "nothing", (True, False): "T", (False, True): "L", (True, True): "T and L"}
+
+
 @dataclass
 class OpTally:
-    nodes: int = 0
     rows: int = 0
     differ: int = 0
     introduced_same_span: int = 0  # the node changed a row, its call attending to the reference's span
@@ -140,11 +142,7 @@ class OpTally:
 
     def verdict(self) -> str:
         """What a row of this op depends on, as audited: nothing, T, L or both."""
-        if not (self.introduced_same_span or self.introduced_other_span):
-            return "nothing"
-        if self.introduced_same_span and not self.introduced_other_span:
-            return "T"
-        return "L" if not self.introduced_same_span else "T and L"
+        return VERDICTS[(self.introduced_same_span > 0, self.introduced_other_span > 0)]
 
 
 @dataclass
@@ -156,36 +154,32 @@ class Recorder:
     audit: Any  # the audit graph's InferenceSession
     nodes: list[Node]
     layouts: dict[str, Layout] = field(default_factory=dict)
-    reference: dict[int, dict[str, np.ndarray]] = field(default_factory=dict)  # position -> tensor -> row
+    # position -> (the span its one-row call attended over, tensor -> row)
+    reference: dict[int, tuple[int, dict[str, np.ndarray]]] = field(default_factory=dict)
     tallies: dict[str, OpTally] = field(default_factory=dict)
     calls: int = 0
     logits_agree: int = 0  # calls whose logits from the audit graph equal the runtime's, bit for bit
     _bound: dict[str, tuple[np.ndarray, tuple[int, ...]]] = field(default_factory=dict)
+    _names: list[str] = field(default_factory=list)  # the audit graph's outputs
 
     def attach(self) -> None:
         from specmemo.runtime.session import bind_view
 
-        session, recorder = self.session, self
+        session, run = self.session, self.session.session.run_with_iobinding
+        self._names = [o.name for o in self.audit.get_outputs()]
 
         def bind(name, view, shape, output=False):
             if not output:
-                recorder._bound[name] = (view, shape)
+                self._bound[name] = (view, shape)
             bind_view(session.binding, name, view, shape, output)
 
-        class Proxy:
-            def __init__(self, real):
-                self.real = real
-
-            def run_with_iobinding(self, binding):
-                feeds = recorder.feeds()
-                self.real.run_with_iobinding(binding)
-                recorder.observe(feeds)
-
-            def __getattr__(self, name):
-                return getattr(self.real, name)
+        def observed(binding, *args):
+            feeds = self.feeds()  # before the call: it writes the K/V in place
+            run(binding, *args)
+            self.observe(feeds)
 
         session._bind = bind
-        session.session = Proxy(session.session)
+        session.session.run_with_iobinding = observed
 
     def feeds(self) -> dict[str, np.ndarray]:
         out = {name: np.array(view.reshape(-1)[:int(np.prod(shape))].reshape(shape))
@@ -195,8 +189,7 @@ class Recorder:
         return out
 
     def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        names = [o.name for o in self.audit.get_outputs()]
-        return dict(zip(names, self.audit.run(names, feeds), strict=True))
+        return dict(zip(self._names, self.audit.run(self._names, feeds), strict=True))
 
     def classify(self, feeds: dict[str, np.ndarray]) -> None:
         """Layouts from one one-row call's feeds, widened by a bucket and doubled to two rows."""
@@ -248,13 +241,13 @@ class Recorder:
                                            attended_local if layout.local else attended)
                               for name, layout in self.layouts.items() if name in out})
         if rows == 1:
-            self.reference[write] = {**extracted[0], "__span": np.array(span)}
+            self.reference[write] = (span, extracted[0])
             return
         for j, row in enumerate(extracted):
-            ref = self.reference.get(write + j)
-            if ref is None:
+            if write + j not in self.reference:
                 continue
-            same_span = int(ref["__span"]) == span
+            ref_span, ref = self.reference[write + j]
+            same_span = ref_span == span
             agree = {name: np.array_equal(value, ref[name]) for name, value in row.items() if name in ref}
             for node in self.nodes:
                 outputs = [agree[o] for o in node.outputs if o in agree]

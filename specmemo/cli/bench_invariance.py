@@ -46,11 +46,12 @@ def cmd_bench_invariance(args: argparse.Namespace) -> int:
         from specmemo.bench.op_audit import op_table, per_op, record
         from specmemo.bench.results import isa
 
-        result["per_op"] = {"machine": isa(), **per_op(config, log=log_stderr)}
+        machine = isa()
+        result["per_op"] = {"machine": machine, **per_op(config, log=log_stderr)}
     print(table(result))
     if args.per_op:
         print(op_table(result["per_op"]))
-        log_stderr(f"per-op verdicts recorded in {record(args.artifact, isa(), result['per_op']['ops'])} "
-                   f"(shape_audit, {isa()})")
+        log_stderr(f"per-op verdicts recorded in {record(args.artifact, machine, result['per_op']['ops'])} "
+                   f"(shape_audit, {machine})")
     print(f"wrote {write_json(args.out, result, threads=args.threads)}")
     return 0
