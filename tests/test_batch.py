@@ -76,13 +76,32 @@ def references(artifact, prompts):
     return out
 
 
-def open_pool(artifact, batch, **options):
+@pytest.fixture(scope="module")
+def probed(artifact, prompts):
+    """The numeric route probed for the one-sequence decoder on this machine (route_probe.py), and each prompt's
+    greedy reply decoded alone on it."""
+    from specmemo.runtime.backend import OrtBackend
+    from specmemo.runtime.decode import generate
+    from specmemo.runtime.route_probe import probe
+    from specmemo.runtime.session import DecoderSession, SessionConfig
+
+    session = DecoderSession(Artifact.open(artifact), SessionConfig(sizes=SIZES, heads=False))
+    route, _ = probe(session)
+    backend = OrtBackend(session, route=route)
+    replies = []
+    for prompt in prompts:
+        backend.reset()
+        replies.append(generate(backend, prompt, max_new_tokens=REPLY, eos_token_ids=set()).token_ids)
+    return route, replies
+
+
+def open_pool(artifact, batch, *, route=None, **options):
     from specmemo.runtime.batch import BatchBackend, BatchSession
     from specmemo.runtime.pool import SequencePool
     from specmemo.runtime.session import SessionConfig
 
     session = BatchSession(Artifact.open(artifact), SessionConfig(sizes=SIZES, heads=False, batch=batch))
-    return SequencePool(BatchBackend(session), **options)
+    return SequencePool(BatchBackend(session, route=route), **options)
 
 
 class Oracle:
@@ -189,6 +208,26 @@ def test_oracle_drafter_ragged_acceptance_equals_each_rows_greedy(artifact, prom
     assert len(ragged) >= 10, "the oracle should make rows accept different lengths in most steps"
     assert max(max(s) for s in per_step) >= 5
     assert pool.stats.commit_s > 0
+
+
+def test_rows_take_the_probed_route_one_row_where_it_is_exact(artifact, prompts, probed):
+    """The pool on the route probed for the one-sequence decoder: every row's reply is its own B = 1 reply on that
+    route, under ragged acceptance; a float graph (prepacked SGEMM, the grouped attention) needs no padding row on
+    any CPU, so there the rows run without one."""
+    from specmemo.runtime.manifest import load_manifest
+    from specmemo.runtime.pool import FixedWidth, Request
+
+    route, replies = probed
+    m = load_manifest(artifact)
+    if m.quantization is None:
+        assert route.min_rows == 1, f"a float grouped graph should probe one row, got {route}"
+    oracle = Oracle(prompts, replies, m.dims.vocab_size)
+    for drafter, width in ((lambda row: oracle, 8), (None, 1)):
+        pool = open_pool(artifact, 4, route=route, drafter_factory=drafter, max_tree=width, width=FixedWidth(width))
+        assert pool.backend.padding == (0 if route.min_rows == 1 else 1)
+        got = [g.token_ids for g in pool.run([Request(p, REPLY) for p in prompts])]
+        for i, (reply, want) in enumerate(zip(got, replies, strict=True)):
+            assert reply == want, f"prompt {i}, width {width}: row's reply differs from its B = 1 reply on {route}"
 
 
 def test_lookup_and_plain_batches_equal_greedy_and_free_rows_run_stubs(artifact, prompts, references):

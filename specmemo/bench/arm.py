@@ -127,7 +127,7 @@ def on_arm(root: Path, cpu: str, body: dict[str, Any], artifacts: tuple[Path, ..
     lines = done.stdout.strip().splitlines()
     if done.returncode != 0 or not lines:
         errors = [line for line in done.stderr.strip().splitlines() if "onnxruntime warning" not in line]
-        reason = (errors or ["no output"])[-1][:300]  # ORT's cpuinfo warning under QEMU is not the cause
+        reason = (errors or [f"exit {done.returncode}, no output"])[-1][:300]  # ORT's cpuinfo warning is not the cause
         raise ConfigError(f"the runtime on emulated {cpu} failed ({reason})")
     result: dict[str, Any] = json.loads(lines[-1])
     return result

@@ -15,15 +15,15 @@ accept different numbers of tokens and nothing is realigned. A sliding-window la
 sliding bias [1, 1, T_b, S_w_b] over its own window buffer (whose rows the runtime slides per row), and a
 float16 KV graph's one Cast of the bias becomes one Cast per row.
 
-The padding row. The one-sequence route runs every call on at least 2 rows (runtime/backend.py: ONNX
-Runtime's one-row kernels round differently), so a 1-token step carries a padding row, the same token
-again as its child. Here only the attention needs it: the MatMuls already see every row's tokens
-together. So the runtime sends each row's n_b tokens once, and `attention_rows` hands its attention
-n_b + 1 rows: the tokens, then the last one again (at the next position, `attention_position_ids`) as
-the padding row, whose output `token_rows` leaves out. A 1-token row's attention is then the
-one-sequence route's to the bit (the padding row's Q/K/V are the same token's); a longer row's real
-rows are unchanged by one more masked key and one more query row (GroupQueryAttention's products are
-row-independent from 2 rows on, and a masked key adds an exact 0). tests/test_batch.py checks the
+The padding row. Where the numeric route (runtime/row_route.py) runs every call on at least 2 rows (ONNX
+Runtime's one-row kernels round differently there), a 1-token step carries a padding row, the same token again
+as its child. Here only the attention needs it: the MatMuls already see every row's tokens together. So the
+runtime sends each row's n_b tokens once, and `attention_rows` hands its attention n_b + 1 rows (n_b where the
+route is one row: the graph reads each row's T_b off its bias): the tokens, then the last one again (at the
+next position, `attention_position_ids`) as the padding row, whose output `token_rows` leaves out. A 1-token
+row's attention is then the one-sequence route's to the bit (the padding row's Q/K/V are the same token's); a
+longer row's real rows are unchanged by one more masked key and one more query row (GroupQueryAttention's
+products are row-independent from 2 rows on, and a masked key adds an exact 0). tests/test_batch.py checks the
 logits bit for bit and every reply token for token.
 """
 

@@ -4,19 +4,21 @@ Each row is an independent sequence with its own committed length; a call runs a
 one row's prefill chunk beside another's draft tree — laid end to end on the token axis:
 
   input_ids                 [n_0 + ... + n_{B-1}]   row b's n_b tokens, then row b + 1's
-  attention_rows            [A], A = sum (n_b + 1)    per row: its tokens' indices, then its last token's
-                                                      again (the padding row, export/batch_graph.py)
+  attention_rows            [A], A = sum (n_b + p)    per row: its tokens' indices, then, where the numeric
+                                                      route has a padding row (p = 1), its last token's
+                                                      again (export/batch_graph.py)
   position_ids              [A]                       the attention rows' positions (padding: last + 1)
-  attention_bias            row b: [n_b + 1, S_b] at b * (R + 1) * C (its committed past + its tree + padding)
+  attention_bias            row b: [n_b + p, S_b] at b * (R + 1) * C (its committed past + its tree [+ padding])
   token_rows                [n]                       each token's attention row (the padding rows left out)
   kv.{i}[b]                 [1, H_kv, C, D]          row b's buffer, bound in place as past and present
   logits_indices            [N]                       positions (on the token axis) that get logits
 
-So every row's numbers are bit for bit those of the B = 1 decoder (its padding row included), while
-the MatMuls run each token once. A free row runs a 1-token stub at position 0 of its own (unused)
-buffer; its outputs are ignored. Rows accept different numbers of tokens and nothing is realigned:
-the commit moves each row's accepted K/V positions inside its own buffer (only when a tree accepted a
-side branch).
+p is the numeric route's padding (row_route.py, the route probed for the one-sequence decoder on this
+machine): 0 where a row computed alone equals the same row among others, else 1. So every row's numbers are
+bit for bit those of the B = 1 decoder on the same route, while the MatMuls run each token once. A free row
+runs a 1-token stub at position 0 of its own (unused) buffer; its outputs are ignored. Rows accept different
+numbers of tokens and nothing is realigned: the commit moves each row's accepted K/V positions inside its own
+buffer (only when a tree accepted a side branch).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from specmemo.runtime.artifact import Artifact
 from specmemo.runtime.backend import TREE_CACHE, ContextOverflowError, Forward, TreeInputs, check_fits
 from specmemo.runtime.embedding import EmbeddingTable
 from specmemo.runtime.plan import check_capacity, default_sizes
+from specmemo.runtime.row_route import RowRoute, manifest_route
 from specmemo.runtime.rss import reset_peak_rss, rss_bytes
 from specmemo.runtime.session import (
     ArtifactError,
@@ -129,26 +132,26 @@ class BatchSession:
         return span_for(attended_w, self.layout.window_capacity, self.manifest.span_bucket)
 
     def run(self, sizes: list[int], attended: list[int], logit_rows: int, attended_w: Sequence[int] = (),
-            lanes: int | None = None) -> None:
+            lanes: int | None = None, padding: int = 1) -> None:
         """Run the call whose inputs the caller wrote into the arena: row b's n_b = sizes[b] tokens at
-        [sum(sizes[:b]), ...) of input_ids, its n_b + 1 attention rows in attention_rows/position_ids,
-        its [n_b + 1, S_b] bias at b * (R + 1) * C (and its sliding layers' [n_b + 1, S_w_b] at b * (R + 1) * C_w),
-        token_rows, and `logit_rows` entries of logits_indices. `lanes`: entries of the token axis when a padding lane
-        follows the tokens (BatchDecoder.forward)."""
+        [sum(sizes[:b]), ...) of input_ids, its n_b + p attention rows in attention_rows/position_ids (p =
+        `padding`), its [n_b + p, S_b] bias at b * (R + 1) * C (and its sliding layers' [n_b + p, S_w_b] at
+        b * (R + 1) * C_w), token_rows, and `logit_rows` entries of logits_indices. `lanes`: entries of the token
+        axis when a padding lane follows the tokens (BatchDecoder.forward)."""
         io, a, d, g = self.manifest.io, self.arena, self.manifest.dims, self.graph
-        rows = sum(sizes) + len(sizes)  # A: each row's tokens and its padding row
+        rows = sum(sizes) + padding * len(sizes)  # A: each row's tokens and its padding row, if any
         total = lanes or sum(sizes)
         for b, (size, span) in enumerate(zip(sizes, attended, strict=False)):
             self._bind(g.attention_bias[b], a["attention_bias"][b * self.bias_stride:],
-                       (1, 1, size + 1, self.span(span)))
+                       (1, 1, size + padding, self.span(span)))
             if g.write_position:  # grouped attention: row b's rows go at S_b - T_b
-                self._write[0, b] = span - size - 1
+                self._write[0, b] = span - size - padding
                 self._bind(g.write_position[b], self._write[0, b:], (1,))
         for b, (size, span) in enumerate(zip(sizes, attended_w, strict=False)):
             self._bind(g.attention_bias_local[b], a["attention_bias_local"][b * self.local_stride:],
-                       (1, 1, size + 1, self.span_w(span)))
+                       (1, 1, size + padding, self.span_w(span)))
             if g.write_position_local:
-                self._write[1, b] = span - size - 1
+                self._write[1, b] = span - size - padding
                 self._bind(g.write_position_local[b], self._write[1, b:], (1,))
         embeds = a["inputs_embeds"][: total * d.hidden_size].reshape(total, d.hidden_size)
         self.embedding.lookup(a["input_ids"][:total], embeds)
@@ -165,10 +168,15 @@ class BatchSession:
 
 class BatchBackend:
     """B rows behind one decoder call each step: `forward` runs the calls given (free rows run a stub),
-    `commit` keeps a row's accepted nodes, `release` frees a row. Lengths are per row."""
+    `commit` keeps a row's accepted nodes, `release` frees a row. Lengths are per row. `route`: the plan's numeric
+    route (default: the manifest's); a row's attention gets a padding row only where the route has one, and the
+    MatMul lanes and the LM head's rows follow its rule, so each row is computed as the one-sequence decoder on
+    the same route computes it."""
 
-    def __init__(self, session: BatchSession):
+    def __init__(self, session: BatchSession, *, route: RowRoute | None = None):
         self.session = session
+        self.route = route or manifest_route(session.manifest)
+        self.padding = 0 if self.route.min_rows == 1 else 1  # attention rows a call adds per sequence
         self.lengths = [0] * session.batch
         self.offsets = [0] * session.batch  # per row: the position its sliding layers' row 0 holds
         layout = session.layout
@@ -181,12 +189,12 @@ class BatchBackend:
 
     @property
     def capacity(self) -> int:  # per row, less the padding row's position
-        return self.session.sizes.capacity - 1
+        return self.session.sizes.capacity - self.padding
 
     def forward(self, calls: list[RowCall]) -> dict[int, Forward]:
         """One decoder call for every row: `calls` (at most one per row), a stub for the others.
         Returns each called row's outputs (arena views, valid until the next forward)."""
-        s, a = self.session, self.session.arena
+        s, a, pad = self.session, self.session.arena, self.padding
         by_row = {call.row: call for call in calls}
         if len(by_row) != len(calls) or any(not 0 <= r < self.batch for r in by_row):
             raise ValueError(f"one call per row, rows 0..{self.batch - 1}: got rows {[c.row for c in calls]}")
@@ -203,21 +211,22 @@ class BatchBackend:
                 if len(tokens) > s.rows or (not call.last_only and len(tokens) > s.logit_rows):
                     raise ValueError(f"row {b}: {len(tokens)} tokens exceed the arena's {s.rows} rows / {s.logit_rows} "
                                      f"logit rows per call")
-                check_fits(past, len(tokens), self.capacity, 1)
+                check_fits(past, len(tokens), self.capacity, pad)
             size = len(tokens)
-            depths, block = self._tree([*parents, size - 1])  # the padding row: a child of the last token
+            depths, block = self._tree([*parents, size - 1] if pad else parents)  # padding: the last token's child
             for i, token in enumerate(tokens):  # element-wise: no temporary array
                 ids[start + i] = token
                 rows[at + i] = start + i
                 token_rows[start + i] = at + i
-            rows[at + size] = start + size - 1
-            np.add(depths, past, out=positions[at:at + size + 1])
-            span = past + size + 1
-            bias = tree.masked_span(a["attention_bias"][b * s.bias_stride:], size + 1, span, s.span(span))
+            if pad:
+                rows[at + size] = start + size - 1
+            np.add(depths, past, out=positions[at:at + size + pad])
+            span = past + size + pad
+            bias = tree.masked_span(a["attention_bias"][b * s.bias_stride:], size + pad, span, s.span(span))
             bias[:, :past] = 0
             bias[:, past:] = block
             if self.sliding:
-                attended_w.append(self._window_bias(b, past, size + 1, block, positions[at:at + size + 1]))
+                attended_w.append(self._window_bias(b, past, size + pad, block, positions[at:at + size + pad]))
             if call is not None:
                 first = size - 1 if call.last_only else 0
                 wanted_at[b] = (len(gathered), size - first, start, size)
@@ -225,16 +234,16 @@ class BatchBackend:
             sizes.append(size)
             attended.append(span)
             start += size
-            at += size + 1
-        multiple, lanes = s.manifest.step_row_multiple, start
+            at += size + pad
+        multiple, lanes = self.route.multiple, start
         if start % multiple and start < len(ids):  # an even count of MatMul lanes: one more, the last token again,
             ids[start] = ids[start - 1]  # fed from the last attention row (no KV of its own), its outputs unread
             token_rows[start] = at - 1
             lanes += 1
-        while len(gathered) < 2 or len(gathered) % multiple:  # the LM head's rows on the one-sequence route's rule
+        while len(gathered) < self.route.min_rows or len(gathered) % multiple:  # the LM head's rows: the route's
             gathered.append(next(i for i in range(lanes) if i not in gathered))
         a["logits_indices"][: len(gathered)] = gathered
-        s.run(sizes, attended, len(gathered), attended_w, lanes=lanes)
+        s.run(sizes, attended, len(gathered), attended_w, lanes=lanes, padding=pad)
         v, h = s.manifest.dims.vocab_size, s.manifest.dims.hidden_size
         logits = a["logits"][: len(gathered) * v].reshape(len(gathered), v)
         next_ids = a["next_token_ids"][: len(gathered)]

@@ -209,6 +209,6 @@ def open_pool(config: EngineConfig, *, batch: int, log: Callable[[str], None] = 
     speculative = bool(names) and config.mode is not Mode.GREEDY
     width = ((FixedWidth(sizes.tree) if config.mode is Mode.TREE else BatchWidth(sizes.tree)) if speculative
              else FixedWidth(1))
-    return SequencePool(BatchBackend(session), drafter_factory=drafter if speculative else None,
+    return SequencePool(BatchBackend(session, route=plan.route), drafter_factory=drafter if speculative else None,
                         max_tree=sizes.tree if speculative else 1, width=width,
                         prefetch=prefetches[0] if prefetches and speculative else None)

@@ -186,9 +186,9 @@ def plan_for(config: EngineConfig, manifest: Manifest, *, batch: int = 1, log: C
     priced = needs_calibration(config, manifest)
     calibration = memory_calibration(config.artifact, threads=config.threads, log=log) if priced else None
     draft = read_draft(config, manifest, priced=priced, log=log)
-    # a batch keeps each sequence's padding row (batch.py); one sequence takes the route probed on this machine
-    route = (config.route or row_route(config.artifact, threads=config.threads, model_format=config.model_format,
-                                       log=log)) if batch == 1 else None
+    # the route probed on this machine, for one sequence and for each row of a batch (batch.py)
+    route = config.route or row_route(config.artifact, threads=config.threads, model_format=config.model_format,
+                                      log=log)
     return make_plan(config, manifest, calibration=calibration, draft=draft, batch=batch, route=route, log=log)
 
 
