@@ -89,6 +89,18 @@ def test_the_route_probe_chooses_one_row_for_a_grouped_graph(tiny_llama):
     assert (route.min_rows, route.multiple, route.exact) == (1, 1, True), report
 
 
+def test_one_query_head_per_kv_head_keeps_the_padding_row(tmp_path):
+    """G = 1: the score GEMM is one row again at T = 1 (MatMul's one-row path on runtime weights), so the probe keeps
+    the padding row, and that route is exact."""
+    config = tiny_config("LlamaForCausalLM", num_attention_heads=2, num_key_value_heads=2, hidden_size=32)
+    session = DecoderSession(Artifact.open(export_tiny(config, tmp_path, batch=())),
+                             SessionConfig(threads=2, heads=False, warm_up=False,
+                                           sizes=Sizes(capacity=64, rows=16, tree=16)))
+    route, report = probe(session)
+    assert (route.min_rows, route.exact) == (2, True), report
+    assert report["differing_sizes"]["1x1"], report
+
+
 def test_gqa_stays_an_export_option(tmp_path):
     config = tiny_config("LlamaForCausalLM")
     artifact = export_tiny(config, tmp_path, attention=AttentionOp.GQA, batch=(2,))
