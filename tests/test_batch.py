@@ -154,7 +154,8 @@ def test_batch_graph_rows_are_bitwise_the_one_sequence_graph(artifact):
             one[m.io.attention_bias_local] = windowed(one[m.io.attention_bias], one[m.io.position_ids], past,
                                                       d.sliding_window)
         one.update({name: np.array([past]) for name in (m.io.write_position, m.io.write_position_local) if name})
-        one.update({past_name: k.copy() for (past_name, _), k in zip(m.io.kv_pairs, kv, strict=True)})
+        span = one[m.io.attention_bias].shape[-1] if m.kv_packed_to_span else capacity  # K/V read whole: at L
+        one.update({past_name: k[:, :, :span].copy() for (past_name, _), k in zip(m.io.kv_pairs, kv, strict=True)})
         singles.append(single.run(None, one))
         embeds.append(x)
         attention_rows += [*range(start, start + n), start + n - 1]
@@ -166,7 +167,9 @@ def test_batch_graph_rows_are_bitwise_the_one_sequence_graph(artifact):
                                                             d.sliding_window)
         feeds.update({names[b]: np.array([past]) for names in (graph.write_position, graph.write_position_local)
                       if names})
-        feeds.update({name: k.copy() for (name, _), k in zip(graph.kv_pairs[b * len(kv):], kv, strict=False)})
+        span = feeds[graph.attention_bias[b]].shape[-1] if m.kv_packed_to_span else capacity
+        feeds.update({name: k[:, :, :span].copy() for (name, _), k in zip(graph.kv_pairs[b * len(kv):], kv,
+                                                                           strict=False)})
         start, at = start + n, at + n + 1
     feeds.update({m.io.inputs_embeds: np.concatenate(embeds, 1), m.io.logits_indices: np.arange(start)[None],
                   graph.attention_rows: np.array(attention_rows), graph.token_rows: np.array(token_rows),

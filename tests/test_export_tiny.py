@@ -95,6 +95,19 @@ def test_tree_step_equals_causal_paths(tiny_llama):
         np.testing.assert_allclose(out.logits[node], expected[-1], atol=TOLERANCE, rtol=0)
 
 
+def test_kv_buffers_repack_to_the_span_keeping_every_head_s_rows():
+    """kv_cache.repack: each head's first rows move to the new stride, growing and shrinking, none overwritten."""
+    from specmemo.runtime.kv_cache import packed, repack
+
+    heads, capacity, dim, keep = 3, 256, 4, 50
+    buffer = np.zeros((1, heads, capacity, dim), np.float32)
+    rows = np.random.default_rng(0).standard_normal((heads, keep, dim)).astype(np.float32)
+    packed(buffer, 64)[0, :, :keep] = rows
+    for old, new in ((64, 192), (192, 256), (256, 64), (64, 128)):
+        repack(buffer, old, new, keep)
+        assert np.array_equal(packed(buffer, new)[0, :, :keep], rows), (old, new)
+
+
 def test_kv_buffer_is_updated_in_place(tiny_llama):
     """The bound numpy buffer itself holds the new rows: no copy of the cache was returned instead."""
     session = DecoderSession(Artifact.open(tiny_llama), SessionConfig(sizes=Sizes(capacity=32, rows=8, tree=4)))
@@ -108,8 +121,8 @@ def test_kv_buffer_is_updated_in_place(tiny_llama):
 
 def test_graph_has_no_whole_cache_copies(tiny_llama):
     """No Concat/Split/Slice of a KV input inside the graph: one attention call per layer reads it, and inside
-    the grouped attention only TensorScatter writes the buffer (in place) and a Slice reads the span attended to
-    (a Shape node may read its dims, which touches no data)."""
+    the grouped attention only TensorScatter writes the buffer (in place) and the products read it whole, at the
+    span the runtime packed it to (a Shape node may read its dims, which touches no data)."""
     manifest = load_manifest(tiny_llama)
     model = onnx.load(str(tiny_llama / manifest.decoder_file), load_external_data=False)
     kv_inputs = {past for past, _ in manifest.io.kv_pairs}
@@ -121,7 +134,7 @@ def test_graph_has_no_whole_cache_copies(tiny_llama):
     readers = {node.op_type for node in function.node if {"past_key", "past_value"} & set(node.input)}
     assert readers == {"TensorScatter"}
     span_readers = [node.op_type for node in function.node if {"present_key", "present_value"} & set(node.input)]
-    assert span_readers == ["Slice", "Slice"]
+    assert sorted(span_readers) == ["MatMul", "Transpose"]  # Kᵀ (ORT fuses it into the product) and V
 
 
 def test_graph_holds_only_the_lm_head_and_the_embedding_is_its_own_file(tiny_llama):

@@ -53,7 +53,7 @@ def audit_route(backend, prompt: list[int], chain: list[int], sizes: tuple[int, 
     backend.commit(list(range(len(prompt))))
     base = backend.length
     alone_logits = one_token_calls(backend, chain)
-    kv = [buffer.copy() for buffer in backend.session.kv.buffers]  # the reference K/V, put back after each call
+    kv = [np.array(view) for view in backend.session.kv.views()]  # the reference K/V by position, put back
     by_size: dict[int, dict[str, int]] = {}
     for size in sizes:
         rows = differ = 0
@@ -63,9 +63,10 @@ def audit_route(backend, prompt: list[int], chain: list[int], sizes: tuple[int, 
             same = [np.array_equal(logits[i], alone_logits[start + i]) for i in range(size)]
             rows, differ = rows + size, differ + same.count(False)
             backend.commit(list(range(size)))  # so the next start can be rewound to (rewind only shortens)
-            for buffer, saved in zip(backend.session.kv.buffers, kv, strict=True):
-                buffer[:, :, base + start:base + start + size + backend.padding] = \
-                    saved[:, :, base + start:base + start + size + backend.padding]
+            end = base + start + size + backend.padding
+            for view, saved in zip(backend.session.kv.views(), kv, strict=True):  # rows past a span: never read
+                view[:, :, base + start:min(end, view.shape[2], saved.shape[2])] = \
+                    saved[:, :, base + start:min(end, view.shape[2], saved.shape[2])]
         by_size[size] = {"rows": rows, "differ": differ}
     return {"by_size": by_size, "rows": sum(v["rows"] for v in by_size.values()),
             "differ": sum(v["differ"] for v in by_size.values())}

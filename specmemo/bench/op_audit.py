@@ -184,8 +184,8 @@ class Recorder:
     def feeds(self) -> dict[str, np.ndarray]:
         out = {name: np.array(view.reshape(-1)[:int(np.prod(shape))].reshape(shape))
                for name, (view, shape) in self._bound.items()}
-        for (past, _), buffer in zip(self.session.manifest.io.kv_pairs, self.session.kv.buffers, strict=False):
-            out[past] = buffer.copy()
+        for (past, _), view in zip(self.session.manifest.io.kv_pairs, self.session.kv.views(), strict=False):
+            out[past] = view.copy()  # as bound: packed to the call's span for a grouped graph
         return out
 
     def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -203,6 +203,12 @@ class Recorder:
             wider[name] = (np.concatenate([bias, more], -1) if bias.shape[-1] + bucket <= capacity
                            else bias[..., :-bucket])
             two[name] = np.concatenate([bias, bias], axis=2)
+        if self.session.kv.packed_to_span:  # the K/V are read at the span's length: widened (or cut) with the bias
+            for i, (past, _) in enumerate(io.kv_pairs):
+                name = biases[1] if i in self.session.kv.sliding else biases[0]
+                grow, kv = wider[name].shape[-1] - feeds[name].shape[-1], feeds[past]
+                wider[past] = (np.concatenate([kv, np.zeros((*kv.shape[:2], grow, kv.shape[3]), kv.dtype)], axis=2)
+                               if grow > 0 else kv[:, :, :grow])
         two[io.inputs_embeds] = np.concatenate([feeds[io.inputs_embeds]] * 2, axis=1)
         two[io.position_ids] = np.concatenate([feeds[io.position_ids], feeds[io.position_ids] + 1], axis=1)
         two[io.logits_indices] = np.arange(2, dtype=np.int64).reshape(1, 2)

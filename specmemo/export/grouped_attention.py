@@ -10,11 +10,12 @@ from plain ops whose every row is computed alike whatever shares the call:
     K, V rows written in place at `write_position` by TensorScatter (past and present are one buffer)
     Q [B, H, T, D] as [B, H_kv, G·T, D]: the G query heads of one K/V head stacked on the rows, so
          the score GEMM has M = G·T >= 2 rows even for one token (MatMul's one-row path is another)
-    scores [B, H_kv, G, T, L] = Q·scale · K[:, :, :L]ᵀ + bias     (L: the bias's last axis)
-    out = Softmax(scores) · V[:, :, :L]  → [B, T, H·D]
+    scores [B, H_kv, G, T, L] = Q·scale · Kᵀ + bias     (K, V: [B, H_kv, L, D], L the bias's last axis)
+    out = Softmax(scores) · V  → [B, T, H·D]
 
-The runtime feeds a bias over L = S rounded up to the manifest's `span_bucket` (runtime/span.py), with
-the positions past S masked: a masked weight comes out exactly 0.0, and a softmax row summed over a
+The runtime feeds the K/V buffers at the span's length, L = S rounded up to the manifest's `span_bucket`
+(runtime/span.py; the buffers packed to it, runtime/kv_cache.py: no slice is copied per layer), and a bias over
+L with the positions past S masked: a masked weight comes out exactly 0.0, and a softmax row summed over a
 length that moves only by whole buckets is summed alike. The K/V buffers stay float32 or float16
 (`kv_dtype`); the arithmetic is float32 either way. The function is inlined by ONNX Runtime at load.
 """
@@ -81,13 +82,11 @@ def grouped_function(dims: ModelDims, kv_dtype: str = "float32") -> FunctionProt
         helper.make_node("Slice", ["bias.shape", "c.zero", "c.one"], ["bias.B"]),
         helper.make_node("Slice", ["bias.shape", "c.two", "c.four"], ["bias.TL"]),
         helper.make_node("Slice", ["bias.shape", "c.neg1", "c.four"], ["bias.L"]),
-        helper.make_node("Slice", ["present_key", "c.zero", "bias.L", "c.two"], ["k.span"]),  # [B, H_kv, L, D]
-        helper.make_node("Slice", ["present_value", "c.zero", "bias.L", "c.two"], ["v.span"]),
     ]
     if half:
-        n += [helper.make_node("Cast", ["k.span"], ["k.span32"], to=TensorProto.FLOAT),
-              helper.make_node("Cast", ["v.span"], ["v.span32"], to=TensorProto.FLOAT)]
-    keys, values = ("k.span32", "v.span32") if half else ("k.span", "v.span")
+        n += [helper.make_node("Cast", ["present_key"], ["k.span32"], to=TensorProto.FLOAT),
+              helper.make_node("Cast", ["present_value"], ["v.span32"], to=TensorProto.FLOAT)]
+    keys, values = ("k.span32", "v.span32") if half else ("present_key", "present_value")
     n += [
         helper.make_node("Transpose", [keys], ["k.t"], perm=[0, 1, 3, 2]),
         helper.make_node("MatMul", ["q.grouped", "k.t"], ["scores"]),  # [B, H_kv, G·T, L]
@@ -121,7 +120,8 @@ def lower_attention(model: ModelProto, dims: ModelDims, *, kv_dtype: str, write_
     d = dims
     sizes = [d.num_heads * d.head_dim, d.num_kv_heads * d.head_dim, d.num_kv_heads * d.head_dim]
     graph.initializer.append(numpy_helper.from_array(np.array(sizes, np.int64), "grouped.qkv_sizes"))
-    kv_names: set[str] = set()
+    span_dims = {bias: "L" if i == 0 else "L_w" for i, bias in enumerate(write_inputs)}  # the buffers' position axis
+    kv_names: dict[str, str] = {}  # K/V input or output → its span's dim name
     rewritten: list[NodeProto] = []
     layer = 0
     for node in graph.node:
@@ -138,7 +138,7 @@ def lower_attention(model: ModelProto, dims: ModelDims, *, kv_dtype: str, write_
                                               name=f"{node.name}.SplitQKV"))
             named["query"], named["key"], named["value"] = parts
         named["write_position"] = write_inputs[bias]
-        kv_names.update((named["past_key"], named["past_value"], *node.output[1:3]))
+        kv_names.update(dict.fromkeys((named["past_key"], named["past_value"], *node.output[1:3]), span_dims[bias]))
         rewritten.append(helper.make_node(FUNCTION, [named[key] for key in FUNCTION_INPUTS], list(node.output[:3]),
                                           name=f"{ATTENTION_NODE}.{layer}", domain=DOMAIN))
         layer += 1
@@ -149,8 +149,9 @@ def lower_attention(model: ModelProto, dims: ModelDims, *, kv_dtype: str, write_
                        for name in dict.fromkeys(write_inputs.values()) if name not in have)
     kv_type = {"float32": TensorProto.FLOAT, "float16": TensorProto.FLOAT16}[kv_dtype]
     for value in list(graph.input) + list(graph.output):
-        if value.name in kv_names:
+        if value.name in kv_names:  # read whole, at the span's length (runtime/kv_cache.py)
             value.type.tensor_type.elem_type = kv_type
+            value.type.tensor_type.shape.dim[2].dim_param = kv_names[value.name]
     del graph.value_info[:]  # shapes of the removed length arithmetic; ORT infers the rest
     _drop_dead(graph)
     model.functions.append(grouped_function(dims, kv_dtype))

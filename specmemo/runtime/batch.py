@@ -35,6 +35,7 @@ from specmemo.runtime.arena import Arena, ArenaLayout
 from specmemo.runtime.artifact import Artifact
 from specmemo.runtime.backend import TREE_CACHE, ContextOverflowError, Forward, TreeInputs, check_fits
 from specmemo.runtime.embedding import EmbeddingTable
+from specmemo.runtime.kv_cache import KVCache
 from specmemo.runtime.plan import check_capacity, default_sizes
 from specmemo.runtime.row_route import RowRoute, manifest_route
 from specmemo.runtime.rss import reset_peak_rss, rss_bytes
@@ -92,14 +93,22 @@ class BatchSession:
         self.arena = Arena(self.layout)
         self.binding = self.session.io_binding()
         self._write = np.zeros((2, config.batch), dtype=np.int64)  # grouped attention: rows' write positions
-        pairs = len(m.io.kv_pairs)
-        self._kv_values = []
+        sliding = tuple(i for i in range(2 * m.dims.num_layers) if i // 2 in m.dims.sliding_layers)
+        # row b's buffers and their layout (kv_cache.py: packed to the row's own span); lengths are the backend's
+        self.row_kv = [KVCache(buffers=[buffer[b:b + 1] for buffer in self.arena.kv], sliding=sliding,
+                               packed_to_span=m.kv_packed_to_span) for b in range(config.batch)]
+        self._kv_values: list[list[ort.OrtValue]] = [[] for _ in range(config.batch)]
         for b in range(config.batch):
-            for i, (past, present) in enumerate(self.graph.kv_pairs[b * pairs:(b + 1) * pairs]):
-                value = ort.OrtValue.ortvalue_from_numpy(self.arena.kv[i][b:b + 1])  # row b's view, no copy
-                self.binding.bind_ortvalue_input(past, value)
-                self.binding.bind_ortvalue_output(present, value)
-                self._kv_values.append(value)
+            self._bind_row_kv(b)
+
+    def _bind_row_kv(self, b: int) -> None:
+        """Row b's K and V as laid out now, bound as its past and present (one buffer, updated in place)."""
+        pairs = len(self.manifest.io.kv_pairs)
+        self._kv_values[b] = [ort.OrtValue.ortvalue_from_numpy(view) for view in self.row_kv[b].views()]  # no copy
+        for (past, present), value in zip(self.graph.kv_pairs[b * pairs:(b + 1) * pairs], self._kv_values[b],
+                                          strict=True):
+            self.binding.bind_ortvalue_input(past, value)
+            self.binding.bind_ortvalue_output(present, value)
 
     @property
     def batch(self) -> int:  # B
@@ -141,6 +150,11 @@ class BatchSession:
         io, a, d, g = self.manifest.io, self.arena, self.manifest.dims, self.graph
         rows = sum(sizes) + padding * len(sizes)  # A: each row's tokens and its padding row, if any
         total = lanes or sum(sizes)
+        for b, (size, span) in enumerate(zip(sizes, attended, strict=True)):
+            span_w = attended_w[b] if attended_w else 0
+            if self.row_kv[b].fit(self.span(span), self.span_w(span_w) if span_w else 0,
+                                  keep=span - size - padding, keep_w=max(span_w - size - padding, 0)):
+                self._bind_row_kv(b)
         for b, (size, span) in enumerate(zip(sizes, attended, strict=False)):
             self._bind(g.attention_bias[b], a["attention_bias"][b * self.bias_stride:],
                        (1, 1, size + padding, self.span(span)))
@@ -266,10 +280,10 @@ class BatchBackend:
 
     def _slide(self, row: int, first: int, end: int) -> None:
         """Row `row`'s sliding layers: the rows of positions [first, end) to the front (row 0 holds `first`)."""
-        shift = first - self.offsets[row]
+        shift, kv = first - self.offsets[row], self.session.row_kv[row]
         for i in self.sliding:
-            buffer = self.session.arena.kv[i]
-            buffer[row, :, : end - first] = buffer[row, :, shift: shift + end - first]
+            buffer = kv.view(i)
+            buffer[0, :, : end - first] = buffer[0, :, shift: shift + end - first]
         self.offsets[row] = first
 
     def commit(self, row: int, nodes: list[int]) -> None:
@@ -277,12 +291,13 @@ class BatchBackend:
         start = self.lengths[row]
         if start + len(nodes) > self.session.sizes.capacity:
             raise ContextOverflowError(f"row {row}: committing {len(nodes)} positions overflows the KV capacity")
+        views = self.session.row_kv[row].views()
         for target, node in enumerate(nodes, start):
             source = start + node
             if source != target:
-                for i, buffer in enumerate(self.session.arena.kv):
+                for i, buffer in enumerate(views):
                     shift = self.offsets[row] if i in self.sliding else 0
-                    buffer[row, :, target - shift] = buffer[row, :, source - shift]
+                    buffer[0, :, target - shift] = buffer[0, :, source - shift]
         self.lengths[row] = start + len(nodes)
 
     def release(self, row: int) -> None:

@@ -1,32 +1,86 @@
-"""The KV cache as the runtime sees it: the arena's per-layer K and V views and how many positions hold tokens."""
+"""The KV cache as the runtime sees it: the arena's per-layer K and V buffers, how they are laid out now, and how
+many positions hold tokens.
+
+A grouped-attention graph (export/grouped_attention.py) reads its K/V inputs whole: the span L it attends to is
+their position axis. So its buffers are packed to the span: buffer i's first H_kv·L·D elements are a [1, H_kv, L, D]
+view (head h's positions at h·L·D), bound as the graph's past and present, and when a call's span differs from the
+layout's, each head's rows move to the new stride first (`fit`: last head first when growing, first head first when
+shrinking, so no row is overwritten before it is read). A span changes by whole buckets, so the move happens once per
+bucket of positions, not per step, and the graph copies no slice of the buffer each layer. A GroupQueryAttention
+graph takes the whole buffer [1, H_kv, C, D] and is never repacked."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 
+def packed(buffer: np.ndarray, span: int) -> np.ndarray:
+    """The [B, H_kv, span, D] view of a buffer [B, H_kv, C, D] (B = 1) whose heads are laid out `span` rows apart."""
+    b, heads, _, dim = buffer.shape
+    return buffer.reshape(-1)[: b * heads * span * dim].reshape(b, heads, span, dim)
+
+
+def repack(buffer: np.ndarray, old: int, new: int, keep: int) -> None:
+    """Move each head's first `keep` rows from `old` rows apart to `new` rows apart, in place (B = 1)."""
+    _, heads, _, dim = buffer.shape
+    flat, rows = buffer.reshape(-1), min(keep, old, new) * dim
+    order = range(heads - 1, 0, -1) if new > old else range(1, heads)  # head 0 stays where it is
+    for h in order:
+        flat[h * new * dim: h * new * dim + rows] = flat[h * old * dim: h * old * dim + rows]  # numpy copies overlaps
+
+
 @dataclass
 class KVCache:
-    """2L views [B, H_kv, C, D] into the arena; the first `length` positions are committed.
+    """2L buffers [B, H_kv, C, D] in the arena; the first `length` positions are committed.
 
-    A sliding-window layer's views have C_w rows and hold consecutive positions from `offset` on (its
+    A sliding-window layer's buffers have C_w rows and hold consecutive positions from `offset` on (its
     row r is position offset + r); every other layer's row r is position r. `sliding` lists the
-    buffers (indices into `buffers`) of the sliding layers."""
+    buffers (indices into `buffers`) of the sliding layers. `packed_to_span`: the graph reads each buffer
+    at the span's length (module doc); `span` and `span_w` are the layout now (full and sliding buffers)."""
 
     buffers: list[np.ndarray]
     sliding: tuple[int, ...] = ()
     length: int = 0
     offset: int = 0  # o: the position a sliding layer's row 0 holds
+    packed_to_span: bool = False
+    span: int = field(init=False)
+    span_w: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        if self.packed_to_span and any(b.shape[0] != 1 or not b.flags.c_contiguous for b in self.buffers):
+            raise ValueError("buffers packed to the span must be contiguous [1, H_kv, C, D] (one sequence's rows)")
+        self.span, self.span_w = self.capacity, self.window_capacity
 
     @property
-    def capacity(self) -> int:  # C, read off a full layer's view as the arena allocated it
+    def capacity(self) -> int:  # C, read off a full layer's buffer as the arena allocated it
         return int(next(b.shape[2] for i, b in enumerate(self.buffers) if i not in self.sliding))
 
     @property
     def window_capacity(self) -> int:  # C_w (0: no sliding layers)
         return self.buffers[self.sliding[0]].shape[2] if self.sliding else 0
+
+    def view(self, i: int) -> np.ndarray:
+        """Buffer i as laid out now: [B, H_kv, span (span_w: sliding), D]; row r is position r (r + offset)."""
+        if not self.packed_to_span:
+            return self.buffers[i]
+        return packed(self.buffers[i], self.span_w if i in self.sliding else self.span)
+
+    def views(self) -> list[np.ndarray]:
+        return [self.view(i) for i in range(len(self.buffers))]
+
+    def fit(self, span: int, span_w: int, *, keep: int, keep_w: int) -> bool:
+        """Lay the buffers out for a call reading `span` rows (`span_w` of the sliding ones), keeping the first `keep`
+        (`keep_w`) rows of each head; True when the layout changed (the bound views must be bound again)."""
+        if not self.packed_to_span or (span, span_w or self.span_w) == (self.span, self.span_w):
+            return False
+        for i, buffer in enumerate(self.buffers):
+            old, new, rows = (self.span_w, span_w, keep_w) if i in self.sliding else (self.span, span, keep)
+            if new != old:
+                repack(buffer, old, new, rows)
+        self.span, self.span_w = span, span_w or self.span_w
+        return True
 
     def nbytes(self) -> int:
         return sum(buffer.nbytes for buffer in self.buffers)

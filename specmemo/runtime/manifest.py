@@ -186,6 +186,11 @@ class Manifest:
                             f"`specmemo export batch --artifact DIR --batch {batch}`")
 
     @property
+    def kv_packed_to_span(self) -> bool:
+        """The decoder reads its K/V buffers whole, at the call's span (a grouped graph: runtime/kv_cache.py)."""
+        return self.attention is AttentionOp.GROUPED
+
+    @property
     def bits_per_weight(self) -> int:
         return WEIGHT_DTYPES[self.weight_dtype]
 

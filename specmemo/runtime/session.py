@@ -1,10 +1,11 @@
 """The decoder graph in ONNX Runtime over one arena, with the KV buffer updated in place.
 
-Each layer's K and V are views `[B, H_kv, C, D]` of the arena (arena.py), bound as both the graph's past input and
-its present output (IOBinding): GroupQueryAttention writes the T new positions into them and nothing copies the
-cache. A step binds this step's shapes of the other inputs and outputs as pointers into the arena: T new tokens,
-their positions and the attention bias over the S = past + T attended positions in; logits, argmax ids and final
-hidden states out. A Medusa heads graph that shares the decoder's LM head gets the weight read once for both.
+Each layer's K and V are views of the arena (arena.py; packed to the call's span for a grouped graph, kv_cache.py),
+bound as both the graph's past input and its present output (IOBinding): the attention writes the T new positions
+into them in place and nothing copies the cache. A step binds this step's shapes of the other inputs and outputs as
+pointers into the arena: T new tokens, their positions and the attention bias over the S = past + T attended
+positions in; logits, argmax ids and final hidden states out. A Medusa heads graph that shares the decoder's LM head
+gets the weight read once for both.
 """
 
 from __future__ import annotations
@@ -223,13 +224,12 @@ class DecoderSession:
         self.layout = ArenaLayout.for_manifest(m, self.sizes, batch=config.batch)
         self.arena = Arena(self.layout)
         self.kv = KVCache(buffers=self.arena.kv, sliding=tuple(i for i in range(2 * m.dims.num_layers)
-                                                              if i // 2 in m.dims.sliding_layers))
+                                                              if i // 2 in m.dims.sliding_layers),
+                          packed_to_span=m.kv_packed_to_span)
         self.binding = self.session.io_binding()
         self._write = np.zeros(2, dtype=np.int64)  # a grouped graph's write positions (full, sliding layers)
-        self._kv_values = [ort.OrtValue.ortvalue_from_numpy(buffer) for buffer in self.kv.buffers]  # wrap, no copy
-        for (past, present), value in zip(m.io.kv_pairs, self._kv_values, strict=False):
-            self.binding.bind_ortvalue_input(past, value)
-            self.binding.bind_ortvalue_output(present, value)  # same buffer: updated in place
+        self._kv_values: list[ort.OrtValue] = []
+        self._bind_kv()
         took("arena")
         if config.warm_up:
             self.warm_up()
@@ -270,6 +270,13 @@ class DecoderSession:
     def _bind(self, name: str, view: np.ndarray, shape: tuple[int, ...], output: bool = False) -> None:
         bind_view(self.binding, name, view, shape, output)
 
+    def _bind_kv(self) -> None:
+        """Each layer's K and V as laid out now, bound as past and present: one buffer, updated in place."""
+        self._kv_values = [ort.OrtValue.ortvalue_from_numpy(view) for view in self.kv.views()]  # wrap, no copy
+        for (past, present), value in zip(self.manifest.io.kv_pairs, self._kv_values, strict=False):
+            self.binding.bind_ortvalue_input(past, value)
+            self.binding.bind_ortvalue_output(present, value)
+
     def span(self, attended: int) -> int:
         """L: the bias's columns for a call attending to `attended` positions (runtime/span.py)."""
         return span_for(attended, self.kv.capacity, self.manifest.span_bucket)
@@ -290,6 +297,9 @@ class DecoderSession:
         if attended > self.kv.capacity or attended_w > self.kv.window_capacity:
             raise OverflowError(f"{attended} positions exceed the KV capacity {self.kv.capacity}")
         io, a, d = self.manifest.io, self.arena, self.manifest.dims
+        if self.kv.fit(self.span(attended), self.span_w(attended_w) if self.kv.sliding else 0,
+                       keep=attended - size, keep_w=max(attended_w - size, 0)):
+            self._bind_kv()
         if self.kv.sliding:
             self._bind(io.attention_bias_local, a["attention_bias_local"], (1, 1, size, self.span_w(attended_w)))
         if io.write_position:  # grouped attention: the rows go at S - T (S_w - T), the span is the bias's
@@ -346,9 +356,10 @@ class DecoderSession:
     def move_positions(self, sources: list[int], start: int) -> None:
         """Copy KV positions `sources` (absolute, ascending, each >= its target) to positions start,
         start+1, ... in every layer: the tree commit. One position at a time, so no temporary is allocated."""
+        views = self.kv.views()
         for target, source in enumerate(sources, start):
             if source != target:
-                for i, buffer in enumerate(self.kv.buffers):
+                for i, buffer in enumerate(views):
                     shift = self.kv.offset if i in self.kv.sliding else 0
                     buffer[:, :, target - shift] = buffer[:, :, source - shift]
 
@@ -359,7 +370,7 @@ class DecoderSession:
         if shift <= 0:
             return
         for i in self.kv.sliding:
-            buffer = self.kv.buffers[i]
+            buffer = self.kv.view(i)
             buffer[:, :, : end - first] = buffer[:, :, shift : shift + end - first]  # numpy copies overlaps safely
         self.kv.offset = first
 

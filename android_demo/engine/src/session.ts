@@ -16,8 +16,10 @@
  * buffer's length. So each layer's cache is passed as [1, H_kv, C', D] with C' (the span) the
  * attended length rounded up to SPAN_STEP, laid out inside the layer's fixed [H_kv, C, D] region
  * of the one arena (heads at stride C'·D); when the span changes, the committed rows move to the
- * new stride. The graph attends to the first S positions whatever the buffer's length, so the
- * outputs are those of the full-capacity buffer (tests compare ids with the Python runtime).
+ * new stride. GroupQueryAttention attends to the first S positions whatever the buffer's length, so
+ * the outputs are those of the full-capacity buffer. A grouped graph reads its K/V whole, as the span
+ * L it attends to (runtime/kv_cache.py): there C' is exactly L, relaid whenever L moves by a bucket,
+ * as the Python runtime does (tests compare ids with it).
  */
 
 import type * as ortTypes from 'onnxruntime-common';
@@ -130,7 +132,7 @@ export class KVCache {
   private tensors: Tensor[] = [];
 
   constructor(readonly ort: OrtModule, readonly dtype: string, readonly views: View[], readonly numKvHeads: number,
-    readonly headDim: number, readonly capacity: number) {
+    readonly headDim: number, readonly capacity: number, readonly exactSpan = false) {
     this.span = capacity;
     this.makeTensors();
   }
@@ -143,6 +145,10 @@ export class KVCache {
 
   /** The past/present tensors for a step attending to `attended` positions, re-laid out if the span changes. */
   tensorsFor(attended: number, keep: number): Tensor[] {
+    if (this.exactSpan) { // a grouped graph: `attended` is its span L, and the buffer is read as exactly that
+      if (attended !== this.span) this.relayout(attended, keep);
+      return this.tensors;
+    }
     const wanted = Math.min(this.capacity, Math.ceil(attended / SPAN_STEP) * SPAN_STEP);
     if (wanted > this.span || 2 * wanted <= this.span) this.relayout(wanted, keep);
     return this.tensors;
@@ -184,7 +190,8 @@ export class DecoderSession {
     this.layout = layoutFor(manifest, config.sizes, headsSession !== null);
     this.arena = new Arena(this.layout);
     const l = this.layout;
-    this.kv = new KVCache(ort, manifest.kv_dtype, this.arena.kv(), l.numKvHeads, l.headDim, l.capacity);
+    this.kv = new KVCache(ort, manifest.kv_dtype, this.arena.kv(), l.numKvHeads, l.headDim, l.capacity,
+      manifest.attention === 'grouped');
   }
 
   static async open(ort: OrtModule, source: ArtifactSource, manifest: Manifest, config: SessionConfig): Promise<DecoderSession> {
