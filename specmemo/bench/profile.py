@@ -99,21 +99,24 @@ def _prompt(vocab: int, length: int) -> list[int]:
 
 
 def greedy_steps(artifact: Path, *, context: int, steps: int, threads: int, profile: bool = False):
-    """Greedy one-token steps through the real backend (padding row included) after a fixed `context`-token prompt,
-    with room for `steps` of them. Returns (step, session, backend); each step() decodes one token and returns
-    (wall seconds, seconds inside session.run)."""
+    """Greedy one-token steps through the real backend, on the numeric route the runtime probes on this machine (one
+    row where that is exact, else a padding row), after a fixed `context`-token prompt, with room for `steps` of
+    them. Returns (step, session, backend); each step() decodes one token and returns (wall seconds, seconds inside
+    session.run)."""
     from specmemo.runtime.backend import OrtBackend
     from specmemo.runtime.decode import prefill, verify_and_commit
     from specmemo.runtime.manifest import load_manifest
+    from specmemo.runtime.measured import row_route
     from specmemo.runtime.session import DecoderSession, SessionConfig
     from specmemo.runtime.sizes import DEFAULT_PREFILL_CHUNK, Sizes
 
     manifest = load_manifest(artifact)
     capacity = min(manifest.max_capacity, context + steps + 64)
     sizes = Sizes(capacity=capacity, rows=DEFAULT_PREFILL_CHUNK, tree=2)
-    session = DecoderSession(Artifact.open(artifact),
-                             SessionConfig(threads=threads, sizes=sizes, heads=False, profile=profile))
-    backend = OrtBackend(session)
+    opened = Artifact.open(artifact)
+    route = row_route(opened, threads=threads, log=lambda _: None)  # as the engine's plan takes it
+    session = DecoderSession(opened, SessionConfig(threads=threads, sizes=sizes, heads=False, profile=profile))
+    backend = OrtBackend(session, route=route)
     inner, run = [], session.session.run_with_iobinding
 
     def timed_run(binding, *args):  # the time inside ONNX Runtime, per call

@@ -1,4 +1,4 @@
-"""The step that decides speed, side by side: our verify step (its minimum rows: a greedy step with the padding row)
+"""The step that decides speed, side by side: our verify step (its minimum rows: a greedy step on the probed route)
 for one or more artifacts and ONNX Runtime GenAI's one-row step, opened in one process and alternated in blocks.
 
 Each engine is a `stepper`: a function that runs one decoder step and returns the ms spent inside ONNX Runtime
