@@ -137,6 +137,7 @@ def run_counts(*, root: Path, artifact: Path, genai_dir: Path | None, cpus: tupl
             log(f"counting {label} on emulated {cpu} ({calls} calls on a past of {past}) ...")
             each = count_calls(root, plugin, cpu, {**kind, "model": model, "past": past, "calls": calls})
             out["cpus"][cpu][label] = {"per_call": statistics.median(each), "each": each}
+            log(f"  {label} on {cpu}: {statistics.median(each) / 1e6:.2f} M instructions a call")
     return out
 
 

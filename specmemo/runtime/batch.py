@@ -10,7 +10,8 @@ one row's prefill chunk beside another's draft tree — laid end to end on the t
   position_ids              [A]                       the attention rows' positions (padding: last + 1)
   attention_bias            row b: [n_b + p, S_b] at b * (R + 1) * C (its committed past + its tree [+ padding])
   token_rows                [n]                       each token's attention row (the padding rows left out)
-  kv.{i}[b]                 [1, H_kv, C, D]          row b's buffer, bound in place as past and present
+  kv.{i}[b]                 [1, H_kv, L_b, D]        row b's buffer, packed to its own span L_b (kv_cache.py),
+                                                      bound in place as past and present
   logits_indices            [N]                       positions (on the token axis) that get logits
 
 p is the numeric route's padding (row_route.py, the route probed for the one-sequence decoder on this
@@ -155,7 +156,6 @@ class BatchSession:
             if self.row_kv[b].fit(self.span(span), self.span_w(span_w) if span_w else 0,
                                   keep=span - size - padding, keep_w=max(span_w - size - padding, 0)):
                 self._bind_row_kv(b)
-        for b, (size, span) in enumerate(zip(sizes, attended, strict=False)):
             self._bind(g.attention_bias[b], a["attention_bias"][b * self.bias_stride:],
                        (1, 1, size + padding, self.span(span)))
             if g.write_position:  # grouped attention: row b's rows go at S_b - T_b
