@@ -28,7 +28,7 @@ def _broken(tiny_llama, tmp_path, edit):
 @pytest.mark.parametrize("edit, message", [
     (lambda d: d.pop("max_capacity"), "missing key 'max_capacity'"),
     (lambda d: d.update(kv_dtype="int3"), "kv_dtype 'int3' is not one of"),
-    (lambda d: d.update(format_version=2, capacity=2048), "manifest format 2 is not 7: re-export"),
+    (lambda d: d.update(format_version=2, capacity=2048), "manifest format 2 is not 8: re-export"),
     (lambda d: d.update(colour="red"), "unknown key 'colour'"),
     (lambda d: d["dims"].update(num_heads=5), "not a multiple of num_kv_heads"),
     (lambda d: d.update(format_version=99), "re-export"),

@@ -165,6 +165,9 @@ def rewrite(graph, manifest: Manifest, names: BatchGraph) -> None:
     def dims(value) -> list:
         return [d.dim_param or d.dim_value for d in value.type.tensor_type.shape.dim]
 
+    def row_dims(value, b: int) -> list:  # a K/V buffer of row b: its span (L, L_w) is its own, not its neighbours'
+        return [1, *(f"{d}_{b}" if isinstance(d, str) else d for d in dims(value)[1:])]
+
     biases = (io.attention_bias, io.attention_bias_local, io.position_ids, io.write_position, io.write_position_local)
     inputs = [i for i in graph.input if i.name not in kv_inputs and i.name not in biases]
     inputs += [helper.make_tensor_value_info(names.attention_rows, TensorProto.INT64, ["A"]),
@@ -176,13 +179,13 @@ def rewrite(graph, manifest: Manifest, names: BatchGraph) -> None:
             inputs.append(row_input(io.attention_bias_local, b, [1, 1, f"T_{b}", f"S_w_{b}"]))
         inputs += [row_input(write, b, [1]) for write in (io.write_position, io.write_position_local) if write]
         for past, _ in io.kv_pairs:
-            inputs.append(row_input(past, b, [1, *dims(old_inputs[past])[1:]]))
+            inputs.append(row_input(past, b, row_dims(old_inputs[past], b)))
     outputs = [o for o in graph.output if o.name not in kv_outputs]
     for b in range(batch):
         for _, present in io.kv_pairs:
             spec = old_outputs[present]
             outputs.append(helper.make_tensor_value_info(io_spec.row_name(present, b), spec.type.tensor_type.elem_type,
-                                                         [1, *dims(spec)[1:]]))
+                                                         row_dims(spec, b)))
     del graph.input[:], graph.output[:], graph.value_info[:]
     graph.input.extend(inputs)
     graph.output.extend(outputs)

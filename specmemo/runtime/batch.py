@@ -97,7 +97,7 @@ class BatchSession:
         sliding = tuple(i for i in range(2 * m.dims.num_layers) if i // 2 in m.dims.sliding_layers)
         # row b's buffers and their layout (kv_cache.py: packed to the row's own span); lengths are the backend's
         self.row_kv = [KVCache(buffers=[buffer[b:b + 1] for buffer in self.arena.kv], sliding=sliding,
-                               packed_to_span=m.kv_packed_to_span) for b in range(config.batch)]
+                               packed_to_span=m.kv_packed_to_span, bucket=m.span_bucket) for b in range(config.batch)]
         self._kv_values: list[list[ort.OrtValue]] = [[] for _ in range(config.batch)]
         for b in range(config.batch):
             self._bind_row_kv(b)

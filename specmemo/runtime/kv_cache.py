@@ -45,13 +45,16 @@ class KVCache:
     length: int = 0
     offset: int = 0  # o: the position a sliding layer's row 0 holds
     packed_to_span: bool = False
+    bucket: int = 1  # a packed span is a multiple of this, or the capacity
     span: int = field(init=False)
     span_w: int = field(init=False)
+    _views: list[np.ndarray] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.packed_to_span and any(b.shape[0] != 1 or not b.flags.c_contiguous for b in self.buffers):
             raise ValueError("buffers packed to the span must be contiguous [1, H_kv, C, D] (one sequence's rows)")
         self.span, self.span_w = self.capacity, self.window_capacity
+        self._views = list(self.buffers)
 
     @property
     def capacity(self) -> int:  # C, read off a full layer's buffer as the arena allocated it
@@ -63,12 +66,19 @@ class KVCache:
 
     def view(self, i: int) -> np.ndarray:
         """Buffer i as laid out now: [B, H_kv, span (span_w: sliding), D]; row r is position r (r + offset)."""
-        if not self.packed_to_span:
-            return self.buffers[i]
-        return packed(self.buffers[i], self.span_w if i in self.sliding else self.span)
+        return self._views[i]
 
-    def views(self) -> list[np.ndarray]:
-        return [self.view(i) for i in range(len(self.buffers))]
+    def views(self) -> list[np.ndarray]:  # made when the layout changes, not per call
+        return self._views
+
+    def view_at(self, i: int, span: int) -> np.ndarray:
+        """Buffer i as it is laid out for a span of `span` rows (the whole buffer, unpacked)."""
+        return packed(self.buffers[i], span) if self.packed_to_span else self.buffers[i]
+
+    def spans(self, sliding: bool) -> list[int]:
+        """Every span a call can read from the full (sliding) buffers: bucket multiples below the capacity, and it."""
+        capacity = self.window_capacity if sliding else self.capacity
+        return sorted({*range(self.bucket, capacity, self.bucket), capacity}) if self.packed_to_span else [capacity]
 
     def fit(self, span: int, span_w: int, *, keep: int, keep_w: int) -> bool:
         """Lay the buffers out for a call reading `span` rows (`span_w` of the sliding ones), keeping the first `keep`
@@ -80,6 +90,8 @@ class KVCache:
             if new != old:
                 repack(buffer, old, new, rows)
         self.span, self.span_w = span, span_w or self.span_w
+        self._views = [self.view_at(i, self.span_w if i in self.sliding else self.span)
+                       for i in range(len(self.buffers))]
         return True
 
     def nbytes(self) -> int:

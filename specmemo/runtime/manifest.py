@@ -35,9 +35,10 @@ __all__ = [  # the contract's parts, defined by concept (dims, graphs, formats) 
     "graph_file", "load_manifest", "manifest_from_dict", "save_manifest"]
 
 MANIFEST_FILE = "manifest.json"
-FORMAT_VERSION = 7  # 2: inputs_embeds, the embedding table in its own file; 3: max_capacity,
+FORMAT_VERSION = 8  # 2: inputs_embeds, the embedding table in its own file; 3: max_capacity,
 # weight/kv/activation dtypes; 4: drafter; 5: quantized weights (weight_dtype int8/int4, quantized embedding rows);
-# 6: sliding-window layers (their own KV buffers and attention_bias_local), generation defaults; 7: batch graphs
+# 6: sliding-window layers (their own KV buffers and attention_bias_local), generation defaults; 7: batch graphs;
+# 8: a grouped graph reads its K/V whole at the span (runtime/kv_cache.py), each batch row's span its own
 BYTES_PER_ELEMENT = {"float32": 4, "float16": 2}  # the element types KV cache and activations may take
 WEIGHT_DTYPES = {"float32": 32, "float16": 16, "int8": 8, "int4": 4}  # weight_dtype → bits of the widest decoder MatMul
 

@@ -225,10 +225,14 @@ class DecoderSession:
         self.arena = Arena(self.layout)
         self.kv = KVCache(buffers=self.arena.kv, sliding=tuple(i for i in range(2 * m.dims.num_layers)
                                                               if i // 2 in m.dims.sliding_layers),
-                          packed_to_span=m.kv_packed_to_span)
+                          packed_to_span=m.kv_packed_to_span, bucket=m.span_bucket)
         self.binding = self.session.io_binding()
         self._write = np.zeros(2, dtype=np.int64)  # a grouped graph's write positions (full, sliding layers)
-        self._kv_values: list[ort.OrtValue] = []
+        # per kind of buffer (full, sliding) and span: its layers' K/V wrapped for ORT, made once at load
+        self._kv_values = {sliding: {span: [(i, ort.OrtValue.ortvalue_from_numpy(self.kv.view_at(i, span)))
+                                            for i in range(len(self.kv.buffers)) if (i in self.kv.sliding) == sliding]
+                                     for span in self.kv.spans(sliding)}
+                           for sliding in ((False, True) if self.kv.sliding else (False,))}
         self._bind_kv()
         took("arena")
         if config.warm_up:
@@ -272,10 +276,11 @@ class DecoderSession:
 
     def _bind_kv(self) -> None:
         """Each layer's K and V as laid out now, bound as past and present: one buffer, updated in place."""
-        self._kv_values = [ort.OrtValue.ortvalue_from_numpy(view) for view in self.kv.views()]  # wrap, no copy
-        for (past, present), value in zip(self.manifest.io.kv_pairs, self._kv_values, strict=False):
-            self.binding.bind_ortvalue_input(past, value)
-            self.binding.bind_ortvalue_output(present, value)
+        pairs = self.manifest.io.kv_pairs
+        for sliding, values in self._kv_values.items():
+            for i, value in values[self.kv.span_w if sliding else self.kv.span]:
+                self.binding.bind_ortvalue_input(pairs[i][0], value)
+                self.binding.bind_ortvalue_output(pairs[i][1], value)
 
     def span(self, attended: int) -> int:
         """L: the bias's columns for a call attending to `attended` positions (runtime/span.py)."""
