@@ -75,6 +75,9 @@ class KVCache:
         """Buffer i as it is laid out for a span of `span` rows (the whole buffer, unpacked)."""
         return packed(self.buffers[i], span) if self.packed_to_span else self.buffers[i]
 
+    def indices(self, sliding: bool) -> list[int]:  # the sliding layers' buffers, or every other layer's
+        return [i for i in range(len(self.buffers)) if (i in self.sliding) == sliding]
+
     def spans(self, sliding: bool) -> list[int]:
         """Every span a call can read from the full (sliding) buffers: bucket multiples below the capacity, and it."""
         capacity = self.window_capacity if sliding else self.capacity

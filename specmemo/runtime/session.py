@@ -230,8 +230,7 @@ class DecoderSession:
         self._write = np.zeros(2, dtype=np.int64)  # a grouped graph's write positions (full, sliding layers)
         # per kind of buffer (full, sliding) and span: its layers' K/V wrapped for ORT, made once at load
         self._kv_values = {sliding: {span: [(i, ort.OrtValue.ortvalue_from_numpy(self.kv.view_at(i, span)))
-                                            for i in range(len(self.kv.buffers)) if (i in self.kv.sliding) == sliding]
-                                     for span in self.kv.spans(sliding)}
+                                            for i in self.kv.indices(sliding)] for span in self.kv.spans(sliding)}
                            for sliding in ((False, True) if self.kv.sliding else (False,))}
         self._bind_kv()
         took("arena")
@@ -276,11 +275,10 @@ class DecoderSession:
 
     def _bind_kv(self) -> None:
         """Each layer's K and V as laid out now, bound as past and present: one buffer, updated in place."""
-        pairs = self.manifest.io.kv_pairs
         for sliding, values in self._kv_values.items():
             for i, value in values[self.kv.span_w if sliding else self.kv.span]:
-                self.binding.bind_ortvalue_input(pairs[i][0], value)
-                self.binding.bind_ortvalue_output(pairs[i][1], value)
+                self.binding.bind_ortvalue_input(self.manifest.io.kv_pairs[i][0], value)
+                self.binding.bind_ortvalue_output(self.manifest.io.kv_pairs[i][1], value)
 
     def span(self, attended: int) -> int:
         """L: the bias's columns for a call attending to `attended` positions (runtime/span.py)."""
