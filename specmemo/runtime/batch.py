@@ -190,7 +190,7 @@ class BatchBackend:
     def __init__(self, session: BatchSession, *, route: RowRoute | None = None):
         self.session = session
         self.route = route or manifest_route(session.manifest)
-        self.padding = 0 if self.route.min_rows == 1 else 1  # attention rows a call adds per sequence
+        self.padding = self.route.sequence_padding
         self.lengths = [0] * session.batch
         self.offsets = [0] * session.batch  # per row: the position its sliding layers' row 0 holds
         layout = session.layout

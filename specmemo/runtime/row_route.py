@@ -50,6 +50,12 @@ class RowRoute:
         return max(self.min_rows, self.multiple) - 1
 
     @property
+    def sequence_padding(self) -> int:
+        """Attention rows one sequence of a batch call adds (runtime/batch.py): its last token again, unless one row
+        is exact here (the MatMul lanes and the LM head's rows follow `min_rows` and `multiple` across the batch)."""
+        return 0 if self.min_rows == 1 else 1
+
+    @property
     def label(self) -> str:
         """"2x1": at least 2 rows a call, a multiple of 1 (specmemo-node --route takes it)."""
         return f"{self.min_rows}x{self.multiple}"
