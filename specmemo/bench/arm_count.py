@@ -118,39 +118,44 @@ def count_calls(root: Path, plugin: Path, cpu: str, request: dict[str, Any]) -> 
 
 
 def run_counts(*, root: Path, artifact: Path, genai_dir: Path | None, cpus: tuple[str, ...], past: int, calls: int,
-               log: Callable[[str], None] = print) -> dict[str, Any]:
-    """Per CPU class: instructions a call, GenAI's one-row step and ours at one and two rows (medians of `calls`)."""
+               others: tuple[Path, ...] = (), log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Per CPU class: instructions a call, GenAI's one-row step and ours at one and two rows (medians of `calls`);
+    `others`: more exports of the same model (another quantization route), each at one row."""
     import statistics
 
     plugin = ensure_counter(log=log)
-    kinds = [("ours, 1 row", {"kind": "ours", "rows": 1}), ("ours, 2 rows", {"kind": "ours", "rows": 2})]
+    ours = str(artifact.resolve())
+    kinds = [("ours, 1 row", {"kind": "ours", "rows": 1, "model": ours}),
+             ("ours, 2 rows", {"kind": "ours", "rows": 2, "model": ours})]
+    kinds += [(f"{other.name}, 1 row", {"kind": "ours", "rows": 1, "model": str(other.resolve())}) for other in others]
     if genai_dir is not None:
-        kinds.insert(0, ("GenAI, 1 row", {"kind": "genai", "rows": 1}))
+        kinds.insert(0, ("GenAI, 1 row", {"kind": "genai", "rows": 1, "model": str(genai_dir / "model.onnx")}))
     out: dict[str, Any] = {"past": past, "calls": calls, "artifact": str(artifact),
+                           "others": [str(other) for other in others],
                            "genai": str(genai_dir) if genai_dir else None, "cpus": {}}
     for cpu in cpus:
         if cpu not in COUNTED:
             raise ConfigError(f"--count covers {', '.join(COUNTED)}; {cpu} needs its own cpuinfo")
         out["cpus"][cpu] = {}
         for label, kind in kinds:
-            model = str(genai_dir / "model.onnx") if kind["kind"] == "genai" and genai_dir else str(artifact.resolve())
             log(f"counting {label} on emulated {cpu} ({calls} calls on a past of {past}) ...")
-            each = count_calls(root, plugin, cpu, {**kind, "model": model, "past": past, "calls": calls})
+            each = count_calls(root, plugin, cpu, {**kind, "past": past, "calls": calls})
             out["cpus"][cpu][label] = {"per_call": statistics.median(each), "each": each}
             log(f"  {label} on {cpu}: {statistics.median(each) / 1e6:.2f} M instructions a call")
     return out
 
 
 def count_table(result: dict[str, Any]) -> str:
-    """Millions of instructions a call per class, and ours against GenAI's one-row step."""
+    """Millions of instructions a call, a line per class and kind of call, each against GenAI's one-row step; and
+    what the padding row adds to ours."""
     lines = [f"instructions per decoder call on emulated aarch64 (QEMU 7.2, one thread, a past of {result['past']}; "
              f"a proxy: no caches, no bandwidth), millions",
-             f"{'cpu':<12}" + "".join(f"{label:>15}" for label in next(iter(result["cpus"].values())))
-             + f"{'1 row / GenAI':>15}{'padding row adds':>18}"]
+             f"{'cpu':<12}{'call':<40}{'millions':>10}{'/ GenAI':>10}"]
     for cpu, counts in result["cpus"].items():
-        one, two = counts["ours, 1 row"]["per_call"], counts["ours, 2 rows"]["per_call"]
         genai = counts.get("GenAI, 1 row", {}).get("per_call")
-        ratio = f"{one / genai:.3f}x" if genai else "-"
-        lines.append(f"{cpu:<12}" + "".join(f"{c['per_call'] / 1e6:>15.2f}" for c in counts.values())
-                     + f"{ratio:>15}{(two - one) / one:>17.0%}")
+        for label, count in counts.items():
+            ratio = f"{count['per_call'] / genai:.3f}x" if genai else "-"
+            lines.append(f"{cpu:<12}{label:<40}{count['per_call'] / 1e6:>10.2f}{ratio:>10}")
+        one, two = counts["ours, 1 row"]["per_call"], counts["ours, 2 rows"]["per_call"]
+        lines.append(f"{cpu:<12}{'the padding row adds':<40}{(two - one) / one:>10.0%}")
     return "\n".join(lines)

@@ -53,7 +53,8 @@ def add_arm_parser(bench) -> None:
                    help="instead: instructions a decoder call executes on the flagship and A76 classes (QEMU's "
                         "plugin counter, built once; a proxy for cost: no caches, no bandwidth), ours at one and "
                         "two rows against GenAI's one-row model.onnx of the same model and precision (the first "
-                        "--artifact)")
+                        "--artifact; any further --artifact, e.g. another quantization route of the same model, at "
+                        "one row)")
     b.add_argument("--count-past", type=positive, default=100, help="--count: past positions before the calls")
     b.add_argument("--count-calls", type=positive, default=5, help="--count: calls counted (the median is reported)")
     b.add_argument("--out", type=Path, default=run_folder("bench-arm"))
@@ -102,7 +103,8 @@ def cmd_count(args: argparse.Namespace) -> int:
     cpus = tuple(c for c in (c.strip() for c in args.cpus.split(",")) if c in COUNTED)
     genai = genai_model_dir(manifest.source_model, genai_precision(manifest.weight_dtype))
     result = run_counts(root=ensure_root(LOCK, log=log_stderr), artifact=artifact, genai_dir=genai,
-                        cpus=cpus or COUNTED, past=args.count_past, calls=args.count_calls, log=log_stderr)
+                        cpus=cpus or COUNTED, past=args.count_past, calls=args.count_calls,
+                        others=tuple(args.artifact[1:]), log=log_stderr)
     print(count_table(result))
     print(f"wrote {write_json(args.out / 'count.json', result, threads=1)}")
     return 0

@@ -87,15 +87,15 @@ def rewrite(graph, manifest: Manifest, names: BatchGraph) -> None:
     positions = [f"batch.{io.position_ids}.{b}" for b in range(batch)]
     new_nodes.append(helper.make_node("Split", [names.attention_position_ids, sizes], positions, axis=1))
 
-    # a float16 KV buffer (export/kv_dtype.py): attention reads Cast(attention_bias) → float16, once for all
-    # layers; each row's bias gets its own Cast
-    bias_casts = [n for n in graph.node if n.op_type == "Cast" and n.input[0] == io.attention_bias]
-    for cast in bias_casts:
-        cast_to, cast_rows = helper.get_attribute_value(cast.attribute[0]), []
-        for row_bias, lengths in per_row[io.attention_bias]:
-            cast_rows.append((f"{row_bias}.{cast.output[0]}", lengths))
-            new_nodes.append(helper.make_node("Cast", [row_bias], [cast_rows[-1][0]], to=cast_to))
-        per_row[cast.output[0]] = cast_rows
+    # what attention reads made from a bias once for all layers — GQA's Cast to float16 with a float16 KV buffer
+    # (export/kv_dtype.py), the grouped attention's Tile over the stacked heads — is made per row from the row's bias
+    from_bias = [n for n in graph.node if n.op_type in ("Cast", "Tile") and n.input[0] in per_row]
+    for made in from_bias:
+        attributes, rows = {a.name: helper.get_attribute_value(a) for a in made.attribute}, []
+        for row_bias, lengths in per_row[made.input[0]]:
+            rows.append((f"{row_bias}.{made.output[0]}", lengths))
+            new_nodes.append(helper.make_node(made.op_type, [row_bias, *made.input[1:]], [rows[-1][0]], **attributes))
+        per_row[made.output[0]] = rows
 
     kv_row = {}  # (one-sequence past/present name, row) → the row's name
     for b in range(batch):
@@ -117,7 +117,7 @@ def rewrite(graph, manifest: Manifest, names: BatchGraph) -> None:
         same_b[io.attention_bias_local] = proxy
     kept = []
     for node in graph.node:
-        if node in bias_casts:  # replaced by the rows' own casts
+        if node in from_bias:  # replaced by the rows' own
             continue
         if node.op_type not in (GQA, GROUPED):
             for i, name in enumerate(node.input):

@@ -10,8 +10,13 @@ from plain ops whose every row is computed alike whatever shares the call:
     K, V rows written in place at `write_position` by TensorScatter (past and present are one buffer)
     Q [B, H, T, D] as [B, H_kv, G·T, D]: the G query heads of one K/V head stacked on the rows, so
          the score GEMM has M = G·T >= 2 rows even for one token (MatMul's one-row path is another)
-    scores [B, H_kv, G, T, L] = Q·scale · Kᵀ + bias     (K, V: [B, H_kv, L, D], L the bias's last axis)
+    scores [B, H_kv, G·T, L] = Q·scale · Kᵀ + bias rows  (K, V: [B, H_kv, L, D], L the bias's last axis)
     out = Softmax(scores) · V  → [B, T, H·D]
+
+The bias [B, 1, T, L] is tiled over the G stacked heads once per call, in the graph, not per layer (one Tile:
+[B, 1, G·T, L], row g·T + t is position t's), and the scale multiplies Q just before its MatMul, where ONNX
+Runtime folds it into the GEMM: a node ORT runs costs about as much as a small kernel, so each layer keeps only the
+nodes that compute.
 
 The runtime feeds the K/V buffers at the span's length, L = S rounded up to the manifest's `span_bucket`
 (runtime/span.py; the buffers packed to it, runtime/kv_cache.py: no slice is copied per layer), and a bias over
@@ -36,7 +41,7 @@ OPSET = 24  # TensorScatter is a standard op from 24 on
 GQA = "GroupQueryAttention"
 ATTENTION_NODE = "grouped_attention"  # the call nodes' names: grouped_attention.{layer}
 FUNCTION_INPUTS = ("query", "key", "value", "past_key", "past_value", "write_position", "cos_cache", "sin_cache",
-                   "position_ids", "attention_bias")
+                   "position_ids", "bias_rows")
 FUNCTION_OUTPUTS = ("output", "present_key", "present_value")
 GQA_INPUTS = {"query": 0, "key": 1, "value": 2, "past_key": 3, "past_value": 4, "cos_cache": 7, "sin_cache": 8,
               "position_ids": 9, "attention_bias": 10}
@@ -50,14 +55,10 @@ def _const(name: str, values, dtype=np.int64) -> NodeProto:
 def grouped_function(dims: ModelDims, kv_dtype: str = "float32") -> FunctionProto:
     """The function's body for this model's heads (H, H_kv, D and the softmax scale baked in as constants)."""
     heads, kv_heads, d = dims.num_heads, dims.num_kv_heads, dims.head_dim
-    group = heads // kv_heads
     half = kv_dtype == "float16"
     n = [
         _const("c.q4", [0, 0, heads, d]), _const("c.kv4", [0, 0, kv_heads, d]), _const("c.qg", [0, kv_heads, -1, d]),
-        _const("c.out4", [0, heads, -1, d]), _const("c.out3", [0, 0, heads * d]), _const("c.hg", [kv_heads, group]),
-        _const("c.hkv", [kv_heads]),
-        _const("c.neg1", [-1]), _const("c.zero", [0]), _const("c.two", [2]),
-        _const("c.one", [1]), _const("c.four", [4]),
+        _const("c.out4", [0, heads, -1, d]), _const("c.out3", [0, 0, heads * d]),
         _const("c.scale", dims.softmax_scale, np.float32),
         helper.make_node("RotaryEmbedding", ["query", "cos_cache", "sin_cache", "position_ids"], ["q.rot"],
                          num_heads=heads),
@@ -65,8 +66,8 @@ def grouped_function(dims: ModelDims, kv_dtype: str = "float32") -> FunctionProt
                          num_heads=kv_heads),
         helper.make_node("Reshape", ["q.rot", "c.q4"], ["q.4"]),
         helper.make_node("Transpose", ["q.4"], ["q.heads"], perm=[0, 2, 1, 3]),  # [B, H, T, D]
-        helper.make_node("Mul", ["q.heads", "c.scale"], ["q.scaled"]),
-        helper.make_node("Reshape", ["q.scaled", "c.qg"], ["q.grouped"]),  # [B, H_kv, G·T, D]
+        helper.make_node("Reshape", ["q.heads", "c.qg"], ["q.grouped"]),  # [B, H_kv, G·T, D]
+        helper.make_node("Mul", ["q.grouped", "c.scale"], ["q.scaled"]),  # folded into the MatMul by ORT
     ]
     for x, rotated in (("k", "k.rot"), ("v", "value")):
         n += [helper.make_node("Reshape", [rotated, "c.kv4"], [f"{x}.4"]),
@@ -78,10 +79,6 @@ def grouped_function(dims: ModelDims, kv_dtype: str = "float32") -> FunctionProt
                          ["present_key"], axis=2),
         helper.make_node("TensorScatter", ["past_value", "v.new.f16" if half else "v.new", "write_position"],
                          ["present_value"], axis=2),
-        helper.make_node("Shape", ["attention_bias"], ["bias.shape"]),  # [B, 1, T, L]
-        helper.make_node("Slice", ["bias.shape", "c.zero", "c.one"], ["bias.B"]),
-        helper.make_node("Slice", ["bias.shape", "c.two", "c.four"], ["bias.TL"]),
-        helper.make_node("Slice", ["bias.shape", "c.neg1", "c.four"], ["bias.L"]),
     ]
     if half:
         n += [helper.make_node("Cast", ["present_key"], ["k.span32"], to=TensorProto.FLOAT),
@@ -89,14 +86,9 @@ def grouped_function(dims: ModelDims, kv_dtype: str = "float32") -> FunctionProt
     keys, values = ("k.span32", "v.span32") if half else ("present_key", "present_value")
     n += [
         helper.make_node("Transpose", [keys], ["k.t"], perm=[0, 1, 3, 2]),
-        helper.make_node("MatMul", ["q.grouped", "k.t"], ["scores"]),  # [B, H_kv, G·T, L]
-        helper.make_node("Concat", ["bias.B", "c.hg", "bias.TL"], ["shape5"], axis=0),
-        helper.make_node("Reshape", ["scores", "shape5"], ["scores5"]),  # [B, H_kv, G, T, L]
-        helper.make_node("Unsqueeze", ["attention_bias", "c.two"], ["bias5"]),  # [B, 1, 1, T, L]
-        helper.make_node("Add", ["scores5", "bias5"], ["masked5"]),
-        helper.make_node("Softmax", ["masked5"], ["probs5"], axis=-1),
-        helper.make_node("Concat", ["bias.B", "c.hkv", "c.neg1", "bias.L"], ["shape4"], axis=0),
-        helper.make_node("Reshape", ["probs5", "shape4"], ["probs"]),  # [B, H_kv, G·T, L]
+        helper.make_node("MatMul", ["q.scaled", "k.t"], ["scores"]),  # [B, H_kv, G·T, L]
+        helper.make_node("Add", ["scores", "bias_rows"], ["masked"]),  # bias_rows [B, 1, G·T, L]
+        helper.make_node("Softmax", ["masked"], ["probs"], axis=-1),
         helper.make_node("MatMul", ["probs", values], ["out.grouped"]),  # [B, H_kv, G·T, D]
         helper.make_node("Reshape", ["out.grouped", "c.out4"], ["out.heads"]),  # [B, H, T, D]
         helper.make_node("Transpose", ["out.heads"], ["out.4"], perm=[0, 2, 1, 3]),
@@ -119,10 +111,13 @@ def lower_attention(model: ModelProto, dims: ModelDims, *, kv_dtype: str, write_
         raise ValueError("the decoder graph has no GroupQueryAttention node to lower")
     d = dims
     sizes = [d.num_heads * d.head_dim, d.num_kv_heads * d.head_dim, d.num_kv_heads * d.head_dim]
-    graph.initializer.append(numpy_helper.from_array(np.array(sizes, np.int64), "grouped.qkv_sizes"))
+    graph.initializer.extend([numpy_helper.from_array(np.array(sizes, np.int64), "grouped.qkv_sizes"),
+                              numpy_helper.from_array(np.array([1, 1, d.num_heads // d.num_kv_heads, 1], np.int64),
+                                                      "grouped.bias_repeats")])
     span_dims = {bias: "L" if i == 0 else "L_w" for i, bias in enumerate(write_inputs)}  # the buffers' position axis
     kv_names: dict[str, str] = {}  # K/V input or output → its span's dim name
     rewritten: list[NodeProto] = []
+    tiled: set[str] = set()
     layer = 0
     for node in graph.node:
         if node.op_type != GQA:
@@ -138,6 +133,11 @@ def lower_attention(model: ModelProto, dims: ModelDims, *, kv_dtype: str, write_
                                               name=f"{node.name}.SplitQKV"))
             named["query"], named["key"], named["value"] = parts
         named["write_position"] = write_inputs[bias]
+        named["bias_rows"] = f"{bias}.rows"
+        if named["bias_rows"] not in tiled:  # once per call: [B, 1, T, L] → [B, 1, G·T, L], one row per stacked head
+            tiled.add(named["bias_rows"])
+            rewritten.append(helper.make_node("Tile", [bias, "grouped.bias_repeats"], [named["bias_rows"]],
+                                              name=f"{ATTENTION_NODE}.{bias}.Tile"))
         kv_names.update(dict.fromkeys((named["past_key"], named["past_value"], *node.output[1:3]), span_dims[bias]))
         rewritten.append(helper.make_node(FUNCTION, [named[key] for key in FUNCTION_INPUTS], list(node.output[:3]),
                                           name=f"{ATTENTION_NODE}.{layer}", domain=DOMAIN))
