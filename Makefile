@@ -7,7 +7,7 @@ MODEL ?= smollm2-135m
 ARTIFACT ?= artifacts/$(MODEL)
 PROMPT ?= Give me three short tips for staying focused while studying.
 
-.PHONY: setup js-setup lint-js arm-check peers-setup harness-setup drafter-cpu demo test test-fast lint docs-layout bench bench-decode bench-batch bench-soak bench-node compare-docs chat serve lock clean
+.PHONY: setup js-setup engine chromium lint-js arm-check peers-setup harness-setup drafter-cpu demo test test-fast lint docs-layout bench bench-decode bench-batch bench-soak bench-node compare-docs chat serve lock clean
 
 setup: $(VENV)/.installed
 
@@ -85,10 +85,16 @@ harness-setup:
 # committed lock files (.npmrc keeps onnxruntime-node's install script offline), the engine's and
 # the page's builds, and Debian's Chromium for the browser test (no browser download).
 JS_DIRS := android_demo/engine android_demo/web android_demo/app
+JS_MODULES := $(foreach d,$(JS_DIRS),$(d)/node_modules/.installed)
 
-js-setup: $(foreach d,$(JS_DIRS),$(d)/node_modules/.installed)
-	cd android_demo/engine && npm run --silent build
+js-setup: $(JS_MODULES) engine chromium
 	cd android_demo/web && npm run --silent build
+
+# The engine's build (tsc, seconds): what the page and the app import, and what the Python tests of the engine run
+engine: android_demo/engine/node_modules/.installed
+	cd android_demo/engine && npm run --silent build
+
+chromium:
 	@command -v chromium >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) \
 	  || (echo "Debian's chromium is needed for the browser test: apt-get install chromium" && false)
 
@@ -97,8 +103,9 @@ android_demo/%/node_modules/.installed: android_demo/%/package-lock.json
 	touch $@
 
 # tsc (strict) and ESLint (typescript-eslint's type-aware recommended rules) over each package's own sources,
-# zero findings; stops at the first package that has any.
-lint-js: js-setup
+# zero findings; stops at the first package that has any. The page and the app read the engine's built types; no
+# browser is needed.
+lint-js: $(JS_MODULES) engine
 	for d in $(JS_DIRS); do (cd $$d && npm run --silent lint) || exit 1; done
 
 test: setup js-setup
@@ -106,9 +113,12 @@ test: setup js-setup
 	for d in $(JS_DIRS); do (cd $$d && npm test --silent) || exit 1; done
 
 # The inner loop: every test but those on the real model (SmolLM2-135M) and the slow ones (a browser, the Android
-# bundle, rounds of fresh processes); SEED=N replays a run's randomly drawn tests (it prints its --seed).
-test-fast: setup
-	$(BIN)/python -m pytest -m "not real_model and not slow" $(if $(SEED),--seed $(SEED))
+# bundle, rounds of fresh processes), the TypeScript engine's built first where Node is (else its tests are left
+# out, and say so); SEED=N replays a run's randomly drawn tests (it prints its --seed).
+HAS_NODE := $(shell command -v node >/dev/null && echo y)
+test-fast: setup $(if $(HAS_NODE),engine)
+	@$(if $(HAS_NODE),:,echo "test-fast: no node on PATH, so the TypeScript engine's tests are left out (Node 20: make test runs them)")
+	$(BIN)/python -m pytest -m "not real_model and not slow$(if $(HAS_NODE),, and not typescript)" $(if $(SEED),--seed $(SEED))
 
 lint: setup lint-js
 	$(BIN)/ruff check .

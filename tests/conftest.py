@@ -170,6 +170,25 @@ def save_tiny_model(config, folder: Path, *, seed: int = 0, tokenizer=None) -> P
 
 
 CI_SEED = 20261126  # the seed under CI (the CI environment variable set): a run there is the same run again
+ENGINE_BUILD = Path(__file__).resolve().parents[1] / "android_demo" / "engine" / "dist" / "src"
+
+
+def engine_file(name: str) -> Path:
+    """A file of the TypeScript engine's build (`make engine`), for tests marked `typescript`; a missing build or
+    Node fails the test with the fix (make test-fast builds it where Node is, and leaves these tests out elsewhere)."""
+    path = ENGINE_BUILD / name
+    if shutil.which("node") is None or not path.is_file():
+        pytest.fail(f"{path} is missing or there is no node: run `make engine` (Node 20: npm ci + tsc)")
+    return path
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items) -> None:
+    """A test on the real default model is a `real_model` test wherever it is written: the fixture decides, so
+    make test-fast never exports SmolLM2-135M."""
+    for item in items:
+        if "smollm2_artifact" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.real_model)
 
 
 def pytest_addoption(parser) -> None:

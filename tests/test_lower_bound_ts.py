@@ -12,25 +12,22 @@ from __future__ import annotations
 
 import copy
 import json
-import shutil
 import subprocess
 from itertools import accumulate
 from pathlib import Path
 
 import pytest
+from conftest import engine_file
 
 from specmemo.runtime.manifest import manifest_from_dict
 from specmemo.runtime.memory import Calibration
 from specmemo.runtime.plan import lower_bound
 
-ROOT = Path(__file__).resolve().parents[1]
-ENGINE = ROOT / "android_demo" / "engine" / "dist" / "src" / "index.js"
 CONTEXTS = [1, 7, 100, 160, 4096]  # below the tree, inside the graph's capacity, at it, beyond it
 CALIBRATIONS = [Calibration(load_bytes=123_456_789, step_overhead_bytes=3_333_333, base_bytes=50_000_001),
                 Calibration(load_bytes=0, step_overhead_bytes=0)]
 
-pytestmark = pytest.mark.skipif(shutil.which("node") is None or not ENGINE.is_file(),
-                                reason=f"needs node and {ENGINE.relative_to(ROOT)}: run `make js-setup`")
+pytestmark = pytest.mark.typescript
 
 # stdin {manifest (the JSON text), calibrations, contexts} → stdout [[footprint per context] per calibration]
 NODE_SCRIPT = """
@@ -51,8 +48,8 @@ def typescript_bounds(manifest: dict, calibrations: list[Calibration], contexts:
     calibrations_ts = [{"loadBytes": c.load_bytes, "stepOverheadBytes": c.step_overhead_bytes,
                         "baseBytes": c.base_bytes} for c in calibrations]
     stdin = json.dumps({"manifest": json.dumps(manifest), "calibrations": calibrations_ts, "contexts": contexts})
-    done = subprocess.run(["node", "-e", NODE_SCRIPT, str(ENGINE)], input=stdin, capture_output=True, text=True,
-                          timeout=120)
+    done = subprocess.run(["node", "-e", NODE_SCRIPT, str(engine_file("index.js"))], input=stdin,
+                          capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     return json.loads(done.stdout)
 

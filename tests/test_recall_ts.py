@@ -6,12 +6,12 @@ second run drafts from the first's file in fewer steps with the same tokens as g
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import engine_file
 from heads_common import export_with_random_heads
 
 from specmemo.runtime.artifact import Artifact
@@ -20,12 +20,7 @@ from specmemo.runtime.manifest import load_manifest
 from specmemo.runtime.recall import Recall, fingerprint, read_store, tokens_for
 from specmemo.runtime.tokenizer import Message
 
-ROOT = Path(__file__).resolve().parents[1]
-ENGINE = ROOT / "android_demo" / "engine" / "dist" / "src" / "index.js"
-CLI = ROOT / "android_demo" / "engine" / "dist" / "src" / "cli.js"
-
-pytestmark = pytest.mark.skipif(shutil.which("node") is None or not ENGINE.is_file(),
-                                reason=f"needs node and {ENGINE.relative_to(ROOT)}: run `make js-setup`")
+pytestmark = pytest.mark.typescript
 
 # stdin {documents, contexts, capacity, saved (Python's file), out (where to write TypeScript's)} →
 # stdout {built: {tables, ring, written, lookups}, read: {lookups}}
@@ -65,8 +60,8 @@ def test_both_runtimes_keep_the_same_slots_and_read_each_others_files(tmp_path):
     contexts = [rng.integers(0, 12, int(rng.integers(1, 9))).tolist() for _ in range(300)]
     stdin = json.dumps({"documents": documents, "contexts": contexts, "capacity": capacity, "saved": str(saved),
                         "out": str(tmp_path / "ts.recall")})
-    done = subprocess.run(["node", "-e", NODE_SCRIPT, str(ENGINE)], input=stdin, capture_output=True, text=True,
-                          timeout=120)
+    done = subprocess.run(["node", "-e", NODE_SCRIPT, str(engine_file("index.js"))], input=stdin,
+                          capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     out = json.loads(done.stdout)
     assert out["built"]["written"] == store.written
@@ -83,7 +78,7 @@ def test_both_runtimes_keep_the_same_slots_and_read_each_others_files(tmp_path):
 
 
 def chat(artifact: Path, store: Path, *extra: str) -> tuple[dict, str]:
-    done = subprocess.run(["node", str(CLI), "chat", "--artifact", str(artifact), "--message", PROMPT,
+    done = subprocess.run(["node", str(engine_file("cli.js")), "chat", "--artifact", str(artifact), "--message", PROMPT,
                            "--max-new-tokens", "40", "--mode", "tree", "--drafter", "lookup", "--recall", str(store),
                            *extra, "--json"],
                           capture_output=True, text=True, timeout=300)

@@ -4,18 +4,18 @@ The engine runs under Node on onnxruntime-node, on artifacts the Python exporter
 test run: a tiny random Llama with random Medusa heads (greedy, tree and auto; tree-shaped drafts,
 so the tree commit and the KV span re-layout run), multi-turn chat with KV reuse against Python's
 ChatSession, the arena's bytes against Python's ArenaLayout, and the real default model on three
-prompts against `specmemo generate --json`. Needs `make js-setup` (npm ci + tsc), which `make test`
-runs first."""
+prompts against `specmemo generate --json`. Needs the engine's build (`make engine`), which `make test` and
+`make test-fast` run first."""
 
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from conftest import engine_file
 from heads_common import export_with_random_heads
 
 from specmemo.runtime.arena import ArenaLayout
@@ -26,17 +26,16 @@ from specmemo.runtime.manifest import load_manifest
 from specmemo.runtime.sizes import Sizes
 from specmemo.runtime.tokenizer import Message
 
-ROOT = Path(__file__).resolve().parents[1]
-CLI = ROOT / "android_demo" / "engine" / "dist" / "src" / "cli.js"
 LONG = " ".join(f"w{i}" for i in range(20, 120))  # ~100 tokens: the reply crosses the 128-position KV span
 USERS = ["w10 w11 w12 w13", "w20 w21 w22 w20 w21 w22", "w30 w31 w32 w33 w34"]
+
+pytestmark = pytest.mark.typescript
 
 
 def node(*args: str, timeout: int = 600) -> list[dict]:
     """Run the engine's CLI; its JSON lines."""
-    if shutil.which("node") is None or not CLI.is_file():
-        pytest.fail(f"{CLI.relative_to(ROOT)} is missing: run `make js-setup` (npm ci + the TypeScript build)")
-    done = subprocess.run(["node", str(CLI), *args, "--json"], capture_output=True, text=True, timeout=timeout)
+    done = subprocess.run(["node", str(engine_file("cli.js")), *args, "--json"], capture_output=True, text=True,
+                          timeout=timeout)
     assert done.returncode == 0, done.stderr[-2000:]
     return [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
 
@@ -87,10 +86,11 @@ def test_multi_turn_chat_equals_pythons_chat_session(tiny, mode):
 
 
 def test_bad_input_is_one_line(tiny, tmp_path):
-    done = subprocess.run(["node", str(CLI), "generate", "--artifact", str(tmp_path), "--prompt", "w5"],
+    cli = str(engine_file("cli.js"))
+    done = subprocess.run(["node", cli, "generate", "--artifact", str(tmp_path), "--prompt", "w5"],
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 1 and "manifest.json" in done.stderr and len(done.stderr.strip().splitlines()) == 1
-    done = subprocess.run(["node", str(CLI), "generate", "--artifact", str(tiny), "--prompt", "w5",
+    done = subprocess.run(["node", cli, "generate", "--artifact", str(tiny), "--prompt", "w5",
                            "--drafter", "bogus"],
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 1 and "unknown drafter" in done.stderr
