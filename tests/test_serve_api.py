@@ -353,3 +353,35 @@ def test_each_api_key_drafts_from_its_own_recall_store(artifact, greedy, tmp_pat
         assert stores.for_header("Bearer mallory") is None
     finally:
         server.stop()
+
+
+def test_a_profile_sizes_the_server_its_rows_priced_together(artifact):
+    """`serve --profile`: the profile's threads (capped at this machine's cores) and its app memory as the budget
+    the --batch rows are priced against together, C per row the largest that fits; a budget below the lower bound
+    of B rows is refused in one line naming it, before anything loads."""
+    from specmemo.api import device_settings
+    from specmemo.cli import build_parser
+    from specmemo.device_profiles.schema import load_profile
+    from specmemo.errors import SpecMemoError
+    from specmemo.runtime.artifact import Artifact
+    from specmemo.runtime.measured import memory_calibration
+    from specmemo.runtime.memory import MIB
+    from specmemo.runtime.plan import lower_bound
+    from specmemo.serve.build import ServeConfig, build_app
+
+    args = build_parser().parse_args(["serve", "--artifact", str(artifact), "--profile", "pixel-8"])
+    profile, budget, threads = device_settings(profile=args.profile, budget=args.budget, threads=args.threads,
+                                               log=lambda _: None)
+    assert profile is not None and budget == load_profile("pixel-8").app_memory and 1 <= threads <= profile.threads
+    _, served = build_app(ServeConfig(artifact=artifact, batch=4, capacity=None, budget=budget, threads=threads),
+                          log=lambda _: None)
+    assert served.capacity == CAPACITY  # a phone's app memory holds a tiny model's 4 rows at the graph's max C
+    opened = Artifact.open(artifact)
+    calibration = memory_calibration(opened, threads=threads, log=lambda _: None)
+    one_row = lower_bound(opened.manifest, calibration, context=CAPACITY)
+    four_rows = lower_bound(opened.manifest, calibration, context=CAPACITY, batch=4)
+    assert four_rows.total > one_row.total
+    between = (one_row.total + four_rows.total) // 2  # one row's bound fits, four rows' does not
+    with pytest.raises(SpecMemoError, match=f"lower bound of {four_rows.total / MIB:.2f} MiB .* x 4 rows"):
+        build_app(ServeConfig(artifact=artifact, batch=4, capacity=CAPACITY, budget=between, threads=threads),
+                  log=lambda _: None)

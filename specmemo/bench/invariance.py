@@ -21,6 +21,7 @@ import numpy as np
 
 from specmemo.errors import ConfigError
 from specmemo.runtime import tree
+from specmemo.runtime.config import DEFAULT_THREADS
 from specmemo.runtime.route_probe import one_token_calls
 from specmemo.runtime.row_route import RouteSource, RowRoute
 
@@ -33,7 +34,7 @@ class InvarianceConfig:
     sizes: tuple[int, ...] = tuple(range(2, 17))  # T of the verify calls (each against one-row calls)
     prompt: int = 41  # the chain's first call (one prefill): its length no multiple of 2 or 4
     starts: int = 64  # consecutive start positions audited: every residue mod the span bucket
-    threads: int = 2
+    threads: int = DEFAULT_THREADS
 
     def __post_init__(self) -> None:
         if not self.sizes or min(self.sizes) < 2 or self.prompt < 1 or self.starts < 1:

@@ -15,7 +15,15 @@ from specmemo.cli.bench_profile import add_profile_parser
 from specmemo.cli.bench_structured import add_structured_parser
 from specmemo.cli.bench_vllm import add_vllm_parser
 from specmemo.cli.bench_web import add_web_parser
-from specmemo.cli.options import add_artifact, add_mode, add_profile_options, apply_profile, positive, sizes_list
+from specmemo.cli.options import (
+    add_artifact,
+    add_mode,
+    add_profile_options,
+    add_threads,
+    apply_profile,
+    positive,
+    sizes_list,
+)
 from specmemo.console import log_stderr
 from specmemo.runtime.artifact import Artifact
 from specmemo.runtime.manifest import Manifest
@@ -76,7 +84,7 @@ def add_parser(sub) -> None:
     b.add_argument("--questions", type=positive, default=80, help="first N MT-Bench questions (first turns)")
     b.add_argument("--max-new-tokens", type=positive, default=128)
     b.add_argument("--capacity", type=positive, default=512, help="KV positions per row (prompt + reply)")
-    b.add_argument("--threads", type=positive, default=2)
+    add_threads(b)
     b.add_argument("--load-clients", type=int, default=16, help="streaming clients of the load test (0: skip it)")
     b.add_argument("--load-requests", type=positive, default=3, help="requests each client sends, one after another")
     b.add_argument("--load-batch", type=positive, default=8, help="the server's --batch in the load test")
@@ -103,7 +111,7 @@ def add_parser(sub) -> None:
     b.add_argument("--heads", type=positive, default=9)
     b.add_argument("--kv-heads", type=positive, default=3)
     b.add_argument("--head-dim", type=positive, default=64)
-    b.add_argument("--threads", type=positive, default=2)
+    add_threads(b)
     b.add_argument("--out", type=Path, default=run_folder("bench-attention.json"))
     b.set_defaults(handler=cmd_bench_attention)
 
@@ -118,7 +126,7 @@ def add_parser(sub) -> None:
     b.add_argument("--questions", type=positive, default=5, help="first N MT-Bench questions (first turns)")
     b.add_argument("--max-new-tokens", type=positive, default=128)
     b.add_argument("--modes", default="greedy,tree", help="comma-separated: greedy, tree, auto")
-    b.add_argument("--threads", type=positive, default=2)
+    add_threads(b)
     b.add_argument("--capacity", type=positive, help="KV positions C (default: the manifest's plan, else its max)")
     b.add_argument("--json", type=Path, default=run_folder("bench-node.json"), help="where to write JSON")
     b.set_defaults(handler=cmd_bench_node)
@@ -155,7 +163,7 @@ def add_parser(sub) -> None:
     b.add_argument("--max-new-tokens", type=positive, default=256)
     b.add_argument("--seed", type=int, default=0, help="sampling seed")
     add_mode(b)
-    b.add_argument("--threads", type=positive, default=2)
+    add_threads(b)
     b.add_argument("--json", type=Path, default=run_folder("bench-chat.json"), help="where to write JSON")
     b.set_defaults(handler=cmd_bench_chat)
 
@@ -177,7 +185,7 @@ def add_parser(sub) -> None:
                    help="also measure a peer on the reference's model (repeat): ONNX Runtime GenAI's int4 build "
                         "(its builder, offline), llama.cpp on the model's own GGUF "
                         "(llama-cpp-python, built from source)")
-    b.add_argument("--threads", type=positive, default=2)
+    add_threads(b)
     b.add_argument("--json", type=Path, default=run_folder("bench-quality.json"), help="where to write JSON")
     b.set_defaults(handler=cmd_bench_quality)
 
@@ -202,7 +210,7 @@ def add_parser(sub) -> None:
                    help="the python of a venv with lm-eval (make harness-setup)")
     b.add_argument("--questions", type=positive, default=40)
     b.add_argument("--batch", type=positive, default=4, help="serve's rows (lm-eval sends this many at once)")
-    b.add_argument("--threads", type=positive, default=2)
+    add_threads(b)
     b.add_argument("--out", type=Path, default=run_folder("bench-harness"))
     b.set_defaults(handler=cmd_bench_harness)
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from specmemo.bench.arm_env import CPUS
 from specmemo.bench.results import run_folder
-from specmemo.cli.options import positive
+from specmemo.cli.options import add_threads, positive
 from specmemo.console import log_stderr
 
 LOCK = Path(__file__).resolve().parents[2] / "requirements.lock"
@@ -38,7 +38,7 @@ def add_arm_parser(bench) -> None:
     b.add_argument("--prompt", action="append", default=[], metavar="TEXT",
                    help="a prompt decoded after the MT-Bench turns (repeat for several), e.g. the README's")
     b.add_argument("--max-new-tokens", type=positive, default=32)
-    b.add_argument("--threads", type=positive, default=2)
+    add_threads(b)
     b.add_argument("--routes-only", action="store_true",
                    help="the kernel-route table alone, without decoding the prompts or the tests (seconds a CPU class)")
     b.add_argument("--tests-only", action="store_true",

@@ -7,7 +7,7 @@ import argparse
 from pathlib import Path
 
 from specmemo.bench.results import run_folder
-from specmemo.cli.options import positive
+from specmemo.cli.options import add_threads, positive
 
 
 def add_front_parser(bench) -> None:
@@ -43,7 +43,7 @@ def add_front_parser(bench) -> None:
     b.add_argument("--step-rounds", type=int, default=6,
                    help="the alternated step pass: ours and GenAI's steps in one process, this many rounds of 10 "
                         "steps each (0: skip it)")
-    b.add_argument("--threads", type=positive, default=2)
+    add_threads(b)
     b.add_argument("--out", type=Path, default=run_folder("bench-front"))
     b.set_defaults(handler=cmd_bench_front)
 

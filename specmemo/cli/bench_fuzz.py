@@ -9,6 +9,7 @@ from typing import Any
 
 from specmemo.bench.results import run_folder, write_json
 from specmemo.cli.options import DEFAULT_ARTIFACT, positive
+from specmemo.runtime.config import DEFAULT_THREADS
 
 
 def add_fuzz_parser(bench) -> None:
@@ -71,6 +72,6 @@ def cmd_bench_fuzz(args: argparse.Namespace) -> int:
           f"{summary['cli']['by_exit_code']}; spoilers {cli.by_spoiler}")
     for example in [*served.server_errors[:5], *cli.failures[:5]]:
         print(f"  bad: {example}")
-    print(f"wrote {write_json(args.out / 'summary.json', summary, threads=2)}")
+    print(f"wrote {write_json(args.out / 'summary.json', summary, threads=DEFAULT_THREADS)}")
     clean = (not served.server_errors and not cli.failures and served.next_ok and abs(served.rss_change) <= 0.05)
     return 0 if clean else 1

@@ -7,7 +7,7 @@ import argparse
 from pathlib import Path
 
 from specmemo.bench.results import run_folder
-from specmemo.cli.options import positive, sizes_list
+from specmemo.cli.options import add_threads, positive, sizes_list
 from specmemo.console import log_stderr
 
 
@@ -30,7 +30,7 @@ def add_invariance_parser(bench) -> None:
                         "the rows that differ and those the op changed itself, with the same span or another; "
                         "recorded in the artifact's manifest (shape_audit) for this machine. Minutes: pair it with "
                         "--sizes 2,3,4,5,8,16")
-    b.add_argument("--threads", type=positive, default=2)
+    add_threads(b)
     b.add_argument("--out", type=Path, default=run_folder("bench-invariance.json"))
     b.set_defaults(handler=cmd_bench_invariance)
 

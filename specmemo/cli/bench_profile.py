@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from specmemo.bench.results import run_folder
-from specmemo.cli.options import add_artifact, positive, sizes_list
+from specmemo.cli.options import add_artifact, add_threads, positive, sizes_list
 from specmemo.console import log_stderr
 
 
@@ -29,7 +29,7 @@ def add_profile_parser(bench) -> None:
                    help="also time llama.cpp's one-token steps on the model's own GGUF (make peers-setup)")
     b.add_argument("--context", type=positive, default=200, help="past positions before the measured steps")
     b.add_argument("--steps", type=positive, default=64, help="measured steps per pass")
-    b.add_argument("--threads", type=positive, default=2)
+    add_threads(b)
     b.add_argument("--also", type=Path, action="append", default=[], metavar="ARTIFACT",
                    help="more artifacts for the alternated pass (repeatable)")
     b.add_argument("--rounds", type=int, default=12,
@@ -58,7 +58,7 @@ def add_profile_parser(bench) -> None:
     b.add_argument("--mode", choices=("greedy", "controller"), default="controller",
                    help="greedy: plain decoding (no heads or drafter graphs); controller: as `specmemo generate`")
     b.add_argument("--rounds", type=positive, default=3, help="fresh processes")
-    b.add_argument("--threads", type=positive, default=2)
+    add_threads(b)
     b.add_argument("--json", type=Path, default=run_folder("bench-load.json"), help="where to write JSON")
     b.set_defaults(handler=cmd_bench_load)
 

@@ -7,7 +7,7 @@ import argparse
 from pathlib import Path
 
 from specmemo.bench.results import run_folder
-from specmemo.cli.options import positive
+from specmemo.cli.options import add_threads, positive
 from specmemo.console import log_stderr
 
 
@@ -32,7 +32,7 @@ def add_structured_parser(bench) -> None:
                                                             "that renders them)")
     b.add_argument("--limit", type=positive, help="the first N tasks of each kind")
     b.add_argument("--max-new-tokens", type=positive, default=160)
-    b.add_argument("--threads", type=positive, default=2)
+    add_threads(b)
     b.add_argument("--temperature", type=float, default=0.0, help="0: greedy; above 0 our engines sample (leave "
                                                                    "the peers out of --engines)")
     b.add_argument("--seed", type=int, default=0, help="the sampled engines' seed")

@@ -7,7 +7,7 @@ import argparse
 from pathlib import Path
 
 from specmemo.bench.results import run_folder
-from specmemo.cli.options import add_artifact, positive, sizes_list
+from specmemo.cli.options import add_artifact, add_threads, positive, sizes_list
 from specmemo.console import log_stderr
 from specmemo.runtime.artifact import Artifact
 
@@ -34,7 +34,7 @@ def add_vllm_parser(bench) -> None:
     b.add_argument("--max-new-tokens", type=positive, default=128)
     b.add_argument("--batch", type=sizes_list, default=(1, 8), help="batch sizes B (B > 1 needs the artifact's "
                                                                     "batch graph: specmemo export batch)")
-    b.add_argument("--threads", type=positive, default=2, help="both engines' threads (vLLM's pinned to cores 0..N-1)")
+    add_threads(b, what="both engines' threads (vLLM's pinned to cores 0..N-1)")
     b.add_argument("--venv", type=Path, default=None, help="vLLM's venv (default: <cache>/vllm-venv, made if missing)")
     b.add_argument("--out", type=Path, default=run_folder("bench-vllm"))
     b.set_defaults(handler=cmd_bench_vllm)

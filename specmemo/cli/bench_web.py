@@ -7,7 +7,7 @@ import argparse
 from pathlib import Path
 
 from specmemo.bench.results import run_folder
-from specmemo.cli.options import positive
+from specmemo.cli.options import add_threads, positive
 from specmemo.console import log_stderr
 
 
@@ -28,7 +28,7 @@ def add_web_parser(bench) -> None:
     b.add_argument("--model", default="smollm2-135m", help="the model whose own GGUF wllama runs")
     b.add_argument("--prompts", type=positive, default=3, help="first N MT-Bench first turns")
     b.add_argument("--max-new-tokens", type=positive, default=32)
-    b.add_argument("--threads", type=positive, default=2, help="WASM threads, both pages")
+    add_threads(b, what="WASM threads, both pages")
     b.add_argument("--rounds", type=positive, default=2)
     b.add_argument("--engines", default="specmemo-greedy,specmemo-controller,wllama")
     b.add_argument("--out", type=Path, default=run_folder("bench-web"))

@@ -9,7 +9,7 @@ import itertools
 from pathlib import Path
 
 from specmemo.bench.results import run_folder
-from specmemo.cli.options import add_artifact, add_model_format, base_model, feature_cache, positive
+from specmemo.cli.options import add_artifact, add_model_format, add_threads, base_model, feature_cache, positive
 from specmemo.console import log_stderr
 from specmemo.export.load import DEFAULT_MODEL
 
@@ -39,7 +39,7 @@ def add_parser(sub) -> None:
     p.add_argument("--batch-sequences", type=positive, default=8, help="conversations per optimizer step")
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--threads", type=positive, default=2)
+    add_threads(p)
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     p.add_argument("--mlp-size", type=int, default=0,
                    help="the drafter layer's MLP width (default 0: the base model's intermediate size); narrower "
@@ -81,7 +81,7 @@ def add_parser(sub) -> None:
     p.add_argument("--max-len", type=positive, default=512, help="tokens per conversation (truncated)")
     p.add_argument("--reply-tokens", type=positive, default=256, help="most tokens of a self reply")
     p.add_argument("--shard-tokens", type=positive, default=65_536, help="positions per shard")
-    p.add_argument("--threads", type=positive, default=2)
+    add_threads(p)
     p.add_argument("--out", type=Path, required=True, help="the feature cache folder")
     p.set_defaults(handler=cmd_cache_features)
 
@@ -112,7 +112,7 @@ def add_parser(sub) -> None:
     p.add_argument("--prompts", type=positive, default=10, help="prompts of the workload, first N")
     p.add_argument("--max-new-tokens", type=positive, default=128)
     p.add_argument("--max-tree", type=positive, default=8, help="nodes per draft in the teacher-forced pass")
-    p.add_argument("--threads", type=positive, default=2)
+    add_threads(p)
     p.add_argument("--no-teacher-forced", action="store_true",
                    help="skip the teacher-forced pass: only greedy vs each drafter, interleaved (speed, identity)")
     p.add_argument("--out", type=Path, default=run_folder("eval-drafter"))

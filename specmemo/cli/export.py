@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from specmemo.cli.options import add_model_format, add_profile_options, apply_profile, positive
+from specmemo.cli.options import add_model_format, add_profile_options, add_threads, apply_profile, positive
 from specmemo.console import log_stderr
 from specmemo.export.load import DEFAULT_MODEL, default_artifact
 from specmemo.runtime.span import AttentionOp
@@ -139,7 +139,7 @@ def add_parser(sub) -> None:
                    help="max |Δ| allowed (default 1e-4 for float32 weights; int8/int4 graphs are compared with the "
                         "float32 model they came from, at the tolerance their accuracy level reaches: see "
                         "specmemo/export/validate.py)")
-    p.add_argument("--threads", type=positive, default=2)
+    add_threads(p)
     add_model_format(p)
     p.set_defaults(handler=cmd_validate)
 

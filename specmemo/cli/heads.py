@@ -8,7 +8,7 @@ import itertools
 import sys
 from pathlib import Path
 
-from specmemo.cli.options import base_model, feature_cache, positive
+from specmemo.cli.options import add_threads, base_model, feature_cache, positive
 from specmemo.errors import SpecMemoError
 from specmemo.export.load import DEFAULT_MODEL
 
@@ -42,7 +42,7 @@ def add_parser(sub) -> None:
     p.add_argument("--batch-rows", type=positive, default=128, help="positions per optimizer step")
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--threads", type=positive, default=2, help="torch threads")
+    add_threads(p, what="torch threads")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     p.add_argument("--features", type=Path, default=None, metavar="DIR",
                    help="train from a feature cache (specmemo train features, the feature drafter's data) instead "
@@ -93,7 +93,7 @@ def add_parser(sub) -> None:
     p.add_argument("--max-new-tokens", type=positive, default=128)
     p.add_argument("--tree-nodes", type=positive, default=32, help="T of the grown tree, root included")
     p.add_argument("--top-k", type=positive, default=10, help="ranks per head")
-    p.add_argument("--threads", type=positive, default=2)
+    add_threads(p)
     p.add_argument("--accuracy-only", action="store_true",
                    help="skip the Medusa decode (pass 2): accuracy table and tree only (saved unless --dry-run)")
     p.add_argument("--dry-run", action="store_true", help="print the results, leave heads.json unchanged")

@@ -82,8 +82,18 @@ def add_profile_options(parser: argparse.ArgumentParser, *, budget: bool = True,
     if budget:
         group.add_argument("--budget", help="memory for the whole process, e.g. 900MB, 1GiB: sizes the KV capacity "
                                             "and tree")
-    parser.add_argument("--threads", type=int, default=None,
-                        help=f"ORT intra-op threads (default: the profile's, else {DEFAULT_THREADS})")
+    add_threads(parser, profile=True)
+
+
+def add_threads(parser, *, profile: bool = False, what: str = "ORT intra-op threads") -> None:
+    """--threads, the one thread policy of every command: the device profile's where the command takes --profile
+    (apply_profile resolves it), else DEFAULT_THREADS."""
+    if profile:
+        parser.add_argument("--threads", type=positive, default=None,
+                            help=f"{what} (default: the profile's, capped at this machine's cores, else "
+                                 f"{DEFAULT_THREADS})")
+    else:
+        parser.add_argument("--threads", type=positive, default=DEFAULT_THREADS, help=f"{what} (default: %(default)s)")
 
 
 def add_decoding_options(parser: argparse.ArgumentParser) -> None:

@@ -8,7 +8,7 @@ import errno
 import socket
 from pathlib import Path
 
-from specmemo.cli.options import add_artifact, add_mode, positive
+from specmemo.cli.options import add_artifact, add_mode, add_profile_options, apply_profile, positive
 from specmemo.console import log_stderr
 from specmemo.errors import ConfigError
 from specmemo.serve.limits import DEFAULT_BATCH, DEFAULT_CONTEXT, Limits
@@ -35,13 +35,15 @@ def add_parser(sub) -> None:
     add_mode(p)
     p.add_argument("--batch", type=positive, default=DEFAULT_BATCH,
                    help="rows decoded together (the artifact needs a batch graph for it: specmemo export batch)")
-    p.add_argument("--capacity", type=positive, default=DEFAULT_CONTEXT,
-                   help="KV positions per row: prompt + max_tokens of one request")
+    p.add_argument("--capacity", type=positive, default=None,
+                   help=f"KV positions per row: prompt + max_tokens of one request (default {DEFAULT_CONTEXT}; with "
+                        f"--profile or --budget, the largest that fits the --batch rows)")
+    add_profile_options(p, purpose="its app memory is the server's budget (the --batch rows priced together), its "
+                                   "threads the thread count (capped at this machine's cores)")
     p.add_argument("--max-queue", type=positive, default=None, help="requests waiting for a row before 429 "
                                                                        "(default 4 x --batch)")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=port_number, default=8000, help="TCP port (0: any free one)")
-    p.add_argument("--threads", type=positive, default=2)
     p.add_argument("--model-name", default=None, help="the id /v1/models lists and requests name (default: the "
                                                       "manifest's source model)")
     p.add_argument("--api-key", action="append", default=None, metavar="KEY",
@@ -89,6 +91,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from specmemo.serve.guard import Exposure
     from specmemo.serve.keys import check_exposure, keys_from
 
+    profile = apply_profile(args, log=log_stderr)  # threads and budget: the profile's unless given
+    if args.capacity is None and args.budget_bytes is None:
+        args.capacity = DEFAULT_CONTEXT
     keys = keys_from(args.api_key)
     check_exposure(args.host, keys, args.allow_no_key)  # before the model loads
     exposure = Exposure(bind=args.host, allowed_hosts=tuple(args.allowed_host or ()),
@@ -97,13 +102,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
                     max_prompt_tokens=args.max_prompt_tokens, max_tokens=args.max_tokens)
     with listening(args.host, args.port) as sock:  # the port is ours before the model loads
         app, chat = build_app(ServeConfig(artifact=args.artifact, mode=args.mode, drafter=args.drafter,
-                                          batch=args.batch, capacity=args.capacity, max_queue=args.max_queue,
+                                          batch=args.batch, capacity=args.capacity, budget=args.budget_bytes,
+                                          max_queue=args.max_queue,
                                           threads=args.threads, model_name=args.model_name, limits=limits, keys=keys,
                                           exposure=exposure, recall_dir=args.recall_dir,
                                           recall_budget=parse_size(args.recall_budget)), log=log_stderr)
+        sized = f", sized for {profile.name}" if profile else ", sized for the budget" if args.budget_bytes else ""
         log_stderr(f"serving {chat.model} on http://{url_host(args.host)}:{sock.getsockname()[1]}/v1 ({args.batch} "
-                   f"rows of {chat.capacity} positions, queue {chat.worker.max_queue}, {len(keys) or 'no'} API "
-                   f"key{'s' if len(keys) != 1 else ''})")
+                   f"rows of {chat.capacity} positions{sized}, {args.threads} threads, queue "
+                   f"{chat.worker.max_queue}, {len(keys) or 'no'} API key{'s' if len(keys) != 1 else ''})")
         uvicorn.Server(uvicorn.Config(app, log_level="warning")).run(sockets=[sock])
     return 0
 

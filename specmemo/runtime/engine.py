@@ -179,14 +179,12 @@ def open_engine(config: EngineConfig, *, log: Callable[[str], None] = print) -> 
 
 def open_pool(config: EngineConfig, *, batch: int, log: Callable[[str], None] = print) -> SequencePool:
     """B sequences per call (runtime/batch.py) behind a SequencePool: the artifact's batch graph for
-    `batch`, sizes decided as for one engine (C per row), drafters per row (Medusa heads shared, prompt
-    lookup each its own; the feature drafter keeps one sequence's KV and is left out), the batch width
-    policy choosing T each step (1: plain decoding). Greedy mode: plain decoding only."""
+    `batch`, sizes decided as for one engine (C per row; with a budget, the B rows priced together), drafters per
+    row (Medusa heads shared, prompt lookup each its own; the feature drafter keeps one sequence's KV and is left
+    out), the batch width policy choosing T each step (1: plain decoding). Greedy mode: plain decoding only."""
     from specmemo.runtime.batch import BatchBackend, BatchSession
     from specmemo.runtime.pool import BatchWidth, FixedWidth, SequencePool
 
-    if config.budget is not None:
-        raise ConfigError("a batch pool is sized by `capacity` per row (see specmemo plan --batch), not `budget` yet")
     manifest = config.artifact.manifest
     spec = config.drafter if config.drafter is not None else manifest.drafter
     kept = "+".join(n.value for n in batchable(parse_drafter(spec))) if spec and config.mode is not Mode.GREEDY else ""

@@ -245,7 +245,7 @@ def make_plan(config: EngineConfig, manifest: Manifest, *, calibration: memory.C
         footprint = memory.footprint(manifest, calibration, sizes, batch=batch)
     else:
         footprint = fit(manifest, calibration, budget=budget - recall_bytes, context=config.context,
-                        prefill_chunk=config.prefill_chunk, tree=tree)
+                        prefill_chunk=config.prefill_chunk, tree=tree, batch=batch)
         sizes = footprint.sizes
     draft_footprint = None
     if footprint is not None and draft is not None and with_own_model(names):
@@ -255,7 +255,7 @@ def make_plan(config: EngineConfig, manifest: Manifest, *, calibration: memory.C
             try:  # a smaller target arena beside the draft model
                 footprint = fit(manifest, calibration, budget=budget - draft_footprint.total - recall_bytes,
                                 context=config.context,
-                                prefill_chunk=config.prefill_chunk, tree=tree)
+                                prefill_chunk=config.prefill_chunk, tree=tree, batch=batch)
                 sizes, draft_footprint = footprint.sizes, draft_price(draft, footprint.sizes)
             except memory.BudgetError:
                 pass
@@ -283,36 +283,41 @@ def _opened(folder: Path | None) -> Artifact | None:
     return Artifact.open(folder) if folder is not None else None
 
 
-def lower_bound(manifest: Manifest, calibration: memory.Calibration, *, context: int) -> memory.Footprint:
-    """The smallest footprint that decodes speculatively with a useful tree over `context` tokens."""
+def lower_bound(manifest: Manifest, calibration: memory.Calibration, *, context: int,
+                batch: int = 1) -> memory.Footprint:
+    """The smallest footprint that decodes speculatively with a useful tree over `context` tokens (per row, for
+    `batch` sequences decoded together)."""
     tree = useful_tree_size(manifest)
-    return memory.footprint(manifest, calibration, Sizes(capacity=max(context, tree + 1), rows=tree, tree=tree))
+    return memory.footprint(manifest, calibration, Sizes(capacity=max(context, tree + 1), rows=tree, tree=tree),
+                            batch=batch)
 
 
 def fit(manifest: Manifest, calibration: memory.Calibration, *, budget: int, context: int | None = None,
-        prefill_chunk: int = DEFAULT_PREFILL_CHUNK, weights: int = 0, tree: int | None = None) -> memory.Footprint:
+        prefill_chunk: int = DEFAULT_PREFILL_CHUNK, weights: int = 0, tree: int | None = None,
+        batch: int = 1) -> memory.Footprint:
     """The plan for a budget: the drafters' tree (`tree`, default the exported Medusa tree) and
     prefill chunk if they fit, cut down otherwise;
-    then C = context (or, with no context given, the largest C up to the graph's max capacity).
-    Refuses a budget below the lower bound, naming the bound."""
+    then C = context (or, with no context given, the largest C up to the graph's max capacity), per row of a
+    `batch` of sequences decoded together. Refuses a budget below the lower bound, naming the bound."""
     need = context or manifest.max_capacity
-    bound = lower_bound(manifest, calibration, context=need)
+    bound = lower_bound(manifest, calibration, context=need, batch=batch)
     if budget < bound.total:
+        rows = f" x {batch} rows" if batch > 1 else ""
         raise memory.BudgetError(
             f"budget {budget / MIB:.2f} MiB is below the lower bound of {bound.total / MIB:.2f} MiB for a "
-            f"{need}-token context (load {bound.load / MIB:.1f} MiB + generation {bound.generation / MIB:.1f} MiB "
-            f"+ headroom {bound.headroom / MIB:.1f} MiB): "
-            f"raise --budget, or lower --context")
+            f"{need}-token context{rows} (load {bound.load / MIB:.1f} MiB + generation {bound.generation / MIB:.1f} "
+            f"MiB + headroom {bound.headroom / MIB:.1f} MiB): "
+            f"raise --budget, or lower --context{' or --batch' if batch > 1 else ''}")
     full_tree = tree_sizes(manifest)[0] if tree is None else tree
     for tree in _descending(full_tree, min(full_tree, bound.sizes.tree)):
         chunk_rows = max(tree, min(prefill_chunk, manifest.max_capacity))
         for rows in (chunk_rows, tree):
             at_bound = memory.footprint(manifest, calibration, Sizes(capacity=need, rows=rows, tree=tree),
-                                        weights=weights)
+                                        weights=weights, batch=batch)
             if at_bound.total <= budget:
-                capacity = need if context else _largest_capacity(manifest, calibration, budget, rows, tree)
+                capacity = need if context else _largest_capacity(manifest, calibration, budget, rows, tree, batch)
                 return memory.footprint(manifest, calibration, Sizes(capacity=capacity, rows=rows, tree=tree),
-                                        weights=weights)
+                                        weights=weights, batch=batch)
     return replace(bound, weights_stored=weights)
 
 
@@ -320,10 +325,12 @@ def _descending(high: int, low: int) -> list[int]:
     return list(range(high, low - 1, -1)) or [low]
 
 
-def _largest_capacity(manifest: Manifest, calibration: memory.Calibration, budget: int, rows: int, tree: int) -> int:
+def _largest_capacity(manifest: Manifest, calibration: memory.Calibration, budget: int, rows: int, tree: int,
+                      batch: int = 1) -> int:
     """Largest C ≤ the graph's max capacity with total ≤ budget (the footprint is linear in C)."""
     def total(capacity: int) -> int:
-        return memory.footprint(manifest, calibration, Sizes(capacity=capacity, rows=rows, tree=tree)).total
+        return memory.footprint(manifest, calibration, Sizes(capacity=capacity, rows=rows, tree=tree),
+                                batch=batch).total
 
     at_two = total(2)
     per_position = total(3) - at_two

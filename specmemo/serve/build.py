@@ -19,7 +19,9 @@ class ServeConfig:
     mode: Mode = Mode.AUTO
     drafter: str | None = None  # None: the manifest's
     batch: int = DEFAULT_BATCH  # B rows decoded together (the artifact's batch graph for B)
-    capacity: int = DEFAULT_CONTEXT  # KV positions per row: prompt + max_tokens of one request
+    capacity: int | None = DEFAULT_CONTEXT  # KV positions per row: prompt + max_tokens of one request (None with a
+    # budget: the largest that fits)
+    budget: int | None = None  # bytes for the whole server (a device profile's app memory): the B rows priced together
     max_queue: int | None = None  # requests waiting for a row before 429 (None: 4 x batch)
     threads: int = DEFAULT_THREADS
     model_name: str | None = None  # the id /v1/models lists (None: the manifest's source model)
@@ -34,7 +36,9 @@ class ServeConfig:
         object.__setattr__(self, "mode", Mode(self.mode))
         if self.batch < 2:
             raise ConfigError("serve runs a batch graph: --batch 2 or more (rows left free cost a 1-token stub each)")
-        if min(self.capacity, self.threads, self.max_queue or 1) < 1:
+        if self.capacity is None and self.budget is None:
+            raise ConfigError("serve needs --capacity per row, or a --profile / --budget to size it")
+        if min(self.capacity or 1, self.threads, self.max_queue or 1, self.budget or 1) < 1:
             raise ConfigError("--capacity, --threads and --max-queue must be >= 1")
 
 
@@ -50,7 +54,7 @@ def build_app(config: ServeConfig, *, log=print):
     manifest = artifact.manifest
     manifest.batch_graph(config.batch)  # a one-line error naming `export batch`, before anything loads
     pool = open_batch(artifact, batch=config.batch, capacity=config.capacity, mode=config.mode,
-                      drafter=config.drafter, threads=config.threads, log=log)
+                      drafter=config.drafter, threads=config.threads, budget=config.budget, log=log)
     worker = PoolWorker(pool, max_queue=config.max_queue or 4 * config.batch)
     stores = None
     if config.recall_dir is not None:
