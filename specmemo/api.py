@@ -30,11 +30,12 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from specmemo.errors import ConfigError
 from specmemo.runtime.artifact import Artifact
-from specmemo.runtime.config import DEFAULT_THREADS, EngineConfig, Mode
+from specmemo.runtime.config import CHAT_MAX_NEW_TOKENS, DEFAULT_THREADS, GENERATE_MAX_NEW_TOKENS, EngineConfig, Mode
 from specmemo.runtime.manifest import ModelFormat
 from specmemo.runtime.memory import parse_size
 from specmemo.runtime.recall import DEFAULT_BUDGET as DEFAULT_RECALL_BUDGET
 from specmemo.runtime.recall import RecallConfig
+from specmemo.runtime.sampling import sampling_for
 
 if TYPE_CHECKING:
     from specmemo.device_profiles.schema import DeviceProfile
@@ -42,10 +43,8 @@ if TYPE_CHECKING:
     from specmemo.runtime.constraint import Constraint
     from specmemo.runtime.decode import GenerationStats
     from specmemo.runtime.engine import Engine
-    from specmemo.runtime.manifest import GenerationDefaults
     from specmemo.runtime.plan import Plan
     from specmemo.runtime.pool import SequencePool
-    from specmemo.runtime.sampling import Sampling
     from specmemo.runtime.tokenizer import Message
     from specmemo.runtime.tools import ToolCall
 
@@ -102,8 +101,9 @@ class Model:
         """Mode, drafters, sizes (C, R, T_max), the arena layout and, when priced, the memory model's footprint."""
         return self.engine.plan
 
-    def generate(self, prompt: str | Sequence[Message | dict[str, str]], *, max_new_tokens: int = 128,
-                 system: str | None = None, on_text: Callable[[str], None] | None = None,
+    def generate(self, prompt: str | Sequence[Message | dict[str, str]], *,
+                 max_new_tokens: int = GENERATE_MAX_NEW_TOKENS, system: str | None = None,
+                 on_text: Callable[[str], None] | None = None,
                  ignore_eos: bool = False, schema: dict[str, Any] | str | None = None, regex: str | None = None,
                  grammar: str | None = None, choices: Sequence[str] | None = None,
                  tools: list[dict[str, Any]] | None = None, tool_choice: str | dict[str, Any] | None = None
@@ -141,7 +141,7 @@ class Model:
         content, calls = calling.read(text)
         return Completion(text=content or "", token_ids=result.token_ids, stats=result.stats, tool_calls=tuple(calls))
 
-    def stream(self, prompt: str | Sequence[Message | dict[str, str]], *, max_new_tokens: int = 128,
+    def stream(self, prompt: str | Sequence[Message | dict[str, str]], *, max_new_tokens: int = GENERATE_MAX_NEW_TOKENS,
                system: str | None = None) -> Iterator[str]:
         """The reply as text pieces while it is generated; leaving the loop early stops the generation."""
         pieces: queue.Queue[object] = queue.Queue()
@@ -193,7 +193,7 @@ class Model:
         store.keep()
         return len(ids)
 
-    def chat(self, *, system: str | None = None, max_new_tokens: int = 256) -> ChatSession:
+    def chat(self, *, system: str | None = None, max_new_tokens: int = CHAT_MAX_NEW_TOKENS) -> ChatSession:
         """A conversation: `send(text)` → a Reply; earlier turns stay in the KV cache, the oldest are dropped
         (the system prompt stays) when a turn would not fit."""
         from specmemo.runtime.chat import ChatSession
@@ -279,30 +279,6 @@ def messages_of(prompt: str | Sequence[Message | dict[str, Any]], *, system: str
         if not turns:
             raise ConfigError("the prompt has no messages: give a string or at least one {role, content}")
     return ([Message("system", system)] if system else []) + turns
-
-
-def sampling_for(defaults: GenerationDefaults | None, *, temperature: float | None = None,
-                 top_p: float | None = None, top_k: int | None = None, repetition_penalty: float | None = None,
-                 seed: int = 0, acceptance: str = "exact") -> Sampling | None:
-    """How a request samples (None: greedy), the one rule of the API, the CLI and the server: each setting the
-    request gives wins, then the artifact's generation defaults (`defaults`: its manifest's `generation`), then off;
-    a temperature of 0, given or the artifact's, is exact greedy."""
-    from specmemo.runtime.sampling import Acceptance, Sampling
-
-    if temperature is None:
-        temperature = defaults.temperature if defaults is not None else 0.0
-    if temperature <= 0:
-        return None
-    return Sampling(temperature=temperature, seed=seed, acceptance=Acceptance(acceptance),
-                    top_p=_filled(top_p, defaults.top_p if defaults else None, off=1.0),
-                    top_k=_filled(top_k, defaults.top_k if defaults else None, off=0),
-                    repetition_penalty=_filled(repetition_penalty, defaults.repetition_penalty if defaults else None,
-                                               off=1.0))
-
-
-def _filled(given: _T | None, artifacts: _T | None, *, off: _T) -> _T:
-    """A sampling setting: the request's, else the artifact's, else off."""
-    return given if given is not None else artifacts if artifacts is not None else off
 
 
 def device_settings(*, profile: str | None, budget: str | int | None, threads: int | None,

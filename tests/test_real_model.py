@@ -214,7 +214,7 @@ def test_default_chat_settings_do_not_loop_where_greedy_does(real):
     from specmemo.runtime.chat import ChatSession
     from specmemo.runtime.engine import EngineConfig, open_engine
     from specmemo.runtime.manifest import load_manifest
-    from specmemo.runtime.sampling import default_sampling
+    from specmemo.runtime.sampling import sampling_for
 
     artifact = real[0]
     defaults = load_manifest(artifact).generation
@@ -225,7 +225,7 @@ def test_default_chat_settings_do_not_loop_where_greedy_does(real):
                                        log=lambda *_: None), max_new_tokens=128)
         return [chat.send(user) for user in SCRIPT]
 
-    sampled = replies(default_sampling(defaults))
+    sampled = replies(sampling_for(defaults))
     print("distinct-4 per reply:", [round(distinct_ngram_ratio(r.token_ids), 3) for r in sampled])
     assert not any(loops_to_the_limit(r.token_ids, r.stats.finish_reason) for r in sampled)
     assert any(loops_to_the_limit(r.token_ids, r.stats.finish_reason) for r in replies(None))

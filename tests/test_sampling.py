@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from specmemo.errors import ConfigError
-from specmemo.export.generation import DEFAULTS, generation_defaults
+from specmemo.export.generation import generation_defaults
 from specmemo.runtime.manifest import GenerationDefaults
-from specmemo.runtime.sampling import Sampling, accept_typical, distribution, node_distributions
+from specmemo.runtime.sampling import DEFAULTS, Sampling, accept_typical, distribution, node_distributions
 
 
 def test_top_k_and_top_p_keep_the_head_of_the_distribution():

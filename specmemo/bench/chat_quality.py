@@ -19,7 +19,7 @@ from specmemo.runtime.chat import ChatSession
 from specmemo.runtime.config import DEFAULT_THREADS
 from specmemo.runtime.engine import EngineConfig, Mode, open_engine
 from specmemo.runtime.manifest import load_manifest
-from specmemo.runtime.sampling import default_sampling, describe
+from specmemo.runtime.sampling import describe, sampling_for
 
 SCRIPT = (
     "My name is Ada and I live in Lisbon. What is a good weekend trip from there?",
@@ -53,7 +53,7 @@ class ChatBenchConfig:
 
 def run_chat_bench(config: ChatBenchConfig, *, log=print) -> dict:
     defaults = load_manifest(config.artifact).generation
-    settings = {"defaults": default_sampling(defaults, seed=config.seed), "greedy": None}
+    settings = {"defaults": sampling_for(defaults, seed=config.seed), "greedy": None}
     results: dict[str, Any] = {"artifact": str(config.artifact), "max_new_tokens": config.max_new_tokens,
                                "mode": config.mode.value, "defaults_source": defaults.source if defaults else "none",
                                "settings": {}}

@@ -201,13 +201,13 @@ def encode(engine: Engine, config: EvalDrafterConfig, *, log=print) -> tuple[lis
 def open_engines(config: EvalDrafterConfig, *, log=print) -> tuple[Engine, dict[str, Engine]]:
     """One engine whose session every drafter shares (its plan sized for all of them), and per drafter spec an
     engine over that session with its own drafter (and, for a choice, its own candidates)."""
-    from specmemo.runtime.sampling import default_sampling
+    from specmemo.runtime.sampling import sampling_for
 
     everything = ",".join(dict.fromkeys(g.strip() for spec in config.drafters for g in spec.split(",")))
     engine = open_engine(EngineConfig(artifact=Artifact.open(config.artifact), mode=Mode.TREE, drafter=everything,
                                       threads=config.threads, model_format=ModelFormat(config.model_format)), log=log)
     if config.sampling:
-        sampling = default_sampling(engine.session.manifest.generation)
+        sampling = sampling_for(engine.session.manifest.generation)
         if sampling is None:
             raise ConfigError(f"{config.artifact}'s generation defaults are greedy: nothing to sample with")
         engine.config = replace(engine.config, sampling=sampling)

@@ -16,6 +16,7 @@ from collections.abc import Iterable
 
 from specmemo.cli.options import add_artifact, add_decoding_options, open_model_from, positive
 from specmemo.console import TextStream, log_dim, readable
+from specmemo.runtime.config import CHAT_MAX_NEW_TOKENS
 
 HELP = """commands:
   /reset   forget the conversation (the system prompt stays) and empty the KV cache
@@ -39,7 +40,8 @@ def add_parser(sub) -> None:
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     add_artifact(p)
     p.add_argument("--system", help="system prompt (kept when old turns are dropped)")
-    p.add_argument("--max-new-tokens", type=positive, default=256, help="per reply (default 256)")
+    p.add_argument("--max-new-tokens", type=positive, default=CHAT_MAX_NEW_TOKENS,
+                   help="per reply (default %(default)s)")
     p.add_argument("--prompt", help="one-shot: answer this message and exit")
     add_decoding_options(p)
     p.add_argument("--json", action="store_true", help="scripted mode: one JSON object per turn")

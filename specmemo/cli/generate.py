@@ -10,6 +10,7 @@ from pathlib import Path
 from specmemo.cli.options import add_artifact, add_decoding_options, open_model_from, positive
 from specmemo.console import log_stderr, readable
 from specmemo.errors import ConfigError
+from specmemo.runtime.config import GENERATE_MAX_NEW_TOKENS
 
 
 def add_parser(sub) -> None:
@@ -22,7 +23,8 @@ def add_parser(sub) -> None:
     add_artifact(p)
     p.add_argument("--prompt", help="the user message (default: read stdin)")
     p.add_argument("--system", help="optional system message")
-    p.add_argument("--max-new-tokens", type=positive, default=128)
+    p.add_argument("--max-new-tokens", type=positive, default=GENERATE_MAX_NEW_TOKENS,
+                   help="the reply's length at most (default %(default)s)")
     add_decoding_options(p)
     p.add_argument("--context", type=positive, help="with --budget: allocate this many KV positions, not the most "
                                                     "that fit")

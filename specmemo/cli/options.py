@@ -15,6 +15,8 @@ from specmemo.console import log_dim
 from specmemo.errors import ConfigError
 from specmemo.export.load import DEFAULT_MODEL, default_artifact  # a light module: torch loads only to convert
 from specmemo.runtime.config import Mode
+from specmemo.runtime.sampling import DEFAULTS as SAMPLING_DEFAULTS
+from specmemo.runtime.sampling import described
 
 DEFAULT_ARTIFACT = default_artifact(DEFAULT_MODEL)
 
@@ -108,8 +110,8 @@ def add_decoding_options(parser: argparse.ArgumentParser) -> None:
     sampling = parser.add_argument_group(
         "sampling", "--temperature 0 is exact greedy (token-identical with or without a drafter); typical acceptance "
         "keeps speculation on while sampling. What is not given comes from the model's own settings (its "
-        "generation_config, else SpecMemo's: temperature 0.7, top-p 0.9, top-k 40, repetition penalty 1.1), as the "
-        "artifact's manifest records them (`generation`) - the same rule as the Python API and `specmemo serve`.")
+        f"generation_config, else SpecMemo's: {described(SAMPLING_DEFAULTS)}), as the artifact's manifest records "
+        "them (`generation`) - the same rule as the Python API and `specmemo serve`.")
     sampling.add_argument("--temperature", type=float, default=None,
                           help="0: greedy; > 0: sample (default: the artifact's)")
     sampling.add_argument("--top-p", type=float, default=None, help="keep the most likely tokens up to this mass "

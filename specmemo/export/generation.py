@@ -1,9 +1,8 @@
 """The sampling defaults an artifact carries (manifest.generation): the model's own, else SpecMemo's.
 
 A model's `generation_config.json` may set do_sample, temperature, top_p, top_k and
-repetition_penalty; each value it sets is kept. What it leaves out comes from DEFAULTS, chosen for
-small chat models (those of llama.cpp and Ollama, with a mild repetition penalty: a 135M model's
-greedy replies loop, and `bench chat-quality` measures that these do not). A GGUF carries no
+repetition_penalty; each value it sets is kept. What it leaves out comes from DEFAULTS (runtime/sampling.py, the
+one table). A GGUF carries no
 generation config, so GGUF sources get DEFAULTS. A model whose config says do_sample=false
 without a temperature is still given DEFAULTS: chat samples; `--temperature 0` is exact greedy.
 """
@@ -14,8 +13,8 @@ import json
 from pathlib import Path
 
 from specmemo.runtime.manifest import GenerationDefaults
+from specmemo.runtime.sampling import DEFAULTS
 
-DEFAULTS = {"temperature": 0.7, "top_p": 0.9, "top_k": 40, "repetition_penalty": 1.1}
 KEYS = tuple(DEFAULTS)
 
 

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from specmemo.runtime.backend import ContextOverflowError
+from specmemo.runtime.config import CHAT_MAX_NEW_TOKENS
 from specmemo.runtime.decode import GenerationStats
 from specmemo.runtime.engine import Engine
 from specmemo.runtime.tokenizer import Message
@@ -102,7 +103,7 @@ def common_prefix(a: list[int], b: list[int]) -> int:
 class ChatSession:
     """A conversation on an engine: `send` a user message, get the reply (streamed via on_token)."""
 
-    def __init__(self, engine: Engine, *, system: str | None = None, max_new_tokens: int = 256):
+    def __init__(self, engine: Engine, *, system: str | None = None, max_new_tokens: int = CHAT_MAX_NEW_TOKENS):
         if max_new_tokens < 1:
             raise ValueError("max_new_tokens must be >= 1")
         self.engine = engine

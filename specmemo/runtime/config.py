@@ -33,6 +33,8 @@ class Mode(StrEnum):
 
 
 DEFAULT_THREADS = 2  # ORT intra-op threads unless a profile or the caller says: pinned so timings compare
+GENERATE_MAX_NEW_TOKENS = 128  # a one-shot reply's length unless the caller says (API, CLI)
+CHAT_MAX_NEW_TOKENS = 256  # a chat reply's (API, CLI, ChatSession)
 
 
 @dataclass(frozen=True)

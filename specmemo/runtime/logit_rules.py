@@ -21,22 +21,26 @@ import numpy as np
 from specmemo.errors import ConfigError
 
 MAX_TOP_LOGPROBS = 20  # OpenAI's limit for top_logprobs
+PENALTY_RANGE = (-2.0, 2.0)  # OpenAI's presence and frequency penalties
+BIAS_RANGE = (-100.0, 100.0)  # OpenAI's logit_bias values
 
 
 @dataclass(frozen=True)
 class LogitRules:
-    presence_penalty: float = 0.0  # [-2, 2]
-    frequency_penalty: float = 0.0  # [-2, 2]
-    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias in [-100, 100])
+    presence_penalty: float = 0.0  # in PENALTY_RANGE
+    frequency_penalty: float = 0.0
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias in BIAS_RANGE)
     logprobs: int | None = None  # None: none; k >= 0: the chosen token's log-probability and the top k
 
     def __post_init__(self) -> None:
+        low, high = PENALTY_RANGE
         for name in ("presence_penalty", "frequency_penalty"):
-            if not -2.0 <= getattr(self, name) <= 2.0:
-                raise ConfigError(f"{name} must be in [-2, 2], got {getattr(self, name)}")
+            if not low <= getattr(self, name) <= high:
+                raise ConfigError(f"{name} must be in [{low:g}, {high:g}], got {getattr(self, name)}")
         for token, bias in self.logit_bias:
-            if token < 0 or not -100.0 <= bias <= 100.0:
-                raise ConfigError(f"logit_bias: token {token} bias {bias}: ids >= 0, biases in [-100, 100]")
+            if token < 0 or not BIAS_RANGE[0] <= bias <= BIAS_RANGE[1]:
+                raise ConfigError(f"logit_bias: token {token} bias {bias}: ids >= 0, biases in "
+                                  f"[{BIAS_RANGE[0]:g}, {BIAS_RANGE[1]:g}]")
         if self.logprobs is not None and not 0 <= self.logprobs <= MAX_TOP_LOGPROBS:
             raise ConfigError(f"top logprobs must be in [0, {MAX_TOP_LOGPROBS}], got {self.logprobs}")
 

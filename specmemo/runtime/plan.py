@@ -302,10 +302,10 @@ def fit(manifest: Manifest, calibration: memory.Calibration, *, budget: int, con
     need = context or manifest.max_capacity
     bound = lower_bound(manifest, calibration, context=need, batch=batch)
     if budget < bound.total:
-        rows = f" x {batch} rows" if batch > 1 else ""
+        of_rows = f" x {batch} rows" if batch > 1 else ""
         raise memory.BudgetError(
             f"budget {budget / MIB:.2f} MiB is below the lower bound of {bound.total / MIB:.2f} MiB for a "
-            f"{need}-token context{rows} (load {bound.load / MIB:.1f} MiB + generation {bound.generation / MIB:.1f} "
+            f"{need}-token context{of_rows} (load {bound.load / MIB:.1f} MiB + generation {bound.generation / MIB:.1f} "
             f"MiB + headroom {bound.headroom / MIB:.1f} MiB): "
             f"raise --budget, or lower --context{' or --batch' if batch > 1 else ''}")
     full_tree = tree_sizes(manifest)[0] if tree is None else tree

@@ -39,14 +39,27 @@ class Acceptance(StrEnum):
     TYPICAL = "typical"  # Medusa's typical acceptance
 
 
+# SpecMemo's sampling defaults, for an artifact whose model sets none (export/generation.py writes them into the
+# manifest): those of llama.cpp and Ollama for small chat models, with a mild repetition penalty (a 135M model's
+# greedy replies loop; `bench chat-quality` measures that these do not)
+DEFAULTS = {"temperature": 0.7, "top_p": 0.9, "top_k": 40, "repetition_penalty": 1.1}
+OFF = {"top_p": 1.0, "top_k": 0, "repetition_penalty": 1.0}  # each filter's value that leaves the distribution be
+
+
+def described(values: dict[str, float]) -> str:
+    """"temperature 0.7, top-p 0.9, ..." of a table such as DEFAULTS (help texts are made from it)."""
+    return ", ".join(f"{key.replace('_', ' ').replace('top p', 'top-p').replace('top k', 'top-k')} {value:g}"
+                     for key, value in values.items())
+
+
 @dataclass(frozen=True)
 class Sampling:
     """How a speculative step samples (seeded); temperature > 0."""
 
-    temperature: float = 0.7
-    top_p: float = 1.0  # 1: off
-    top_k: int = 0  # 0: off
-    repetition_penalty: float = 1.0  # 1: off; > 1 discourages tokens already in the context (HF's rule)
+    temperature: float = DEFAULTS["temperature"]
+    top_p: float = OFF["top_p"]
+    top_k: int = int(OFF["top_k"])
+    repetition_penalty: float = OFF["repetition_penalty"]  # > 1 discourages tokens already in the context (HF's rule)
     posterior_threshold: float = 0.09  # ε
     posterior_alpha: float = 0.3  # α
     seed: int = 0
@@ -174,9 +187,19 @@ def describe(sampling: Sampling | None) -> str:
             f"seed {sampling.seed}")
 
 
-def default_sampling(defaults: GenerationDefaults | None, *, seed: int = 0) -> Sampling | None:
-    """The Sampling an artifact's GenerationDefaults (manifest.generation) ask for; None: greedy."""
-    if defaults is None or defaults.temperature <= 0:
+def sampling_for(defaults: GenerationDefaults | None, *, temperature: float | None = None,
+                 top_p: float | None = None, top_k: int | None = None, repetition_penalty: float | None = None,
+                 seed: int = 0, acceptance: str = "exact") -> Sampling | None:
+    """How a request samples (None: greedy), the one rule of the API, the CLI, the server and the benches: each
+    setting the request gives wins, then the artifact's generation defaults (`defaults`: its manifest's
+    `generation`), then off; a temperature of 0, given or the artifact's, is exact greedy."""
+    if temperature is None:
+        temperature = defaults.temperature if defaults is not None else 0.0
+    if temperature <= 0:
         return None
-    return Sampling(temperature=defaults.temperature, top_p=defaults.top_p, top_k=defaults.top_k,
-                    repetition_penalty=defaults.repetition_penalty, seed=seed)
+    given = {"top_p": top_p, "top_k": top_k, "repetition_penalty": repetition_penalty}
+    filled = {key: value if value is not None else getattr(defaults, key) if defaults is not None else OFF[key]
+              for key, value in given.items()}
+    return Sampling(temperature=temperature, seed=seed, acceptance=Acceptance(acceptance),
+                    top_p=float(filled["top_p"]), top_k=int(filled["top_k"]),
+                    repetition_penalty=float(filled["repetition_penalty"]))

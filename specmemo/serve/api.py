@@ -19,6 +19,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from starlette.responses import JSONResponse
 
+from specmemo.runtime.logit_rules import BIAS_RANGE, PENALTY_RANGE, LogitRules
 from specmemo.runtime.text import first_non_text
 from specmemo.serve.limits import BadRequest, Limits
 
@@ -85,8 +86,8 @@ class Common(BaseModel):
     seed: int | None = Field(default=None, ge=-(2**63), lt=2**64)
     n: Literal[1] = 1
     stop: str | list[str] | None = None
-    presence_penalty: float = Field(default=0.0, ge=-2, le=2)
-    frequency_penalty: float = Field(default=0.0, ge=-2, le=2)
+    presence_penalty: float = Field(default=LogitRules.presence_penalty, ge=PENALTY_RANGE[0], le=PENALTY_RANGE[1])
+    frequency_penalty: float = Field(default=LogitRules.frequency_penalty, ge=PENALTY_RANGE[0], le=PENALTY_RANGE[1])
     logit_bias: dict[str, float] | None = None
 
     @field_validator("stop")
@@ -101,8 +102,8 @@ class Common(BaseModel):
     @classmethod
     def _bias(cls, value):
         for token, bias in (value or {}).items():
-            if not (token.isascii() and token.isdigit()) or not -100 <= bias <= 100:
-                raise ValueError("keys are token ids (digits), values in [-100, 100]")
+            if not (token.isascii() and token.isdigit()) or not BIAS_RANGE[0] <= bias <= BIAS_RANGE[1]:
+                raise ValueError(f"keys are token ids (digits), values in [{BIAS_RANGE[0]:g}, {BIAS_RANGE[1]:g}]")
         return value
 
     @property

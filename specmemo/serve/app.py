@@ -38,12 +38,11 @@ from starlette.requests import Request as HttpRequest
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from specmemo.api import sampling_for
 from specmemo.errors import ConfigError
 from specmemo.runtime.artifact import Artifact
 from specmemo.runtime.logit_rules import LogitRules, TokenLogprob
 from specmemo.runtime.pool import Request
-from specmemo.runtime.sampling import Sampling
+from specmemo.runtime.sampling import Sampling, sampling_for
 from specmemo.runtime.tokenizer import ChatTokenizer, Message
 from specmemo.runtime.tools import ToolRequest
 from specmemo.serve.api import BadRequest, ChatRequest, CompletionRequest, Limits, error, parse
@@ -205,7 +204,7 @@ class ServeApp:
                        rules, matcher_of(body, calling, self.artifact))
 
     def sampling(self, body) -> Sampling | None:
-        """The request's sampling by the API's one rule (api.sampling_for)."""
+        """The request's sampling by the one rule (runtime/sampling.py: sampling_for)."""
         seed = int(body.seed or 0) % 2**64  # OpenAI's seeds are any int64; numpy's are >= 0
         return sampling_for(self.defaults, temperature=body.temperature, top_p=body.top_p, seed=seed)
 
