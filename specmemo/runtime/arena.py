@@ -37,9 +37,10 @@ import numpy as np
 
 from specmemo.errors import ConfigError
 from specmemo.runtime.manifest import Manifest
+from specmemo.runtime.shared import SHARED
 from specmemo.runtime.sizes import WINDOW_MARGIN, Sizes
 
-ALIGN = 64  # bytes; every view starts on a cache line
+ALIGN: int = SHARED["arena_align"]  # bytes; every view starts on a cache line
 
 
 @dataclass(frozen=True)

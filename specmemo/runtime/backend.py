@@ -19,13 +19,14 @@ import numpy.typing as npt
 from specmemo.errors import SpecMemoError
 from specmemo.runtime import tree
 from specmemo.runtime.row_route import RowRoute, manifest_route
+from specmemo.runtime.shared import SHARED
 from specmemo.runtime.sizes import WINDOW_MARGIN
 
 if TYPE_CHECKING:  # the PyTorch reference uses this module without ONNX Runtime
     from specmemo.runtime.session import DecoderSession
 
 
-TREE_CACHE = 16  # tree shapes whose depths and bias stay cached (a new shape is computed once)
+TREE_CACHE: int = SHARED["tree_cache"]  # tree shapes whose depths and bias stay cached (a new shape is computed once)
 
 
 class TreeInputs:

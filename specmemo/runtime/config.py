@@ -16,6 +16,7 @@ from specmemo.runtime.drafters import parse_drafter
 from specmemo.runtime.manifest import ModelFormat
 from specmemo.runtime.recall import RecallConfig
 from specmemo.runtime.row_route import RowRoute
+from specmemo.runtime.shared import SHARED
 from specmemo.runtime.sizes import DEFAULT_PREFILL_CHUNK
 
 if TYPE_CHECKING:
@@ -32,9 +33,11 @@ class Mode(StrEnum):
         return cls.TREE if value == "medusa" else None  # the name before drafters were pluggable
 
 
-DEFAULT_THREADS = 2  # ORT intra-op threads unless a profile or the caller says: pinned so timings compare
-GENERATE_MAX_NEW_TOKENS = 128  # a one-shot reply's length unless the caller says (API, CLI)
-CHAT_MAX_NEW_TOKENS = 256  # a chat reply's (API, CLI, ChatSession)
+# ORT intra-op threads unless a profile or the caller says: pinned so timings compare
+DEFAULT_THREADS: int = SHARED["threads"]
+# a one-shot reply's length unless the caller says (API, CLI)
+GENERATE_MAX_NEW_TOKENS: int = SHARED["max_new_tokens"]["generate"]
+CHAT_MAX_NEW_TOKENS: int = SHARED["max_new_tokens"]["chat"]  # a chat reply's (API, CLI, ChatSession)
 
 
 @dataclass(frozen=True)

@@ -47,21 +47,24 @@ from specmemo.errors import ConfigError
 from specmemo.runtime import decode, measured, tree
 from specmemo.runtime.drafters.calibration import ScoreCalibration
 from specmemo.runtime.drafters.draft import DraftCost, DraftTree, draft_cost
+from specmemo.runtime.shared import SHARED
 
 if TYPE_CHECKING:
     from specmemo.runtime.artifact import Artifact
     from specmemo.runtime.backend import Backend
     from specmemo.runtime.drafters import Priced
 
-EXPLORE_EVERY = 32
-EXPLORE_MAX = 512
-FREE_DRAFT = 0.02  # drafting under 2% of a plain step always runs
-RATE_MEMORY = 16  # steps: the running mean of drafted steps' rate forgets with this time constant
+_SHARED = SHARED["controller"]  # the TypeScript engine's controller takes the same
+EXPLORE_EVERY: int = _SHARED["explore_every"]
+EXPLORE_MAX: int = _SHARED["explore_max"]
+FREE_DRAFT: float = _SHARED["free_draft"]  # drafting under this share of a plain step always runs
+# steps: the running mean of drafted steps' rate forgets with this time constant
+RATE_MEMORY: int = _SHARED["rate_memory"]
 PRIOR_REACH = 0.5  # before any step: a drafted depth is reached (accepted down to it) half the time, per level
 PRIOR_DEPTH_TRIALS = 4
 PROBE_EVERY = 24  # steps: a choice among drafters re-prices a candidate left aside this long after it last drafted
 PROBE_MAX = 384  # steps: the longest wait, after probes it kept losing
-DECISION_LOG = 256  # decisions kept for inspection (the newest)
+DECISION_LOG: int = _SHARED["decision_log"]  # decisions kept for inspection (the newest)
 
 
 @dataclass(frozen=True)
@@ -84,8 +87,10 @@ class LatencyCurve:
         return float(self.step_ms[-1] + max(slope, 0.0) * (size - self.sizes[-1]))
 
 
-CURVE_SIZES = (1, 2, 4, 8, 16)  # measured at first use; wider trees extrapolate, and the loop refines what it verifies
-CURVE_CONTEXT = 32  # past positions under the measured steps: a short prompt keeps the first use short
+# measured at first use; wider trees extrapolate, and the loop refines what it verifies
+CURVE_SIZES: tuple[int, ...] = tuple(_SHARED["curve_sizes"])
+# past positions under the measured steps: a short prompt keeps the first use short
+CURVE_CONTEXT: int = _SHARED["curve_context"]
 
 
 def measure_latency(backend: Backend, max_size: int, *, context: int = CURVE_CONTEXT, rounds: int = 2,

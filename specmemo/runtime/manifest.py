@@ -26,6 +26,7 @@ from specmemo.runtime.formats import (
     graph_file,
 )
 from specmemo.runtime.graphs import BatchGraph, DecoderIO, FeatureDrafterInfo, HeadsInfo, SharedInitializer, TensorSpec
+from specmemo.runtime.shared import SHARED
 from specmemo.runtime.span import AttentionOp
 
 __all__ = [  # the contract's parts, defined by concept (dims, graphs, formats) and read here as one manifest
@@ -35,7 +36,8 @@ __all__ = [  # the contract's parts, defined by concept (dims, graphs, formats) 
     "graph_file", "load_manifest", "manifest_from_dict", "save_manifest"]
 
 MANIFEST_FILE = "manifest.json"
-FORMAT_VERSION = 8  # 2: inputs_embeds, the embedding table in its own file; 3: max_capacity,
+# 2: inputs_embeds, the embedding table in its own file; 3: max_capacity,
+FORMAT_VERSION: int = SHARED["manifest_format"]
 # weight/kv/activation dtypes; 4: drafter; 5: quantized weights (weight_dtype int8/int4, quantized embedding rows);
 # 6: sliding-window layers (their own KV buffers and attention_bias_local), generation defaults; 7: batch graphs;
 # 8: a grouped graph reads its K/V whole at the span (runtime/kv_cache.py), each batch row's span its own

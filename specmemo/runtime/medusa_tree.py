@@ -15,12 +15,14 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from specmemo.runtime import tree
+from specmemo.runtime.shared import SHARED
 
 if TYPE_CHECKING:
     from specmemo.runtime.manifest import Manifest
 
 Choice = tuple[int, ...]
-USEFUL_GAIN = 0.5  # a useful tree keeps half the full tree's expected extra tokens per step (the lower bound's)
+# a useful tree keeps half the full tree's expected extra tokens per step (the lower bound's)
+USEFUL_GAIN: float = SHARED["useful_gain"]
 
 
 @dataclass(frozen=True)

@@ -34,9 +34,11 @@ from specmemo.errors import SpecMemoError
 from specmemo.runtime import recall
 from specmemo.runtime.arena import ArenaLayout
 from specmemo.runtime.manifest import AttentionOp, Manifest, ModelDims
+from specmemo.runtime.shared import SHARED
 from specmemo.runtime.sizes import Sizes
 
-HEADROOM = 0.05  # of predicted generation memory: room for the model's error (bench decode measures it)
+# of predicted generation memory: room for the model's error (bench decode measures it)
+HEADROOM: float = SHARED["memory_headroom"]
 MIB = 2**20
 
 

@@ -30,18 +30,21 @@ from pathlib import Path
 import numpy as np
 
 from specmemo.errors import SpecMemoError
+from specmemo.runtime.shared import SHARED
 
-FORMAT = "specmemo-recall"
-VERSION = 1
-ORDERS = (2, 3, 4, 6)  # n-gram lengths indexed, shortest first; the longest matching one drafts
-SEPARATOR = -1  # between documents: never part of an n-gram or of a continuation
-RING_BYTES = 4  # int32 per token held
-SLOT_BYTES = 8  # int64 per table slot, one slot per token and order
-_PRIME = np.uint64(0x100000001B3)  # FNV-1a's 64-bit prime, the polynomial's base
-_MIX = np.uint64(0x9E3779B97F4A7C15)  # spreads a hash over the table (multiplicative hashing)
+_STORE = SHARED["recall_store"]  # the file's format, which the TypeScript engine reads and writes alike
+FORMAT: str = _STORE["format"]
+VERSION: int = _STORE["version"]
+ORDERS: tuple[int, ...] = tuple(_STORE["orders"])  # n-gram lengths indexed, shortest first; the longest matching
+# one drafts
+SEPARATOR: int = _STORE["separator"]  # between documents: never part of an n-gram or of a continuation
+RING_BYTES: int = _STORE["ring_bytes"]  # int32 per token held
+SLOT_BYTES: int = _STORE["slot_bytes"]  # int64 per table slot, one slot per token and order
+_PRIME = np.uint64(int(_STORE["prime"], 16))  # FNV-1a's 64-bit prime, the polynomial's base
+_MIX = np.uint64(int(_STORE["mix"], 16))  # spreads a hash over the table (multiplicative hashing)
 
 
-DEFAULT_BUDGET = 8 * 2**20  # bytes: ~233k tokens, a few hundred conversations' worth of text
+DEFAULT_BUDGET: int = _STORE["budget"]  # bytes: ~233k tokens, a few hundred conversations' worth of text
 
 
 class RecallError(SpecMemoError, ValueError):
@@ -103,7 +106,8 @@ def _hash(tokens: list[int]) -> int:
     return int(_hashes(np.asarray(tokens, dtype=np.int32), np.array([len(tokens)]), len(tokens))[0])
 
 
-MAX_MATCH = 64  # how far back a match is followed past its n-gram (drafters/recall.py scores by it)
+# how far back a match is followed past its n-gram (drafters/recall.py scores by it)
+MAX_MATCH: int = _STORE["max_match"]
 
 
 @dataclass(frozen=True)

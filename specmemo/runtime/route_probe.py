@@ -21,12 +21,14 @@ from specmemo.runtime.fresh_process import serve_json
 from specmemo.runtime.manifest import ModelFormat
 from specmemo.runtime.row_route import CANDIDATES, RouteSource, RowRoute, manifest_route
 from specmemo.runtime.session import DecoderSession, SessionConfig
+from specmemo.runtime.shared import SHARED
 from specmemo.runtime.sizes import Sizes
 
 # odd, even and four-tiled counts and their remainders: kernels compute rows in pairs or tiles of four, the rest apart
 # a prompt length that is no multiple of 2 or 4, so the calls attend to lengths of every alignment (a kernel may sum
 # a row's scores in lanes by key index with the last keys apart, which a length that is always aligned would hide)
-PROMPT, SIZES = 23, (2, 3, 4, 5, 6, 7, 8, 9, 12, 16)
+PROMPT: int = SHARED["route_probe"]["prompt"]
+SIZES: tuple[int, ...] = tuple(SHARED["route_probe"]["sizes"])
 
 
 def one_token_calls(backend: OrtBackend, tokens: list[int]) -> np.ndarray:

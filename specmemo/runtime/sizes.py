@@ -15,8 +15,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from specmemo.errors import ConfigError
+from specmemo.runtime.shared import SHARED
 
-DEFAULT_PREFILL_CHUNK = 64  # R when nothing else decides it: prompt tokens per decoder call
+DEFAULT_PREFILL_CHUNK: int = SHARED["prefill_chunk"]  # R when nothing else decides it: prompt tokens per decoder call
 WINDOW_MARGIN = 64  # positions a sliding layer keeps beyond its window (arena.window_capacity)
 FEATURE_DEPTH = 2  # the feature drafter's depths drafted at most, when its training card names no deeper unroll
 FEATURE_WIDTH = 4  # nodes it expands per depth (export writes both into the manifest; the runtime reads them there)

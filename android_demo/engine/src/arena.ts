@@ -23,8 +23,9 @@
 import { ConfigError } from './errors';
 import { Manifest } from './manifest';
 import { Sizes } from './sizes';
+import { SHARED } from './shared';
 
-export const ALIGN = 64; // bytes; every view starts on a cache line
+export const ALIGN = SHARED.arena_align; // bytes; every view starts on a cache line
 
 export type DType = 'float32' | 'float16' | 'int64';
 export type View = Float32Array | Uint16Array | BigInt64Array;

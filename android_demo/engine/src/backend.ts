@@ -16,8 +16,9 @@ import { ConfigError, ContextOverflowError } from './errors';
 import { RowRoute, manifestRoute } from './manifest';
 import { DecoderSession } from './session';
 import { chain, depths, treeBias } from './tree';
+import { SHARED } from './shared';
 
-const TREE_CACHE = 16; // tree shapes whose depths and bias stay cached
+const TREE_CACHE = SHARED.tree_cache; // tree shapes whose depths and bias stay cached
 
 export interface Forward {
   nextTokenIds: number[]; // [N] greedy next token after each node (N = T, or 1 with lastOnly)

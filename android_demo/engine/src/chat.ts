@@ -15,6 +15,7 @@ import { GenerationStats, WidthPolicy } from './decode';
 import { Engine } from './engine';
 import { ContextOverflowError } from './errors';
 import { Message } from './tokenizer';
+import { SHARED } from './shared';
 
 export interface Turn {
   user: string;
@@ -51,7 +52,7 @@ export class ChatSession {
 
   constructor(readonly engine: Engine, options: { system?: string; maxNewTokens?: number } = {}) {
     this.system = options.system ?? null;
-    this.maxNewTokens = options.maxNewTokens ?? 256;
+    this.maxNewTokens = options.maxNewTokens ?? SHARED.max_new_tokens.chat;
     if (this.maxNewTokens < 1) throw new RangeError('maxNewTokens must be >= 1');
   }
 

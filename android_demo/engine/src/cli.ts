@@ -14,6 +14,7 @@ import { ChatSession } from './chat';
 import { Mode, openEngine } from './engine';
 import { ModelFormat } from './manifest';
 import { FolderSource, RecallFileOnDisk } from './node';
+import { SHARED } from './shared';
 
 const UNITS: Record<string, number> = { '': 1, b: 1, kib: 2 ** 10, mib: 2 ** 20, gib: 2 ** 30, kb: 1e3, mb: 1e6, gb: 1e9 };
 
@@ -36,12 +37,12 @@ options:
   --prompt TEXT         the user message (generate)
   --message TEXT        a user turn (chat; repeat for several turns)
   --system TEXT         optional system message
-  --max-new-tokens N    default 256
+  --max-new-tokens N    default ${SHARED.max_new_tokens.generate} (generate), ${SHARED.max_new_tokens.chat} (chat)
   --mode M              greedy | tree | auto (default auto): greedy output is the same token for
                         token in every mode; tree and auto only change how many tokens a step verifies
   --drafter D           medusa, lookup, recall, or several joined by '+' (default: the manifest's)
   --capacity C          KV positions to allocate (default: the manifest's plan, else its max)
-  --threads N           ONNX Runtime intra-op threads (default 2)
+  --threads N           ONNX Runtime intra-op threads (default ${SHARED.threads})
   --model-format F      onnx (default) or ort (the .ort graphs of an \`export --mobile\` artifact)
   --route RxM           rows every call runs, at least R and a multiple of M (default: the manifest's);
                         give the one \`specmemo plan\` probed on this machine so greedy and speculative
@@ -60,8 +61,8 @@ async function main(): Promise<number> {
     allowPositionals: true,
     options: {
       artifact: { type: 'string' }, prompt: { type: 'string' }, message: { type: 'string', multiple: true },
-      system: { type: 'string' }, 'max-new-tokens': { type: 'string', default: '256' }, mode: { type: 'string', default: 'auto' },
-      drafter: { type: 'string' }, capacity: { type: 'string' }, threads: { type: 'string', default: '2' },
+      system: { type: 'string' }, 'max-new-tokens': { type: 'string' }, mode: { type: 'string', default: 'auto' },
+      drafter: { type: 'string' }, capacity: { type: 'string' }, threads: { type: 'string', default: String(SHARED.threads) },
       'model-format': { type: 'string', default: 'onnx' }, route: { type: 'string' }, 'ignore-eos': { type: 'boolean', default: false },
       recall: { type: 'string' }, 'recall-budget': { type: 'string' }, forget: { type: 'boolean', default: false },
       'recall-add': { type: 'string', multiple: true },
@@ -75,7 +76,7 @@ async function main(): Promise<number> {
   }
   if (!['generate', 'chat'].includes(command)) throw new Error(`unknown command ${JSON.stringify(command)}: use generate or chat (see --help)`);
   if (!values.artifact) throw new Error('--artifact is required: the folder `specmemo export` wrote');
-  const maxNewTokens = Number(values['max-new-tokens']);
+  const maxNewTokens = Number(values['max-new-tokens'] ?? SHARED.max_new_tokens[command === 'chat' ? 'chat' : 'generate']);
   const adds = values['recall-add'] ?? [];
   if ((values['recall-budget'] !== undefined || values.forget || adds.length) && values.recall === undefined) {
     throw new Error('--recall-budget, --forget and --recall-add act on a recall store: give --recall FILE');

@@ -13,15 +13,16 @@ import { ScoreCalibration } from './drafters/calibration';
 import { DraftTree } from './drafters/draft';
 import { WidthPolicy, prefill, verifyAndCommit } from './decode';
 import { chain } from './tree';
+import { SHARED } from './shared';
 
-export const EXPLORE_EVERY = 32;
-export const EXPLORE_MAX = 512;
-export const FREE_DRAFT = 0.02;
-export const RATE_MEMORY = 16;
-export const DECISION_LOG = 256; // decisions kept for inspection (the newest): a chat keeps one controller for all its turns
+export const EXPLORE_EVERY = SHARED.controller.explore_every;
+export const EXPLORE_MAX = SHARED.controller.explore_max;
+export const FREE_DRAFT = SHARED.controller.free_draft;
+export const RATE_MEMORY = SHARED.controller.rate_memory;
+export const DECISION_LOG = SHARED.controller.decision_log; // decisions kept for inspection (the newest): a chat keeps one controller for all its turns
 // As the Python runtime's (runtime/controller.py): a short measurement at first use, wider trees extrapolate.
-export const CURVE_SIZES = [1, 2, 4, 8, 16];
-export const CURVE_CONTEXT = 32;
+export const CURVE_SIZES = SHARED.controller.curve_sizes;
+export const CURVE_CONTEXT = SHARED.controller.curve_context;
 
 export class LatencyCurve {
   constructor(readonly sizes: readonly number[], readonly stepMs: readonly number[]) {

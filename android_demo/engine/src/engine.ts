@@ -29,6 +29,7 @@ import { Sizes, exportedTree, resolveSizes } from './sizes';
 import { ArtifactSource } from './source';
 import { ChatTokenizer } from './tokenizer';
 import { Digest, Recall, RecallFile, fingerprint, openRecall, sha256 } from './recall';
+import { SHARED } from './shared';
 
 export type Mode = 'greedy' | 'tree' | 'auto';
 const MODES: readonly Mode[] = ['greedy', 'tree', 'auto'];
@@ -215,7 +216,7 @@ export async function openEngine(options: EngineOptions): Promise<Engine> {
       fingerprint: await fingerprint(tokenizerText, options.recall?.digest) })
     : null;
   const session = await DecoderSession.open(options.ort, source, m, {
-    threads: options.threads ?? 2, sizes, heads: names.includes('medusa'), modelFormat: options.modelFormat ?? 'onnx',
+    threads: options.threads ?? SHARED.threads, sizes, heads: names.includes('medusa'), modelFormat: options.modelFormat ?? 'onnx',
     executionProviders: options.executionProviders,
   });
   const parts: Drafter[] = [];

@@ -7,7 +7,9 @@
  * fails with one line that names the fix (ManifestError), before any graph is opened.
  */
 
-export const FORMAT_VERSION = 8;
+import { SHARED } from './shared';
+
+export const FORMAT_VERSION = SHARED.manifest_format;
 export const BYTES_PER_ELEMENT: Record<string, number> = { float32: 4, float16: 2 };
 
 export class ManifestError extends Error {

@@ -4,10 +4,12 @@
  * is the root; node i > 0 is choice i - 1, listed after its prefix, so pruning is taking a prefix.
  */
 
+import { SHARED } from './shared';
+
 export type Choice = readonly number[];
 
 /** A useful tree keeps this share of the full tree's expected extra tokens per step (the lower bound's tree). */
-export const USEFUL_GAIN = 0.5;
+export const USEFUL_GAIN = SHARED.useful_gain;
 
 const key = (choice: Choice): string => choice.join(',');
 

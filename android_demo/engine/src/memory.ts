@@ -23,8 +23,9 @@ import { ArenaLayout, allocationBytes, kvBytes, layoutFor } from './arena';
 import { ConfigError } from './errors';
 import { Manifest, ModelDims, bytesPerActivation, bytesPerKvElement, scratchSlots } from './manifest';
 import { Sizes, makeSizes, usefulTreeSize } from './sizes';
+import { SHARED } from './shared';
 
-export const HEADROOM = 0.05; // of predicted generation memory: room for the model's error
+export const HEADROOM = SHARED.memory_headroom; // of predicted generation memory: room for the model's error
 
 /**
  * What arithmetic cannot know, measured once per artifact and machine (runtime/memory.py Calibration, whose

@@ -16,16 +16,19 @@
  * an app keeps them where it keeps its data.
  */
 
+import { SHARED } from './shared';
 
-export const FORMAT = 'specmemo-recall';
-export const VERSION = 1;
-export const ORDERS = [2, 3, 4, 6] as const; // n-gram lengths indexed, shortest first; the longest matching one drafts
-export const SEPARATOR = -1;
-export const DEFAULT_BUDGET = 8 * 2 ** 20;
-const RING_BYTES = 4;
-const SLOT_BYTES = 8;
-const PRIME = 0x100000001b3n;
-const MIX = 0x9e3779b97f4a7c15n;
+
+const STORE = SHARED.recall_store; // the file's format, which the Python runtime reads and writes alike
+export const FORMAT = STORE.format;
+export const VERSION = STORE.version;
+export const ORDERS: readonly number[] = STORE.orders; // n-gram lengths indexed, shortest first; the longest matching one drafts
+export const SEPARATOR = STORE.separator;
+export const DEFAULT_BUDGET = STORE.budget;
+const RING_BYTES = STORE.ring_bytes;
+const SLOT_BYTES = STORE.slot_bytes;
+const PRIME = BigInt(STORE.prime);
+const MIX = BigInt(STORE.mix);
 const MAX_ORDER = ORDERS[ORDERS.length - 1];
 
 /** A store file that cannot be trusted (foreign, damaged, another tokenizer), or a store that cannot be sized. */
@@ -78,7 +81,7 @@ export async function fingerprint(tokenizerText: string, digest: Digest = sha256
   return Array.from(hash.subarray(0, 8), (b) => b.toString(16).padStart(2, '0')).join('');
 }
 
-export const MAX_MATCH = 64; // how far back a match is followed past its n-gram
+export const MAX_MATCH = STORE.max_match; // how far back a match is followed past its n-gram
 
 export interface Match {
   continuation: number[]; // what followed the matched n-gram's latest occurrence

@@ -9,9 +9,10 @@ import { OrtBackend } from './backend';
 import { Manifest, RowRoute, manifestRoute } from './manifest';
 import type { DecoderSession } from './session';
 import { chain } from './tree';
+import { SHARED } from './shared';
 
-const PROMPT = 23; // no multiple of 2 or 4: the calls attend to lengths of every alignment
-const SIZES = [2, 3, 4, 5, 6, 7, 8, 9, 12, 16];
+const PROMPT = SHARED.route_probe.prompt; // no multiple of 2 or 4: the calls attend to lengths of every alignment
+const SIZES = SHARED.route_probe.sizes;
 const ONE_ROW: RowRoute = { minRows: 1, multiple: 1 };
 
 /** Pseudo-random token ids (xorshift32: the same on every run and device). */

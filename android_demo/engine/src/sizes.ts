@@ -12,8 +12,9 @@ import { LOOKUP_MAX_BRANCH } from './drafters/lookup';
 import { RECALL_MAX_BRANCH } from './drafters/recall';
 import { Manifest, ManifestError, RowRoute, manifestRoute } from './manifest';
 import { MedusaTree, USEFUL_GAIN, expectedAccepted, rankAccuracyFromCumulative } from './medusaTree';
+import { SHARED } from './shared';
 
-export const DEFAULT_PREFILL_CHUNK = 64;
+export const DEFAULT_PREFILL_CHUNK = SHARED.prefill_chunk;
 
 export interface Sizes {
   readonly capacity: number; // C

@@ -19,9 +19,10 @@ from collections.abc import Sequence
 import numpy as np
 
 from specmemo.runtime.drafters.draft import DraftTree, ordered
+from specmemo.runtime.shared import SHARED
 
-PRIOR_TRIALS = 16
-SCORE_BANDS = (0.0, 0.02, 0.05, 0.1, 0.2, 0.3, 0.45, 0.6, 0.75, 0.9, 1.0)  # band edges of raw scores
+PRIOR_TRIALS: int = SHARED["score_calibration"]["prior_trials"]
+SCORE_BANDS: tuple[float, ...] = tuple(SHARED["score_calibration"]["bands"])  # band edges of raw scores
 
 
 class ScoreCalibration:

@@ -21,17 +21,18 @@ from typing import TYPE_CHECKING
 from specmemo.runtime.drafters import Merged
 from specmemo.runtime.drafters.draft import DraftContext, Drafter, DraftTree, RowDrafters
 from specmemo.runtime.drafters.registry import LOOKUP_MAX_BRANCH
+from specmemo.runtime.shared import SHARED
 
 if TYPE_CHECKING:
     from specmemo.runtime.artifact import Artifact
     from specmemo.runtime.batch import BatchSession
     from specmemo.runtime.session import DecoderSession
 
-MIN_NGRAM = 1
-MAX_NGRAM = 4
+MIN_NGRAM: int = SHARED["lookup"]["min_ngram"]
+MAX_NGRAM: int = SHARED["lookup"]["max_ngram"]
 MAX_BRANCH = LOOKUP_MAX_BRANCH  # longest branch proposed (nodes after the root; registry.py)
-HIT = {1: 0.35, 2: 0.55, 3: 0.7, 4: 0.8}  # prior per match length n: chance each next token is right
-MAX_MATCH = 64  # how far back a match is followed when scoring its branch
+HIT = dict(enumerate(SHARED["lookup"]["hit"], start=1))  # prior per match length n: chance each next token is right
+MAX_MATCH: int = SHARED["lookup"]["max_match"]  # how far back a match is followed when scoring its branch
 
 
 def longer(chance: float, length: int, matched: int) -> float:

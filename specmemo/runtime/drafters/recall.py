@@ -20,12 +20,13 @@ from specmemo.runtime.drafters.draft import DraftContext, DraftTree
 from specmemo.runtime.drafters.lookup import ConversationIndex, longer
 from specmemo.runtime.drafters.registry import RECALL_MAX_BRANCH
 from specmemo.runtime.recall import ORDERS, Recall
+from specmemo.runtime.shared import SHARED
 
 if TYPE_CHECKING:
     from specmemo.runtime.artifact import Artifact
     from specmemo.runtime.session import DecoderSession
 
-HIT = dict(zip(ORDERS, (0.5, 0.65, 0.75, 0.85), strict=True))  # prior per match length n
+HIT = dict(zip(ORDERS, SHARED["recall"]["hit"], strict=True))  # prior per match length n
 
 
 def hit(order: int, matched: int) -> float:

@@ -22,6 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from specmemo.runtime.drafters import DrafterName, draft_model_dir, parse_drafter
+from specmemo.runtime.shared import SHARED
 
 __all__ = [
     "DRAFTERS",
@@ -38,8 +39,8 @@ __all__ = [
     "with_own_model",
 ]
 
-LOOKUP_MAX_BRANCH = 15  # prompt lookup's longest branch (nodes after the root)
-RECALL_MAX_BRANCH = 15  # recall's longest branch
+LOOKUP_MAX_BRANCH: int = SHARED["lookup"]["max_branch"]  # prompt lookup's longest branch (nodes after the root)
+RECALL_MAX_BRANCH: int = SHARED["recall"]["max_branch"]  # recall's longest branch
 FEATURE_MAX_TREE = 16  # T_max the engine sizes for the feature drafter (the controller verifies a prefix)
 MODEL_MAX_CHAIN = 8  # the draft model's longest chain (nodes after the root): T_max = 1 + it
 

@@ -9,9 +9,10 @@
  */
 
 import { DraftTree, ordered } from './draft';
+import { SHARED } from '../shared';
 
-export const PRIOR_TRIALS = 16;
-export const SCORE_BANDS = [0.0, 0.02, 0.05, 0.1, 0.2, 0.3, 0.45, 0.6, 0.75, 0.9, 1.0];
+export const PRIOR_TRIALS = SHARED.score_calibration.prior_trials;
+export const SCORE_BANDS = SHARED.score_calibration.bands;
 
 /** Raw draft score → chance of acceptance, per band: accepted / verified, with the band's middle as a prior. */
 export class ScoreCalibration {

@@ -6,12 +6,13 @@
  */
 
 import { DraftContext, DraftTree, Drafter } from './draft';
+import { SHARED } from '../shared';
 
-export const MIN_NGRAM = 1;
-export const MAX_NGRAM = 4;
-export const LOOKUP_MAX_BRANCH = 15;
-const HIT: Record<number, number> = { 1: 0.35, 2: 0.55, 3: 0.7, 4: 0.8 };
-export const MAX_MATCH = 64;
+export const MIN_NGRAM = SHARED.lookup.min_ngram;
+export const MAX_NGRAM = SHARED.lookup.max_ngram;
+export const LOOKUP_MAX_BRANCH = SHARED.lookup.max_branch;
+const HIT: Record<number, number> = Object.fromEntries(SHARED.lookup.hit.map((hit, i) => [i + 1, hit]));
+export const MAX_MATCH = SHARED.lookup.max_match;
 
 /** `chance` of a match `length` tokens long, for one running back `matched` >= `length` tokens: its miss rate
  * shrinking as 1/matched (a longer match, a likelier copy). */

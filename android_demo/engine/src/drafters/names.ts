@@ -1,9 +1,11 @@
 /** Drafter names, as --drafter spells them (runtime/drafters/__init__.py). */
 
 import { ConfigError } from '../errors';
+import { SHARED } from '../shared';
 
 export type DrafterName = 'medusa' | 'lookup' | 'feature' | 'recall';
-const NAMES: readonly DrafterName[] = ['medusa', 'lookup', 'feature', 'recall'];
+// the Python runtime's names (shared.json) less the draft model, which this engine does not run
+const NAMES = SHARED.drafters.filter((name): name is DrafterName => name !== 'model');
 
 /** 'medusa+lookup' → ['medusa', 'lookup']; a one-line error naming the choices otherwise. */
 export function parseDrafter(spec: string): DrafterName[] {

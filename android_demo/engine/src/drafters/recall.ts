@@ -10,9 +10,10 @@
 import { ORDERS, Recall } from '../recall';
 import { DraftContext, DraftTree, Drafter } from './draft';
 import { ConversationIndex, longer } from './lookup';
+import { SHARED } from '../shared';
 
-export const RECALL_MAX_BRANCH = 15;
-const HIT: Record<number, number> = Object.fromEntries(ORDERS.map((n, i) => [n, [0.5, 0.65, 0.75, 0.85][i]]));
+export const RECALL_MAX_BRANCH = SHARED.recall.max_branch;
+const HIT: Record<number, number> = Object.fromEntries(ORDERS.map((n, i) => [n, SHARED.recall.hit[i]]));
 const LONGEST = ORDERS[ORDERS.length - 1];
 
 export function hit(order: number, matched: number): number {

@@ -1,0 +1,80 @@
+"""What the Python runtime and the TypeScript engine share comes from one file, specmemo/runtime/shared.json: each
+constant below is read from it on both sides (no literal of its own), and every entry of the file is used by both.
+The thread default is that file's on every command line of both."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+RUNTIME = ROOT / "specmemo" / "runtime"
+ENGINE = ROOT / "android_demo" / "engine" / "src"
+SHARED = json.loads((RUNTIME / "shared.json").read_text())
+
+# constant -> the module that defines it, on each side
+PYTHON = {
+    "DEFAULT_PREFILL_CHUNK": "sizes.py", "ALIGN": "arena.py", "TREE_CACHE": "backend.py", "HEADROOM": "memory.py",
+    "USEFUL_GAIN": "medusa_tree.py", "FORMAT_VERSION": "manifest.py", "DEFAULT_THREADS": "config.py",
+    "GENERATE_MAX_NEW_TOKENS": "config.py", "CHAT_MAX_NEW_TOKENS": "config.py",
+    "EXPLORE_EVERY": "controller.py", "EXPLORE_MAX": "controller.py", "FREE_DRAFT": "controller.py",
+    "RATE_MEMORY": "controller.py", "DECISION_LOG": "controller.py", "CURVE_SIZES": "controller.py",
+    "CURVE_CONTEXT": "controller.py", "PROMPT": "route_probe.py", "SIZES": "route_probe.py",
+    "FORMAT": "recall.py", "VERSION": "recall.py", "ORDERS": "recall.py", "SEPARATOR": "recall.py",
+    "RING_BYTES": "recall.py", "SLOT_BYTES": "recall.py", "_PRIME": "recall.py", "_MIX": "recall.py",
+    "DEFAULT_BUDGET": "recall.py", "MAX_MATCH": "recall.py",
+    "MIN_NGRAM": "drafters/lookup.py", "MAX_NGRAM": "drafters/lookup.py", "HIT": "drafters/lookup.py",
+    "LOOKUP_MAX_BRANCH": "drafters/registry.py", "RECALL_MAX_BRANCH": "drafters/registry.py",
+    "PRIOR_TRIALS": "drafters/calibration.py", "SCORE_BANDS": "drafters/calibration.py",
+}
+TYPESCRIPT = {
+    "DEFAULT_PREFILL_CHUNK": "sizes.ts", "ALIGN": "arena.ts", "TREE_CACHE": "backend.ts", "HEADROOM": "memory.ts",
+    "USEFUL_GAIN": "medusaTree.ts", "FORMAT_VERSION": "manifest.ts",
+    "EXPLORE_EVERY": "controller.ts", "EXPLORE_MAX": "controller.ts", "FREE_DRAFT": "controller.ts",
+    "RATE_MEMORY": "controller.ts", "DECISION_LOG": "controller.ts", "CURVE_SIZES": "controller.ts",
+    "CURVE_CONTEXT": "controller.ts", "PROMPT": "routeProbe.ts", "SIZES": "routeProbe.ts",
+    "FORMAT": "recall.ts", "VERSION": "recall.ts", "ORDERS": "recall.ts", "SEPARATOR": "recall.ts",
+    "RING_BYTES": "recall.ts", "SLOT_BYTES": "recall.ts", "PRIME": "recall.ts", "MIX": "recall.ts",
+    "DEFAULT_BUDGET": "recall.ts", "MAX_MATCH": "recall.ts",
+    "MIN_NGRAM": "drafters/lookup.ts", "MAX_NGRAM": "drafters/lookup.ts", "LOOKUP_MAX_BRANCH": "drafters/lookup.ts",
+    "RECALL_MAX_BRANCH": "drafters/recall.ts", "PRIOR_TRIALS": "drafters/calibration.ts",
+    "SCORE_BANDS": "drafters/calibration.ts", "NAMES": "drafters/names.ts",
+}
+FROM_FILE = re.compile(r"\b(SHARED|_SHARED|_STORE|STORE)\b")
+
+
+def definition(text: str, name: str, pattern: str) -> str:
+    found = re.search(pattern.format(re.escape(name)), text, re.M)
+    assert found, f"{name} is not defined where the table says"
+    return found.group("value")
+
+
+def test_each_shared_constant_is_read_from_the_file_on_both_sides():
+    for name, module in PYTHON.items():
+        value = definition((RUNTIME / module).read_text(), name, r"^{}(?:: [^=]+)? = (?P<value>.+)$")
+        assert FROM_FILE.search(value), f"runtime/{module}: {name} = {value} is its own, not shared.json's"
+    for name, module in TYPESCRIPT.items():
+        value = definition((ENGINE / module).read_text(), name, r"^(?:export )?const {}(?:: [^=]+)? = (?P<value>.+);")
+        assert FROM_FILE.search(value), f"engine/src/{module}: {name} = {value} is its own, not shared.json's"
+
+
+def test_every_entry_of_the_file_is_used_by_both_runtimes():
+    python = "\n".join(p.read_text() for p in RUNTIME.rglob("*.py"))
+    typescript = "\n".join(p.read_text() for p in ENGINE.rglob("*.ts"))
+    for key in (k for k in SHARED if not k.startswith("_")):
+        # the drafter names are Python's DrafterName enum, compared with the file below
+        assert key == "drafters" or re.search(rf'SHARED\["{key}"\]', python), f"Python does not read {key}"
+        assert re.search(rf"SHARED\.{key}\b", typescript), f"the TypeScript engine does not read {key}"
+
+
+def test_drafter_names_and_thread_defaults_are_the_files():
+    from specmemo.runtime.drafters import DrafterName
+
+    assert [n.value for n in DrafterName] == SHARED["drafters"]
+    literal = re.compile(r'"--threads",[^)]*default=\d')
+    for path in (ROOT / "specmemo" / "cli").glob("*.py"):
+        assert not literal.search(path.read_text()), f"{path.name}: a --threads default of its own (use add_threads)"
+    for path in ENGINE.rglob("*.ts"):
+        text = path.read_text()
+        assert not re.search(r"threads \?\? \d|threads: \{[^}]*default: '\d", text), f"{path.name}: its own threads"
