@@ -19,7 +19,6 @@ import json
 import random
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
 CHAT, COMPLETIONS = "/v1/chat/completions", "/v1/completions"
 BAD_TEXT = ["\\ud800", "\\udfff", "a\\ud83d", "\\ud83d\\u0041", "\\udc00\\ud800", "x\\udbff"]  # JSON escapes
@@ -198,9 +197,3 @@ def run(url: str, *, model: str, count: int, seconds: float, seed: int, max_body
     report.seconds = time.perf_counter() - start
     report.rss_start = report.rss_start or report.rss_end
     return report
-
-
-def artifact_model(artifact: Path) -> str:
-    from specmemo.runtime.manifest import load_manifest
-
-    return load_manifest(artifact).source_model

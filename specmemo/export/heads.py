@@ -69,10 +69,6 @@ class HeadsSpec:
         if self.format != HEADS_FORMAT:
             raise HeadsError(f"heads format {self.format} is not {HEADS_FORMAT}: retrain or re-save the heads")
 
-    @property
-    def projection_size(self) -> int:  # V, or N in subvocab mode
-        return self.subvocab_size if self.mode is ProjectionMode.SUBVOCAB else self.vocab_size
-
     def to_json(self) -> str:
         data = asdict(self)
         data["mode"] = self.mode.value

@@ -259,7 +259,8 @@ def generate(
     arena's rows for a tree); plain (one-node trees) otherwise. `history`: the tokens already
     committed before `prompt` (earlier turns), for drafters that read the conversation. `policy`
     decides each step's draft budget and verified width (default: all of it that fits);
-    `sampling` switches to typical acceptance with seeded sampling. `chains_only`: verify only the
+    `sampling` samples, seeded (its acceptance: exact rejection sampling by default, or Medusa's typical acceptance
+    when asked). `chains_only`: verify only the
     draft's best path (a graph whose tree verify rounds apart from a chain, manifest.draft_shape). `constraint`:
     a fresh matcher (runtime/constraint.py) the reply must satisfy; its masks, pruning and forced tokens."""
     speculative = drafter is not None and max_tree > 1

@@ -33,7 +33,7 @@ export function checkFits(length: number, added: number, capacity: number, reser
   }
 }
 
-/** Rows a call of `real` rows runs (runtime/plan.py route_rows_for): at least `minRows`, rounded up to `multiple`,
+/** Rows a call of `real` rows runs (runtime/row_route.py RowRoute.rows_for): at least `minRows`, rounded up to `multiple`,
  * never more than `most`. */
 export function routeRowsFor(real: number, minRows: number, multiple: number, most: number): number {
   let rows = Math.max(real, minRows);
