@@ -15,7 +15,6 @@
 
 from __future__ import annotations
 
-import importlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -132,8 +131,7 @@ def open_drafter(session: DecoderSession, names: tuple[DrafterName, ...], *, max
         return {**({"recall": recall} if kind.store else {}),
                 **({"conversation": conversation} if kind.conversation else {})}
 
-    built = {name: builder(DRAFTERS[name].build)(session, max_tree=max_tree, draft_model=draft_model,
-                                                 **given(DRAFTERS[name]))
+    built = {name: DRAFTERS[name].build(session, max_tree=max_tree, draft_model=draft_model, **given(DRAFTERS[name]))
              for name in names}
     if not built:
         return None
@@ -145,13 +143,6 @@ def open_drafter(session: DecoderSession, names: tuple[DrafterName, ...], *, max
     if len(choices) > 1:
         return Priced([merged(group) for group in choices])
     return merged(tuple(built))
-
-
-def builder(where: str) -> Callable[..., Any]:
-    """A registry row's "module:function"."""
-    module, _, function = where.partition(":")
-    built: Callable[..., Any] = getattr(importlib.import_module(module), function)
-    return built
 
 
 def open_engine(config: EngineConfig, *, log: Callable[[str], None] = print) -> Engine:
@@ -197,7 +188,7 @@ def open_pool(config: EngineConfig, *, batch: int, log: Callable[[str], None] = 
     for n in names:
         build_rows = DRAFTERS[n].build_rows
         assert build_rows is not None  # the plan kept the batchable drafters only (`kept`)
-        rows.append(builder(build_rows)(session, max_tree=sizes.tree))
+        rows.append(build_rows(session, max_tree=sizes.tree))
     prefetches = [r.prefetch for r in rows if r.prefetch is not None]
 
     def drafter(row: int) -> Drafter:

@@ -8,9 +8,10 @@ sequence, a batch pool) read this table; adding a drafter is its module and one 
     batchable   – it drafts per row of a batch pool (the batch builder); the others keep one sequence's state.
     own_model   – it runs a model of its own (its own artifact, session and arena): measured in its own probe
                   and priced beside the target; a plan that cannot hold both leaves it out.
-    build       – "module:function" building it over an open session: (session, *, max_tree, draft_model)
-                  → Drafter. Named, not imported, so the table stays below the sessions it is built over.
-    build_rows  – the batchable drafters' "module:function": (batch session, *, max_tree) → RowDrafters.
+    build       – builds it over an open session: (session, *, max_tree, draft_model, ...) → Drafter. Each is a
+                  function below that imports its module when called, so the table stays below the sessions it
+                  is built over (an import at the top would be a circle) and a reader can follow it.
+    build_rows  – the batchable drafters' builder for a batch pool: (batch session, *, max_tree) → RowDrafters.
     store       – it drafts from the store of what was already written (runtime/recall.py): the engine opens the
                   store, the plan prices its bytes, and `build` is given it as `recall=`.
     conversation – it reads the n-grams of the conversation being decoded (lookup.ConversationIndex): the drafters
@@ -19,7 +20,9 @@ sequence, a batch pool) read this table; adding a drafter is its module and one 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from specmemo.runtime.drafters import DrafterName, draft_model_dir, parse_drafter
 from specmemo.runtime.shared import SHARED
@@ -44,7 +47,48 @@ RECALL_MAX_BRANCH: int = SHARED["recall"]["max_branch"]  # recall's longest bran
 FEATURE_MAX_TREE = 16  # T_max the engine sizes for the feature drafter (the controller verifies a prefix)
 MODEL_MAX_CHAIN = 8  # the draft model's longest chain (nodes after the root): T_max = 1 + it
 
-_PACKAGE = "specmemo.runtime.drafters"
+
+
+def _medusa(session: Any, **options: Any) -> Any:
+    from specmemo.runtime.drafters import medusa
+
+    return medusa.build(session, **options)
+
+
+def _medusa_rows(session: Any, **options: Any) -> Any:
+    from specmemo.runtime.drafters import medusa
+
+    return medusa.build_rows(session, **options)
+
+
+def _lookup(session: Any, **options: Any) -> Any:
+    from specmemo.runtime.drafters import lookup
+
+    return lookup.build(session, **options)
+
+
+def _lookup_rows(session: Any, **options: Any) -> Any:
+    from specmemo.runtime.drafters import lookup
+
+    return lookup.build_rows(session, **options)
+
+
+def _feature(session: Any, **options: Any) -> Any:
+    from specmemo.runtime.drafters import feature
+
+    return feature.build(session, **options)
+
+
+def _model(session: Any, **options: Any) -> Any:
+    from specmemo.runtime.drafters import model
+
+    return model.build(session, **options)
+
+
+def _recall(session: Any, **options: Any) -> Any:
+    from specmemo.runtime.drafters import recall
+
+    return recall.build(session, **options)
 
 
 @dataclass(frozen=True)
@@ -56,8 +100,8 @@ class DrafterKind:
     max_tree: int | None  # None: the exported Medusa tree
     batchable: bool
     own_model: bool
-    build: str
-    build_rows: str | None = None
+    build: Callable[..., Any]
+    build_rows: Callable[..., Any] | None = None
     store: bool = False
     conversation: bool = False
 
@@ -72,18 +116,16 @@ class DrafterKind:
 
 DRAFTERS: dict[DrafterName, DrafterKind] = {k.name: k for k in (
     DrafterKind(DrafterName.MEDUSA, part="heads", needs="Medusa heads", export_flag="--heads", max_tree=None,
-                batchable=True, own_model=False, build=f"{_PACKAGE}.medusa:build",
-                build_rows=f"{_PACKAGE}.medusa:build_rows"),
+                batchable=True, own_model=False, build=_medusa, build_rows=_medusa_rows),
     DrafterKind(DrafterName.LOOKUP, part=None, needs="nothing", export_flag=None, max_tree=1 + LOOKUP_MAX_BRANCH,
-                batchable=True, own_model=False, build=f"{_PACKAGE}.lookup:build",
-                build_rows=f"{_PACKAGE}.lookup:build_rows", conversation=True),
+                batchable=True, own_model=False, build=_lookup, build_rows=_lookup_rows, conversation=True),
     DrafterKind(DrafterName.FEATURE, part="feature_drafter", needs="the feature drafter graph",
                 export_flag="--feature-drafter", max_tree=FEATURE_MAX_TREE, batchable=False, own_model=False,
-                build=f"{_PACKAGE}.feature:build"),
+                build=_feature),
     DrafterKind(DrafterName.MODEL, part="draft_model", needs="a draft model", export_flag="--draft-model",
-                max_tree=1 + MODEL_MAX_CHAIN, batchable=False, own_model=True, build=f"{_PACKAGE}.model:build"),
+                max_tree=1 + MODEL_MAX_CHAIN, batchable=False, own_model=True, build=_model),
     DrafterKind(DrafterName.RECALL, part=None, needs="nothing", export_flag=None, max_tree=1 + RECALL_MAX_BRANCH,
-                batchable=False, own_model=False, build=f"{_PACKAGE}.recall:build", store=True,
+                batchable=False, own_model=False, build=_recall, store=True,
                 conversation=True),
 )}
 
