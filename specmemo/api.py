@@ -33,8 +33,8 @@ from specmemo.runtime.artifact import Artifact
 from specmemo.runtime.config import CHAT_MAX_NEW_TOKENS, DEFAULT_THREADS, GENERATE_MAX_NEW_TOKENS, EngineConfig, Mode
 from specmemo.runtime.manifest import ModelFormat
 from specmemo.runtime.memory import parse_size
-from specmemo.runtime.recall import DEFAULT_BUDGET as DEFAULT_RECALL_BUDGET
-from specmemo.runtime.recall import RecallConfig
+from specmemo.runtime.recall_store import DEFAULT_BUDGET as DEFAULT_RECALL_BUDGET
+from specmemo.runtime.recall_store import RecallConfig
 from specmemo.runtime.sampling import sampling_for
 
 if TYPE_CHECKING:
@@ -216,8 +216,8 @@ def open_model(artifact: str | Path | Artifact, *, profile: str | None = None, b
     max. `mode`: auto (the controller prices each step's draft), tree, or greedy. `drafter`: the manifest's
     choice unless named ("medusa+lookup", "feature", ...). Sampling (`sampling_for`): each setting given wins, the
     artifact's generation defaults fill the rest; `temperature=0` is exact greedy. `recall`: draft from what was
-    written before (earlier turns and conversations; runtime/recall.py): a file the store is kept in (an app's own,
-    one per user), or True for a store in memory only; `recall_budget` its bytes (default: the profile's
+    written before (earlier turns and conversations; runtime/recall_store.py): a file the store is kept in (an app's
+    own, one per user), or True for a store in memory only; `recall_budget` its bytes (default: the profile's
     recall_memory, else 8 MiB), set apart from the budget before the arena is sized. Off unless
     given; `Model.forget()` empties it. `log`: progress notes (default: none)."""
     from specmemo.runtime.engine import open_engine

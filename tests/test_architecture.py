@@ -174,7 +174,7 @@ def test_calibration_sits_above_the_engine_and_sizing_below_the_drafters():
     for module in sizing:
         below = reachable(graph, module)
         table = {"specmemo.runtime.drafters.draft", "specmemo.runtime.drafters.registry",  # types and the table,
-                 "specmemo.runtime.drafters.calibration"}  # and the score arithmetic Merged keeps
+                 "specmemo.runtime.drafters.score_calibration"}  # and the score arithmetic Merged keeps
         assert not {m for m in below if m.startswith("specmemo.runtime.drafters.") and m not in table}, module
         assert {"specmemo.runtime.session", "specmemo.runtime.engine", "specmemo.runtime.controller"}.isdisjoint(below)
 

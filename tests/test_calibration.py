@@ -1,4 +1,4 @@
-"""Per-part score calibration of a merged drafter (drafters/calibration.py): which nodes the decoded text decides
+"""Per-part score calibration of a merged drafter (drafters/score_calibration.py): which nodes the decoded text decides
 and which of them were right, by hand; and a part whose confident drafts keep failing sinks below a part whose
 modest drafts keep being right, so the verified prefix holds the right one."""
 
@@ -7,8 +7,8 @@ from __future__ import annotations
 import numpy as np
 
 from specmemo.runtime.drafters import Merged
-from specmemo.runtime.drafters.calibration import ScoreCalibration, rescored, trials
 from specmemo.runtime.drafters.draft import DraftContext, DraftTree
+from specmemo.runtime.drafters.score_calibration import ScoreCalibration, rescored, trials
 
 
 def test_the_decoded_text_decides_the_nodes_down_to_its_length():

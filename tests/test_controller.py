@@ -8,8 +8,8 @@ import pytest
 from specmemo.runtime.artifact import Artifact
 from specmemo.runtime.controller import DECISION_LOG, Controller, LatencyCurve
 from specmemo.runtime.decode import generate
-from specmemo.runtime.drafters.calibration import ScoreCalibration
 from specmemo.runtime.drafters.draft import DraftTree
+from specmemo.runtime.drafters.score_calibration import ScoreCalibration
 from specmemo.runtime.medusa_tree import MedusaTree
 from specmemo.runtime.sampling import Sampling, accept_typical
 

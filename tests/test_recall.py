@@ -1,4 +1,4 @@
-"""The store of what was already written (runtime/recall.py) and the recall drafter: exact byte counts, the
+"""The store of what was already written (runtime/recall_store.py) and the recall drafter: exact byte counts, the
 longest match's continuation to its document's end, eviction within the budget, files written whole (a killed
 writer leaves a whole file) and refused in one line when damaged or foreign, and replies identical to greedy while
 a second conversation drafts from the first."""
@@ -19,7 +19,7 @@ from specmemo.runtime.drafters import Merged, with_recall
 from specmemo.runtime.drafters.draft import DraftContext
 from specmemo.runtime.drafters.lookup import PromptLookup, conversation_of
 from specmemo.runtime.drafters.recall import RecallDrafter
-from specmemo.runtime.recall import (
+from specmemo.runtime.recall_store import (
     ORDERS,
     Recall,
     RecallConfig,

@@ -1,7 +1,7 @@
-"""The recall store is one store in both runtimes: the TypeScript engine's (android_demo/engine/src/recall.ts) keeps
-the same ring and the same table slots as runtime/recall.py for the same documents (so both lose the same colliding
-n-grams and answer every lookup alike), reads a file Python wrote and writes one Python reads; and under Node a
-second run drafts from the first's file in fewer steps with the same tokens as greedy. Needs `make js-setup`."""
+"""The recall store is one store in both runtimes: the TypeScript engine's (android_demo/engine/src/recallStore.ts)
+keeps the same ring and the same table slots as runtime/recall_store.py for the same documents (so both lose the same
+colliding n-grams and answer every lookup alike), reads a file Python wrote and writes one Python reads; and under
+Node a second run drafts from the first's file in fewer steps with the same tokens as greedy. Needs `make engine`."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from heads_common import export_with_random_heads
 from specmemo.runtime.artifact import Artifact
 from specmemo.runtime.engine import EngineConfig, Mode, open_engine
 from specmemo.runtime.manifest import load_manifest
-from specmemo.runtime.recall import Recall, fingerprint, read_store, tokens_for
+from specmemo.runtime.recall_store import Recall, fingerprint, read_store, tokens_for
 from specmemo.runtime.tokenizer import Message
 
 pytestmark = pytest.mark.typescript

@@ -21,12 +21,11 @@ PYTHON = {
     "EXPLORE_EVERY": "controller.py", "EXPLORE_MAX": "controller.py", "FREE_DRAFT": "controller.py",
     "RATE_MEMORY": "controller.py", "DECISION_LOG": "controller.py", "CURVE_SIZES": "controller.py",
     "CURVE_CONTEXT": "controller.py", "PROMPT": "route_probe.py", "SIZES": "route_probe.py",
-    "FORMAT": "recall.py", "VERSION": "recall.py", "ORDERS": "recall.py", "SEPARATOR": "recall.py",
-    "RING_BYTES": "recall.py", "SLOT_BYTES": "recall.py", "_PRIME": "recall.py", "_MIX": "recall.py",
-    "DEFAULT_BUDGET": "recall.py", "MAX_MATCH": "recall.py",
+    **dict.fromkeys(("FORMAT", "VERSION", "ORDERS", "SEPARATOR", "RING_BYTES", "SLOT_BYTES", "_PRIME", "_MIX",
+                     "DEFAULT_BUDGET", "MAX_MATCH"), "recall_store.py"),
     "MIN_NGRAM": "drafters/lookup.py", "MAX_NGRAM": "drafters/lookup.py", "HIT": "drafters/lookup.py",
     "LOOKUP_MAX_BRANCH": "drafters/registry.py", "RECALL_MAX_BRANCH": "drafters/registry.py",
-    "PRIOR_TRIALS": "drafters/calibration.py", "SCORE_BANDS": "drafters/calibration.py",
+    "PRIOR_TRIALS": "drafters/score_calibration.py", "SCORE_BANDS": "drafters/score_calibration.py",
 }
 TYPESCRIPT = {
     "DEFAULT_PREFILL_CHUNK": "sizes.ts", "ALIGN": "arena.ts", "TREE_CACHE": "backend.ts", "HEADROOM": "memory.ts",
@@ -34,12 +33,12 @@ TYPESCRIPT = {
     "EXPLORE_EVERY": "controller.ts", "EXPLORE_MAX": "controller.ts", "FREE_DRAFT": "controller.ts",
     "RATE_MEMORY": "controller.ts", "DECISION_LOG": "controller.ts", "CURVE_SIZES": "controller.ts",
     "CURVE_CONTEXT": "controller.ts", "PROMPT": "routeProbe.ts", "SIZES": "routeProbe.ts",
-    "FORMAT": "recall.ts", "VERSION": "recall.ts", "ORDERS": "recall.ts", "SEPARATOR": "recall.ts",
-    "RING_BYTES": "recall.ts", "SLOT_BYTES": "recall.ts", "PRIME": "recall.ts", "MIX": "recall.ts",
-    "DEFAULT_BUDGET": "recall.ts", "MAX_MATCH": "recall.ts",
+    "FORMAT": "recallStore.ts", "VERSION": "recallStore.ts", "ORDERS": "recallStore.ts", "SEPARATOR": "recallStore.ts",
+    "RING_BYTES": "recallStore.ts", "SLOT_BYTES": "recallStore.ts", "PRIME": "recallStore.ts", "MIX": "recallStore.ts",
+    "DEFAULT_BUDGET": "recallStore.ts", "MAX_MATCH": "recallStore.ts",
     "MIN_NGRAM": "drafters/lookup.ts", "MAX_NGRAM": "drafters/lookup.ts", "LOOKUP_MAX_BRANCH": "drafters/lookup.ts",
-    "RECALL_MAX_BRANCH": "drafters/recall.ts", "PRIOR_TRIALS": "drafters/calibration.ts",
-    "SCORE_BANDS": "drafters/calibration.ts", "NAMES": "drafters/names.ts",
+    "RECALL_MAX_BRANCH": "drafters/recall.ts", "PRIOR_TRIALS": "drafters/scoreCalibration.ts",
+    "SCORE_BANDS": "drafters/scoreCalibration.ts", "NAMES": "drafters/names.ts",
 }
 FROM_FILE = re.compile(r"\b(SHARED|_SHARED|_STORE|STORE)\b")
 

@@ -7,7 +7,7 @@ from heads_common import export_with_random_heads
 
 from specmemo.bench.soak import SoakConfig, format_table, run_soak
 from specmemo.runtime.artifact import Artifact
-from specmemo.runtime.recall import bytes_for, fingerprint, read_store, tokens_for
+from specmemo.runtime.recall_store import bytes_for, fingerprint, read_store, tokens_for
 
 
 def test_a_soak_with_a_small_recall_store_evicts_within_its_bytes(tmp_path):

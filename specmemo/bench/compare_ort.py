@@ -9,7 +9,7 @@ JSON on stdin, result as one JSON line on stdout):
                             per-step T and KV positions make the trace plot;
     specmemo-default      – the controller as `specmemo generate` opens it without --capacity or
                             --budget: C from the manifest (its device plan, else the graph's max);
-    specmemo-recall       – the controller with the recall store (runtime/recall.py) merged into its drafter, in
+    specmemo-recall       – the controller with the recall store (runtime/recall_store.py) merged into its drafter, in
                             memory, empty when the timed prompts start: what the run's earlier replies teach;
     specmemo-recall-turns – the same, emptied whenever a new conversation starts (its own earlier turns only);
     onnxruntime-genai     – ONNX Runtime GenAI greedy on the same model (its model builder);

@@ -44,7 +44,7 @@ from specmemo.runtime.drafters import DraftContext, DraftTree, draft_model_dir, 
 from specmemo.runtime.drafters.registry import reads_store
 from specmemo.runtime.engine import Engine, open_drafter, open_engine
 from specmemo.runtime.formats import ModelFormat
-from specmemo.runtime.recall import Recall, RecallConfig, fingerprint, tokens_for
+from specmemo.runtime.recall_store import Recall, RecallConfig, fingerprint, tokens_for
 from specmemo.runtime.sampling import describe
 from specmemo.runtime.tokenizer import Message
 

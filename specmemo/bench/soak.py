@@ -30,8 +30,8 @@ from specmemo.runtime.cpu import cpu_name
 from specmemo.runtime.drafters import with_recall
 from specmemo.runtime.engine import EngineConfig, Mode, open_engine
 from specmemo.runtime.memory import MIB
-from specmemo.runtime.recall import DEFAULT_BUDGET as DEFAULT_RECALL_BUDGET
-from specmemo.runtime.recall import RecallConfig
+from specmemo.runtime.recall_store import DEFAULT_BUDGET as DEFAULT_RECALL_BUDGET
+from specmemo.runtime.recall_store import RecallConfig
 from specmemo.runtime.rss import peak_rss_bytes, rss_bytes
 
 PEAK_GROWTH_BAR = 0.02

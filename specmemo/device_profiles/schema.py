@@ -98,7 +98,7 @@ class DeviceProfile:
     sources: dict[str, str]
     accelerator_memory: int | None = None  # bytes, a discrete GPU's own memory
     kv_dtype: KvDtype = KvDtype.FLOAT32  # the KV buffer's elements (export --kv-dtype), decided apart from weights
-    recall_memory: int | None = None  # bytes of app_memory a recall store may take (runtime/recall.py; None: its
+    recall_memory: int | None = None  # bytes of app_memory a recall store may take (runtime/recall_store.py; None: its
     # default), set apart before the arena is sized
     notes: str = ""
     file: str = ""  # where it was read from (for error messages)

@@ -14,7 +14,7 @@ from specmemo.errors import ConfigError
 from specmemo.runtime.artifact import Artifact
 from specmemo.runtime.drafters import parse_drafter
 from specmemo.runtime.manifest import ModelFormat
-from specmemo.runtime.recall import RecallConfig
+from specmemo.runtime.recall_store import RecallConfig
 from specmemo.runtime.row_route import RowRoute
 from specmemo.runtime.shared import SHARED
 from specmemo.runtime.sizes import DEFAULT_PREFILL_CHUNK

@@ -9,7 +9,7 @@ tokens per ms, from
   (b) a T → verify ms curve measured once for this artifact and machine, briefly (a few sizes,
       a short past; cached, measured.py), each verified size then refined by the loop's own timings,
   (c) the drafting time, measured every step (a running mean),
-  (d) a score calibration (drafters/calibration.py): per score band, how often a verified node of that band
+  (d) a score calibration (drafters/score_calibration.py): per score band, how often a verified node of that band
       was accepted, starting from the raw scores as a prior.
 A drafter whose cost grows with every node it drafts (a draft model: one call per guess, `draft_cost`
 PER_NODE) is also given a budget before it drafts: the T with the most expected tokens per ms when each
@@ -45,8 +45,8 @@ import numpy as np
 
 from specmemo.errors import ConfigError
 from specmemo.runtime import decode, measured, tree
-from specmemo.runtime.drafters.calibration import ScoreCalibration
 from specmemo.runtime.drafters.draft import DraftCost, DraftTree, draft_cost
+from specmemo.runtime.drafters.score_calibration import ScoreCalibration
 from specmemo.runtime.shared import SHARED
 
 if TYPE_CHECKING:

@@ -6,7 +6,7 @@
                decided once;
     open     – DecoderSession (decoder + heads graphs, the plan's arena), tokenizer;
     drafter  – the plan's drafters (runtime/drafters) over the session; the store of what was already written
-               (runtime/recall.py) when the recall drafter runs, every finished turn added to it (and saved to
+               (runtime/recall_store.py) when the recall drafter runs, every finished turn added to it (and saved to
                its file, if it has one);
     policy   – greedy: none; tree: the drafter's whole tree (cut to the KV positions left); auto:
                the controller (verify latency curve measured once per machine, cached), one per candidate
@@ -31,7 +31,7 @@ from specmemo.runtime.drafters.draft import RowDrafters, draft_cost
 from specmemo.runtime.drafters.lookup import ConversationIndex
 from specmemo.runtime.drafters.registry import DRAFTERS, DrafterKind, batchable, reads_store, uses_heads_graph
 from specmemo.runtime.plan import Plan, drafter_choices, plan_for
-from specmemo.runtime.recall import Recall, fingerprint, open_store
+from specmemo.runtime.recall_store import Recall, fingerprint, open_store
 from specmemo.runtime.session import DecoderSession, SessionConfig
 from specmemo.runtime.tokenizer import ChatTokenizer
 

@@ -16,7 +16,7 @@
     headroom   = 5% of generation, kept free in every plan for the model's own error against
                  measured generation memory (bench decode reports it), so a budget leaves room for that
     recall     = the store of what was already written, when the recall drafter runs: N·(4 + 8·K) bytes
-                 (runtime/recall.py), its budget set apart before the arena is fitted
+                 (runtime/recall_store.py), its budget set apart before the arena is fitted
 
 The weights as stored (the artifact's data files) are shown beside `load` for reference. The
 embedding table is in neither term: the runtime reads its rows from the file (runtime/embedding.py).
@@ -31,7 +31,7 @@ import re
 from dataclasses import dataclass
 
 from specmemo.errors import SpecMemoError
-from specmemo.runtime import recall
+from specmemo.runtime import recall_store
 from specmemo.runtime.arena import ArenaLayout
 from specmemo.runtime.manifest import AttentionOp, Manifest, ModelDims
 from specmemo.runtime.shared import SHARED
@@ -72,7 +72,7 @@ class Footprint:
     bytes_per_kv_element: int
     window_capacity: int = 0  # C_w of the sliding-window layers (0: none)
     batch: int = 1  # B sequences priced
-    recall: int = 0  # the store of what was already written (runtime/recall.py), when its drafter runs
+    recall: int = 0  # the store of what was already written (runtime/recall_store.py), when its drafter runs
 
     @property
     def arena(self) -> int:
@@ -176,7 +176,7 @@ def breakdown(fp: Footprint) -> list[tuple[str, float]]:
         ("step overhead (measured once)", fp.step_overhead / MIB),
         ("generation (arena + activations + overhead)", fp.generation / MIB),
         ("headroom (5% of generation: the model's error bound)", fp.headroom / MIB),
-        *([(f"recall store: N·(4 + 8·K) bytes, N={recall.tokens_for(fp.recall)}, K={len(recall.ORDERS)}",
+        *([(f"recall store: N·(4 + 8·K) bytes, N={recall_store.tokens_for(fp.recall)}, K={len(recall_store.ORDERS)}",
             fp.recall / MIB)] if fp.recall else []),
         ("total", fp.total / MIB),
     ]

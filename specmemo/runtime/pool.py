@@ -45,7 +45,7 @@ from specmemo.runtime.drafters.draft import DraftContext, Drafter, DraftTree
 from specmemo.runtime.drafters.lookup import conversation_of
 from specmemo.runtime.drafters.recall import RecallDrafter
 from specmemo.runtime.logit_rules import LogitRules, TokenLogprob, apply, token_logprob
-from specmemo.runtime.recall import Recall
+from specmemo.runtime.recall_store import Recall
 from specmemo.runtime.sampling import Sampling, sample_next
 
 

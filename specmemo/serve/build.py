@@ -8,7 +8,7 @@ from pathlib import Path
 
 from specmemo.errors import ConfigError
 from specmemo.runtime.config import DEFAULT_THREADS, Mode
-from specmemo.runtime.recall import DEFAULT_BUDGET as DEFAULT_RECALL_BUDGET
+from specmemo.runtime.recall_store import DEFAULT_BUDGET as DEFAULT_RECALL_BUDGET
 from specmemo.serve.guard import Exposure
 from specmemo.serve.limits import DEFAULT_BATCH, DEFAULT_CONTEXT, Limits
 

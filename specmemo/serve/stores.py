@@ -1,4 +1,4 @@
-"""The server's recall stores (runtime/recall.py): one per API key, so a user's replies never draft for another.
+"""The server's recall stores (runtime/recall_store.py): one per API key, so a user's replies never draft for another.
 
 `serve --recall-dir DIR` keeps each key's store in DIR/<first 16 hex of the key's SHA-256>.recall (the key itself is
 never written), or DIR/open.recall on a server without keys. Stores open on a key's first request and stay open:
@@ -12,7 +12,7 @@ import hashlib
 import threading
 from pathlib import Path
 
-from specmemo.runtime.recall import Recall, RecallConfig, fingerprint, open_store
+from specmemo.runtime.recall_store import Recall, RecallConfig, fingerprint, open_store
 from specmemo.serve.keys import authorized
 
 

@@ -9,7 +9,7 @@
 
 import { OrtBackend } from './backend';
 import { ConfigError } from './errors';
-import { ScoreCalibration } from './drafters/calibration';
+import { ScoreCalibration } from './drafters/scoreCalibration';
 import { DraftTree } from './drafters/draft';
 import { WidthPolicy, prefill, verifyAndCommit } from './decode';
 import { chain } from './tree';

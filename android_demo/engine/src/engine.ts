@@ -28,7 +28,7 @@ import { DecoderSession, OrtModule } from './session';
 import { Sizes, exportedTree, resolveSizes } from './sizes';
 import { ArtifactSource } from './source';
 import { ChatTokenizer } from './tokenizer';
-import { Digest, Recall, RecallFile, fingerprint, openRecall, sha256 } from './recall';
+import { Digest, Recall, RecallFile, fingerprint, openRecall, sha256 } from './recallStore';
 import { SHARED } from './shared';
 
 export type Mode = 'greedy' | 'tree' | 'auto';

@@ -5,7 +5,7 @@ import { closeSync, openSync, readSync } from 'node:fs';
 import { mkdir, open, readFile, rename } from 'node:fs/promises';
 import { basename, dirname, join, resolve } from 'node:path';
 
-import { RecallFile } from './recall';
+import { RecallFile } from './recallStore';
 import { ArtifactSource, GraphInput } from './source';
 
 /** `work` done now, its result or its throw handed over as a promise: synchronous reads behind the async interface. */
@@ -50,7 +50,7 @@ export class FolderSource implements ArtifactSource {
 }
 
 /** A recall store kept in a file: written to a temporary file beside it, flushed to disk, renamed over it (a killed
- * process leaves the old file or the new one, never half of one: runtime/recall.py save). */
+ * process leaves the old file or the new one, never half of one: runtime/recall_store.py save). */
 export class RecallFileOnDisk implements RecallFile {
   readonly where: string;
 

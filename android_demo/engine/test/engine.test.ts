@@ -5,7 +5,7 @@ import { test } from 'node:test';
 
 import { ALIGN, Arena, allocationBytes, kvBytes, views } from '../src/arena';
 import { Controller, DECISION_LOG, LatencyCurve } from '../src/controller';
-import { ScoreCalibration, rescored, trials } from '../src/drafters/calibration';
+import { ScoreCalibration, rescored, trials } from '../src/drafters/scoreCalibration';
 import { KVCache, OrtModule } from '../src/session';
 import { parseRoute, routeRowsFor } from '../src/backend';
 import { accept } from '../src/decode';
@@ -14,7 +14,7 @@ import { Merged } from '../src/drafters/merged';
 import { ConversationIndex, NgramIndex, PromptLookup } from '../src/drafters/lookup';
 import { parseDrafter, withRecall } from '../src/drafters/names';
 import { RecallDrafter } from '../src/drafters/recall';
-import { ORDERS, Recall, RecallError, bytesFor, tokensFor } from '../src/recall';
+import { ORDERS, Recall, RecallError, bytesFor, tokensFor } from '../src/recallStore';
 import { EmbeddingTable, halfToFloat } from '../src/embedding';
 import { MedusaTree, expectedAccepted, rankAccuracyFromCumulative } from '../src/medusaTree';
 import { chain, depths, pathTo, treeBias } from '../src/tree';

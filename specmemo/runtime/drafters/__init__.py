@@ -5,7 +5,7 @@
             states, a tree grown by confidence (feature.py);
   lookup  – prompt lookup: the continuation of the context's longest earlier n-gram match (lookup.py);
   recall  – the same over what was written before this conversation: earlier turns and conversations, files an app
-            added, in a bounded store kept across runs (recall.py over runtime/recall.py);
+            added, in a bounded store kept across runs (recall.py over runtime/recall_store.py);
   model   – a draft model: a smaller LM of the same tokenizer drafting a chain (model.py); `model:DIR`
             names its artifact, plain `model` the one the manifest names (`export --draft-model`);
   a+b     – both, merged into one tree (draft.merge), e.g. medusa+lookup, each part's scores first rescored by
@@ -22,8 +22,8 @@ from __future__ import annotations
 from enum import StrEnum
 
 from specmemo.errors import ConfigError
-from specmemo.runtime.drafters.calibration import ScoreCalibration, rescored, trials
 from specmemo.runtime.drafters.draft import DraftContext, Drafter, DraftTree, merge
+from specmemo.runtime.drafters.score_calibration import ScoreCalibration, rescored, trials
 
 __all__ = ["DraftContext", "DraftTree", "Drafter", "DrafterName", "Merged", "Priced", "draft_model_dir",
            "parse_choices", "parse_drafter", "with_recall"]

@@ -1,6 +1,6 @@
 """Recall: draft what followed the context's last tokens the latest time they were written before — in an earlier
 turn, an earlier conversation, or a file an app added — from the store of what was already written
-(runtime/recall.py), bounded in bytes and kept across runs.
+(runtime/recall_store.py), bounded in bytes and kept across runs.
 
 Prompt lookup (lookup.py) searches the conversation being decoded; recall searches everything before it, so the two
 merge well (`feature+lookup+recall`). The longest of recall.ORDERS that matches proposes one branch of up to
@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 from specmemo.runtime.drafters.draft import DraftContext, DraftTree
 from specmemo.runtime.drafters.lookup import ConversationIndex, longer
 from specmemo.runtime.drafters.registry import RECALL_MAX_BRANCH
-from specmemo.runtime.recall import ORDERS, Recall
+from specmemo.runtime.recall_store import ORDERS, Recall
 from specmemo.runtime.shared import SHARED
 
 if TYPE_CHECKING:

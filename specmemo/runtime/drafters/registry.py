@@ -12,7 +12,7 @@ sequence, a batch pool) read this table; adding a drafter is its module and one 
                   function below that imports its module when called, so the table stays below the sessions it
                   is built over (an import at the top would be a circle) and a reader can follow it.
     build_rows  – the batchable drafters' builder for a batch pool: (batch session, *, max_tree) → RowDrafters.
-    store       – it drafts from the store of what was already written (runtime/recall.py): the engine opens the
+    store       – it drafts from the store of what was already written (runtime/recall_store.py): the engine opens the
                   store, the plan prices its bytes, and `build` is given it as `recall=`.
     conversation – it reads the n-grams of the conversation being decoded (lookup.ConversationIndex): the drafters
                   that do are given one index, shared, as `conversation=`.

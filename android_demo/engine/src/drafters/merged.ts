@@ -1,6 +1,6 @@
 /** Several drafters as one (runtime/drafters/__init__.py Merged). */
 
-import { ScoreCalibration, rescored, trials } from './calibration';
+import { ScoreCalibration, rescored, trials } from './scoreCalibration';
 import { DraftContext, DraftTree, Drafter, merge } from './draft';
 
 /** Several drafters as one: each drafts within the whole budget; each tree is rescored by its own part's

@@ -7,7 +7,7 @@
  * conversation's own text comes first: where it matches at least as far back, recall proposes nothing.
  */
 
-import { ORDERS, Recall } from '../recall';
+import { ORDERS, Recall } from '../recallStore';
 import { DraftContext, DraftTree, Drafter } from './draft';
 import { ConversationIndex, longer } from './lookup';
 import { SHARED } from '../shared';

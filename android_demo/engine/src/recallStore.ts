@@ -1,5 +1,5 @@
 /**
- * The store of what was already written (runtime/recall.py), the same store in TypeScript: earlier turns
+ * The store of what was already written (runtime/recall_store.py), the same store in TypeScript: earlier turns
  * and conversations kept to draft from, bounded in bytes, oldest tokens evicted first, in the same file.
  *
  * Layout, sizes as arithmetic (N tokens held, K = ORDERS.length n-gram orders):
@@ -114,7 +114,7 @@ export class Recall {
     return this.ring[position % this.capacity];
   }
 
-  /** The table slot of the n-gram token(0) .. token(n - 1) (runtime/recall.py _hashes, then _slots). */
+  /** The table slot of the n-gram token(0) .. token(n - 1) (runtime/recall_store.py _hashes, then _slots). */
   private slot(n: number, token: (j: number) => number): number {
     let h = 0n;
     for (let j = 0; j < n; j++) h = BigInt.asUintN(64, h * PRIME + BigInt(token(j)));
@@ -132,7 +132,7 @@ export class Recall {
     this.index(start, this.written);
   }
 
-  /** Index the n-grams whose next token sits at an absolute position in [start, stop) (runtime/recall.py _index). */
+  /** Index the n-grams whose next token sits at an absolute position in [start, stop) (runtime/recall_store.py _index). */
   private index(start: number, stop: number): void {
     const oldest = Math.max(0, this.written - this.capacity);
     for (let end = Math.max(start, oldest + 1); end < stop; end++) {

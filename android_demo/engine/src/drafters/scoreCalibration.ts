@@ -1,5 +1,5 @@
 /**
- * Draft scores → acceptance chances, learned from what was accepted (runtime/drafters/calibration.py).
+ * Draft scores → acceptance chances, learned from what was accepted (runtime/drafters/score_calibration.py).
  *
  * The controller keeps one over the nodes it verifies; a merged drafter (draft.ts Merged) keeps one per
  * part and rescores each part's tree with it before merging, so a part whose drafts keep failing sinks
