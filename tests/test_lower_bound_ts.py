@@ -105,3 +105,38 @@ def test_typescript_lower_bound_is_pythons_to_the_byte(artifact, request):
         assert len(trees) > 1 and max(trees) > 2  # the accuracy table's search picked another tree than 2 nodes
     else:
         assert trees == {1}
+
+
+LARGEST_SCRIPT = """
+const engine = require(process.argv[1]);
+const input = JSON.parse(require('node:fs').readFileSync(0, 'utf-8'));
+const m = engine.parseManifest(input.manifest, 'manifest.json');
+console.log(JSON.stringify(input.cases.map(([calibration, budget, rows, tree]) =>
+  engine.largestCapacity(m, calibration, budget, { rows, tree }))));
+"""
+
+
+@pytest.mark.parametrize("artifact", ["tiny_llama", "with_heads"])
+def test_the_pages_largest_capacity_is_the_plans(artifact, request):
+    """The web page fits C to a budget by the engine's largestCapacity, which is plan.largest_capacity (what
+    `specmemo plan --budget` fits): the same C for every budget, tree and calibration tried."""
+    from specmemo.runtime.medusa_tree import tree_sizes
+    from specmemo.runtime.plan import largest_capacity
+
+    manifest = json.loads((request.getfixturevalue(artifact) / "manifest.json").read_text())
+    m = manifest_from_dict(manifest)
+    cases, expected = [], []
+    for calibration in CALIBRATIONS:
+        for tree in sorted({1, 2, *tree_sizes(m)}):
+            bound = lower_bound(m, calibration, context=m.max_capacity).total
+            for budget in (bound // 2, bound - 4096, bound, bound + 123_457, 4 * bound):
+                rows = max(tree, 16)
+                cases.append([{"loadBytes": calibration.load_bytes, "baseBytes": calibration.base_bytes,
+                               "stepOverheadBytes": calibration.step_overhead_bytes}, budget, rows, tree])
+                expected.append(largest_capacity(m, calibration, budget, rows, tree))
+    stdin = json.dumps({"manifest": json.dumps(manifest), "cases": cases})
+    done = subprocess.run(["node", "-e", LARGEST_SCRIPT, str(engine_file("index.js"))], input=stdin,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads(done.stdout) == expected
+    assert len(set(expected)) > 2  # budgets that fit different capacities, the graph's max among them

@@ -315,7 +315,7 @@ def fit(manifest: Manifest, calibration: memory.Calibration, *, budget: int, con
             at_bound = memory.footprint(manifest, calibration, Sizes(capacity=need, rows=rows, tree=tree),
                                         weights=weights, batch=batch)
             if at_bound.total <= budget:
-                capacity = need if context else _largest_capacity(manifest, calibration, budget, rows, tree, batch)
+                capacity = need if context else largest_capacity(manifest, calibration, budget, rows, tree, batch)
                 return memory.footprint(manifest, calibration, Sizes(capacity=capacity, rows=rows, tree=tree),
                                         weights=weights, batch=batch)
     return replace(bound, weights_stored=weights)
@@ -325,9 +325,10 @@ def _descending(high: int, low: int) -> list[int]:
     return list(range(high, low - 1, -1)) or [low]
 
 
-def _largest_capacity(manifest: Manifest, calibration: memory.Calibration, budget: int, rows: int, tree: int,
+def largest_capacity(manifest: Manifest, calibration: memory.Calibration, budget: int, rows: int, tree: int,
                       batch: int = 1) -> int:
-    """Largest C ≤ the graph's max capacity with total ≤ budget (the footprint is linear in C)."""
+    """Largest C ≤ the graph's max capacity with total ≤ budget (the footprint is linear in C; the web page's
+    largestCapacity, engine/src/memory.ts, is this rule)."""
     def total(capacity: int) -> int:
         return memory.footprint(manifest, calibration, Sizes(capacity=capacity, rows=rows, tree=tree),
                                 batch=batch).total

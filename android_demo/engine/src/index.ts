@@ -21,7 +21,7 @@ export { ManifestError, manifestRoute, parseManifest } from './manifest';
 export type { FeatureDrafterInfo, Manifest, ModelFormat, RowRoute } from './manifest';
 export { Arena, allocationBytes, kvBytes, layoutFor, views } from './arena';
 export { MedusaTree, USEFUL_GAIN } from './medusaTree';
-export { HEADROOM, activationBytes, footprint, lowerBound, pricedLayout } from './memory';
+export { HEADROOM, activationBytes, footprint, largestCapacity, lowerBound, pricedLayout } from './memory';
 export type { Calibration, Footprint } from './memory';
 export { makeSizes, resolveSizes, usefulTreeSize } from './sizes';
 export type { Sizes } from './sizes';

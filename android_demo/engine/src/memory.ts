@@ -103,3 +103,16 @@ export function lowerBound(m: Manifest, calibration: Calibration, { context }: {
   const tree = usefulTreeSize(m);
   return footprint(m, calibration, makeSizes(Math.max(context, tree + 1), tree, tree));
 }
+
+/** The largest C up to the graph's max capacity whose footprint at R = `rows`, T_max = `tree` fits `budget` (plan.py
+ * largest_capacity, step for step: the footprint is linear in C, so two prices give the line, and alignment can add
+ * a few bytes beyond it). 2 when none does. */
+export function largestCapacity(m: Manifest, calibration: Calibration, budget: number,
+  { rows, tree }: { rows: number; tree: number }): number {
+  const total = (capacity: number): number => footprint(m, calibration, makeSizes(capacity, rows, tree)).total;
+  const atTwo = total(2);
+  const perPosition = total(3) - atTwo;
+  let capacity = Math.min(m.max_capacity, 2 + Math.floor((budget - atTwo) / Math.max(perPosition, 1)));
+  while (capacity > 2 && total(capacity) > budget) capacity -= 1;
+  return capacity;
+}

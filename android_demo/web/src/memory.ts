@@ -10,12 +10,13 @@
  *                  the device with everything else); unknown without either, and then nothing is refused.
  *
  * Under the lower bound the page refuses in one line with both figures; between need(MIN_CAPACITY) and
- * need(the default C) it opens with the largest C that fits and says so. The page varies C only (R and T_max
+ * need(the default C) it opens with the largest C that fits (the engine's largestCapacity: the Python plan's rule,
+ * plan.largest_capacity) and says so. The page varies C only (R and T_max
  * are the engine's), so a budget over the lower bound but under need(MIN_CAPACITY) is refused as well, naming
  * both figures.
  */
 import {
-  drafterNames, footprint, lowerBound, makeSizes, parseManifest, resolveSizes, type Calibration, type DrafterName,
+  drafterNames, footprint, largestCapacity, lowerBound, makeSizes, parseManifest, resolveSizes, type Calibration, type DrafterName,
   type Footprint, type Manifest, type Mode,
 } from '@specmemo/engine';
 
@@ -23,7 +24,6 @@ import type { PickedFolderSource, UrlSource } from './sources';
 
 export const DEVICE_SHARE = 0.5;
 export const MIN_CAPACITY = 256;
-export const CAPACITY_STEP = 64;
 const MIB = 2 ** 20;
 
 export interface PagePlan {
@@ -95,8 +95,7 @@ export function pagePlan(m: Manifest, { files, budget, drafters, capacity }: {
   const atLowest = at(lowest);
   let chosen = sizes.capacity;
   if (budget !== null && at(chosen).total > budget) {
-    chosen = lowest;
-    for (let c = lowest + CAPACITY_STEP; c < sizes.capacity && at(c).total <= budget; c += CAPACITY_STEP) chosen = c;
+    chosen = Math.max(lowest, Math.min(sizes.capacity, largestCapacity(m, calibration, budget, sizes)));
   }
   const need = at(chosen);
   const plan = { budget, files, capacity: chosen, need: need.total, lowerBound: bound.total, lowered: chosen < sizes.capacity };
