@@ -37,34 +37,22 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from specmemo.device_profiles.schema import this_cpu
     from specmemo.runtime import memory
     from specmemo.runtime.config import EngineConfig
-    from specmemo.runtime.measured import memory_calibration, row_route
+    from specmemo.runtime.measured import memory_calibration
     from specmemo.runtime.medusa_tree import exported_tree
-    from specmemo.runtime.plan import (
-        default_sizes,
-        draft_price,
-        lower_bound,
-        make_plan,
-        read_draft,
-        weights_stored,
-        what_would_fit,
-    )
+    from specmemo.runtime.plan import draft_price, lower_bound, plan_for, read_draft, weights_stored, what_would_fit
 
     profile = apply_profile(args)
     artifact = Artifact.open(args.artifact)
     manifest = artifact.manifest
-    config = EngineConfig(artifact=artifact, threads=args.threads, budget=args.budget_bytes, context=args.context,
+    priced = args.budget_bytes is not None
+    config = EngineConfig(artifact=artifact, threads=args.threads, budget=args.budget_bytes,
+                          context=args.context if priced else None, capacity=None if priced else args.context,
                           drafter=args.drafter)
-    calibration = memory_calibration(artifact, threads=args.threads, log=log_stderr)
-    context = args.context or (manifest.plan.capacity if manifest.plan and args.budget_bytes is None
-                               else manifest.max_capacity)
+    calibration = memory_calibration(artifact, threads=args.threads, log=log_stderr)  # the lower bound's, always
+    context = args.context or (manifest.plan.capacity if manifest.plan and not priced else manifest.max_capacity)
     bound = lower_bound(manifest, calibration, context=context)
-    draft_fp, draft = None, None
     try:
-        draft = read_draft(config, manifest, priced=True, log=log_stderr)
-        route = row_route(artifact, threads=args.threads, log=log_stderr)
-        decided = make_plan(config, manifest, calibration=calibration, draft=draft,  # what an engine opens with
-                            route=route, log=log_stderr)
-        chosen, draft_fp = decided.footprint, decided.draft_footprint
+        decided = plan_for(config, manifest, batch=args.batch, log=log_stderr)  # what an engine opens with
     except memory.BudgetError as err:
         missed = args.budget_bytes
         if missed is None:
@@ -72,15 +60,18 @@ def cmd_plan(args: argparse.Namespace) -> int:
             missed = manifest.plan.budget
         options = what_would_fit(artifact, calibration, budget=missed, context=context)
         raise memory.BudgetError(f"{err}; what would fit: {'; '.join(options)}") from None
+    chosen, draft_fp = decided.footprint, decided.draft_footprint
     budget = args.budget_bytes
     if budget is None and chosen is not None:
         assert manifest.plan is not None  # priced without --budget: by the manifest's device plan
         budget = manifest.plan.budget
     heads = manifest.heads.num_heads if manifest.heads else 0
+    # unpriced, the plan's own sizes are shown at this machine's calibration
+    shown = chosen or memory.footprint(manifest, calibration, decided.sizes, weights=weights_stored(artifact),
+                                       batch=args.batch)
     if args.batch > 1:
-        sizes = chosen.sizes if chosen else default_sizes(manifest, capacity=args.context)
-        chosen = memory.footprint(manifest, calibration, sizes, weights=weights_stored(artifact),
-                                  batch=args.batch)
+        chosen = shown
+    draft = read_draft(config, manifest, priced=True, log=log_stderr) if decided.draft_model is not None else None
     if args.json:
         out = {"lower_bound": _footprint_json(bound), "plan": chosen and _footprint_json(chosen), "context": context,
                "budget": budget, "profile": profile.name if profile else None, "heads": heads,
@@ -99,9 +90,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         assert manifest.plan is not None  # priced without --budget: by the manifest's device plan
         title = f"plan for {manifest.plan.profile} (the manifest's, from export --profile)"
     else:
-        title = "at the graph's max capacity (no --budget)"
-    shown = chosen or memory.footprint(manifest, calibration, default_sizes(manifest),
-                                       weights=weights_stored(artifact))
+        title = f"at C={shown.sizes.capacity} (no --budget: the graph's max capacity unless --context)"
     if draft_fp is None and draft is not None and args.batch == 1:  # unpriced plan: the pair at the graph's max C
         draft_fp = draft_price(draft, shown.sizes)
     d = manifest.dims

@@ -67,23 +67,22 @@ def _plan_for(artifact: Path, profile, drafter: str | None = None) -> dict:
     from specmemo.runtime import plan as plan_sizes
     from specmemo.runtime.config import EngineConfig
     from specmemo.runtime.drafters.registry import with_own_model
-    from specmemo.runtime.manifest import load_manifest
     from specmemo.runtime.measured import memory_calibration
 
-    manifest = load_manifest(artifact)
+    opened = Artifact.open(artifact)  # read once, passed down
+    manifest = opened.manifest
     threads = min(profile.threads, local_cores())
-    calibration = memory_calibration(Artifact.open(artifact), threads=threads, log=log_dim)
-    config = EngineConfig(artifact=Artifact.open(artifact), threads=threads, budget=profile.app_memory, drafter=drafter)
+    config = EngineConfig(artifact=opened, threads=threads, budget=profile.app_memory, drafter=drafter)
     try:
-        draft = plan_sizes.read_draft(config, manifest, priced=True, log=log_dim)
-        plan = plan_sizes.make_plan(config, manifest, calibration=calibration, draft=draft, log=lambda _: None)
+        plan = plan_sizes.plan_for(config, manifest, log=log_dim)  # the engine's own plan for this budget
     except memory.BudgetError:
+        calibration = memory_calibration(opened, threads=threads, log=log_dim)  # measured once, cached: read here
         bound = plan_sizes.lower_bound(manifest, calibration, context=manifest.max_capacity)
         return {"fits": False, "lower_bound": bound.total,
                 "largest_context": plan_sizes.largest_context(manifest, calibration, budget=profile.app_memory)}
     assert plan.footprint is not None  # sized for the profile's budget: priced
     s, pair = plan.sizes, None
-    if draft is not None:  # asked for a draft model: held beside the target, or left out by the plan
+    if with_own_model(plan_sizes.drafter_names(config, manifest)):  # asked for a draft model: held, or left out
         held, draft_total = bool(with_own_model(plan.drafters)), None
         if held:
             assert plan.draft_footprint is not None  # a draft model held is priced beside the target
