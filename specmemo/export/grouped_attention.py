@@ -16,7 +16,9 @@ from plain ops whose every row is computed alike whatever shares the call:
 The bias [B, 1, T, L] is tiled over the G stacked heads once per call, in the graph, not per layer (one Tile:
 [B, 1, G·T, L], row g·T + t is position t's), and the scale multiplies Q just before its MatMul, where ONNX
 Runtime folds it into the GEMM: a node ORT runs costs about as much as a small kernel, so each layer keeps only the
-nodes that compute.
+nodes that compute. The fold is ORT's at its "all" optimization level, which every runtime here opens the graph at
+(the Python session, the TypeScript engine, `export --mobile`'s converter); where the scale is not a power of two
+the folded product rounds otherwise than the unfolded one, so a runtime at a lower level would compute other bits.
 
 The runtime feeds the K/V buffers at the span's length, L = S rounded up to the manifest's `span_bucket`
 (runtime/span.py; the buffers packed to it, runtime/kv_cache.py: no slice is copied per layer), and a bias over
