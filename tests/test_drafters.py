@@ -287,17 +287,19 @@ def test_every_drafter_has_its_row_and_builders_that_exist():
     from specmemo.export.artifact import ExportOptions
     from specmemo.runtime.drafters import DrafterName
     from specmemo.runtime.drafters.registry import DRAFTERS, batchable, in_artifact
+    from specmemo.runtime.engine import BUILDERS
     from specmemo.runtime.manifest import Manifest
     from specmemo.runtime.plan import draft_tree_size as tree_size
 
-    assert set(DRAFTERS) == set(DrafterName)
+    assert set(DRAFTERS) == set(DrafterName) == set(BUILDERS)
     manifest_fields = {f.name for f in dataclasses.fields(Manifest)}
     export_fields = {f.name for f in dataclasses.fields(ExportOptions)}
     for name, kind in DRAFTERS.items():
         assert kind.name is name
-        module = importlib.import_module(f"specmemo.runtime.drafters.{name.value}")  # what its builders import
-        assert callable(kind.build) and callable(module.build)
-        assert (kind.build_rows is not None) == kind.batchable == callable(getattr(module, "build_rows", None))
+        module = importlib.import_module(f"specmemo.runtime.drafters.{name.value}")
+        build, build_rows = BUILDERS[name]  # the engine's builders are its module's
+        assert build is module.build and (build_rows is not None) == kind.batchable
+        assert build_rows is None or build_rows is module.build_rows
         if kind.part is not None:
             assert kind.part in manifest_fields and kind.part in export_fields, kind.part
     medusa, lookup = DrafterName.MEDUSA, DrafterName.LOOKUP

@@ -26,7 +26,18 @@ from specmemo.runtime.config import EngineConfig, Mode
 from specmemo.runtime.constraint import Constraint, GrammarTokenizer
 from specmemo.runtime.controller import Controller, DrafterChoice, LatencyCurve, latency_curve
 from specmemo.runtime.decode import FullWidth, Generation, WidthPolicy, generate
-from specmemo.runtime.drafters import Drafter, DrafterName, Merged, Priced, parse_drafter
+from specmemo.runtime.drafters import (
+    Drafter,
+    DrafterName,
+    Merged,
+    Priced,
+    feature,
+    lookup,
+    medusa,
+    model,
+    parse_drafter,
+    recall,
+)
 from specmemo.runtime.drafters.draft import RowDrafters, draft_cost
 from specmemo.runtime.drafters.lookup import ConversationIndex
 from specmemo.runtime.drafters.registry import DRAFTERS, DrafterKind, batchable, reads_store, uses_heads_graph
@@ -118,6 +129,17 @@ class Engine:
         return out
 
 
+# each drafter's builders (its module's build, and build_rows where it batches): over one sequence's session
+# (session, *, max_tree, draft_model, ...) → Drafter; over a batch session (session, *, max_tree) → RowDrafters
+BUILDERS: dict[DrafterName, tuple[Callable[..., Any], Callable[..., Any] | None]] = {
+    DrafterName.MEDUSA: (medusa.build, medusa.build_rows),
+    DrafterName.LOOKUP: (lookup.build, lookup.build_rows),
+    DrafterName.FEATURE: (feature.build, None),
+    DrafterName.MODEL: (model.build, None),
+    DrafterName.RECALL: (recall.build, None),
+}
+
+
 def open_drafter(session: DecoderSession, names: tuple[DrafterName, ...], *, max_tree: int,
                  draft_model: Artifact | None = None,
                  choices: tuple[tuple[DrafterName, ...], ...] = (), recall: Recall | None = None) -> Drafter | None:
@@ -131,7 +153,7 @@ def open_drafter(session: DecoderSession, names: tuple[DrafterName, ...], *, max
         return {**({"recall": recall} if kind.store else {}),
                 **({"conversation": conversation} if kind.conversation else {})}
 
-    built = {name: DRAFTERS[name].build(session, max_tree=max_tree, draft_model=draft_model, **given(DRAFTERS[name]))
+    built = {name: BUILDERS[name][0](session, max_tree=max_tree, draft_model=draft_model, **given(DRAFTERS[name]))
              for name in names}
     if not built:
         return None
@@ -186,7 +208,7 @@ def open_pool(config: EngineConfig, *, batch: int, log: Callable[[str], None] = 
                                                           heads=uses_heads_graph(names)))
     rows: list[RowDrafters] = []
     for n in names:
-        build_rows = DRAFTERS[n].build_rows
+        build_rows = BUILDERS[n][1]
         assert build_rows is not None  # the plan kept the batchable drafters only (`kept`)
         rows.append(build_rows(session, max_tree=sizes.tree))
     prefetches = [r.prefetch for r in rows if r.prefetch is not None]

@@ -1,17 +1,14 @@
 """One row per drafter: what it needs from the artifact, the tree it can fill, whether it drafts for the rows
-of a batch, and where its builders live. Every check (manifest, export options, plan) and both builders (one
-sequence, a batch pool) read this table; adding a drafter is its module and one row here.
+of a batch. Every check (manifest, export options, plan) and both builders (one sequence, a batch pool) read this
+table; its builders are each drafter module's `build` (and `build_rows`), named in runtime/engine.py (BUILDERS),
+above the sessions they are built over. Adding a drafter is its module, one row here and its builders there.
 
     part        – the field of the manifest (and of export.artifact.ExportOptions) holding what it drafts
                   with; None: it needs nothing exported (prompt lookup).
     max_tree    – T_max it can use; None: the exported Medusa tree's size.
-    batchable   – it drafts per row of a batch pool (the batch builder); the others keep one sequence's state.
+    batchable   – it drafts per row of a batch pool (its module's build_rows); the others keep one sequence's state.
     own_model   – it runs a model of its own (its own artifact, session and arena): measured in its own probe
                   and priced beside the target; a plan that cannot hold both leaves it out.
-    build       – builds it over an open session: (session, *, max_tree, draft_model, ...) → Drafter. Each is a
-                  function below that imports its module when called, so the table stays below the sessions it
-                  is built over (an import at the top would be a circle) and a reader can follow it.
-    build_rows  – the batchable drafters' builder for a batch pool: (batch session, *, max_tree) → RowDrafters.
     store       – it drafts from the store of what was already written (runtime/recall_store.py): the engine opens the
                   store, the plan prices its bytes, and `build` is given it as `recall=`.
     conversation – it reads the n-grams of the conversation being decoded (lookup.ConversationIndex): the drafters
@@ -20,9 +17,7 @@ sequence, a batch pool) read this table; adding a drafter is its module and one 
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 from specmemo.runtime.drafters import DrafterName, draft_model_dir, parse_drafter
 from specmemo.runtime.shared import SHARED
@@ -49,47 +44,6 @@ MODEL_MAX_CHAIN = 8  # the draft model's longest chain (nodes after the root): T
 
 
 
-def _medusa(session: Any, **options: Any) -> Any:
-    from specmemo.runtime.drafters import medusa
-
-    return medusa.build(session, **options)
-
-
-def _medusa_rows(session: Any, **options: Any) -> Any:
-    from specmemo.runtime.drafters import medusa
-
-    return medusa.build_rows(session, **options)
-
-
-def _lookup(session: Any, **options: Any) -> Any:
-    from specmemo.runtime.drafters import lookup
-
-    return lookup.build(session, **options)
-
-
-def _lookup_rows(session: Any, **options: Any) -> Any:
-    from specmemo.runtime.drafters import lookup
-
-    return lookup.build_rows(session, **options)
-
-
-def _feature(session: Any, **options: Any) -> Any:
-    from specmemo.runtime.drafters import feature
-
-    return feature.build(session, **options)
-
-
-def _model(session: Any, **options: Any) -> Any:
-    from specmemo.runtime.drafters import model
-
-    return model.build(session, **options)
-
-
-def _recall(session: Any, **options: Any) -> Any:
-    from specmemo.runtime.drafters import recall
-
-    return recall.build(session, **options)
-
 
 @dataclass(frozen=True)
 class DrafterKind:
@@ -100,33 +54,27 @@ class DrafterKind:
     max_tree: int | None  # None: the exported Medusa tree
     batchable: bool
     own_model: bool
-    build: Callable[..., Any]
-    build_rows: Callable[..., Any] | None = None
     store: bool = False
     conversation: bool = False
 
     def __post_init__(self) -> None:
         if (self.part is None) != (self.export_flag is None):
             raise ValueError(f"{self.name.value}: a part and the export flag writing it go together")
-        if self.batchable != (self.build_rows is not None):
-            raise ValueError(f"{self.name.value}: a batchable drafter names its batch builder, and only it")
         if self.max_tree is not None and self.max_tree < 2:
             raise ValueError(f"{self.name.value}: a drafter's tree holds the root and at least one node")
 
 
 DRAFTERS: dict[DrafterName, DrafterKind] = {k.name: k for k in (
     DrafterKind(DrafterName.MEDUSA, part="heads", needs="Medusa heads", export_flag="--heads", max_tree=None,
-                batchable=True, own_model=False, build=_medusa, build_rows=_medusa_rows),
+                batchable=True, own_model=False),
     DrafterKind(DrafterName.LOOKUP, part=None, needs="nothing", export_flag=None, max_tree=1 + LOOKUP_MAX_BRANCH,
-                batchable=True, own_model=False, build=_lookup, build_rows=_lookup_rows, conversation=True),
+                batchable=True, own_model=False, conversation=True),
     DrafterKind(DrafterName.FEATURE, part="feature_drafter", needs="the feature drafter graph",
-                export_flag="--feature-drafter", max_tree=FEATURE_MAX_TREE, batchable=False, own_model=False,
-                build=_feature),
+                export_flag="--feature-drafter", max_tree=FEATURE_MAX_TREE, batchable=False, own_model=False),
     DrafterKind(DrafterName.MODEL, part="draft_model", needs="a draft model", export_flag="--draft-model",
-                max_tree=1 + MODEL_MAX_CHAIN, batchable=False, own_model=True, build=_model),
+                max_tree=1 + MODEL_MAX_CHAIN, batchable=False, own_model=True),
     DrafterKind(DrafterName.RECALL, part=None, needs="nothing", export_flag=None, max_tree=1 + RECALL_MAX_BRANCH,
-                batchable=False, own_model=False, build=_recall, store=True,
-                conversation=True),
+                batchable=False, own_model=False, store=True, conversation=True),
 )}
 
 
