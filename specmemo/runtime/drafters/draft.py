@@ -181,8 +181,9 @@ def merge(first: DraftTree, second: DraftTree, *, budget: int) -> DraftTree:
 
 @dataclass(frozen=True)
 class RowDrafters:
-    """A batchable drafter over a batch session (registry.build_rows): `for_row(row)` a fresh drafter for a
-    request joining `row`; `prefetch(hidden by row)`, when set, drafts for every row about to draft in one call."""
+    """A batchable drafter over a batch session (its module's build_rows, engine.BUILDERS): `for_row(row)` a fresh
+    drafter for a request joining `row`; `prefetch(hidden by row)`, when set, drafts for every row about to draft in
+    one call."""
 
     for_row: Callable[[int], Drafter]
     prefetch: Callable[[dict[int, np.ndarray]], None] | None = None
