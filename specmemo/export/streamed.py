@@ -75,6 +75,23 @@ def placeholders(module: torch.nn.Module) -> list[str]:
     return names
 
 
+QKV = ("q_proj", "k_proj", "v_proj")  # one layer's three projections, concatenated into one matrix by the decoder
+
+
+def split_groups(small: set[str], names: set[str]) -> set[str]:
+    """The small parameters whose Q/K/V siblings are not all small: the decoder concatenates a layer's three, so they
+    are loaded early together or streamed together (a config whose K and V are small and Q is not, else mixes a
+    loaded tensor with a placeholder)."""
+    out = set()
+    for name in small:
+        parts = name.split(".")
+        if len(parts) >= 2 and parts[-2] in QKV:
+            siblings = {".".join([*parts[:-2], other, parts[-1]]) for other in QKV} & names
+            if not siblings <= small:
+                out.add(name)
+    return out
+
+
 def export_streamed(checkpoint: Checkpoint, dims: ModelDims, capacity: int, io_names: DecoderIO, path: Path) -> Path:
     """decoder.onnx + .data as export/trace.export_decoder writes them from the whole float32 model, holding one
     layer's weights at a time."""
@@ -82,6 +99,7 @@ def export_streamed(checkpoint: Checkpoint, dims: ModelDims, capacity: int, io_n
 
     model = checkpoint.empty_model()
     small = {name for name, p in model.named_parameters() if p.dim() < 2 or p.numel() <= DEDUPLICATION_LIMIT}
+    small -= split_groups(small, {name for name, _ in model.named_parameters()})
     checkpoint.load(model, small.__contains__)
     decoder = Decoder(dims, model, capacity).eval()
     weights = LayerWeights(checkpoint, model, dims, capacity)
