@@ -98,8 +98,9 @@ def export_streamed(checkpoint: Checkpoint, dims: ModelDims, capacity: int, io_n
     from specmemo.export.trace import export_decoder
 
     model = checkpoint.empty_model()
-    small = {name for name, p in model.named_parameters() if p.dim() < 2 or p.numel() <= DEDUPLICATION_LIMIT}
-    small -= split_groups(small, {name for name, _ in model.named_parameters()})
+    params = dict(model.named_parameters())
+    small = {name for name, p in params.items() if p.dim() < 2 or p.numel() <= DEDUPLICATION_LIMIT}
+    small -= split_groups(small, set(params))
     checkpoint.load(model, small.__contains__)
     decoder = Decoder(dims, model, capacity).eval()
     weights = LayerWeights(checkpoint, model, dims, capacity)
