@@ -372,3 +372,17 @@ def test_a_q6_k_head_reranks_from_its_own_six_bit_rows():
     reference = x[0].astype(np.float64) @ weight.T.astype(np.float64)
     assert np.allclose(np.take_along_axis(logits[0], top, -1), np.take_along_axis(reference, top, -1), rtol=1e-5,
                        atol=1e-4)
+
+
+def test_validation_bound_doubles_where_gguf_blocks_were_converted():
+    from types import SimpleNamespace
+
+    from specmemo.export.validate import CONVERTED_FACTOR, QUANTIZED_TOLERANCE, default_tolerance
+    from specmemo.runtime.formats import QuantizationInfo
+
+    def manifest(carried):
+        info = QuantizationInfo(block_size=32, accuracy_level=4, lm_head_accuracy_level=4, carried=carried, quantized=())
+        return SimpleNamespace(quantization=info, kv_dtype="float32")
+
+    assert default_tolerance(manifest(("Q4_1", "Q8_0"))) == QUANTIZED_TOLERANCE[4]
+    assert default_tolerance(manifest(("Q4_K", "Q6_K→Q4_1"))) == QUANTIZED_TOLERANCE[4] * CONVERTED_FACTOR
