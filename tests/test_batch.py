@@ -388,3 +388,34 @@ def test_sliding_rows_slide_on_their_own_and_stay_each_rows_greedy(tmp_path_fact
     results = pool.run([Request(p, reply) for p in prompts])
     assert [r.token_ids for r in results] == references
     assert slid == {0, 1, 2, 3} and max(max(r.stats.accept_lengths) for r in results) > 2
+
+
+def test_one_decode_implementation_serves_the_single_conversation_and_the_pool(artifact, prompts, references,
+                                                                                monkeypatch):
+    """decode.Reply's steps are the decode loop's only implementation: a single conversation and every pool row
+    run through them (a spy on Reply.advance sees each reply), the pool holds no accept or constraint logic of its
+    own, and the rows' replies are each prompt's reply alone."""
+    from pathlib import Path
+
+    from specmemo.runtime import decode, pool
+    from specmemo.runtime.backend import OrtBackend
+    from specmemo.runtime.pool import Request
+    from specmemo.runtime.session import DecoderSession, SessionConfig
+
+    seen: list[decode.Reply] = []  # the replies themselves: alive, so their ids stay apart
+    advance = decode.Reply.advance
+
+    def spy(self, *args, **kwargs):
+        seen.append(self)
+        return advance(self, *args, **kwargs)
+
+    monkeypatch.setattr(decode.Reply, "advance", spy)
+    backend = OrtBackend(DecoderSession(Artifact.open(artifact), SessionConfig(sizes=SIZES, heads=False)))
+    alone = decode.generate(backend, prompts[0], max_new_tokens=REPLY, eos_token_ids=set()).token_ids
+    assert len({id(r) for r in seen}) == 1
+    rows = open_pool(artifact, 2).run([Request(p, REPLY) for p in prompts[:3]])
+    assert len({id(r) for r in seen}) == 4  # the single conversation's reply and the pool's three
+    assert [alone, *(r.token_ids for r in rows)] == [references[0], *references[:3]]
+    source = Path(pool.__file__).read_text()
+    for step in ("accept_tree", "accept_constrained", "constrain_draft", "sample_next", "decide("):
+        assert step not in source, f"pool.py has its own {step}: decode.Reply's steps are the one implementation"

@@ -14,8 +14,8 @@ from conftest import BYTE_VOCAB, export_tiny, make_byte_tokenizer, save_tiny_mod
 
 from specmemo.runtime.artifact import Artifact
 from specmemo.runtime.backend import OrtBackend
-from specmemo.runtime.constraint import Constraint, ConstraintError, ConstraintKind, GrammarTokenizer
-from specmemo.runtime.decode import constrain_draft, generate
+from specmemo.runtime.constraint import Constraint, ConstraintError, ConstraintKind, GrammarTokenizer, constrain_draft
+from specmemo.runtime.decode import generate
 from specmemo.runtime.drafters.draft import DraftContext, DraftTree, ordered
 from specmemo.runtime.drafters.lookup import PromptLookup
 from specmemo.runtime.sampling import Sampling

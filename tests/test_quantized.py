@@ -381,7 +381,8 @@ def test_validation_bound_doubles_where_gguf_blocks_were_converted():
     from specmemo.runtime.formats import QuantizationInfo
 
     def manifest(carried):
-        info = QuantizationInfo(block_size=32, accuracy_level=4, lm_head_accuracy_level=4, carried=carried, quantized=())
+        info = QuantizationInfo(block_size=32, accuracy_level=4, lm_head_accuracy_level=4, carried=carried,
+                                quantized=())
         return SimpleNamespace(quantization=info, kv_dtype="float32")
 
     assert default_tolerance(manifest(("Q4_1", "Q8_0"))) == QUANTIZED_TOLERANCE[4]

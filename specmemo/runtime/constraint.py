@@ -20,6 +20,7 @@ from __future__ import annotations
 import functools
 import json
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
@@ -28,9 +29,13 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from specmemo.errors import ConfigError
+from specmemo.runtime.drafters.draft import DraftTree
+from specmemo.runtime.sampling import Sampling, accept_sampled, sample_next
 
 if TYPE_CHECKING:
     from llguidance._lib import JsonCompileOptions  # a TypedDict of the stubs alone
+
+    from specmemo.runtime.backend import Forward
 
 MAX_SOURCE_BYTES = 1 << 20  # a schema, regex or grammar longer than this is refused, not compiled
 
@@ -226,3 +231,80 @@ def masked(logits: np.ndarray, allowed: np.ndarray) -> np.ndarray:
     out = np.array(logits, dtype=np.float32, copy=True)
     out[~allowed[: out.shape[-1]]] = -np.inf
     return out
+
+
+# The decode loop's steps under a matcher (decode.Reply calls them)
+
+NO_TOKEN = -1  # a constraint allowed nothing
+
+
+def choose(logits: np.ndarray, allowed: np.ndarray, sampling: Sampling | None, rng: np.random.Generator | None,
+           context: Sequence[int]) -> int:
+    """A row's token among the allowed ones: the argmax, or a draw (NO_TOKEN when none is allowed)."""
+    if not allowed.any():
+        return NO_TOKEN
+    row = masked(logits, allowed)
+    if sampling is None:
+        return int(np.argmax(row))
+    assert rng is not None
+    return sample_next(row, sampling, rng, list(context))
+
+
+def accept_constrained(draft: DraftTree, decided: int, masks: dict[int, np.ndarray], out: Forward,
+                       sampling: Sampling | None, rng: np.random.Generator | None, context: Sequence[int]
+                       ) -> tuple[list[int], int]:
+    """The accepted nodes and the next root of a verified tree under a constraint. Nodes [0, decided) are a chain of
+    decided tokens (the root and what the grammar forced after it), kept whatever the model says; the drafted nodes
+    under the last of them were pruned to what the grammar allows (constrain_draft), and `masks` holds the allowed
+    tokens after each (and after the last decided one). Acceptance is decode's, on the masked rows: the argmax walk,
+    or exact rejection sampling. The root is NO_TOKEN where the grammar allows nothing."""
+    if sampling is None or draft.size == decided:
+        path = list(range(decided))
+        while True:
+            node = path[-1]
+            want = choose(out.logits[node], masks[node], sampling, rng, [*context, *draft.tokens[decided:node + 1]])
+            child = next((i for i in range(node + 1, draft.size)
+                          if draft.parents[i] == node and draft.tokens[i] == want), None)
+            if child is None or sampling is not None:
+                return path, want
+            path.append(child)
+    assert rng is not None
+    last = decided - 1  # the drafted subtree hangs under the decided chain's last node: accepted from there
+    if not masks[last].any():
+        return list(range(decided)), NO_TOKEN
+    # a node where the grammar is complete has no children left and its bonus draw is dropped: its row as is
+    rows = np.stack([masked(out.logits[i], masks[i]) if masks[i].any() else out.logits[i]
+                     for i in range(last, draft.size)])
+    parents = [-1, *(p - last for p in draft.parents[decided:])]
+    path, root = accept_sampled(list(draft.tokens[last:]), parents, rows, sampling, rng, context)
+    path = [*range(last), *(last + i for i in path)]
+    return path, root if masks[path[-1]].any() else NO_TOKEN
+
+
+def constrain_draft(constraint: Matcher, proposal: DraftTree, decided: list[int]
+                    ) -> tuple[DraftTree, dict[int, np.ndarray], int]:
+    """A step's tree under a constraint: the decided chain (the root, then the tokens the grammar forced after it,
+    not yet run by the model) with the proposal, a draft rooted at the chain's last token, hung under it once
+    pruned to what the grammar allows. Returns the tree (its first len(decided) nodes decided), the masks
+    accept_constrained reads (after the chain's last node and after each drafted one), and how many drafted nodes
+    the grammar pruned."""
+    if proposal.size == 1:
+        kept, masks = [0], {0: constraint.mask()}
+    else:
+        kept, masks = constraint.along(proposal.tokens, proposal.parents)
+    last = len(decided) - 1
+    tree = proposal.keep(kept)
+    if last:
+        tree = DraftTree.chain(decided).graft(tree)
+    return tree, {last + new: masks[old] for new, old in enumerate(kept)}, proposal.size - len(kept)
+
+
+def decide(constraint: Matcher, tokens: list[int], room: int) -> list[int]:
+    """The matcher takes newly decided tokens; returns what the grammar forces after them (consumed too), as many as
+    `room` (KV positions left for the chain that will run them after the root; the rest are forced again later)."""
+    constraint.consume([t for t in tokens if t != NO_TOKEN])
+    if constraint.done or NO_TOKEN in tokens:
+        return []
+    forced = constraint.forced()[: max(0, room)]
+    constraint.consume(forced)
+    return forced

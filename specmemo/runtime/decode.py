@@ -16,6 +16,9 @@
             applied), so every token is an exact draw; or Medusa's typical acceptance;
   commit  – keep the accepted nodes' K/V positions, contiguous after the committed ones.
 
+`Reply` carries one reply through these steps; `generate` drives it for a single conversation and the batch pool
+(runtime/pool.py) drives one per row around its batched call, so both decode with the same code.
+
 Plain greedy decoding is the same loop with a one-node tree (no drafter). Greedy speculative output
 is token-identical to plain greedy whatever the drafter proposes: every emitted token is the base
 model's argmax after its prefix.
@@ -30,15 +33,16 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 import numpy as np
 
 from specmemo.runtime import tree
 from specmemo.runtime.backend import Backend, Forward
-from specmemo.runtime.constraint import Matcher, masked
+from specmemo.runtime.constraint import NO_TOKEN, Matcher, accept_constrained, choose, constrain_draft, decide
 from specmemo.runtime.drafters.draft import DraftContext, Drafter, DraftTree
+from specmemo.runtime.logit_rules import LogitRules, TokenLogprob, apply, token_logprob
 from specmemo.runtime.sampling import Sampling, accept_sampled, sample_next
 
 
@@ -93,39 +97,18 @@ class Step:
     path: list[int] | None = None  # the nodes it committed, in order (None: every row, as in prefill)
 
 
-NO_TOKEN = -1  # a constraint allowed nothing
-
-
-def prefill(backend: Backend, prompt: list[int], sampling: Sampling | None = None,
-            rng: np.random.Generator | None = None, history: list[int] | tuple[int, ...] = (),
-            constraint: Matcher | None = None) -> Step:
-    """Run the prompt as one causal chain; return the first generated token and the last hidden state."""
+def run_prompt(backend: Backend, prompt: list[int]) -> Forward:
+    """The prompt as one causal chain, committed; the call's output (its last position's row last)."""
     out = backend.forward(prompt, tree.chain(len(prompt)), last_only=True)
     backend.commit(list(range(len(prompt))))
-    if constraint is not None:
-        token = choose(out.logits[-1], constraint.mask(), sampling, rng, [*history, *prompt])
-        return Step(token, out.hidden_states[-1], out.hidden_states)
-    return Step(first_token(out, sampling, rng, [*history, *prompt]), out.hidden_states[-1], out.hidden_states)
+    return out
 
 
-def choose(logits: np.ndarray, allowed: np.ndarray, sampling: Sampling | None, rng: np.random.Generator | None,
-           context: Sequence[int]) -> int:
-    """A row's token among the allowed ones: the argmax, or a draw (NO_TOKEN when none is allowed)."""
-    if not allowed.any():
-        return NO_TOKEN
-    row = masked(logits, allowed)
-    if sampling is None:
-        return int(np.argmax(row))
-    assert rng is not None
-    return sample_next(row, sampling, rng, list(context))
-
-
-def first_token(out: Forward, sampling: Sampling | None, rng: np.random.Generator | None, context: list[int]) -> int:
-    """The token after a prefill (`out` has the last prompt position's logits last): greedy, or a draw."""
-    if sampling is None:
-        return int(out.next_token_ids[-1])
-    assert rng is not None  # a sampled run draws from its seeded generator (generate makes one with the Sampling)
-    return sample_next(out.logits[-1], sampling, rng, context)
+def prefill(backend: Backend, prompt: list[int]) -> Step:
+    """Greedy: run the prompt; the first token and the last hidden state (benchmarks and probes that drive the
+    steps themselves; a reply's first token under sampling or a constraint is `Reply.first`'s)."""
+    out = run_prompt(backend, prompt)
+    return Step(int(out.next_token_ids[-1]), out.hidden_states[-1], out.hidden_states)
 
 
 def accept(tokens: list[int], parents: list[int], next_ids: np.ndarray) -> list[int]:
@@ -162,66 +145,6 @@ def verify_and_commit(backend: Backend, tokens: list[int], parents: list[int], s
     return path, step
 
 
-def accept_constrained(draft: DraftTree, decided: int, masks: dict[int, np.ndarray], out: Forward,
-                       sampling: Sampling | None, rng: np.random.Generator | None, context: Sequence[int]
-                       ) -> tuple[list[int], int]:
-    """The accepted nodes and the next root of a verified tree under a constraint. Nodes [0, decided) are a chain of
-    decided tokens (the root and what the grammar forced after it), kept whatever the model says; the drafted nodes
-    under the last of them were pruned to what the grammar allows (constrain_draft), and `masks` holds the allowed
-    tokens after each (and after the last decided one). Acceptance is decode's, on the masked rows: the argmax walk,
-    or exact rejection sampling. The root is NO_TOKEN where the grammar allows nothing."""
-    if sampling is None or draft.size == decided:
-        path = list(range(decided))
-        while True:
-            node = path[-1]
-            want = choose(out.logits[node], masks[node], sampling, rng, [*context, *draft.tokens[decided:node + 1]])
-            child = next((i for i in range(node + 1, draft.size)
-                          if draft.parents[i] == node and draft.tokens[i] == want), None)
-            if child is None or sampling is not None:
-                return path, want
-            path.append(child)
-    assert rng is not None
-    last = decided - 1  # the drafted subtree hangs under the decided chain's last node: accepted from there
-    if not masks[last].any():
-        return list(range(decided)), NO_TOKEN
-    # a node where the grammar is complete has no children left and its bonus draw is dropped: its row as is
-    rows = np.stack([masked(out.logits[i], masks[i]) if masks[i].any() else out.logits[i]
-                     for i in range(last, draft.size)])
-    parents = [-1, *(p - last for p in draft.parents[decided:])]
-    path, root = accept_sampled(list(draft.tokens[last:]), parents, rows, sampling, rng, context)
-    path = [*range(last), *(last + i for i in path)]
-    return path, root if masks[path[-1]].any() else NO_TOKEN
-
-
-def constrain_draft(constraint: Matcher, proposal: DraftTree, decided: list[int]
-                    ) -> tuple[DraftTree, dict[int, np.ndarray], int]:
-    """A step's tree under a constraint: the decided chain (the root, then the tokens the grammar forced after it,
-    not yet run by the model) with the proposal, a draft rooted at the chain's last token, hung under it once
-    pruned to what the grammar allows. Returns the tree (its first len(decided) nodes decided), the masks
-    accept_constrained reads (after the chain's last node and after each drafted one), and how many drafted nodes
-    the grammar pruned."""
-    if proposal.size == 1:
-        kept, masks = [0], {0: constraint.mask()}
-    else:
-        kept, masks = constraint.along(proposal.tokens, proposal.parents)
-    last = len(decided) - 1
-    tree = proposal.keep(kept)
-    if last:
-        tree = DraftTree.chain(decided).graft(tree)
-    return tree, {last + new: masks[old] for new, old in enumerate(kept)}, proposal.size - len(kept)
-
-
-def decide(constraint: Matcher, tokens: list[int], room: int) -> list[int]:
-    """The matcher takes newly decided tokens; returns what the grammar forces after them (consumed too), as many as
-    `room` (KV positions left for the chain that will run them after the root; the rest are forced again later)."""
-    constraint.consume([t for t in tokens if t != NO_TOKEN])
-    if constraint.done or NO_TOKEN in tokens:
-        return []
-    forced = constraint.forced()[: max(0, room)]
-    constraint.consume(forced)
-    return forced
-
-
 class FullWidth:
     """The default width policy: draft up to T_max nodes (cut to the KV positions left), verify them all."""
 
@@ -239,6 +162,182 @@ class FullWidth:
         pass
 
 
+@dataclass(frozen=True)
+class Verify:
+    """A step's tree as the call runs it: the draft, under a constraint pruned to what the grammar allows and hung
+    under the decided chain (its first `decided` nodes: the root and the tokens the grammar forced after it), with
+    the allowed tokens after each node (`masks`, constrained replies only)."""
+
+    tree: DraftTree
+    decided: int = 1
+    masks: dict[int, np.ndarray] = field(default_factory=dict)
+    draft_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.decided <= self.tree.size:
+            raise ValueError(f"{self.decided} decided nodes in a tree of {self.tree.size}")
+
+    def prefix(self, size: int) -> Verify:
+        """The first `size` nodes (the width policy's choice; never fewer than the decided chain)."""
+        return replace(self, tree=self.tree.prefix(max(size, self.decided)))
+
+
+@dataclass
+class Reply:
+    """One reply being decoded: what the loop carries from one step to the next. The single conversation
+    (`generate`) and every row of the batch pool (runtime/pool.py) run the same steps on it, so a row decodes
+    token for token as it would alone:
+
+        first   – after the prompt's last chunk: the first token, and what a grammar forces after it;
+        propose – the step's tree: a draft (or the root alone), pruned and grafted under a constraint;
+        (the caller's decoder call over the tree)
+        accept  – the accepted nodes and the next root: greedy, rejection sampling, the grammar's masks or the
+                  logit rules (a rules reply runs root-only calls);
+        (the caller's commit of the accepted K/V positions)
+        advance – the step's decided tokens, and what a grammar forces after them;
+        emit    – hand them on up to a stop token or the length limit; the finish reason once there is one."""
+
+    prompt: list[int]
+    max_new_tokens: int
+    eos_token_ids: frozenset[int] | set[int]
+    history: Sequence[int] = ()  # tokens committed before the prompt (earlier turns), for drafters
+    drafter: Drafter | None = None
+    sampling: Sampling | None = None  # None: greedy
+    rules: LogitRules | None = None  # penalties, logit bias, log-probabilities (logit_rules.py): root-only steps
+    constraint: Matcher | None = None  # a fresh matcher the reply must satisfy (runtime/constraint.py)
+    chains_only: bool = False  # verify only the draft's best path (manifest.draft_shape)
+    on_token: Callable[[int], None] | None = None
+    generation: Generation = field(default_factory=Generation)
+    step: Step | None = None  # the last call's root, hidden states and accepted path
+    forced: list[int] = field(default_factory=list)  # tokens a grammar forced after the root, not yet run
+    logprob: TokenLogprob | None = None  # the root's, where the rules ask for log-probabilities
+    context: list[int] = field(init=False)  # every decided token: the drafters and the penalties read it
+    rng: np.random.Generator | None = field(init=False)
+    started: float = field(init=False, default_factory=time.perf_counter)
+
+    def __post_init__(self) -> None:
+        if not self.prompt or self.max_new_tokens < 1:
+            raise ValueError("a reply needs a non-empty prompt and max_new_tokens >= 1")
+        if self.rules is not None and self.constraint is not None:
+            raise ValueError("a reply takes logit rules or a constraint, not both")
+        self.context = [*self.history, *self.prompt]
+        self.rng = np.random.default_rng(self.sampling.seed) if self.sampling is not None else None
+        self.generation.stats.prompt_tokens = len(self.prompt)
+
+    @property
+    def root(self) -> int:
+        assert self.step is not None  # `first` sets it
+        return self.step.root
+
+    def pick(self, out: Forward, node: int) -> int:
+        """The token after `node` of a call: the grammar's choice (argmax or draw among what it allows), the logit
+        rules' (its log-probability kept), a draw, or the graph's argmax."""
+        logits = out.logits[node]
+        if self.constraint is not None:
+            return choose(logits, self.constraint.mask(), self.sampling, self.rng, self.context)
+        if self.rules is not None:
+            z = apply(logits, self.rules, self.context[len(self.history) + len(self.prompt):])
+            if self.sampling is not None:
+                assert self.rng is not None
+                token = sample_next(z, self.sampling, self.rng, self.context)
+            else:
+                token = int(np.argmax(z)) if self.rules.changes_logits else int(out.next_token_ids[node])
+            self.logprob = token_logprob(z, token, self.rules.logprobs) if self.rules.logprobs is not None else None
+            return token
+        if self.sampling is not None:
+            assert self.rng is not None
+            return sample_next(logits, self.sampling, self.rng, self.context)
+        return int(out.next_token_ids[node])
+
+    def first(self, out: Forward, *, room: int) -> list[int]:
+        """After the prompt's last chunk (its last position's row last in `out`): the first token, and the tokens a
+        grammar forces after it (as many as `room`); a drafter with its own model runs the prompt now."""
+        root = self.pick(out, -1)
+        self.step = Step(root, out.hidden_states[-1], out.hidden_states)
+        prepare = getattr(self.drafter, "prepare", None)
+        if prepare is not None:
+            prepare([*self.context, root])
+        self.generation.stats.prefill_s = time.perf_counter() - self.started
+        self.generation.stats.steps = 1
+        return self._decide([root], room)
+
+    def propose(self, budget: int) -> Verify:
+        """The step's tree of at most `budget` nodes: the drafter's (past the forced chain, where it reads tokens
+        alone) or the root alone, then a constraint's pruning and its decided chain."""
+        assert self.step is not None  # `first` ran
+        budget -= len(self.forced)
+        draft, draft_s = DraftTree.root_only(self.context[-1]), 0.0
+        if budget > 1 and self.drafter is not None and self.rules is None:
+            drafting = time.perf_counter()
+            draft = self.drafter.propose(DraftContext(self.context, self.step.hidden, self.step.rows, self.step.path,
+                                                      ahead=len(self.forced)), budget=budget)
+            if self.chains_only:
+                draft = draft.best_path()
+            draft_s = time.perf_counter() - drafting
+        if self.constraint is None:
+            return Verify(draft, draft_s=draft_s)
+        tree, masks, pruned = constrain_draft(self.constraint, draft, [self.step.root, *self.forced])
+        self.generation.stats.pruned_nodes += pruned
+        return Verify(tree, 1 + len(self.forced), masks, draft_s)
+
+    def accept(self, verify: Verify, out: Forward) -> tuple[list[int], int]:
+        """The accepted nodes (root first) of the verified tree and the next root."""
+        tree = verify.tree
+        if self.rules is not None:
+            return [0], self.pick(out, 0)
+        if self.constraint is not None:
+            return accept_constrained(tree, verify.decided, verify.masks, out, self.sampling, self.rng, self.context)
+        return accept_tree(list(tree.tokens), list(tree.parents), out, self.sampling, self.rng, self.context)
+
+    def advance(self, verify: Verify, out: Forward, path: list[int], root: int, *, drafted: int, room: int,
+                length: int) -> list[int]:
+        """After the commit: the step's decided tokens (the accepted drafts, the next root, what a grammar forces
+        after it: as many as `room`) and its stats (`drafted`: the nodes the tree had before the width policy's
+        cut; `length`: the committed KV positions)."""
+        self.step = Step(root, out.hidden_states[path[-1]], out.hidden_states, path)  # arena views: the next draft
+        stats = self.generation.stats
+        stats.steps += 1
+        stats.draft_s += verify.draft_s
+        stats.draft_sizes.append(drafted)
+        stats.tree_sizes.append(verify.tree.size)
+        stats.accept_lengths.append(len(path))
+        stats.kv_used.append(length)
+        return self._decide([verify.tree.tokens[i] for i in path[verify.decided:]] + [root], room)
+
+    def _decide(self, tokens: list[int], room: int) -> list[int]:
+        if self.constraint is not None:
+            self.forced = decide(self.constraint, tokens, room)
+            self.generation.stats.forced_tokens += len(self.forced)
+            tokens = [t for t in tokens if t != NO_TOKEN] + self.forced
+        self.context.extend(tokens)
+        return tokens
+
+    def emit(self, tokens: list[int], *, full: bool) -> str:
+        """Hand `tokens` on (on_token) up to a stop token or the length limit; the finish reason, or "" while the
+        reply goes on (`full`: no KV position left for another step)."""
+        ids = self.generation.token_ids
+        for token in tokens:
+            ids.append(token)
+            if self.on_token is not None:
+                self.on_token(token)
+            if token in self.eos_token_ids:
+                return self._finish("eos")
+            if len(ids) >= self.max_new_tokens:
+                return self._finish("length")
+        if self.constraint is not None and (self.constraint.done or self.root == NO_TOKEN):  # complete, or stuck
+            return self._finish("eos" if self.constraint.done else "constraint")
+        return self._finish("capacity") if full else ""
+
+    def _finish(self, reason: str) -> str:
+        stats = self.generation.stats
+        stats.finish_reason = reason
+        stats.new_tokens = len(self.generation.token_ids)
+        stats.decode_s = time.perf_counter() - self.started - stats.prefill_s
+        if self.constraint is not None:
+            stats.mask_s = self.constraint.mask_s
+        return reason
+
+
 def generate(
     backend: Backend,
     prompt: list[int],
@@ -253,111 +352,33 @@ def generate(
     sampling: Sampling | None = None,
     chains_only: bool = False,
     constraint: Matcher | None = None,
+    rules: LogitRules | None = None,
 ) -> Generation:
-    """Greedy decoding on top of whatever the backend has committed (multi-turn reuses it);
-    speculative when a drafter is given, with trees of at most `max_tree` nodes (T_max, the
-    arena's rows for a tree); plain (one-node trees) otherwise. `history`: the tokens already
-    committed before `prompt` (earlier turns), for drafters that read the conversation. `policy`
-    decides each step's draft budget and verified width (default: all of it that fits);
-    `sampling` samples, seeded (its acceptance: exact rejection sampling by default, or Medusa's typical acceptance
-    when asked). `chains_only`: verify only the
-    draft's best path (a graph whose tree verify rounds apart from a chain, manifest.draft_shape). `constraint`:
-    a fresh matcher (runtime/constraint.py) the reply must satisfy; its masks, pruning and forced tokens."""
+    """One reply on top of whatever the backend has committed (multi-turn reuses it): greedy, speculative when a
+    drafter is given, with trees of at most `max_tree` nodes (T_max, the arena's rows for a tree); plain (one-node
+    trees) otherwise. `history`: the tokens already committed before `prompt` (earlier turns), for drafters that
+    read the conversation. `policy` decides each step's draft budget and verified width (default: all of it that
+    fits); `sampling` samples, seeded (exact rejection sampling by default, or Medusa's typical acceptance when
+    asked). `chains_only`: verify only the draft's best path (a graph whose tree verify rounds apart from a chain,
+    manifest.draft_shape). `constraint`: a fresh matcher (runtime/constraint.py) the reply must satisfy; `rules`:
+    penalties, logit bias and log-probabilities (one token a step)."""
     speculative = drafter is not None and max_tree > 1
     policy = policy if policy is not None and speculative else FullWidth(max_tree if speculative else 1)
-    rng = np.random.default_rng(sampling.seed) if sampling is not None else None
-    result = Generation()
-    stats = result.stats
-    stats.prompt_tokens = len(prompt)
-    started = time.perf_counter()
-    step = prefill(backend, prompt, sampling, rng, history, constraint)
-    stats.prefill_s = time.perf_counter() - started
-    stats.steps = 1
-    context = [*history, *prompt, step.root]  # every decided token; the drafters read it
-    prepare = getattr(drafter, "prepare", None) if speculative else None
-    if prepare is not None:  # a drafter with its own model runs the prompt now, part of the time to first token
-        prepare(context)
-        stats.prefill_s = time.perf_counter() - started
-    pending = [step.root]  # decided tokens not yet emitted
-    forced: list[int] = []  # of them, the ones a constraint forced after the root (not yet run by the model)
-    if constraint is not None:
-        forced = decide(constraint, [step.root], _room(backend))
-        stats.forced_tokens += len(forced)
-        pending += forced
-        context += forced
-    while True:
-        if constraint is not None and (step.root == NO_TOKEN or constraint.done):
-            finished = _emit(result, [t for t in pending if t != NO_TOKEN], max_new_tokens, eos_token_ids, on_token)
-            if not finished:  # the grammar is complete, or allowed nothing
-                stats.finish_reason = "eos" if constraint.done else "constraint"
-            break
-        finished = _emit(result, pending, max_new_tokens, eos_token_ids, on_token)
-        if finished:
-            break
-        if backend.length >= backend.capacity:
-            stats.finish_reason = "capacity"
-            break
-        budget = policy.budget(backend.capacity - backend.length) - len(forced)
-        draft_ms = 0.0
-        if budget > 1 and speculative:  # past a forced chain only drafters that read tokens alone draft
-            drafted = time.perf_counter()
-            assert drafter is not None  # speculative
-            proposal = drafter.propose(DraftContext(context, step.hidden, step.rows, step.path, ahead=len(forced)),
-                                       budget=budget)
-            if chains_only:
-                proposal = proposal.best_path()
-            draft_ms = 1e3 * (time.perf_counter() - drafted)
-            stats.draft_s += draft_ms / 1e3
-        else:
-            proposal = DraftTree.root_only(context[-1])
-        decided, masks = 1, dict[int, np.ndarray]()
-        if constraint is not None:  # what the grammar forbids is not worth a verify row; what it forces is decided
-            decided = 1 + len(forced)
-            proposal, masks, pruned = constrain_draft(constraint, proposal, [step.root, *forced])
-            stats.pruned_nodes += pruned
-        verified = proposal.prefix(policy.choose(proposal, draft_ms, decided=decided))
+    reply = Reply(prompt, max_new_tokens, eos_token_ids, history, drafter if speculative else None, sampling, rules,
+                  constraint, chains_only, on_token)
+    decided = reply.first(run_prompt(backend, prompt), room=_room(backend))
+    while not reply.emit(decided, full=backend.length >= backend.capacity):
+        verify = reply.propose(policy.budget(backend.capacity - backend.length))
+        verified = verify.prefix(policy.choose(verify.tree, 1e3 * verify.draft_s, decided=verify.decided))
         verifying = time.perf_counter()
-        if constraint is None:
-            path, step = verify_and_commit(backend, list(verified.tokens), list(verified.parents), sampling, rng,
-                                           context)
-        else:
-            out = backend.forward(list(verified.tokens), list(verified.parents))
-            path, root = accept_constrained(verified, decided, masks, out, sampling, rng, context)
-            step = Step(root, out.hidden_states[path[-1]], out.hidden_states, path)
-            backend.commit(path)
-        policy.observe(proposal, verified.size, path, 1e3 * (time.perf_counter() - verifying), decided=decided)
-        stats.steps += 1
-        stats.draft_sizes.append(proposal.size)
-        stats.tree_sizes.append(verified.size)
-        stats.accept_lengths.append(len(path))
-        stats.kv_used.append(backend.length)
-        pending = [verified.tokens[i] for i in path[decided:]] + [step.root]
-        if constraint is not None:
-            forced = decide(constraint, pending, _room(backend))
-            stats.forced_tokens += len(forced)
-            pending += forced
-        context.extend(pending)
-    stats.new_tokens = len(result.token_ids)
-    stats.decode_s = time.perf_counter() - started - stats.prefill_s
-    if constraint is not None:
-        stats.mask_s = constraint.mask_s
-    return result
-
-
-def _emit(result: Generation, tokens: list[int], limit: int, eos: frozenset[int] | set[int],
-          on_token: Callable[[int], None] | None) -> bool:
-    """Append tokens up to a stop token or the length limit; True when generation is over."""
-    for token in tokens:
-        result.token_ids.append(token)
-        if on_token is not None:
-            on_token(token)
-        if token in eos:
-            result.stats.finish_reason = "eos"
-            return True
-        if len(result.token_ids) >= limit:
-            result.stats.finish_reason = "length"
-            return True
-    return False
+        out = backend.forward(list(verified.tree.tokens), list(verified.tree.parents))
+        path, root = reply.accept(verified, out)
+        backend.commit(path)
+        policy.observe(verify.tree, verified.tree.size, path, 1e3 * (time.perf_counter() - verifying),
+                       decided=verify.decided)
+        decided = reply.advance(verified, out, path, root, drafted=verify.tree.size, room=_room(backend),
+                                length=backend.length)
+    return reply.generation
 
 
 def _room(backend: Backend) -> int:

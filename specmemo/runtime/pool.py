@@ -1,52 +1,44 @@
 """A pool of sequences decoded together, one batch call per step, with continuous batching.
 
 Requests join a free row between steps and leave when they finish or are cancelled; each step runs
-every active row in one decoder call (runtime/batch.py):
+every active row in one decoder call (runtime/batch.py). A row is a `decode.Reply`, and a step runs
+decode.py's steps on each row around the one call:
 
   prefill – a joining row feeds its prompt in chunks of R tokens (beside the other rows' trees);
-  draft   – every decoding row's drafter proposes a tree of at most T nodes, T chosen per step for
-            the whole batch by the width policy (T = 1: plain decoding);
+            after the last chunk, `Reply.first`;
+  propose – every decoding row's tree of at most T nodes, T chosen per step for the whole batch by
+            the width policy (T = 1: plain decoding);
   verify  – the one call;
-  accept  – per row, as in runtime/decode.py: greedy (the longest path of argmax children, then the
-            bonus token) or exact rejection sampling;
-  commit  – per row, its accepted nodes' K/V positions, inside its own buffer.
+  accept  – per row (`Reply.accept`), then its commit: its accepted nodes' K/V positions, inside its
+            own buffer; `Reply.advance` and `Reply.emit` as for a single conversation.
 
 Rows accept different numbers of tokens; nothing is padded to a common length, so nothing is
 realigned: a row's only data movement is its own commit (`PoolStats.commit_s` reports its share).
-Each row's greedy output is token for token what `decode.generate` gives the same prompt alone.
+Each row's output is token for token what `decode.generate` gives the same request alone.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import cast
 
 import numpy as np
 
 from specmemo.errors import SpecMemoError
 from specmemo.runtime import tree
-from specmemo.runtime.backend import Forward, check_fits
+from specmemo.runtime.backend import check_fits
 from specmemo.runtime.batch import BatchBackend, RowCall
 from specmemo.runtime.constraint import Matcher
-from specmemo.runtime.decode import (
-    NO_TOKEN,
-    Generation,
-    accept_constrained,
-    accept_tree,
-    choose,
-    constrain_draft,
-    decide,
-    first_token,
-)
+from specmemo.runtime.decode import Generation, Reply, Verify
 from specmemo.runtime.drafters import Merged
-from specmemo.runtime.drafters.draft import DraftContext, Drafter, DraftTree
+from specmemo.runtime.drafters.draft import Drafter
 from specmemo.runtime.drafters.lookup import conversation_of
 from specmemo.runtime.drafters.recall import RecallDrafter
-from specmemo.runtime.logit_rules import LogitRules, TokenLogprob, apply, token_logprob
+from specmemo.runtime.logit_rules import LogitRules, TokenLogprob
 from specmemo.runtime.recall_store import Recall
-from specmemo.runtime.sampling import Sampling, sample_next
+from specmemo.runtime.sampling import Sampling
 
 
 class PoolFull(SpecMemoError, RuntimeError):
@@ -102,20 +94,10 @@ class PoolStats:
 
 
 @dataclass
-class _Sequence:
+class _Row:
     request: Request
+    reply: Reply  # what decode.py's steps carry for it
     pending: list[int]  # prompt tokens not prefilled yet
-    context: list[int]  # every decided token (the drafters read it)
-    drafter: Drafter | None
-    rng: np.random.Generator | None
-    generation: Generation = field(default_factory=Generation)
-    root: int = -1
-    hidden: np.ndarray | None = None
-    rows: np.ndarray | None = None
-    path: list[int] | None = None
-    started: float = field(default_factory=time.perf_counter)
-    logprob: TokenLogprob | None = None  # the root's, when the request asked for log-probabilities
-    forced: list[int] = field(default_factory=list)  # tokens the constraint forced after the root, not yet run
 
 
 class BatchWidth:
@@ -189,7 +171,7 @@ class SequencePool:
         self.prefetch = prefetch
         self.max_tree = max(1, min(max_tree, backend.session.logit_rows)) if drafter_factory else 1
         self.width = width or (BatchWidth(self.max_tree) if self.max_tree > 1 else FixedWidth(1))
-        self.sequences: dict[int, _Sequence] = {}
+        self.sequences: dict[int, _Row] = {}
         self.completed: dict[int, Generation] = {}  # row → the generation that finished there at the last step
         self.stats = PoolStats()
 
@@ -209,12 +191,13 @@ class SequencePool:
         check_fits(0, len(request.prompt) + 1, self.backend.capacity)
         row = free[0]
         self.backend.release(row)
-        rng = np.random.default_rng(request.sampling.seed) if request.sampling is not None else None
         drafts = self.max_tree > 1 and request.rules is None  # logit_rules.py: plain steps
         drafter = self.drafter_factory(row) if self.drafter_factory is not None and drafts else None
         if drafter is not None and request.recall is not None:  # one index of the conversation, where lookup has it
             drafter = Merged([drafter, RecallDrafter(request.recall, conversation_of(drafter))])
-        self.sequences[row] = _Sequence(request, list(request.prompt), list(request.prompt), drafter, rng)
+        reply = Reply(list(request.prompt), request.max_new_tokens, request.eos_token_ids, drafter=drafter,
+                      sampling=request.sampling, rules=request.rules, constraint=request.constraint)
+        self.sequences[row] = _Row(request, reply, list(request.prompt))
         return row
 
     def cancel(self, row: int) -> None:
@@ -223,23 +206,19 @@ class SequencePool:
             self.backend.release(row)
 
     def step(self) -> list[Update]:
-        """One decoder call for every active row; returns what each row decided."""
+        """One decoder call for every active row; returns what each row decided. Each row runs decode.py's steps
+        (Reply: first, propose, accept, advance, emit) around the one call."""
         if not self.sequences:
             return []
         started = time.perf_counter()
         size = self.width.choose(self.active)
-        calls, proposals, draft_s = [], {}, 0.0
-        masks: dict[int, dict[int, np.ndarray]] = {}  # constrained rows: the allowed tokens after each node
-        fixed: dict[int, int] = {}  # constrained rows: leading nodes already decided (root + forced)
+        calls, verifies, draft_s = [], dict[int, Verify](), 0.0
         rows_per_call = self.backend.session.rows
         prefilling = any(seq.pending for seq in self.sequences.values())
         if self.prefetch is not None and size > 1:
             drafted = time.perf_counter()
-            hidden: dict[int, np.ndarray] = {}
-            for row, seq in self.sequences.items():
-                if not seq.pending and seq.drafter is not None:
-                    assert seq.hidden is not None  # a row past its prefill holds its last hidden state
-                    hidden[row] = seq.hidden
+            hidden = {row: seq.reply.step.hidden for row, seq in self.sequences.items()
+                      if seq.reply.step is not None and seq.reply.drafter is not None}
             if hidden:
                 self.prefetch(hidden)
             draft_s += time.perf_counter() - drafted
@@ -248,76 +227,45 @@ class SequencePool:
                 chunk = seq.pending[:rows_per_call]
                 calls.append(RowCall(row, chunk, tree.chain(len(chunk)), last_only=True))
                 continue
-            budget = min(size, self.backend.capacity - self.backend.lengths[row])
-            if budget > 1 and seq.drafter is not None and not seq.forced:
-                drafted = time.perf_counter()
-                proposal = seq.drafter.propose(DraftContext(seq.context, seq.hidden, seq.rows, seq.path), budget=budget)
-                draft_s += time.perf_counter() - drafted
-            else:  # a row's forced chain is verified alone (its drafters read hidden states)
-                proposal = DraftTree.root_only(seq.forced[-1] if seq.forced else seq.root)
-            if seq.request.constraint is not None:  # pruned, or the forced chain (decode.constrain_draft)
-                proposal, masks[row], pruned = constrain_draft(seq.request.constraint, proposal,
-                                                               [seq.root, *seq.forced])
-                seq.generation.stats.pruned_nodes += pruned
-                fixed[row] = 1 + len(seq.forced)
-            proposals[row] = proposal
-            calls.append(RowCall(row, list(proposal.tokens), list(proposal.parents)))
+            verifies[row] = verify = seq.reply.propose(min(size, self.backend.capacity - self.backend.lengths[row]))
+            draft_s += verify.draft_s
+            calls.append(RowCall(row, list(verify.tree.tokens), list(verify.tree.parents)))
         forwarded = time.perf_counter()
         outs = self.backend.forward(calls)
         forward_s = time.perf_counter() - forwarded
         updates, commit_s, gained = [], 0.0, 0
         for call in calls:
             seq, out = self.sequences[call.row], outs[call.row]
+            reply = seq.reply
             committing = time.perf_counter()
-            if call.row not in proposals:  # a prefill chunk
+            if call.row not in verifies:  # a prefill chunk
                 self.backend.commit(call.row, list(range(len(call.tokens))))
                 commit_s += time.perf_counter() - committing
                 del seq.pending[: len(call.tokens)]
                 if seq.pending:
                     continue
-                seq.generation.stats.prefill_s = time.perf_counter() - seq.started
-                if seq.request.constraint is not None:
-                    seq.root = choose(out.logits[-1], seq.request.constraint.mask(), seq.request.sampling, seq.rng,
-                                      seq.context)
-                else:
-                    seq.root = (self._choose(seq, out, -1) if seq.request.rules is not None
-                                else first_token(out, seq.request.sampling, seq.rng, seq.context))
-                seq.hidden, seq.rows, seq.path = out.hidden_states[-1], out.hidden_states, None
-                decided = [seq.root]
+                decided = reply.first(out, room=self._room(call.row))
             else:
-                proposal = proposals[call.row]
-                if seq.request.rules is not None:  # a root-only call: the rules choose the next token
-                    path, root = [0], self._choose(seq, out, 0)
-                elif seq.request.constraint is not None:
-                    path, root = accept_constrained(proposal, fixed[call.row], masks[call.row], out,
-                                                    seq.request.sampling, seq.rng, seq.context)
-                else:
-                    path, root = accept_tree(call.tokens, call.parents, out, seq.request.sampling, seq.rng,
-                                             seq.context)
+                verify = verifies[call.row]
+                path, root = reply.accept(verify, out)
                 self.backend.commit(call.row, path)
                 commit_s += time.perf_counter() - committing
-                seq.hidden, seq.rows, seq.path, seq.root = out.hidden_states[path[-1]], out.hidden_states, path, root
-                decided = [proposal.tokens[i] for i in path[fixed.get(call.row, 1):]] + [root]
-                stats = seq.generation.stats
-                stats.steps += 1
-                stats.accept_lengths.append(len(path))
-                stats.tree_sizes.append(proposal.size)
-                gained += len(decided)
+                decided = reply.advance(verify, out, path, root, drafted=verify.tree.size, room=self._room(call.row),
+                                        length=self.backend.lengths[call.row])
+                gained += len(path) - verify.decided + 1  # the accepted drafts and the next root
                 self.stats.row_steps += 1
-                self.stats.accepted += len(decided)
-            if seq.request.constraint is not None:
-                room = min(self.backend.capacity - self.backend.lengths[call.row], self.backend.session.logit_rows) - 1
-                seq.forced = decide(seq.request.constraint, decided, room)
-                seq.generation.stats.forced_tokens += len(seq.forced)
-                decided = [t for t in decided if t != NO_TOKEN] + seq.forced
-            seq.context.extend(decided)
-            updates.append(self._emit(call.row, seq, decided))
+                self.stats.accepted += len(path) - verify.decided + 1
+            emitted = len(reply.generation.token_ids)
+            reason = reply.emit(decided, full=self.backend.lengths[call.row] >= self.backend.capacity)
+            logprobs = (reply.logprob,) if reply.logprob is not None else ()  # a rules row decides one token a step
+            updates.append(Update(call.row, tuple(reply.generation.token_ids[emitted:]), finished=bool(reason),
+                                  finish_reason=reason, logprobs=logprobs))
         if not prefilling:  # a prefill chunk's time says nothing about the width
             self.width.observe(self.active, size, time.perf_counter() - started, gained)
         self.completed = {}
         for update in updates:
             if update.finished:
-                self.completed[update.row] = self.sequences.pop(update.row).generation
+                self.completed[update.row] = self.sequences.pop(update.row).reply.generation
                 self.backend.release(update.row)
         self.stats.steps += 1
         self.stats.forward_s += forward_s
@@ -327,46 +275,9 @@ class SequencePool:
         self.stats.tokens += sum(len(u.tokens) for u in updates)
         return updates
 
-    def _choose(self, seq: _Sequence, out: Forward, node: int) -> int:
-        """The token after `node` of a call under the request's LogitRules: greedy (the graph's argmax when
-        the rules leave the logits alone) or a draw; its log-probability kept for the update."""
-        rules, sampling = seq.request.rules, seq.request.sampling
-        assert rules is not None  # only a request with LogitRules chooses here
-        z = apply(out.logits[node], rules, seq.context[len(seq.request.prompt):])
-        if sampling is not None:
-            assert seq.rng is not None  # `add` seeds one for every sampled request
-            token = sample_next(z, sampling, seq.rng, seq.context)
-        else:
-            token = int(np.argmax(z)) if rules.changes_logits else int(out.next_token_ids[node])
-        seq.logprob = token_logprob(z, token, rules.logprobs) if rules.logprobs is not None else None
-        return token
-
-    def _emit(self, row: int, seq: _Sequence, decided: list[int]) -> Update:
-        result, request = seq.generation, seq.request
-        emitted = []
-        logprobs = (seq.logprob,) if seq.logprob is not None else ()  # a rules row decides one token a step
-        for token in decided:
-            result.token_ids.append(token)
-            emitted.append(token)
-            reason = ("eos" if token in request.eos_token_ids else
-                      "length" if len(result.token_ids) >= request.max_new_tokens else "")
-            if reason:
-                return self._finish(row, seq, emitted, reason, logprobs)
-        constraint = request.constraint
-        if constraint is not None and (constraint.done or seq.root == NO_TOKEN):  # complete, or nothing allowed
-            return self._finish(row, seq, emitted, "eos" if constraint.done else "constraint")
-        if self.backend.lengths[row] >= self.backend.capacity:
-            return self._finish(row, seq, emitted, "capacity", logprobs)
-        return Update(row, tuple(emitted), logprobs=logprobs)
-
-    def _finish(self, row: int, seq: _Sequence, emitted: list[int], reason: str,
-                logprobs: tuple[TokenLogprob, ...] = ()) -> Update:
-        stats = seq.generation.stats
-        stats.finish_reason = reason
-        stats.prompt_tokens = len(seq.request.prompt)
-        stats.new_tokens = len(seq.generation.token_ids)
-        stats.decode_s = time.perf_counter() - seq.started - stats.prefill_s
-        return Update(row, tuple(emitted), finished=True, finish_reason=reason, logprobs=logprobs)
+    def _room(self, row: int) -> int:
+        """KV positions, within one call's rows, left after the next root for the tokens a grammar forces."""
+        return min(self.backend.capacity - self.backend.lengths[row], self.backend.session.logit_rows) - 1
 
     def run(self, requests: list[Request], *,
             on_update: Callable[[int, Update], None] | None = None) -> list[Generation]:

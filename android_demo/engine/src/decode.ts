@@ -13,10 +13,12 @@
  *
  * Plain greedy decoding is the same loop with one-node trees. Greedy speculative output is token-
  * identical to plain greedy whatever the drafter proposes: every emitted token is the base model's
- * argmax after its prefix. (Typical-acceptance sampling is Python-only for now.)
+ * argmax after its prefix. A `Reply` carries one reply from step to step (first → [propose → verify →
+ * accept → commit → advance → emit]), as runtime/decode.py's does; sampling, grammars and logit rules
+ * are Python's alone for now.
  */
 
-import { OrtBackend } from './backend';
+import { Forward, OrtBackend } from './backend';
 import { DraftTree, Drafter } from './drafters/draft';
 import { chain } from './tree';
 
@@ -64,12 +66,21 @@ export interface Step {
   hidden: Float32Array; // [h] hidden state of the last committed position
 }
 
-export async function prefill(backend: OrtBackend, prompt: readonly number[]): Promise<Step> {
+/** The prompt as one causal chain, committed; the call's output (its last position's row last). */
+export async function runPrompt(backend: OrtBackend, prompt: readonly number[]): Promise<Forward> {
   const out = await backend.forward(prompt, chain(prompt.length), true);
   backend.commit(prompt.map((_, i) => i));
-  const h = backend.hiddenSize;
-  const rows = out.hiddenStates.length / h;
-  return { root: out.nextTokenIds[out.nextTokenIds.length - 1], hidden: out.hiddenStates.subarray((rows - 1) * h, rows * h) };
+  return out;
+}
+
+/** Greedy: run the prompt; the first token and the last hidden state. */
+export async function prefill(backend: OrtBackend, prompt: readonly number[]): Promise<Step> {
+  const out = await runPrompt(backend, prompt);
+  return stepAt(out, out.nextTokenIds.length - 1, backend.hiddenSize);
+}
+
+function stepAt(out: Forward, node: number, hiddenSize: number): Step {
+  return { root: out.nextTokenIds[node], hidden: out.hiddenStates.subarray(node * hiddenSize, (node + 1) * hiddenSize) };
 }
 
 /** The longest root-to-node path whose every node is the base model's argmax after its parent. */
@@ -87,9 +98,7 @@ export function accept(tokens: readonly number[], parents: readonly number[], ne
 export async function verifyAndCommit(backend: OrtBackend, tokens: readonly number[], parents: readonly number[]): Promise<[number[], Step]> {
   const out = await backend.forward(tokens, parents);
   const path = accept(tokens, parents, out.nextTokenIds);
-  const last = path[path.length - 1];
-  const h = backend.hiddenSize;
-  const step = { root: out.nextTokenIds[last], hidden: out.hiddenStates.subarray(last * h, (last + 1) * h) };
+  const step = stepAt(out, path[path.length - 1], backend.hiddenSize);
   backend.commit(path);
   return [path, step];
 }
@@ -113,75 +122,109 @@ function newStats(promptTokens: number): GenerationStats {
   };
 }
 
+/** A step's tree as the call runs it, and the time its draft took. */
+export interface Verify {
+  tree: DraftTree;
+  draftMs: number;
+}
+
+/**
+ * One reply being decoded: what the loop carries from one step to the next (runtime/decode.py's Reply,
+ * step for step): first, propose, (the decoder call), accept, (the commit), advance, emit.
+ */
+export class Reply {
+  readonly generation: Generation;
+  readonly context: number[]; // every decided token: the drafters read it
+  step: Step | null = null; // the last call's root and hidden state
+  private readonly started = performance.now();
+
+  constructor(prompt: readonly number[], private readonly options: GenerateOptions, private readonly drafter: Drafter | null) {
+    this.generation = { tokenIds: [], stats: newStats(prompt.length) };
+    this.context = [...(options.history ?? []), ...prompt];
+  }
+
+  /** After the prompt's last chunk: the first token. */
+  first(out: Forward, hiddenSize: number): number[] {
+    this.step = stepAt(out, out.nextTokenIds.length - 1, hiddenSize);
+    this.generation.stats.prefillMs = performance.now() - this.started;
+    this.generation.stats.steps = 1;
+    return this.decide([this.step.root]);
+  }
+
+  /** The step's tree of at most `budget` nodes: the drafter's, or the root alone. */
+  async propose(budget: number): Promise<Verify> {
+    const root = this.context[this.context.length - 1];
+    if (budget <= 1 || this.drafter === null || this.step === null) return { tree: DraftTree.rootOnly(root), draftMs: 0 };
+    const drafting = performance.now();
+    let tree = await this.drafter.propose({ tokens: this.context, hidden: this.step.hidden }, budget);
+    if (this.options.chainsOnly) tree = tree.bestPath();
+    return { tree, draftMs: performance.now() - drafting };
+  }
+
+  /** The accepted nodes (root first) of the verified tree and the step it leads to. */
+  accept(verify: Verify, out: Forward, hiddenSize: number): [number[], Step] {
+    const path = accept(verify.tree.tokens, verify.tree.parents, out.nextTokenIds);
+    return [path, stepAt(out, path[path.length - 1], hiddenSize)];
+  }
+
+  /** After the commit: the step's decided tokens (the accepted drafts and the next root) and its stats. */
+  advance(verify: Verify, path: readonly number[], next: Step, drafted: number, length: number): number[] {
+    this.step = next;
+    const stats = this.generation.stats;
+    stats.steps += 1;
+    stats.draftMs += verify.draftMs;
+    stats.draftSizes.push(drafted);
+    stats.treeSizes.push(verify.tree.size);
+    stats.acceptLengths.push(path.length);
+    stats.kvUsed.push(length);
+    return this.decide([...path.slice(1).map((i) => verify.tree.tokens[i]), next.root]);
+  }
+
+  private decide(tokens: number[]): number[] {
+    this.context.push(...tokens);
+    return tokens;
+  }
+
+  /** Hand `tokens` on up to a stop token or the length limit; the finish reason, or '' while the reply goes on. */
+  emit(tokens: readonly number[], full: boolean): string {
+    const ids = this.generation.tokenIds;
+    for (const token of tokens) {
+      ids.push(token);
+      this.options.onToken?.(token);
+      if (this.options.eosTokenIds.has(token)) return this.finish('eos');
+      if (ids.length >= this.options.maxNewTokens) return this.finish('length');
+    }
+    if (this.options.signal?.aborted) return this.finish('interrupted');
+    return full ? this.finish('capacity') : '';
+  }
+
+  private finish(reason: string): string {
+    const stats = this.generation.stats;
+    stats.finishReason = reason;
+    stats.newTokens = this.generation.tokenIds.length;
+    stats.decodeMs = performance.now() - this.started - stats.prefillMs;
+    stats.decodeTokensPerS = stats.decodeMs > 0 && stats.newTokens > 1 ? (stats.newTokens - 1) / (stats.decodeMs / 1e3) : 0;
+    stats.meanAccepted = stats.acceptLengths.length ? stats.acceptLengths.reduce((a, b) => a + b, 0) / stats.acceptLengths.length : 0;
+    return reason;
+  }
+}
+
 /** Greedy decoding on top of what the backend has committed; speculative with a drafter and maxTree > 1. */
 export async function generate(backend: OrtBackend, prompt: readonly number[], options: GenerateOptions): Promise<Generation> {
   const maxTree = options.maxTree ?? 1;
-  const drafter = options.drafter ?? null;
-  const speculative = drafter !== null && maxTree > 1;
+  const speculative = (options.drafter ?? null) !== null && maxTree > 1;
   const policy = speculative && options.policy ? options.policy : new FullWidth(speculative ? maxTree : 1);
-  const result: Generation = { tokenIds: [], stats: newStats(prompt.length) };
-  const stats = result.stats;
-  const started = performance.now();
-  let step = await prefill(backend, prompt);
-  stats.prefillMs = performance.now() - started;
-  stats.steps = 1;
-  const context = [...(options.history ?? []), ...prompt, step.root];
-  let pending = [step.root];
-  for (;;) {
-    if (emit(result, pending, options)) break;
-    if (options.signal?.aborted) {
-      stats.finishReason = 'interrupted';
-      break;
-    }
-    if (backend.length >= backend.capacity) {
-      stats.finishReason = 'capacity';
-      break;
-    }
-    const budget = policy.budget(backend.capacity - backend.length);
-    let draftMs = 0;
-    let proposal: DraftTree;
-    if (budget > 1 && speculative) {
-      const drafted = performance.now();
-      proposal = await drafter.propose({ tokens: context, hidden: step.hidden }, budget);
-      if (options.chainsOnly) proposal = proposal.bestPath();
-      draftMs = performance.now() - drafted;
-      stats.draftMs += draftMs;
-    } else {
-      proposal = DraftTree.rootOnly(step.root);
-    }
-    const verified = proposal.prefix(policy.choose(proposal, draftMs));
-    const [path, next] = await verifyAndCommit(backend, verified.tokens, verified.parents);
-    step = next;
-    policy.observe(proposal, verified.size, path);
-    stats.steps += 1;
-    stats.draftSizes.push(proposal.size);
-    stats.treeSizes.push(verified.size);
-    stats.acceptLengths.push(path.length);
-    stats.kvUsed.push(backend.length);
-    pending = [...path.slice(1).map((i) => verified.tokens[i]), step.root];
-    context.push(...pending);
+  const reply = new Reply(prompt, options, speculative ? options.drafter ?? null : null);
+  const h = backend.hiddenSize;
+  let decided = reply.first(await runPrompt(backend, prompt), h);
+  while (!reply.emit(decided, backend.length >= backend.capacity)) {
+    const verify = await reply.propose(policy.budget(backend.capacity - backend.length));
+    const verified = { ...verify, tree: verify.tree.prefix(policy.choose(verify.tree, verify.draftMs)) };
+    const out = await backend.forward(verified.tree.tokens, verified.tree.parents);
+    const [path, next] = reply.accept(verified, out, h);
+    backend.commit(path);
+    policy.observe(verify.tree, verified.tree.size, path);
+    decided = reply.advance(verified, path, next, verify.tree.size, backend.length);
   }
-  stats.newTokens = result.tokenIds.length;
-  stats.decodeMs = performance.now() - started - stats.prefillMs;
-  stats.decodeTokensPerS = stats.decodeMs > 0 && stats.newTokens > 1 ? (stats.newTokens - 1) / (stats.decodeMs / 1e3) : 0;
-  stats.meanAccepted = stats.acceptLengths.length ? stats.acceptLengths.reduce((a, b) => a + b, 0) / stats.acceptLengths.length : 0;
-  return result;
+  return reply.generation;
 }
-
-/** Append tokens up to a stop token or the length limit; true when generation is over. */
-function emit(result: Generation, tokens: readonly number[], options: GenerateOptions): boolean {
-  for (const token of tokens) {
-    result.tokenIds.push(token);
-    options.onToken?.(token);
-    if (options.eosTokenIds.has(token)) {
-      result.stats.finishReason = 'eos';
-      return true;
-    }
-    if (result.tokenIds.length >= options.maxNewTokens) {
-      result.stats.finishReason = 'length';
-      return true;
-    }
-  }
-  return false;
-}
-
