@@ -329,3 +329,41 @@ def test_the_sizing_pass_decides_in_one_place(smollm2_artifact, tmp_path, monkey
                                    **quiet)
     assert engine.session.layout == engine.plan.layout and engine.session.arena.layout == engine.plan.layout
     assert engine.backend.route == engine.plan.route
+
+
+# Who may make sizes or an arena layout: the plan (its one sizing pass and `layout_for`, what a session without an
+# engine asks), the memory model pricing a candidate, and the layout's own constructor. Sessions take the plan's.
+LAYOUT_MAKERS = {"specmemo/runtime/plan.py": {"layout_for", "make_plan", "_default_sizes", "lower_bound", "fit",
+                                              "draft_sizes", "largest_capacity"},
+                 "specmemo/runtime/memory.py": {"footprint"}}
+
+
+def callers_of(names: set[str], path: Path) -> set[str]:
+    """The top-level functions (and methods) of `path` whose bodies call any of `names` (a call's last name)."""
+    tree = ast.parse(path.read_text())
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            for call in ast.walk(node):
+                if isinstance(call, ast.Call):
+                    func = call.func
+                    name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+                    if name in names:
+                        out.add(node.name)
+    return out
+
+
+def test_no_caller_below_the_plan_makes_sizes_or_a_layout():
+    """`ArenaLayout.for_manifest` and the plan's default sizes are called by the functions LAYOUT_MAKERS names and
+    nowhere else under runtime/; `default_sizes` is private to the plan; the sessions construct no Sizes."""
+    made = {}
+    for path in sorted((PACKAGE / "runtime").rglob("*.py")):
+        rel = str(path.relative_to(ROOT))
+        callers = callers_of({"for_manifest", "_default_sizes", "default_sizes"}, path)
+        if callers:
+            made[rel] = callers
+        assert "def default_sizes" not in path.read_text(), f"{rel}: default sizes are the plan's own (_default_sizes)"
+    for rel, callers in made.items():
+        assert callers <= LAYOUT_MAKERS.get(rel, set()), f"{rel} makes a layout or sizes in {sorted(callers)}"
+    for session in ("session.py", "batch.py"):
+        assert not callers_of({"Sizes"}, PACKAGE / "runtime" / session), f"{session} constructs Sizes"

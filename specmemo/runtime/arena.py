@@ -80,6 +80,11 @@ class ArenaLayout:
                                                   if manifest.feature_drafter else 0),
                    window_capacity=window_capacity(manifest, sizes), sliding_layers=d.sliding_layers)
 
+    @property
+    def sizes(self) -> Sizes:
+        """C, R, T_max as this layout holds them."""
+        return Sizes(capacity=self.capacity, rows=self.rows, tree=self.logit_rows)
+
     def layer_capacity(self, layer: int) -> int:
         """C, or C_w for a sliding-window layer."""
         return self.window_capacity if layer in self.sliding_layers else self.capacity

@@ -32,12 +32,11 @@ import onnxruntime as ort
 
 from specmemo.errors import ConfigError
 from specmemo.runtime import tree
-from specmemo.runtime.arena import Arena, ArenaLayout
+from specmemo.runtime.arena import Arena
 from specmemo.runtime.artifact import Artifact
 from specmemo.runtime.backend import TREE_CACHE, ContextOverflowError, Forward, TreeInputs, check_fits
 from specmemo.runtime.embedding import EmbeddingTable
 from specmemo.runtime.kv_cache import KVCache
-from specmemo.runtime.plan import check_capacity, default_sizes
 from specmemo.runtime.row_route import RowRoute, manifest_route
 from specmemo.runtime.rss import reset_peak_rss, rss_bytes
 from specmemo.runtime.session import (
@@ -75,8 +74,8 @@ class BatchSession:
         if config.batch < 2:
             raise ConfigError("a batch session needs `batch` 2 or more (one sequence: DecoderSession)")
         self.graph = m.batch_graph(config.batch)
-        self.sizes = config.sizes or default_sizes(m, tree=None if config.heads and m.heads is not None else 1)
-        check_capacity(m, self.sizes.capacity)
+        self.layout = config.arena_layout(m)
+        self.sizes = self.layout.sizes
         self.embedding = EmbeddingTable(self.artifact / m.embedding.file, m.embedding)
         self.lm_head = load_shared_lm_head(self.artifact)
         shared, heads_shared = lm_head_initializers(m, self.lm_head)
@@ -90,7 +89,6 @@ class BatchSession:
         self._shared_values = shared
         self.rss_after_load = rss_bytes()
         reset_peak_rss()
-        self.layout = ArenaLayout.for_manifest(m, self.sizes, batch=config.batch)
         self.arena = Arena(self.layout)
         self.binding = self.session.io_binding()
         self._write = np.zeros((2, config.batch), dtype=np.int64)  # grouped attention: rows' write positions

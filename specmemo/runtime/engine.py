@@ -176,7 +176,7 @@ def open_engine(config: EngineConfig, *, log: Callable[[str], None] = print) -> 
     planned = time.perf_counter()
     tokenizer = ChatTokenizer(config.artifact)
     tokenized = time.perf_counter()
-    session = DecoderSession(config.artifact, SessionConfig(threads=config.threads, sizes=plan.sizes,
+    session = DecoderSession(config.artifact, SessionConfig(threads=config.threads, layout=plan.layout,
                                                             heads=uses_heads_graph(plan.drafters),
                                                             model_format=config.model_format))
     opened = time.perf_counter()
@@ -204,7 +204,7 @@ def open_pool(config: EngineConfig, *, batch: int, log: Callable[[str], None] = 
     plan = plan_for(replace(config, mode=Mode.TREE if kept else Mode.GREEDY, drafter=kept or None), manifest,
                     batch=batch, log=log)
     names, sizes = plan.drafters, plan.sizes
-    session = BatchSession(config.artifact, SessionConfig(threads=config.threads, sizes=sizes, batch=batch,
+    session = BatchSession(config.artifact, SessionConfig(threads=config.threads, layout=plan.layout, batch=batch,
                                                           heads=uses_heads_graph(names)))
     rows: list[RowDrafters] = []
     for n in names:

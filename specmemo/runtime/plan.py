@@ -141,8 +141,18 @@ def draft_model_folder(config: EngineConfig, manifest: Manifest, drafters: tuple
                       f"exported with --draft-model ({config.artifact} names none)")
 
 
-def default_sizes(manifest: Manifest, *, tree: int | None = None, capacity: int | None = None,
-                  prefill_chunk: int = DEFAULT_PREFILL_CHUNK) -> Sizes:
+def layout_for(manifest: Manifest, sizes: Sizes | None = None, *, batch: int = 1, heads: bool = False) -> ArenaLayout:
+    """What a session allocates for `sizes` (B of them for a batch). An engine's session takes `Plan.layout`, made
+    here too; a session opened without an engine (validation, benchmarks, tests) asks here, and without sizes gets
+    the plan's defaults: C the graph's max, T_max the exported Medusa tree where `heads` are loaded, else 1."""
+    if sizes is None:
+        sizes = _default_sizes(manifest, tree=None if heads and manifest.heads is not None else 1)
+    check_capacity(manifest, sizes.capacity)
+    return ArenaLayout.for_manifest(manifest, sizes, batch=batch)
+
+
+def _default_sizes(manifest: Manifest, *, tree: int | None = None, capacity: int | None = None,
+                   prefill_chunk: int = DEFAULT_PREFILL_CHUNK) -> Sizes:
     """Without a budget or a device plan: C = `capacity` (default the graph's max), T_max = `tree`
     (default the exported Medusa tree; 1 for plain decoding), R = the prefill chunk or the tree if larger."""
     tree = tree_sizes(manifest)[0] if tree is None else tree
@@ -234,8 +244,8 @@ def make_plan(config: EngineConfig, manifest: Manifest, *, calibration: memory.C
         budget, source = device_plan.budget, Source.DEVICE_PLAN
     footprint = None
     if budget is None:
-        sizes, source = default_sizes(manifest, tree=tree, capacity=config.capacity,
-                                      prefill_chunk=config.prefill_chunk), Source.DEFAULTS
+        sizes, source = _default_sizes(manifest, tree=tree, capacity=config.capacity,
+                                       prefill_chunk=config.prefill_chunk), Source.DEFAULTS
     elif calibration is None:
         raise ConfigError(f"sizing {config.artifact} for a budget needs its memory calibration "
                           f"(measured.memory_calibration): pass calibration=")
@@ -271,7 +281,7 @@ def make_plan(config: EngineConfig, manifest: Manifest, *, calibration: memory.C
         footprint = replace(footprint, weights_stored=weights_stored(config.artifact), recall=recall_bytes)
     if route.min_rows > sizes.rows:  # a budget cut R below the route's rows: every call is R rows at most
         route = route.capped(sizes.rows)
-    return Plan(mode=mode, drafters=names, sizes=sizes, layout=ArenaLayout.for_manifest(manifest, sizes, batch=batch),
+    return Plan(mode=mode, drafters=names, sizes=sizes, layout=layout_for(manifest, sizes, batch=batch),
                 route=route, useful_tree=useful_tree, source=source, footprint=footprint,
                 draft_model=(draft.artifact if draft is not None
                              else _opened(draft_model_folder(config, manifest, names))),

@@ -26,7 +26,7 @@ from specmemo.runtime.config import DEFAULT_THREADS
 from specmemo.runtime.embedding import EmbeddingTable
 from specmemo.runtime.kv_cache import KVCache
 from specmemo.runtime.manifest import Manifest, ModelFormat, embedding_for, graph_file
-from specmemo.runtime.plan import check_capacity, default_sizes
+from specmemo.runtime.plan import layout_for
 from specmemo.runtime.rss import reset_peak_rss, rss_bytes
 from specmemo.runtime.sizes import Sizes
 from specmemo.runtime.span import span_for
@@ -39,7 +39,8 @@ class ArtifactError(SpecMemoError, RuntimeError):
 @dataclass(frozen=True)
 class SessionConfig:
     threads: int = DEFAULT_THREADS  # intra-op threads
-    sizes: Sizes | None = None  # C, R, T_max as decided (plan.make_plan); None: plan.default_sizes
+    layout: ArenaLayout | None = None  # what the session allocates, as the plan decided (Plan.layout)
+    sizes: Sizes | None = None  # without an engine's plan: C, R, T_max asked of plan.layout_for (None: its defaults)
     batch: int = 1
     heads: bool = True  # load the Medusa heads graph too, when the artifact has one
     warm_up: bool = True  # run the largest step once at load, so ORT's arena reaches its peak up front
@@ -53,6 +54,14 @@ class SessionConfig:
             object.__setattr__(self, "model_format", ModelFormat(self.model_format))
         if self.batch < 1:
             raise ConfigError(f"batch must be >= 1, got {self.batch}")
+        if self.layout is not None and (self.sizes is not None or self.layout.batch != self.batch):
+            raise ConfigError("a session takes the plan's layout (its sizes and batch included) or sizes, not both")
+
+    def arena_layout(self, manifest: Manifest) -> ArenaLayout:
+        """The plan's layout, or the one plan.layout_for makes for the sizes asked (a session without an engine)."""
+        if self.layout is not None:
+            return self.layout
+        return layout_for(manifest, self.sizes, batch=self.batch, heads=self.heads)
 
 
 @dataclass
@@ -198,8 +207,8 @@ class DecoderSession:
         self.manifest = artifact.manifest
         self.config = config
         m = self.manifest
-        self.sizes = config.sizes or default_sizes(m, tree=None if config.heads and m.heads is not None else 1)
-        check_capacity(m, self.sizes.capacity)
+        self.layout = config.arena_layout(m)
+        self.sizes = self.layout.sizes
         clock = time.perf_counter()
         self.load_s: dict[str, float] = {}  # where loading went, piece by piece (bench load)
 
@@ -221,7 +230,6 @@ class DecoderSession:
         self._shared_values = shared  # ORT does not own these buffers: keep them alive
         self.rss_after_load = rss_bytes()
         reset_peak_rss()  # from here on, the peak RSS measures generation (the arena and the steps)
-        self.layout = ArenaLayout.for_manifest(m, self.sizes, batch=config.batch)
         self.arena = Arena(self.layout)
         self.kv = KVCache(buffers=self.arena.kv, sliding=tuple(i for i in range(2 * m.dims.num_layers)
                                                               if i // 2 in m.dims.sliding_layers),

@@ -71,7 +71,7 @@ export function draftTreeSize(m: Manifest, drafters: readonly DrafterName[]): nu
 /**
  * The sizes an engine opens with: the manifest's device plan as written when it has one and no
  * capacity is asked for; otherwise C = `capacity` (default the graph's max), T_max = the drafters'
- * tree, R = the prefill chunk or the tree if larger (runtime/plan.py default_sizes, without a budget).
+ * tree, R = the prefill chunk or the tree if larger (runtime/plan.py _default_sizes, without a budget).
  */
 export function resolveSizes(m: Manifest, drafters: readonly DrafterName[], capacity?: number,
   prefillChunk: number = DEFAULT_PREFILL_CHUNK, route: RowRoute = manifestRoute(m)): Sizes {
