@@ -95,3 +95,21 @@ def test_exact_acceptance_emits_draws_from_the_base_distribution():
         path, root = accept_exact(tokens, parents, logits, sampling, rng)
         counts[tokens[path[1]] if len(path) > 1 else root] += 1
     np.testing.assert_allclose(counts / counts.sum(), p, atol=0.008)  # 4 sigma at n = 40,000
+
+
+def test_sampling_defaults_are_written_once():
+    """DEFAULTS (and OFF) are sampling.py's: no other module of the package sets a sampling field to one of their
+    values as a literal of its own (the API, server, CLI and help read the table)."""
+    import re
+    from pathlib import Path
+
+    from specmemo.runtime.sampling import DEFAULTS
+
+    package = Path(__file__).resolve().parents[1] / "specmemo"
+    for field, value in DEFAULTS.items():
+        literal = re.compile(rf"\b{field}\b[\"']?\s*[=:]\s*{re.escape(repr(value))}(?![\d.])")
+        for path in package.rglob("*.py"):
+            if path.name == "sampling.py":
+                continue
+            found = literal.search(path.read_text())
+            assert found is None, f"{path.relative_to(package)}: {found.group(0)} (read sampling.DEFAULTS)"
