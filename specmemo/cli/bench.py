@@ -16,6 +16,7 @@ from specmemo.cli.bench_structured import add_structured_parser
 from specmemo.cli.bench_vllm import add_vllm_parser
 from specmemo.cli.bench_web import add_web_parser
 from specmemo.cli.options import (
+    DefaultsHelp,
     add_artifact,
     add_mode,
     add_profile_options,
@@ -53,7 +54,7 @@ def add_parser(sub) -> None:
                                      "Then each mode in a fresh process on the first --memory-questions: measured "
                                      "generation memory (peak RSS - RSS after load) vs the memory model. Writes "
                                      "Spec-Bench JSONL per mode and summary.json.",
-                         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                         formatter_class=DefaultsHelp)
     add_artifact(b)
     b.add_argument("--questions", type=positive, default=80, help="first N MT-Bench questions (first turns)")
     b.add_argument("--max-new-tokens", type=positive, default=128)
@@ -77,7 +78,7 @@ def add_parser(sub) -> None:
                                      "token for token with B = 1 greedy. Then each B in a fresh process for memory, "
                                      "and a load test of `specmemo serve` (streaming clients on loopback: TTFT, tok/s, "
                                      "nothing lost). Prints a table, writes summary.json.",
-                         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                         formatter_class=DefaultsHelp)
     add_artifact(b)
     b.add_argument("--batch", type=sizes_list, default=(1, 2, 4, 8, 10), help="batch sizes B (each > 1 needs its "
                                                                                  "batch graph: specmemo export batch)")
@@ -104,7 +105,7 @@ def add_parser(sub) -> None:
                                      "(ORT refuses T > 1), one GroupQueryAttention per row (the batch graph's route), "
                                      "and TensorScatter + ONNX Attention (opset 23) over all C positions with a "
                                      "per-row mask. Dims default to SmolLM2-135M's. Prints a table, writes JSON.",
-                         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                         formatter_class=DefaultsHelp)
     b.add_argument("--batch", type=sizes_list, default=(2, 4, 8))
     b.add_argument("--tokens", type=sizes_list, default=(2, 8), help="T new tokens per row")
     b.add_argument("--capacity", type=positive, default=512)
@@ -121,7 +122,7 @@ def add_parser(sub) -> None:
                                      "interleaved question by question, same artifact, mode, threads and token count "
                                      "(--ignore-eos). Prints decode tok/s per runtime and their ratio; checks the ids "
                                      "are equal. Needs `make js-setup`.",
-                         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                         formatter_class=DefaultsHelp)
     add_artifact(b)
     b.add_argument("--questions", type=positive, default=5, help="first N MT-Bench questions (first turns)")
     b.add_argument("--max-new-tokens", type=positive, default=128)
@@ -136,7 +137,7 @@ def add_parser(sub) -> None:
                                      "repeated) at a small KV capacity, so the oldest turns are dropped again and "
                                      "again. Records RSS and peak RSS after every turn; the bar is a peak at the "
                                      "end within 2%% of the peak after turn --settle. Prints a table, writes JSON.",
-                         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                         formatter_class=DefaultsHelp)
     add_artifact(b)
     b.add_argument("--turns", type=positive, default=1000)
     b.add_argument("--capacity", type=positive, default=512, help="KV positions C: small, to force evictions")
@@ -158,7 +159,7 @@ def add_parser(sub) -> None:
                                      "(what `chat` uses) and to one with greedy decoding. Per reply: tokens, why it "
                                      "ended, distinct-4-gram ratio, whether it loops to the token limit. Prints a "
                                      "table, writes JSON.",
-                         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                         formatter_class=DefaultsHelp)
     add_artifact(b)
     b.add_argument("--max-new-tokens", type=positive, default=256)
     b.add_argument("--seed", type=int, default=0, help="sampling seed")
@@ -174,7 +175,7 @@ def add_parser(sub) -> None:
                                      "argmax is the reference's token; perplexity of --conversations held-out ShareGPT "
                                      "replies (the end of the file, which training does not reach); size on disk. "
                                      "Prints a table, writes JSON.",
-                         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                         formatter_class=DefaultsHelp)
     b.add_argument("--reference", type=Path, default=Path("artifacts") / "smollm2-135m", help="the float32 artifact")
     b.add_argument("--artifact", type=Path, action="append", required=True, help="an artifact to measure (repeat)")
     b.add_argument("--prompts", type=positive, default=80, help="first N MT-Bench first turns")
@@ -204,7 +205,7 @@ def add_parser(sub) -> None:
                                      "arithmetic task written into --out); then the same prompts greedily on our "
                                      "engine. Prints both exact-match scores and how many outputs are identical; "
                                      "writes JSON. lm_eval lives in its own venv: make harness-setup.",
-                         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                         formatter_class=DefaultsHelp)
     add_artifact(b)
     b.add_argument("--harness-python", type=Path, default=Path(".harness-venv") / "bin" / "python",
                    help="the python of a venv with lm-eval (make harness-setup)")

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from specmemo.bench.arm_env import CPUS
 from specmemo.bench.results import run_folder
-from specmemo.cli.options import add_threads, positive
+from specmemo.cli.options import DefaultsHelp, add_threads, positive
 from specmemo.console import log_stderr
 
 LOCK = Path(__file__).resolve().parents[2] / "requirements.lock"
@@ -30,7 +30,7 @@ def add_arm_parser(bench) -> None:
                                      "outputs, not speed. "
                                      "Example: specmemo bench arm --artifact artifacts/smollm2-135m "
                                      "--artifact artifacts/smollm2-135m-int4",
-                         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                         formatter_class=DefaultsHelp)
     b.add_argument("--artifact", type=Path, action="append", required=True,
                    help="an artifact exported on this host (repeat for several: one model's formats)")
     b.add_argument("--cpus", default=",".join(CPUS), help=f"emulated CPU classes, from {', '.join(CPUS)}")

@@ -7,7 +7,7 @@ import argparse
 from pathlib import Path
 
 from specmemo.bench.results import run_folder
-from specmemo.cli.options import add_threads, positive
+from specmemo.cli.options import DefaultsHelp, add_threads, positive
 
 
 def add_front_parser(bench) -> None:
@@ -24,7 +24,7 @@ def add_front_parser(bench) -> None:
                                      "replies. Prints a table, writes front.json and front.png (tok/s against "
                                      "perplexity increase). Example: specmemo bench front --reference "
                                      "artifacts/qwen2.5-coder-1.5b --artifact artifacts/qwen2.5-coder-1.5b-int4",
-                         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                         formatter_class=DefaultsHelp)
     b.add_argument("--reference", type=Path, required=True,
                    help="the model's float32 artifact (specmemo export --model M): quality is measured against it")
     b.add_argument("--artifact", type=Path, action="append", default=[], help="an int4 artifact of ours (repeat)")

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from specmemo.bench.results import run_folder, write_json
-from specmemo.cli.options import DEFAULT_ARTIFACT, positive
+from specmemo.cli.options import DEFAULT_ARTIFACT, DefaultsHelp, positive
 from specmemo.runtime.config import DEFAULT_THREADS
 
 
@@ -24,7 +24,7 @@ def add_fuzz_parser(bench) -> None:
                                      "must exit 1 or 2 with one line on stderr, no traceback, no file written. Both "
                                      "stop at --seconds. Prints a table and writes summary.json. Example: "
                                      "specmemo bench fuzz --artifact artifacts/smollm2-135m",
-                         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                         formatter_class=DefaultsHelp)
     b.add_argument("--artifact", type=Path, default=DEFAULT_ARTIFACT,
                    help="a float32 or int4 artifact with a batch graph for --batch (export makes them)")
     b.add_argument("--batch", type=positive, default=4)

@@ -7,7 +7,7 @@ import argparse
 from pathlib import Path
 
 from specmemo.bench.results import run_folder
-from specmemo.cli.options import add_threads, positive, sizes_list
+from specmemo.cli.options import DefaultsHelp, add_threads, positive, sizes_list
 from specmemo.console import log_stderr
 
 
@@ -20,7 +20,7 @@ def add_invariance_parser(bench) -> None:
                                      "with the one-row calls', bit for bit, under the one-row route (1x1) and the "
                                      "padding row (2x1). Where a route has no differing row, greedy may run it. "
                                      "Example: specmemo bench invariance --artifact artifacts/smollm2-135m-int4",
-                         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                         formatter_class=DefaultsHelp)
     b.add_argument("--artifact", type=Path, required=True)
     b.add_argument("--sizes", type=sizes_list, default=tuple(range(2, 17)), help="T of the verify calls")
     b.add_argument("--starts", type=positive, default=64, help="consecutive start positions audited")

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from specmemo.bench.results import run_folder
-from specmemo.cli.options import add_artifact, add_threads, positive, sizes_list
+from specmemo.cli.options import DefaultsHelp, add_artifact, add_threads, positive, sizes_list
 from specmemo.console import log_stderr
 
 
@@ -22,7 +22,7 @@ def add_profile_parser(bench) -> None:
                                      "with plain ONNX Runtime on the same past length, profiled the same way; "
                                      "--llama-cpp times llama.cpp's steps on the model's GGUF. Prints a table, "
                                      "writes JSON.",
-                         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                         formatter_class=DefaultsHelp)
     add_artifact(b)
     b.add_argument("--peer", choices=("genai", "none"), default="genai", help="the graph profiled beside ours")
     b.add_argument("--llama-cpp", action="store_true",
@@ -53,7 +53,7 @@ def add_profile_parser(bench) -> None:
                                      "the ONNX Runtime sessions (graph, prepacked weights), the arena, the warm-up "
                                      "step, the drafters, the controller's latency curve, the first prefill. Prints "
                                      "a table (medians), writes JSON.",
-                         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                         formatter_class=DefaultsHelp)
     add_artifact(b)
     b.add_argument("--mode", choices=("greedy", "controller"), default="controller",
                    help="greedy: plain decoding (no heads or drafter graphs); controller: as `specmemo generate`")

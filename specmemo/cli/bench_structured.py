@@ -7,7 +7,7 @@ import argparse
 from pathlib import Path
 
 from specmemo.bench.results import run_folder
-from specmemo.cli.options import add_threads, positive
+from specmemo.cli.options import DefaultsHelp, add_threads, positive
 from specmemo.console import log_stderr
 
 
@@ -25,7 +25,7 @@ def add_structured_parser(bench) -> None:
                                      "their schema, decode tok/s, mask ms per token, tokens per step, forced tokens "
                                      "per reply and the controller's replies equal to constrained greedy's. "
                                      "Example: specmemo bench structured --artifact artifacts/smollm2-135m-int4",
-                         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                         formatter_class=DefaultsHelp)
     b.add_argument("--artifact", type=Path, required=True)
     b.add_argument("--engines", default=",".join(ENGINES), help=f"from {', '.join(ENGINES)}")
     b.add_argument("--kinds", default=",".join(KINDS), help="task kinds: schemas, tools (tools need a template "

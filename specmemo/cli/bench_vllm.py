@@ -7,7 +7,7 @@ import argparse
 from pathlib import Path
 
 from specmemo.bench.results import run_folder
-from specmemo.cli.options import add_artifact, add_threads, positive, sizes_list
+from specmemo.cli.options import DefaultsHelp, add_artifact, add_threads, positive, sizes_list
 from specmemo.console import log_stderr
 from specmemo.runtime.artifact import Artifact
 
@@ -24,7 +24,7 @@ def add_vllm_parser(bench) -> None:
                                      "own venv (--venv), created from the package index on first use (~3.5 GB, a few "
                                      "minutes), never the project's. Prints a table, writes summary.json and "
                                      "speed.png.",
-                         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                         formatter_class=DefaultsHelp)
     add_artifact(b)
     b.add_argument("--heads", type=Path, default=None,
                    help="Medusa heads folder (default: the artifact's, from its manifest)")

@@ -7,7 +7,7 @@ import argparse
 from pathlib import Path
 
 from specmemo.bench.results import run_folder
-from specmemo.cli.options import add_threads, positive
+from specmemo.cli.options import DefaultsHelp, add_threads, positive
 from specmemo.console import log_stderr
 
 
@@ -22,7 +22,7 @@ def add_web_parser(bench) -> None:
                                      "the Python runtime's, and what a second visit reads over the network. Prints a "
                                      "table, writes summary.json and web.png. Needs make js-setup. Example: specmemo "
                                      "bench web --artifact artifacts/smollm2-135m-int4",
-                         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                         formatter_class=DefaultsHelp)
     b.add_argument("--artifact", type=Path, default=Path("artifacts") / "smollm2-135m-int4",
                    help="our artifact (specmemo export --dtype int4)")
     b.add_argument("--model", default="smollm2-135m", help="the model whose own GGUF wllama runs")

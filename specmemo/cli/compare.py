@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from specmemo.bench.results import machine_info, run_folder
-from specmemo.cli.options import add_profile_options, apply_profile, positive
+from specmemo.cli.options import DefaultsHelp, add_profile_options, apply_profile, positive
 from specmemo.console import log_stderr
 from specmemo.errors import ConfigError
 from specmemo.export.load import DEFAULT_MODEL, default_artifact
@@ -26,7 +26,7 @@ def add_parser(sub) -> None:
                                    "(tok/s decode and end-to-end, TTFT, accepted/step, RSS after load, peak RSS, "
                                    "generation memory, KV and arena, agreement with HF) and writes results.json, "
                                    "Spec-Bench JSONL per engine, PNG plots and report.md into --out.",
-                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                       formatter_class=DefaultsHelp)
     p.add_argument("--model", default=DEFAULT_MODEL, help="the model (as exported)")
     p.add_argument("--artifact", type=Path, help="the exported artifact (default artifacts/<model>, with --dtype int4 "
                                                  "artifacts/<model>-int4)")

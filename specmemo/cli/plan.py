@@ -6,7 +6,7 @@ import argparse
 import json
 from dataclasses import asdict
 
-from specmemo.cli.options import add_artifact, add_profile_options, apply_profile, positive
+from specmemo.cli.options import DefaultsHelp, add_artifact, add_profile_options, apply_profile, positive
 from specmemo.console import log_stderr
 from specmemo.runtime.artifact import Artifact
 
@@ -18,7 +18,7 @@ def add_parser(sub) -> None:
                                    "lower bound for the context and, with --budget (or a device plan in the "
                                    "manifest), the capacity C, rows per call R and tree width T_max an engine "
                                    "opens with. A budget below the bound is refused with what would fit.",
-                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                       formatter_class=DefaultsHelp)
     add_artifact(p)
     add_profile_options(p)
     p.add_argument("--context", type=positive,

@@ -8,7 +8,7 @@ import errno
 import socket
 from pathlib import Path
 
-from specmemo.cli.options import add_artifact, add_mode, add_profile_options, apply_profile, positive
+from specmemo.cli.options import DefaultsHelp, add_artifact, add_mode, add_profile_options, apply_profile, positive
 from specmemo.console import log_stderr
 from specmemo.errors import ConfigError
 from specmemo.serve.limits import DEFAULT_BATCH, DEFAULT_CONTEXT, Limits
@@ -30,7 +30,7 @@ def add_parser(sub) -> None:
                                    "(unless --cors-origin) are answered; bodies must be application/json. Example "
                                    "client: "
                                    "openai.OpenAI(base_url='http://127.0.0.1:8000/v1', api_key='KEY or unused').",
-                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                       formatter_class=DefaultsHelp)
     add_artifact(p)
     add_mode(p)
     p.add_argument("--batch", type=positive, default=DEFAULT_BATCH,
@@ -92,8 +92,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from specmemo.serve.keys import check_exposure, keys_from
 
     profile = apply_profile(args, log=log_stderr)  # threads and budget: the profile's unless given
-    if args.capacity is None and args.budget_bytes is None:
-        args.capacity = DEFAULT_CONTEXT
     keys = keys_from(args.api_key)
     check_exposure(args.host, keys, args.allow_no_key)  # before the model loads
     exposure = Exposure(bind=args.host, allowed_hosts=tuple(args.allowed_host or ()),

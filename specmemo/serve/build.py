@@ -19,8 +19,8 @@ class ServeConfig:
     mode: Mode = Mode.AUTO
     drafter: str | None = None  # None: the manifest's
     batch: int = DEFAULT_BATCH  # B rows decoded together (the artifact's batch graph for B)
-    capacity: int | None = DEFAULT_CONTEXT  # KV positions per row: prompt + max_tokens of one request (None with a
-    # budget: the largest that fits)
+    capacity: int | None = None  # KV positions per row: prompt + max_tokens of one request (None: with a budget the
+    # largest that fits, else DEFAULT_CONTEXT)
     budget: int | None = None  # bytes for the whole server (a device profile's app memory): the B rows priced together
     max_queue: int | None = None  # requests waiting for a row before 429 (None: 4 x batch)
     threads: int = DEFAULT_THREADS
@@ -37,7 +37,7 @@ class ServeConfig:
         if self.batch < 2:
             raise ConfigError("serve runs a batch graph: --batch 2 or more (rows left free cost a 1-token stub each)")
         if self.capacity is None and self.budget is None:
-            raise ConfigError("serve needs --capacity per row, or a --profile / --budget to size it")
+            object.__setattr__(self, "capacity", DEFAULT_CONTEXT)
         if min(self.capacity or 1, self.threads, self.max_queue or 1, self.budget or 1) < 1:
             raise ConfigError("--capacity, --threads and --max-queue must be >= 1")
 
