@@ -8,7 +8,8 @@ from test_quantized import matmul_model, raw_blocks
 from specmemo.export.activation_outliers import INPUT_BLOCK, fp32_matrices, int8_blocks, outlier_channels
 from specmemo.export.gguf_weights import decode
 from specmemo.export.quantize import carry_matmuls
-from specmemo.runtime.session import SessionConfig, session_options
+from specmemo.runtime.ort_sessions import session_options
+from specmemo.runtime.session import SessionConfig
 
 
 def test_int8_blocks_keep_plain_rows_and_crush_a_row_with_a_massive_activation():

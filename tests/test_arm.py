@@ -82,7 +82,8 @@ def test_kernel_probes_rebuild_each_kind_of_quantized_matrix_and_name_its_route(
         route_of,
         write_probes,
     )
-    from specmemo.runtime.session import SessionConfig, session_options
+    from specmemo.runtime.ort_sessions import session_options
+    from specmemo.runtime.session import SessionConfig
 
     options = session_options(SessionConfig(threads=2))
     specs = [MatrixSpec(96, 40, 4, 32, 4, "uint8", count=3), MatrixSpec(64, 24, 8, 32, 4, "none")]

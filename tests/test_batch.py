@@ -133,7 +133,8 @@ def test_batch_graph_rows_are_bitwise_the_one_sequence_graph(artifact):
     equal the B = 1 decoder's on the one-sequence route (a 1-token step padded with its token again),
     bit for bit."""
     from specmemo.runtime.manifest import load_manifest
-    from specmemo.runtime.session import SessionConfig, load_graph
+    from specmemo.runtime.ort_sessions import load_graph
+    from specmemo.runtime.session import SessionConfig
 
     m = load_manifest(artifact)
     graph = m.batch_graph(4)

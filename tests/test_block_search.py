@@ -7,7 +7,8 @@ from test_quantized import matmul_model
 
 from specmemo.export.block_search import importance, searched_blocks
 from specmemo.export.quantize import carry_matmuls, rtn_blocks
-from specmemo.runtime.session import SessionConfig, session_options
+from specmemo.runtime.ort_sessions import session_options
+from specmemo.runtime.session import SessionConfig
 
 
 def weighted_error(blocks, weight, channel_weights):

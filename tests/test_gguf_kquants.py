@@ -107,7 +107,8 @@ def test_q4_k_scales_are_stored_as_the_gguf_stores_them_and_fold_back_exactly():
     from onnx import TensorProto, helper, numpy_helper
 
     from specmemo.export.quantize import factored_scales, matmulnbits_tensors
-    from specmemo.runtime.session import SessionConfig, session_options
+    from specmemo.runtime.ort_sessions import session_options
+    from specmemo.runtime.session import SessionConfig
 
     blocks = decode("Q4_K", random_blocks("Q4_K", rows=16, blocks=2, seed=4)).with_zero_points()  # K = 512
     d, c = factored_scales(blocks.scale)

@@ -26,7 +26,8 @@ from specmemo.export.weights_dtype import QuantOptions, WeightDtype
 from specmemo.runtime.artifact import Artifact
 from specmemo.runtime.embedding import EmbeddingTable
 from specmemo.runtime.manifest import EmbeddingInfo, QuantizedRows
-from specmemo.runtime.session import SessionConfig, session_options
+from specmemo.runtime.ort_sessions import session_options
+from specmemo.runtime.session import SessionConfig
 
 
 def raw_blocks(type_name: str, rows: int, cols: int, rng) -> np.ndarray:

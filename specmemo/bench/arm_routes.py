@@ -136,7 +136,8 @@ def kernel_routes(request: dict[str, Any], threads: int) -> list[dict[str, Any]]
     """On this machine: per matrix spec, the route taken at each of ROWS (runs in arm_worker, no onnx package)."""
     import onnxruntime as ort
 
-    from specmemo.runtime.session import SessionConfig, session_options
+    from specmemo.runtime.ort_sessions import session_options
+    from specmemo.runtime.session import SessionConfig
 
     folder = Path(request["folder"])
 

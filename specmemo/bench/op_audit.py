@@ -59,7 +59,8 @@ def audit_graph(artifact, threads: int, folder: Path):
     import onnx
     import onnxruntime as ort
 
-    from specmemo.runtime.session import SessionConfig, lm_head_initializers, load_shared_lm_head, session_options
+    from specmemo.runtime.ort_sessions import lm_head_initializers, load_shared_lm_head, session_options
+    from specmemo.runtime.session import SessionConfig
 
     m = artifact.manifest
     shared, _ = lm_head_initializers(m, load_shared_lm_head(artifact))
@@ -163,7 +164,7 @@ class Recorder:
     _names: list[str] = field(default_factory=list)  # the audit graph's outputs
 
     def attach(self) -> None:
-        from specmemo.runtime.session import bind_view
+        from specmemo.runtime.ort_sessions import bind_view
 
         session, run = self.session, self.session.session.run_with_iobinding
         self._names = [o.name for o in self.audit.get_outputs()]

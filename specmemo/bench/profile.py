@@ -210,7 +210,8 @@ def _genai_binding(session, context: int, capacity: int, token: int, head_size: 
 def genai_steps(genai_dir: Path, *, context: int, threads: int, profile: bool = False):
     """GenAI's own model.onnx run with plain ONNX Runtime: one token on a past of `context` positions. Returns
     (step, session); each step() runs one call and returns its seconds."""
-    from specmemo.runtime.session import SessionConfig, load_graph
+    from specmemo.runtime.ort_sessions import load_graph
+    from specmemo.runtime.session import SessionConfig
 
     session = load_graph(genai_dir / "model.onnx", SessionConfig(threads=threads, profile=profile))
     head_size = json.loads((genai_dir / "genai_config.json").read_text())["model"]["decoder"]["head_size"]

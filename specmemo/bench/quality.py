@@ -138,7 +138,8 @@ class GenAIForced:
     weight_dtype = "int4"
 
     def __init__(self, model_dir: Path, threads: int):
-        from specmemo.runtime.session import SessionConfig, load_graph
+        from specmemo.runtime.ort_sessions import load_graph
+        from specmemo.runtime.session import SessionConfig
 
         self.name, self.size_mb = f"onnxruntime-genai int4 ({model_dir.name})", folder_mb(model_dir)
         self.session = load_graph(model_dir / "model.onnx", SessionConfig(threads=threads))
@@ -173,7 +174,8 @@ class OptimumForced:
     dynamic int8 quantization, run with plain ONNX Runtime as GenAIForced runs GenAI's."""
 
     def __init__(self, model_file: Path, threads: int):
-        from specmemo.runtime.session import SessionConfig, load_graph
+        from specmemo.runtime.ort_sessions import load_graph
+        from specmemo.runtime.session import SessionConfig
 
         self.name, self.size_mb = f"optimum ({model_file.parent.name})", folder_mb(model_file.parent)
         self.weight_dtype = model_file.parent.name

@@ -37,17 +37,17 @@ from specmemo.runtime.artifact import Artifact
 from specmemo.runtime.backend import TREE_CACHE, ContextOverflowError, Forward, TreeInputs, check_fits
 from specmemo.runtime.embedding import EmbeddingTable
 from specmemo.runtime.kv_cache import KVCache
-from specmemo.runtime.row_route import RowRoute, manifest_route
-from specmemo.runtime.rss import reset_peak_rss, rss_bytes
-from specmemo.runtime.session import (
+from specmemo.runtime.ort_sessions import (
     ArtifactError,
-    SessionConfig,
     bind_view,
     lm_head_initializers,
     load_graph,
     load_shared_lm_head,
     open_heads,
 )
+from specmemo.runtime.row_route import RowRoute, manifest_route
+from specmemo.runtime.rss import reset_peak_rss, rss_bytes
+from specmemo.runtime.session import SessionConfig
 from specmemo.runtime.sizes import WINDOW_MARGIN
 from specmemo.runtime.span import span_for
 

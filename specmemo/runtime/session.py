@@ -10,30 +10,31 @@ gets the weight read once for both.
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
 
-from specmemo.errors import ConfigError, SpecMemoError
+from specmemo.errors import ConfigError
 from specmemo.runtime import tree
 from specmemo.runtime.arena import Arena, ArenaLayout
 from specmemo.runtime.artifact import Artifact
 from specmemo.runtime.config import DEFAULT_THREADS
 from specmemo.runtime.embedding import EmbeddingTable
 from specmemo.runtime.kv_cache import KVCache
-from specmemo.runtime.manifest import Manifest, ModelFormat, embedding_for, graph_file
+from specmemo.runtime.manifest import Manifest, ModelFormat, embedding_for
+from specmemo.runtime.ort_sessions import (
+    bind_view,
+    lm_head_initializers,
+    load_shared_lm_head,
+    open_heads,
+    open_session,
+)
 from specmemo.runtime.plan import layout_for
 from specmemo.runtime.rss import reset_peak_rss, rss_bytes
 from specmemo.runtime.sizes import Sizes
 from specmemo.runtime.span import span_for
-
-
-class ArtifactError(SpecMemoError, RuntimeError):
-    """The ONNX graph cannot be loaded, or does not match its manifest."""
 
 
 @dataclass(frozen=True)
@@ -69,127 +70,6 @@ class StepOutput:
     logits: np.ndarray  # [B, N, V], at the requested positions
     next_token_ids: np.ndarray  # [B, N]
     hidden_states: np.ndarray  # [B, T, h]
-
-
-_PROCESS_THREADS: int | None = None
-
-
-def configure_process(threads: int) -> None:
-    """Process-wide ORT state, set up once before the first session:
-    - one intra-op thread pool for every session (decoder and heads): with a pool per session, the pool that ran last
-      keeps spinning while the other runs, which on few cores slows a speculative step (heads call + decoder call)
-      markedly. Python reaches ORT's global pools only through `_pybind_state.set_global_thread_pool_sizes`;
-    - one CPU arena for every session, growing by exactly what is requested instead of doubling: its size is the largest
-      live set, which the memory model predicts (with the doubling default it overshot the prediction)."""
-    global _PROCESS_THREADS
-    if _PROCESS_THREADS is None:
-        from onnxruntime.capi import _pybind_state
-
-        _pybind_state.set_global_thread_pool_sizes(threads, 1)
-        config = ort.OrtArenaCfg({"arena_extend_strategy": 1, "initial_chunk_size_bytes": 1 << 20})  # 1: as requested
-        info = ort.OrtMemoryInfo("Cpu", ort.OrtAllocatorType.ORT_ARENA_ALLOCATOR, 0, ort.OrtMemType.DEFAULT)
-        ort.create_and_register_allocator(info, config)
-        _PROCESS_THREADS = threads
-    elif threads != _PROCESS_THREADS:
-        raise ConfigError(f"this process already runs ONNX Runtime with {_PROCESS_THREADS} threads (one pool for "
-                          f"all sessions): use --threads {_PROCESS_THREADS}, or a separate process")
-
-
-def session_options(config: SessionConfig, initializers: dict[str, ort.OrtValue] | None = None) -> ort.SessionOptions:
-    """Options chosen for a memory-lean CPU decoder; each measured (docs/runtime.md):
-    - initializers straight from the device allocator, not the arena (lower peak RSS at load);
-    - one thread pool and one CPU arena per process (`configure_process`); intermediates are carved
-      from it, so after warm-up a step asks the system for nothing (off: every op mallocs);
-    - memory pattern off: the attended length S changes every step, and a pattern is planned and
-      cached per input shape;
-    - `initializers`: weights shared between the decoder and heads sessions (the LM head), handed
-      in from one buffer instead of each session reading its own copy."""
-    configure_process(config.threads)
-    options = ort.SessionOptions()
-    options.use_per_session_threads = False  # the process-wide pool (configure_process)
-    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    options.log_severity_level = 3
-    options.enable_cpu_mem_arena = True
-    options.enable_mem_pattern = False
-    options.add_session_config_entry("session.use_device_allocator_for_initializers", "1")
-    options.add_session_config_entry("session.use_env_allocators", "1")
-    for name, value in (initializers or {}).items():
-        options.add_initializer(name, value)
-    if config.profile:
-        options.enable_profiling = True
-    return options
-
-
-def load_graph(path: Path, config: SessionConfig,
-               initializers: dict[str, ort.OrtValue] | None = None) -> ort.InferenceSession:
-    """One of the artifact's graphs in ORT; a corrupt or unloadable file is a one-line ArtifactError."""
-    try:
-        return ort.InferenceSession(str(path), session_options(config, initializers),
-                                    providers=["CPUExecutionProvider"])
-    except Exception as err:  # ORT raises several types for the same cause
-        reason = str(err).strip().splitlines()[0][:200]
-        raise ArtifactError(f"{path} cannot be loaded by ONNX Runtime ({reason}): re-export the artifact") from None
-
-
-def open_session(artifact: Artifact, config: SessionConfig,
-                 initializers: dict[str, ort.OrtValue] | None = None) -> ort.InferenceSession:
-    manifest = artifact.manifest
-    path = artifact / graph_file(manifest, manifest.decoder_file, config.model_format)
-    session = load_graph(path, config, initializers)
-    check_graph_matches(session, manifest, path)
-    return session
-
-
-def check_graph_matches(session: ort.InferenceSession, manifest: Manifest, path: Path) -> None:
-    graph_inputs = [i.name for i in session.get_inputs()]
-    graph_outputs = [o.name for o in session.get_outputs()]
-    expected_inputs = [spec.name for spec in manifest.io.inputs]
-    expected_outputs = [spec.name for spec in manifest.io.outputs]
-    if graph_inputs != expected_inputs or graph_outputs != expected_outputs:
-        missing = sorted(set(expected_inputs + expected_outputs) - set(graph_inputs + graph_outputs))
-        detail = f"missing {missing[0]!r}" if missing else "names or order differ"
-        raise ArtifactError(f"{path} does not match its manifest ({detail}): re-export the artifact")
-
-
-def load_shared_lm_head(artifact: Artifact) -> np.ndarray | None:
-    """The LM head both graphs use, read once from the decoder's data file (None: nothing shared)."""
-    manifest = artifact.manifest
-    shared = manifest.heads.shared_lm_head if manifest.heads is not None else None
-    if shared is None:
-        return None
-    count = math.prod(shared.shape)
-    array = np.fromfile(artifact / shared.file, dtype=shared.dtype, count=count, offset=shared.offset)
-    if array.size != count:
-        raise ArtifactError(f"{artifact / shared.file} is shorter than the manifest says: re-export the artifact")
-    return array.reshape(shared.shape)
-
-
-def lm_head_initializers(manifest: Manifest, lm_head: np.ndarray | None
-                         ) -> tuple[dict[str, ort.OrtValue], dict[str, ort.OrtValue]]:
-    """(decoder's, heads graph's) initializers: the one shared LM head under each graph's name (none when
-    nothing is shared)."""
-    if lm_head is None:
-        return {}, {}
-    assert manifest.heads is not None and manifest.heads.shared_lm_head is not None  # lm_head was read from it
-    value, shared = ort.OrtValue.ortvalue_from_numpy(lm_head), manifest.heads.shared_lm_head
-    return {shared.decoder_name: value}, {shared.heads_name: value}
-
-
-def open_heads(artifact: Artifact, config: SessionConfig,
-               initializers: dict[str, ort.OrtValue]) -> ort.InferenceSession | None:
-    """The Medusa heads graph, when the session asks for heads and the artifact has them."""
-    manifest = artifact.manifest
-    if not config.heads or manifest.heads is None:
-        return None
-    return load_graph(artifact / graph_file(manifest, manifest.heads.file, config.model_format), config, initializers)
-
-
-def bind_view(binding: ort.IOBinding, name: str, view: np.ndarray, shape: tuple[int, ...],
-              output: bool = False) -> None:
-    """Bind `shape` elements of an arena view (its start) as an input or output: a pointer, no copy."""
-    args = (name, "cpu", 0, view.dtype, shape, view.ctypes.data)
-    (binding.bind_output if output else binding.bind_input)(*args)
 
 
 class DecoderSession:

@@ -59,7 +59,8 @@ class OrtFeatureGraph:
         import onnxruntime as ort
 
         from specmemo.runtime.manifest import graph_file
-        from specmemo.runtime.session import SessionConfig, load_graph
+        from specmemo.runtime.ort_sessions import load_graph
+        from specmemo.runtime.session import SessionConfig
 
         artifact, manifest, threads = session.artifact, session.manifest, session.config.threads
         info: FeatureDrafterInfo | None = manifest.feature_drafter

@@ -60,7 +60,7 @@ class OrtMedusaHeads:
     def __init__(self, session: DecoderSession | BatchSession):  # a DecoderSession opened with heads
         import onnxruntime as ort
 
-        from specmemo.runtime.session import ArtifactError
+        from specmemo.runtime.ort_sessions import ArtifactError
 
         manifest = session.manifest
         if manifest.heads is None:
