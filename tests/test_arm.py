@@ -161,3 +161,18 @@ def test_the_instruction_count_runs_the_worker_under_the_plugin_with_an_arm_cpui
     table = count_table({"past": 100, "cpus": {"cortex-a76": {
         "GenAI, 1 row": {"per_call": 50e6}, "ours, 1 row": {"per_call": 55e6}, "ours, 2 rows": {"per_call": 99e6}}}})
     assert "1.100x" in table and "80%" in table
+
+
+def test_an_unbuilt_engine_is_named_before_any_emulation(smollm2_artifact, tmp_path, monkeypatch):
+    """The TypeScript engine decodes on each class after Python: when it is not built, `bench arm` says so at once,
+    not after an hour of emulated decoding whose results the error would lose."""
+    from specmemo.bench import arm
+
+    monkeypatch.setattr(arm, "ENGINE", tmp_path / "engine")
+
+    def no_root(*args, **kwargs):
+        raise AssertionError("the root was made before the engine was checked")
+
+    monkeypatch.setattr(arm, "ensure_root", no_root)
+    with pytest.raises(ConfigError, match="make engine"):
+        arm.run(arm.ArmConfig(artifacts=(smollm2_artifact,)), lock=tmp_path / "lock")

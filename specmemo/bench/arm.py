@@ -70,11 +70,15 @@ def prompt_ids(config: ArmConfig) -> list[list[int]]:
 ENGINE = REPO / "android_demo" / "engine"
 
 
+def check_engine_built() -> None:
+    if not (ENGINE / "dist" / "src" / "cli.js").is_file():
+        raise ConfigError("the TypeScript engine is not built: run `make engine` (or `make arm-check`)")
+
+
 def typescript_on_arm(root: Path, cpu: str, config: ArmConfig, arm: dict[str, Any]) -> dict[str, Any]:
     """The TypeScript engine on Node arm64 (arm_env.ensure_node) with onnxruntime-node's arm64 binary: its own tests,
     then per artifact the first prompt's greedy reply on the route Python probed there, against Python's ids on ARM."""
-    if not (ENGINE / "dist" / "src" / "cli.js").is_file():
-        raise ConfigError("the TypeScript engine is not built: run `make js-setup` (or `make arm-check`)")
+    check_engine_built()
     node = ensure_node(root)
     tests = run_in(root, ["/bin/sh", "-c", f"cd /src/android_demo/engine && {node} --test dist/test/*.test.js"],
                    cpu=CPUS[cpu], repo=REPO)
@@ -177,6 +181,8 @@ def run(config: ArmConfig, *, lock: Path, log: Any = print) -> dict[str, Any]:
 
     for given in config.artifacts:  # a wrong artifact is one line now, before minutes of making the root
         Artifact.open(given)
+    if config.replies:  # the TypeScript engine decodes the first prompt on each class after Python
+        check_engine_built()
     root = ensure_root(lock, log=log)
     prompts = prompt_ids(config) if config.replies else []
     probes = kernel_probes(config.artifacts, root.parent / "kernel-probes")
