@@ -1,6 +1,6 @@
 """The generate loop, as small named steps over a Backend:
 
-    prefill → [draft → verify → accept → commit] ...
+    prefill → [draft → choose → verify → accept → commit] ...
 
   prefill – the prompt as one causal chunk; yields the first token (the next root) and the hidden
             state of the last prompt position;
@@ -13,7 +13,9 @@
             after its parent; the argmax after the last accepted node is the next root (bonus).
             With `Sampling` (runtime/sampling.py): rejection sampling down the tree against the base
             model's distribution after each node (repetition penalty, temperature, top-k, top-p
-            applied), so every token is an exact draw; or Medusa's typical acceptance;
+            applied), so every token is an exact draw (Medusa's typical acceptance where asked). With
+            `LogitRules` (penalties, logit bias, log-probabilities: runtime/logit_rules.py) a
+            reply runs root-only steps and the rules choose each token;
   commit  – keep the accepted nodes' K/V positions, contiguous after the committed ones.
 
 `Reply` carries one reply through these steps; `generate` drives it for a single conversation and the batch pool
