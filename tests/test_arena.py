@@ -57,6 +57,7 @@ def test_move_positions_equals_fancy_indexing(tiny_llama):
         np.testing.assert_array_equal(buffer[:, :, 10:14], want)
 
 
+@pytest.mark.slow  # among the heaviest of the fast loop: make test runs it
 def test_lower_bound_budget_completes_a_2000_token_generation(tmp_path):
     """The plan at exactly the lower bound (tiny model, 2,000 new tokens past a 40-token prompt)
     opens, decodes to the end with the useful tree (cut near the end of the KV buffer), and is

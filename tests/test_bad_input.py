@@ -268,6 +268,7 @@ def test_server_fuzz_slice_gets_only_4xx(server):
     assert abs(report.rss_change) <= 0.05 and report.next_ok
 
 
+@pytest.mark.slow  # among the heaviest of the fast loop: make test runs it
 def test_cli_fuzz_slice_is_one_line_errors(artifact, tmp_path):
     from specmemo.bench import fuzz_cli
     from specmemo.cli import build_parser, main

@@ -362,6 +362,7 @@ def test_penalties_bias_and_logprobs_decode_plainly_per_row(artifact, prompts, r
     assert max(results[3].stats.tree_sizes) > 1 and max([*results[0].stats.tree_sizes, 1]) == 1
 
 
+@pytest.mark.slow  # among the heaviest of the fast loop: make test runs it
 def test_sliding_rows_slide_on_their_own_and_stay_each_rows_greedy(tmp_path_factory, prompts):
     """Gemma 3 (W = 8) past its sliding layers' buffers (C_w = 96 of C = 200): every row slides its own
     window buffers when its next call would not fit, at its own time, under ragged oracle acceptance;

@@ -114,6 +114,7 @@ def test_reset_empties_the_cache_and_keeps_the_system_prompt(chat_model):
     assert reply.reused == 0 and [m.role for m in chat.last_messages] == ["system", "user"]
 
 
+@pytest.mark.slow  # among the heaviest of the fast loop: make test runs it
 def test_many_evicting_turns_keep_python_memory_flat(chat_model):
     """300 turns at C=40 (an eviction every turn or two): every turn answers, the cache bookkeeping
     stays exact, and no Python memory accumulates between turn 50 and turn 300."""

@@ -143,6 +143,7 @@ def test_a_draft_past_forced_tokens_hangs_under_their_chain_pruned_by_the_gramma
         DraftTree.chain([open_, one]).graft(DraftTree.chain([two, plus]))
 
 
+@pytest.mark.slow  # among the heaviest of the fast loop: make test runs it
 def test_sampled_replies_are_valid_and_drafts_keep_the_distribution(artifact):
     """Constrained sampling with and without drafts: every reply valid; the choice among three answers drawn with
     the same frequencies (exact acceptance: the drafts change the draws, not their distribution)."""

@@ -116,6 +116,7 @@ def test_profiles_say_which_budgets_hold_the_pair(tiny_llama, other_draft, tmp_p
     assert _plan_for(tiny_llama, machine)["pair"] is None  # no draft model asked for
 
 
+@pytest.mark.slow  # among the heaviest of the fast loop: make test runs it
 @pytest.mark.full_install
 def test_export_draft_model_writes_the_pair_into_one_artifact(tiny_llama, other_draft, tmp_path):
     """`export --draft-model`: the draft model in draft/ with the same dtype, named by the manifest, which then

@@ -40,6 +40,7 @@ def test_llama_tied_gqa_matches_hf(tiny_llama):
     assert report.max_logits_diff <= TOLERANCE
 
 
+@pytest.mark.slow  # among the heaviest of the fast loop: make test runs it
 @pytest.mark.parametrize("tied", [False, True])
 def test_qwen2_with_qkv_bias_matches_hf(tmp_path, tied):
     artifact = export_tiny(tiny_config("Qwen2ForCausalLM", tie_word_embeddings=tied), tmp_path)

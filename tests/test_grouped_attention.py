@@ -101,6 +101,7 @@ def test_one_query_head_per_kv_head_keeps_the_padding_row(tmp_path):
     assert report["differing_sizes"]["1x1"], report
 
 
+@pytest.mark.slow  # among the heaviest of the fast loop: make test runs it
 def test_gqa_stays_an_export_option(tmp_path):
     config = tiny_config("LlamaForCausalLM")
     artifact = export_tiny(config, tmp_path, attention=AttentionOp.GQA, batch=(2,))

@@ -3,6 +3,8 @@ loop, and the profiled pass accounts every kernel of the measured steps by op ty
 
 import json
 
+import pytest
+
 from specmemo.bench.profile import ProfileConfig, component, format_table, read_trace, run_profile
 
 
@@ -44,6 +46,7 @@ def test_components_follow_the_exporters_names():
     assert component("layers.0.qkv.weight_t.MatMulNBits", "MatMulNBits") == "MatMulNBits"
 
 
+@pytest.mark.slow  # among the heaviest of the fast loop: make test runs it
 def test_the_attention_is_accounted_across_every_node_of_ours_and_gqa(tiny_llama, tmp_path):
     """--attention-against: the grouped function's inlined nodes and GroupQueryAttention both count as the
     attention; its ms per call are a part of the call's, at one and two rows."""

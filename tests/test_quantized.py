@@ -159,6 +159,7 @@ def test_widened_blocks_are_the_same_weights_in_8_bits():
     assert wide.packed().shape == (4, 2, 32)
 
 
+@pytest.mark.slow  # among the heaviest of the fast loop: make test runs it
 def test_int8_needs_accuracy_level_4_and_then_verifies_chains(tmp_path_factory):
     from specmemo.errors import ConfigError
     from specmemo.runtime.manifest import load_manifest
@@ -327,6 +328,7 @@ def test_a_route_pads_to_its_minimum_and_multiple():
     assert [RowRoute(1, 1).rows_for(n, most=16) for n in (1, 2, 5)] == [1, 2, 5] and RowRoute(1, 1).padding == 0
 
 
+@pytest.mark.slow  # among the heaviest of the fast loop: make test runs it
 def test_blocks_over_32_run_an_even_row_count_and_stay_on_one_route(tmp_path_factory):
     """MatMulNBits blocks of 64 or more: MLAS's x86 kernels compute rows in pairs and an odd count's last row alone,
     so the manifest asks for an even row count (step_row_multiple 2) and the backend pads to it; then a T = 11

@@ -198,6 +198,7 @@ def test_the_plan_sets_the_stores_bytes_apart_before_fitting_the_arena(smollm2_a
     assert any(label.startswith("recall store") for label, _ in memory.breakdown(with_store.footprint))
 
 
+@pytest.mark.slow  # among the heaviest of the fast loop: make test runs it
 def test_text_an_app_remembers_drafts_the_reply_and_output_stays_greedy(tmp_path):
     from heads_common import export_with_random_heads
 

@@ -90,6 +90,7 @@ def chat(artifact: Path, store: Path, *extra: str) -> tuple[dict, str]:
 PROMPT = " ".join(f"w{i}" for i in range(40, 90))
 
 
+@pytest.mark.slow  # among the heaviest of the fast loop: make test runs it
 def test_a_second_run_drafts_from_the_firsts_file_and_stays_greedy(tmp_path):
     artifact = export_with_random_heads(tmp_path / "tiny", mode="subvocab", subvocab_size=128)[0]
     engine = open_engine(EngineConfig(artifact=Artifact.open(artifact), mode=Mode.GREEDY), log=lambda _: None)

@@ -238,6 +238,7 @@ def test_metrics_move_with_the_client_side_counts(artifact):
         server.stop()
 
 
+@pytest.mark.slow  # among the heaviest of the fast loop: make test runs it
 def test_fuzz_two_thousand_malformed_requests_get_only_4xx(server):
     """The server fuzz (specmemo/bench/fuzz_server.py) against this server's tight limits."""
     from specmemo.bench import fuzz_server

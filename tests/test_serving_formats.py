@@ -190,6 +190,7 @@ def test_subvocab_heads_have_no_medusa_checkpoint(tmp_path):
         write_serving_format(random_heads(ProjectionMode.SUBVOCAB), tmp_path / "m", ServingFormat.MEDUSA)
 
 
+@pytest.mark.slow  # among the heaviest of the fast loop: make test runs it
 def test_export_heads_refuses_subvocab_heads_for_medusa_before_loading_the_model(tmp_path):
     import subprocess
     import sys

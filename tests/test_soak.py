@@ -3,6 +3,7 @@ smaller than what the run writes ends within its bytes, holding its newest text,
 
 from __future__ import annotations
 
+import pytest
 from heads_common import export_with_random_heads
 
 from specmemo.bench.soak import SoakConfig, format_table, run_soak
@@ -10,6 +11,7 @@ from specmemo.runtime.artifact import Artifact
 from specmemo.runtime.recall_store import bytes_for, fingerprint, read_store, tokens_for
 
 
+@pytest.mark.slow  # among the heaviest of the fast loop: make test runs it
 def test_a_soak_with_a_small_recall_store_evicts_within_its_bytes(tmp_path):
     artifact = export_with_random_heads(tmp_path / "tiny")[0]
     budget = 8192  # a few hundred tokens: the run writes more
