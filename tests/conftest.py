@@ -273,7 +273,9 @@ def tiny(tmp_path_factory):
     return folder, model, model.lm_head.weight.detach().t().contiguous()
 
 
-@pytest.fixture(scope="session", params=["shared", "own", "subvocab"])  # read only (copy it to change it)
+# read only (copy it to change it); make test-fast runs the shared mode, make test every mode
+@pytest.fixture(scope="session",
+                params=["shared", *(pytest.param(m, marks=pytest.mark.slow) for m in ("own", "subvocab"))])
 def exported(request, tmp_path_factory):
     """A tiny artifact exported with random heads (and a small grown tree) in each projection mode: (artifact, the
     HF model, the heads); without the exporter, the artifact alone (TINY_ARTIFACTS), the other two None."""

@@ -34,7 +34,7 @@ SMALL = Sizes(capacity=320, rows=8, tree=8)  # C_w = 7 + 64 + 8 -> 96 rows: Gemm
 
 
 @pytest.fixture(scope="module",
-                params=[pytest.param(c, marks=pytest.mark.slow) if c == "qwen3" else c for c in CONFIGS])
+                params=[pytest.param(c, marks=pytest.mark.slow) if c in ("qwen3", "gemma3") else c for c in CONFIGS])
 def exported(request, tmp_path_factory):
     """(name, artifact with random Medusa heads and an 8-node tree, HF model)."""
     from dataclasses import replace
