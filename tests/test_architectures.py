@@ -107,6 +107,7 @@ def test_speculative_equals_greedy_equals_hf_past_the_window(exported):
     assert real.token_ids == greedy
 
 
+@pytest.mark.slow  # among the heaviest of the fast loop: make test runs it
 @pytest.mark.parametrize("exported", ["gemma3"], indirect=True)  # the one with sliding layers
 def test_sliding_layers_hold_window_capacity_rows_and_the_memory_model_counts_them(exported):
     _, artifact, _ = exported

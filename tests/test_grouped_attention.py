@@ -113,7 +113,7 @@ def test_gqa_stays_an_export_option(tmp_path):
     assert report.passed
 
 
-@pytest.mark.parametrize("attention", [AttentionOp.GROUPED, AttentionOp.GQA])
+@pytest.mark.parametrize("attention", [AttentionOp.GROUPED, pytest.param(AttentionOp.GQA, marks=pytest.mark.slow)])
 def test_the_audit_finds_gqa_one_row_calls_apart_and_grouped_ones_alike(tmp_path, attention):
     """bench invariance over 8 starts (calls crossing the span's first bucket edge): the grouped graph's rows agree
     under one row a call; GroupQueryAttention's one-row path is another kernel on every ISA, so its one-row route
@@ -128,7 +128,7 @@ def test_the_audit_finds_gqa_one_row_calls_apart_and_grouped_ones_alike(tmp_path
     assert (one_row["differ"] == 0) == (attention is AttentionOp.GROUPED)
 
 
-@pytest.mark.parametrize("attention", [AttentionOp.GROUPED, AttentionOp.GQA])
+@pytest.mark.parametrize("attention", [AttentionOp.GROUPED, pytest.param(AttentionOp.GQA, marks=pytest.mark.slow)])
 def test_the_per_op_audit_names_the_op_that_makes_a_row_depend_on_its_call(tmp_path, attention):
     """The per-op audit over ORT's optimized graph: its logits are the runtime's on every call; in the grouped graph
     no op changes a row; in the GQA graph GroupQueryAttention is the op that does, and the only one."""

@@ -32,6 +32,7 @@ def tiny_kv16(tiny_pair):
     return tiny_pair[0]
 
 
+@pytest.mark.slow  # among the heaviest of the fast loop: make test runs it
 def test_kv_buffers_are_float16_in_graph_manifest_and_arena(tiny_kv16):
     manifest = load_manifest(tiny_kv16)
     assert manifest.kv_dtype == "float16" and manifest.bytes_per_kv_element == 2
@@ -47,6 +48,7 @@ def test_kv_buffers_are_float16_in_graph_manifest_and_arena(tiny_kv16):
     assert session.kv.nbytes() == 2 * d.num_layers * d.num_kv_heads * capacity * d.head_dim * 2
 
 
+@pytest.mark.slow  # among the heaviest of the fast loop: make test runs it
 def test_float16_kv_keeps_one_route_and_stays_near_float32(tiny_pair):
     kv16, kv32 = tiny_pair
     differ, chain = on_the_route(kv16, 12)

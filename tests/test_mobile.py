@@ -33,6 +33,7 @@ def steps(artifact, model_format: str) -> list[np.ndarray]:
     return outputs
 
 
+@pytest.mark.slow  # among the heaviest of the fast loop: make test runs it
 def test_ort_graphs_step_like_the_onnx_ones(tiny_mobile):
     info = load_manifest(tiny_mobile).ort_format
     assert info.files == ("decoder.ort",) and info.target_platform == "amd64"
