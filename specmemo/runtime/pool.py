@@ -252,9 +252,10 @@ class SequencePool:
                 commit_s += time.perf_counter() - committing
                 decided = reply.advance(verify, out, path, root, drafted=verify.tree.size, room=self._room(call.row),
                                         length=self.backend.lengths[call.row])
-                gained += len(path) - verify.decided + 1  # the accepted drafts and the next root
+                row_gained = len(path) - verify.decided + 1  # the accepted drafts and the next root
+                gained += row_gained
                 self.stats.row_steps += 1
-                self.stats.accepted += len(path) - verify.decided + 1
+                self.stats.accepted += row_gained
             emitted = len(reply.generation.token_ids)
             reason = reply.emit(decided, full=self.backend.lengths[call.row] >= self.backend.capacity)
             logprobs = (reply.logprob,) if reply.logprob is not None else ()  # a rules row decides one token a step
