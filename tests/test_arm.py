@@ -176,3 +176,39 @@ def test_an_unbuilt_engine_is_named_before_any_emulation(smollm2_artifact, tmp_p
     monkeypatch.setattr(arm, "ensure_root", no_root)
     with pytest.raises(ConfigError, match="make engine"):
         arm.run(arm.ArmConfig(artifacts=(smollm2_artifact,)), lock=tmp_path / "lock")
+
+
+def test_a_finished_emulated_step_is_filed_and_a_rerun_resumes_after_it(tmp_path):
+    from specmemo.bench.arm_resume import Steps
+
+    artifact = tmp_path / "artifact"
+    artifact.mkdir()
+    (artifact / "decoder.onnx").write_bytes(b"graph")
+    steps, calls = Steps(tmp_path / "runs", log=lambda _: None), []
+
+    def decode():
+        calls.append(1)
+        return {"replies": [[1, 2]]}
+
+    assert steps.done("decode a76", {"prompts": [[7]]}, [artifact], decode) == {"replies": [[1, 2]]}
+    rerun = Steps(tmp_path / "runs", log=lambda _: None)  # a later process: the filed step is read, not decoded
+    assert rerun.done("decode a76", {"prompts": [[7]]}, [artifact], decode) == {"replies": [[1, 2]]}
+    assert len(calls) == 1
+    rerun.done("decode a53", {"prompts": [[7]]}, [artifact], decode)  # another class, another request: run
+    rerun.done("decode a76", {"prompts": [[8]]}, [artifact], decode)
+    (artifact / "decoder.onnx").write_bytes(b"re-exported")  # a changed artifact runs afresh
+    rerun.done("decode a76", {"prompts": [[7]]}, [artifact], decode)
+    assert len(calls) == 4 and not list((tmp_path / "runs").glob("*.tmp"))
+
+
+def test_a_step_that_fails_files_nothing(tmp_path):
+    from specmemo.bench.arm_resume import Steps
+
+    steps = Steps(tmp_path / "runs", log=lambda _: None)
+
+    def fail():
+        raise ConfigError("the runtime on emulated a76 failed")
+
+    with pytest.raises(ConfigError):
+        steps.done("decode a76", {}, [], fail)
+    assert not (tmp_path / "runs").exists() or not list((tmp_path / "runs").iterdir())

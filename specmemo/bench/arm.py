@@ -14,11 +14,13 @@ from __future__ import annotations
 import json
 import platform
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from specmemo.bench import arm_tests
 from specmemo.bench.arm_env import CPUS, EMULATED, ensure_node, ensure_root, run_in
+from specmemo.bench.arm_resume import Steps
 from specmemo.errors import ConfigError
 from specmemo.runtime.config import DEFAULT_THREADS
 from specmemo.runtime.fresh_process import run_json
@@ -198,24 +200,29 @@ def run(config: ArmConfig, *, lock: Path, log: Any = print) -> dict[str, Any]:
     if config.tests:
         log(f"the runtime's tests on this host, filing their tiny artifacts in {store} ...")
         summary["tests"] = {"host": arm_tests.on_host(store)}
+    steps = Steps(root.parent / "arm-runs", log=log)  # each class's results filed as they finish: a rerun resumes
+    arts = config.artifacts
     for cpu in config.cpus:
         if config.tests:
             log(f"... the same tests on emulated aarch64 {cpu}, without the exporter: ten minutes or more ...")
-            summary["tests"][cpu] = arm_tests.on_arm(root, cpu, store)
+            summary["tests"][cpu] = steps.done(f"tests {cpu}", arm_tests.pytest_args(), (),
+                                               partial(arm_tests.on_arm, root, cpu, store))
         log(f"... on emulated aarch64 {cpu} (QEMU_CPU={CPUS[cpu]}): slow, a few minutes ...")
-        arm = on_arm(root, cpu, first, config.artifacts)
+        arm = steps.done(f"decode {cpu}", first, arts, partial(on_arm, root, cpu, first, arts))
         summary["kernel_routes"][cpu] = routes_of(arm)
         if config.per_op:
             summary["per_op"][cpu] = per_op_of(arm)
         if not config.replies:
             continue
-        summary.setdefault("typescript", {})[cpu] = typescript_on_arm(root, cpu, config, arm)
+        summary.setdefault("typescript", {})[cpu] = steps.done(
+            f"typescript {cpu}", {**first, "ts_prompt": prompt_texts(config)[0]}, arts,
+            partial(typescript_on_arm, root, cpu, config, arm))
         result = compare(prompts, host, arm)
         differing = contexts_at(prompts, host, arm)
         if differing:  # the two likeliest next tokens where a reply first differs, on each machine
-            theirs = on_arm(root, cpu, {**request(config, [], differing), "modes": []}, config.artifacts)
-            ours = run_json("specmemo.bench.arm_worker", {**request(config, [], differing), "modes": []},
-                            what="the host's logits", fix="check the artifacts")
+            asked = {**request(config, [], differing), "modes": []}
+            theirs = steps.done(f"logits {cpu}", asked, arts, partial(on_arm, root, cpu, asked, arts))
+            ours = run_json("specmemo.bench.arm_worker", asked, what="the host's logits", fix="check the artifacts")
             for folder in differing:
                 result[folder]["logits_arm"] = theirs["runs"][folder]["logits"]
                 result[folder]["logits_host"] = ours["runs"][folder]["logits"]
