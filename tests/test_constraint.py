@@ -298,3 +298,119 @@ def test_bench_structured_checks_every_keyword_it_counts_and_runs_both_our_engin
                                    kinds=("schemas",), limit=2, max_new_tokens=40), log=lambda _: None)
     assert summary["engines"]["specmemo-controller"]["equal_to_greedy"] == 2
     assert all(r["finished"] is False or r["problem"] is None for r in summary["rows"])
+
+
+NODE_A = {"type": "object", "properties": {"a": {"$ref": "#/$defs/a"}}, "required": ["a"]}
+NODE_B = {"type": "object", "properties": {"b": {"$ref": "#/$defs/b"}}, "required": ["b"]}
+# both branches open objects that can never close: the model chooses a key, then the grammar's parse outgrows its
+# per-step limit (the reply cannot end, and llguidance's forced-token search runs out of Earley items)
+NEVER_CLOSES = {"anyOf": [{"$ref": "#/$defs/a"}, {"$ref": "#/$defs/b"}], "$defs": {"a": NODE_A, "b": NODE_B}}
+
+
+def test_a_required_ref_that_never_closes_is_refused_before_decoding(artifact):
+    with pytest.raises(ConstraintError, match=r"^schema: every reply would start with over \d+ forced bytes"):
+        GrammarTokenizer.of(artifact).matcher(Constraint.json_schema({**NODE_A, "$defs": {"a": NODE_A}}))
+    empty = Constraint(ConstraintKind.GRAMMAR, source="start: A\nA: /a+/ & /b+/", field="grammar")  # no string
+    with pytest.raises(ConstraintError, match=r"^grammar: "):
+        GrammarTokenizer.of(artifact).matcher(empty)
+
+
+def test_a_parse_outgrowing_the_grammar_limits_ends_the_reply_not_the_request(artifact):
+    """Mid-reply, the grammar engine's limit ends that reply with finish reason `constraint` and the tokens so far,
+    greedy and speculative alike (where: within a step of each other, as llguidance's work per step depends on
+    what its lexer has cached); in the pool, a row beside it decodes as it would alone."""
+    from specmemo.runtime.batch import BatchBackend, BatchSession
+    from specmemo.runtime.pool import Request, SequencePool
+
+    spec = Constraint.json_schema(NEVER_CLOSES)
+    greedy = decode(artifact, spec)
+    stats = greedy.stats
+    assert stats.finish_reason == "constraint" and "limit" in stats.constraint_error.lower(), stats.constraint_error
+    assert text_of(artifact, greedy.token_ids).startswith('{"')
+    replay = Replay(len(prompt_of(artifact)), greedy.token_ids)
+    drafted = decode(artifact, spec, drafter=replay)
+    assert drafted.stats.finish_reason == "constraint" and "limit" in drafted.stats.constraint_error.lower()
+    shorter, longer = sorted((greedy.token_ids, drafted.token_ids), key=len)
+    assert longer[: len(shorter)] == shorter
+    grammar = GrammarTokenizer.of(artifact)
+    alone = decode(artifact, SPECS["regex"], prompt=prompt_of(artifact, "a code")).token_ids
+    session = BatchSession(artifact, SessionConfig(sizes=Sizes(256, 16, 16), heads=False, batch=2))
+    pool = SequencePool(BatchBackend(session), max_tree=1)
+    stuck, beside = pool.run([Request(prompt_of(artifact), 80, frozenset({EOS}), constraint=grammar.matcher(spec)),
+                              Request(prompt_of(artifact, "a code"), 80, frozenset({EOS}),
+                                      constraint=grammar.matcher(SPECS["regex"]))])
+    assert stuck.token_ids == greedy.token_ids and stuck.stats.finish_reason == "constraint"
+    assert beside.token_ids == alone and beside.stats.finish_reason == "eos"
+
+
+def test_logit_rules_compose_with_a_constraint_and_logprobs_are_the_constrained_distributions(artifact):
+    """Log-probabilities beside a schema: the same tokens as the schema alone (forced ones each a step of their own,
+    log-probability 0), every one of them with its log-probability under the mask; a bias the grammar forbids
+    changes nothing, one it allows moves the reply and keeps it valid."""
+    from specmemo.runtime.batch import BatchBackend, BatchSession
+    from specmemo.runtime.logit_rules import LogitRules
+    from specmemo.runtime.pool import Request, SequencePool
+
+    grammar = GrammarTokenizer.of(artifact)
+    alone = decode(artifact, SPECS["schema"])
+    session = BatchSession(artifact, SessionConfig(sizes=Sizes(256, 16, 16), heads=False, batch=2))
+    pool = SequencePool(BatchBackend(session), drafter_factory=lambda row: PromptLookup(), max_tree=8)
+    logprobs = []
+    pool_step = pool.step
+
+    def step():
+        updates = pool_step()
+        logprobs.extend(lp for u in updates if u.row == 0 for lp in u.logprobs)
+        return updates
+
+    pool.step = step
+    plain, biased = pool.run([
+        Request(prompt_of(artifact), 80, frozenset({EOS}), rules=LogitRules(logprobs=3),
+                constraint=grammar.matcher(SPECS["schema"])),
+        Request(prompt_of(artifact), 80, frozenset({EOS}), rules=LogitRules(logit_bias=((ord("x") + 3, 100.0),)),
+                constraint=grammar.matcher(SPECS["schema"]))])
+    assert plain.token_ids == alone.token_ids and plain.stats.finish_reason == "eos"
+    assert [lp.token for lp in logprobs] == plain.token_ids
+    assert all(np.isfinite(lp.logprob) and lp.logprob <= 0 and all(np.isfinite(v) for _, v in lp.top)
+               for lp in logprobs)
+    assert sum(lp.logprob == 0.0 for lp in logprobs) >= alone.stats.forced_tokens > 0  # forced: probability one
+    assert valid("schema", text_of(artifact, biased.token_ids)) and biased.stats.finish_reason == "eos"
+
+
+def test_serve_takes_the_sampling_fields_with_response_format_and_ends_a_reply_at_a_grammar_limit(artifact, caplog):
+    """logprobs, logit_bias and penalties beside response_format: a 200 whose content parses and whose logprobs
+    are one per token; a schema over the grammar's limit at the start is a one-line 400, and mid-reply a 200 with
+    finish reason `constraint`, logged; the server healthy after."""
+    import logging
+
+    import httpx
+    from test_serve import Server
+
+    question = "Describe a person as JSON."
+    expected = text_of(artifact, decode(artifact, SPECS["schema"], prompt=prompt_of(artifact, question)).token_ids)
+    server = Server(artifact.folder, batch=2, max_queue=4)
+    try:
+        client = server.client()
+        ask = {"model": "tiny", "messages": [{"role": "user", "content": question}], "max_tokens": 80,
+               "temperature": 0}
+        person = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON}}
+        scored = client.chat.completions.create(**ask, response_format=person, logprobs=True, top_logprobs=2)
+        choice = scored.choices[0]
+        assert choice.message.content == expected and choice.finish_reason == "stop"
+        assert choice.logprobs is not None and "".join(t.token for t in choice.logprobs.content) == expected
+        assert all(t.logprob <= 0 and len(t.top_logprobs) <= 2 for t in choice.logprobs.content)
+        biased = client.chat.completions.create(**ask, response_format=person, logit_bias={str(ord("x") + 3): 50},
+                                                presence_penalty=0.5, frequency_penalty=0.5)
+        assert valid("schema", biased.choices[0].message.content)
+        with caplog.at_level(logging.WARNING, logger="specmemo.serve"):
+            stuck = client.chat.completions.create(**ask, response_format={
+                "type": "json_schema", "json_schema": {"name": "x", "schema": NEVER_CLOSES}})
+        assert stuck.choices[0].finish_reason == "constraint" and stuck.choices[0].message.content.startswith('{"')
+        assert any("finish reason constraint" in r.getMessage() for r in caplog.records)
+        endless = {"type": "json_schema", "json_schema": {"name": "x", "schema": {**NODE_A, "$defs": {"a": NODE_A}}}}
+        refused = httpx.Client(trust_env=False).post(f"{server.url}/v1/chat/completions",
+                                                     json={**ask, "response_format": endless})
+        assert refused.status_code == 400 and "forced bytes" in refused.json()["error"]["message"]
+        assert server.health()["status"] == "ok" and server.health()["failed"] == 0
+    finally:
+        server.stop()

@@ -37,7 +37,41 @@ if TYPE_CHECKING:
 
     from specmemo.runtime.backend import Forward
 
-MAX_SOURCE_BYTES = 1 << 20  # a schema, regex or grammar longer than this is refused, not compiled
+
+
+@dataclass(frozen=True)
+class GrammarLimits:
+    """What one constraint may cost, set here on purpose rather than left to the grammar engine's defaults. A
+    constraint over a limit at compile time is refused before any decoding (a 400 in `serve`, naming the field); a
+    reply whose parse outgrows a per-step limit (a recursive `$ref` that never closes, say) ends there with finish
+    reason `constraint` and the text so far, the limit named in `stats.constraint_error`. llguidance's units: an
+    Earley item a parse state, lexer fuel about 50k a millisecond (docs/structured-output.md)."""
+
+    source_bytes: int = 1 << 20  # a schema, regex or grammar longer than this is refused, not compiled
+    grammar_symbols: int = 500_000  # symbols in the compiled grammar's productions
+    items_in_row: int = 2_000  # alternatives of one production (enums, anyOf lists)
+    initial_lexer_fuel: int = 1_000_000  # building the lexer's regexes, once: about 20 ms
+    step_lexer_fuel: int = 200_000  # one mask's lexing: about 15 ms
+    step_items: int = 50_000  # Earley items one token's parse may create
+    lexer_states: int = 250_000  # the lexer's states over a reply (1-2 kB each)
+    forced_prefix_bytes: int = 16_384  # text every reply would start with (llguidance stops looking at ~100 kB)
+
+    def __post_init__(self) -> None:
+        for name in ("source_bytes", "grammar_symbols", "items_in_row", "initial_lexer_fuel", "step_lexer_fuel",
+                     "step_items", "lexer_states", "forced_prefix_bytes"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"grammar limit {name} must be >= 1, got {getattr(self, name)}")
+
+    def parser_limits(self) -> Any:
+        from llguidance import LLParserLimits
+
+        return LLParserLimits(max_items_in_row=self.items_in_row, initial_lexer_fuel=self.initial_lexer_fuel,
+                              step_lexer_fuel=self.step_lexer_fuel, step_max_items=self.step_items,
+                              max_lexer_states=self.lexer_states, max_grammar_size=self.grammar_symbols,
+                              verbose_errors=False)  # an error names the limit, not the parser's state
+
+
+LIMITS = GrammarLimits()
 
 
 class ConstraintError(ConfigError):
@@ -62,8 +96,8 @@ class Constraint:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "kind", ConstraintKind(self.kind))
-        if len(self.source.encode()) > MAX_SOURCE_BYTES:
-            raise ConstraintError(f"{self.field}: over {MAX_SOURCE_BYTES >> 10} KiB; give a smaller one")
+        if len(self.source.encode()) > LIMITS.source_bytes:
+            raise ConstraintError(f"{self.field}: over {LIMITS.source_bytes >> 10} KiB; give a smaller one")
         if self.kind is ConstraintKind.CHOICE:
             if not self.choices or not all(isinstance(c, str) and c for c in self.choices):
                 raise ConstraintError(f"{self.field}: give at least one non-empty string to choose from")
@@ -137,13 +171,24 @@ class GrammarTokenizer:
             grammar = grammar_text(spec)
         except (ValueError, RuntimeError, TypeError) as err:
             raise ConstraintError(f"{spec.field}: {first_line(err)}") from None
-        error = LLMatcher.validate_grammar(grammar, self.llg)
+        error = LLMatcher.validate_grammar(grammar, self.llg, limits=LIMITS.parser_limits())
         if error:
             raise ConstraintError(f"{spec.field}: {first_line(error)}")
         return grammar
 
     def matcher(self, spec: Constraint) -> Matcher:
-        return Matcher(self, self.compile(spec))
+        """A fresh matcher, checked where the reply starts: a grammar the engine fails on there (a limit, a
+        language with no string in it) or one whose forced prefix never ends is refused now, naming the field,
+        before any decoding."""
+        matcher = Matcher(self, self.compile(spec))
+        trial = matcher.copy()  # the first mask and forced run, on a copy: an error state is never left
+        trial.mask(), trial.forced()
+        if trial.failure is not None or matcher.failure is not None:
+            raise ConstraintError(f"{spec.field}: {trial.failure or matcher.failure}")
+        if len(matcher.copy().llm.compute_ff_bytes()) > LIMITS.forced_prefix_bytes:
+            raise ConstraintError(f"{spec.field}: every reply would start with over {LIMITS.forced_prefix_bytes} "
+                                  f"forced bytes (a required $ref that never closes?); make the recursion optional")
+        return matcher
 
 
 @functools.lru_cache(maxsize=4)
@@ -158,71 +203,99 @@ def first_line(error: object) -> str:
 
 class Matcher:
     """Where one reply stands in its grammar: tokens are consumed as they are decided, and tried (consumed, then
-    rolled back) along a drafted tree's paths."""
+    rolled back) along a drafted tree's paths. llguidance reports a limit reached or a token refused by an error
+    state it never leaves, never by raising: the matcher then allows nothing more (`failure` says why), so the
+    decode loop ends the reply with finish reason `constraint` and the tokens decided so far."""
 
     def __init__(self, tokenizer: GrammarTokenizer, grammar: str):
         from llguidance import LLMatcher
 
         self.vocab_size = tokenizer.vocab_size
-        self.llm = LLMatcher(tokenizer.llg, grammar, log_level=0)
+        self.llm = LLMatcher(tokenizer.llg, grammar, log_level=0, limits=LIMITS.parser_limits())
+        self.failure: str | None = None  # the grammar engine's error, once it has one
         self._check()
         self.forced_total = 0  # tokens appended because the grammar allowed nothing else
         self.mask_calls = 0
         self.mask_s = 0.0
 
-    def _check(self) -> None:
-        if self.llm.is_error():
-            raise ConstraintError(f"constraint: {first_line(self.llm.get_error())}")
+    def _check(self) -> bool:
+        """False (and `failure` set) once the grammar engine is in its error state."""
+        if self.failure is None and self.llm.is_error():
+            self.failure = first_line(self.llm.get_error())
+        return self.failure is None
+
+    def copy(self) -> Matcher:
+        """An independent matcher where this one stands."""
+        twin = object.__new__(Matcher)
+        twin.__dict__.update(self.__dict__)
+        twin.llm = self.llm.deep_copy()
+        return twin
 
     @property
     def done(self) -> bool:
         """The grammar is complete and allows nothing more (the reply ends here)."""
-        return bool(self.llm.is_stopped())
+        return self.failure is None and bool(self.llm.is_stopped())
 
     def mask(self) -> np.ndarray:
-        """[V] bool: the tokens allowed next."""
+        """[V] bool: the tokens allowed next (none once the matcher has failed)."""
+        if not self._check():
+            return np.zeros(self.vocab_size, dtype=bool)
         started = time.perf_counter()
         bits = np.unpackbits(np.frombuffer(self.llm.compute_bitmask(), dtype=np.uint8), bitorder="little")
         self.mask_calls += 1
         self.mask_s += time.perf_counter() - started
+        if not self._check():  # a limit reached while computing it
+            return np.zeros(self.vocab_size, dtype=bool)
         return bits[: self.vocab_size].astype(bool)
 
     def allows(self, token: int) -> bool:
-        return bool(self.llm.validate_tokens([token]) == 1)
+        return self._check() and bool(self.llm.validate_tokens([token]) == 1)
 
     def consume(self, tokens: list[int]) -> None:
-        if tokens and not self.llm.consume_tokens(tokens):
-            raise ConstraintError(f"constraint: token {tokens} not allowed ({first_line(self.llm.get_error())})")
+        if tokens and self._check() and not self.llm.consume_tokens(tokens):
+            self.failure = f"token {tokens} not allowed ({first_line(self.llm.get_error())})"
 
     def rollback(self, count: int) -> None:
-        if count:
+        if count and self._check():
             self.llm.rollback(count)
 
     def forced(self) -> list[int]:
         """The tokens the grammar forces next, whatever the model would say (may be none)."""
-        return [] if self.done else list(self.llm.compute_ff_tokens())
+        if self.done or not self._check():
+            return []
+        forced = list(self.llm.compute_ff_tokens())
+        return forced if self._check() else []
 
     def along(self, tokens: list[int] | tuple[int, ...], parents: list[int] | tuple[int, ...]
               ) -> tuple[list[int], dict[int, np.ndarray]]:
         """A drafted tree (node 0: the root, already consumed) walked depth-first: the nodes the grammar allows after
         their parent (a forbidden node's subtree goes with it), in order, and the mask after each kept node's path.
-        The matcher is where it was afterwards."""
+        The walk runs on a copy, so the matcher stays where it was and a limit reached down one drafted path (its
+        node's mask empty, as greedy would find it there) does not end the reply another path continues."""
         children: dict[int, list[int]] = {}
         for i, p in enumerate(parents[1:], 1):
             children.setdefault(p, []).append(i)
         kept, masks = [0], {0: self.mask()}
+        walkers = [self.copy()]
 
-        def visit(node: int) -> None:
+        def visit(node: int, path: list[int]) -> None:
             for child in children.get(node, []):
                 if not masks[node][tokens[child]]:
                     continue
-                self.consume([tokens[child]])
+                walker = walkers[-1]
+                walker.consume([tokens[child]])
                 kept.append(child)
-                masks[child] = self.mask() if not self.done else np.zeros(self.vocab_size, dtype=bool)
-                visit(child)
-                self.rollback(1)
+                masks[child] = walker.mask() if not walker.done else np.zeros(self.vocab_size, dtype=bool)
+                if walker.failure is not None:  # on from a fresh copy where this node's parent is
+                    walkers.append(self.copy())
+                    walkers[-1].consume(path)
+                    continue
+                visit(child, [*path, tokens[child]])
+                walkers[-1].rollback(1)
 
-        visit(0)
+        visit(0, [])
+        self.mask_calls += sum(w.mask_calls for w in walkers) - len(walkers) * self.mask_calls
+        self.mask_s += sum(w.mask_s for w in walkers) - len(walkers) * self.mask_s
         return sorted(kept), masks
 
 
@@ -301,10 +374,11 @@ def constrain_draft(constraint: Matcher, proposal: DraftTree, decided: list[int]
 
 def decide(constraint: Matcher, tokens: list[int], room: int) -> list[int]:
     """The matcher takes newly decided tokens; returns what the grammar forces after them (consumed too), as many as
-    `room` (KV positions left for the chain that will run them after the root; the rest are forced again later)."""
+    `room` (KV positions left for the chain that will run them after the root; the rest are forced again later).
+    Nothing once the matcher has failed (a limit reached on the way: the reply ends here)."""
     constraint.consume([t for t in tokens if t != NO_TOKEN])
-    if constraint.done or NO_TOKEN in tokens:
+    if constraint.done or NO_TOKEN in tokens or constraint.failure is not None:
         return []
     forced = constraint.forced()[: max(0, room)]
     constraint.consume(forced)
-    return forced
+    return forced if constraint.failure is None else []

@@ -67,6 +67,7 @@ class GenerationStats:
     prefill_s: float = 0.0  # time to first token
     decode_s: float = 0.0
     finish_reason: str = ""  # "eos" | "length" | "capacity" | "constraint" (the grammar allowed no token)
+    constraint_error: str = ""  # why the grammar allowed none: the grammar engine's limit or error ("" if none)
     accept_lengths: list[int] = field(default_factory=list)  # tokens gained per verify step
     tree_sizes: list[int] = field(default_factory=list)  # T verified per step
     draft_sizes: list[int] = field(default_factory=list)  # nodes the drafter proposed per step
@@ -220,8 +221,6 @@ class Reply:
     def __post_init__(self) -> None:
         if not self.prompt or self.max_new_tokens < 1:
             raise ValueError("a reply needs a non-empty prompt and max_new_tokens >= 1")
-        if self.rules is not None and self.constraint is not None:
-            raise ValueError("a reply takes logit rules or a constraint, not both")
         self.context = [*self.history, *self.prompt]
         self.rng = np.random.default_rng(self.sampling.seed) if self.sampling is not None else None
         self.generation.stats.prompt_tokens = len(self.prompt)
@@ -235,15 +234,22 @@ class Reply:
         """The token after `node` of a call: the grammar's choice (argmax or draw among what it allows), the logit
         rules' (its log-probability kept), a draw, or the graph's argmax."""
         logits = out.logits[node]
-        if self.constraint is not None:
+        if self.constraint is not None and self.rules is None:
             return choose(logits, self.constraint.mask(), self.sampling, self.rng, self.context)
         if self.rules is not None:
             z = apply(logits, self.rules, self.context[len(self.history) + len(self.prompt):])
+            if self.constraint is not None:  # the rules, then the grammar: the constrained distribution
+                allowed = self.constraint.mask()
+                if not allowed.any():
+                    self.logprob = None
+                    return NO_TOKEN
+                z = np.where(allowed[: z.shape[-1]], z, -np.inf)
             if self.sampling is not None:
                 assert self.rng is not None
                 token = sample_next(z, self.sampling, self.rng, self.context)
             else:
-                token = int(np.argmax(z)) if self.rules.changes_logits else int(out.next_token_ids[node])
+                changed = self.rules.changes_logits or self.constraint is not None
+                token = int(np.argmax(z)) if changed else int(out.next_token_ids[node])
             self.logprob = token_logprob(z, token, self.rules.logprobs) if self.rules.logprobs is not None else None
             return token
         if self.sampling is not None:
@@ -308,7 +314,9 @@ class Reply:
 
     def _decide(self, tokens: list[int], room: int) -> list[int]:
         if self.constraint is not None:
-            self.forced = decide(self.constraint, tokens, room)
+            # with logit rules every token is a model step's, so each has its log-probability (one under the
+            # grammar where it allows one token)
+            self.forced = decide(self.constraint, tokens, 0 if self.rules is not None else room)
             self.generation.stats.forced_tokens += len(self.forced)
             tokens = [t for t in tokens if t != NO_TOKEN] + self.forced
         self.context.extend(tokens)
@@ -326,7 +334,8 @@ class Reply:
                 return self._finish("eos")
             if len(ids) >= self.max_new_tokens:
                 return self._finish("length")
-        if self.constraint is not None and (self.constraint.done or self.root == NO_TOKEN):  # complete, or stuck
+        if self.constraint is not None and (self.constraint.done or self.root == NO_TOKEN
+                                            or self.constraint.failure is not None):  # complete, stuck or failed
             return self._finish("eos" if self.constraint.done else "constraint")
         return self._finish("capacity") if full else ""
 
@@ -337,6 +346,7 @@ class Reply:
         stats.decode_s = time.perf_counter() - self.started - stats.prefill_s
         if self.constraint is not None:
             stats.mask_s = self.constraint.mask_s
+            stats.constraint_error = self.constraint.failure or ""
         return reason
 
 

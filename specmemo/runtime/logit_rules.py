@@ -7,9 +7,10 @@ them: the penalties over the tokens generated so far (not the prompt), OpenAI's 
     z[t] -= frequency_penalty · count(t) + presence_penalty · [count(t) > 0]
 
 then z[t] += logit_bias[t]. Log-probabilities are log_softmax of those logits (the distribution the
-choice is made from, before temperature). A request with rules or log-probabilities decodes one token
-a step (runtime/pool.py gives its row no drafter): a drafted tree's nodes would each need the rules
-applied along their own path, which the verify's argmax does not do.
+choice is made from, before temperature); under a constraint (runtime/constraint.py) the grammar's mask comes last,
+so they are the constrained distribution's, as llama-server and vLLM report them. A request with rules or
+log-probabilities decodes one token a step (runtime/pool.py gives its row no drafter): a drafted tree's nodes would
+each need the rules applied along their own path, which the verify's argmax does not do.
 """
 
 from __future__ import annotations
@@ -80,8 +81,10 @@ def log_softmax(z: np.ndarray) -> np.ndarray:
 
 
 def token_logprob(z: np.ndarray, token: int, top: int) -> TokenLogprob:
-    """The chosen `token`'s log-probability under logits `z` [V], and the `top` most likely tokens'."""
+    """The chosen `token`'s log-probability under logits `z` [V], and the `top` most likely tokens' (fewer where
+    fewer are possible: a grammar's -inf is no alternative, and not a number JSON can carry)."""
     logp = log_softmax(z)
     best = np.argpartition(-logp, top - 1)[:top] if top else np.empty(0, np.int64)
     best = best[np.argsort(-logp[best], kind="stable")]
+    best = best[np.isfinite(logp[best])]
     return TokenLogprob(token, float(logp[token]), tuple((int(t), float(logp[t])) for t in best))

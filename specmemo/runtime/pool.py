@@ -58,8 +58,6 @@ class Request:
     def __post_init__(self) -> None:
         if not self.prompt or self.max_new_tokens < 1:
             raise ValueError("a request needs a non-empty prompt and max_new_tokens >= 1")
-        if self.rules is not None and self.constraint is not None:
-            raise ValueError("a request takes logit rules or a constraint, not both")
 
 
 @dataclass(frozen=True)

@@ -269,10 +269,6 @@ def check_chat(request: ChatRequest, limits: Limits) -> None:
                                                                shape.json_schema.schema_ is None):
         raise BadRequest("response_format.json_schema.schema: give the JSON schema the reply must follow",
                          param="response_format")
-    if shape is not None and shape.type != "text" and (request.presence_penalty or request.frequency_penalty
-                                                       or request.logit_bias or request.logprobs):
-        raise BadRequest("response_format with penalties, logit_bias or logprobs is not supported: send one or the "
-                         "other", param="response_format")
     if request.tool_choice is not None and request.tools is None:
         raise BadRequest("tool_choice needs tools: send the functions to choose from", param="tool_choice")
     if request.tools is not None and shape is not None and shape.type != "text" and request.tool_choice != "none":

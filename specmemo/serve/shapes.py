@@ -30,10 +30,6 @@ def matcher_of(body: ChatRequest | CompletionRequest, calling: ToolRequest | Non
     call it off the event loop)."""
     shape = body.response_format if isinstance(body, ChatRequest) else None
     required = calling.constraint if calling is not None else None
-    if required is not None and (body.presence_penalty or body.frequency_penalty or body.bias
-                                 or body.logprob_top is not None):
-        raise BadRequest("a required tool call with penalties, logit_bias or logprobs is not supported: send one "
-                         "or the other", param="tool_choice")
     if required is None and (shape is None or shape.type == "text"):
         return None
     try:

@@ -152,7 +152,11 @@ class PoolWorker:
             if update.tokens:
                 job.send("tokens", (list(update.tokens), list(update.logprobs)))
             if update.finished:  # remembered first: a client that asks again at once drafts from this reply
-                self._remember(job.request, self.pool.completed.get(update.row))
+                generation = self.pool.completed.get(update.row)
+                if generation is not None and generation.stats.constraint_error:
+                    LOG.warning("a constrained reply ended after %d tokens (finish reason constraint): %s",
+                                len(generation.token_ids), generation.stats.constraint_error)
+                self._remember(job.request, generation)
                 job.send("done", update.finish_reason)
                 del self._jobs[update.row]
                 self.counters.completed += 1
