@@ -414,3 +414,33 @@ def test_serve_takes_the_sampling_fields_with_response_format_and_ends_a_reply_a
         assert server.health()["status"] == "ok" and server.health()["failed"] == 0
     finally:
         server.stop()
+
+
+def test_the_structured_fuzz_finds_no_bad_answer_through_serve_the_api_and_the_cli(artifact, tmp_path):
+    """A seeded slice of `bench fuzz --structured`: every generated schema or tool list answered by a one-line
+    refusal, a reply that parses and validates (jsonschema), or one ended with a stated finish reason."""
+    import random
+
+    from test_serve import Server
+
+    from specmemo import open_model
+    from specmemo.bench import fuzz_structured as fs
+    from specmemo.cli import main
+
+    rng = random.Random(7)
+    server = Server(artifact.folder, batch=2, max_queue=8)
+    try:
+        served = fs.through_serve(server.url, "tiny", [fs.case(rng) for _ in range(36)], max_tokens=24, seconds=300,
+                                  clients=2, log=lambda _: None)
+        assert server.health()["failed"] == 0 and not server.served.errors
+    finally:
+        server.stop()
+    model = open_model(artifact.folder, temperature=0, capacity=256)
+    api = fs.through_api(model, [fs.case(rng) for _ in range(12)], max_tokens=24, seconds=300)
+    cli = fs.through_cli(main, str(artifact.folder), [fs.case(rng) for _ in range(3)], max_tokens=16, seconds=300,
+                         workdir=tmp_path)
+    for tally in (served, api, cli):
+        assert not tally.outcomes.get("bad"), tally.bad
+    assert served.outcomes.get("refused") and served.outcomes.get("valid", 0) + served.outcomes.get("ended", 0)
+    assert fs.judge_content({"type": "integer"}, '"x"') == "$: 'x' is not of type 'integer'"
+    assert fs.judge_content({"type": "object"}, "{").startswith("not JSON")

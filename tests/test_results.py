@@ -16,7 +16,8 @@ from specmemo.bench import results
 
 ROOT = Path(__file__).resolve().parents[1]
 # files written for a peer or a probe to read, not results: GenAI's genai_config.json, vLLM's job, fuzz inputs
-NOT_RESULTS = {"peers.py", "vllm.py", "fuzz_cli.py", "optimum.py", "optimum_worker.py",  # job files to a worker
+NOT_RESULTS = {"peers.py", "vllm.py", "fuzz_cli.py", "fuzz_structured.py", "optimum.py",  # job files to a worker
+               "optimum_worker.py",
                "sessions.py",  # a cache of greedy transcripts, not a result
                "arm_resume.py"}  # emulated steps filed to resume a run, not a result
 

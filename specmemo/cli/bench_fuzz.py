@@ -32,6 +32,16 @@ def add_fuzz_parser(bench) -> None:
     b.add_argument("--invocations", type=positive, default=1000)
     b.add_argument("--seconds", type=positive, default=900, help="time limit of each fuzz")
     b.add_argument("--seed", type=int, default=0)
+    b.add_argument("--structured", action="store_true",
+                   help="instead: generated JSON schemas and tool lists (JSONSchemaBench's kinds: nesting, $ref and "
+                        "recursion, anyOf/oneOf/allOf, enums, patterns and formats, bounds, additionalProperties, "
+                        "huge, empty, invalid) through serve (--schemas), the Python API (--api-schemas) and the CLI "
+                        "(--cli-schemas); each answer a one-line 4xx/error, a reply that parses and validates "
+                        "(jsonschema), or one ended with a stated finish reason")
+    b.add_argument("--schemas", type=positive, default=2000, help="--structured: requests through serve")
+    b.add_argument("--api-schemas", type=positive, default=300, help="--structured: calls of Model.generate")
+    b.add_argument("--cli-schemas", type=positive, default=300, help="--structured: runs of `specmemo generate`")
+    b.add_argument("--max-tokens", type=positive, default=64, help="--structured: each reply's limit")
     b.add_argument("--out", type=Path, default=run_folder("bench-fuzz"))
     b.set_defaults(handler=cmd_bench_fuzz)
 
@@ -46,6 +56,8 @@ def cmd_bench_fuzz(args: argparse.Namespace) -> int:
     from specmemo.serve.build import ServeConfig
     from specmemo.serve.limits import Limits
 
+    if args.structured:
+        return cmd_structured(args)
     manifest = load_manifest(args.artifact)
     manifest.batch_graph(args.batch)
     limits = Limits(max_body_bytes=64 << 10, max_tokens=8)
@@ -74,4 +86,55 @@ def cmd_bench_fuzz(args: argparse.Namespace) -> int:
         print(f"  bad: {example}")
     print(f"wrote {write_json(args.out / 'summary.json', summary, threads=DEFAULT_THREADS)}")
     clean = (not served.server_errors and not cli.failures and served.next_ok and abs(served.rss_change) <= 0.05)
+    return 0 if clean else 1
+
+
+def cmd_structured(args: argparse.Namespace) -> int:
+    import random
+    import tempfile
+
+    from specmemo import open_model
+    from specmemo.bench import fuzz_structured as fs
+    from specmemo.bench.serve_load import InProcessServer
+    from specmemo.console import log_stderr
+    from specmemo.runtime.manifest import load_manifest
+    from specmemo.serve.build import ServeConfig
+
+    manifest = load_manifest(args.artifact)
+    manifest.batch_graph(args.batch)
+    rng = random.Random(args.seed)
+    cases = [fs.case(rng) for _ in range(args.schemas)]
+    config = ServeConfig(artifact=args.artifact, batch=args.batch, capacity=min(512, manifest.max_capacity),
+                         max_queue=4 * args.batch, model_name="fuzz")
+    log_stderr(f"{len(cases)} schemas and tool lists through serve ({args.batch} rows, {args.max_tokens} tokens a "
+               f"reply) ...")
+    server = InProcessServer(config)
+    try:
+        served = fs.through_serve(server.url, "fuzz", cases, max_tokens=args.max_tokens, seconds=args.seconds,
+                                  clients=args.batch, log=log_stderr)
+        unhandled, health = list(server.served.errors), server.served.worker.health()
+    finally:
+        server.stop()
+    log_stderr(f"{args.api_schemas} through Model.generate ...")
+    model = open_model(args.artifact, temperature=0, capacity=min(512, manifest.max_capacity))
+    api = fs.through_api(model, [fs.case(rng) for _ in range(args.api_schemas)], max_tokens=args.max_tokens,
+                         seconds=args.seconds)
+    del model
+    log_stderr(f"{args.cli_schemas} runs of specmemo generate --json-schema ...")
+    with tempfile.TemporaryDirectory(prefix="specmemo-structured-fuzz-") as workdir:
+        schema_cases: list[fs.Case] = []
+        while len(schema_cases) < args.cli_schemas:
+            made = fs.case(rng)
+            if made.tools is None:
+                schema_cases.append(made)
+        cli = fs.through_cli(args.program.main, str(args.artifact), schema_cases, max_tokens=args.max_tokens,
+                             seconds=args.seconds, workdir=Path(workdir))
+    tallies = [served, api, cli]
+    print(fs.table(tallies))
+    print(f"server after: {health['failed']} failed, {len(unhandled)} unhandled errors, status {health['status']}")
+    summary = {"seed": args.seed, "artifact": str(args.artifact), "max_tokens": args.max_tokens,
+               "routes": [t.summary() for t in tallies], "server_unhandled": unhandled[:5],
+               "server_failed": health["failed"]}
+    print(f"wrote {write_json(args.out / 'structured.json', summary, threads=DEFAULT_THREADS)}")
+    clean = all(not t.outcomes.get("bad") for t in tallies) and not unhandled and not health["failed"]
     return 0 if clean else 1
