@@ -221,3 +221,20 @@ def browser_refusal(artifact: Path, tmp_path: Path, *, budget_mib: float) -> dic
                           env={**os.environ, "PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD": "1"})
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout)
+
+
+@pytest.mark.real_model
+def test_the_page_replies_in_json_as_the_python_runtime_does(smollm2_artifact, tmp_path):
+    """?format=json (the page's "reply: JSON"): SmolLM2-135M's reply in Chromium is a JSON object, token for token
+    the Python runtime's under `--json-object` (xgrammar's WebAssembly build in the page, llguidance in Python)."""
+    from specmemo import open_model
+
+    require_web()
+    prompt = "Describe a cat as JSON."
+    expected = open_model(smollm2_artifact, mode="greedy", temperature=0).generate(prompt, schema={"type": "object"},
+                                                                                   max_new_tokens=48)
+    assert expected.finish_reason == "eos"
+    (reply,) = browser(smollm2_artifact, [prompt], screenshot_path(tmp_path, "web-json"), "--format", "json",
+                       mode="greedy", max_new_tokens=48)
+    assert reply["ids"] == expected.token_ids and reply["text"] == expected.text
+    assert isinstance(json.loads(reply["text"]), dict) and "eos" in reply["stats"]

@@ -289,6 +289,8 @@ export default function App() {
         mode,
         modelFormat: format,
         recall: remember ? { file: new RecallFileOnPhone(artifact.name), digest } : undefined,
+        // no `grammar`: structured output (JSON replies) needs xgrammar's WebAssembly build, and Hermes has no
+        // WebAssembly; the engine answers a constrained request with a one-line error saying so
         log: write,
       });
       write('ready');

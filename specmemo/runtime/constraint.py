@@ -49,7 +49,7 @@ class GrammarLimits:
 
     source_bytes: int = 1 << 20  # a schema, regex or grammar longer than this is refused, not compiled
     grammar_symbols: int = 500_000  # symbols in the compiled grammar's productions
-    items_in_row: int = 2_000  # alternatives of one production (enums, anyOf lists)
+    items_in_row: int = 10_000  # Earley items in one row: an object's optional properties take about four each
     initial_lexer_fuel: int = 1_000_000  # building the lexer's regexes, once: about 20 ms
     step_lexer_fuel: int = 200_000  # one mask's lexing: about 15 ms
     step_items: int = 50_000  # Earley items one token's parse may create

@@ -87,6 +87,7 @@ export class OrtBackend {
     const chunk = lastOnly ? s.rows : s.logitRows;
     const ids: number[] = [];
     const hidden: Float32Array[] = [];
+    const logits: Float32Array[] = [];
     let out: Forward | null = null;
     for (let start = 0; start < size; start += chunk) {
       const part = tokens.slice(start, start + chunk);
@@ -94,12 +95,11 @@ export class OrtBackend {
       if (!lastOnly) {
         ids.push(...out.nextTokenIds);
         hidden.push(out.hiddenStates.slice());
+        if (out.logits !== undefined) logits.push(out.logits);
       }
     }
     if (lastOnly) return out!;
-    const all = new Float32Array(hidden.reduce((n, x) => n + x.length, 0));
-    hidden.reduce((at, x) => { all.set(x, at); return at + x.length; }, 0);
-    return { nextTokenIds: ids, hiddenStates: all };
+    return { nextTokenIds: ids, hiddenStates: concat(hidden), ...(this.withLogits ? { logits: concat(logits) } : {}) };
   }
 
   private tree(parents: readonly number[]): [number[], Float32Array] {
@@ -172,4 +172,10 @@ export class OrtBackend {
   reset(): void {
     this.session.rewind(0);
   }
+}
+
+function concat(parts: readonly Float32Array[]): Float32Array {
+  const all = new Float32Array(parts.reduce((n, x) => n + x.length, 0));
+  parts.reduce((at, x) => { all.set(x, at); return at + x.length; }, 0);
+  return all;
 }

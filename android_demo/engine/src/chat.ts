@@ -11,6 +11,7 @@
  *               to hold the prompt and the streamed tokens.
  */
 
+import type { ConstraintSpec } from './constraint';
 import { GenerationStats, WidthPolicy } from './decode';
 import { Engine } from './engine';
 import { ContextOverflowError } from './errors';
@@ -35,6 +36,7 @@ export interface Reply {
 export interface SendOptions {
   onToken?: (id: number, textSoFar: string) => void;
   signal?: AbortSignal;
+  constraint?: ConstraintSpec; // the reply is JSON (a schema, any object) or one of some strings: constraint.ts
 }
 
 export function commonPrefix(a: readonly number[], b: readonly number[]): number {
@@ -97,7 +99,7 @@ export class ChatSession {
     const tokenizer = this.engine.tokenizer;
     const streamed: number[] = [];
     const result = await this.engine.generate(prompt, {
-      maxNewTokens: this.maxNewTokens, cached: keep, policy: this.policy, signal: options.signal,
+      maxNewTokens: this.maxNewTokens, cached: keep, policy: this.policy, signal: options.signal, constraint: options.constraint,
       onToken: (id) => {
         streamed.push(id);
         if (options.onToken) options.onToken(id, tokenizer.decode(streamed.filter((t) => !tokenizer.eosTokenIds.has(t))));

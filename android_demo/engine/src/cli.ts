@@ -11,9 +11,10 @@ import * as ort from 'onnxruntime-node';
 
 import { parseRoute } from './backend';
 import { ChatSession } from './chat';
+import { ConstraintSpec } from './constraint';
 import { Mode, openEngine } from './engine';
 import { ModelFormat } from './manifest';
-import { FolderSource, RecallFileOnDisk } from './node';
+import { FolderSource, RecallFileOnDisk, loadXGrammar } from './node';
 import { SHARED } from './shared';
 
 const UNITS: Record<string, number> = { '': 1, b: 1, kib: 2 ** 10, mib: 2 ** 20, gib: 2 ** 30, kb: 1e3, mb: 1e6, gb: 1e9 };
@@ -52,6 +53,10 @@ options:
   --recall-budget SIZE  the store's memory, e.g. 8MiB (default), 512KiB or bytes
   --forget              empty the --recall store before starting
   --recall-add FILE     add a text file to the store first (a project's source); repeat for several
+  --json-schema FILE    the reply is compact JSON valid against this JSON schema (generate; as
+                        \`specmemo generate --json-schema\`: xgrammar here, llguidance in Python)
+  --json-object         the reply is a JSON object (generate)
+  --choice TEXT         the reply is one of these strings (generate; repeat it)
   --ignore-eos          keep generating past end-of-turn (for measurements)
   --json                print JSON: text, token_ids, stats (as \`specmemo generate --json\`)
   -h, --help            this text`;
@@ -65,7 +70,8 @@ async function main(): Promise<number> {
       drafter: { type: 'string' }, capacity: { type: 'string' }, threads: { type: 'string', default: String(SHARED.threads) },
       'model-format': { type: 'string', default: 'onnx' }, route: { type: 'string' }, 'ignore-eos': { type: 'boolean', default: false },
       recall: { type: 'string' }, 'recall-budget': { type: 'string' }, forget: { type: 'boolean', default: false },
-      'recall-add': { type: 'string', multiple: true },
+      'recall-add': { type: 'string', multiple: true }, 'json-schema': { type: 'string' },
+      'json-object': { type: 'boolean', default: false }, choice: { type: 'string', multiple: true },
       json: { type: 'boolean', default: false }, help: { type: 'boolean', short: 'h', default: false },
     },
   });
@@ -83,12 +89,20 @@ async function main(): Promise<number> {
   }
   const recall = values.recall === undefined ? undefined
     : { file: new RecallFileOnDisk(values.recall), budget: values['recall-budget'] === undefined ? undefined : parseSize(values['recall-budget']) };
+  const constraints = [values['json-schema'] !== undefined, values['json-object'], (values.choice ?? []).length > 0];
+  if (constraints.filter(Boolean).length > 1) throw new Error('give one of --json-schema, --json-object and --choice');
+  const constraint: ConstraintSpec | undefined = values['json-schema'] !== undefined
+    ? { kind: 'json_schema', schema: await readFile(values['json-schema'], 'utf-8').catch((err: NodeJS.ErrnoException) => {
+      throw new Error(`--json-schema ${values['json-schema']}: ${err.code === 'ENOENT' ? 'no such file' : err.message}`);
+    }) }
+    : values['json-object'] ? { kind: 'json_object' } : values.choice?.length ? { kind: 'choice', choices: values.choice } : undefined;
   const source = new FolderSource(values.artifact);
   const engine = await openEngine({
     ort, source, mode: values.mode as Mode, drafter: values.drafter, threads: Number(values.threads),
     route: values.route === undefined ? undefined : parseRoute(values.route),
     capacity: values.capacity === undefined ? undefined : Number(values.capacity),
     modelFormat: values['model-format'] as ModelFormat, log: (line) => process.stderr.write(`${line}\n`), recall,
+    grammar: constraint === undefined ? undefined : loadXGrammar(),
   });
   try {
     if (values.forget) await engine.forget();
@@ -99,7 +113,7 @@ async function main(): Promise<number> {
         { role: 'user' as const, content: values.prompt }];
       const ids = engine.tokenizer.encodeChat(messages);
       const result = await engine.generate(ids, {
-        maxNewTokens, ignoreEos: values['ignore-eos'],
+        maxNewTokens, ignoreEos: values['ignore-eos'], constraint,
         onToken: values.json ? undefined : (id) => process.stdout.write(engine.tokenizer.decode([id])),
       });
       const text = engine.tokenizer.decode(result.tokenIds.filter((t) => !engine.tokenizer.eosTokenIds.has(t)));

@@ -14,11 +14,14 @@
  * Plain greedy decoding is the same loop with one-node trees. Greedy speculative output is token-
  * identical to plain greedy whatever the drafter proposes: every emitted token is the base model's
  * argmax after its prefix. A `Reply` carries one reply from step to step (first → [propose → verify →
- * accept → commit → advance → emit]), as runtime/decode.py's does; sampling, grammars and logit rules
- * are Python's alone for now.
+ * accept → commit → advance → emit]), as runtime/decode.py's does. Under a constraint (constraint.ts) every
+ * row's choice is the argmax among the tokens the grammar allows, drafted nodes it forbids are pruned before the
+ * call, and tokens it forces are decided without a step of their own (the next call runs them as a chain), so
+ * constrained output is constrained greedy's either way. Sampling and logit rules are Python's alone for now.
  */
 
 import { Forward, OrtBackend } from './backend';
+import { Matcher, NO_TOKEN, chooseMasked, keep } from './constraint';
 import { DraftTree, Drafter } from './drafters/draft';
 import { chain } from './tree';
 
@@ -46,7 +49,7 @@ export interface GenerationStats {
   steps: number; // decoder calls after prefill, + 1 for the prefill
   prefillMs: number; // time to first token
   decodeMs: number;
-  finishReason: string; // eos | length | capacity | interrupted
+  finishReason: string; // eos | length | capacity | interrupted | constraint (the grammar allowed no token)
   acceptLengths: number[]; // tokens gained per verify step
   treeSizes: number[]; // T verified per step
   draftSizes: number[];
@@ -54,6 +57,8 @@ export interface GenerationStats {
   kvUsed: number[]; // committed KV positions after each step
   decodeTokensPerS: number;
   meanAccepted: number;
+  forcedTokens: number; // tokens a constraint forced (decided without a model step of their own)
+  prunedNodes: number; // drafted nodes a constraint forbade (cut before the verify)
 }
 
 export interface Generation {
@@ -113,19 +118,25 @@ export interface GenerateOptions {
   policy?: WidthPolicy | null;
   chainsOnly?: boolean; // verify only the draft's best path (manifest.draft_shape "chain")
   signal?: AbortSignal; // stop between steps; what was emitted stays
+  constraint?: Matcher | null; // a fresh matcher the reply must satisfy (constraint.ts); the backend fetches logits
 }
 
 function newStats(promptTokens: number): GenerationStats {
   return {
     promptTokens, newTokens: 0, steps: 0, prefillMs: 0, decodeMs: 0, finishReason: '', acceptLengths: [], treeSizes: [],
-    draftSizes: [], draftMs: 0, kvUsed: [], decodeTokensPerS: 0, meanAccepted: 0,
+    draftSizes: [], draftMs: 0, kvUsed: [], decodeTokensPerS: 0, meanAccepted: 0, forcedTokens: 0, prunedNodes: 0,
   };
 }
 
-/** A step's tree as the call runs it, and the time its draft took. */
+/**
+ * A step's tree as the call runs it, and the time its draft took; under a constraint its first `decided` nodes are
+ * the root and the tokens the grammar forced after it, and `masks` the allowed tokens after each node.
+ */
 export interface Verify {
   tree: DraftTree;
   draftMs: number;
+  decided?: number;
+  masks?: Map<number, Uint8Array>;
 }
 
 /**
@@ -136,39 +147,75 @@ export class Reply {
   readonly generation: Generation;
   readonly context: number[]; // every decided token: the drafters read it
   step: Step | null = null; // the last call's root and hidden state
+  forced: number[] = []; // tokens a grammar forced after the root, not yet run
   private readonly started = performance.now();
+  private readonly constraint: Matcher | null;
 
   constructor(prompt: readonly number[], private readonly options: GenerateOptions, private readonly drafter: Drafter | null) {
     this.generation = { tokenIds: [], stats: newStats(prompt.length) };
     this.context = [...(options.history ?? []), ...prompt];
+    this.constraint = options.constraint ?? null;
   }
 
-  /** After the prompt's last chunk: the first token. */
-  first(out: Forward, hiddenSize: number): number[] {
-    this.step = stepAt(out, out.nextTokenIds.length - 1, hiddenSize);
+  /** After the prompt's last chunk: the first token, and the tokens a grammar forces after it (up to `room`). */
+  async first(out: Forward, hiddenSize: number, room = Infinity): Promise<number[]> {
+    const last = out.nextTokenIds.length - 1;
+    this.step = stepAt(out, last, hiddenSize);
+    if (this.constraint !== null) this.step = { ...this.step, root: chooseMasked(logitsOf(out), last, await this.constraint.mask()) };
     this.generation.stats.prefillMs = performance.now() - this.started;
     this.generation.stats.steps = 1;
-    return this.decide([this.step.root]);
+    return this.decide([this.step.root], room);
   }
 
-  /** The step's tree of at most `budget` nodes: the drafter's, or the root alone. */
+  /**
+   * The step's tree of at most `budget` nodes: the drafter's or the root alone; under a constraint, pruned to what
+   * the grammar allows, or after forced tokens their chain alone (drafters here read the root's hidden state).
+   */
   async propose(budget: number): Promise<Verify> {
     const root = this.context[this.context.length - 1];
-    if (budget <= 1 || this.drafter === null || this.step === null) return { tree: DraftTree.rootOnly(root), draftMs: 0 };
-    const drafting = performance.now();
-    let tree = await this.drafter.propose({ tokens: this.context, hidden: this.step.hidden }, budget);
-    if (this.options.chainsOnly) tree = tree.bestPath();
-    return { tree, draftMs: performance.now() - drafting };
+    const c = this.constraint;
+    if (c !== null && this.forced.length > 0) {
+      const decided = [this.step!.root, ...this.forced];
+      return { tree: new DraftTree(decided, decided.map((_, i) => i - 1), decided.map(() => 1)), draftMs: 0,
+        decided: decided.length, masks: new Map([[decided.length - 1, await c.mask()]]) };
+    }
+    let draft = DraftTree.rootOnly(root);
+    let draftMs = 0;
+    if (budget > 1 && this.drafter !== null && this.step !== null) {
+      const drafting = performance.now();
+      draft = await this.drafter.propose({ tokens: this.context, hidden: this.step.hidden }, budget);
+      if (this.options.chainsOnly) draft = draft.bestPath();
+      draftMs = performance.now() - drafting;
+    }
+    if (c === null) return { tree: draft, draftMs };
+    const [kept, masks] = await c.along(draft);
+    this.generation.stats.prunedNodes += draft.size - kept.length;
+    const tree = keep(draft, kept);
+    return { tree, draftMs, decided: 1, masks: new Map(kept.map((old, i) => [i, masks.get(old)!])) };
   }
 
   /** The accepted nodes (root first) of the verified tree and the step it leads to. */
   accept(verify: Verify, out: Forward, hiddenSize: number): [number[], Step] {
-    const path = accept(verify.tree.tokens, verify.tree.parents, out.nextTokenIds);
-    return [path, stepAt(out, path[path.length - 1], hiddenSize)];
+    if (this.constraint === null || verify.masks === undefined) {
+      const path = accept(verify.tree.tokens, verify.tree.parents, out.nextTokenIds);
+      return [path, stepAt(out, path[path.length - 1], hiddenSize)];
+    }
+    const tree = verify.tree;
+    const logits = logitsOf(out);
+    const path = Array.from({ length: verify.decided ?? 1 }, (_, i) => i); // the decided chain, whatever the model says
+    for (;;) {
+      const node = path[path.length - 1];
+      const want = chooseMasked(logits, node, verify.masks.get(node)!);
+      const child = tree.parents.findIndex((p, i) => i > node && p === node && tree.tokens[i] === want);
+      if (child < 0) return [path, { ...stepAt(out, node, hiddenSize), root: want }];
+      path.push(child);
+    }
   }
 
-  /** After the commit: the step's decided tokens (the accepted drafts and the next root) and its stats. */
-  advance(verify: Verify, path: readonly number[], next: Step, drafted: number, length: number): number[] {
+  /** After the commit: the step's decided tokens (the accepted drafts, the next root, what a grammar forces after
+   * it: up to `room`) and its stats. */
+  async advance(verify: Verify, path: readonly number[], next: Step, drafted: number, length: number,
+    room = Infinity): Promise<number[]> {
     this.step = next;
     const stats = this.generation.stats;
     stats.steps += 1;
@@ -177,10 +224,19 @@ export class Reply {
     stats.treeSizes.push(verify.tree.size);
     stats.acceptLengths.push(path.length);
     stats.kvUsed.push(length);
-    return this.decide([...path.slice(1).map((i) => verify.tree.tokens[i]), next.root]);
+    return this.decide([...path.slice(verify.decided ?? 1).map((i) => verify.tree.tokens[i]), next.root], room);
   }
 
-  private decide(tokens: number[]): number[] {
+  private async decide(tokens: number[], room: number): Promise<number[]> {
+    const c = this.constraint;
+    if (c !== null) {
+      const real = tokens.filter((t) => t !== NO_TOKEN);
+      c.consume(real);
+      this.forced = c.done || real.length < tokens.length ? [] : (await c.forced()).slice(0, Math.max(0, room));
+      c.consume(this.forced);
+      this.generation.stats.forcedTokens += this.forced.length;
+      tokens = [...real, ...this.forced];
+    }
     this.context.push(...tokens);
     return tokens;
   }
@@ -195,6 +251,8 @@ export class Reply {
       if (ids.length >= this.options.maxNewTokens) return this.finish('length');
     }
     if (this.options.signal?.aborted) return this.finish('interrupted');
+    const c = this.constraint;
+    if (c !== null && (c.done || this.step?.root === NO_TOKEN)) return this.finish(c.done ? 'eos' : 'constraint');
     return full ? this.finish('capacity') : '';
   }
 
@@ -216,15 +274,32 @@ export async function generate(backend: OrtBackend, prompt: readonly number[], o
   const policy = speculative && options.policy ? options.policy : new FullWidth(speculative ? maxTree : 1);
   const reply = new Reply(prompt, options, speculative ? options.drafter ?? null : null);
   const h = backend.hiddenSize;
-  let decided = reply.first(await runPrompt(backend, prompt), h);
-  while (!reply.emit(decided, backend.length >= backend.capacity)) {
-    const verify = await reply.propose(policy.budget(backend.capacity - backend.length));
-    const verified = { ...verify, tree: verify.tree.prefix(policy.choose(verify.tree, verify.draftMs)) };
-    const out = await backend.forward(verified.tree.tokens, verified.tree.parents);
-    const [path, next] = reply.accept(verified, out, h);
-    backend.commit(path);
-    policy.observe(verify.tree, verified.tree.size, path);
-    decided = reply.advance(verified, path, next, verify.tree.size, backend.length);
+  const fetched = backend.withLogits;
+  backend.withLogits = fetched || (options.constraint ?? null) !== null; // a grammar chooses from the logits
+  try {
+    let decided = await reply.first(await runPrompt(backend, prompt), h, room(backend));
+    while (!reply.emit(decided, backend.length >= backend.capacity)) {
+      const verify = await reply.propose(policy.budget(backend.capacity - backend.length));
+      const size = Math.max(verify.decided ?? 1, policy.choose(verify.tree, verify.draftMs));
+      const verified = { ...verify, tree: verify.tree.prefix(size) };
+      const out = await backend.forward(verified.tree.tokens, verified.tree.parents);
+      const [path, next] = reply.accept(verified, out, h);
+      backend.commit(path);
+      policy.observe(verify.tree, verified.tree.size, path);
+      decided = await reply.advance(verified, path, next, verify.tree.size, backend.length, room(backend));
+    }
+  } finally {
+    backend.withLogits = fetched;
   }
   return reply.generation;
+}
+
+/** KV positions left after the next root for the tokens a grammar forces (the chain that runs them). */
+function room(backend: OrtBackend): number {
+  return backend.capacity - backend.length - 1 - backend.padding;
+}
+
+function logitsOf(out: Forward): Float32Array {
+  if (out.logits === undefined) throw new Error('a constrained reply needs the logits: the backend fetches them (withLogits)');
+  return out.logits;
 }

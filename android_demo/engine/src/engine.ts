@@ -12,6 +12,7 @@
  */
 
 import { OrtBackend, checkFits } from './backend';
+import { ConstraintSpec, GrammarEngine, XGrammar } from './constraint';
 import { Controller, LatencyCurve, measureLatency } from './controller';
 import { FullWidth, Generation, WidthPolicy, generate } from './decode';
 import { Drafter } from './drafters/draft';
@@ -46,6 +47,9 @@ export interface EngineOptions {
   latencyCurve?: LatencyCurve; // skip measuring (auto mode)
   route?: RowRoute; // rows a call runs (the device's, as the Python runtime probes it); default the manifest's
   recall?: RecallOptions; // draft from what was written before (earlier turns and conversations); off unless given
+  // xgrammar's WebAssembly module (@mlc-ai/web-xgrammar; node.ts loadXGrammar): structured output; absent where
+  // there is no WebAssembly (React Native's Hermes), and a constrained request then says so
+  grammar?: XGrammar | (() => Promise<XGrammar>); // the module, or how to load it on the first constrained reply
   log?: (line: string) => void;
 }
 
@@ -74,6 +78,7 @@ export interface GenerateRequest {
   policy?: WidthPolicy | null; // a policy that outlives the reply (chat keeps one controller)
   ignoreEos?: boolean;
   signal?: AbortSignal;
+  constraint?: ConstraintSpec; // the reply is JSON valid against a schema, any JSON object, or one of some strings
 }
 
 const MIB = 2 ** 20;
@@ -102,6 +107,7 @@ export function drafterNames(mode: Mode, spec: string | undefined, m: Manifest):
 export class Engine {
   readonly backend: OrtBackend;
   private curve: LatencyCurve | null;
+  private grammarEngine: Promise<GrammarEngine> | null = null;
 
   constructor(
     readonly options: EngineOptions,
@@ -143,6 +149,8 @@ export class Engine {
       throw new RangeError(`cached=${cached} must be committed (${this.backend.length} rows are) and leave at least one of the ${promptIds.length} prompt tokens to prefill`);
     }
     checkFits(cached, promptIds.length - cached, this.backend.capacity, this.backend.padding);
+    // compiled before the cache is touched: a schema that does not compile is one line and loses nothing
+    const constraint = request.constraint === undefined ? null : await (await this.grammar()).matcher(request.constraint);
     const speculative = mode !== 'greedy';
     if (cached === 0) this.backend.reset();
     else this.backend.rewind(cached);
@@ -156,6 +164,7 @@ export class Engine {
       policy: request.policy !== undefined ? request.policy : await this.policy(mode),
       chainsOnly: this.manifest.draft_shape === 'chain',
       signal: request.signal,
+      constraint,
     }).then(async (out) => {
       if (this.recall !== null) { // the turn's new tokens, for the turns and conversations after it
         this.recall.add([...promptIds.slice(cached), ...out.tokenIds]);
@@ -163,6 +172,18 @@ export class Engine {
       }
       return out;
     });
+  }
+
+  /** The grammar engine over this artifact's tokenizer, made on the first constrained request. */
+  grammar(): Promise<GrammarEngine> {
+    const xgr = this.options.grammar;
+    if (xgr === undefined) {
+      return Promise.reject(new ConfigError('structured output needs the grammar engine (@mlc-ai/web-xgrammar, WebAssembly): open the engine with `grammar` (node.ts loadXGrammar); React Native\'s Hermes has no WebAssembly, so the app has no structured output'));
+    }
+    this.grammarEngine ??= Promise.all([typeof xgr === 'function' ? xgr() : xgr, this.options.source.readText(this.manifest.tokenizer.file)])
+      .then(([module, json]) => GrammarEngine.create(module, json, this.manifest.dims.vocab_size, this.manifest.tokenizer.eos_token_ids, this.tokenizer));
+    this.grammarEngine.catch(() => { this.grammarEngine = null; }); // a failed load is tried again next time
+    return this.grammarEngine;
   }
 
   /** Add `text` (a project's file, an app's own prompts) to the recall store as one document, saved; the tokens added. */

@@ -2,6 +2,8 @@
 
 export { parseRoute } from './backend';
 export { ChatSession } from './chat';
+export { ConstraintError, GrammarEngine, Matcher } from './constraint';
+export type { ConstraintSpec, XGrammar } from './constraint';
 export type { Reply, SendOptions, Turn } from './chat';
 export { Controller, LatencyCurve, measureLatency } from './controller';
 export { accept, generate, prefill, runPrompt, verifyAndCommit, FullWidth } from './decode';

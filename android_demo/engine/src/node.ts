@@ -1,10 +1,12 @@
 /** Node: an artifact folder on disk as an ArtifactSource (graphs opened by path, rows read with pread); a recall
  * store's file, written whole or not at all. */
 
-import { closeSync, openSync, readSync } from 'node:fs';
+import { closeSync, openSync, readFileSync, readSync } from 'node:fs';
+import Module from 'node:module';
 import { mkdir, open, readFile, rename } from 'node:fs/promises';
 import { basename, dirname, join, resolve } from 'node:path';
 
+import type { XGrammar } from './constraint';
 import { RecallFile } from './recallStore';
 import { ArtifactSource, GraphInput } from './source';
 
@@ -79,4 +81,18 @@ export class RecallFileOnDisk implements RecallFile {
     }
     await rename(partial, this.where);
   }
+}
+
+/**
+ * xgrammar's WebAssembly build for Node (structured output: constraint.ts). Its package says `"type": "module"` but
+ * ships a UMD bundle that calls `require`, which Node's ES-module loader refuses: it is compiled here as the
+ * CommonJS module it is.
+ */
+export function loadXGrammar(): XGrammar {
+  const file = require.resolve('@mlc-ai/web-xgrammar/lib/index.js');
+  const loaded = new Module(file, module);
+  loaded.filename = file;
+  loaded.paths = (Module as unknown as { _nodeModulePaths(dir: string): string[] })._nodeModulePaths(dirname(file));
+  (loaded as unknown as { _compile(code: string, file: string): void })._compile(readFileSync(file, 'utf-8'), file);
+  return loaded.exports as XGrammar;
 }

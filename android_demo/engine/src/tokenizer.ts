@@ -45,6 +45,11 @@ export class ChatTokenizer {
     return this.info.add_bos_token && bos !== null && ids[0] !== bos ? [bos, ...ids] : ids;
   }
 
+  /** `text` as the tokenizer splits it, nothing added (a grammar's forced text). */
+  encodeRaw(text: string): number[] {
+    return this.tokenizer.encode(text, { add_special_tokens: false }).ids;
+  }
+
   encodeChat(messages: readonly Message[]): number[] {
     return this.encode(this.render(messages));
   }

@@ -12,11 +12,11 @@
  * store after opening and after each reply ("null" with recall off).
  */
 import * as ort from 'onnxruntime-web/wasm';
-import { ChatSession, openEngine, type Engine, type Mode, type Reply } from '@specmemo/engine';
+import { ChatSession, openEngine, type Engine, type Mode, type Reply, type XGrammar } from '@specmemo/engine';
 
 import { allocationMessage, budgetBytes, planSource, type PagePlan } from './memory';
 import { forThePage } from './ortSessions';
-import { intParam, modelFormat, params, recallBudget } from './params';
+import { intParam, modelFormat, params, recallBudget, replyFormat } from './params';
 import { PickedFolderSource, UrlSource, type Progress } from './sources';
 
 import { CurveStore } from './curves';
@@ -34,6 +34,7 @@ function $<T extends HTMLElement>(id: string): T {
 const ui = {
   folder: $<HTMLInputElement>('folder'),
   mode: $<HTMLSelectElement>('mode'),
+  format: $<HTMLSelectElement>('format'),
   maxNewTokens: $<HTMLInputElement>('max-new-tokens'),
   status: $('status'),
   progress: $<HTMLProgressElement>('progress'),
@@ -55,6 +56,7 @@ const ui = {
 
 /** The controls' values from the URL (bad values are reported like any other error). */
 function applyParams(): void {
+  ui.format.value = replyFormat();
   const mode = params.get('mode');
   if (mode !== null) {
     if (!MODES.includes(mode as Mode)) throw new Error(`?mode=${mode}: use one of ${MODES.join(', ')}`);
@@ -270,6 +272,7 @@ async function open(makeSource: () => PickedFolderSource | UrlSource): Promise<v
       modelFormat: modelFormat(),
       threads,
       latencyCurve,
+      grammar: loadGrammar,
       recall: recall === null ? undefined : { file: new RecallFileInIndexedDB(opened.where), budget: recall },
       log: (line) => {
         logLine(line);
@@ -315,6 +318,7 @@ async function send(text: string): Promise<void> {
   try {
     const reply = await session.send(text, {
       signal: generation.signal,
+      constraint: ui.format.value === 'json' ? { kind: 'json_object' } : undefined,
       onToken: (_id, soFar) => {
         times.push(performance.now());
         body.textContent = soFar;
@@ -394,4 +398,15 @@ try {
   if (artifact) void open(() => new UrlSource(artifact, progressReporter()));
 } catch (error) {
   showError(error);
+}
+
+/**
+ * xgrammar's WebAssembly build, loaded on the first JSON reply (about 1 MB). Its package is a UMD bundle: as an ES
+ * module it sets `globalThis.xgrammar` rather than exporting.
+ */
+async function loadGrammar(): Promise<XGrammar> {
+  const loaded = (await import('@mlc-ai/web-xgrammar')) as unknown as Partial<XGrammar>;
+  const module = loaded.GrammarCompiler ? loaded : (globalThis as unknown as { xgrammar?: XGrammar }).xgrammar;
+  if (!module?.GrammarCompiler) throw new Error('the grammar engine (@mlc-ai/web-xgrammar) did not load');
+  return module as XGrammar;
 }

@@ -4,7 +4,8 @@
  * model-format=onnx|ort (the .ort graphs of an `export --mobile` artifact), budget=<MiB> (the memory the
  * page may plan into; default a share of navigator.deviceMemory: memory.ts), recall=on (draft from what was
  * written before, in earlier turns and visits: a store in IndexedDB per artifact, recallFile.ts; off by default)
- * and recall-budget=<MiB> (its size, set apart from the budget before the KV cache is fitted; default 8).
+ * and recall-budget=<MiB> (its size, set apart from the budget before the KV cache is fitted; default 8),
+ * format=text|json (json: every reply is a JSON object, by constrained decoding with xgrammar's WebAssembly build).
  * A bad value is an Error naming the parameter and what it takes.
  */
 import { DEFAULT_BUDGET } from '@specmemo/engine';
@@ -35,4 +36,11 @@ export function recallBudget(): number | null {
   const mib = raw === null || raw === '' ? DEFAULT_BUDGET / 2 ** 20 : Number(raw);
   if (!(mib > 0)) throw new Error(`?recall-budget=${raw}: expected a size in MiB above 0, e.g. 8`);
   return recall === 'on' ? Math.floor(mib * 2 ** 20) : null;
+}
+
+/** ?format=json: replies held to a JSON object (constraint.ts); text by default. */
+export function replyFormat(): 'text' | 'json' {
+  const format = params.get('format') ?? 'text';
+  if (format !== 'text' && format !== 'json') throw new Error(`?format=${format}: use text or json`);
+  return format;
 }

@@ -6,7 +6,7 @@
  *   node test/browser.mjs --artifact DIR --message TEXT [--message TEXT ...] --screenshot PNG
  *        [--mode greedy|tree|auto] [--max-new-tokens N] [--threads N] [--no-isolation]
  *        [--stop-after-tokens N] [--pick] [--model-format onnx|ort] [--chromium /usr/bin/chromium] [--timeout SECONDS]
- *        [--new-chat-each] [--visits N] [--budget MIB] [--expect-error] [--recall]
+ *        [--new-chat-each] [--visits N] [--budget MIB] [--expect-error] [--recall] [--format text|json]
  *   node test/browser.mjs --gguf FILE --message TEXT ... --screenshot PNG   # the peer's page (wllama.html)
  *
  * Prints one JSON line per message: {"ids": [...], "text": "...", "state": "...", "interrupted":
@@ -63,6 +63,7 @@ try {
       budget: { type: 'string' },
       'expect-error': { type: 'boolean', default: false },
       recall: { type: 'boolean', default: false },
+      format: { type: 'string' },
     },
   }));
 } catch (error) {
@@ -129,6 +130,7 @@ async function main() {
   if (args['model-format']) query.set('model-format', args['model-format']);
   if (args.budget) query.set('budget', args.budget);
   if (args.recall) query.set('recall', 'on');
+  if (args.format) query.set('format', args.format);
   for (let visit = 1; visit < Number(args.visits); visit++) { // earlier visits: how each loads
     const earlier = await context.newPage();
     const bytes = countModelBytes(earlier);
