@@ -43,6 +43,7 @@ if TYPE_CHECKING:
     from specmemo.runtime.constraint import Constraint
     from specmemo.runtime.decode import GenerationStats
     from specmemo.runtime.engine import Engine
+    from specmemo.runtime.logit_rules import TokenLogprob
     from specmemo.runtime.plan import Plan
     from specmemo.runtime.pool import SequencePool
     from specmemo.runtime.tokenizer import Message
@@ -59,6 +60,7 @@ class Completion:
     token_ids: list[int]  # the generated ids, the stop token included
     stats: GenerationStats  # tokens, steps, accepted tokens per step, timings
     tool_calls: tuple[ToolCall, ...] = ()  # the functions the reply calls (generate's tools=), read back
+    logprobs: tuple[TokenLogprob, ...] = ()  # one per token where generate's logprobs= asked (top alternatives too)
 
     @property
     def finish_reason(self) -> str:
@@ -89,6 +91,17 @@ def constraint_of(*, schema: dict[str, Any] | str | None = None, regex: str | No
     return Constraint(ConstraintKind.JSON_OBJECT, field="json_object") if json_object else None
 
 
+def rules_of(logprobs: int | None, logit_bias: dict[int, float] | None, presence_penalty: float,
+             frequency_penalty: float) -> Any:
+    """The logit rules generate's keywords name (None for none; one-line errors for values out of range)."""
+    from specmemo.runtime.logit_rules import LogitRules
+
+    if logprobs is None and not logit_bias and not presence_penalty and not frequency_penalty:
+        return None
+    return LogitRules(presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
+                      logit_bias=tuple((int(t), float(b)) for t, b in (logit_bias or {}).items()), logprobs=logprobs)
+
+
 class Model:
     """An artifact opened for generation: one sequence, its arena sized by the plan. Not thread-safe: one
     generation at a time (`open_batch` serves many)."""
@@ -106,15 +119,19 @@ class Model:
                  on_text: Callable[[str], None] | None = None,
                  ignore_eos: bool = False, schema: dict[str, Any] | str | None = None, regex: str | None = None,
                  grammar: str | None = None, choices: Sequence[str] | None = None,
-                 tools: list[dict[str, Any]] | None = None, tool_choice: str | dict[str, Any] | None = None
-                 ) -> Completion:
+                 tools: list[dict[str, Any]] | None = None, tool_choice: str | dict[str, Any] | None = None,
+                 logprobs: int | None = None, logit_bias: dict[int, float] | None = None,
+                 presence_penalty: float = 0.0, frequency_penalty: float = 0.0) -> Completion:
         """One reply to `prompt` (a user message, or a whole conversation as messages) through the chat template.
         `on_text` hears the reply as it is accepted, piece by piece. At most one of `schema` (a JSON schema, as a
         dict or its text; compact JSON), `regex`, `grammar` (Lark, or GBNF) and `choices` constrains the reply:
         every mode then gives constrained greedy's tokens, and `stats.forced_tokens` counts what the grammar
         decided without the model. `tools` (OpenAI's function list) are offered through the model's chat template;
         `tool_choice` "auto" (default), "required", "none" or {"type": "function", "function": {"name": ...}}
-        (runtime/tools.py); the calls the reply makes come back in `tool_calls`, its text in `text`."""
+        (runtime/tools.py); the calls the reply makes come back in `tool_calls`, its text in `text`. OpenAI's
+        `logprobs` (the chosen token's log-probability and the top N alternatives', in `logprobs`), `logit_bias`
+        ({token id: bias}) and the presence and frequency penalties go with all of these (runtime/logit_rules.py:
+        a reply with them decodes one token a step; under a constraint, the constrained distribution's)."""
         from specmemo.console import TextStream
 
         if max_new_tokens < 1:
@@ -134,12 +151,15 @@ class Model:
         ids = tokenizer.encode_chat(messages_of(prompt, system=system), tools=calling.offered if calling else None)
         stream = TextStream(tokenizer, out=_Callback(on_text)) if on_text is not None else None
         result = self.engine.generate(ids, max_new_tokens=max_new_tokens, on_token=stream, ignore_eos=ignore_eos,
-                                      constraint=constraint)
+                                      constraint=constraint,
+                                      rules=rules_of(logprobs, logit_bias, presence_penalty, frequency_penalty))
         text = tokenizer.decode([t for t in result.token_ids if t not in tokenizer.eos_token_ids])
+        scored = tuple(result.logprobs)
         if calling is None:
-            return Completion(text=text, token_ids=result.token_ids, stats=result.stats)
+            return Completion(text=text, token_ids=result.token_ids, stats=result.stats, logprobs=scored)
         content, calls = calling.read(text)
-        return Completion(text=content or "", token_ids=result.token_ids, stats=result.stats, tool_calls=tuple(calls))
+        return Completion(text=content or "", token_ids=result.token_ids, stats=result.stats, tool_calls=tuple(calls),
+                          logprobs=scored)
 
     def stream(self, prompt: str | Sequence[Message | dict[str, str]], *, max_new_tokens: int = GENERATE_MAX_NEW_TOKENS,
                system: str | None = None) -> Iterator[str]:

@@ -297,6 +297,10 @@ def test_bench_structured_checks_every_keyword_it_counts_and_runs_both_our_engin
     summary = run(StructuredConfig(artifact=artifact.folder, engines=("specmemo-greedy", "specmemo-controller"),
                                    kinds=("schemas",), limit=2, max_new_tokens=40), log=lambda _: None)
     assert summary["engines"]["specmemo-controller"]["equal_to_greedy"] == 2
+    scored = run(StructuredConfig(artifact=artifact.folder, engines=("specmemo-greedy", "specmemo-controller"),
+                                  kinds=("schemas",), limit=2, max_new_tokens=40, rules="logprobs"), log=lambda _: None)
+    assert scored["engines"]["specmemo-controller"]["equal_to_greedy"] == 2  # and a log-probability per token
+    assert [r["token_ids"] for r in scored["rows"]] == [r["token_ids"] for r in summary["rows"]]
     assert all(r["finished"] is False or r["problem"] is None for r in summary["rows"])
 
 
@@ -444,3 +448,20 @@ def test_the_structured_fuzz_finds_no_bad_answer_through_serve_the_api_and_the_c
     assert served.outcomes.get("refused") and served.outcomes.get("valid", 0) + served.outcomes.get("ended", 0)
     assert fs.judge_content({"type": "integer"}, '"x"') == "$: 'x' is not of type 'integer'"
     assert fs.judge_content({"type": "object"}, "{").startswith("not JSON")
+
+
+def test_the_api_takes_log_probabilities_and_a_bias_beside_a_schema(artifact):
+    """Model.generate(schema=..., logprobs=2): the schema's tokens, each with its log-probability under the mask;
+    a bias out of range or on a token the model lacks is one line."""
+    from specmemo import open_model
+    from specmemo.errors import ConfigError
+
+    model = open_model(artifact.folder, temperature=0, mode="auto", capacity=256)
+    plain = model.generate("Describe a person as JSON.", schema=PERSON, max_new_tokens=80)
+    scored = model.generate("Describe a person as JSON.", schema=PERSON, max_new_tokens=80, logprobs=2)
+    assert scored.token_ids == plain.token_ids and [lp.token for lp in scored.logprobs] == plain.token_ids
+    assert not plain.logprobs and all(lp.logprob <= 0 for lp in scored.logprobs)
+    with pytest.raises(ConfigError, match=r"^logit_bias: token 5 bias 500"):
+        model.generate("x", schema=PERSON, logit_bias={5: 500})
+    with pytest.raises(ConfigError, match="outside this model's vocabulary"):
+        model.generate("x", schema=PERSON, logit_bias={10**6: 1.0})

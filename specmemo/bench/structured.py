@@ -13,6 +13,8 @@ task in turn (interleaved), greedy, threads pinned:
 
 `--temperature T` samples instead (our engines only, seeded by --seed): validity is the measure then, and the
 controller's replies are not compared token for token (exact acceptance keeps the distribution, not the draws).
+`--rules` adds OpenAI's sampling fields to every request of our engines (RULES: log-probabilities, a logit bias,
+presence and frequency penalties), composed with the schema or the call; the controller must still equal greedy.
 
 Per engine: how many replies finished (the grammar complete within --max-new-tokens), how many of those are valid
 (JSON that parses and satisfies its schema; a call of an offered function whose arguments satisfy its parameters:
@@ -37,6 +39,14 @@ TASKS = Path(__file__).with_name("data") / "structured_tasks.json"
 ENGINES = ("specmemo-greedy", "specmemo-controller", "onnxruntime-genai", "llama.cpp")
 PEERS = ("onnxruntime-genai", "llama.cpp")
 KINDS = ("schemas", "tools")
+# --rules: the fields our engines' requests carry beside the constraint (Model.generate's keywords; a bias is named
+# by the text of the token it moves, made an id by the model's tokenizer)
+RULES: dict[str, dict[str, Any]] = {
+    "none": {},
+    "logprobs": {"logprobs": 2},
+    "logit-bias": {"logit_bias": {"1": 2.0, "the": -2.0}},
+    "penalties": {"presence_penalty": 0.5, "frequency_penalty": 0.5},
+}
 
 
 @dataclass(frozen=True)
@@ -49,6 +59,7 @@ class StructuredConfig:
     limit: int | None = None  # the first N tasks of each kind
     temperature: float = 0.0  # 0: greedy; else our engines sample (seeded), the peers are left out
     seed: int = 0
+    rules: str = "none"  # a RULES row: the sampling fields our engines' requests carry
 
     def __post_init__(self) -> None:
         unknown = sorted(set(self.engines) - set(ENGINES)) + sorted(set(self.kinds) - set(KINDS))
@@ -58,6 +69,8 @@ class StructuredConfig:
             raise ConfigError("--max-new-tokens must be >= 8 and --limit >= 1")
         if self.temperature < 0:
             raise ConfigError("--temperature must be >= 0 (0: greedy)")
+        if self.rules not in RULES:
+            raise ConfigError(f"--rules {self.rules}: choose from {', '.join(RULES)}")
         if self.temperature > 0 and set(self.engines) & set(PEERS):
             raise ConfigError(f"--temperature runs our engines only: leave out {', '.join(PEERS)} (--engines)")
 
@@ -181,7 +194,7 @@ def run(config: StructuredConfig, *, log: Any = print) -> dict[str, Any]:
             r = rows[-1]
             log(f"{task.kind}/{task.id:<10} {name:<20} {'finished' if r.finished else 'cut':<8} "
                 f"{'valid' if r.finished and r.problem is None else r.problem or '-'}")
-    return {"tasks": len(tasks), "kinds": list(kinds), "temperature": config.temperature,
+    return {"tasks": len(tasks), "kinds": list(kinds), "temperature": config.temperature, "rules": config.rules,
             "engines": summarize(rows, tasks, config.temperature or None),
             "rows": [vars(r) for r in rows]}
 
@@ -196,13 +209,19 @@ def open_engine(name: str, artifact: Any, config: StructuredConfig, *, log: Any)
 
     model = open_model(artifact, mode="greedy" if name == "specmemo-greedy" else "auto",
                        temperature=config.temperature, seed=config.seed, threads=config.threads)
+    rules = dict(RULES[config.rules])
+    if "logit_bias" in rules:
+        encode = model.engine.tokenizer.encode
+        rules["logit_bias"] = {encode(text)[0]: bias for text, bias in rules["logit_bias"].items()}
 
     def decode(task: Task) -> Row:
         if task.kind == "schemas":
-            reply = model.generate(task.prompt, schema=task.schema, max_new_tokens=config.max_new_tokens)
+            reply = model.generate(task.prompt, schema=task.schema, max_new_tokens=config.max_new_tokens, **rules)
         else:
             reply = model.generate(task.prompt, tools=task.tools, tool_choice="required",
-                                   max_new_tokens=config.max_new_tokens)
+                                   max_new_tokens=config.max_new_tokens, **rules)
+        if config.rules == "logprobs" and len(reply.logprobs) != len(reply.token_ids):
+            raise RuntimeError(f"{task.id}: {len(reply.logprobs)} log-probabilities for {len(reply.token_ids)} tokens")
         s = reply.stats
         finished = s.finish_reason == "eos"
         calls = [(c.name, c.arguments) for c in reply.tool_calls]

@@ -12,7 +12,7 @@ from specmemo.console import log_stderr
 
 
 def add_structured_parser(bench) -> None:
-    from specmemo.bench.structured import ENGINES, KINDS
+    from specmemo.bench.structured import ENGINES, KINDS, RULES
 
     b = bench.add_parser("structured", help="JSON-schema and tool-call replies: validity, speed, forced tokens",
                          description="Runs the tasks of specmemo/bench/data/structured_tasks.json (JSON schemas; "
@@ -36,6 +36,10 @@ def add_structured_parser(bench) -> None:
     b.add_argument("--temperature", type=float, default=0.0, help="0: greedy; above 0 our engines sample (leave "
                                                                    "the peers out of --engines)")
     b.add_argument("--seed", type=int, default=0, help="the sampled engines' seed")
+    b.add_argument("--rules", default="none", choices=list(RULES),
+                   help="OpenAI's sampling fields on our engines' requests beside the constraint: log-probabilities "
+                        "(top 2), a logit bias, or presence and frequency penalties (one token a step; the controller "
+                        "must still equal greedy)")
     b.add_argument("--out", type=Path, default=run_folder("bench-structured"))
     b.set_defaults(handler=cmd_bench_structured)
 
@@ -46,7 +50,7 @@ def cmd_bench_structured(args: argparse.Namespace) -> int:
 
     config = StructuredConfig(artifact=args.artifact, engines=split(args.engines), kinds=split(args.kinds),
                               max_new_tokens=args.max_new_tokens, threads=args.threads, limit=args.limit,
-                              temperature=args.temperature, seed=args.seed)
+                              temperature=args.temperature, seed=args.seed, rules=args.rules)
     summary = run(config, log=log_stderr)
     print(table(summary))
     print(f"wrote {write_json(args.out / 'summary.json', summary, threads=args.threads)}")

@@ -90,6 +90,7 @@ class GenerationStats:
 class Generation:
     token_ids: list[int] = field(default_factory=list)  # generated ids, the stop token included
     stats: GenerationStats = field(default_factory=GenerationStats)
+    logprobs: list[TokenLogprob] = field(default_factory=list)  # one per token, where the rules ask for them
 
 
 @dataclass(frozen=True)
@@ -326,6 +327,8 @@ class Reply:
         """Hand `tokens` on (on_token) up to a stop token or the length limit; the finish reason, or "" while the
         reply goes on (`full`: no KV position left for another step)."""
         ids = self.generation.token_ids
+        if self.logprob is not None and tokens:  # a rules reply decides one token a step: this one's
+            self.generation.logprobs.append(self.logprob)
         for token in tokens:
             ids.append(token)
             if self.on_token is not None:

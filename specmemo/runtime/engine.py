@@ -41,6 +41,7 @@ from specmemo.runtime.drafters import (
 from specmemo.runtime.drafters.draft import RowDrafters, draft_cost
 from specmemo.runtime.drafters.lookup import ConversationIndex
 from specmemo.runtime.drafters.registry import DRAFTERS, DrafterKind, batchable, reads_store, uses_heads_graph
+from specmemo.runtime.logit_rules import LogitRules
 from specmemo.runtime.plan import Plan, drafter_choices, plan_for
 from specmemo.runtime.recall_store import Recall, fingerprint, open_store
 from specmemo.runtime.session import DecoderSession, SessionConfig
@@ -95,14 +96,16 @@ class Engine:
 
     def generate(self, prompt_ids: list[int], *, max_new_tokens: int, on_token: Callable[[int], None] | None = None,
                  ignore_eos: bool = False, mode: Mode | None = None, cached: int = 0,
-                 policy: WidthPolicy | None = None, constraint: Constraint | None = None) -> Generation:
+                 policy: WidthPolicy | None = None, constraint: Constraint | None = None,
+                 rules: LogitRules | None = None) -> Generation:
         """One reply in the engine's mode or `mode` (a speculative mode needs an engine opened with
         a drafter). `cached`: how many leading prompt tokens already sit in the KV buffer as its first
         positions (multi-turn chat; the caller vouches for them): the rest is rewound and only
         prompt_ids[cached:] is prefilled; 0 starts from an empty cache. `policy`: a width policy
         that outlives the reply (chat keeps one controller across turns); default: a fresh one.
         `ignore_eos`: run to max_new_tokens, for measurements. `constraint`: what the reply must match
-        (runtime/constraint.py; its grammar is compiled before the cache is touched)."""
+        (runtime/constraint.py; its grammar is compiled before the cache is touched). `rules`: penalties, logit
+        bias and log-probabilities (runtime/logit_rules.py: one token a step)."""
         mode = mode or self.config.mode
         if mode is not Mode.GREEDY and self.drafter is None:
             raise ConfigError(f"mode {mode.value} needs a drafter: open the engine in a speculative mode")
@@ -112,6 +115,8 @@ class Engine:
         # before any latency measurement
         check_fits(cached, len(prompt_ids) - cached, self._backend.capacity, self._backend.padding)
         speculative = mode is not Mode.GREEDY
+        if rules is not None:
+            rules.check_vocab(self.session.manifest.dims.vocab_size)
         matcher = GrammarTokenizer.of(self.config.artifact).matcher(constraint) if constraint is not None else None
         if cached == 0:
             self._backend.reset()
@@ -122,7 +127,7 @@ class Engine:
                        drafter=self.drafter if speculative else None, max_tree=self.max_tree if speculative else 1,
                        history=prompt_ids[:cached], on_token=on_token,
                        policy=policy if policy is not None else self.policy(mode), sampling=self.config.sampling,
-                       chains_only=self.session.manifest.draft_shape == "chain", constraint=matcher)
+                       chains_only=self.session.manifest.draft_shape == "chain", constraint=matcher, rules=rules)
         if self.recall is not None:  # the turn's new tokens, for the turns and conversations after it
             self.recall.add([*prompt_ids[cached:], *out.token_ids])
             self.recall.keep()
