@@ -93,7 +93,7 @@ def cmd_structured(args: argparse.Namespace) -> int:
     import random
     import tempfile
 
-    from specmemo import open_model
+    from specmemo.api import open_model
     from specmemo.bench import fuzz_structured as fs
     from specmemo.bench.serve_load import InProcessServer
     from specmemo.console import log_stderr

@@ -301,8 +301,7 @@ class Reply:
     def advance(self, verify: Verify, out: Forward, path: list[int], root: int, *, drafted: int, room: int,
                 length: int) -> list[int]:
         """After the commit: the step's decided tokens (the accepted drafts, the next root, what a grammar forces
-        after it: as many as `room`) and its stats (`drafted`: the nodes the tree had before the width policy's
-        cut; `length`: the committed KV positions)."""
+        after it: up to `room`) and its stats (`drafted`: nodes before the width cut; `length`: KV positions)."""
         self.step = Step(root, out.hidden_states[path[-1]], out.hidden_states, path)  # arena views: the next draft
         stats = self.generation.stats
         stats.steps += 1
