@@ -429,6 +429,7 @@ def test_the_structured_fuzz_finds_no_bad_answer_through_serve_the_api_and_the_c
 
     from specmemo import open_model
     from specmemo.bench import fuzz_structured as fs
+    from specmemo.bench.schema_check import judge_content
     from specmemo.cli import main
 
     rng = random.Random(7)
@@ -446,8 +447,10 @@ def test_the_structured_fuzz_finds_no_bad_answer_through_serve_the_api_and_the_c
     for tally in (served, api, cli):
         assert not tally.outcomes.get("bad"), tally.bad
     assert served.outcomes.get("refused") and served.outcomes.get("valid", 0) + served.outcomes.get("ended", 0)
-    assert fs.judge_content({"type": "integer"}, '"x"') == "$: 'x' is not of type 'integer'"
-    assert fs.judge_content({"type": "object"}, "{").startswith("not JSON")
+    assert judge_content({"type": "integer"}, '"x"') == "$: 'x' is not of type 'integer'"
+    assert judge_content({"type": "object"}, "{").startswith("not JSON")
+    timed = {"type": "string", "format": "time"}  # RFC 3339's full-time (an offset), not draft 3's HH:MM:SS
+    assert judge_content(timed, '"12:34:56-12:34"') is None and judge_content(timed, '"25:00:00Z"') is not None
 
 
 def test_the_api_takes_log_probabilities_and_a_bias_beside_a_schema(artifact):

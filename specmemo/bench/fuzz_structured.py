@@ -24,6 +24,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from specmemo.bench.schema_check import judge_calls, judge_content
+
 PROMPTS = ("Reply with JSON.", "Describe a person as JSON.", "Give me some data.", "List a few things.",
            "What is the weather like?", "Fill in the form.")
 FORMATS = ("date", "date-time", "time", "email", "uuid", "ipv4", "ipv6", "hostname", "uri")
@@ -185,44 +187,6 @@ def case(rng: random.Random) -> Case:
     return Case(made.kind, made.schema, made.tools, made.tool_choice, rng.choice(PROMPTS))
 
 
-# ---- judging an answer -------------------------------------------------------------------------------------------
-
-def violation(schema: Any, value: Any) -> str | None:
-    """Why `value` does not satisfy `schema` (None when it does), by `jsonschema` with its format checker."""
-    import jsonschema
-
-    try:
-        validator = jsonschema.validators.validator_for(schema)(schema, format_checker=jsonschema.FormatChecker())
-        error = jsonschema.exceptions.best_match(validator.iter_errors(value))
-    except (jsonschema.exceptions.SchemaError, jsonschema.exceptions._WrappedReferencingError) as err:
-        return f"jsonschema cannot read the schema the engine took: {str(err).splitlines()[0][:200]}"
-    if error is None:
-        return None
-    return f"{'/'.join(str(p) for p in error.absolute_path) or '$'}: {error.message[:200]}"
-
-
-def judge_content(schema: Any, content: str | None) -> str | None:
-    try:
-        value = json.loads(content or "")
-    except json.JSONDecodeError as err:
-        return f"not JSON ({err.msg} at {err.pos}): {(content or '')[:120]!r}"
-    return violation(schema, value)
-
-
-def judge_calls(case_: Case, calls: list[tuple[str, str]]) -> str | None:
-    """Each call names an offered function (the named one, for a named tool_choice) with valid arguments."""
-    offered = {t["function"]["name"]: t["function"]["parameters"] for t in case_.tools or ()}
-    if not calls:
-        return "finish reason tool_calls without a call"
-    for called, arguments in calls:
-        if called not in offered:
-            return f"a call of {called!r}, not offered"
-        problem = judge_content(offered[called], arguments)
-        if problem:
-            return f"{called}: {problem}"
-    return None
-
-
 @dataclass
 class Tally:
     """What one route answered: counts by outcome and kind, and the bad answers (up to a few each)."""
@@ -272,7 +236,7 @@ def judge_http(case_: Case, status: int | str, answer: Any) -> tuple[str, str]:
     finish, message = choice["finish_reason"], choice["message"]
     if finish == "tool_calls":
         calls = [(c["function"]["name"], c["function"]["arguments"]) for c in message.get("tool_calls") or ()]
-        problem = judge_calls(case_, calls)
+        problem = judge_calls(case_.tools, calls)
     elif finish == "stop":
         if case_.tools is not None:  # tool_choice auto: the model answered in words, nothing to validate
             return "valid", ""
@@ -341,7 +305,7 @@ def through_api(model: Any, cases: list[Case], *, max_tokens: int, seconds: floa
         if done.finish_reason in ("length", "capacity", "constraint"):
             tally.add(case_, "ended")
         elif done.tool_calls:
-            problem = judge_calls(case_, [(c.name, c.arguments) for c in done.tool_calls])
+            problem = judge_calls(case_.tools, [(c.name, c.arguments) for c in done.tool_calls])
             tally.add(case_, "bad" if problem else "valid", problem or "")
         elif case_.tools is not None:
             tally.add(case_, "valid")
