@@ -240,19 +240,25 @@ def test_a_batch_of_constrained_requests_decodes_each_as_it_would_alone(artifact
         assert sum(g.stats.forced_tokens for g in done) > 0
 
 
-def test_serve_holds_replies_to_response_format_as_constrained_greedy_would(artifact):
-    """OpenAI's response_format through `specmemo serve` (the controller's pool): json_schema gives constrained
-    greedy's reply, streamed or not; json_object a JSON object; a schema that does not compile is a one-line 400."""
-    import httpx
+def person_server(artifact: Artifact):
+    """`serve` on the tiny artifact (two rows), the person question as a chat request, and constrained greedy's
+    reply to it."""
     from test_serve import Server
 
     question = "Describe a person as JSON."
     expected = text_of(artifact, decode(artifact, SPECS["schema"], prompt=prompt_of(artifact, question)).token_ids)
-    server = Server(artifact.folder, batch=2, max_queue=4)
+    ask = {"model": "tiny", "messages": [{"role": "user", "content": question}], "max_tokens": 80, "temperature": 0}
+    return Server(artifact.folder, batch=2, max_queue=4), ask, expected
+
+
+def test_serve_holds_replies_to_response_format_as_constrained_greedy_would(artifact):
+    """OpenAI's response_format through `specmemo serve` (the controller's pool): json_schema gives constrained
+    greedy's reply, streamed or not; json_object a JSON object; a schema that does not compile is a one-line 400."""
+    import httpx
+
+    server, ask, expected = person_server(artifact)
     try:
         client = server.client()
-        ask = {"model": "tiny", "messages": [{"role": "user", "content": question}], "max_tokens": 80,
-               "temperature": 0}
         person = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON, "strict": True}}
         reply = client.chat.completions.create(**ask, response_format=person)
         assert reply.choices[0].message.content == expected and reply.choices[0].finish_reason == "stop"
@@ -388,15 +394,10 @@ def test_serve_takes_the_sampling_fields_with_response_format_and_ends_a_reply_a
     import logging
 
     import httpx
-    from test_serve import Server
 
-    question = "Describe a person as JSON."
-    expected = text_of(artifact, decode(artifact, SPECS["schema"], prompt=prompt_of(artifact, question)).token_ids)
-    server = Server(artifact.folder, batch=2, max_queue=4)
+    server, ask, expected = person_server(artifact)
     try:
         client = server.client()
-        ask = {"model": "tiny", "messages": [{"role": "user", "content": question}], "max_tokens": 80,
-               "temperature": 0}
         person = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON}}
         scored = client.chat.completions.create(**ask, response_format=person, logprobs=True, top_logprobs=2)
         choice = scored.choices[0]
