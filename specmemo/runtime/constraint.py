@@ -21,7 +21,7 @@ import functools
 import json
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -36,7 +36,6 @@ if TYPE_CHECKING:
     from llguidance._lib import JsonCompileOptions  # a TypedDict of the stubs alone
 
     from specmemo.runtime.backend import Forward
-
 
 
 @dataclass(frozen=True)
@@ -57,10 +56,9 @@ class GrammarLimits:
     forced_prefix_bytes: int = 16_384  # text every reply would start with (llguidance stops looking at ~100 kB)
 
     def __post_init__(self) -> None:
-        for name in ("source_bytes", "grammar_symbols", "items_in_row", "initial_lexer_fuel", "step_lexer_fuel",
-                     "step_items", "lexer_states", "forced_prefix_bytes"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"grammar limit {name} must be >= 1, got {getattr(self, name)}")
+        for limit in fields(self):
+            if getattr(self, limit.name) < 1:
+                raise ConfigError(f"grammar limit {limit.name} must be >= 1, got {getattr(self, limit.name)}")
 
     def parser_limits(self) -> Any:
         from llguidance import LLParserLimits
@@ -185,7 +183,7 @@ class GrammarTokenizer:
         trial.mask(), trial.forced()
         if trial.failure is not None or matcher.failure is not None:
             raise ConstraintError(f"{spec.field}: {trial.failure or matcher.failure}")
-        if len(matcher.copy().llm.compute_ff_bytes()) > LIMITS.forced_prefix_bytes:
+        if len(trial.llm.compute_ff_bytes()) > LIMITS.forced_prefix_bytes:
             raise ConstraintError(f"{spec.field}: every reply would start with over {LIMITS.forced_prefix_bytes} "
                                   f"forced bytes (a required $ref that never closes?); make the recursion optional")
         return matcher
@@ -214,7 +212,6 @@ class Matcher:
         self.llm = LLMatcher(tokenizer.llg, grammar, log_level=0, limits=LIMITS.parser_limits())
         self.failure: str | None = None  # the grammar engine's error, once it has one
         self._check()
-        self.forced_total = 0  # tokens appended because the grammar allowed nothing else
         self.mask_calls = 0
         self.mask_s = 0.0
 
@@ -225,10 +222,11 @@ class Matcher:
         return self.failure is None
 
     def copy(self) -> Matcher:
-        """An independent matcher where this one stands."""
+        """An independent matcher where this one stands (its mask counters from zero)."""
         twin = object.__new__(Matcher)
         twin.__dict__.update(self.__dict__)
         twin.llm = self.llm.deep_copy()
+        twin.mask_calls, twin.mask_s = 0, 0.0
         return twin
 
     @property
@@ -294,8 +292,8 @@ class Matcher:
                 walkers[-1].rollback(1)
 
         visit(0, [])
-        self.mask_calls += sum(w.mask_calls for w in walkers) - len(walkers) * self.mask_calls
-        self.mask_s += sum(w.mask_s for w in walkers) - len(walkers) * self.mask_s
+        self.mask_calls += sum(w.mask_calls for w in walkers)
+        self.mask_s += sum(w.mask_s for w in walkers)
         return sorted(kept), masks
 
 
@@ -377,7 +375,7 @@ def decide(constraint: Matcher, tokens: list[int], room: int) -> list[int]:
     `room` (KV positions left for the chain that will run them after the root; the rest are forced again later).
     Nothing once the matcher has failed (a limit reached on the way: the reply ends here)."""
     constraint.consume([t for t in tokens if t != NO_TOKEN])
-    if constraint.done or NO_TOKEN in tokens or constraint.failure is not None:
+    if constraint.done or NO_TOKEN in tokens:
         return []
     forced = constraint.forced()[: max(0, room)]
     constraint.consume(forced)

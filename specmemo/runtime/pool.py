@@ -254,11 +254,10 @@ class SequencePool:
                 gained += row_gained
                 self.stats.row_steps += 1
                 self.stats.accepted += row_gained
-            emitted = len(reply.generation.token_ids)
+            emitted, scored = len(reply.generation.token_ids), len(reply.generation.logprobs)
             reason = reply.emit(decided, full=self.backend.lengths[call.row] >= self.backend.capacity)
-            logprobs = (reply.logprob,) if reply.logprob is not None else ()  # a rules row decides one token a step
             updates.append(Update(call.row, tuple(reply.generation.token_ids[emitted:]), finished=bool(reason),
-                                  finish_reason=reason, logprobs=logprobs))
+                                  finish_reason=reason, logprobs=tuple(reply.generation.logprobs[scored:])))
         if not prefilling:  # a prefill chunk's time says nothing about the width
             self.width.observe(self.active, size, time.perf_counter() - started, gained)
         self.completed = {}
