@@ -214,13 +214,6 @@ export class Matcher {
   }
 }
 
-/** The nodes `kept` of `tree` (node 0 among them), parents renumbered. */
-export function keep(tree: DraftTree, kept: readonly number[]): DraftTree {
-  const at = new Map(kept.map((old, i) => [old, i]));
-  return new DraftTree(kept.map((i) => tree.tokens[i]), kept.map((i) => (i === 0 ? -1 : at.get(tree.parents[i])!)),
-    kept.map((i) => tree.scores[i]));
-}
-
 /** The argmax of a row's logits among the allowed tokens (NO_TOKEN when none is allowed). */
 export function chooseMasked(logits: Float32Array, row: number, allowed: Uint8Array): number {
   const v = allowed.length;

@@ -21,7 +21,7 @@
  */
 
 import { Forward, OrtBackend } from './backend';
-import { Matcher, NO_TOKEN, chooseMasked, keep } from './constraint';
+import { Matcher, NO_TOKEN, chooseMasked } from './constraint';
 import { DraftTree, Drafter } from './drafters/draft';
 import { chain } from './tree';
 
@@ -176,8 +176,8 @@ export class Reply {
     const c = this.constraint;
     if (c !== null && this.forced.length > 0) {
       const decided = [this.step!.root, ...this.forced];
-      return { tree: new DraftTree(decided, decided.map((_, i) => i - 1), decided.map(() => 1)), draftMs: 0,
-        decided: decided.length, masks: new Map([[decided.length - 1, await c.mask()]]) };
+      return { tree: DraftTree.chain(decided), draftMs: 0, decided: decided.length,
+        masks: new Map([[decided.length - 1, await c.mask()]]) };
     }
     let draft = DraftTree.rootOnly(root);
     let draftMs = 0;
@@ -190,7 +190,7 @@ export class Reply {
     if (c === null) return { tree: draft, draftMs };
     const [kept, masks] = await c.along(draft);
     this.generation.stats.prunedNodes += draft.size - kept.length;
-    const tree = keep(draft, kept);
+    const tree = draft.keep(kept);
     return { tree, draftMs, decided: 1, masks: new Map(kept.map((old, i) => [i, masks.get(old)!])) };
   }
 

@@ -12,11 +12,13 @@
  * store after opening and after each reply ("null" with recall off).
  */
 import * as ort from 'onnxruntime-web/wasm';
-import { ChatSession, openEngine, type Engine, type Mode, type Reply, type XGrammar } from '@specmemo/engine';
+import { ChatSession, openEngine, type Engine, type Mode } from '@specmemo/engine';
 
 import { allocationMessage, budgetBytes, planSource, type PagePlan } from './memory';
 import { forThePage } from './ortSessions';
+import { loadGrammar } from './grammar';
 import { intParam, modelFormat, params, recallBudget, replyFormat } from './params';
+import { statsLine } from './replyStats';
 import { PickedFolderSource, UrlSource, type Progress } from './sources';
 
 import { CurveStore } from './curves';
@@ -194,29 +196,6 @@ function bubble(role: 'user' | 'assistant', text: string): HTMLDivElement {
 function scrollToEnd(always = false): void {
   const log = ui.log;
   if (always || log.scrollHeight - log.scrollTop - log.clientHeight < 80) log.scrollTop = log.scrollHeight;
-}
-
-function summarizeTree(sizes: readonly number[]): string {
-  if (!sizes.length) return '–';
-  const min = Math.min(...sizes);
-  const max = Math.max(...sizes);
-  const mean = sizes.reduce((a, b) => a + b, 0) / sizes.length;
-  return min === max ? String(max) : `${min}–${max} (mean ${mean.toFixed(1)})`;
-}
-
-function statsLine(reply: Reply, session: ChatSession): string {
-  const s = reply.stats;
-  const parts = [
-    `${s.newTokens} tokens`,
-    `${s.decodeTokensPerS.toFixed(1)} tok/s`,
-    `${s.meanAccepted.toFixed(2)} accepted/step`,
-    `T ${summarizeTree(s.treeSizes)}`,
-    `KV ${session.kvUsed()}/${session.capacity}`,
-    s.finishReason,
-    `reused ${reply.reused}, prefilled ${reply.prefilled}`,
-  ];
-  if (reply.dropped) parts.push(`dropped ${reply.dropped} old turn${reply.dropped > 1 ? 's' : ''}`);
-  return parts.join(' · ');
 }
 
 // ---------------------------------------------------------------------------------------------------
@@ -398,15 +377,4 @@ try {
   if (artifact) void open(() => new UrlSource(artifact, progressReporter()));
 } catch (error) {
   showError(error);
-}
-
-/**
- * xgrammar's WebAssembly build, loaded on the first JSON reply (about 1 MB). Its package is a UMD bundle: as an ES
- * module it sets `globalThis.xgrammar` rather than exporting.
- */
-async function loadGrammar(): Promise<XGrammar> {
-  const loaded = (await import('@mlc-ai/web-xgrammar')) as unknown as Partial<XGrammar>;
-  const module = loaded.GrammarCompiler ? loaded : (globalThis as unknown as { xgrammar?: XGrammar }).xgrammar;
-  if (!module?.GrammarCompiler) throw new Error('the grammar engine (@mlc-ai/web-xgrammar) did not load');
-  return module as XGrammar;
 }

@@ -25,6 +25,11 @@ export class DraftTree {
     return new DraftTree([root], [-1], [1]);
   }
 
+  /** Decided tokens as a chain (each certain). */
+  static chain(tokens: readonly number[]): DraftTree {
+    return new DraftTree(tokens, tokens.map((_, i) => i - 1), tokens.map(() => 1));
+  }
+
   get size(): number {
     return this.tokens.length;
   }
@@ -34,6 +39,13 @@ export class DraftTree {
     const n = Math.max(1, size);
     if (n >= this.size) return this;
     return new DraftTree(this.tokens.slice(0, n), this.parents.slice(0, n), this.scores.slice(0, n));
+  }
+
+  /** The tree of these nodes (the root and, with each node, its parent), in their order here. */
+  keep(nodes: readonly number[]): DraftTree {
+    const index = new Map(nodes.map((old, i) => [old, i]));
+    return new DraftTree(nodes.map((i) => this.tokens[i]), nodes.map((i) => (i === 0 ? -1 : index.get(this.parents[i])!)),
+      nodes.map((i) => this.scores[i]));
   }
 
   /** The chain root → its best child → ... (for graphs where only a chain verifies exactly). */
