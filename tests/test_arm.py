@@ -212,3 +212,14 @@ def test_a_step_that_fails_files_nothing(tmp_path):
     with pytest.raises(ConfigError):
         steps.done("decode a76", {}, [], fail)
     assert not (tmp_path / "runs").exists() or not list((tmp_path / "runs").iterdir())
+
+
+def test_a_failed_process_is_named_by_its_error_not_nodes_version_line():
+    from specmemo.bench.arm import failure_line
+
+    trace = ("/src/dist/src/cli.js:12\n    throw e;\n    ^\n\nError: Cannot find module 'onnxruntime-node'\n"
+             "    at Module._resolveFilename (node:internal/modules/cjs/loader:1140:15)\n\nNode.js v20.19.6\n")
+    assert failure_line(trace) == "Error: Cannot find module 'onnxruntime-node'"
+    assert failure_line("TypeError: x is not a function\nNode.js v20.19.6") == "TypeError: x is not a function"
+    assert failure_line("something odd\n") == "something odd"
+    assert failure_line("") == "no output"

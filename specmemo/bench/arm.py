@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import platform
+import re
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -77,6 +78,14 @@ def check_engine_built() -> None:
         raise ConfigError("the TypeScript engine is not built: run `make engine` (or `make arm-check`)")
 
 
+def failure_line(stderr: str) -> str:
+    """The line of a failed process's stderr that says what failed: Node ends an uncaught error's trace with its
+    own version, so the last line naming an error, else the last line."""
+    lines = [line.strip() for line in stderr.splitlines() if line.strip()]
+    errors = [line for line in lines if re.match(r"^(\w*Error\b|error:)", line, flags=re.IGNORECASE)]
+    return ((errors or lines or ["no output"])[-1])[:300]
+
+
 def typescript_on_arm(root: Path, cpu: str, config: ArmConfig, arm: dict[str, Any]) -> dict[str, Any]:
     """The TypeScript engine on Node arm64 (arm_env.ensure_node) with onnxruntime-node's arm64 binary: its own tests,
     then per artifact the first prompt's greedy reply on the route Python probed there, against Python's ids on ARM."""
@@ -98,7 +107,7 @@ def typescript_on_arm(root: Path, cpu: str, config: ArmConfig, arm: dict[str, An
         lines = done.stdout.strip().splitlines()
         if done.returncode != 0 or not lines:
             raise ConfigError(f"the TypeScript engine on emulated {cpu} failed "
-                              f"({(done.stderr.strip().splitlines() or ['no output'])[-1][:300]})")
+                              f"({failure_line(done.stderr)})")
         ids = json.loads(lines[-1])["token_ids"]
         out["replies"][folder] = {"route": python["route"], "equals_python": ids == python["replies"][0],
                                   "first_difference": first_difference(ids, python["replies"][0])}
