@@ -116,9 +116,11 @@ test: setup js-setup
 # bundle, rounds of fresh processes), the TypeScript engine's built first where Node is (else its tests are left
 # out, and say so); SEED=N replays a run's randomly drawn tests (it prints its --seed).
 HAS_NODE := $(shell command -v node >/dev/null && echo y)
+# a file's tests stay in one worker (--dist loadfile: its exports are made once); at most four, each imports torch
+TEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 2); [ $$n -gt 4 ] && echo 4 || echo $$n)
 test-fast: setup $(if $(HAS_NODE),engine)
 	@$(if $(HAS_NODE),:,echo "test-fast: no node on PATH, so the TypeScript engine's tests are left out (Node 20: make test runs them)")
-	$(BIN)/python -m pytest -m "not real_model and not slow$(if $(HAS_NODE),, and not typescript)" $(if $(SEED),--seed $(SEED))
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile -m "not real_model and not slow$(if $(HAS_NODE),, and not typescript)" $(if $(SEED),--seed $(SEED))
 
 lint: setup lint-js
 	$(BIN)/ruff check .

@@ -206,6 +206,17 @@ def chosen_seed(option: int | None, environ) -> int:
     return CI_SEED if environ.get("CI") else random.SystemRandom().randrange(1 << 30)
 
 
+def pytest_configure(config) -> None:
+    """The seed chosen once, before any worker starts: pytest-xdist's workers (make test-fast runs two) inherit it
+    through the environment, so every worker draws the same models and one --seed replays the whole run."""
+    if not hasattr(config, "workerinput"):
+        os.environ["SPECMEMO_TEST_SEED"] = str(chosen_seed(config.getoption("--seed"), os.environ))
+
+
+def pytest_report_header(config) -> str:
+    return f"random tests: --seed {os.environ['SPECMEMO_TEST_SEED']} (replays this run's drawn models)"
+
+
 @pytest.fixture(scope="session")
 def random_seed(request) -> int:
     """The seed of the randomly drawn tests (chosen_seed), printed so a failure can be replayed with --seed."""
