@@ -241,7 +241,7 @@ def export_tiny(config, root: Path, max_capacity: int = 64, **options) -> Path:
                         f"tests where torch is installed with that variable set first")
         shutil.copytree(stored, root / "artifact")
         return root / "artifact"
-    from specmemo.export.artifact import ExportOptions, export_artifact
+    from specmemo.export.exporter import ExportOptions, export_artifact
 
     folder = root / "hf"
     if not (folder / "config.json").is_file():
@@ -258,8 +258,8 @@ def export_tiny(config, root: Path, max_capacity: int = 64, **options) -> Path:
 def smollm2_artifact(tmp_path_factory) -> Path:
     """The default model exported as `make demo` exports it (float32, the shipped Medusa heads and
     feature drafter), max capacity 1024: shared by the real-model tests of both runtimes."""
-    from specmemo.export.artifact import ExportOptions, default_feature_drafter, default_heads, export_artifact
-    from specmemo.export.load import DEFAULT_MODEL
+    from specmemo.export.exporter import ExportOptions, default_feature_drafter, default_heads, export_artifact
+    from specmemo.export.model_source import DEFAULT_MODEL
 
     out = tmp_path_factory.mktemp("smollm2") / "artifact"
     heads = default_heads(DEFAULT_MODEL)

@@ -44,7 +44,7 @@ def test_options_measured_worse_than_the_default_are_not_shown():
 def test_default_artifact_keeps_a_model_alias_whole():
     from pathlib import Path
 
-    from specmemo.export.load import default_artifact
+    from specmemo.export.model_source import default_artifact
 
     assert default_artifact("qwen2.5-coder-1.5b", "int4") == Path("artifacts/qwen2.5-coder-1.5b-int4")
     assert default_artifact("smollm2-135m") == Path("artifacts/smollm2-135m")

@@ -26,7 +26,7 @@ def test_agreement_by_hand():
 
 def test_torch_engines_do_not_load_onnx_runtime():
     """Importing ONNX Runtime would add its own RSS to the PyTorch engines' figures."""
-    modules = ["specmemo.bench.compare_torch", "specmemo.export.heads", "specmemo.export.load",
+    modules = ["specmemo.bench.compare_torch", "specmemo.export.heads", "specmemo.export.model_source",
                "specmemo.export.reference", "specmemo.runtime.decode", "specmemo.runtime.medusa_tree",
                "specmemo.runtime.rss"]
     code = "import sys\n" + "".join(f"import {m}\n" for m in modules) + \
@@ -256,7 +256,7 @@ def test_llama_cpp_draft_keeps_its_kv_on_the_common_prefix():
     llama_cpp = pytest.importorskip("llama_cpp")
     from specmemo.bench import compare_llamacpp as engine
     from specmemo.bench.peers import gguf_file
-    from specmemo.export.load import DEFAULT_MODEL
+    from specmemo.export.model_source import DEFAULT_MODEL
 
     path = str(gguf_file(DEFAULT_MODEL))
     opened = lambda: llama_cpp.Llama(path, n_ctx=128, n_threads=2, verbose=False)  # noqa: E731

@@ -284,7 +284,7 @@ def test_every_drafter_has_its_row_and_builders_that_exist():
     import dataclasses
     import importlib
 
-    from specmemo.export.artifact import ExportOptions
+    from specmemo.export.exporter import ExportOptions
     from specmemo.runtime.drafters import DrafterName
     from specmemo.runtime.drafters.registry import DRAFTERS, batchable, in_artifact
     from specmemo.runtime.engine import BUILDERS

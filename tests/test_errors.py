@@ -76,7 +76,7 @@ def test_header_reader_agrees_with_gguf_reader():
     from gguf import GGUFReader
 
     from specmemo.export.gguf_meta import read_metadata
-    from specmemo.export.load import ALIASES
+    from specmemo.export.model_source import ALIASES
 
     path = ALIASES["smollm2-135m"].paths()[0]
     keys = {"general.architecture", "llama.block_count", "llama.attention.head_count_kv", "llama.rope.freq_base",

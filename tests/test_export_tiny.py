@@ -224,7 +224,7 @@ def test_rewind_then_rerun_gives_the_same_logits(tiny_llama, kind):
 def test_torch_reference_placed_by_accelerate_decodes_as_ort(tiny_llama, device):
     """The PyTorch reference loaded through accelerate (`load_hf(device_map=..., max_memory=...)`, as on a
     GPU server): greedy and speculative replies equal the ORT runtime's greedy reply."""
-    from specmemo.export.load import load_hf
+    from specmemo.export.model_source import load_hf
     from specmemo.export.reference import TorchBackend
     from specmemo.runtime.decode import generate
     from specmemo.runtime.drafters.lookup import PromptLookup

@@ -13,7 +13,7 @@ from heads_common import conversations
 from specmemo.export.decoder import rotary_table
 from specmemo.export.drafter_graph import DrafterTopK
 from specmemo.export.feature_drafter import FeatureDrafter, FeatureDrafterSpec, load_drafter
-from specmemo.export.load import lm_head_t
+from specmemo.export.model_source import lm_head_t
 from specmemo.export.train_drafter import DrafterTrainConfig, train_drafter
 from specmemo.runtime.artifact import Artifact
 from specmemo.runtime.backend import OrtBackend
@@ -29,7 +29,7 @@ SUBVOCAB = 96
 
 
 def random_drafter(model, seed=0, capacity=64) -> FeatureDrafter:
-    from specmemo.export.dims import dims_from_config
+    from specmemo.export.hf_config import dims_from_config
 
     dims = dims_from_config(model.config)
     spec = FeatureDrafterSpec.for_base(dims, subvocab_size=SUBVOCAB)
@@ -301,8 +301,8 @@ def test_card_shows_the_learning_curve_and_sampled_evaluations_apart():
     workload beside its greedy one (recorded under its own name, not over it)."""
     from dataclasses import replace
 
-    from specmemo.export.artifact import SHIPPED_DRAFTERS
     from specmemo.export.drafter_card import card_markdown
+    from specmemo.export.exporter import SHIPPED_DRAFTERS
     from specmemo.export.feature_drafter import load_drafter_spec
 
     spec = load_drafter_spec(SHIPPED_DRAFTERS / "smollm2-135m")
@@ -323,7 +323,7 @@ def test_a_shipped_drafter_goes_with_exports_of_the_dtype_it_was_trained_on(tmp_
     only; a drafter cached from an int4 artifact names int4; one trained from the torch model, float32."""
     import json
 
-    from specmemo.export.artifact import SHIPPED_DRAFTERS, default_feature_drafter
+    from specmemo.export.exporter import SHIPPED_DRAFTERS, default_feature_drafter
     from specmemo.export.feature_drafter import trained_on_dtype
 
     assert default_feature_drafter("smollm2-135m", "float32") is not None
@@ -374,8 +374,8 @@ def test_a_drafter_ships_in_half_the_bytes_and_loads_the_same(with_drafter, tmp_
 
 def test_every_shipped_card_is_generated_from_its_drafter_json():
     """CARD.md is never edited by hand: it is card_markdown of drafter.json (eval drafter --card rewrites both)."""
-    from specmemo.export.artifact import SHIPPED_DRAFTERS
     from specmemo.export.drafter_card import CARD_FILE, card_markdown
+    from specmemo.export.exporter import SHIPPED_DRAFTERS
     from specmemo.export.feature_drafter import load_drafter_spec
 
     folders = [f for f in SHIPPED_DRAFTERS.iterdir() if (f / "drafter.json").is_file()]

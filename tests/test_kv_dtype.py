@@ -12,7 +12,7 @@ from conftest import export_tiny, tiny_config
 from test_quantized import on_the_route
 
 from specmemo.errors import ConfigError
-from specmemo.export.artifact import ExportOptions
+from specmemo.export.exporter import ExportOptions
 from specmemo.runtime.artifact import Artifact
 from specmemo.runtime.manifest import load_manifest
 from specmemo.runtime.session import DecoderSession, SessionConfig
@@ -36,7 +36,7 @@ def tiny_kv16(tiny_pair):
 def test_kv_buffers_are_float16_in_graph_manifest_and_arena(tiny_kv16):
     manifest = load_manifest(tiny_kv16)
     assert manifest.kv_dtype == "float16" and manifest.bytes_per_kv_element == 2
-    assert manifest.draft_shape == "chain"  # trees round apart in float16 attention (export/artifact.py)
+    assert manifest.draft_shape == "chain"  # trees round apart in float16 attention (export/exporter.py)
     graph = onnx.load(str(tiny_kv16 / "decoder.onnx"), load_external_data=False).graph
     kv_types = {v.type.tensor_type.elem_type for v in list(graph.input) + list(graph.output)
                 if "key" in v.name or "value" in v.name}

@@ -13,8 +13,8 @@ import json
 import pytest
 import torch
 
-from specmemo.export.artifact import ExportOptions, default_heads, export_artifact
-from specmemo.export.load import load_hf, resolve_model
+from specmemo.export.exporter import ExportOptions, default_heads, export_artifact
+from specmemo.export.model_source import load_hf, resolve_model
 from specmemo.export.reference import hf_greedy_reply
 from specmemo.export.validate import VALIDATION_PROMPT, chat_prompt_ids, validate
 from specmemo.runtime.artifact import Artifact

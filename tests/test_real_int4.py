@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 import torch
 
-from specmemo.export.artifact import ExportOptions, default_heads, export_artifact
-from specmemo.export.load import DEFAULT_MODEL, load_hf, resolve_model
+from specmemo.export.exporter import ExportOptions, default_heads, export_artifact
+from specmemo.export.model_source import DEFAULT_MODEL, load_hf, resolve_model
 from specmemo.export.validate import chat_prompt_ids
 from specmemo.export.weights_dtype import QuantOptions, WeightDtype
 from specmemo.runtime import tree

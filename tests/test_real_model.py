@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 import torch
 
-from specmemo.export.artifact import default_heads
+from specmemo.export.exporter import default_heads
 from specmemo.export.heads import load_heads
-from specmemo.export.load import DEFAULT_MODEL, load_hf, resolve_model
+from specmemo.export.model_source import DEFAULT_MODEL, load_hf, resolve_model
 from specmemo.export.reference import TorchBackend, TorchDrafter
 from specmemo.export.validate import VALIDATION_PROMPT, chat_prompt_ids, validate
 from specmemo.runtime.artifact import Artifact

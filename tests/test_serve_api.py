@@ -26,7 +26,7 @@ def artifact(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def server(artifact):
-    from specmemo.serve.api import Limits
+    from specmemo.serve.bodies import Limits
 
     s = Server(artifact, batch=4, max_queue=16, limits=Limits(max_body_bytes=64 << 10, max_messages=8,
                                                                max_prompt_tokens=64, max_tokens=48))

@@ -16,9 +16,9 @@ from onnx.numpy_helper import to_array
 
 from specmemo.export.checkpoint import Checkpoint, CheckpointError
 from specmemo.export.decoder import Decoder
-from specmemo.export.dims import dims_from_config
 from specmemo.export.gguf_convert import shard_plan
-from specmemo.export.load import load_hf
+from specmemo.export.hf_config import dims_from_config
+from specmemo.export.model_source import load_hf
 from specmemo.export.streamed import export_streamed, group_of
 from specmemo.export.trace import export_decoder
 from specmemo.runtime import io_spec
@@ -94,7 +94,7 @@ def test_gguf_conversion_matches_transformers(tmp_path):
     from transformers import AutoModelForCausalLM
 
     from specmemo.export.gguf_convert import convert_gguf
-    from specmemo.export.load import DEFAULT_MODEL, alias_parts
+    from specmemo.export.model_source import DEFAULT_MODEL, alias_parts
 
     gguf = alias_parts(DEFAULT_MODEL)[0]
     out = tmp_path / "hf"

@@ -68,7 +68,7 @@ def touch_weights(*modules: Any) -> None:
 
 def run(request: dict) -> dict:
     from specmemo.export.heads import load_any_heads
-    from specmemo.export.load import lm_head_t, load_hf, resolve_model, stop_token_ids
+    from specmemo.export.model_source import lm_head_t, load_hf, resolve_model, stop_token_ids
     from specmemo.export.reference import TorchBackend, TorchDrafter
     from specmemo.runtime.decode import generate
     from specmemo.runtime.drafters.medusa import MedusaDrafter

@@ -44,7 +44,7 @@ class OptimumDtype(StrEnum):
 def build_dir(model: str) -> Path:
     """The cached builds of `model` (one folder per dtype), made by optimum from the model's GGUF on first use."""
     from specmemo.bench.peers import gguf_file
-    from specmemo.export.load import sha256_of
+    from specmemo.export.model_source import sha256_of
 
     gguf = gguf_file(model)
     folder = cache_root() / "optimum" / f"{Path(model).name}-{sha256_of([gguf])[:12]}"

@@ -35,7 +35,7 @@ GENAI_SPECULATIVE = {"ngram": {"ngram_size": 3, "max_draft_tokens": 4},
 def gguf_file(model: str) -> Path:
     """The model's own GGUF as one file (an alias's parts joined once into the cache), for llama.cpp and wllama:
     found, never converted (only a model the peer cannot read is refused, from its header)."""
-    from specmemo.export.load import gguf_source, joined_gguf
+    from specmemo.export.model_source import gguf_source, joined_gguf
 
     found = gguf_source(model)
     if found is None:
@@ -64,7 +64,7 @@ def genai_model_dir(model: str, precision: str = "fp32", *, algorithm: str = "de
     except ImportError:
         raise PeerUnavailableError("onnxruntime-genai is not installed: "
                                    "pip install onnxruntime-genai==0.18.0") from None
-    from specmemo.export.load import resolve_model  # the same HF folder our export reads
+    from specmemo.export.model_source import resolve_model  # the same HF folder our export reads
 
     resolved = resolve_model(model)
     out = cache_root() / "genai" / (f"{resolved.hf_folder.name}-{precision}"

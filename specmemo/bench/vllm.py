@@ -272,7 +272,7 @@ def plot(summary: dict, path: Path) -> Path:
 def export_drafters(*, model: str, heads: Path | None, drafter: Path | None, out: Path, log) -> dict[str, Path]:
     """Our heads and feature drafter in vLLM's formats under out/ ({"medusa": DIR, "eagle": DIR}, those that exist)."""
     from specmemo.export.heads import load_heads
-    from specmemo.export.load import lm_head_t, load_hf, resolve_model
+    from specmemo.export.model_source import lm_head_t, load_hf, resolve_model
     from specmemo.export.serving_formats import ServingFormat, write_serving_format, write_vllm_eagle
 
     resolved = resolve_model(model)

@@ -334,7 +334,7 @@ def cmd_bench_batch(args: argparse.Namespace) -> int:
             load = bench.run_load(config, questions, texts, batch=args.load_batch, log=log_stderr)
         else:
             from specmemo.bench.serve_load import Load, compare_servers
-            from specmemo.export.load import resolve_model
+            from specmemo.export.model_source import resolve_model
 
             peers = compare_servers(artifact=args.artifact, model_folder=resolve_model(manifest.source_model).hf_folder,
                                     python=python, questions=questions, reference=texts,

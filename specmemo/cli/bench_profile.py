@@ -64,7 +64,7 @@ def add_profile_parser(bench) -> None:
 
 
 def cmd_bench_load(args: argparse.Namespace) -> int:
-    from specmemo.bench.load import LoadConfig, format_table, run_load
+    from specmemo.bench.load_time import LoadConfig, format_table, run_load
     from specmemo.bench.results import write_json
 
     result = run_load(LoadConfig(artifact=args.artifact, mode=args.mode, rounds=args.rounds, threads=args.threads),

@@ -45,8 +45,8 @@ def cmd_bench_vllm(args: argparse.Namespace) -> int:
     from specmemo.bench.vllm_env import default_venv
     from specmemo.datasets import load_questions
     from specmemo.errors import ConfigError
-    from specmemo.export.artifact import default_feature_drafter, default_heads
-    from specmemo.export.load import resolve_model
+    from specmemo.export.exporter import default_feature_drafter, default_heads
+    from specmemo.export.model_source import resolve_model
     from specmemo.runtime.manifest import load_manifest
     from specmemo.runtime.tokenizer import ChatTokenizer, Message
 

@@ -11,7 +11,7 @@ from specmemo.bench.results import machine_info, run_folder
 from specmemo.cli.options import DefaultsHelp, add_profile_options, apply_profile, positive
 from specmemo.console import log_stderr
 from specmemo.errors import ConfigError
-from specmemo.export.load import DEFAULT_MODEL, default_artifact
+from specmemo.export.model_source import DEFAULT_MODEL, default_artifact
 from specmemo.runtime.artifact import Artifact
 
 

@@ -19,7 +19,7 @@ from specmemo.cli.options import (
     positive,
 )
 from specmemo.console import log_stderr
-from specmemo.export.load import DEFAULT_MODEL
+from specmemo.export.model_source import DEFAULT_MODEL
 
 
 def add_parser(sub) -> None:
@@ -168,8 +168,8 @@ def cmd_eval_drafter(args: argparse.Namespace) -> int:
 
 def cmd_export_drafter(args: argparse.Namespace) -> int:
     from specmemo.errors import SpecMemoError
-    from specmemo.export.artifact import default_feature_drafter
-    from specmemo.export.load import resolve_model
+    from specmemo.export.exporter import default_feature_drafter
+    from specmemo.export.model_source import resolve_model
     from specmemo.export.serving_formats import write_vllm_eagle
 
     folder = args.drafter or default_feature_drafter(args.model)
@@ -191,7 +191,7 @@ def cmd_cache_features(args: argparse.Namespace) -> int:
 
     from specmemo.datasets import sharegpt_conversations
     from specmemo.export.feature_cache import FeatureCacheConfig, cache_features
-    from specmemo.export.load import resolve_model
+    from specmemo.export.model_source import resolve_model
     from specmemo.runtime.manifest import load_manifest
 
     config = FeatureCacheConfig(tokens=args.tokens, self_every=args.self_every, code_share=args.code_share,
@@ -242,7 +242,7 @@ def _train_from_features(args: argparse.Namespace) -> int:
                                 init=str(args.init or ""), features=json.dumps(settings, sort_keys=True),
                                 validate_every=args.validate_every)
     from specmemo.errors import ConfigError
-    from specmemo.export.load import resolve_model
+    from specmemo.export.model_source import resolve_model
 
     if settings["artifact"].split("|")[0] != resolve_model(args.model).sha256:  # before the model loads
         raise ConfigError(f"{args.features} holds features of another model than --model {args.model}: pass the "

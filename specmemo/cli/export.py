@@ -7,7 +7,7 @@ from pathlib import Path
 
 from specmemo.cli.options import add_model_format, add_profile_options, add_threads, apply_profile, positive
 from specmemo.console import log_stderr
-from specmemo.export.load import DEFAULT_MODEL, default_artifact
+from specmemo.export.model_source import DEFAULT_MODEL, default_artifact
 from specmemo.runtime.span import AttentionOp
 
 
@@ -166,7 +166,7 @@ def batch_sizes(text: str) -> tuple[int, ...]:
 
 
 def cmd_export_batch(args: argparse.Namespace) -> int:
-    from specmemo.export.artifact import add_batch_graphs
+    from specmemo.export.exporter import add_batch_graphs
     from specmemo.runtime.manifest import load_manifest, save_manifest
 
     manifest = load_manifest(args.artifact)
@@ -175,17 +175,17 @@ def cmd_export_batch(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from specmemo.export.load import check_supported
+    from specmemo.export.model_source import check_supported
 
     check_supported(args.model)  # from the GGUF header or config.json: refused before torch is even imported
-    from specmemo.export.artifact import (
+    from specmemo.export.cpu_target import MINIMUM, Target, export_target, minimum_for
+    from specmemo.export.exporter import (
         DEFAULT_MAX_CAPACITY,
         ExportOptions,
         default_feature_drafter,
         default_heads,
         export_artifact,
     )
-    from specmemo.export.cpu_target import MINIMUM, Target, export_target, minimum_for
     from specmemo.export.weights_dtype import (
         BodyBlocks,
         BodyQuantizer,

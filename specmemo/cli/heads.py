@@ -10,7 +10,7 @@ from pathlib import Path
 
 from specmemo.cli.options import DefaultsHelp, add_threads, base_model, feature_cache, positive
 from specmemo.errors import SpecMemoError
-from specmemo.export.load import DEFAULT_MODEL
+from specmemo.export.model_source import DEFAULT_MODEL
 
 
 def add_parser(sub) -> None:
@@ -100,7 +100,7 @@ def add_parser(sub) -> None:
     p.set_defaults(handler=cmd_eval_heads)
 def cmd_train_heads(args: argparse.Namespace) -> int:
     from specmemo.datasets import sharegpt_conversations
-    from specmemo.export.load import load_hf, resolve_model
+    from specmemo.export.model_source import load_hf, resolve_model
     from specmemo.export.train_heads import TrainConfig, train_heads
 
     config = TrainConfig(num_heads=args.heads, num_layers=args.layers, mode=args.mode,
@@ -139,7 +139,7 @@ def _train_heads_from_features(args: argparse.Namespace, config) -> int:
 
 def cmd_subvocab_heads(args: argparse.Namespace) -> int:
     from specmemo.export.heads import load_heads, save_heads, to_subvocab
-    from specmemo.export.load import lm_head_t, load_hf, resolve_model
+    from specmemo.export.model_source import lm_head_t, load_hf, resolve_model
     from specmemo.export.teacher import predicted_token_counts, teacher_cache_path
     from specmemo.export.train_heads import TrainConfig, frequent_tokens
 
@@ -157,9 +157,9 @@ def cmd_subvocab_heads(args: argparse.Namespace) -> int:
 
 
 def cmd_export_heads(args: argparse.Namespace) -> int:
-    from specmemo.export.artifact import default_heads
+    from specmemo.export.exporter import default_heads
     from specmemo.export.heads import ProjectionMode, load_heads, load_spec
-    from specmemo.export.load import lm_head_t, load_hf, resolve_model
+    from specmemo.export.model_source import lm_head_t, load_hf, resolve_model
     from specmemo.export.serving_formats import ServingFormat, write_serving_format
 
     folder = args.heads or default_heads(args.model)
@@ -181,7 +181,7 @@ def cmd_eval_heads(args: argparse.Namespace) -> int:
     from specmemo.datasets import load_questions
     from specmemo.export.eval_heads import EvalConfig, evaluate_heads, save_eval
     from specmemo.export.heads import load_any_heads
-    from specmemo.export.load import chat_prompt_ids, lm_head_t, load_hf, resolve_model, stop_token_ids
+    from specmemo.export.model_source import chat_prompt_ids, lm_head_t, load_hf, resolve_model, stop_token_ids
 
     config = EvalConfig(questions=args.questions, max_new_tokens=args.max_new_tokens, tree_nodes=args.tree_nodes,
                         top_k=args.top_k, threads=args.threads)

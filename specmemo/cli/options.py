@@ -13,7 +13,7 @@ from pathlib import Path
 from specmemo.api import DEFAULT_THREADS
 from specmemo.console import log_dim
 from specmemo.errors import ConfigError
-from specmemo.export.load import DEFAULT_MODEL, default_artifact  # a light module: torch loads only to convert
+from specmemo.export.model_source import DEFAULT_MODEL, default_artifact  # a light module: torch loads only to convert
 from specmemo.runtime.config import Mode
 from specmemo.runtime.sampling import DEFAULTS as SAMPLING_DEFAULTS
 from specmemo.runtime.sampling import described
@@ -191,7 +191,7 @@ def open_model_from(args: argparse.Namespace, *, log=log_dim):
 
 def base_model(args: argparse.Namespace):
     """(resolved args.model, the HF model, its tokenizer, the command line for the card)."""
-    from specmemo.export.load import load_hf, resolve_model
+    from specmemo.export.model_source import load_hf, resolve_model
 
     resolved = resolve_model(args.model)
     hf_model, tokenizer = load_hf(resolved.hf_folder)

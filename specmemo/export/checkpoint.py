@@ -97,7 +97,7 @@ class Checkpoint:
         return self.tensor(stored)
 
     def lm_head_t(self, model: Any) -> torch.Tensor:
-        """The LM head as [h, V], contiguous (the layout of load.py's lm_head_t), read without the whole model."""
+        """The LM head as [h, V], contiguous (model_source.lm_head_t's layout), read without the whole model."""
         return self.parameter(model, model.lm_head.weight).t().contiguous()
 
     def load(self, model: Any, keep: Callable[[str], bool]) -> list[list[str]]:

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from specmemo.export import attention  # noqa: F401  (registers torch.ops.specmemo.group_query_attention)
-from specmemo.export.dims import GEMMA
+from specmemo.export.hf_config import GEMMA
 from specmemo.runtime.manifest import AttentionKind, ModelDims
 
 

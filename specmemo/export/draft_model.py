@@ -8,7 +8,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from specmemo.errors import ConfigError
-from specmemo.export.load import resolve_model
+from specmemo.export.model_source import resolve_model
 from specmemo.runtime.drafters.registry import MODEL_MAX_CHAIN
 from specmemo.runtime.manifest import Manifest
 

@@ -25,7 +25,7 @@ from tqdm.auto import tqdm
 
 from specmemo.export.heads import HEADS_FILE, SPEC_FILE, HeadsSpec, MedusaHeads, save_heads
 from specmemo.export.heads_card import write_card
-from specmemo.export.load import cache_root
+from specmemo.export.model_source import cache_root
 from specmemo.export.reference import TorchBackend, TorchDrafter
 from specmemo.runtime.config import DEFAULT_THREADS
 from specmemo.runtime.decode import Generation, generate

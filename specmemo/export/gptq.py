@@ -131,7 +131,7 @@ def calibration_sequences(tokenizer, *, count: int = CALIBRATION_SEQUENCES,
     """The first `count` ShareGPT conversations of at least `length` tokens in the model's chat template, cut to
     `length` (the start of the file: perplexity is measured on its end, which this never reaches)."""
     from specmemo.datasets import sharegpt_conversations
-    from specmemo.export.load import chat_history_ids
+    from specmemo.export.model_source import chat_history_ids
 
     sequences = []
     for messages in sharegpt_conversations():

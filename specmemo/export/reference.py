@@ -17,8 +17,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from specmemo.export.dims import dims_from_config
 from specmemo.export.heads import MedusaHeads
+from specmemo.export.hf_config import dims_from_config
 from specmemo.runtime import tree
 from specmemo.runtime.backend import Forward, check_fits
 from specmemo.runtime.manifest import AttentionKind
@@ -184,7 +184,7 @@ class TorchDrafter:
 def hf_greedy_reply(hf_model: Any, tokenizer: Any, messages: list[dict], *, max_new_tokens: int) -> list[int]:
     """HF `generate`'s greedy reply to a whole conversation (chat template applied to all of it):
     the reference a multi-turn chat must reproduce turn by turn. The stop token is included."""
-    from specmemo.export.load import chat_history_ids
+    from specmemo.export.model_source import chat_history_ids
 
     ids = chat_history_ids(tokenizer, messages)
     with torch.no_grad():

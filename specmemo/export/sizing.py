@@ -60,8 +60,8 @@ def profile_capacity(model: str) -> int:
     MAX_PROFILE_CAPACITY."""
     from transformers import AutoConfig
 
-    from specmemo.export.dims import dims_from_config
-    from specmemo.export.load import resolve_model
+    from specmemo.export.hf_config import dims_from_config
+    from specmemo.export.model_source import resolve_model
 
     dims = dims_from_config(AutoConfig.from_pretrained(resolve_model(model).hf_folder, local_files_only=True))
     return min(dims.max_position_embeddings, MAX_PROFILE_CAPACITY)

@@ -20,7 +20,7 @@ import torch
 from tqdm.auto import tqdm
 
 from specmemo.errors import ConfigError
-from specmemo.export.load import cache_root, chat_prompt_ids, lm_head_t, stop_token_ids
+from specmemo.export.model_source import cache_root, chat_prompt_ids, lm_head_t, stop_token_ids
 
 if TYPE_CHECKING:
     from specmemo.export.train_heads import TrainConfig

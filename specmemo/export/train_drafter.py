@@ -29,10 +29,10 @@ from tqdm.auto import tqdm
 
 from specmemo.errors import ConfigError
 from specmemo.export.decoder import embedding_table, rotary_table
-from specmemo.export.dims import dims_from_config
 from specmemo.export.drafter_card import hardware, write_card
 from specmemo.export.feature_drafter import FeatureDrafter, FeatureDrafterSpec, load_drafter, save_drafter
-from specmemo.export.load import lm_head_t
+from specmemo.export.hf_config import dims_from_config
+from specmemo.export.model_source import lm_head_t
 from specmemo.export.teacher import Replies, TeacherCache, concat, teacher
 from specmemo.export.train_heads import TrainConfig, check_schedule, frequent_tokens, learning_rate
 from specmemo.runtime.config import DEFAULT_THREADS

@@ -27,7 +27,7 @@ from tqdm.auto import tqdm
 from specmemo.errors import ConfigError
 from specmemo.export.heads import HeadsSpec, MedusaHeads, ProjectionMode, save_heads
 from specmemo.export.heads_card import write_card
-from specmemo.export.load import lm_head_t
+from specmemo.export.model_source import lm_head_t
 from specmemo.export.teacher import Replies, TeacherCache, teacher
 from specmemo.runtime.config import DEFAULT_THREADS
 

@@ -17,7 +17,7 @@ import torch
 
 from specmemo.errors import SpecMemoError
 from specmemo.export.heads import MedusaHeads, load_any_heads
-from specmemo.export.load import chat_prompt_ids, lm_head_t
+from specmemo.export.model_source import chat_prompt_ids, lm_head_t
 from specmemo.export.reference import final_logits
 from specmemo.runtime import tree
 from specmemo.runtime.artifact import Artifact
@@ -282,7 +282,7 @@ def validate_artifact(artifact: Path, *, model: str | None = None, threads: int 
                       tolerance: float | None = None, model_format: str = "onnx") -> ValidationReport:
     """Load the artifact's source model (or `model`), check it is the same weights, and validate."""
     from specmemo.export.checkpoint import Checkpoint
-    from specmemo.export.load import load_hf, resolve_model
+    from specmemo.export.model_source import load_hf, resolve_model
 
     manifest = load_manifest(artifact)
     resolved = resolve_model(model or manifest.source_model)

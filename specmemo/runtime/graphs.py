@@ -88,7 +88,7 @@ class FeatureDrafterInfo:
     subvocab_size: int  # N
     source: str = ""  # the drafter folder it was exported from
     accuracy: tuple[float, ...] = ()  # top-1 per depth, from eval-drafter (for the card)
-    # what the runtime drafts (export decides them: export/artifact.py); the defaults are what artifacts
+    # what the runtime drafts (export decides them: export/exporter.py); the defaults are what artifacts
     # written before these keys drafted
     depth: int = 2  # depths drafted at most (the catch-up row gives the first; each further one is a call)
     width: int = 4  # nodes expanded per further depth

@@ -7,7 +7,7 @@
   POST /v1/completions       a prompt (text or token ids) → its continuation, `echo` and `logprobs` as OpenAI's
 
 A request passes the Host/Origin guard (guard.py) and the key check (keys.py); its body must be
-`application/json` (415), and is checked before it queues (api.py): size, UTF-8, nesting, text, fields and
+`application/json` (415), and is checked before it queues (bodies.py): size, UTF-8, nesting, text, fields and
 types → 400 (413 for size) with one line in OpenAI's error object; the prompt is tokenized off the event loop and
 checked against --max-prompt-tokens and the row's context; the queue full → 429 with Retry-After; an unknown
 model → 404. `response_format` (json_object, json_schema) holds the reply to JSON by constrained decoding
@@ -45,7 +45,7 @@ from specmemo.runtime.pool import Request
 from specmemo.runtime.sampling import Sampling, sampling_for
 from specmemo.runtime.tokenizer import ChatTokenizer, Message
 from specmemo.runtime.tools import ToolRequest
-from specmemo.serve.api import BadRequest, ChatRequest, CompletionRequest, Limits, error, parse
+from specmemo.serve.bodies import BadRequest, ChatRequest, CompletionRequest, Limits, error, parse
 from specmemo.serve.body import check_json, read_body
 from specmemo.serve.guard import ConnectionGone, Exposure, Guard
 from specmemo.serve.keys import RequireKey

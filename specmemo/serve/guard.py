@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from specmemo.errors import ConfigError
-from specmemo.serve.api import error
+from specmemo.serve.bodies import error
 
 LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
 ANY = "*"

@@ -9,7 +9,7 @@ import ipaddress
 import os
 
 from specmemo.errors import ConfigError
-from specmemo.serve.api import error
+from specmemo.serve.bodies import error
 
 ENV = "SPECMEMO_API_KEY"  # one key, or several separated by commas
 OPEN_PATHS = ("/health",)

@@ -8,7 +8,7 @@ from specmemo.runtime.artifact import Artifact
 from specmemo.runtime.constraint import Constraint, ConstraintError, ConstraintKind, GrammarTokenizer, Matcher
 from specmemo.runtime.tokenizer import ChatTokenizer
 from specmemo.runtime.tools import ToolRequest, tool_request
-from specmemo.serve.api import ChatRequest, CompletionRequest
+from specmemo.serve.bodies import ChatRequest, CompletionRequest
 from specmemo.serve.limits import BadRequest
 
 

@@ -12,7 +12,6 @@ from pathlib import Path
 from specmemo.errors import ConfigError
 from specmemo.export.batch_graph import DEFAULT_BATCHES, write_batch_graph
 from specmemo.export.checkpoint import Checkpoint
-from specmemo.export.dims import check_max_capacity, dims_from_config
 from specmemo.export.drafter_graph import export_feature_drafter
 from specmemo.export.embedding_rows import gguf_rows, tied_rows
 from specmemo.export.feature_drafter import DRAFTER_SPEC_FILE, trained_on_dtype
@@ -21,9 +20,10 @@ from specmemo.export.grouped_attention import OPSET as GROUPED_OPSET
 from specmemo.export.grouped_attention import lower_file
 from specmemo.export.heads import SPEC_FILE, HeadsError, MedusaHeads, load_any_heads
 from specmemo.export.heads_graph import export_heads_graph
+from specmemo.export.hf_config import check_max_capacity, dims_from_config
 from specmemo.export.kv_dtype import check_kv_dtype, kv_as_float16
-from specmemo.export.load import load_hf, load_tokenizer, resolve_model, stop_token_ids
 from specmemo.export.mobile import TARGET_PLATFORMS, write_ort_format
+from specmemo.export.model_source import load_hf, load_tokenizer, resolve_model, stop_token_ids
 from specmemo.export.streamed import export_streamed
 from specmemo.export.trace import OPSET
 from specmemo.export.weights_dtype import (
@@ -268,7 +268,7 @@ def calibration(quant: QuantOptions, resolved, tokenizer, log) -> tuple[dict | N
     (activation_outliers); the body GPTQ solved, where asked). The inputs come from the float32 model streamed from
     disk a layer at a time; GPTQ runs calibration conversations through the whole float32 model in memory."""
     from specmemo.export.activation_outliers import matrix_inputs
-    from specmemo.export.load import chat_prompt_ids
+    from specmemo.export.model_source import chat_prompt_ids
     from specmemo.export.validate import VALIDATION_PROMPT
 
     activations = body = None
@@ -312,7 +312,7 @@ def quantize_artifact(quant: QuantOptions, dims: ModelDims, resolved, staging: P
                       body: dict | None = None) -> tuple[QuantizationInfo, EmbeddingInfo]:
     """decoder/heads/drafter graphs → MatMulNBits (export/weights_dtype.py); the embedding then reads the
     tied LM head's quantized rows where it can (no second copy, no fp32 table)."""
-    from specmemo.export.load import joined_gguf
+    from specmemo.export.model_source import joined_gguf
 
     log(f"quantizing the graphs to {quant.dtype.value} (accuracy level {quant.accuracy_level}) ...")
     with tempfile.TemporaryDirectory(dir=staging.parent) as tmp:

@@ -94,7 +94,7 @@ def run_load(config: LoadConfig, *, log=print) -> dict:
                "prompt": first_prompt(config.artifact)}
     rounds = []
     for number in range(config.rounds):
-        rounds.append(run_json("specmemo.bench.load", request, what=f"bench load round {number + 1}",
+        rounds.append(run_json("specmemo.bench.load_time", request, what=f"bench load round {number + 1}",
                                fix="run `specmemo generate --artifact ...` to see the error"))
         log(f"round {number + 1}: {rounds[-1]['total_s']:.2f} s to the first token")
     names = list(rounds[0]["pieces"])

@@ -166,8 +166,8 @@ def joined_gguf(parts: tuple[Path, ...], folder: Path) -> Path:
 def check_gguf_supported(path: Path) -> None:
     """Refuse an unsupported GGUF from its header's general.architecture (the first part of a split
     file holds the header), before anything is converted or written."""
-    from specmemo.export.dims import GGUF_ARCHITECTURES, check_architecture
     from specmemo.export.gguf_meta import read_metadata
+    from specmemo.export.hf_config import GGUF_ARCHITECTURES, check_architecture
 
     arch = read_metadata(path, {"general.architecture"}).get("general.architecture", "unknown")
     check_architecture(GGUF_ARCHITECTURES.get(arch, arch), where=f"{path.name}: GGUF ")
@@ -176,7 +176,7 @@ def check_gguf_supported(path: Path) -> None:
 def check_supported(spec: str) -> None:
     """What `--model` names is a model the exporter supports, read from the GGUF header or
     config.json alone: no weights are read, nothing is converted or written (well under a second)."""
-    from specmemo.export.dims import architecture_of, check_architecture
+    from specmemo.export.hf_config import architecture_of, check_architecture
 
     if spec in ALIASES:
         first = ALIASES[spec].paths()[0]
