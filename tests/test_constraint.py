@@ -277,29 +277,21 @@ def test_serve_holds_replies_to_response_format_as_constrained_greedy_would(arti
         server.stop()
 
 
-def test_bench_structured_checks_every_keyword_it_counts_and_runs_both_our_engines(artifact):
-    from specmemo.bench.structured import CHECKED, StructuredConfig, load_tasks, run, violation
-
-    def keywords(schema):
-        yield from schema
-        for sub in [*schema.get("properties", {}).values(), *schema.get("anyOf", []),
-                    *([schema["items"]] if "items" in schema else [])]:
-            yield from keywords(sub)
+def test_bench_structured_judges_as_the_fuzz_does_and_runs_both_our_engines(artifact):
+    from specmemo.bench.schema_check import judge_content
+    from specmemo.bench.structured import StructuredConfig, check_reply, load_tasks, run
 
     tasks = load_tasks()
     assert {t.kind for t in tasks} == {"schemas", "tools"}
-    for task in tasks:
-        for schema in [task.schema] if task.schema else [f["parameters"] for f in task.functions]:
-            assert set(keywords(schema)) <= CHECKED, task.id
-    todo = next(t.schema for t in tasks if t.id == "todo")
-    assert violation({"tasks": [{"title": "pack", "priority": "high"}]}, todo) is None
-    assert violation({"tasks": [{"title": "pack", "priority": "urgent"}]}, todo) == "$.tasks.0.priority: not one of " \
-                                                                                    "['low', 'medium', 'high']"
-    assert violation({"tasks": [], "extra": 1}, todo) == "$: extra ['extra']"
-    assert violation({"n": True}, {"type": "object", "properties": {"n": {"type": "integer"}}}) == \
-        "$.n: a boolean, not integer"
-    with pytest.raises(ValueError, match="pattern"):
-        violation("x", {"type": "string", "pattern": "x"})
+    todo = next(t for t in tasks if t.id == "todo")
+    assert check_reply(todo, '{"tasks": [{"title": "pack", "priority": "high"}]}', []) is None
+    assert check_reply(todo, '{"tasks": [{"title": "pack", "priority": "urgent"}]}', []) == \
+        judge_content(todo.schema, '{"tasks": [{"title": "pack", "priority": "urgent"}]}') == \
+        "tasks/0/priority: 'urgent' is not one of ['low', 'medium', 'high']"
+    assert check_reply(todo, '{"tasks": [', []).startswith("not JSON")
+    tool = next(t for t in tasks if t.kind == "tools")
+    assert check_reply(tool, "", []) == "0 calls"
+    assert check_reply(tool, "", [("no_such_function", "{}")]) == "a call of 'no_such_function', not offered"
     summary = run(StructuredConfig(artifact=artifact.folder, engines=("specmemo-greedy", "specmemo-controller"),
                                    kinds=("schemas",), limit=2, max_new_tokens=40), log=lambda _: None)
     assert summary["engines"]["specmemo-controller"]["equal_to_greedy"] == 2

@@ -179,7 +179,8 @@ def test_smollm2_structured_replies_equal_pythons_on_the_bench_schemas(smollm2_a
     import re
 
     from specmemo import open_model
-    from specmemo.bench.structured import load_tasks, violation
+    from specmemo.bench.schema_check import violation
+    from specmemo.bench.structured import load_tasks
 
     model = open_model(smollm2_artifact, mode="greedy", temperature=0)
     differ = []
@@ -188,7 +189,7 @@ def test_smollm2_structured_replies_equal_pythons_on_the_bench_schemas(smollm2_a
         (tmp_path / f"{task.id}.json").write_text(json.dumps(task.schema))
         (out,) = node("generate", "--artifact", str(smollm2_artifact), "--prompt", task.prompt, "--max-new-tokens",
                       "96", "--mode", "greedy", "--json-schema", str(tmp_path / f"{task.id}.json"))
-        assert violation(json.loads(out["text"]), task.schema) is None, (task.id, out["text"])
+        assert violation(task.schema, json.loads(out["text"])) is None, (task.id, out["text"])
         if out["token_ids"] != expected.token_ids:
             at = next(i for i, (a, b) in enumerate(zip(out["token_ids"], expected.token_ids, strict=False)) if a != b)
             before = model.engine.tokenizer.decode(expected.token_ids[:at])

@@ -18,8 +18,9 @@ presence and frequency penalties), composed with the schema or the call; the con
 
 Per engine: how many replies finished (the grammar complete within --max-new-tokens), how many of those are valid
 (JSON that parses and satisfies its schema; a call of an offered function whose arguments satisfy its parameters:
-checked by `violation`, which refuses keywords it does not check), decode tok/s, mask ms per token, tokens accepted
-per step, forced tokens per reply, and for the controller how many replies equal constrained greedy's tokens.
+judged by jsonschema with the schema's draft, as the structured fuzz judges: bench/schema_check.py), decode tok/s,
+mask ms per token, tokens accepted per step, forced tokens per reply, and for the controller how many replies equal
+constrained greedy's tokens.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from typing import Any
 
 import numpy as np
 
+from specmemo.bench.schema_check import judge_calls, judge_content
 from specmemo.errors import ConfigError
 from specmemo.runtime.config import DEFAULT_THREADS
 
@@ -98,68 +100,14 @@ def load_tasks(kinds: tuple[str, ...] = KINDS, limit: int | None = None, path: P
     return tasks
 
 
-CHECKED = {"type", "properties", "required", "additionalProperties", "enum", "const", "maxLength", "minLength",
-           "minimum", "maximum", "items", "maxItems", "minItems", "anyOf", "description"}
-TYPES: dict[str, type | tuple[type, ...]] = {"object": dict, "array": list, "string": str, "boolean": bool,
-                                              "integer": int, "number": (int, float)}
-
-
-def violation(value: Any, schema: dict[str, Any], where: str = "$") -> str | None:
-    """The first way `value` breaks `schema` ("$.tasks.0.title: ..."), None if it satisfies it. Only the keywords in
-    CHECKED are understood; a schema using another is refused (ValueError), so nothing goes unchecked."""
-    unknown = set(schema) - CHECKED
-    if unknown:
-        raise ValueError(f"{where}: the checker does not know {sorted(unknown)}")
-    if "anyOf" in schema:
-        return None if any(violation(value, s, where) is None for s in schema["anyOf"]) else f"{where}: no anyOf"
-    kind = schema.get("type")
-    if kind is not None:
-        if isinstance(value, bool) and kind in ("integer", "number"):
-            return f"{where}: a boolean, not {kind}"
-        if not isinstance(value, TYPES[kind]):
-            return f"{where}: not {kind}"
-    if "const" in schema and value != schema["const"]:
-        return f"{where}: not {schema['const']!r}"
-    if "enum" in schema and value not in schema["enum"]:
-        return f"{where}: not one of {schema['enum']}"
-    if isinstance(value, str) and not schema.get("minLength", 0) <= len(value) <= schema.get("maxLength", len(value)):
-        return f"{where}: length {len(value)}"
-    number = isinstance(value, (int, float)) and not isinstance(value, bool)
-    if number and (value < schema.get("minimum", value) or value > schema.get("maximum", value)):
-        return f"{where}: {value} out of bounds"
-    if isinstance(value, list):
-        if not schema.get("minItems", 0) <= len(value) <= schema.get("maxItems", len(value)):
-            return f"{where}: {len(value)} items"
-        for i, item in enumerate(value):
-            if "items" in schema and (found := violation(item, schema["items"], f"{where}.{i}")):
-                return found
-    if isinstance(value, dict):
-        properties = schema.get("properties", {})
-        missing = [k for k in schema.get("required", []) if k not in value]
-        if missing:
-            return f"{where}: missing {missing}"
-        if schema.get("additionalProperties") is False and set(value) - set(properties):
-            return f"{where}: extra {sorted(set(value) - set(properties))}"
-        for key, item in value.items():
-            if key in properties and (found := violation(item, properties[key], f"{where}.{key}")):
-                return found
-    return None
-
-
 def check_reply(task: Task, text: str, calls: list[tuple[str, str]]) -> str | None:
-    """Why a finished reply is not valid (None: valid): its JSON against the task's schema, or its one call."""
-    try:
-        if task.kind == "schemas":
-            assert task.schema is not None
-            return violation(json.loads(text), task.schema)
-        if len(calls) != 1:
-            return f"{len(calls)} calls"
-        name, arguments = calls[0]
-        function = next((f for f in task.functions if f["name"] == name), None)
-        return f"unknown function {name}" if function is None else violation(json.loads(arguments),
-                                                                              function["parameters"])
-    except json.JSONDecodeError as err:
-        return f"not JSON ({err.msg})"
+    """Why a finished reply is not valid (None: valid): its JSON against the task's schema, or its one call, judged
+    by jsonschema as the structured fuzz judges (schema_check.py)."""
+    if task.kind == "schemas":
+        return judge_content(task.schema, text)
+    if len(calls) != 1:
+        return f"{len(calls)} calls"
+    return judge_calls([{"function": f} for f in task.functions], calls)
 
 
 @dataclass
