@@ -168,30 +168,28 @@ export class Reply {
   }
 
   /**
-   * The step's tree of at most `budget` nodes: the drafter's or the root alone; under a constraint, pruned to what
-   * the grammar allows, or after forced tokens their chain alone (drafters here read the root's hidden state).
+   * The step's tree of at most `budget` nodes: the drafter's (past the forced chain, where it reads tokens alone) or
+   * the root alone, then a constraint's pruning and its decided chain (the root, then the tokens the grammar forced).
    */
   async propose(budget: number): Promise<Verify> {
     const root = this.context[this.context.length - 1];
-    const c = this.constraint;
-    if (c !== null && this.forced.length > 0) {
-      const decided = [this.step!.root, ...this.forced];
-      return { tree: DraftTree.chain(decided), draftMs: 0, decided: decided.length,
-        masks: new Map([[decided.length - 1, await c.mask()]]) };
-    }
+    budget -= this.forced.length;
     let draft = DraftTree.rootOnly(root);
     let draftMs = 0;
     if (budget > 1 && this.drafter !== null && this.step !== null) {
       const drafting = performance.now();
-      draft = await this.drafter.propose({ tokens: this.context, hidden: this.step.hidden }, budget);
+      draft = await this.drafter.propose({ tokens: this.context, hidden: this.step.hidden, ahead: this.forced.length }, budget);
       if (this.options.chainsOnly) draft = draft.bestPath();
       draftMs = performance.now() - drafting;
     }
+    const c = this.constraint;
     if (c === null) return { tree: draft, draftMs };
-    const [kept, masks] = await c.along(draft);
+    const [kept, masks] = draft.size === 1 ? [[0], new Map([[0, await c.mask()]])] : await c.along(draft);
     this.generation.stats.prunedNodes += draft.size - kept.length;
-    const tree = draft.keep(kept);
-    return { tree, draftMs, decided: 1, masks: new Map(kept.map((old, i) => [i, masks.get(old)!])) };
+    const decided = [this.step!.root, ...this.forced];
+    const last = decided.length - 1;
+    const tree = last > 0 ? DraftTree.chain(decided).graft(draft.keep(kept)) : draft.keep(kept);
+    return { tree, draftMs, decided: decided.length, masks: new Map(kept.map((old, i) => [last + i, masks.get(old)!])) };
   }
 
   /** The accepted nodes (root first) of the verified tree and the step it leads to. */

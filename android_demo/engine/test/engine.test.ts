@@ -8,8 +8,9 @@ import { Controller, DECISION_LOG, LatencyCurve } from '../src/controller';
 import { ScoreCalibration, rescored, trials } from '../src/drafters/scoreCalibration';
 import { KVCache, OrtModule } from '../src/session';
 import { parseRoute, routeRowsFor } from '../src/backend';
-import { accept } from '../src/decode';
-import { DraftTree, merge, ordered } from '../src/drafters/draft';
+import { Reply, accept } from '../src/decode';
+import type { Matcher } from '../src/constraint';
+import { type DraftContext, DraftTree, merge, ordered } from '../src/drafters/draft';
 import { Merged } from '../src/drafters/merged';
 import { ConversationIndex, NgramIndex, PromptLookup } from '../src/drafters/lookup';
 import { parseDrafter, withRecall } from '../src/drafters/names';
@@ -292,4 +293,30 @@ test('merged parts are rescored by their own calibration, judged by the text dec
     await merged.propose({ tokens, hidden: new Float32Array() }, 3);
   }
   assert.deepEqual((await merged.propose({ tokens, hidden: new Float32Array() }, 2)).tokens, [200, 200]);
+});
+
+test('under a grammar, a drafter of tokens alone drafts past the forced chain, hung under it (as decode.py)', async () => {
+  const V = 16;
+  const all = () => new Uint8Array(V).fill(1);
+  const matcher = { // what Reply asks of a matcher: its mask here, and the masks along a draft
+    mask: () => Promise.resolve(all()),
+    along: (tree: DraftTree): Promise<[number[], Map<number, Uint8Array>]> =>
+      Promise.resolve([tree.tokens.map((_, i) => i), new Map(tree.tokens.map((_, i) => [i, all()]))]),
+  } as unknown as Matcher;
+  const asked: (number | undefined)[] = [];
+  const drafter = { name: 'fake', propose: (context: DraftContext) => {
+    asked.push(context.ahead);
+    return Promise.resolve(new DraftTree([context.tokens[context.tokens.length - 1], 5, 6], [-1, 0, 1], [1, 0.9, 0.8]));
+  } };
+  const reply = new Reply([1, 2], { maxNewTokens: 8, eosTokenIds: new Set(), constraint: matcher }, drafter);
+  reply.step = { root: 3, hidden: new Float32Array(4) };
+  reply.context.push(3, 7, 8); // the root, then two tokens the grammar forced after it
+  reply.forced = [7, 8];
+  const verify = await reply.propose(8);
+  assert.deepEqual(asked, [2]);
+  assert.deepEqual(verify.tree.tokens, [3, 7, 8, 5, 6]);
+  assert.deepEqual(verify.tree.parents, [-1, 0, 1, 2, 3]);
+  assert.equal(verify.decided, 3);
+  assert.deepEqual([...verify.masks!.keys()], [2, 3, 4]);
+  assert.throws(() => DraftTree.chain([3, 7]).graft(DraftTree.rootOnly(9)), /grafted/);
 });

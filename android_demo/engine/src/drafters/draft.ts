@@ -34,6 +34,17 @@ export class DraftTree {
     return this.tokens.length;
   }
 
+  /** This chain with `tree` hung under its last node (which is `tree`'s root): decided tokens, then a draft of what
+   * follows them. */
+  graft(tree: DraftTree): DraftTree {
+    const last = this.size - 1;
+    if (this.parents.some((p, i) => p !== i - 1) || this.tokens[last] !== tree.tokens[0]) {
+      throw new RangeError("a draft is grafted under a chain whose last token is the draft's root");
+    }
+    return new DraftTree([...this.tokens, ...tree.tokens.slice(1)], [...this.parents, ...tree.parents.slice(1).map((p) => p + last)],
+      [...this.scores, ...tree.scores.slice(1)]);
+  }
+
   /** The first `size` nodes (at least the root). */
   prefix(size: number): DraftTree {
     const n = Math.max(1, size);
@@ -66,6 +77,7 @@ export class DraftTree {
 export interface DraftContext {
   tokens: number[]; // every decided token of the conversation, ending with the root
   hidden: Float32Array; // [h] final hidden state of the last committed position
+  ahead?: number; // decided tokens before the root not yet run by the model (a grammar's forced chain): no hidden state
 }
 
 export interface Drafter {

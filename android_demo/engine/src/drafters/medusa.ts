@@ -25,7 +25,8 @@ export class MedusaDrafter implements Drafter {
 
   async propose(context: DraftContext, budget: number): Promise<DraftTree> {
     const root = context.tokens[context.tokens.length - 1];
-    if (budget <= 1 || this.tree.size === 1) return DraftTree.rootOnly(root);
+    // ahead: the root's hidden state is not computed yet (a grammar's forced chain runs first)
+    if (budget <= 1 || this.tree.size === 1 || (context.ahead ?? 0) > 0) return DraftTree.rootOnly(root);
     const [ids, probs] = await this.heads.draft(context.hidden);
     const tokens = [root, ...this.index.map((i) => Number(ids[i]))];
     const scores = [1, ...this.index.map(() => 1)];
