@@ -218,9 +218,10 @@ def pytest_report_header(config) -> str:
 
 
 @pytest.fixture(scope="session")
-def random_seed(request) -> int:
-    """The seed of the randomly drawn tests (chosen_seed), printed so a failure can be replayed with --seed."""
-    seed = chosen_seed(request.config.getoption("--seed"), os.environ)
+def random_seed() -> int:
+    """The seed of the randomly drawn tests, as pytest_configure chose it, printed so a failure can be replayed with
+    --seed."""
+    seed = int(os.environ["SPECMEMO_TEST_SEED"])
     print(f"\nrandom tests: --seed {seed}")
     return seed
 

@@ -26,18 +26,16 @@ import specmemo_old.runtime.session as old_session
 import specmemo.api as new_api
 from specmemo.bench.results import write_json
 from specmemo.datasets import first_turns, load_questions
+from specmemo.runtime.ort_sessions import configure_process
 
 artifact, questions, tokens, out = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
 THREADS = 2
 # The models opened second ran ~2% faster in an A/A run (new against new) on this host: `first` names which code
 # opens first, and a pair of runs, one each way, cancels it.
 first = sys.argv[5] if len(sys.argv) > 5 else "new"
-old_session._PROCESS_THREADS = THREADS  # the process's ORT pool and arena are set up once, by the new package
+configure_process(THREADS)  # the process's ORT pool and arena, set up once, by the new package
+old_session._PROCESS_THREADS = THREADS
 opener = {"new": new_api.open_model, "old": old_api.open_model}
-if first == "old":
-    from specmemo.runtime.ort_sessions import configure_process
-
-    configure_process(THREADS)
 models = {(code, mode): opener[code](artifact, mode=mode, threads=THREADS, temperature=0)
           for code in (first, "old" if first == "new" else "new") for mode in ("greedy", "auto")}
 prompts = [q.turns[0] for q in first_turns(load_questions())[: questions + 1]]
@@ -67,6 +65,7 @@ for mode in ("greedy", "auto"):
                      "median_question_ratio": statistics.median(ratios), "same_replies": sum(r["same"] for r in mine),
                      "questions": len(mine)}
     print(f"{mode}: old {tok['old']:.1f} tok/s, new {tok['new']:.1f} tok/s, new/old {tok['new'] / tok['old']:.3f} "
-          f"(median per question {statistics.median(ratios):.3f}), same replies {summary[mode]['same_replies']}/{len(mine)}")
+          f"(median per question {statistics.median(ratios):.3f}), "
+          f"same replies {summary[mode]['same_replies']}/{len(mine)}")
 write_json(Path(out), {"artifact": artifact, "opened_first": first, "questions": questions, "tokens": tokens,
                  "summary": summary, "rows": rows}, threads=THREADS)

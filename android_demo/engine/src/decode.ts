@@ -184,7 +184,7 @@ export class Reply {
     }
     const c = this.constraint;
     if (c === null) return { tree: draft, draftMs };
-    const [kept, masks] = draft.size === 1 ? [[0], new Map([[0, await c.mask()]])] : await c.along(draft);
+    const [kept, masks] = await c.along(draft);
     this.generation.stats.prunedNodes += draft.size - kept.length;
     const decided = [this.step!.root, ...this.forced];
     const last = decided.length - 1;
