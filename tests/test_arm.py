@@ -223,3 +223,40 @@ def test_a_failed_process_is_named_by_its_error_not_nodes_version_line():
     assert failure_line("TypeError: x is not a function\nNode.js v20.19.6") == "TypeError: x is not a function"
     assert failure_line("something odd\n") == "something odd"
     assert failure_line("") == "no output"
+
+
+def test_a_class_decodes_a_prompt_a_step_and_a_stopped_run_keeps_the_prompts_it_finished(tmp_path, monkeypatch):
+    from specmemo.bench import arm
+    from specmemo.bench.arm_resume import Steps
+
+    asked = []
+
+    def worker(root, cpu, body, arts):  # as arm_worker answers: per folder and mode, one reply a prompt
+        asked.append(body)
+        if len(asked) == 3 and body["prompts"] == [[3]]:
+            raise ConfigError("the runtime on emulated a76 failed (stopped)")
+        reply = {"replies": [[body["prompts"][0][0] * 10]], "route": "1x1", "seconds": 1.0}
+        return {"machine": "aarch64", "runs": {"A": {"greedy": reply, "auto": dict(reply),
+                                                     **({"per_op": "audit"} if "per_op" in body else {})}}}
+
+    monkeypatch.setattr(arm, "on_arm", worker)
+    body = {"prompts": [[1], [2], [3]], "kernel_probes": {"A": "probes"}, "per_op": {"starts": 1}}
+    with pytest.raises(ConfigError):
+        arm.decode_on(Steps(tmp_path, log=lambda _: None), tmp_path, "cortex-a76", body, (), log=lambda _: None)
+    assert [b["kernel_probes"] for b in asked] == [{"A": "probes"}, {}, {}]  # the kernels probed once, not per prompt
+    assert ["per_op" in b for b in asked] == [True, False, False]
+    merged = arm.decode_on(Steps(tmp_path, log=lambda _: None), tmp_path, "cortex-a76", body, (), log=lambda _: None)
+    assert len(asked) == 4  # the rerun asked for the third prompt alone
+    greedy = merged["runs"]["A"]["greedy"]
+    assert greedy["replies"] == [[10], [20], [30]] and greedy["seconds"] == 3.0 and merged["runs"]["A"]["per_op"]
+
+
+def test_a_route_that_moves_between_prompts_is_an_error():
+    from specmemo.bench.arm import merge_parts
+
+    def part(route):
+        reply = {"replies": [[1]], "route": route, "seconds": 1.0}
+        return {"runs": {"A": {"greedy": reply, "auto": reply}}}
+
+    with pytest.raises(ConfigError, match="route moved"):
+        merge_parts([part("1x1"), part("2x1")])

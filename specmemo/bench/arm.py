@@ -148,6 +148,37 @@ def on_arm(root: Path, cpu: str, body: dict[str, Any], artifacts: tuple[Path, ..
     return result
 
 
+def decode_on(steps: Steps, root: Path, cpu: str, body: dict[str, Any], arts: tuple[Path, ...], *,
+              log: Any = print) -> dict[str, Any]:
+    """One class's run of the worker, a prompt a step: the 0.5B's nine replies take hours of emulation, and a stop
+    keeps every prompt finished before it. The first step also probes the kernels and runs the per-op audit."""
+    if not body["prompts"]:  # kernel routes (and the audit) alone
+        return steps.done(f"decode {cpu}", body, arts, partial(on_arm, root, cpu, body, arts))
+    parts = []
+    for i, prompt in enumerate(body["prompts"]):
+        one = {**body, "prompts": [prompt]} if i == 0 else {
+            **{k: v for k, v in body.items() if k != "per_op"}, "prompts": [prompt], "kernel_probes": {}}
+        log(f"... prompt {i + 1}/{len(body['prompts'])} on {cpu}")
+        parts.append(steps.done(f"decode {cpu}", one, arts, partial(on_arm, root, cpu, one, arts)))
+    return merge_parts(parts)
+
+
+def merge_parts(parts: list[dict[str, Any]]) -> dict[str, Any]:
+    """The worker's results for one prompt each, as one result for them all: replies in order, seconds summed, the
+    route and the first step's kernel routes and audit kept (a route that moved between steps is an error)."""
+    merged: dict[str, Any] = json.loads(json.dumps(parts[0]))
+    for part in parts[1:]:
+        for folder, runs in part["runs"].items():
+            for mode in MODES:
+                into, more = merged["runs"][folder][mode], runs[mode]
+                if more["route"] != into["route"]:
+                    raise ConfigError(f"the numeric route moved between prompts ({into['route']}, then "
+                                      f"{more['route']}): clear the route cache and run again")
+                into["replies"] += more["replies"]
+                into["seconds"] += more["seconds"]
+    return merged
+
+
 def first_difference(a: list[int], b: list[int]) -> int | None:
     """The first position where two replies differ (a shorter reply ends there); None when they are equal."""
     for i, (x, y) in enumerate(zip(a, b, strict=False)):
@@ -217,7 +248,7 @@ def run(config: ArmConfig, *, lock: Path, log: Any = print) -> dict[str, Any]:
             summary["tests"][cpu] = steps.done(f"tests {cpu}", arm_tests.pytest_args(), (),
                                                partial(arm_tests.on_arm, root, cpu, store))
         log(f"... on emulated aarch64 {cpu} (QEMU_CPU={CPUS[cpu]}): slow, a few minutes ...")
-        arm = steps.done(f"decode {cpu}", first, arts, partial(on_arm, root, cpu, first, arts))
+        arm = decode_on(steps, root, cpu, first, arts, log=log)
         summary["kernel_routes"][cpu] = routes_of(arm)
         if config.per_op:
             summary["per_op"][cpu] = per_op_of(arm)
