@@ -139,6 +139,9 @@ def test_the_per_op_audit_names_the_op_that_makes_a_row_depend_on_its_call(tmp_p
     result = per_op(InvarianceConfig(artifact=artifact, sizes=(2, 3, 5), prompt=60, starts=8), log=lambda *_: None)
     print(op_table(result))
     assert result["calls"] > 8 and result["logits_agree"] == result["calls"]
+    whole = result["logits_1x1"]  # the logits' own audit, one row a call, kept beside the ops'
+    assert whole["rows"] == 8 * (2 + 3 + 5) and (whole["differ"] == 0) == (attention is AttentionOp.GROUPED)
+    assert f"{whole['differ']} of {whole['rows']} rows differ" in op_table(result)
     changed = {op for op, r in result["ops"].items() if r["depends_on"] != "nothing"}
     assert changed == (set() if attention is AttentionOp.GROUPED else {"GroupQueryAttention"})
     assert {"MatMul", "Softmax"} <= set(result["ops"]) if attention is AttentionOp.GROUPED else True

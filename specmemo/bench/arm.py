@@ -52,6 +52,9 @@ class ArmConfig:
             raise ConfigError(f"cpus: {', '.join(unknown)} is no CPU class here; choose from {', '.join(CPUS)}")
         if not self.artifacts or self.prompts < 1 or self.max_new_tokens < 1:
             raise ConfigError("give at least one artifact, one prompt and one new token")
+        if not self.per_op_sizes or min(self.per_op_sizes) < 2 or self.per_op_starts < 1:
+            raise ConfigError("--audit-sizes must be 2 or more each (one-row calls are the reference), "
+                              "--audit-starts positive")
 
 
 def prompt_texts(config: ArmConfig) -> list[str]:

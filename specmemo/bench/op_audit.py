@@ -296,21 +296,25 @@ def per_op(config, *, log=print) -> dict[str, Any]:
         rng = np.random.default_rng(0)
         prompt = [int(t) for t in rng.integers(0, m.dims.vocab_size, config.prompt)]
         chain = [int(t) for t in rng.integers(0, m.dims.vocab_size, config.starts + max(config.sizes))]
-        audit_route(OrtBackend(session, route=RowRoute(1, 1, RouteSource.PROBED)), prompt, chain, config.sizes,
-                    config.starts)
+        logits = audit_route(OrtBackend(session, route=RowRoute(1, 1, RouteSource.PROBED)), prompt, chain,
+                             config.sizes, config.starts)
     counts = Counter(node.op for node in nodes)
     ops = {op: {"nodes": counts[op], "rows": t.rows, "differ": t.differ,
                 "introduced_same_span": t.introduced_same_span, "introduced_other_span": t.introduced_other_span,
                 "depends_on": t.verdict()}
            for op, t in sorted(recorder.tallies.items())}
     return {"ops": ops, "calls": recorder.calls, "logits_agree": recorder.logits_agree,
-            "tensors_with_rows": len(recorder.layouts), "nodes": len(nodes)}
+            "tensors_with_rows": len(recorder.layouts), "nodes": len(nodes), "logits_1x1": logits,
+            "starts": config.starts, "sizes": list(config.sizes)}
 
 
 def op_table(result: dict[str, Any]) -> str:
     """One line per op type: its rows, those that differed, those it changed itself (same span, across one)."""
+    whole = result.get("logits_1x1")  # absent from audits recorded before it was kept
     lines = [f"per op (ORT's optimized graph, {result['nodes']} nodes, {result['tensors_with_rows']} tensors holding "
              f"rows; its logits equal the runtime's on {result['logits_agree']}/{result['calls']} calls)",
+             *([f"the logits, one row a call: {whole['differ']} of {whole['rows']} rows differ "
+                f"({result['starts']} starts, T = {', '.join(map(str, result['sizes']))})"] if whole else []),
              f"{'op':<36}{'nodes':>6}{'rows':>9}{'differ':>8}{'made, same L':>14}{'made, other L':>15}  depends on"]
     for op, r in result["ops"].items():
         lines.append(f"{op:<36}{r['nodes']:>6}{r['rows']:>9}{r['differ']:>8}{r['introduced_same_span']:>14}"

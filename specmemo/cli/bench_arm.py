@@ -8,7 +8,7 @@ from pathlib import Path
 
 from specmemo.bench.arm_env import CPUS
 from specmemo.bench.results import run_folder
-from specmemo.cli.options import DefaultsHelp, add_threads, positive
+from specmemo.cli.options import DefaultsHelp, add_threads, positive, sizes_list
 from specmemo.console import log_stderr
 
 LOCK = Path(__file__).resolve().parents[2] / "requirements.lock"
@@ -49,6 +49,11 @@ def add_arm_parser(bench) -> None:
                    help="also the per-op shape audit of each artifact (as `bench invariance --per-op`: which op makes "
                         "a row depend on its call's rows or span), here and on each class; recorded in the manifests "
                         "(shape_audit). With --routes-only: the audit without decoding the prompts")
+    b.add_argument("--audit-starts", type=positive, default=16,
+                   help="--per-op: consecutive start positions (64: every S mod the span bucket, calls crossing its "
+                        "edges; each start costs a call of every size under emulation)")
+    b.add_argument("--audit-sizes", type=sizes_list, default=(2, 3, 4, 5, 8, 16),
+                   help="--per-op: rows of the calls compared with one-row calls, e.g. 2,3,4,5,8,16")
     b.add_argument("--count", action="store_true",
                    help="instead: instructions a decoder call executes on the flagship and A76 classes (QEMU's "
                         "plugin counter, built once; a proxy for cost: no caches, no bandwidth), ours at one and "
@@ -72,7 +77,8 @@ def cmd_bench_arm(args: argparse.Namespace) -> int:
                        prompts=args.prompts, extra_prompts=tuple(args.prompt), max_new_tokens=args.max_new_tokens,
                        threads=args.threads,
                        replies=not (args.routes_only or args.tests_only),
-                       tests=not (args.routes_only or args.no_tests), per_op=args.per_op)
+                       tests=not (args.routes_only or args.no_tests), per_op=args.per_op,
+                       per_op_starts=args.audit_starts, per_op_sizes=args.audit_sizes)
     summary = run(config, lock=LOCK, log=log_stderr)
     if summary["cpus"]:
         print(table(summary) + "\n")
