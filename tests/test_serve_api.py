@@ -331,10 +331,13 @@ def test_a_body_over_the_limit_sent_by_urllib_reads_its_413(server):
 def test_each_api_key_drafts_from_its_own_recall_store(artifact, greedy, tmp_path):
     """serve --recall-dir: a key's finished replies join its own store (its own file, named by the key's digest),
     a second ask of the same question drafts from it in fewer steps, another key's store stays apart, and every
-    reply is greedy's."""
+    reply is greedy's. The drafter's whole draft is verified every step (tree mode): the controller weighs drafting
+    against measured step times, which a loaded machine can tip toward plain steps."""
+    from specmemo.runtime.config import Mode
     from specmemo.serve.stores import RecallStores
 
-    server = Server(artifact, batch=2, max_queue=4, keys=("alice", "bob"), drafter="lookup", recall_dir=tmp_path)
+    server = Server(artifact, batch=2, max_queue=4, keys=("alice", "bob"), drafter="lookup", recall_dir=tmp_path,
+                    mode=Mode.TREE)
     try:
         stores, pool = server.chat.stores, server.chat.worker.pool
         assert isinstance(stores, RecallStores)
