@@ -157,10 +157,10 @@ def decode_on(steps: Steps, root: Path, cpu: str, body: dict[str, Any], arts: tu
     keeps every prompt finished before it. The first step also probes the kernels and runs the per-op audit."""
     if not body["prompts"]:  # kernel routes (and the audit) alone
         return steps.done(f"decode {cpu}", body, arts, partial(on_arm, root, cpu, body, arts))
+    later = {**{k: v for k, v in body.items() if k != "per_op"}, "kernel_probes": {}}  # what steps 2.. ask
     parts = []
     for i, prompt in enumerate(body["prompts"]):
-        one = {**body, "prompts": [prompt]} if i == 0 else {
-            **{k: v for k, v in body.items() if k != "per_op"}, "prompts": [prompt], "kernel_probes": {}}
+        one = {**(body if i == 0 else later), "prompts": [prompt]}
         log(f"... prompt {i + 1}/{len(body['prompts'])} on {cpu}")
         parts.append(steps.done(f"decode {cpu}", one, arts, partial(on_arm, root, cpu, one, arts)))
     return merge_parts(parts)
