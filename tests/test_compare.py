@@ -247,6 +247,52 @@ def test_compare_runs_every_engine_and_writes_everything(chat_model, tmp_path, c
     assert "![memory.png](memory.png)" in (out / "report.md").read_text()
 
 
+def test_also_runs_our_engines_on_another_export_in_the_same_rounds(chat_model, tmp_path, capsys):  # noqa: F811
+    """`--also`: our rows again on another export of the model (here a copy), each against its own greedy, and each
+    of the main rows' speed against its twin's."""
+    import shutil
+
+    from specmemo.cli import main
+    from specmemo.runtime.manifest import load_manifest
+
+    artifact, _, _ = chat_model
+    twin = shutil.copytree(artifact, tmp_path / "twin")
+    prompts = tmp_path / "questions.jsonl"
+    prompts.write_text("".join(json.dumps({"question_id": i, "category": "toy", "turns": [f"w{30 + i} w{40 + i}"]})
+                               + "\n" for i in range(2)))
+    out = tmp_path / "out"
+    model = load_manifest(artifact).source_model
+    assert main(["compare", "--model", model, "--artifact", str(artifact), "--prompts", str(prompts),
+                 "--engines", "specmemo-greedy,specmemo-controller", "--also", str(twin), "--max-new-tokens", "6",
+                 "--rounds", "1", "--trace-tokens", "0", "--no-peer", "--out", str(out)]) == 0
+    summary = json.loads((out / "results.json").read_text())
+    engines = summary["engines"]
+    assert set(engines) == {"specmemo-greedy", "specmemo-controller", "specmemo-greedy@twin",
+                            "specmemo-controller@twin"}
+    assert engines["specmemo-controller@twin"]["identical_to_greedy"] == 2  # against specmemo-greedy@twin
+    assert "| specmemo-greedy@twin |" in capsys.readouterr().out
+    mine, its = (json.loads((out / f"{name}.jsonl").read_text().splitlines()[0])["choices"][0]["turns"][0]
+                 for name in ("specmemo-greedy", "specmemo-greedy@twin"))
+    assert mine == its  # the same graph: the same reply
+    assert set(summary["ratios"]) >= {"specmemo_greedy_decode_tokens_per_s_vs_twin",
+                                      "specmemo_controller_decode_tokens_per_s_vs_twin"}
+    assert summary["config"]["also"] == [str(twin)]
+
+
+def test_also_rows_by_hand():
+    engines = {"specmemo-greedy": {"decode_tokens_per_s": 30.0}, "specmemo-greedy@gqa": {"decode_tokens_per_s": 20.0},
+               "specmemo-controller@gqa": {"decode_tokens_per_s": 10.0}}
+    assert compare.also_ratios(engines) == {"specmemo_greedy_decode_tokens_per_s_vs_gqa": 1.5}
+    assert compare.also_engines(("specmemo-greedy", "llama.cpp"), (Path("a/m-gqa"),)) == ("specmemo-greedy@m-gqa",)
+    config = compare.CompareConfig(artifact=Path("a/m"), model="m", prompts=((0, "x", [1]),), also=(Path("b/m-gqa"),),
+                                   engines=("specmemo-greedy", "specmemo-greedy@m-gqa"))
+    assert compare.request_for(config, "specmemo-greedy@m-gqa")["artifact"] == "b/m-gqa"
+    assert compare.request_for(config, "specmemo-greedy@m-gqa")["engine"] == "specmemo-greedy"
+    with pytest.raises(ConfigError, match="folder name"):
+        compare.CompareConfig(artifact=Path("a/m"), model="m", prompts=((0, "x", [1]),), also=(Path("b/m"),),
+                              engines=("specmemo-greedy",))
+
+
 def test_llama_cpp_draft_keeps_its_kv_on_the_common_prefix():
     """The llama.cpp draft-model engine's drafter (compare_llamacpp.GreedyDraft), reused across prefixes
     that go forward and back (a rejection rewinds its KV), proposes greedy's continuation (the default

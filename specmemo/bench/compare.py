@@ -66,6 +66,19 @@ PEER_ENGINES = GENAI_ENGINES + LLAMA_CPP_ENGINES  # every peer row, greedy or sp
 MIB = 2**20
 
 GREEDY = "specmemo-greedy"
+# `--also ARTIFACT`: our engines run on another export of the same model too (e.g. its `--attention gqa` graph),
+# in the same rounds; such a row is named ENGINE@FOLDER
+ALSO = "@"
+
+
+def base_engine(name: str) -> str:
+    """The engine a row runs: `specmemo-greedy@model-gqa` runs specmemo-greedy (on the artifact after the @)."""
+    return name.partition(ALSO)[0]
+
+
+def also_engines(engines: tuple[str, ...], also: tuple[Path, ...]) -> tuple[str, ...]:
+    """Our engines of this run again on each `also` artifact, named ENGINE@FOLDER."""
+    return tuple(f"{e}{ALSO}{path.name}" for path in also for e in engines if e in ORT_ENGINES)
 
 
 @dataclass(frozen=True)
@@ -92,6 +105,7 @@ class CompareConfig:
     weight_dtype: str = "float32"  # of our artifact: which bars apply
     trace_tokens: int = 512  # the controller's long generation for the T-per-step plot
     engines: tuple[str, ...] = field(default=TORCH_ENGINES + ORT_ENGINES)
+    also: tuple[Path, ...] = ()  # other exports of the model that the ENGINE@FOLDER rows run
 
     def __post_init__(self) -> None:
         if self.rounds < 1 or self.max_new_tokens < 1 or not self.prompts:
@@ -102,6 +116,15 @@ class CompareConfig:
             raise ConfigError(f"{TORCH_MEDUSA_SIZED} needs our_capacity, the C our engines allocate")
         if self.turns and len(self.turns) != len(self.prompts):
             raise ConfigError("one turn index per prompt, or none")
+        folders = [path.name for path in self.also]
+        if len(set(folders)) != len(folders) or self.artifact.name in folders:
+            raise ConfigError("--also: each artifact's folder name must differ from the others' and --artifact's "
+                              "(it names the rows)")
+
+    def artifact_of(self, engine: str) -> Path:
+        """The artifact a row runs: --artifact, or the --also artifact its name ends with."""
+        folder = engine.partition(ALSO)[2]
+        return next(path for path in self.also if path.name == folder) if folder else self.artifact
 
     @property
     def turn_of(self) -> tuple[int, ...]:
@@ -118,7 +141,7 @@ def run_capacity(prompt_lengths: list[int], *, max_new_tokens: int, trace_tokens
 
 
 def request_for(config: CompareConfig, engine: str) -> dict:
-    return {"engine": engine, "model": config.model, "artifact": str(config.artifact),
+    return {"engine": base_engine(engine), "model": config.model, "artifact": str(config.artifact_of(engine)),
             "prompts": [p for _, _, p in config.prompts], "max_new_tokens": config.max_new_tokens,
             "conversations": [qid for qid, _, _ in config.prompts],
             "threads": config.threads, "budget": config.budget, "capacity": config.capacity,
@@ -132,7 +155,7 @@ def request_for(config: CompareConfig, engine: str) -> dict:
 
 def run_engine(config: CompareConfig, engine: str) -> dict:
     """One engine over all prompts, in a fresh process."""
-    return run_json(ENGINE_MODULES[engine], request_for(config, engine), what=f"the {engine} run",
+    return run_json(ENGINE_MODULES[base_engine(engine)], request_for(config, engine), what=f"the {engine} run",
                     fix="run it alone to see why")
 
 
@@ -280,6 +303,19 @@ def ratios(engines: dict[str, dict]) -> dict[str, float]:
         out["decode_tokens_per_s_vs_specmemo_greedy"] = (c["decode_tokens_per_s"]
                                                          / engines[GREEDY]["decode_tokens_per_s"])
     out.update(recall_ratios(engines))
+    out.update(also_ratios(engines))
+    return out
+
+
+def also_ratios(engines: dict[str, dict]) -> dict[str, float]:
+    """Each of our rows against the same engine on an --also artifact (decode tok/s), e.g. the one-row graph's greedy
+    against GroupQueryAttention's."""
+    out: dict[str, float] = {}
+    for name, row in engines.items():
+        engine, _, folder = name.partition(ALSO)
+        if folder and engine in engines:
+            key = f"{engine}_decode_tokens_per_s_vs_{folder}".replace(".", "_").replace("-", "_")
+            out[key] = engines[engine]["decode_tokens_per_s"] / row["decode_tokens_per_s"]
     return out
 
 
@@ -319,7 +355,7 @@ def summarize(config: CompareConfig, runs: dict[str, list[dict]], machine: dict,
                        "turns_per_conversation": max(config.turn_of) + 1,
                        "max_new_tokens": config.max_new_tokens, "rounds": config.rounds, "threads": config.threads,
                        "budget": config.budget, "capacity": config.capacity, "our_capacity": config.our_capacity,
-                       "engines": list(config.engines)},
+                       "engines": list(config.engines), "also": [str(path) for path in config.also]},
             "machine": machine, "engines": engines, "ratios": found, "failed": dict(failed or {}),
             "bars": bars(found, config.weight_dtype, draft_model=uses_draft_model(config.drafter),
                          feature=bool(config.drafter and DrafterName.FEATURE in parse_drafter(config.drafter))),
@@ -328,8 +364,9 @@ def summarize(config: CompareConfig, runs: dict[str, list[dict]], machine: dict,
 
 def greedy_turns(runs: dict[str, list[dict]], engine: str) -> list[dict] | None:
     """The first round of the greedy engine of `engine`'s runtime, when both ran and `engine` drafts."""
-    greedy = GREEDY_OF.get(engine)
-    if greedy in runs and greedy != engine and engine != DEFAULT:
+    engine_run, at, folder = engine.partition(ALSO)
+    greedy = GREEDY_OF[engine_run] + at + folder if engine_run in GREEDY_OF else None
+    if greedy in runs and greedy != engine and engine_run != DEFAULT:
         return runs[greedy][0]["turns"]
     return None
 

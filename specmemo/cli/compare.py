@@ -61,6 +61,10 @@ def add_parser(sub) -> None:
                    help="our engines' KV capacity C without --profile/--budget (default: what this run needs, "
                         "the longest prompt + max new tokens or the trace + the tree, rounded up to 64; HF's cache "
                         "grows to the same, GenAI sizes its buffer to each request)")
+    p.add_argument("--also", type=Path, action="append", default=[], metavar="ARTIFACT",
+                   help="our engines also on this export of the same model, in the same rounds (repeatable): rows "
+                        "ENGINE@FOLDER, each row's decode speed against them in the ratios; e.g. the "
+                        "`--attention gqa` export beside the default graph")
     add_profile_options(p)
     p.add_argument("--out", type=Path, default=run_folder("compare"), help="folder for the outputs")
     p.set_defaults(handler=cmd_compare)
@@ -109,12 +113,17 @@ def cmd_compare(args: argparse.Namespace) -> int:
         capacity = args.capacity or compare.run_capacity(
             [len(p) for _, _, p in prompts], max_new_tokens=args.max_new_tokens, trace_tokens=args.trace_tokens,
             tree=len(manifest.heads.tree) + 1 if manifest.heads else 1)
-        if capacity > manifest.max_capacity:
-            raise ConfigError(f"this run needs C={capacity} but {artifact} holds at most {manifest.max_capacity} "
+    also = tuple(args.also)
+    for path, other in ((artifact, manifest), *((path, load_manifest(path)) for path in also)):
+        if other.source_model != manifest.source_model:
+            raise ConfigError(f"--also {path} was exported from {other.source_model!r}, not "
+                              f"{manifest.source_model!r}: its rows must answer the same prompts")
+        if capacity is not None and capacity > other.max_capacity:
+            raise ConfigError(f"this run needs C={capacity} but {path} holds at most {other.max_capacity} "
                               f"positions: fewer --max-new-tokens/--trace-tokens, or re-export with --max-capacity "
                               f"{capacity}")
-    # measured once, not inside a timed run
-    memory_calibration(Artifact.open(artifact), threads=args.threads, log=log_stderr)
+        # measured once, not inside a timed run
+        memory_calibration(Artifact.open(path), threads=args.threads, log=log_stderr)
     ours = EngineConfig(artifact=Artifact.open(artifact), mode=Mode.AUTO, threads=args.threads,
                         budget=args.budget_bytes, capacity=capacity, drafter=args.drafter)
     sizes = plan_for(ours, manifest, log=log_stderr).sizes  # the C the sized PyTorch Medusa engine copies
@@ -125,8 +134,9 @@ def cmd_compare(args: argparse.Namespace) -> int:
         tree=manifest.heads.tree if manifest.heads else (), top_k=manifest.heads.top_k if manifest.heads else 10,
         eos=tuple(tokenizer.eos_token_ids), genai_dir=engines.genai_dir, gguf=engines.gguf,
         draft_gguf=engines.draft_gguf, genai_pair_dir=engines.genai_pair_dir, drafter=drafter,
-        weight_dtype=manifest.weight_dtype, trace_tokens=args.trace_tokens, engines=engines.names)
-    log_stderr(f"{len(prompts)} prompts x {len(engines.names)} engines x {args.rounds} rounds, each run a fresh "
+        weight_dtype=manifest.weight_dtype, trace_tokens=args.trace_tokens,
+        engines=engines.names + compare.also_engines(engines.names, also), also=also)
+    log_stderr(f"{len(prompts)} prompts x {len(config.engines)} engines x {args.rounds} rounds, each run a fresh "
                f"process ...")
     failed: dict[str, str] = {}
     runs = compare.run_rounds(config, log=log_stderr, failed=failed)
