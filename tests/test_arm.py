@@ -55,9 +55,9 @@ def test_every_arm_profile_names_a_cpu_class_the_arm_check_emulates():
     from specmemo.bench.arm_env import EMULATED
     from specmemo.device_profiles.schema import CpuClass, all_profiles, this_cpu
 
-    arm = [p for p in all_profiles() if p.cpu is not CpuClass.X86_64]
+    arm = [p for p in all_profiles() if not p.cpu.value.startswith("x86")]
     assert len(arm) == 5 and all(EMULATED[p.cpu.value] in CPUS for p in arm)
-    assert set(EMULATED) == {c.value for c in CpuClass} - {"x86-64"}
+    assert set(EMULATED) == {c.value for c in CpuClass} - {"x86-64", "x86-64-avx2"}
     pi = frozenset({"asimddp"})  # a Pi 5's Cortex-A76, as getauxval reports it
     assert this_cpu(pi, "aarch64")[0] is CpuClass.ARM_DOTPROD
     assert this_cpu(pi | {"i8mm"}, "aarch64")[0] is CpuClass.ARM_DOTPROD_I8MM
@@ -108,12 +108,32 @@ def test_an_arm_export_takes_the_minima_kleidiai_reads():
     from specmemo.export.cpu_target import Target, export_target, minimum_for
     from specmemo.export.weights_dtype import MinimumForm
 
-    assert [export_target(None, c.value) for c in CpuClass] == [Target.X86, Target.ARM, Target.ARM, Target.ARM]
+    assert [export_target(None, c.value) for c in CpuClass] == [Target.X86, Target.X86_AVX2, Target.ARM, Target.ARM,
+                                                                 Target.ARM]
     assert export_target(None, None) is Target.X86 and export_target("x86-64", "aarch64-dotprod") is Target.X86
     assert minimum_for(Target.ARM, given=None, exact=False) is MinimumForm.CENTERED
     assert minimum_for(Target.X86, given=None, exact=False) is MinimumForm.FOLDED
     assert minimum_for(Target.ARM, given=None, exact=True) is MinimumForm.BLOCK_SUM
     assert minimum_for(Target.ARM, given="folded", exact=False) is MinimumForm.FOLDED
+    assert minimum_for(Target.X86_AVX2, given=None, exact=False) is MinimumForm.FOLDED
+
+
+def test_an_avx2_int4_export_takes_group_query_attention_and_every_other_the_grouped_graph():
+    """Where 4-bit matrices need a padding row anyway (AVX2), the faster attention on it; one row everywhere else."""
+    from specmemo.device_profiles.schema import CpuClass, this_cpu
+    from specmemo.export.cpu_target import Target, attention_for
+    from specmemo.export.weights_dtype import WeightDtype
+    from specmemo.runtime.span import AttentionOp
+
+    int4, fp32 = WeightDtype.INT4, WeightDtype.FLOAT32
+    assert attention_for(Target.X86_AVX2, int4, given=None) is AttentionOp.GQA
+    assert attention_for(Target.X86_AVX2, fp32, given=None) is AttentionOp.GROUPED  # float32 computes a row alike
+    assert attention_for(Target.X86, int4, given=None) is attention_for(Target.ARM, int4, given=None) is \
+        AttentionOp.GROUPED
+    assert attention_for(Target.X86_AVX2, int4, given="grouped") is AttentionOp.GROUPED
+    avx2 = frozenset({"avx2", "fma", "f16c"})
+    assert this_cpu(avx2, "x86_64")[0] is CpuClass.X86_64_AVX2
+    assert this_cpu(avx2 | {"avx512f", "avx512_vnni"}, "x86_64")[0] is CpuClass.X86_64
 
 
 def test_the_route_table_is_recorded_in_the_manifest_without_voiding_measurements(tmp_path):

@@ -125,6 +125,25 @@ def test_a_budget_below_the_lower_bound_is_one_line_in_plan_and_chat(tiny_artifa
 
 
 @pytest.mark.slow
+def test_an_int4_export_for_avx2_writes_group_query_attention(tiny_artifact, tmp_path, capsys):
+    """--target x86-64-avx2: 4-bit matrices need the padding row there anyway, so the export takes the faster
+    attention on it, and says so; --attention still wins."""
+    from specmemo.cli import main
+    from specmemo.runtime.manifest import load_manifest
+    from specmemo.runtime.span import AttentionOp
+
+    _artifact, root = tiny_artifact
+    common = ["export", "--model", str(root / "hf"), "--dtype", "int4", "--target", "x86-64-avx2", "--batch", "none",
+              "--no-validate"]
+    assert main([*common, "--out", str(tmp_path / "avx2")]) == 0
+    assert "target x86-64-avx2: gqa attention" in capsys.readouterr().err
+    manifest = load_manifest(tmp_path / "avx2")
+    assert manifest.attention is AttentionOp.GQA and manifest.quantization.target == "x86-64-avx2"
+    assert main([*common, "--attention", "grouped", "--out", str(tmp_path / "grouped")]) == 0
+    assert load_manifest(tmp_path / "grouped").attention is AttentionOp.GROUPED
+
+
+@pytest.mark.slow
 def test_export_profile_writes_the_plan_or_refuses_and_keeps_the_old_artifact(tiny_artifact, tmp_path, capsys,
                                                                                monkeypatch):
     from specmemo.cli import main

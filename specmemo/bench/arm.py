@@ -338,9 +338,10 @@ def record_routes(summary: dict[str, Any]) -> list[Path]:
     kernel), merged with what an earlier run recorded for other classes. Returns the manifests written."""
     from dataclasses import replace
 
+    from specmemo.device_profiles.schema import this_cpu
     from specmemo.runtime.manifest import load_manifest, save_manifest
 
-    classes = machine_classes("x86-64" if platform.machine() == "x86_64" else platform.machine())
+    classes = machine_classes(this_cpu()[0].value)
     written = []
     for folder in summary["kernel_routes"]["host"]:
         manifest = load_manifest(folder)

@@ -66,11 +66,12 @@ def add_parser(sub) -> None:
                    help="int4: the float32 model's weights and arithmetic, at several times the step time: Q4_1 minima "
                         "as an exact block-sum term and fp32-compute kernels (--minimum block-sum --accuracy-level 0); "
                         "its argmax is the float32 model's almost everywhere (docs/int4.md)")
-    p.add_argument("--target", choices=("x86-64", "aarch64"), default=None,
+    p.add_argument("--target", choices=("x86-64", "x86-64-avx2", "aarch64"), default=None,
                    help="the CPU family an int4 export is made for: its Q4_1 minima take the form that reaches that "
-                        "family's fastest kernel (x86-64: folded; aarch64: centered, which KleidiAI takes on "
-                        "dot-product cores; export/cpu_target.py, docs/on-device.md) (default: the --profile's CPU, "
-                        "else x86-64)")
+                        "family's fastest kernel (x86: folded; aarch64: centered, which KleidiAI takes on "
+                        "dot-product cores; docs/on-device.md), and its attention the faster exact route there "
+                        "(x86-64-avx2, a CPU without AVX-512: GroupQueryAttention, as its 4-bit kernels need a "
+                        "padding row anyway; docs/attention.md) (default: the --profile's CPU, else x86-64)")
     p.add_argument("--minimum", choices=("folded", "centered", "block-sum", "zero-point"), default=None,
                    metavar="{folded,centered,block-sum}",
                    help="how a Q4_1 block's minimum (w = d·q + m) reaches MatMulNBits, whose fast kernels take integer "
@@ -110,11 +111,13 @@ def add_parser(sub) -> None:
                    help="the KV buffer's elements: float16 halves the largest memory use after the weights "
                         "(attention then computes in float16, and the artifact verifies chains only; see "
                         "docs/int4.md) (default: the --profile's, else float32, the faster)")
-    p.add_argument("--attention", choices=[op.value for op in AttentionOp], default=AttentionOp.GROUPED.value,
-                   help="the decoder's attention: grouped (default) is built from plain ops so that a token's "
-                        "numbers do not depend on how many rows its call runs or how long the past is, which lets "
-                        "greedy run one row a step where the matrix kernels allow it; gqa is ONNX Runtime's "
-                        "GroupQueryAttention node, whose one-row calls need a padding row (docs/on-device.md)")
+    p.add_argument("--attention", choices=[op.value for op in AttentionOp], default=None,
+                   help="the decoder's attention: grouped is built from plain ops so that a token's numbers do not "
+                        "depend on how many rows its call runs or how long the past is, which lets greedy run one "
+                        "row a step where the matrix kernels allow it; gqa is ONNX Runtime's GroupQueryAttention "
+                        "node, whose one-row calls need a padding row (docs/attention.md) (default: gqa for an int4 "
+                        "export with --target x86-64-avx2, where 4-bit matrices need the padding row anyway; else "
+                        "grouped)")
     p.add_argument("--mobile", nargs="?", const="arm", choices=["arm", "amd64"], default=None,
                    help="also write every graph in ONNX Runtime's own format (.ort, optimizations for this "
                         "platform baked in; default arm) and required_operators.config, the operator list "
@@ -178,7 +181,8 @@ def cmd_export(args: argparse.Namespace) -> int:
     from specmemo.export.model_source import check_supported
 
     check_supported(args.model)  # from the GGUF header or config.json: refused before torch is even imported
-    from specmemo.export.cpu_target import MINIMUM, Target, export_target, minimum_for
+    from specmemo.device_profiles.schema import this_cpu
+    from specmemo.export.cpu_target import MINIMUM, Target, attention_for, export_target, minimum_for
     from specmemo.export.exporter import (
         DEFAULT_MAX_CAPACITY,
         ExportOptions,
@@ -214,7 +218,16 @@ def cmd_export(args: argparse.Namespace) -> int:
     if profile is not None and args.target is None and target is Target.ARM and args.minimum is None:
         log_stderr(f"profile {profile.name}: an {target.value} CPU, so {MINIMUM[target].value} Q4_1 minima "
                    f"(--target overrides)")
-    quant = QuantOptions(dtype=WeightDtype(args.dtype or "float32"), block_size=args.block_size, target=target.value,
+    dtype = WeightDtype(args.dtype or "float32")
+    attention = attention_for(target, dtype, given=args.attention)
+    if args.attention is None and attention is not AttentionOp.GROUPED:
+        log_stderr(f"target {target.value}: {attention.value} attention, the faster exact route there "
+                   f"(--attention overrides)")
+    elif args.target is None and profile is None and dtype is WeightDtype.INT4 and this_cpu()[0].value == \
+            Target.X86_AVX2.value:
+        log_stderr("this CPU has no AVX-512: its 4-bit kernels need a padding row, and --target x86-64-avx2 "
+                   "exports the faster graph for it")
+    quant = QuantOptions(dtype=dtype, block_size=args.block_size, target=target.value,
                          requantize=args.requantize, lm_head_rerank=args.lm_head_rerank,
                          minimum=minimum_for(target, given=args.minimum, exact=args.exact),
                          lm_head_bits=args.lm_head_bits,
@@ -232,7 +245,7 @@ def cmd_export(args: argparse.Namespace) -> int:
                                   top_k=args.top_k, drafter=args.drafter, feature_drafter=feature,
                                   feature_depth=args.feature_depth, feature_width=args.feature_width,
                                   mobile=args.mobile, kv_dtype=args.kv_dtype, draft_model=args.draft_model,
-                                  attention=AttentionOp(args.attention),
+                                  attention=attention,
                                   **({} if args.batch is None else {"batch": args.batch})),
                     finalize=finalize)
     if args.no_validate:

@@ -56,7 +56,8 @@ class DeviceKind(StrEnum):
 class CpuClass(StrEnum):
     """Which of ONNX Runtime's CPU kernel families the device's cores reach: what decides each quantized matrix's
     route (docs/on-device.md), and which emulated core `specmemo bench arm` checks it on."""
-    X86_64 = "x86-64"
+    X86_64 = "x86-64"  # with AVX-512: 4-bit matrices compute a row alike in any call (measured on AVX-512 VNNI)
+    X86_64_AVX2 = "x86-64-avx2"  # without AVX-512: MLAS's AVX2 kernels, whose 4-bit one-row path rounds apart
     ARM_DOTPROD_I8MM = "aarch64-dotprod-i8mm"  # Armv8.6+/v9 big cores (Cortex-X2 on): KleidiAI's i8mm kernels
     ARM_DOTPROD = "aarch64-dotprod"  # Armv8.2 with dot-product (Cortex-A55/A76/A78): KleidiAI, NEON CompInt8
     ARM = "aarch64"  # no dot-product (Cortex-A53): neither KleidiAI nor int8 compute
@@ -244,14 +245,16 @@ def detect_this_machine() -> DeviceProfile:
 
 
 def this_cpu(flags: frozenset[str] | None = None, machine: str | None = None) -> tuple[CpuClass, str]:
-    """This machine's CpuClass, and how it was read: the architecture, then on aarch64 the kernel's feature flags
-    (asimddp: dot-product, i8mm; runtime/cpu.py reads them as ONNX Runtime does)."""
+    """This machine's CpuClass, and how it was read: the architecture, then its feature flags (on x86 /proc/cpuinfo's:
+    avx512f; on aarch64 the kernel's: asimddp, dot-product, and i8mm; runtime/cpu.py reads them as ONNX Runtime
+    does). An x86 CPU whose flags cannot be read counts as the AVX-512 class."""
     from specmemo.runtime import cpu as this
 
     machine = machine or this.machine()
-    if machine not in ("aarch64", "arm64"):
-        return CpuClass.X86_64, f"platform.machine() = {machine}"
     flags = this.features() if flags is None else flags
+    if machine not in ("aarch64", "arm64"):
+        avx2 = bool(flags) and "avx512f" not in flags
+        return (CpuClass.X86_64_AVX2 if avx2 else CpuClass.X86_64), f"platform.machine() = {machine}, /proc/cpuinfo"
     cpu = (CpuClass.ARM_DOTPROD_I8MM if {"asimddp", "i8mm"} <= flags else
            CpuClass.ARM_DOTPROD if "asimddp" in flags else CpuClass.ARM)
     return cpu, "the kernel's hardware capabilities (getauxval: asimddp, i8mm)"

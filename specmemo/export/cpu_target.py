@@ -1,31 +1,45 @@
-"""The CPU family an int4 export is made for, and the one decision it drives: the form of Q4_1 minima its matrices
-take, so each reaches that family's fastest MatMulNBits kernel. The kernels each form reaches were read from ONNX
-Runtime itself on every CPU class (`specmemo bench arm --routes-only`; the table is in docs/on-device.md):
+"""The CPU family an int4 export is made for, and the two decisions it drives: the form of Q4_1 minima its matrices
+take, so each reaches that family's fastest MatMulNBits kernel, and the decoder's attention. The kernels each form
+reaches were read from ONNX Runtime itself on every CPU class (`specmemo bench arm --routes-only`; the table is in
+docs/on-device.md):
 
-    x86-64   folded    the block sums ride as extra inputs (K + K/32): MLAS's x86 int8 kernels take any K, and
-                       this is the fastest and closest form there
-    aarch64  centered  K stays a multiple of the block: KleidiAI's kernels take these matrices on dot-product cores;
-                       with block sums appended they fall to MLAS's NEON CompInt8 kernels
+    x86-64       folded    the block sums ride as extra inputs (K + K/32): MLAS's x86 int8 kernels take any K, and
+                           this is the fastest and closest form there
+    x86-64-avx2  folded    the same kernels' AVX2 build
+    aarch64      centered  K stays a multiple of the block: KleidiAI's kernels take these matrices on dot-product
+                           cores; with block sums appended they fall to MLAS's NEON CompInt8 kernels
+
+The attention: the grouped graph lets greedy run one row a step wherever the matrix kernels compute a row alike in
+any call (AVX-512 VNNI, ARM dot-product cores). On AVX2, 4-bit MatMulNBits computes a lone row apart, so greedy keeps
+its padding row whatever the attention, and on that route ONNX Runtime's one GroupQueryAttention node a layer costs
+less than the grouped attention's plain ops (measured both ways: docs/attention.md#on-avx2). float32 and 8-bit
+matrices compute a row alike on AVX2 too: they keep the grouped graph's one row.
 """
 
 from __future__ import annotations
 
 from enum import StrEnum
 
-from specmemo.export.weights_dtype import MinimumForm
+from specmemo.export.weights_dtype import MinimumForm, WeightDtype
+from specmemo.runtime.span import AttentionOp
 
 
 class Target(StrEnum):
-    X86 = "x86-64"
+    X86 = "x86-64"  # with AVX-512 (measured: AVX-512 VNNI)
+    X86_AVX2 = "x86-64-avx2"  # without AVX-512
     ARM = "aarch64"
 
 
-MINIMUM = {Target.X86: MinimumForm.FOLDED, Target.ARM: MinimumForm.CENTERED}
+MINIMUM = {Target.X86: MinimumForm.FOLDED, Target.X86_AVX2: MinimumForm.FOLDED, Target.ARM: MinimumForm.CENTERED}
+# the attention of an int4 export (4-bit matrices); every other weight dtype takes the grouped graph
+INT4_ATTENTION = {Target.X86: AttentionOp.GROUPED, Target.X86_AVX2: AttentionOp.GQA, Target.ARM: AttentionOp.GROUPED}
 
 
 def target_for(cpu_class: str) -> Target:
     """A device profile's CPU class (device_profiles.schema.CpuClass) → the family its export is made for."""
-    return Target.ARM if cpu_class.startswith("aarch64") else Target.X86
+    if cpu_class.startswith("aarch64"):
+        return Target.ARM
+    return Target.X86_AVX2 if cpu_class == Target.X86_AVX2.value else Target.X86
 
 
 def export_target(given: str | None, profile_cpu: str | None) -> Target:
@@ -38,3 +52,10 @@ def export_target(given: str | None, profile_cpu: str | None) -> Target:
 def minimum_for(target: Target, *, given: str | None, exact: bool) -> MinimumForm:
     """--minimum, else block-sum for --exact, else the target's form."""
     return MinimumForm(given or (MinimumForm.BLOCK_SUM if exact else MINIMUM[target]))
+
+
+def attention_for(target: Target, dtype: WeightDtype, *, given: str | None) -> AttentionOp:
+    """--attention, else the target's for 4-bit matrices, else the grouped graph."""
+    if given:
+        return AttentionOp(given)
+    return INT4_ATTENTION[target] if dtype is WeightDtype.INT4 else AttentionOp.GROUPED
