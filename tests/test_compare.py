@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from test_chat import chat_model  # noqa: F401  (tiny Llama with random heads, C=160)
 
-from specmemo.bench import compare, compare_bars
+from specmemo.bench import compare, compare_bars, compare_report
 from specmemo.errors import ConfigError
 
 pytestmark = pytest.mark.slow  # rounds of fresh-process engines
@@ -139,7 +139,7 @@ def test_an_engine_that_fails_is_left_out_and_named_while_the_others_run(monkeyp
     assert list(runs) == ["specmemo-greedy"] and len(runs["specmemo-greedy"]) == 2
     assert list(failed) == ["llama.cpp"] and sum("left out" in line for line in heard) == 1
     summary = compare.summarize(config, runs, {}, failed)
-    assert "llama.cpp: failed, left out (the llama.cpp run failed" in compare.format_table(summary)
+    assert "llama.cpp: failed, left out (the llama.cpp run failed" in compare_report.format_table(summary)
     monkeypatch.setattr(compare, "run_engine", lambda config, engine: run_engine(config, "llama.cpp"))
     with pytest.raises(ConfigError, match="every engine failed"):
         compare.run_rounds(config, log=heard.append)

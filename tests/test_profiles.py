@@ -134,7 +134,7 @@ def test_an_int4_export_for_avx2_writes_group_query_attention(tiny_artifact, tmp
 
     _artifact, root = tiny_artifact
     common = ["export", "--model", str(root / "hf"), "--dtype", "int4", "--target", "x86-64-avx2", "--batch", "none",
-              "--no-validate"]
+              "--max-capacity", "128", "--no-validate"]
     assert main([*common, "--out", str(tmp_path / "avx2")]) == 0
     assert "target x86-64-avx2: gqa attention" in capsys.readouterr().err
     manifest = load_manifest(tmp_path / "avx2")

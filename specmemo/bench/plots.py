@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from specmemo.bench.compare import MIB, format_table
+from specmemo.bench.compare import MIB
+from specmemo.bench.compare_report import format_table
 
 
 def _pyplot():

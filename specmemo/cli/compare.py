@@ -73,6 +73,7 @@ def add_parser(sub) -> None:
 def cmd_compare(args: argparse.Namespace) -> int:
     from specmemo.bench import compare
     from specmemo.bench.compare_engines import select_engines
+    from specmemo.bench.compare_report import format_table, write_results
     from specmemo.bench.plots import write_plots, write_report
     from specmemo.datasets import first_turns, prompt_sets
     from specmemo.runtime.config import EngineConfig, Mode
@@ -141,8 +142,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
     failed: dict[str, str] = {}
     runs = compare.run_rounds(config, log=log_stderr, failed=failed)
     summary = compare.summarize(config, runs, machine_info(args.threads), failed)
-    print(compare.format_table(summary))
-    paths = compare.write_results(summary, runs, config, args.out, tokenizer.decode)
+    print(format_table(summary))
+    paths = write_results(summary, runs, config, args.out, tokenizer.decode)
     paths += write_plots(summary, args.out)
     command = "specmemo " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:] else "specmemo compare"
     paths.append(write_report(summary, args.out, command))
