@@ -203,19 +203,26 @@ def test_draft_model_runs_face_pair_bars_and_their_own_greedy():
     assert sum(agreement(r["turns"], runs["specmemo-greedy"][0]["turns"])[0] for r in runs["specmemo-controller"]) == 3
 
 
+def compare_command(artifact: Path, tmp_path: Path, *, first: int, count: int) -> list[str]:
+    """`specmemo compare` on the tiny model's artifact, over `count` one-turn toy questions written to tmp_path."""
+    from specmemo.runtime.manifest import load_manifest
+
+    prompts = tmp_path / "questions.jsonl"
+    prompts.write_text("".join(json.dumps({"question_id": i, "category": "toy",
+                                           "turns": [f"w{first + i} w{first + 10 + i}"]}) + "\n"
+                               for i in range(count)))
+    return ["compare", "--model", load_manifest(artifact).source_model, "--artifact", str(artifact), "--prompts",
+            str(prompts)]
+
+
 def test_compare_runs_every_engine_and_writes_everything(chat_model, tmp_path, capsys):  # noqa: F811
     from specmemo.cli import main
     from specmemo.runtime.manifest import load_manifest
 
     artifact, _, _ = chat_model
-    prompts = tmp_path / "questions.jsonl"
-    prompts.write_text("".join(json.dumps({"question_id": i, "category": "toy", "turns": [f"w{10 + i} w{20 + i}"]})
-                               + "\n" for i in range(3)))
     out = tmp_path / "out"
-    model = load_manifest(artifact).source_model
-    assert main(["compare", "--model", model, "--artifact", str(artifact), "--prompts", str(prompts),
-                 "--questions", "2", "--max-new-tokens", "6", "--rounds", "2", "--trace-tokens", "20", "--no-peer",
-                 "--out", str(out)]) == 0
+    assert main([*compare_command(artifact, tmp_path, first=10, count=3), "--questions", "2", "--max-new-tokens", "6",
+                 "--rounds", "2", "--trace-tokens", "20", "--no-peer", "--out", str(out)]) == 0
     table = capsys.readouterr().out
     summary = json.loads((out / "results.json").read_text())
     engines = summary["engines"]
@@ -253,18 +260,13 @@ def test_also_runs_our_engines_on_another_export_in_the_same_rounds(chat_model, 
     import shutil
 
     from specmemo.cli import main
-    from specmemo.runtime.manifest import load_manifest
 
     artifact, _, _ = chat_model
     twin = shutil.copytree(artifact, tmp_path / "twin")
-    prompts = tmp_path / "questions.jsonl"
-    prompts.write_text("".join(json.dumps({"question_id": i, "category": "toy", "turns": [f"w{30 + i} w{40 + i}"]})
-                               + "\n" for i in range(2)))
     out = tmp_path / "out"
-    model = load_manifest(artifact).source_model
-    assert main(["compare", "--model", model, "--artifact", str(artifact), "--prompts", str(prompts),
-                 "--engines", "specmemo-greedy,specmemo-controller", "--also", str(twin), "--max-new-tokens", "6",
-                 "--rounds", "1", "--trace-tokens", "0", "--no-peer", "--out", str(out)]) == 0
+    assert main([*compare_command(artifact, tmp_path, first=30, count=2), "--engines",
+                 "specmemo-greedy,specmemo-controller", "--also", str(twin), "--max-new-tokens", "6", "--rounds", "1",
+                 "--trace-tokens", "0", "--no-peer", "--out", str(out)]) == 0
     summary = json.loads((out / "results.json").read_text())
     engines = summary["engines"]
     assert set(engines) == {"specmemo-greedy", "specmemo-controller", "specmemo-greedy@twin",
