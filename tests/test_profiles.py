@@ -125,9 +125,9 @@ def test_a_budget_below_the_lower_bound_is_one_line_in_plan_and_chat(tiny_artifa
 
 
 @pytest.mark.slow
-def test_an_int4_export_for_avx2_writes_group_query_attention(tiny_artifact, tmp_path, capsys):
+def test_an_int4_export_for_avx2_writes_group_query_attention(tiny_artifact, tmp_path, capsys, monkeypatch):
     """--target x86-64-avx2: 4-bit matrices need the padding row there anyway, so the export takes the faster
-    attention on it, and says so; --attention still wins."""
+    attention on it, and says so; --attention still wins; without a target, an AVX2 CPU is told which to give."""
     from specmemo.cli import main
     from specmemo.runtime.manifest import load_manifest
     from specmemo.runtime.span import AttentionOp
@@ -141,6 +141,14 @@ def test_an_int4_export_for_avx2_writes_group_query_attention(tiny_artifact, tmp
     assert manifest.attention is AttentionOp.GQA and manifest.quantization.target == "x86-64-avx2"
     assert main([*common, "--attention", "grouped", "--out", str(tmp_path / "grouped")]) == 0
     assert load_manifest(tmp_path / "grouped").attention is AttentionOp.GROUPED
+    # no target, made on a CPU without AVX-512: the x86-64 default, and the target that would suit this CPU named
+    from specmemo.device_profiles import schema
+
+    monkeypatch.setattr(schema, "this_cpu", lambda: (schema.CpuClass.X86_64_AVX2, "test"))
+    untargeted = [a for a in common if a not in ("--target", "x86-64-avx2")]
+    assert main([*untargeted, "--out", str(tmp_path / "here")]) == 0
+    assert "--target x86-64-avx2 exports the faster exact graph" in capsys.readouterr().err
+    assert load_manifest(tmp_path / "here").attention is AttentionOp.GROUPED
 
 
 @pytest.mark.slow

@@ -182,7 +182,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 
     check_supported(args.model)  # from the GGUF header or config.json: refused before torch is even imported
     from specmemo.device_profiles.schema import this_cpu
-    from specmemo.export.cpu_target import MINIMUM, Target, attention_for, export_target, minimum_for
+    from specmemo.export.cpu_target import MINIMUM, Target, attention_for, export_target, minimum_for, target_for
     from specmemo.export.exporter import (
         DEFAULT_MAX_CAPACITY,
         ExportOptions,
@@ -223,10 +223,11 @@ def cmd_export(args: argparse.Namespace) -> int:
     if args.attention is None and attention is not AttentionOp.GROUPED:
         log_stderr(f"target {target.value}: {attention.value} attention, the faster exact route there "
                    f"(--attention overrides)")
-    elif args.target is None and profile is None and dtype is WeightDtype.INT4 and this_cpu()[0].value == \
-            Target.X86_AVX2.value:
-        log_stderr("this CPU has no AVX-512: its 4-bit kernels need a padding row, and --target x86-64-avx2 "
-                   "exports the faster graph for it")
+    elif args.attention is None and args.target is None and profile is None:
+        here = target_for(this_cpu()[0].value)  # where an export made without a target usually runs: here
+        if attention_for(here, dtype, given=None) is not attention:
+            log_stderr(f"this CPU is {here.value}: --target {here.value} exports the faster exact graph for it "
+                       f"(docs/attention.md)")
     quant = QuantOptions(dtype=dtype, block_size=args.block_size, target=target.value,
                          requantize=args.requantize, lm_head_rerank=args.lm_head_rerank,
                          minimum=minimum_for(target, given=args.minimum, exact=args.exact),
