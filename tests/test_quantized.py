@@ -240,22 +240,21 @@ def test_centered_minimum_keeps_the_weights_and_halves_the_int8_activation_error
     assert shifted > 5 * centred, (shifted, centred)
 
 
-@pytest.mark.parametrize(("digits", "whole"), [(1, False), (2, False), (1, True)])
-def test_folded_residual_rides_in_the_same_node(digits, whole):
+@pytest.mark.parametrize("digits", [1, 2])
+def test_folded_residual_rides_in_the_same_node(digits):
     """MinimumForm.FOLDED: the centred residual as 4-bit digits over the input's block means (one AveragePool),
     concatenated to x: one MatMulNBits per matrix; at level 0 its output is the exact product but for the last
-    digit's step. One digit: K + nb inputs, MatMulNBits zero-padding the last partial block itself; FOLDED_PADDED
-    (`whole`): the means padded to a whole block, K a multiple of the block."""
+    digit's step. One digit: K + nb inputs, MatMulNBits zero-padding the last partial block itself."""
     rng = np.random.default_rng(6)
     blocks = decode("Q4_1", raw_blocks("Q4_1", 64, 256, rng)).with_zero_points(residual=True)
     weight = blocks.dequantize()
     model = matmul_model(np.ascontiguousarray(weight.T))
-    carry_matmuls(model, {"w": blocks}, accuracy_level=0, fold=True, digits=digits, whole_blocks=whole)
+    carry_matmuls(model, {"w": blocks}, accuracy_level=0, fold=True, digits=digits)
     ops = sorted(n.op_type for n in model.graph.node if n.op_type != "Cast")
-    assert ops == ["AveragePool", "Concat", "MatMulNBits"] + (["Pad"] if digits > 1 or whole else [])  # only x
+    assert ops == ["AveragePool", "Concat", "MatMulNBits"] + (["Pad"] if digits > 1 else [])  # reads only x
     node = next(n for n in model.graph.node if n.op_type == "MatMulNBits")
     assert (helper.get_attribute_value(next(a for a in node.attribute if a.name == "K"))
-            == 256 + (8 if digits == 1 and not whole else 32 * digits))
+            == 256 + (8 if digits == 1 else 64))
     floats = [t for t in model.graph.initializer if t.data_type == TensorProto.FLOAT]
     assert sum(int(np.prod(t.dims)) for t in floats) < 64 * 8  # scales only: no [K, nb] indicator read a step
     from dataclasses import replace

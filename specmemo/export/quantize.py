@@ -135,18 +135,16 @@ def matmulnbits_tensors(name: str, blocks: QuantBlocks) -> tuple[list[onnx.Tenso
 
 def carry_matmuls(model: onnx.ModelProto, carried: Mapping[str, QuantBlocks], *, accuracy_level: int = 0,
                   levels: dict[str, int] | None = None, fold: bool = False, digits: int | None = None,
-                  whole_blocks: bool = False,
                   outliers: dict[str, tuple[int, ...]] | None = None, base_dir: str = "",
                   spill: Callable[[list[onnx.TensorProto]], list[onnx.TensorProto]] = list) -> list[str]:
     """Replace each MatMul whose weight initializer is named in `carried` ([K, N] fp32 → blocks of
     its [N, K] transpose) by MatMulNBits (+ the block-sum bias term), at `accuracy_level` or the
     level `levels` names for that weight. `fold`: a bias term rides inside the MatMulNBits instead,
     as extra inputs (the block means, concatenated to x) with 4-bit codes (`fold_bias`): one node per
-    matrix, two per input (`digits` 4-bit digits per bias, default FOLD_DIGITS); `whole_blocks`: the means
-    zero-padded to a whole block even for one digit, so the node's K stays a multiple of the block. `outliers`:
-    weight → input channels computed apart (`_outlier_term`). `base_dir`: where external weights lie. `spill`: what
-    the new initializers pass through before the graph takes them (ExternalWriter: their bytes to a file). Returns
-    the names replaced."""
+    matrix, two per input (`digits` 4-bit digits per bias, default FOLD_DIGITS). `outliers`: weight → input
+    channels computed apart (`_outlier_term`). `base_dir`: where external weights lie. `spill`: what the new
+    initializers pass through before the graph takes them (ExternalWriter: their bytes to a file). Returns the names
+    replaced."""
     digits = FOLD_DIGITS if digits is None else digits
     graph = model.graph
     inits = initializers(graph)
@@ -178,12 +176,12 @@ def carry_matmuls(model: onnx.ModelProto, carried: Mapping[str, QuantBlocks], *,
             key = (source, blocks.block)
             if key not in augmented:
                 augmented[key] = f"{source}.with_block_sums" + ("" if blocks.block == 32 else f".{blocks.block}")
-                nodes += _with_block_sums(source, augmented[key], k, blocks.block, digits, whole_blocks, graph)
+                nodes += _with_block_sums(source, augmented[key], k, blocks.block, digits, graph)
             nb = k // blocks.block
             # the node reads block means (x's blocks summed / block): the bias scaled by the block, exactly
             # (a power of 2)
             blocks = fold_bias(replace(blocks, bias=blocks.bias * np.float32(blocks.block)), digits=digits)
-            source, k = augmented[key], k + nb if digits == 1 and not whole_blocks else blocks.shape[1]
+            source, k = augmented[key], k + nb if digits == 1 else blocks.shape[1]
         tensors, casts = matmulnbits_tensors(weight, blocks)
         graph.initializer.extend(spill(tensors))
         nodes += casts
@@ -241,19 +239,18 @@ def _outlier_term(weight: str, outliers: str, stored: onnx.TensorProto, channels
 FOLD_DIGITS = 1  # 4-bit digits per folded bias (export/gguf_weights.py: fold_bias)
 
 
-def _with_block_sums(source: str, out: str, k: int, block: int, digits: int, whole: bool,
+def _with_block_sums(source: str, out: str, k: int, block: int, digits: int,
                      graph: onnx.GraphProto) -> list[onnx.NodeProto]:
     """out = `source` [B, T, K] with its per-block means appended: [B, T, K + nb] for one digit, where MatMulNBits
-    reads the last, partial block as zero-padded (its K is K + nb); [B, T, K + D·P] for D digits or `whole` (P: nb
-    rounded up to a block, zero-padded so each digit starts a block and K stays a multiple of the block). The means
-    are one AveragePool over the last axis (the rows as its channels) and a Concat (+ a Pad where padded): no
-    weight-sized constant is read a step."""
+    reads the last, partial block as zero-padded (its K is K + nb); [B, T, K + D·P] for D digits (P: nb rounded up
+    to a block, zero-padded so each digit starts a block). The means are one AveragePool over the last axis (the
+    rows as its channels) and a Concat (+ a Pad for D > 1): no weight-sized constant is read a step."""
     nb = k // block
     pad = -(-nb // block) * block
     means = f"{out}.means"
     nodes = [helper.make_node("AveragePool", [source], [means], name=f"{out}.BlockMeans", kernel_shape=[block],
                               strides=[block])]
-    if (digits > 1 or whole) and pad != nb:
+    if digits > 1 and pad != nb:
         pads = f"{out}.pads"
         graph.initializer.append(numpy_helper.from_array(np.array([0, 0, 0, 0, 0, pad - nb], np.int64), pads))
         nodes.append(helper.make_node("Pad", [means, pads], [f"{means}.padded"], name=f"{out}.Pad"))

@@ -52,12 +52,6 @@ class MinimumForm(StrEnum):
     BLOCK_SUM = "block-sum"  # exact: + BlockSum(x) @ mᵀ beside each MatMulNBits (the float32 model's weights)
     CENTERED = "centered"  # exact: integer zero points + BlockSum(x) @ (m + d·z)ᵀ, the residual (|.| <= d/2)
     FOLDED = "folded"  # centred, the residual as 4-bit digits over extra inputs (the block means) of the same node
-    # the same, the block means zero-padded to a whole block: K stays a multiple of the block (KleidiAI's kernels)
-    FOLDED_PADDED = "folded-padded"
-
-    @property
-    def folds(self) -> bool:
-        return self in (MinimumForm.FOLDED, MinimumForm.FOLDED_PADDED)
 
 
 class WideBlocks(StrEnum):
@@ -216,7 +210,7 @@ def quantize_decoder(path: Path, *, options: QuantOptions, dims: ModelDims, gguf
         if options.dtype is WeightDtype.INT8:  # the same values, stored 8-bit (q + 128 − zero, zero point 128)
             carried = carried.map(lambda _, blocks: blocks.widened())
         elif options.applied_minimum is not MinimumForm.BLOCK_SUM:
-            residual = options.applied_minimum is MinimumForm.CENTERED or options.applied_minimum.folds
+            residual = options.applied_minimum in (MinimumForm.CENTERED, MinimumForm.FOLDED)
             carried = carried.map(lambda _, blocks: blocks.with_zero_points(residual=residual))
     else:
         carried = LazyBlocks({})
@@ -231,9 +225,7 @@ def quantize_decoder(path: Path, *, options: QuantOptions, dims: ModelDims, gguf
         carried[LM_HEAD] = WideBlocks.Q8_0.narrowed(narrow)  # the re-rank's rows in blocks of 32: 8.5 bits, not 10
     replaced = carry_matmuls(model, carried, accuracy_level=options.accuracy_level,
                              levels={LM_HEAD: options.lm_head_accuracy_level},
-                             fold=options.applied_minimum.folds,
-                             whole_blocks=options.applied_minimum is MinimumForm.FOLDED_PADDED, outliers=outliers,
-                             base_dir=base,
+                             fold=options.applied_minimum is MinimumForm.FOLDED, outliers=outliers, base_dir=base,
                              spill=spill)
     narrowed = narrow is not None and narrow_lm_head(model, weight=LM_HEAD, head=narrow,
                                                      accuracy_level=options.lm_head_accuracy_level,
