@@ -9,13 +9,14 @@ teacher-forced agreement with Hugging Face's fp32 model, and speculative output 
 greedy output of the same int4 graph, in ONNX and in ORT format."""
 
 import numpy as np
+import onnx
 import pytest
 import torch
 
 from specmemo.export.exporter import ExportOptions, default_heads, export_artifact
 from specmemo.export.model_source import DEFAULT_MODEL, load_hf, resolve_model
 from specmemo.export.validate import chat_prompt_ids
-from specmemo.export.weights_dtype import QuantOptions, WeightDtype
+from specmemo.export.weights_dtype import MinimumForm, QuantOptions, WeightDtype
 from specmemo.runtime import tree
 from specmemo.runtime.artifact import Artifact
 from specmemo.runtime.embedding import EmbeddingTable
@@ -166,11 +167,31 @@ def test_typescript_engine_reads_the_same_int4_artifact_in_both_formats(int4):
 
 @pytest.fixture(scope="module")
 def int4_f16kv(tmp_path_factory):
-    """The int4 default in a phone profile's form: float16 KV (half the arena), batch graphs beside it."""
+    """The int4 export in a phone profile's form: made for aarch64 (centred minima, gate and up as one matrix:
+    export/cpu_target.py), float16 KV (half the arena), batch graphs beside it."""
     out = tmp_path_factory.mktemp("smollm2-int4-f16") / "artifact"
+    quant = QuantOptions(dtype=WeightDtype.INT4, target="aarch64", minimum=MinimumForm.CENTERED, gate_up=True)
     export_artifact(ExportOptions(model=DEFAULT_MODEL, out=out, max_capacity=256, heads=None, feature_drafter=None,
-                                  quant=QuantOptions(dtype=WeightDtype.INT4), kv_dtype="float16"), log=lambda *_: None)
+                                  quant=quant, kv_dtype="float16"), log=lambda *_: None)
     return out
+
+
+def test_an_arm_export_carries_gate_and_up_as_one_matrix(int4_f16kv):
+    """Every layer's gate and up one MatMulNBits of 2 × I outputs, every matrix still carried, and the controller's
+    replies its own greedy ones."""
+    manifest = load_manifest(int4_f16kv)
+    d = manifest.dims
+    model = onnx.load(str(int4_f16kv / manifest.decoder_file), load_external_data=False)
+    fused = [n for n in model.graph.node if n.op_type == "MatMulNBits" and ".gate_up." in n.name]
+    assert len(fused) == d.num_layers and not any(".up.weight_t" in n.name for n in model.graph.node)
+    assert {a.name: a.i for a in fused[0].attribute}["N"] == 2 * d.intermediate_size
+    assert manifest.quantization.carried == ("Q4_1", "Q8_0") and manifest.quantization.quantized == ()
+    engine = open_engine(EngineConfig(artifact=Artifact.open(int4_f16kv), mode=Mode.AUTO, capacity=256),
+                         log=lambda *_: None)
+    for prompt in PROMPTS[:2]:
+        ids = engine.tokenizer.encode_chat([Message("user", prompt)])
+        greedy = engine.generate(ids, max_new_tokens=32, mode=Mode.GREEDY, ignore_eos=True)
+        assert engine.generate(ids, max_new_tokens=32, ignore_eos=True).token_ids == greedy.token_ids, prompt
 
 
 def test_serve_batches_the_float16_kv_int4_artifact_as_single_request_greedy(int4_f16kv):

@@ -1,5 +1,5 @@
 """`specmemo bench profile --attention-against GQA_ARTIFACT`: what the decoder's attention costs, ours (the grouped
-function, eighteen nodes a layer as ORT runs it) against the same model exported with GroupQueryAttention (one node).
+function, fifteen nodes a layer as ORT runs it) against the same model exported with GroupQueryAttention (one node).
 
 At each past length and at one and two rows a call: every attention node's kernel ms summed under ORT's profiler
 (ours: the nodes ORT inlined from the function, named `_inlfunc_GroupedAttention_...`; GQA: its nodes), and,

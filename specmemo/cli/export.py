@@ -182,7 +182,15 @@ def cmd_export(args: argparse.Namespace) -> int:
 
     check_supported(args.model)  # from the GGUF header or config.json: refused before torch is even imported
     from specmemo.device_profiles.schema import this_cpu
-    from specmemo.export.cpu_target import MINIMUM, Target, attention_for, export_target, minimum_for, target_for
+    from specmemo.export.cpu_target import (
+        GATE_UP,
+        MINIMUM,
+        Target,
+        attention_for,
+        export_target,
+        minimum_for,
+        target_for,
+    )
     from specmemo.export.exporter import (
         DEFAULT_MAX_CAPACITY,
         ExportOptions,
@@ -228,7 +236,7 @@ def cmd_export(args: argparse.Namespace) -> int:
         if attention_for(here, dtype, given=None) is not attention:
             log_stderr(f"this CPU is {here.value}: --target {here.value} exports the faster exact graph for it "
                        f"(docs/attention.md)")
-    quant = QuantOptions(dtype=dtype, block_size=args.block_size, target=target.value,
+    quant = QuantOptions(dtype=dtype, block_size=args.block_size, target=target.value, gate_up=GATE_UP[target],
                          requantize=args.requantize, lm_head_rerank=args.lm_head_rerank,
                          minimum=minimum_for(target, given=args.minimum, exact=args.exact),
                          lm_head_bits=args.lm_head_bits,

@@ -129,8 +129,9 @@ def rewrite(graph, manifest: Manifest, names: BatchGraph) -> None:
             kept.append(node)
             continue
         grouped = node.op_type == GROUPED
-        if grouped:  # write_position in place of GQA's two lengths
-            q, k, v, past_k, past_v, write, cos, sin, pos, bias = list(node.input)
+        if grouped:  # Q|K|V packed, and write_position in place of GQA's two lengths
+            q, past_k, past_v, write, cos, sin, pos, bias = list(node.input)
+            k = v = ""
         else:
             q, k, v, past_k, past_v, _, _, cos, sin, pos, bias = list(node.input)[:11]
         if past_k not in kv_inputs or bias not in per_row or pos != io.position_ids:
@@ -149,8 +150,9 @@ def rewrite(graph, manifest: Manifest, names: BatchGraph) -> None:
         for b in range(batch):
             row_bias, gqa_lengths = per_row[bias][b]
             length_inputs = [io_spec.row_name(write, b)] if grouped else list(gqa_lengths)
-            inputs = [split[q][b], split[k][b] if k else "", split[v][b] if v else "", kv_row[past_k, b],
-                      kv_row[past_v, b], *length_inputs, cos, sin, positions[b], row_bias]
+            projected = [split[q][b]] if grouped else [split[q][b], split[k][b] if k else "", split[v][b] if v else ""]
+            inputs = [*projected, kv_row[past_k, b], kv_row[past_v, b], *length_inputs, cos, sin, positions[b],
+                      row_bias]
             row_outputs.append(f"{out}.row{b}")
             new_nodes.append(helper.make_node(node.op_type, inputs,
                                               [row_outputs[-1], kv_row[present_k, b], kv_row[present_v, b]],

@@ -73,6 +73,11 @@ class LazyBlocks(Mapping[str, QuantBlocks]):
         self.make[name] = lambda: blocks
         self.kept.pop(name, None)
 
+    def add(self, name: str, make: Callable[[], QuantBlocks]) -> None:
+        """A further matrix, made when asked for like the others (a fused pair's: export/gate_up.py)."""
+        self.make[name] = make
+        self.kept.pop(name, None)
+
     def __iter__(self):
         return iter(self.make)
 

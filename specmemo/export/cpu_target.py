@@ -1,5 +1,6 @@
-"""The CPU family an int4 export is made for, and the two decisions it drives: the form of Q4_1 minima its matrices
-take, so each reaches that family's fastest MatMulNBits kernel, and the decoder's attention. The kernels each form
+"""The CPU family an int4 export is made for, and the decisions it drives: the form of Q4_1 minima its matrices
+take, so each reaches that family's fastest MatMulNBits kernel, whether each layer's gate and up are one matrix,
+and the decoder's attention. The kernels each form
 reaches were read from ONNX Runtime itself on every CPU class (`specmemo bench arm --routes-only`; the table is in
 docs/on-device.md):
 
@@ -31,6 +32,9 @@ class Target(StrEnum):
 
 
 MINIMUM = {Target.X86: MinimumForm.FOLDED, Target.X86_AVX2: MinimumForm.FOLDED, Target.ARM: MinimumForm.CENTERED}
+# each layer's gate and up carried as one matrix and a Split (export/gate_up.py): on ARM a node ORT runs costs more
+# than the Split's copy; on x86 two matrices beat one and a Split at one row
+GATE_UP = {Target.X86: False, Target.X86_AVX2: False, Target.ARM: True}
 # the attention of an int4 export (4-bit matrices); every other weight dtype takes the grouped graph
 INT4_ATTENTION = {Target.X86: AttentionOp.GROUPED, Target.X86_AVX2: AttentionOp.GQA, Target.ARM: AttentionOp.GROUPED}
 

@@ -6,7 +6,8 @@ on how many rows its call ran and how long the past was. This module rewrites ea
 node of the traced decoder into a call of one model-local function, `specmemo.GroupedAttention`, built
 from plain ops whose every row is computed alike whatever shares the call:
 
-    q, k  --RotaryEmbedding at position_ids (half-split)-->
+    Q|K|V [B, T, (H + 2 H_kv)·D] as heads [B, H + 2 H_kv, T, D] (one Reshape, one Transpose), split on the heads
+    q, k  --RotaryEmbedding at position_ids (half-split, on the heads' layout)-->
     K, V rows written in place at `write_position` by TensorScatter (past and present are one buffer)
     Q [B, H, T, D] as [B, H_kv, G·T, D]: the G query heads of one K/V head stacked on the rows, so
          the score GEMM has M = G·T >= 2 rows even for one token (MatMul's one-row path is another)
@@ -42,8 +43,8 @@ FUNCTION = "GroupedAttention"
 OPSET = 24  # TensorScatter is a standard op from 24 on
 GQA = "GroupQueryAttention"
 ATTENTION_NODE = "grouped_attention"  # the call nodes' names: grouped_attention.{layer}
-FUNCTION_INPUTS = ("query", "key", "value", "past_key", "past_value", "write_position", "cos_cache", "sin_cache",
-                   "position_ids", "bias_rows")
+FUNCTION_INPUTS = ("qkv", "past_key", "past_value", "write_position", "cos_cache", "sin_cache", "position_ids",
+                   "bias_rows")
 FUNCTION_OUTPUTS = ("output", "present_key", "present_value")
 GQA_INPUTS = {"query": 0, "key": 1, "value": 2, "past_key": 3, "past_value": 4, "cos_cache": 7, "sin_cache": 8,
               "position_ids": 9, "attention_bias": 10}
@@ -58,24 +59,22 @@ def grouped_function(dims: ModelDims, kv_dtype: str = "float32") -> FunctionProt
     """The function's body for this model's heads (H, H_kv, D and the softmax scale baked in as constants)."""
     heads, kv_heads, d = dims.num_heads, dims.num_kv_heads, dims.head_dim
     half = kv_dtype == "float16"
+    # Q, K and V arrive packed (a model with q/k norms concatenates them first: `lower_attention`) and take the
+    # heads' layout in one Reshape and one Transpose: a node ORT runs costs about as much as a small kernel
     n = [
-        _const("c.q4", [0, 0, heads, d]), _const("c.kv4", [0, 0, kv_heads, d]), _const("c.qg", [0, kv_heads, -1, d]),
-        _const("c.out4", [0, heads, -1, d]), _const("c.out3", [0, 0, heads * d]),
+        _const("c.qkv4", [0, 0, heads + 2 * kv_heads, d]), _const("c.heads", [heads, kv_heads, kv_heads]),
+        _const("c.qg", [0, kv_heads, -1, d]), _const("c.out4", [0, heads, -1, d]), _const("c.out3", [0, 0, heads * d]),
         _const("c.scale", dims.softmax_scale, np.float32),
-        helper.make_node("RotaryEmbedding", ["query", "cos_cache", "sin_cache", "position_ids"], ["q.rot"],
-                         num_heads=heads),
-        helper.make_node("RotaryEmbedding", ["key", "cos_cache", "sin_cache", "position_ids"], ["k.rot"],
-                         num_heads=kv_heads),
-        helper.make_node("Reshape", ["q.rot", "c.q4"], ["q.4"]),
-        helper.make_node("Transpose", ["q.4"], ["q.heads"], perm=[0, 2, 1, 3]),  # [B, H, T, D]
-        helper.make_node("Reshape", ["q.heads", "c.qg"], ["q.grouped"]),  # [B, H_kv, G·T, D]
+        helper.make_node("Reshape", ["qkv", "c.qkv4"], ["qkv.4"]),
+        helper.make_node("Transpose", ["qkv.4"], ["qkv.heads"], perm=[0, 2, 1, 3]),  # [B, H + 2 H_kv, T, D]
+        helper.make_node("Split", ["qkv.heads", "c.heads"], ["q.heads", "k.heads", "v.new"], axis=1),
+        helper.make_node("RotaryEmbedding", ["q.heads", "cos_cache", "sin_cache", "position_ids"], ["q.rot"]),
+        helper.make_node("RotaryEmbedding", ["k.heads", "cos_cache", "sin_cache", "position_ids"], ["k.new"]),
+        helper.make_node("Reshape", ["q.rot", "c.qg"], ["q.grouped"]),  # [B, H_kv, G·T, D]
         helper.make_node("Mul", ["q.grouped", "c.scale"], ["q.scaled"]),  # folded into the MatMul by ORT
     ]
-    for x, rotated in (("k", "k.rot"), ("v", "value")):
-        n += [helper.make_node("Reshape", [rotated, "c.kv4"], [f"{x}.4"]),
-              helper.make_node("Transpose", [f"{x}.4"], [f"{x}.new"], perm=[0, 2, 1, 3])]  # [B, H_kv, T, D]
-        if half:
-            n.append(helper.make_node("Cast", [f"{x}.new"], [f"{x}.new.f16"], to=TensorProto.FLOAT16))
+    if half:
+        n += [helper.make_node("Cast", [f"{x}.new"], [f"{x}.new.f16"], to=TensorProto.FLOAT16) for x in ("k", "v")]
     n += [
         helper.make_node("TensorScatter", ["past_key", "k.new.f16" if half else "k.new", "write_position"],
                          ["present_key"], axis=2),
@@ -112,10 +111,8 @@ def lower_attention(model: ModelProto, dims: ModelDims, *, kv_dtype: str, write_
     if not nodes:
         raise ValueError("the decoder graph has no GroupQueryAttention node to lower")
     d = dims
-    sizes = [d.num_heads * d.head_dim, d.num_kv_heads * d.head_dim, d.num_kv_heads * d.head_dim]
-    graph.initializer.extend([numpy_helper.from_array(np.array(sizes, np.int64), "grouped.qkv_sizes"),
-                              numpy_helper.from_array(np.array([1, 1, d.num_heads // d.num_kv_heads, 1], np.int64),
-                                                      "grouped.bias_repeats")])
+    graph.initializer.append(numpy_helper.from_array(np.array([1, 1, d.num_heads // d.num_kv_heads, 1], np.int64),
+                                                     "grouped.bias_repeats"))
     span_dims = {bias: "L" if i == 0 else "L_w" for i, bias in enumerate(write_inputs)}  # the buffers' position axis
     kv_names: dict[str, str] = {}  # K/V input or output → its span's dim name
     rewritten: list[NodeProto] = []
@@ -129,11 +126,11 @@ def lower_attention(model: ModelProto, dims: ModelDims, *, kv_dtype: str, write_
         bias = named["attention_bias"]
         if bias not in write_inputs:
             raise ValueError(f"{node.name or GQA} reads the bias {bias!r}, which has no write position")
-        if not named["key"]:  # Q, K and V packed: split them in the graph, the function takes them apart
-            parts = [f"{node.name}.{x}" for x in ("q", "k", "v")]
-            rewritten.append(helper.make_node("Split", [named["query"], "grouped.qkv_sizes"], parts, axis=-1,
-                                              name=f"{node.name}.SplitQKV"))
-            named["query"], named["key"], named["value"] = parts
+        named["qkv"] = named["query"]  # Q, K and V packed, as the function takes them
+        if named["key"]:  # apart (q/k norms between the projection and the attention): packed again
+            named["qkv"] = f"{node.name}.qkv"
+            rewritten.append(helper.make_node("Concat", [named[x] for x in ("query", "key", "value")],
+                                              [named["qkv"]], axis=-1, name=f"{node.name}.ConcatQKV"))
         named["write_position"] = write_inputs[bias]
         named["bias_rows"] = f"{bias}.rows"
         if named["bias_rows"] not in tiled:  # once per call: [B, 1, T, L] → [B, 1, G·T, L], one row per stacked head

@@ -23,6 +23,7 @@ from specmemo.export.block_search import importance, searched_blocks
 from specmemo.export.carried import LM_HEAD, LazyBlocks, carried_blocks
 from specmemo.export.external_data import ExternalWriter, external_span, load_external_from, read_initializer
 from specmemo.export.fuse_norms import fuse_skip_norms
+from specmemo.export.gate_up import fuse_gate_up
 from specmemo.export.gguf_weights import GgufTensors, GgufWeightsError, QuantBlocks, q4_1_blocks, q8_0_blocks
 from specmemo.export.lm_head import narrow_lm_head, rerank_argmax, six_bit_rows
 from specmemo.export.quantize import carry_matmuls, drop_unused, gemms_as_matmuls, quantize_matmuls, requantized_rows
@@ -133,6 +134,7 @@ class QuantOptions:
     lm_head_rows: LmHeadRows = LmHeadRows.CARRIED  # the rows a narrowed head's re-rank reads
     body_quantizer: BodyQuantizer = BodyQuantizer.SEARCHED  # how a re-quantized body rounds (body_blocks not carried)
     target: str = "x86-64"  # the CPU family `minimum` was chosen for (export/cpu_target.py), recorded in the manifest
+    gate_up: bool = False  # each layer's gate and up carried as one matrix (export/gate_up.py; the target's choice)
 
     @property
     def step_row_multiple(self) -> int:
@@ -223,6 +225,9 @@ def quantize_decoder(path: Path, *, options: QuantOptions, dims: ModelDims, gguf
     if narrow is not None and untied and (options.lm_head_rows is LmHeadRows.EIGHT_BIT
                                           or (options.lm_head_rows is LmHeadRows.CARRIED and six_bit is None)):
         carried[LM_HEAD] = WideBlocks.Q8_0.narrowed(narrow)  # the re-rank's rows in blocks of 32: 8.5 bits, not 10
+    fused = fuse_gate_up(model, carried, apart=outliers) if options.gate_up else 0
+    if fused:
+        log(f"gate and up carried as one matrix in {fused} layers")
     replaced = carry_matmuls(model, carried, accuracy_level=options.accuracy_level,
                              levels={LM_HEAD: options.lm_head_accuracy_level},
                              fold=options.applied_minimum is MinimumForm.FOLDED, outliers=outliers, base_dir=base,
