@@ -69,7 +69,8 @@ def add_parser(sub) -> None:
     p.add_argument("--target", choices=("x86-64", "x86-64-avx2", "aarch64"), default=None,
                    help="the CPU family an int4 export is made for: its Q4_1 minima take the form that reaches that "
                         "family's fastest kernel (x86: folded; aarch64: centered, which KleidiAI takes on "
-                        "dot-product cores; docs/on-device.md), and its attention the faster exact route there "
+                        "dot-product cores, and each layer's gate and up as one matrix; docs/on-device.md), and its "
+                        "attention the faster exact route there "
                         "(x86-64-avx2, a CPU without AVX-512: GroupQueryAttention, as its 4-bit kernels need a "
                         "padding row anyway; docs/attention.md) (default: the --profile's CPU, else x86-64)")
     p.add_argument("--minimum", choices=("folded", "centered", "block-sum", "zero-point"), default=None,
