@@ -21,6 +21,7 @@ from onnx import helper, numpy_helper
 
 from specmemo.export.carried import LazyBlocks
 from specmemo.export.gguf_weights import QuantBlocks, stack
+from specmemo.export.quantize import drop_initializers
 
 GATE, UP, FUSED = ".gate.weight_t", ".up.weight_t", ".gate_up.weight_t"  # export/decoder.py's initializer names
 
@@ -53,10 +54,7 @@ def fuse_gate_up(model: onnx.ModelProto, carried: LazyBlocks, *, apart: Collecti
     nodes = [new for node in graph.node for new in replace.get(id(node), [node])]
     del graph.node[:]
     graph.node.extend(nodes)
-    dropped = set(pairs) | set(pairs.values())
-    kept = [t for t in graph.initializer if t.name not in dropped]
-    del graph.initializer[:]
-    graph.initializer.extend(kept)
+    drop_initializers(graph, set(pairs) | set(pairs.values()))
     return len(pairs)
 
 

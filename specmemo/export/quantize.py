@@ -208,7 +208,7 @@ def carry_matmuls(model: onnx.ModelProto, carried: Mapping[str, QuantBlocks], *,
         replaced.append(weight)
     del graph.node[:]
     graph.node.extend(nodes)
-    _drop_initializers(graph, set(replaced))
+    drop_initializers(graph, set(replaced))
     if not any(op.domain == MS_DOMAIN for op in model.opset_import):
         model.opset_import.append(helper.make_opsetid(MS_DOMAIN, 1))
     return replaced
@@ -267,7 +267,7 @@ def _block_sum(source: str, out: str, k: int, block: int, graph: onnx.GraphProto
             helper.make_node("ReduceSum", [f"{out}.blocks", axes], [out], name=f"{out}.ReduceSum", keepdims=0)]
 
 
-def _drop_initializers(graph: onnx.GraphProto, names: set[str]) -> None:
+def drop_initializers(graph: onnx.GraphProto, names: set[str]) -> None:
     kept = [t for t in graph.initializer if t.name not in names]
     del graph.initializer[:]
     graph.initializer.extend(kept)
@@ -299,7 +299,7 @@ def gemms_as_matmuls(model: onnx.ModelProto) -> int:
     del graph.node[:]
     graph.node.extend(nodes)
     used = {i for n in graph.node for i in n.input}
-    _drop_initializers(graph, {t.name for t in graph.initializer if t.name not in used})
+    drop_initializers(graph, {t.name for t in graph.initializer if t.name not in used})
     return count
 
 
@@ -357,5 +357,5 @@ def drop_unused(graph: onnx.GraphProto, keep: AbstractSet[str] = frozenset()) ->
             graph.node.remove(node)
     read = {i for n in graph.node for i in n.input} | keep
     unused = [t.name for t in graph.initializer if t.name not in read]
-    _drop_initializers(graph, set(unused))
+    drop_initializers(graph, set(unused))
     return unused
