@@ -152,6 +152,22 @@ def test_an_int4_export_for_avx2_writes_group_query_attention(tiny_artifact, tmp
 
 
 @pytest.mark.slow
+def test_an_aarch64_export_grows_its_span_in_smaller_buckets(tiny_artifact, tmp_path):
+    """--target aarch64 records the target's span bucket in the manifest; an x86 target the default one."""
+    from specmemo.cli import main
+    from specmemo.export.cpu_target import BUCKET, Target
+    from specmemo.runtime.manifest import load_manifest
+    from specmemo.runtime.span import SPAN_BUCKET
+
+    _artifact, root = tiny_artifact
+    common = ["export", "--model", str(root / "hf"), "--batch", "none", "--max-capacity", "128", "--no-validate"]
+    for target, bucket in (("aarch64", BUCKET[Target.ARM]), ("x86-64", SPAN_BUCKET)):
+        assert main([*common, "--target", target, "--out", str(tmp_path / target)]) == 0
+        assert load_manifest(tmp_path / target).span_bucket == bucket
+    assert BUCKET[Target.ARM] < SPAN_BUCKET and SPAN_BUCKET % BUCKET[Target.ARM] == 0
+
+
+@pytest.mark.slow
 def test_export_profile_writes_the_plan_or_refuses_and_keeps_the_old_artifact(tiny_artifact, tmp_path, capsys,
                                                                                monkeypatch):
     from specmemo.cli import main

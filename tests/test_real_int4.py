@@ -13,15 +13,17 @@ import onnx
 import pytest
 import torch
 
+from specmemo.export.cpu_target import BUCKET, GATE_UP, MINIMUM, Target
 from specmemo.export.exporter import ExportOptions, default_heads, export_artifact
 from specmemo.export.model_source import DEFAULT_MODEL, load_hf, resolve_model
 from specmemo.export.validate import chat_prompt_ids
-from specmemo.export.weights_dtype import MinimumForm, QuantOptions, WeightDtype
+from specmemo.export.weights_dtype import QuantOptions, WeightDtype
 from specmemo.runtime import tree
 from specmemo.runtime.artifact import Artifact
 from specmemo.runtime.embedding import EmbeddingTable
 from specmemo.runtime.engine import EngineConfig, Mode, open_engine
 from specmemo.runtime.manifest import embedding_for, load_manifest
+from specmemo.runtime.span import SPAN_BUCKET
 from specmemo.runtime.tokenizer import Message
 
 pytestmark = pytest.mark.real_model
@@ -167,19 +169,21 @@ def test_typescript_engine_reads_the_same_int4_artifact_in_both_formats(int4):
 
 @pytest.fixture(scope="module")
 def int4_f16kv(tmp_path_factory):
-    """The int4 export in a phone profile's form: made for aarch64 (centred minima, gate and up as one matrix:
-    export/cpu_target.py), float16 KV (half the arena), batch graphs beside it."""
+    """The int4 export in a phone profile's form: made for aarch64 (centred minima, gate and up as one matrix, the
+    span in buckets of 16: export/cpu_target.py), float16 KV (half the arena), batch graphs beside it."""
     out = tmp_path_factory.mktemp("smollm2-int4-f16") / "artifact"
-    quant = QuantOptions(dtype=WeightDtype.INT4, target="aarch64", minimum=MinimumForm.CENTERED, gate_up=True)
+    arm = Target.ARM
+    quant = QuantOptions(dtype=WeightDtype.INT4, target=arm.value, minimum=MINIMUM[arm], gate_up=GATE_UP[arm])
     export_artifact(ExportOptions(model=DEFAULT_MODEL, out=out, max_capacity=256, heads=None, feature_drafter=None,
-                                  quant=quant, kv_dtype="float16"), log=lambda *_: None)
+                                  quant=quant, kv_dtype="float16", span_bucket=BUCKET[arm]), log=lambda *_: None)
     return out
 
 
 def test_an_arm_export_carries_gate_and_up_as_one_matrix(int4_f16kv):
-    """Every layer's gate and up one MatMulNBits of 2 × I outputs, every matrix still carried, and the controller's
-    replies its own greedy ones."""
+    """Every layer's gate and up one MatMulNBits of 2 × I outputs, every matrix still carried, the span in ARM's
+    smaller buckets, and the controller's replies its own greedy ones (the KV rows moved at every bucket edge)."""
     manifest = load_manifest(int4_f16kv)
+    assert manifest.span_bucket == BUCKET[Target.ARM] < SPAN_BUCKET
     d = manifest.dims
     model = onnx.load(str(int4_f16kv / manifest.decoder_file), load_external_data=False)
     fused = [n for n in model.graph.node if n.op_type == "MatMulNBits" and ".gate_up." in n.name]

@@ -67,10 +67,11 @@ def add_parser(sub) -> None:
                         "as an exact block-sum term and fp32-compute kernels (--minimum block-sum --accuracy-level 0); "
                         "its argmax is the float32 model's almost everywhere (docs/int4.md)")
     p.add_argument("--target", choices=("x86-64", "x86-64-avx2", "aarch64"), default=None,
-                   help="the CPU family an int4 export is made for: its Q4_1 minima take the form that reaches that "
+                   help="the CPU family an export is made for: int4's Q4_1 minima take the form that reaches that "
                         "family's fastest kernel (x86: folded; aarch64: centered, which KleidiAI takes on "
-                        "dot-product cores, and each layer's gate and up as one matrix; docs/on-device.md), and its "
-                        "attention the faster exact route there "
+                        "dot-product cores, and each layer's gate and up as one matrix; docs/on-device.md); the "
+                        "attention's span grows in buckets of 64 positions (aarch64: 16, fewer masked positions a "
+                        "step); and its attention is the faster exact route there "
                         "(x86-64-avx2, a CPU without AVX-512: GroupQueryAttention, as its 4-bit kernels need a "
                         "padding row anyway; docs/attention.md) (default: the --profile's CPU, else x86-64)")
     p.add_argument("--minimum", choices=("folded", "centered", "block-sum", "zero-point"), default=None,
@@ -184,6 +185,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     check_supported(args.model)  # from the GGUF header or config.json: refused before torch is even imported
     from specmemo.device_profiles.schema import this_cpu
     from specmemo.export.cpu_target import (
+        BUCKET,
         GATE_UP,
         MINIMUM,
         Target,
@@ -255,7 +257,7 @@ def cmd_export(args: argparse.Namespace) -> int:
                                   top_k=args.top_k, drafter=args.drafter, feature_drafter=feature,
                                   feature_depth=args.feature_depth, feature_width=args.feature_width,
                                   mobile=args.mobile, kv_dtype=args.kv_dtype, draft_model=args.draft_model,
-                                  attention=attention,
+                                  attention=attention, span_bucket=BUCKET[target],
                                   **({} if args.batch is None else {"batch": args.batch})),
                     finalize=finalize)
     if args.no_validate:

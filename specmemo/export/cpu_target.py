@@ -1,6 +1,6 @@
-"""The CPU family an int4 export is made for, and the decisions it drives: the form of Q4_1 minima its matrices
+"""The CPU family an export is made for, and the decisions it drives: the form of Q4_1 minima its int4 matrices
 take, so each reaches that family's fastest MatMulNBits kernel, whether each layer's gate and up are one matrix,
-and the decoder's attention. The kernels each form
+the decoder's attention, and the bucket its span grows by. The kernels each form
 reaches were read from ONNX Runtime itself on every CPU class (`specmemo bench arm --routes-only`; the table is in
 docs/on-device.md):
 
@@ -15,6 +15,12 @@ any call (AVX-512 VNNI, ARM dot-product cores). On AVX2, 4-bit MatMulNBits compu
 its padding row whatever the attention, and on that route ONNX Runtime's one GroupQueryAttention node a layer costs
 less than the grouped attention's plain ops (measured both ways: docs/attention.md#on-avx2). float32 and 8-bit
 matrices compute a row alike on AVX2 too: they keep the grouped graph's one row.
+
+The span bucket: a grouped graph attends over S rounded up to it, so a call pays for up to bucket - 1 masked positions
+(half a bucket on average), and the runtime moves the KV rows to a new stride once per bucket (runtime/kv_cache.py).
+A row stays the same across spans whenever the bucket is a multiple of the softmax kernel's lanes (ARM's exp-sum adds
+4 lanes, then its tail one by one), which the audit checks (docs/on-device.md). On aarch64 a one-row step is short
+enough that the masked positions show, so the bucket is 16; x86 keeps 64, with a quarter of the moves.
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ from __future__ import annotations
 from enum import StrEnum
 
 from specmemo.export.weights_dtype import MinimumForm, WeightDtype
-from specmemo.runtime.span import AttentionOp
+from specmemo.runtime.span import SPAN_BUCKET, AttentionOp
 
 
 class Target(StrEnum):
@@ -35,6 +41,8 @@ MINIMUM = {Target.X86: MinimumForm.FOLDED, Target.X86_AVX2: MinimumForm.FOLDED, 
 # each layer's gate and up carried as one matrix and a Split (export/gate_up.py): on ARM a node ORT runs costs more
 # than the Split's copy; on x86 two matrices beat one and a Split at one row
 GATE_UP = {Target.X86: False, Target.X86_AVX2: False, Target.ARM: True}
+# positions a grouped graph's span grows by (runtime/span.py; the manifest records it)
+BUCKET = {Target.X86: SPAN_BUCKET, Target.X86_AVX2: SPAN_BUCKET, Target.ARM: 16}
 # the attention of an int4 export (4-bit matrices); every other weight dtype takes the grouped graph
 INT4_ATTENTION = {Target.X86: AttentionOp.GROUPED, Target.X86_AVX2: AttentionOp.GQA, Target.ARM: AttentionOp.GROUPED}
 

@@ -78,6 +78,7 @@ class ExportOptions:
     batch: tuple[int, ...] = DEFAULT_BATCHES  # --batch: B of the batch graphs to write (export/batch_graph.py)
     draft_model: str | None = None  # --draft-model: a smaller model of the same tokenizer, exported into draft/
     attention: AttentionOp = AttentionOp.GROUPED  # --attention: the decoder's attention (runtime/span.py)
+    span_bucket: int = SPAN_BUCKET  # a grouped graph's span grows by this many positions (cpu_target.BUCKET)
 
     def __post_init__(self) -> None:
         kind = missing_part(self.drafter, self, named_dir_counts=True)
@@ -185,7 +186,8 @@ def export_artifact(options: ExportOptions, *, log=print, finalize=None) -> Mani
         traced = io_spec.decoder_io(dims, "float32", kv_dtype="float32" if grouped else options.kv_dtype)
         export_streamed(checkpoint, dims, options.max_capacity, traced, staging / DECODER_FILE)
         if grouped:
-            log(f"attention whose rows do not depend on the call's shape (span in buckets of {SPAN_BUCKET}) ...")
+            log(f"attention whose rows do not depend on the call's shape (span in buckets of {options.span_bucket}) "
+                "...")
             lower_file(staging / DECODER_FILE, dims, kv_dtype=options.kv_dtype, io=io_names)
         elif options.kv_dtype == "float16":
             log("attention in float16 over a float16 KV buffer ...")
@@ -245,7 +247,7 @@ def export_artifact(options: ExportOptions, *, log=print, finalize=None) -> Mani
             ort_format=ort_format,
             generation=generation_defaults(resolved.hf_folder),
             attention=options.attention,
-            span_bucket=SPAN_BUCKET if grouped else 1,
+            span_bucket=options.span_bucket if grouped else 1,
         )
         manifest = add_batch_graphs(staging, manifest, options.batch, log)
         if options.draft_model is not None:
