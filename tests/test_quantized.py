@@ -240,6 +240,35 @@ def test_centered_minimum_keeps_the_weights_and_halves_the_int8_activation_error
     assert shifted > 5 * centred, (shifted, centred)
 
 
+def test_symmetric_minimum_keeps_the_weights_with_no_zero_point_input():
+    """MinimumForm.SYMMETRIC: the codes over MatMulNBits' default zero point 8 and m + 8d as the block-sum term: the
+    same weights (exact in reals), a node without a zero-point input, and the int8 activations' error on a par with
+    the centred codes' (both weighted by codes within 8 of their zero point), far below block-sum's."""
+    rng = np.random.default_rng(5)
+    blocks = decode("Q4_1", raw_blocks("Q4_1", 96, 256, rng))
+    symmetric = blocks.over_default_zero_point()
+    assert symmetric.zero == 8 and symmetric.bias is not None
+
+    def reals(b):
+        return b.scale.astype(np.float64)[..., None] * (b.q.reshape(96, -1, 32) - float(b.zero)) + b.bias[..., None]
+    assert np.array_equal(reals(symmetric), reals(blocks))
+    weight = blocks.dequantize()
+    x = (rng.standard_normal((1, 64, 256)) + 0.5).astype(np.float32)
+    exact = x[0].astype(np.float64) @ weight.T.astype(np.float64)
+
+    def error(carried):
+        model = matmul_model(np.ascontiguousarray(weight.T))
+        carry_matmuls(model, {"w": carried}, accuracy_level=4)
+        node = next(n for n in model.graph.node if n.op_type == "MatMulNBits")
+        y = ort.InferenceSession(model.SerializeToString(), session_options(SessionConfig())).run(None, {"x": x})[0][0]
+        return np.abs(y - exact).mean(), len(node.input)
+
+    (sym, inputs), (centred, centred_inputs), (block_sum, _) = (error(symmetric),
+                                                                  error(blocks.with_zero_points(residual=True)),
+                                                                  error(blocks))
+    assert inputs == 3 and centred_inputs == 4
+    assert sym < 0.75 * block_sum and sym < 1.5 * centred, (sym, centred, block_sum)
+
 @pytest.mark.parametrize("digits", [1, 2])
 def test_folded_residual_rides_in_the_same_node(digits):
     """MinimumForm.FOLDED: the centred residual as 4-bit digits over the input's block means (one AveragePool),

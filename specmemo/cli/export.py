@@ -74,13 +74,15 @@ def add_parser(sub) -> None:
                         "step); and its attention is the faster exact route there "
                         "(x86-64-avx2, a CPU without AVX-512: GroupQueryAttention, as its 4-bit kernels need a "
                         "padding row anyway; docs/attention.md) (default: the --profile's CPU, else x86-64)")
-    p.add_argument("--minimum", choices=("folded", "centered", "block-sum", "zero-point"), default=None,
-                   metavar="{folded,centered,block-sum}",
+    p.add_argument("--minimum", choices=("folded", "centered", "symmetric", "block-sum", "zero-point"), default=None,
+                   metavar="{folded,centered,symmetric,block-sum}",
                    help="how a Q4_1 block's minimum (w = d·q + m) reaches MatMulNBits, whose fast kernels take integer "
                         "zero points only (default: --target's): folded = zero point round(-m/d), the exact "
                         "residual inside the node as two 4-bit digits over the block sums appended to x (off by at "
                         "most range/225; the fastest on x86); centered = the same zero point with the residual as "
-                        "a block-sum term beside the node (the same weights; KleidiAI takes it on ARM); block-sum = "
+                        "a block-sum term beside the node (the same weights; KleidiAI takes it on ARM); symmetric = "
+                        "MatMulNBits' default zero point 8 with m + 8d as that term (the same weights, no zero-point "
+                        "input: KleidiAI's symmetric kernel on ARM, fewer instructions); block-sum = "
                         "zero point 0 + the whole m as a term (with --exact). docs/int4.md compares them")
     p.add_argument("--lm-head-rerank", type=int, default=8, metavar="K",
                    help="an 8-bit LM head (a GGUF's Q8_0) runs with int8 activations, fast but rounding its logits "

@@ -125,6 +125,22 @@ class QuantBlocks:
                 raise GgufWeightsError("a Q4_1 block's residual m + d·z is not exact in float32: export with --exact")
         return QuantBlocks(self.source_type, self.q, self.scale, rest, self.bits, self.block, zero)
 
+    def over_default_zero_point(self) -> QuantBlocks:
+        """The same weights as d·(q − 2^(bits−1)) + r, r = m + d·(2^(bits−1) − zero) per block: MatMulNBits' default
+        zero point, so its node takes no zero-point input and ARM's symmetric KleidiAI kernel takes it, the minimum
+        and the shift carried as the block's bias (MinimumForm.SYMMETRIC). Where some r is not exact in float32, the
+        centred codes instead (`with_zero_points(residual=True)`), exact too."""
+        if self.bias is None:
+            return self
+        if isinstance(self.zero, np.ndarray):
+            raise GgufWeightsError("blocks that already have per-block zero points are not moved again")
+        default = 1 << (self.bits - 1)
+        wide = self.bias.astype(np.float64) + self.scale.astype(np.float64) * (default - int(self.zero))
+        rest = wide.astype(np.float32)
+        if not np.array_equal(rest.astype(np.float64), wide):
+            return self.with_zero_points(residual=True)
+        return QuantBlocks(self.source_type, self.q, self.scale, rest, self.bits, self.block, default)
+
     def widened(self) -> QuantBlocks:
         """The same weights with 8-bit q: q + 128 − zero, zero point 128 (MatMulNBits' 8-bit default)."""
         if self.bits == 8:

@@ -53,6 +53,7 @@ class MinimumForm(StrEnum):
     BLOCK_SUM = "block-sum"  # exact: + BlockSum(x) @ mᵀ beside each MatMulNBits (the float32 model's weights)
     CENTERED = "centered"  # exact: integer zero points + BlockSum(x) @ (m + d·z)ᵀ, the residual (|.| <= d/2)
     FOLDED = "folded"  # centred, the residual as 4-bit digits over extra inputs (the block means) of the same node
+    SYMMETRIC = "symmetric"  # exact: MatMulNBits' default zero point 8 (no zero-point input) + BlockSum(x) @ (m + 8d)ᵀ
 
 
 class WideBlocks(StrEnum):
@@ -211,6 +212,8 @@ def quantize_decoder(path: Path, *, options: QuantOptions, dims: ModelDims, gguf
             carried = _searched_body(carried, options.body_blocks.block, activations or {}, log)
         if options.dtype is WeightDtype.INT8:  # the same values, stored 8-bit (q + 128 − zero, zero point 128)
             carried = carried.map(lambda _, blocks: blocks.widened())
+        elif options.applied_minimum is MinimumForm.SYMMETRIC:
+            carried = carried.map(lambda _, blocks: blocks.over_default_zero_point())
         elif options.applied_minimum is not MinimumForm.BLOCK_SUM:
             residual = options.applied_minimum in (MinimumForm.CENTERED, MinimumForm.FOLDED)
             carried = carried.map(lambda _, blocks: blocks.with_zero_points(residual=residual))
