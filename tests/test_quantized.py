@@ -246,7 +246,7 @@ def test_symmetric_minimum_keeps_the_weights_with_no_zero_point_input():
     the centred codes' (both weighted by codes within 8 of their zero point), far below block-sum's."""
     rng = np.random.default_rng(5)
     blocks = decode("Q4_1", raw_blocks("Q4_1", 96, 256, rng))
-    symmetric = blocks.over_default_zero_point()
+    symmetric = blocks.with_zero_points(residual=True, default=True)
     assert symmetric.zero == 8 and symmetric.bias is not None
 
     def reals(b):

@@ -103,12 +103,14 @@ class QuantBlocks:
         zero = self.zero[order] if isinstance(self.zero, np.ndarray) else self.zero
         return QuantBlocks(self.source_type, self.q[order], self.scale[order], bias, self.bits, self.block, zero)
 
-    def with_zero_points(self, *, residual: bool = False) -> QuantBlocks:
+    def with_zero_points(self, *, residual: bool = False, default: bool = False) -> QuantBlocks:
         """A per-block minimum (Q4_1: w = d·q + m) folded into an integer zero point per block:
         w' = d·(q − z) with z = round(−m/d) clipped to [0, 2^bits). The same q and scales, no bias term
         in the graph (MatMulNBits alone, as ORT GenAI's asymmetric blocks), but not the same weights:
         each block moves by m + d·z, at most d/2 where the block spans 0. With `residual`, that
-        m + d·z is kept as the block's bias: the same weights, centred codes (MinimumForm.CENTERED)."""
+        m + d·z is kept as the block's bias: the same weights, centred codes (MinimumForm.CENTERED).
+        With `default` too, z is MatMulNBits' default 2^(bits−1), so the node takes no zero-point input (SYMMETRIC:
+        ARM's symmetric KleidiAI kernel), or the centred z where that m + d·z is not exact in float32."""
         if self.bias is None:
             return self
         if isinstance(self.zero, np.ndarray):
@@ -116,30 +118,19 @@ class QuantBlocks:
         safe = np.where(self.scale == 0, 1.0, self.scale)
         base = int(self.zero)  # q is stored over this zero point (8-bit widened blocks: 128)
         zero = np.clip(base + np.rint(-self.bias / safe), 0, (1 << self.bits) - 1).astype(np.uint8)
+        if default:
+            zero = np.full_like(zero, 1 << (self.bits - 1))
         rest = None
         # m + d·(z − base): exact in float32 (f16 m, d and a small integer), so d·(q − z) + rest is d·q + m
         if residual:
             wide = self.bias.astype(np.float64) + self.scale.astype(np.float64) * (zero.astype(np.float64) - base)
             rest = wide.astype(np.float32)
             if not np.array_equal(rest.astype(np.float64), wide):
+                if default:
+                    return self.with_zero_points(residual=True)
                 raise GgufWeightsError("a Q4_1 block's residual m + d·z is not exact in float32: export with --exact")
-        return QuantBlocks(self.source_type, self.q, self.scale, rest, self.bits, self.block, zero)
-
-    def over_default_zero_point(self) -> QuantBlocks:
-        """The same weights as d·(q − 2^(bits−1)) + r, r = m + d·(2^(bits−1) − zero) per block: MatMulNBits' default
-        zero point, so its node takes no zero-point input and ARM's symmetric KleidiAI kernel takes it, the minimum
-        and the shift carried as the block's bias (MinimumForm.SYMMETRIC). Where some r is not exact in float32, the
-        centred codes instead (`with_zero_points(residual=True)`), exact too."""
-        if self.bias is None:
-            return self
-        if isinstance(self.zero, np.ndarray):
-            raise GgufWeightsError("blocks that already have per-block zero points are not moved again")
-        default = 1 << (self.bits - 1)
-        wide = self.bias.astype(np.float64) + self.scale.astype(np.float64) * (default - int(self.zero))
-        rest = wide.astype(np.float32)
-        if not np.array_equal(rest.astype(np.float64), wide):
-            return self.with_zero_points(residual=True)
-        return QuantBlocks(self.source_type, self.q, self.scale, rest, self.bits, self.block, default)
+        return QuantBlocks(self.source_type, self.q, self.scale, rest, self.bits, self.block,
+                           1 << (self.bits - 1) if default else zero)
 
     def widened(self) -> QuantBlocks:
         """The same weights with 8-bit q: q + 128 − zero, zero point 128 (MatMulNBits' 8-bit default)."""

@@ -212,11 +212,10 @@ def quantize_decoder(path: Path, *, options: QuantOptions, dims: ModelDims, gguf
             carried = _searched_body(carried, options.body_blocks.block, activations or {}, log)
         if options.dtype is WeightDtype.INT8:  # the same values, stored 8-bit (q + 128 − zero, zero point 128)
             carried = carried.map(lambda _, blocks: blocks.widened())
-        elif options.applied_minimum is MinimumForm.SYMMETRIC:
-            carried = carried.map(lambda _, blocks: blocks.over_default_zero_point())
         elif options.applied_minimum is not MinimumForm.BLOCK_SUM:
-            residual = options.applied_minimum in (MinimumForm.CENTERED, MinimumForm.FOLDED)
-            carried = carried.map(lambda _, blocks: blocks.with_zero_points(residual=residual))
+            residual = options.applied_minimum is not MinimumForm.ZERO_POINT
+            default = options.applied_minimum is MinimumForm.SYMMETRIC
+            carried = carried.map(lambda _, blocks: blocks.with_zero_points(residual=residual, default=default))
     else:
         carried = LazyBlocks({})
     head = carried.get(LM_HEAD)
