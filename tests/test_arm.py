@@ -103,7 +103,8 @@ def test_kernel_probes_rebuild_each_kind_of_quantized_matrix_and_name_its_route(
 
 def test_an_arm_export_takes_the_minima_kleidiai_reads():
     """--target, else the profile's CPU family, picks the Q4_1 minima's form: folded on x86 (block sums appended to K),
-    centered on aarch64 (K kept a multiple of the block, which KleidiAI's kernels need); --minimum and --exact win."""
+    symmetric on aarch64 (K kept a multiple of the block, which KleidiAI's kernels need, and no zero-point input);
+    --minimum and --exact win."""
     from specmemo.device_profiles.schema import CpuClass
     from specmemo.export.cpu_target import Target, export_target, minimum_for
     from specmemo.export.weights_dtype import MinimumForm
@@ -111,11 +112,33 @@ def test_an_arm_export_takes_the_minima_kleidiai_reads():
     assert [export_target(None, c.value) for c in CpuClass] == [Target.X86, Target.X86_AVX2, Target.ARM, Target.ARM,
                                                                  Target.ARM]
     assert export_target(None, None) is Target.X86 and export_target("x86-64", "aarch64-dotprod") is Target.X86
-    assert minimum_for(Target.ARM, given=None, exact=False) is MinimumForm.CENTERED
+    assert minimum_for(Target.ARM, given=None, exact=False) is MinimumForm.SYMMETRIC
     assert minimum_for(Target.X86, given=None, exact=False) is MinimumForm.FOLDED
     assert minimum_for(Target.ARM, given=None, exact=True) is MinimumForm.BLOCK_SUM
     assert minimum_for(Target.ARM, given="folded", exact=False) is MinimumForm.FOLDED
     assert minimum_for(Target.X86_AVX2, given=None, exact=False) is MinimumForm.FOLDED
+
+
+def test_a_target_hands_every_choice_over_together():
+    """choices_for: the minima's form, gate and up, the span bucket and the attention from the target's tables, the
+    flags winning where given, and QuantOptions built from them; a bucket that is not a multiple of 4 is refused."""
+    import dataclasses
+
+    from specmemo.export.cpu_target import BUCKET, GATE_UP, MINIMUM, Target, choices_for
+    from specmemo.export.weights_dtype import MinimumForm, WeightDtype
+    from specmemo.runtime.span import AttentionOp
+
+    for target in Target:
+        c = choices_for(target, WeightDtype.INT4)
+        assert (c.minimum, c.gate_up, c.span_bucket) == (MINIMUM[target], GATE_UP[target], BUCKET[target])
+        q = c.quant(block_size=32)
+        assert (q.target, q.minimum, q.gate_up, q.dtype, q.block_size) == \
+            (target.value, c.minimum, c.gate_up, WeightDtype.INT4, 32)
+    given = choices_for(Target.X86_AVX2, WeightDtype.INT4, minimum="centered", attention="grouped")
+    assert (given.minimum, given.attention) == (MinimumForm.CENTERED, AttentionOp.GROUPED)
+    assert choices_for(Target.ARM, WeightDtype.INT4, exact=True).minimum is MinimumForm.BLOCK_SUM
+    with pytest.raises(ValueError, match="multiple of 4"):
+        dataclasses.replace(choices_for(Target.ARM, WeightDtype.INT4), span_bucket=6)
 
 
 def test_an_avx2_int4_export_takes_group_query_attention_and_every_other_the_grouped_graph():

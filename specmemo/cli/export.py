@@ -68,10 +68,10 @@ def add_parser(sub) -> None:
                         "its argmax is the float32 model's almost everywhere (docs/int4.md)")
     p.add_argument("--target", choices=("x86-64", "x86-64-avx2", "aarch64"), default=None,
                    help="the CPU family an export is made for: int4's Q4_1 minima take the form that reaches that "
-                        "family's fastest kernel (x86: folded; aarch64: centered, which KleidiAI takes on "
-                        "dot-product cores, and each layer's gate and up as one matrix; docs/on-device.md); the "
-                        "attention's span grows in buckets of 64 positions (aarch64: 16, fewer masked positions a "
-                        "step); and its attention is the faster exact route there "
+                        "family's fastest kernel (x86: folded; aarch64: symmetric, which KleidiAI's symmetric "
+                        "kernels take on dot-product cores, and each layer's gate and up as one matrix; "
+                        "docs/on-device.md); the attention's span grows in buckets of 64 positions (aarch64: 16, fewer "
+                        "masked positions a step); and its attention is the faster exact route there "
                         "(x86-64-avx2, a CPU without AVX-512: GroupQueryAttention, as its 4-bit kernels need a "
                         "padding row anyway; docs/attention.md) (default: the --profile's CPU, else x86-64)")
     p.add_argument("--minimum", choices=("folded", "centered", "symmetric", "block-sum", "zero-point"), default=None,
@@ -186,16 +186,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 
     check_supported(args.model)  # from the GGUF header or config.json: refused before torch is even imported
     from specmemo.device_profiles.schema import this_cpu
-    from specmemo.export.cpu_target import (
-        BUCKET,
-        GATE_UP,
-        MINIMUM,
-        Target,
-        attention_for,
-        export_target,
-        minimum_for,
-        target_for,
-    )
+    from specmemo.export.cpu_target import MINIMUM, Target, attention_for, choices_for, export_target, target_for
     from specmemo.export.exporter import (
         DEFAULT_MAX_CAPACITY,
         ExportOptions,
@@ -203,14 +194,7 @@ def cmd_export(args: argparse.Namespace) -> int:
         default_heads,
         export_artifact,
     )
-    from specmemo.export.weights_dtype import (
-        BodyBlocks,
-        BodyQuantizer,
-        LmHeadRows,
-        QuantOptions,
-        WeightDtype,
-        WideBlocks,
-    )
+    from specmemo.export.weights_dtype import BodyBlocks, BodyQuantizer, LmHeadRows, WeightDtype, WideBlocks
 
     heads = {"auto": default_heads(args.model), "none": None}.get(args.heads, Path(args.heads))
     profile = apply_profile(args)
@@ -232,25 +216,23 @@ def cmd_export(args: argparse.Namespace) -> int:
         log_stderr(f"profile {profile.name}: an {target.value} CPU, so {MINIMUM[target].value} Q4_1 minima "
                    f"(--target overrides)")
     dtype = WeightDtype(args.dtype or "float32")
-    attention = attention_for(target, dtype, given=args.attention)
-    if args.attention is None and attention is not AttentionOp.GROUPED:
-        log_stderr(f"target {target.value}: {attention.value} attention, the faster exact route there "
+    choices = choices_for(target, dtype, minimum=args.minimum, attention=args.attention, exact=args.exact)
+    if args.attention is None and choices.attention is not AttentionOp.GROUPED:
+        log_stderr(f"target {target.value}: {choices.attention.value} attention, the faster exact route there "
                    f"(--attention overrides)")
     elif args.attention is None and args.target is None and profile is None:
         here = target_for(this_cpu()[0].value)  # where an export made without a target usually runs: here
-        if attention_for(here, dtype, given=None) is not attention:
+        if attention_for(here, dtype, given=None) is not choices.attention:
             log_stderr(f"this CPU is {here.value}: --target {here.value} exports the faster exact graph for it "
                        f"(docs/attention.md)")
-    quant = QuantOptions(dtype=dtype, block_size=args.block_size, target=target.value, gate_up=GATE_UP[target],
-                         requantize=args.requantize, lm_head_rerank=args.lm_head_rerank,
-                         minimum=minimum_for(target, given=args.minimum, exact=args.exact),
-                         lm_head_bits=args.lm_head_bits,
-                         wide_blocks=WideBlocks(args.wide_blocks) if args.wide_blocks else None,
-                         body_blocks=BodyBlocks(args.body_blocks or "carried"),
-                         lm_head_rows=LmHeadRows(args.lm_head_rows or "carried"),
-                         body_quantizer=BodyQuantizer(args.body_quantizer or "searched"),
-                         accuracy_level=args.accuracy_level if args.accuracy_level is not None
-                         else 0 if args.exact and args.dtype != "int8" else 4)
+    quant = choices.quant(block_size=args.block_size, requantize=args.requantize, lm_head_rerank=args.lm_head_rerank,
+                          lm_head_bits=args.lm_head_bits,
+                          wide_blocks=WideBlocks(args.wide_blocks) if args.wide_blocks else None,
+                          body_blocks=BodyBlocks(args.body_blocks or "carried"),
+                          lm_head_rows=LmHeadRows(args.lm_head_rows or "carried"),
+                          body_quantizer=BodyQuantizer(args.body_quantizer or "searched"),
+                          accuracy_level=args.accuracy_level if args.accuracy_level is not None
+                          else 0 if args.exact and args.dtype != "int8" else 4)
     out = args.out or default_artifact(args.model, quant.dtype.value)
     # auto: the shipped feature drafter where it was trained on this dtype's graph (its features are that graph's)
     auto = default_feature_drafter(args.model, quant.dtype.value)
@@ -259,7 +241,7 @@ def cmd_export(args: argparse.Namespace) -> int:
                                   top_k=args.top_k, drafter=args.drafter, feature_drafter=feature,
                                   feature_depth=args.feature_depth, feature_width=args.feature_width,
                                   mobile=args.mobile, kv_dtype=args.kv_dtype, draft_model=args.draft_model,
-                                  attention=attention, span_bucket=BUCKET[target],
+                                  attention=choices.attention, span_bucket=choices.span_bucket,
                                   **({} if args.batch is None else {"batch": args.batch})),
                     finalize=finalize)
     if args.no_validate:

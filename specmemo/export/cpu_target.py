@@ -7,8 +7,10 @@ docs/on-device.md):
     x86-64       folded    the block sums ride as extra inputs (K + K/32): MLAS's x86 int8 kernels take any K, and
                            this is the fastest and closest form there
     x86-64-avx2  folded    the same kernels' AVX2 build
-    aarch64      centered  K stays a multiple of the block: KleidiAI's kernels take these matrices on dot-product
-                           cores; with block sums appended they fall to MLAS's NEON CompInt8 kernels
+    aarch64      symmetric K stays a multiple of the block and the codes sit over MatMulNBits' default zero point,
+                           so the node has no zero-point input: KleidiAI's symmetric kernels take these matrices on
+                           dot-product cores, with fewer instructions than the centred codes' zero points cost; with
+                           block sums appended they would fall to MLAS's NEON CompInt8 kernels
 
 The attention: the grouped graph lets greedy run one row a step wherever the matrix kernels compute a row alike in
 any call (AVX-512 VNNI, ARM dot-product cores). On AVX2, 4-bit MatMulNBits computes a lone row apart, so greedy keeps
@@ -25,9 +27,11 @@ enough that the masked positions show, so the bucket is 16; x86 keeps 64, with a
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from enum import StrEnum
+from typing import Any
 
-from specmemo.export.weights_dtype import MinimumForm, WeightDtype
+from specmemo.export.weights_dtype import MinimumForm, QuantOptions, WeightDtype
 from specmemo.runtime.span import SPAN_BUCKET, AttentionOp
 
 
@@ -37,7 +41,7 @@ class Target(StrEnum):
     ARM = "aarch64"
 
 
-MINIMUM = {Target.X86: MinimumForm.FOLDED, Target.X86_AVX2: MinimumForm.FOLDED, Target.ARM: MinimumForm.CENTERED}
+MINIMUM = {Target.X86: MinimumForm.FOLDED, Target.X86_AVX2: MinimumForm.FOLDED, Target.ARM: MinimumForm.SYMMETRIC}
 # each layer's gate and up carried as one matrix and a Split (export/gate_up.py): on ARM a node ORT runs costs more
 # than the Split's copy; on x86 two matrices beat one and a Split at one row
 GATE_UP = {Target.X86: False, Target.X86_AVX2: False, Target.ARM: True}
@@ -71,3 +75,33 @@ def attention_for(target: Target, dtype: WeightDtype, *, given: str | None) -> A
     if given:
         return AttentionOp(given)
     return INT4_ATTENTION[target] if dtype is WeightDtype.INT4 else AttentionOp.GROUPED
+
+
+@dataclass(frozen=True)
+class Choices:
+    """Every decision an export takes from its target, made together so that no caller misses one."""
+
+    target: Target
+    dtype: WeightDtype
+    minimum: MinimumForm
+    gate_up: bool
+    span_bucket: int
+    attention: AttentionOp
+
+    def __post_init__(self) -> None:
+        # ARM's exp-sum adds 4 lanes, then its tail: a bucket of a multiple of 4 keeps a row's sum in one order
+        if self.span_bucket <= 0 or self.span_bucket % 4:
+            raise ValueError(f"span bucket {self.span_bucket}: give a positive multiple of 4")
+
+    def quant(self, **rest: Any) -> QuantOptions:
+        """QuantOptions carrying these choices; `rest` sets the options a target does not decide."""
+        return QuantOptions(dtype=self.dtype, target=self.target.value, minimum=self.minimum, gate_up=self.gate_up,
+                            **rest)
+
+
+def choices_for(target: Target, dtype: WeightDtype, *, minimum: str | None = None, attention: str | None = None,
+                exact: bool = False) -> Choices:
+    """The target's choices for `dtype`'s export; --minimum, --attention and --exact win where given."""
+    return Choices(target=target, dtype=dtype, minimum=minimum_for(target, given=minimum, exact=exact),
+                   gate_up=GATE_UP[target], span_bucket=BUCKET[target],
+                   attention=attention_for(target, dtype, given=attention))

@@ -56,7 +56,7 @@ class QuantizationInfo:
     carried: tuple[str, ...]  # GGUF types carried over unchanged, e.g. ("Q4_1", "Q8_0")
     quantized: tuple[str, ...]  # decoder initializers re-quantized by ONNX Runtime's quantizer
     lm_head_rerank: int = 0  # next_token_ids re-ranks this many top logits exactly from the head's rows (0: off)
-    # how Q4_1 minima reach MatMulNBits: block-sum | centered | zero-point (export/weights_dtype.py)
+    # how Q4_1 minima reach MatMulNBits: folded | centered | symmetric | block-sum | zero-point (weights_dtype.py)
     minimum: str = "block-sum"
     outlier_channels: tuple[tuple[str, int], ...] = ()  # (matrix, input channel) computed apart in float32: int8
     # blocks of those inputs hurt most (export/activation_outliers.py)
