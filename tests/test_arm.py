@@ -103,8 +103,7 @@ def test_kernel_probes_rebuild_each_kind_of_quantized_matrix_and_name_its_route(
 
 def test_an_arm_export_takes_the_minima_kleidiai_reads():
     """--target, else the profile's CPU family, picks the Q4_1 minima's form: folded on x86 (block sums appended to K),
-    symmetric on aarch64 (K kept a multiple of the block, which KleidiAI's kernels need, and no zero-point input);
-    --minimum and --exact win."""
+    centered on aarch64 (K kept a multiple of the block, which KleidiAI's kernels need); --minimum and --exact win."""
     from specmemo.device_profiles.schema import CpuClass
     from specmemo.export.cpu_target import Target, export_target, minimum_for
     from specmemo.export.weights_dtype import MinimumForm
@@ -112,7 +111,7 @@ def test_an_arm_export_takes_the_minima_kleidiai_reads():
     assert [export_target(None, c.value) for c in CpuClass] == [Target.X86, Target.X86_AVX2, Target.ARM, Target.ARM,
                                                                  Target.ARM]
     assert export_target(None, None) is Target.X86 and export_target("x86-64", "aarch64-dotprod") is Target.X86
-    assert minimum_for(Target.ARM, given=None, exact=False) is MinimumForm.SYMMETRIC
+    assert minimum_for(Target.ARM, given=None, exact=False) is MinimumForm.CENTERED
     assert minimum_for(Target.X86, given=None, exact=False) is MinimumForm.FOLDED
     assert minimum_for(Target.ARM, given=None, exact=True) is MinimumForm.BLOCK_SUM
     assert minimum_for(Target.ARM, given="folded", exact=False) is MinimumForm.FOLDED

@@ -7,10 +7,11 @@ docs/on-device.md):
     x86-64       folded    the block sums ride as extra inputs (K + K/32): MLAS's x86 int8 kernels take any K, and
                            this is the fastest and closest form there
     x86-64-avx2  folded    the same kernels' AVX2 build
-    aarch64      symmetric K stays a multiple of the block and the codes sit over MatMulNBits' default zero point,
-                           so the node has no zero-point input: KleidiAI's symmetric kernels take these matrices on
-                           dot-product cores, with fewer instructions than the centred codes' zero points cost; with
-                           block sums appended they would fall to MLAS's NEON CompInt8 kernels
+    aarch64      centered  K stays a multiple of the block: KleidiAI's kernels take these matrices on dot-product
+                           cores; with block sums appended they fall to MLAS's NEON CompInt8 kernels. The symmetric
+                           codes (no zero-point input) take fewer instructions there, but ONNX Runtime 1.30, which
+                           the TypeScript engine and the Android app run, computes them apart from 1.31 on i8mm
+                           cores (docs/on-device.md), so they stay an option until those engines move
 
 The attention: the grouped graph lets greedy run one row a step wherever the matrix kernels compute a row alike in
 any call (AVX-512 VNNI, ARM dot-product cores). On AVX2, 4-bit MatMulNBits computes a lone row apart, so greedy keeps
@@ -41,7 +42,7 @@ class Target(StrEnum):
     ARM = "aarch64"
 
 
-MINIMUM = {Target.X86: MinimumForm.FOLDED, Target.X86_AVX2: MinimumForm.FOLDED, Target.ARM: MinimumForm.SYMMETRIC}
+MINIMUM = {Target.X86: MinimumForm.FOLDED, Target.X86_AVX2: MinimumForm.FOLDED, Target.ARM: MinimumForm.CENTERED}
 # each layer's gate and up carried as one matrix and a Split (export/gate_up.py): on ARM a node ORT runs costs more
 # than the Split's copy; on x86 two matrices beat one and a Split at one row
 GATE_UP = {Target.X86: False, Target.X86_AVX2: False, Target.ARM: True}
