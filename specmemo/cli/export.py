@@ -70,8 +70,8 @@ def add_parser(sub) -> None:
                    help="the CPU family an export is made for: int4's Q4_1 minima take the form that reaches that "
                         "family's fastest kernel (x86: folded; aarch64: centered, which KleidiAI takes on "
                         "dot-product cores, and each layer's gate and up as one matrix; docs/on-device.md); the "
-                        "attention's span grows in buckets of 64 positions (aarch64: 16, fewer "
-                        "masked positions a step); and its attention is the faster exact route there "
+                        "attention's span grows in buckets of 64 positions (aarch64: 16, fewer masked positions a "
+                        "step); and its attention is the faster exact route there "
                         "(x86-64-avx2, a CPU without AVX-512: GroupQueryAttention, as its 4-bit kernels need a "
                         "padding row anyway; docs/attention.md) (default: the --profile's CPU, else x86-64)")
     p.add_argument("--minimum", choices=("folded", "centered", "symmetric", "block-sum", "zero-point"), default=None,
