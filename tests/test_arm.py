@@ -120,10 +120,10 @@ def test_an_arm_export_takes_the_minima_kleidiai_reads():
 
 def test_a_target_hands_every_choice_over_together():
     """choices_for: the minima's form, gate and up, the span bucket and the attention from the target's tables, the
-    flags winning where given, and QuantOptions built from them; an export whose bucket is not a multiple of 4 is
-    refused."""
+    flags winning where given, and QuantOptions built from them; a bucket that is not a multiple of 4 is refused."""
+    import dataclasses
+
     from specmemo.export.cpu_target import BUCKET, GATE_UP, MINIMUM, Target, choices_for
-    from specmemo.export.exporter import ExportOptions
     from specmemo.export.weights_dtype import MinimumForm, WeightDtype
     from specmemo.runtime.span import AttentionOp
 
@@ -136,8 +136,8 @@ def test_a_target_hands_every_choice_over_together():
     given = choices_for(Target.X86_AVX2, WeightDtype.INT4, minimum="centered", attention="grouped")
     assert (given.minimum, given.attention) == (MinimumForm.CENTERED, AttentionOp.GROUPED)
     assert choices_for(Target.ARM, WeightDtype.INT4, exact=True).minimum is MinimumForm.BLOCK_SUM
-    with pytest.raises(ConfigError, match="multiple of 4"):
-        ExportOptions(model="smollm2-135m", out=Path("unused"), span_bucket=6)
+    with pytest.raises(ValueError, match="multiple of 4"):
+        dataclasses.replace(choices_for(Target.ARM, WeightDtype.INT4), span_bucket=6)
 
 
 def test_an_avx2_int4_export_takes_group_query_attention_and_every_other_the_grouped_graph():

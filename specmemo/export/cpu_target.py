@@ -89,6 +89,11 @@ class Choices:
     span_bucket: int
     attention: AttentionOp
 
+    def __post_init__(self) -> None:
+        # ARM's exp-sum adds 4 lanes, then its tail: a bucket of a multiple of 4 keeps a row's sum in one order
+        if self.span_bucket <= 0 or self.span_bucket % 4:
+            raise ValueError(f"span bucket {self.span_bucket}: give a positive multiple of 4")
+
     def quant(self, **rest: Any) -> QuantOptions:
         """QuantOptions carrying these choices; `rest` sets the options a target does not decide."""
         return QuantOptions(dtype=self.dtype, target=self.target.value, minimum=self.minimum, gate_up=self.gate_up,

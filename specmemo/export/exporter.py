@@ -87,9 +87,6 @@ class ExportOptions:
                               f"--drafter lookup")
         if self.max_capacity < 2:
             raise ConfigError(f"--max-capacity must be at least 2, got {self.max_capacity}")
-        # ARM's exp-sum adds 4 lanes, then its tail: a bucket of a multiple of 4 keeps a row's sum in one order
-        if self.span_bucket <= 0 or self.span_bucket % 4:
-            raise ConfigError(f"span bucket {self.span_bucket}: give a positive multiple of 4 (cpu_target.BUCKET)")
         if self.quant.dtype is not WeightDtype.FLOAT32 and self.heads is not None and _shared_heads(self.heads):
             raise ConfigError(f"--dtype {self.quant.dtype.value}: heads in shared mode project through the decoder's "
                               f"LM head, which is not shared with quantized graphs yet; use subvocab heads "
