@@ -205,6 +205,9 @@ def test_the_instruction_count_runs_the_worker_under_the_plugin_with_an_arm_cpui
     table = count_table({"past": 100, "cpus": {"cortex-a76": {
         "GenAI, 1 row": {"per_call": 50e6}, "ours, 1 row": {"per_call": 55e6}, "ours, 2 rows": {"per_call": 99e6}}}})
     assert "1.100x" in table and "80%" in table
+    one_row = count_table({"past": 100, "cpus": {"cortex-a76": {
+        "GenAI, 1 row": {"per_call": 50e6}, "ours, 1 row": {"per_call": 55e6}}}})
+    assert "1.100x" in one_row and "padding" not in one_row  # --count-rows 1: no padding row to price
 
 
 def test_an_unbuilt_engine_is_named_before_any_emulation(smollm2_artifact, tmp_path, monkeypatch):

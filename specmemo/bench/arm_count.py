@@ -117,20 +117,25 @@ def count_calls(root: Path, plugin: Path, cpu: str, request: dict[str, Any]) -> 
     return [end - start for start, end in zip(marks[::2], marks[1::2], strict=True)]
 
 
+def rows_label(rows: int) -> str:
+    return f"ours, {rows} row{'s' if rows > 1 else ''}"
+
+
 def run_counts(*, root: Path, artifact: Path, genai_dir: Path | None, cpus: tuple[str, ...], past: int, calls: int,
-               others: tuple[Path, ...] = (), log: Callable[[str], None] = print) -> dict[str, Any]:
-    """Per CPU class: instructions a call, GenAI's one-row step and ours at one and two rows (medians of `calls`);
-    `others`: more exports of the same model (another quantization route), each at one row."""
+               rows: tuple[int, ...] = (1, 2), others: tuple[Path, ...] = (),
+               log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Per CPU class: instructions a call, GenAI's one-row step and ours at each of `rows` (medians of `calls`; one
+    and two rows by default, the padding row's cost); `others`: more exports of the same model (another
+    quantization route), each at one row."""
     import statistics
 
     plugin = ensure_counter(log=log)
     ours = str(artifact.resolve())
-    kinds = [("ours, 1 row", {"kind": "ours", "rows": 1, "model": ours}),
-             ("ours, 2 rows", {"kind": "ours", "rows": 2, "model": ours})]
+    kinds = [(rows_label(n), {"kind": "ours", "rows": n, "model": ours}) for n in sorted(set(rows))]
     kinds += [(f"{other.name}, 1 row", {"kind": "ours", "rows": 1, "model": str(other.resolve())}) for other in others]
     if genai_dir is not None:
         kinds.insert(0, ("GenAI, 1 row", {"kind": "genai", "rows": 1, "model": str(genai_dir / "model.onnx")}))
-    out: dict[str, Any] = {"past": past, "calls": calls, "artifact": str(artifact),
+    out: dict[str, Any] = {"past": past, "calls": calls, "rows": sorted(set(rows)), "artifact": str(artifact),
                            "others": [str(other) for other in others],
                            "genai": str(genai_dir) if genai_dir else None, "cpus": {}}
     for cpu in cpus:
@@ -147,7 +152,7 @@ def run_counts(*, root: Path, artifact: Path, genai_dir: Path | None, cpus: tupl
 
 def count_table(result: dict[str, Any]) -> str:
     """Millions of instructions a call, a line per class and kind of call, each against GenAI's one-row step; and
-    what the padding row adds to ours."""
+    what the padding row adds to ours where one and two rows were both counted."""
     lines = [f"instructions per decoder call on emulated aarch64 (QEMU 7.2, one thread, a past of {result['past']}; "
              f"a proxy: no caches, no bandwidth), millions",
              f"{'cpu':<12}{'call':<40}{'millions':>10}{'/ GenAI':>10}"]
@@ -156,6 +161,7 @@ def count_table(result: dict[str, Any]) -> str:
         for label, count in counts.items():
             ratio = f"{count['per_call'] / genai:.3f}x" if genai else "-"
             lines.append(f"{cpu:<12}{label:<40}{count['per_call'] / 1e6:>10.2f}{ratio:>10}")
-        one, two = counts["ours, 1 row"]["per_call"], counts["ours, 2 rows"]["per_call"]
-        lines.append(f"{cpu:<12}{'the padding row adds':<40}{(two - one) / one:>10.0%}")
+        if rows_label(1) in counts and rows_label(2) in counts:
+            one, two = counts[rows_label(1)]["per_call"], counts[rows_label(2)]["per_call"]
+            lines.append(f"{cpu:<12}{'the padding row adds':<40}{(two - one) / one:>10.0%}")
     return "\n".join(lines)

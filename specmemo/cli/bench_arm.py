@@ -57,11 +57,14 @@ def add_arm_parser(bench) -> None:
     b.add_argument("--count", action="store_true",
                    help="instead: instructions a decoder call executes on the flagship and A76 classes (QEMU's "
                         "plugin counter, built once; a proxy for cost: no caches, no bandwidth), ours at one and "
-                        "two rows against GenAI's one-row model.onnx of the same model and precision (the first "
-                        "--artifact; any further --artifact, e.g. another quantization route of the same model, at "
-                        "one row)")
+                        "two rows (--count-rows) against GenAI's one-row model.onnx of the same model and precision "
+                        "(the first --artifact; any further --artifact, e.g. another quantization route of the same "
+                        "model, at one row)")
     b.add_argument("--count-past", type=positive, default=100, help="--count: past positions before the calls")
     b.add_argument("--count-calls", type=positive, default=5, help="--count: calls counted (the median is reported)")
+    b.add_argument("--count-rows", type=sizes_list, default=(1, 2),
+                   help="--count: rows of our calls counted, e.g. 1 to leave the padding row's call out (a 1.5B "
+                        "model's two-row count is the longest emulation of the run)")
     b.add_argument("--out", type=Path, default=run_folder("bench-arm"))
     b.set_defaults(handler=cmd_bench_arm)
 
@@ -109,7 +112,7 @@ def cmd_count(args: argparse.Namespace) -> int:
     cpus = tuple(c for c in (c.strip() for c in args.cpus.split(",")) if c in COUNTED)
     genai = genai_model_dir(manifest.source_model, genai_precision(manifest.weight_dtype))
     result = run_counts(root=ensure_root(LOCK, log=log_stderr), artifact=artifact, genai_dir=genai,
-                        cpus=cpus or COUNTED, past=args.count_past, calls=args.count_calls,
+                        cpus=cpus or COUNTED, past=args.count_past, calls=args.count_calls, rows=args.count_rows,
                         others=tuple(args.artifact[1:]), log=log_stderr)
     print(count_table(result))
     print(f"wrote {write_json(args.out / 'count.json', result, threads=1)}")
