@@ -9,9 +9,10 @@ docs/on-device.md):
     x86-64-avx2  folded    the same kernels' AVX2 build
     aarch64      centered  K stays a multiple of the block: KleidiAI's kernels take these matrices on dot-product
                            cores; with block sums appended they fall to MLAS's NEON CompInt8 kernels. The symmetric
-                           codes (no zero-point input) take fewer instructions there, but under ONNX Runtime 1.30,
-                           which the TypeScript engine and the Android app run, their rows depend on the call's
-                           shape on i8mm cores (docs/on-device.md), so they stay an option until those engines move
+                           codes (no zero-point input) take fewer instructions there, but on i8mm cores ONNX
+                           Runtime 1.30, which the TypeScript engine and the Android app run, computes one of their
+                           matrices to other bits than the Python runtime's version (docs/on-device.md), so the
+                           engines' replies would part; they stay an option until those engines move
 
 The attention: the grouped graph lets greedy run one row a step wherever the matrix kernels compute a row alike in
 any call (AVX-512 VNNI, ARM dot-product cores). On AVX2, 4-bit MatMulNBits computes a lone row apart, so greedy keeps
