@@ -131,11 +131,12 @@ def run_counts(*, root: Path, artifact: Path, genai_dir: Path | None, cpus: tupl
 
     plugin = ensure_counter(log=log)
     ours = str(artifact.resolve())
-    kinds = [(rows_label(n), {"kind": "ours", "rows": n, "model": ours}) for n in sorted(set(rows))]
+    counted = sorted(set(rows))
+    kinds = [(rows_label(n), {"kind": "ours", "rows": n, "model": ours}) for n in counted]
     kinds += [(f"{other.name}, 1 row", {"kind": "ours", "rows": 1, "model": str(other.resolve())}) for other in others]
     if genai_dir is not None:
         kinds.insert(0, ("GenAI, 1 row", {"kind": "genai", "rows": 1, "model": str(genai_dir / "model.onnx")}))
-    out: dict[str, Any] = {"past": past, "calls": calls, "rows": sorted(set(rows)), "artifact": str(artifact),
+    out: dict[str, Any] = {"past": past, "calls": calls, "rows": counted, "artifact": str(artifact),
                            "others": [str(other) for other in others],
                            "genai": str(genai_dir) if genai_dir else None, "cpus": {}}
     for cpu in cpus:

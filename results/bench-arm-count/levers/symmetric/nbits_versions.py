@@ -1,7 +1,7 @@
 """Ad hoc: one MatMulNBits node (4-bit blocks of 32, accuracy level 4), symmetric (no zero-point input) and with zero
-points, under ORT 1.31.1 (the root's venv), 1.30.0 and 1.32.0 (their aarch64 wheels unzipped and put on PYTHONPATH) on one
-emulated class: is a
-row of an M-row call bit for bit the row alone (M = 1..16, 24, 48, 64, 100, 128), and do the two versions give the same bits?
+points, under ORT 1.31.1 (the root's venv), 1.30.0 and 1.32.0 (their aarch64 wheels unzipped and put on PYTHONPATH)
+on one emulated class: is a row of an M-row call bit for bit the row alone (M = 2..16, 24, 48, 64, 100, 128), and do
+the versions give the same bits (each result's digest)?
 Usage: python nbits_versions.py CLASS OUT.json [VERSION ...]  (run as root: the emulation mounts)"""
 import json, sys
 from pathlib import Path
