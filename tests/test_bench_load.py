@@ -1,16 +1,38 @@
 """`specmemo bench load`: the pieces of an engine's load, timed in a fresh process, add up to no more than the
-measured time from the process's start to the first token."""
+measured time from the process's start to the first token; every milestone's resident set is read and adds up."""
 
+import pytest
+
+from specmemo.bench.load_marks import MILESTONES
 from specmemo.bench.load_time import LoadConfig, format_table, run_load
+from specmemo.errors import ConfigError
 
 
 def test_load_pieces_fit_inside_the_time_to_the_first_token(tiny_llama, monkeypatch):
     artifact = tiny_llama
     monkeypatch.setattr("specmemo.bench.load_time.first_prompt", lambda _: [1, 2, 3, 4, 5])
-    result = run_load(LoadConfig(artifact=artifact, mode="greedy", rounds=1), log=lambda _: None)
-    pieces = result["median_s"]
+    result = run_load(LoadConfig(artifact=artifact, engines=("specmemo-greedy",), rounds=1, new_tokens=3),
+                      log=lambda _: None)
+    ours = result["engines"]["specmemo-greedy"]
+    pieces = ours["median_s"]
     assert {"tokenizer", "decoder session (ORT: graph, prepacked weights)", "warm-up (the largest step)",
             "first token"} <= set(pieces)
     assert all(s >= 0 for s in pieces.values())
-    assert sum(pieces.values()) <= result["median_total_s"]
-    assert "total" in format_table(result) and isinstance(result["rss_added_by_every_size"], int)
+    assert sum(pieces.values()) <= ours["median_total_s"]
+    assert set(ours["memory_mib"]) == set(MILESTONES)
+    for kinds in ours["memory_mib"].values():  # RSS is its anonymous, file and shared pages, nothing else
+        assert kinds["rss"] > 0 and abs(kinds["anon"] + kinds["file"] - kinds["rss"]) < 1
+    assert ours["memory_mib"]["open"]["rss"] > ours["memory_mib"]["imports"]["rss"]
+    run = result["runs"]["specmemo-greedy"][0]
+    assert run["piece_rss_mib"]["arena"] >= run["piece_rss_mib"]["tokenizer"]
+    assert any(name.endswith("decoder.onnx") or name == "[heap]" or name == "[anonymous]"
+               for name, _ in run["memory"]["decoded"]["largest"])
+    table = format_table(result)
+    assert "first token" in table and "decoded" in table and isinstance(ours["rss_added_by_every_size"], int)
+
+
+def test_unknown_engines_and_rounds_are_refused(tiny_llama):
+    with pytest.raises(ConfigError, match="--engines vllm"):
+        LoadConfig(artifact=tiny_llama, engines=("vllm",))
+    with pytest.raises(ConfigError, match="rounds"):
+        LoadConfig(artifact=tiny_llama, rounds=0)

@@ -104,6 +104,7 @@ def run_genai(request: dict) -> dict:
     folder = request["genai_pair_dir"] if mode == "draft-model" else request["genai_dir"]
     speculative = GENAI_SPECULATIVE.get(mode) if mode is not None else None  # None: plain greedy search
     peer = GenAIEngine(Path(folder), threads=request["threads"], speculative=speculative)
+    peer.open_tokenizer()  # as our rows open theirs: every row's load ends at the same milestone
     after_load = rss_bytes()
     reset_peak_rss()
     eos = set(request["eos"])

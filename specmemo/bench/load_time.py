@@ -1,7 +1,9 @@
-"""`specmemo bench load`: where an engine's load goes, piece by piece.
+"""`specmemo bench load`: where each engine's opening goes, second by second and byte by byte, ours beside the peers.
 
-Each round opens the artifact in a fresh process (runtime/fresh_process.py), as `specmemo compare` does for its
-load column, and reports the seconds from that process's start to the first token of the first MT-Bench question:
+Each round runs every engine once, in turn, each in a fresh process (runtime/fresh_process.py), as `specmemo
+compare` does for its load column; the clock runs from that process's start to the first token of the first
+MT-Bench question, the tokenizer opened on the way by every engine (ours: tokenizer.json and the chat template;
+GenAI: its `og.Tokenizer`; llama.cpp: the vocabulary inside the GGUF). Our pieces:
 
     interpreter and imports      python, numpy, onnxruntime, the runtime's modules
     manifest and plan            manifest.json, the sizes (runtime/plan.py)
@@ -14,7 +16,10 @@ load column, and reports the seconds from that process's start to the first toke
     latency curve                the controller's step times, read from the cache (or measured)
     first token                  the first question's prefill and its first token
 
-Prints a table (median over rounds) and writes JSON.
+The peers' pieces are theirs (bench/load_peers.py). Every engine's resident set (RSS, its anonymous and file pages:
+runtime/rss.py) is read at the same milestones: after the imports, when open, at the first token and after N
+decoded tokens, each with its largest mappings (/proc/self/smaps); every piece of ours also says the resident set
+it ended at. Prints two tables (medians over rounds) and writes JSON.
 """
 
 from __future__ import annotations
@@ -24,58 +29,74 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from specmemo.bench.load_marks import MILESTONES, Milestones
 from specmemo.errors import ConfigError
 from specmemo.runtime.artifact import Artifact
 from specmemo.runtime.config import DEFAULT_THREADS
+from specmemo.runtime.rss import MIB, resident
 
-MODES = ("greedy", "controller")
+OURS = {"specmemo-greedy": "greedy", "specmemo-controller": "controller"}
+GENAI, LLAMA_CPP = "onnxruntime-genai", "llama.cpp"
+ENGINES = (*OURS, GENAI, LLAMA_CPP)
 
 
 @dataclass(frozen=True)
 class LoadConfig:
     artifact: Path
-    mode: str = "controller"
-    rounds: int = 3
+    engines: tuple[str, ...] = tuple(OURS)
+    rounds: int = 5
     threads: int = DEFAULT_THREADS
+    new_tokens: int = 100  # decoded after the first token before the last milestone (EOS ignored)
 
     def __post_init__(self) -> None:
-        if self.mode not in MODES:
-            raise ConfigError(f"--mode {self.mode!r}: use one of {', '.join(MODES)}")
-        if self.rounds < 1 or self.threads < 1:
-            raise ConfigError(f"bench load needs rounds >= 1 and threads >= 1, got {self.rounds} and {self.threads}")
+        unknown = sorted(set(self.engines) - set(ENGINES))
+        if unknown or not self.engines:
+            raise ConfigError(f"--engines {','.join(unknown) or '(none)'}: use some of {', '.join(ENGINES)}")
+        if self.rounds < 1 or self.threads < 1 or self.new_tokens < 1:
+            raise ConfigError(f"bench load needs rounds, threads and new tokens >= 1, got {self.rounds}, "
+                              f"{self.threads} and {self.new_tokens}")
 
 
-def run_child(request: dict) -> dict:
-    """One round, in the fresh process: the engine opened, its latency curve read, the first token of `prompt`."""
+def run_ours(request: dict) -> dict:
+    """One round of ours, in the fresh process: the engine opened, its latency curve read, the first token of
+    `prompt`, then `new_tokens` more."""
     from specmemo.runtime.engine import EngineConfig, Mode, open_engine
-    from specmemo.runtime.rss import peak_rss_bytes
 
+    clock = Milestones(request["spawned_at"])
     imported = time.time() - request["spawned_at"]
-
-    mode = Mode.GREEDY if request["mode"] == "greedy" else Mode.AUTO
+    clock.mark("imports")
+    mode = Mode.GREEDY if OURS[request["engine"]] == "greedy" else Mode.AUTO
     engine = open_engine(EngineConfig(artifact=Artifact.open(Path(request["artifact"])), mode=mode,
                                       threads=request["threads"]), log=lambda _: None)
     started = time.perf_counter()
     engine.policy(mode)
     curve = time.perf_counter() - started
-    result = engine.generate(request["prompt"], max_new_tokens=1)
-    total = time.time() - request["spawned_at"]
-    pieces = {"interpreter and imports": imported, **engine.load_s, "latency curve": curve,
+    clock.mark("open")
+    emitted: list[int] = []
+
+    def on_token(token: int) -> None:
+        if not emitted:
+            clock.mark("first token")
+        emitted.append(token)
+
+    result = engine.generate(request["prompt"], max_new_tokens=request["new_tokens"] + 1, on_token=on_token,
+                             ignore_eos=True)
+    clock.mark("decoded")
+    load = engine.load_clock
+    pieces = {"interpreter and imports": imported, **load.seconds, "latency curve": curve,
               "first token": result.stats.prefill_s}
-    return {"pieces": pieces, "total_s": total, "rss_after_load": engine.session.rss_after_load,
-            "peak_rss": peak_rss_bytes(), "prompt_tokens": len(request["prompt"]),
-            "rss_added_by_every_size": rss_added_by_every_size(engine.session)}
+    return clock.result(request["engine"], pieces, piece_rss_mib={p: r.mib()["rss"] for p, r in load.resident.items()},
+                        prompt_tokens=len(request["prompt"]), decode_tok_s=round(result.stats.decode_tokens_per_s, 2),
+                        rss_added_by_every_size=rss_added_by_every_size(engine.session))
 
 
 def rss_added_by_every_size(session) -> int:
     """Bytes of RSS that steps of every size 1, 2, 4 … R (and R) at full capacity add after the warm-up's largest
     step: what the warm-up leaves for later (DecoderSession.warm_up)."""
-    from specmemo.runtime.rss import rss_bytes
-
-    before = rss_bytes()
+    before = resident().total
     for size in sorted({min(1 << i, session.rows) for i in range(session.rows.bit_length() + 1)}):
         session.full_step(size)
-    return rss_bytes() - before
+    return resident().total - before
 
 
 def first_prompt(artifact: Path) -> list[int]:
@@ -87,40 +108,86 @@ def first_prompt(artifact: Path) -> list[int]:
     return tokenizer.encode_chat([Message("user", load_questions()[0].turns[0])])
 
 
+def peer_models(artifact: Path, engines: tuple[str, ...]) -> dict[str, str]:
+    """Where the peers' models are: GenAI's build of the artifact's model (its builder, once, cached) and the GGUF
+    llama.cpp opens (the one our int4 export carries); a peer that cannot run here is a one-line error."""
+    from specmemo.bench import peers
+
+    manifest = Artifact.open(artifact).manifest
+    found = {}
+    if GENAI in engines:
+        found["genai_dir"] = str(peers.genai_model_dir(manifest.source_model, peers.genai_precision(
+            manifest.weight_dtype)))
+    if LLAMA_CPP in engines:
+        try:
+            import llama_cpp  # noqa: F401
+        except ImportError:
+            raise ConfigError("--engines llama.cpp: llama-cpp-python is not installed (make peers-setup)") from None
+        found["gguf"] = str(peers.gguf_file(manifest.source_model))
+    return found
+
+
 def run_load(config: LoadConfig, *, log=print) -> dict:
     from specmemo.runtime.fresh_process import run_json
 
-    request = {"artifact": str(config.artifact), "mode": config.mode, "threads": config.threads,
-               "prompt": first_prompt(config.artifact)}
-    rounds = []
-    for number in range(config.rounds):
-        rounds.append(run_json("specmemo.bench.load_time", request, what=f"bench load round {number + 1}",
-                               fix="run `specmemo generate --artifact ...` to see the error"))
-        log(f"round {number + 1}: {rounds[-1]['total_s']:.2f} s to the first token")
-    names = list(rounds[0]["pieces"])
-    return {"artifact": str(config.artifact), "mode": config.mode, "rounds": rounds,
-            "median_s": {name: statistics.median(r["pieces"][name] for r in rounds) for name in names},
-            "median_total_s": statistics.median(r["total_s"] for r in rounds),
-            "prompt_tokens": rounds[0]["prompt_tokens"],
-            "rss_added_by_every_size": max(r["rss_added_by_every_size"] for r in rounds)}
+    prompt = first_prompt(config.artifact)
+    request = {"artifact": str(config.artifact), "threads": config.threads, "prompt": prompt,
+               "new_tokens": config.new_tokens, "eos": [], **peer_models(config.artifact, config.engines)}
+    runs: dict[str, list[dict]] = {engine: [] for engine in config.engines}
+    for number in range(config.rounds):  # interleaved: each round runs every engine once, in turn
+        for engine in config.engines:
+            module = "specmemo.bench.load_time" if engine in OURS else "specmemo.bench.load_peers"
+            runs[engine].append(run_json(module, {**request, "engine": engine},
+                                         what=f"bench load {engine}, round {number + 1}",
+                                         fix="run `specmemo generate --artifact ...` (or the peer alone) to see it"))
+            log(f"round {number + 1} {engine}: {runs[engine][-1]['total_s']:.2f} s to the first token")
+    return {"artifact": str(config.artifact), "prompt_tokens": len(prompt), "rounds": config.rounds,
+            "new_tokens": config.new_tokens, "engines": {e: summary(r) for e, r in runs.items()}, "runs": runs}
+
+
+def summary(runs: list[dict]) -> dict:
+    """One engine's medians over its rounds: seconds per piece, to the first token, resident MiB per milestone."""
+    pieces = list(runs[0]["pieces"])
+    memory = {m: {kind: statistics.median(r["memory"][m][kind] for r in runs) for kind in ("rss", "anon", "file")}
+              for m in MILESTONES if all(m in r["memory"] for r in runs)}
+    out = {"median_s": {p: statistics.median(r["pieces"][p] for r in runs) for p in pieces},
+           "median_total_s": statistics.median(r["total_s"] for r in runs),
+           "total_s_range": [min(r["total_s"] for r in runs), max(r["total_s"] for r in runs)],
+           "memory_mib": memory, "peak_rss_mib": statistics.median(r["peak_rss_mib"] for r in runs),
+           "largest_mib": runs[0]["memory"]["decoded"]["largest"]}
+    if "rss_added_by_every_size" in runs[0]:
+        out["rss_added_by_every_size"] = max(r["rss_added_by_every_size"] for r in runs)
+    return out
 
 
 def format_table(result: dict) -> str:
-    total = result["median_total_s"]
-    lines = [f"{result['artifact']} ({result['mode']}): process start to the first token of a "
-             f"{result['prompt_tokens']}-token prompt, median of {len(result['rounds'])} fresh processes",
-             f"{'piece':<50} {'s':>7} {'share':>6}", "-" * 65]
-    for name, seconds in result["median_s"].items():
-        lines.append(f"{name:<50} {seconds:7.3f} {seconds / total:6.1%}")
-    rest = total - sum(result["median_s"].values())
-    lines += [f"{'(rest: between the pieces)':<50} {rest:7.3f} {rest / total:6.1%}", "-" * 65,
-              f"{'total':<50} {total:7.3f}",
-              f"RSS that steps of every size add after the warm-up's largest step: "
-              f"{result['rss_added_by_every_size'] / 2 ** 20:.1f} MiB (most over the rounds)"]
+    engines = result["engines"]
+    lines = [f"{result['artifact']}: process start to the first token of a {result['prompt_tokens']}-token prompt, "
+             f"median of {result['rounds']} fresh processes per engine, interleaved"]
+    for engine, s in engines.items():
+        total = s["median_total_s"]
+        lines += ["", f"{engine}: {total:.2f} s to the first token ({s['total_s_range'][0]:.2f}–"
+                      f"{s['total_s_range'][1]:.2f})", f"  {'piece':<50} {'s':>7} {'share':>6}"]
+        for name, seconds in s["median_s"].items():
+            lines.append(f"  {name:<50} {seconds:7.3f} {seconds / total:6.1%}")
+        rest = total - sum(s["median_s"].values())
+        lines.append(f"  {'(rest: between the pieces)':<50} {rest:7.3f} {rest / total:6.1%}")
+        if "rss_added_by_every_size" in s:
+            lines.append(f"  RSS that steps of every size add after the warm-up's largest step: "
+                         f"{s['rss_added_by_every_size'] / MIB:.1f} MiB (most over the rounds)")
+    lines += ["", f"resident MiB (RSS / anonymous / file) at each milestone; decoded = after {result['new_tokens']} "
+                  "more tokens", f"{'engine':<22}" + "".join(f"{m:>20}" for m in MILESTONES) + f"{'peak':>8}"]
+    for engine, s in engines.items():
+        cells = "".join(f"{_mib(s['memory_mib'].get(m)):>20}" for m in MILESTONES)
+        lines.append(f"{engine:<22}{cells}{s['peak_rss_mib']:8.0f}")
     return "\n".join(lines)
+
+
+def _mib(kinds: dict | None) -> str:
+    return "–" if kinds is None else f"{kinds['rss']:.0f} / {kinds['anon']:.0f} / {kinds['file']:.0f}"
 
 
 if __name__ == "__main__":
     from specmemo.runtime.fresh_process import serve_json
 
-    serve_json(run_child)
+    serve_json(run_ours)

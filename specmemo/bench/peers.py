@@ -128,6 +128,11 @@ class GenAIEngine:
         self.model = og.Model(config)
         self.last_stats: dict = {}
 
+    def open_tokenizer(self):
+        """GenAI's own tokenizer of the model, which its users open beside it (the prompts here come as ids: it is
+        opened so that every engine's load includes its tokenizer)."""
+        return self._og.Tokenizer(self.model)
+
     def start(self, prompt: list[int], max_new_tokens: int):
         """A greedy generator with `prompt` prefilled; call `timed_step` on it."""
         og = self._og

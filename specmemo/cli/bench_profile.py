@@ -46,18 +46,30 @@ def add_profile_parser(bench) -> None:
     b.add_argument("--json", type=Path, default=run_folder("bench-profile.json"), help="where to write JSON")
     b.set_defaults(handler=cmd_bench_profile)
 
-    b = bench.add_parser("load", help="where an engine's load goes: process start to the first token, piece by piece",
-                         description="Opens the artifact in a fresh process per round, as `specmemo compare` does for "
-                                     "its load column, and times each piece from the process's start to the first "
-                                     "token of the first MT-Bench question: imports, manifest and plan, tokenizer, "
-                                     "the ONNX Runtime sessions (graph, prepacked weights), the arena, the warm-up "
-                                     "step, the drafters, the controller's latency curve, the first prefill. Prints "
-                                     "a table (medians), writes JSON.",
+    b = bench.add_parser("load", help="where each engine's opening goes, in seconds and resident bytes, ours beside "
+                                      "the peers",
+                         description="Runs each engine once per round, in turn, each in a fresh process, as "
+                                     "`specmemo compare` does for its load column, and times each piece from the "
+                                     "process's start to the first token of the first MT-Bench question, every "
+                                     "engine opening its own tokenizer on the way (ours: imports, manifest and plan, "
+                                     "tokenizer, the ONNX Runtime sessions, the arena, the warm-up step, the "
+                                     "drafters, the controller's latency curve, the first prefill; the peers' "
+                                     "their own). Every engine's resident set (RSS, anonymous and file pages, the "
+                                     "largest mappings) is read after the imports, when open, at the first token "
+                                     "and after --new-tokens more. Prints the tables (medians), writes JSON. "
+                                     "Example: specmemo bench load --artifact artifacts/smollm2-135m-int4 "
+                                     "--engines specmemo-greedy,specmemo-controller,onnxruntime-genai,llama.cpp",
                          formatter_class=DefaultsHelp)
     add_artifact(b)
-    b.add_argument("--mode", choices=("greedy", "controller"), default="controller",
-                   help="greedy: plain decoding (no heads or drafter graphs); controller: as `specmemo generate`")
-    b.add_argument("--rounds", type=positive, default=3, help="fresh processes")
+    b.add_argument("--engines", type=lambda text: tuple(e.strip() for e in text.split(",") if e.strip()),
+                   default=("specmemo-greedy", "specmemo-controller"),
+                   help="comma-separated, of specmemo-greedy (plain decoding: no heads or drafter graphs), "
+                        "specmemo-controller (as `specmemo generate` opens it), onnxruntime-genai (its builder's "
+                        "model of the artifact's model, built once) and llama.cpp (the GGUF an int4 export carries; "
+                        "make peers-setup)")
+    b.add_argument("--rounds", type=positive, default=5, help="fresh processes per engine, interleaved")
+    b.add_argument("--new-tokens", type=positive, default=100,
+                   help="tokens decoded after the first one before the last memory reading")
     add_threads(b)
     b.add_argument("--json", type=Path, default=run_folder("bench-load.json"), help="where to write JSON")
     b.set_defaults(handler=cmd_bench_load)
@@ -67,8 +79,8 @@ def cmd_bench_load(args: argparse.Namespace) -> int:
     from specmemo.bench.load_time import LoadConfig, format_table, run_load
     from specmemo.bench.results import write_json
 
-    result = run_load(LoadConfig(artifact=args.artifact, mode=args.mode, rounds=args.rounds, threads=args.threads),
-                      log=log_stderr)
+    result = run_load(LoadConfig(artifact=args.artifact, engines=args.engines, rounds=args.rounds,
+                                 threads=args.threads, new_tokens=args.new_tokens), log=log_stderr)
     print(format_table(result))
     print(f"wrote {write_json(args.json, result, threads=args.threads)}")
     return 0

@@ -36,6 +36,10 @@ class Artifact:
         """A file the manifest names (its validation keeps every such name inside the folder)."""
         return self.folder / name
 
+    def files(self) -> list[Path]:
+        """Every file in the folder (a draft model's folder inside it included)."""
+        return [path for path in self.folder.rglob("*") if path.is_file()]
+
     def __truediv__(self, name: str) -> Path:
         """`artifact / name`, as for the folder's Path: the same as `path(name)`."""
         return self.folder / name

@@ -36,6 +36,7 @@ from specmemo.runtime.arena import Arena
 from specmemo.runtime.artifact import Artifact
 from specmemo.runtime.backend import TREE_CACHE, ContextOverflowError, Forward, TreeInputs, check_fits
 from specmemo.runtime.embedding import EmbeddingTable
+from specmemo.runtime.file_pages import release_file_pages
 from specmemo.runtime.kv_cache import KVCache
 from specmemo.runtime.ort_sessions import (
     ArtifactError,
@@ -87,6 +88,7 @@ class BatchSession:
                                 "re-export the artifact")
         self.heads_session = open_heads(self.artifact, config, heads_shared)
         self._shared_values = shared
+        release_file_pages(artifact.files())  # as DecoderSession does: what opening read and no step reads again
         self.rss_after_load = rss_bytes()
         reset_peak_rss()
         self.arena = Arena(self.layout)

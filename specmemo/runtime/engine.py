@@ -15,7 +15,6 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
@@ -41,6 +40,8 @@ from specmemo.runtime.drafters import (
 from specmemo.runtime.drafters.draft import RowDrafters, draft_cost
 from specmemo.runtime.drafters.lookup import ConversationIndex
 from specmemo.runtime.drafters.registry import DRAFTERS, DrafterKind, batchable, reads_store, uses_heads_graph
+from specmemo.runtime.file_pages import release_file_pages
+from specmemo.runtime.load_clock import LoadClock
 from specmemo.runtime.logit_rules import LogitRules
 from specmemo.runtime.plan import Plan, drafter_choices, plan_for
 from specmemo.runtime.recall_store import Recall, fingerprint, open_store
@@ -64,7 +65,7 @@ class Engine:
     controller: Controller | DrafterChoice | None = None
     recall: Recall | None = None  # the store the recall drafter reads (None: it does not run)
     log: Callable[[str], None] = field(default=print, repr=False)
-    load_s: dict[str, float] = field(default_factory=dict, repr=False)  # open_engine's pieces, seconds
+    load_clock: LoadClock = field(default_factory=LoadClock, repr=False)  # open_engine's pieces: seconds, resident set
 
     @property
     def backend(self) -> OrtBackend:
@@ -173,26 +174,30 @@ def open_drafter(session: DecoderSession, names: tuple[DrafterName, ...], *, max
 
 
 def open_engine(config: EngineConfig, *, log: Callable[[str], None] = print) -> Engine:
-    """The artifact opened for decoding; `engine.load_s`: seconds per loading piece (the session's among them)."""
-    started = time.perf_counter()
+    """The artifact opened for decoding; `engine.load_clock`: each loading piece's seconds and the resident set after
+    it (the session's pieces among them)."""
+    clock = LoadClock()
     manifest = config.artifact.manifest
     plan = plan_for(config, manifest, log=log)
     config = replace(config, mode=plan.mode)
-    planned = time.perf_counter()
+    clock.lap("manifest and plan")
     tokenizer = ChatTokenizer(config.artifact)
-    tokenized = time.perf_counter()
+    clock.lap("tokenizer")
     session = DecoderSession(config.artifact, SessionConfig(threads=config.threads, layout=plan.layout,
                                                             heads=uses_heads_graph(plan.drafters),
                                                             model_format=config.model_format))
-    opened = time.perf_counter()
+    clock.extend(session.load_clock)
+    clock.restart()
     store = (open_store(config.recall, fingerprint=fingerprint(config.artifact.path(manifest.tokenizer.file)),
                         log=log) if reads_store(plan.drafters) else None)
     drafter = open_drafter(session, plan.drafters, max_tree=plan.sizes.tree, draft_model=plan.draft_model,
                            choices=drafter_choices(config, manifest) if plan.drafters else (), recall=store)
-    load_s = {"manifest and plan": planned - started, "tokenizer": tokenized - planned, **session.load_s,
-              "drafters": time.perf_counter() - opened}
+    clock.lap("drafters")
+    if plan.drafters:
+        release_file_pages(config.artifact.files())  # the drafters' graphs, as the session did its own
+        clock.lap("file pages handed back")
     return Engine(config=config, session=session, tokenizer=tokenizer, drafter=drafter, plan=plan, recall=store,
-                  log=log, load_s=load_s)
+                  log=log, load_clock=clock)
 
 
 def open_pool(config: EngineConfig, *, batch: int, log: Callable[[str], None] = print) -> SequencePool:

@@ -1,26 +1,81 @@
-"""The process's resident set size from /proc (Linux; 0 elsewhere): now, its peak, and a peak reset.
+"""The process's resident set from /proc (Linux; zeros elsewhere): now, by kind and by mapping, its peak, and a
+peak reset.
 
-Kept apart from ONNX Runtime: the PyTorch engines of `specmemo compare` measure themselves with it,
-and importing onnxruntime there would add to their RSS.
+Kept apart from ONNX Runtime: the PyTorch engines of `specmemo compare` and the peers' processes of `specmemo bench
+load` measure themselves with it, and importing onnxruntime there would add to their RSS.
 """
 
 from __future__ import annotations
 
+from collections import Counter
+from dataclasses import dataclass
+
+MIB = 1 << 20
+
+
+@dataclass(frozen=True)
+class Resident:
+    """The resident set at one moment, in bytes, by kind: anonymous pages are the process's own (heap, arenas,
+    stacks; Android's low-memory killer ranks apps by them), file pages are mapped files and libraries (clean, so the
+    kernel may drop them under pressure and read them back on the next touch), shmem is shared memory."""
+    total: int
+    anonymous: int
+    file: int
+    shmem: int = 0
+
+    def __post_init__(self) -> None:
+        if min(self.total, self.anonymous, self.file, self.shmem) < 0:
+            raise ValueError(f"resident bytes cannot be negative: {self}")
+
+    def mib(self) -> dict[str, float]:
+        """The kinds in MiB, for JSON and tables."""
+        return {"rss": round(self.total / MIB, 1), "anon": round(self.anonymous / MIB, 1),
+                "file": round(self.file / MIB, 1), "shmem": round(self.shmem / MIB, 1)}
+
+
+def resident() -> Resident:
+    """This process's resident set now, by kind (/proc/self/status: VmRSS, RssAnon, RssFile, RssShmem)."""
+    status = _proc_status()
+    return Resident(total=status.get("VmRSS", 0) * 1024, anonymous=status.get("RssAnon", 0) * 1024,
+                    file=status.get("RssFile", 0) * 1024, shmem=status.get("RssShmem", 0) * 1024)
+
+
+def largest_mappings(count: int = 8, *, smaps: str = "/proc/self/smaps") -> list[tuple[str, int]]:
+    """The `count` largest resident shares of the address space, bytes by what is mapped: a file by its path (all its
+    mappings together), `[heap]`, `[stack]`, and `[anonymous]` for every unnamed mapping (malloc's large blocks,
+    ONNX Runtime's arena, numpy's buffers), largest first."""
+    sizes: Counter[str] = Counter()
+    name = "[anonymous]"
+    try:
+        with open(smaps) as lines:
+            for line in lines:
+                head = line.split(maxsplit=5)
+                if not head:
+                    continue
+                if head[0].endswith(":"):
+                    if head[0] == "Rss:":
+                        sizes[name] += int(head[1]) * 1024
+                elif "-" in head[0]:  # a mapping's header: address range, perms, offset, dev, inode[, path]
+                    name = head[5].strip() if len(head) == 6 else "[anonymous]"
+    except OSError:
+        return []
+    return [(n, b) for n, b in sizes.most_common(count) if b > 0]
+
 
 def rss_bytes() -> int:
     """Resident set size of this process now (Linux /proc; 0 elsewhere)."""
-    return _proc_status_kib("VmRSS") * 1024
+    return _proc_status().get("VmRSS", 0) * 1024
 
 
 def anonymous_rss_bytes() -> int:
     """The part of the resident set this process allocated (heap, arenas, stacks): without the file-backed pages
     of libraries and mapped files, which the kernel may drop under pressure and read back on the next touch."""
-    return _proc_status_kib("RssAnon") * 1024
+    return _proc_status().get("RssAnon", 0) * 1024
 
 
 def peak_rss_bytes() -> int:
     """Peak resident set size of this process so far (Linux /proc; 0 elsewhere)."""
-    return _proc_status_kib("VmHWM") * 1024
+    return _proc_status().get("VmHWM", 0) * 1024
 
 
 def reset_peak_rss() -> None:
@@ -32,12 +87,15 @@ def reset_peak_rss() -> None:
         pass
 
 
-def _proc_status_kib(key: str) -> int:
+def _proc_status() -> dict[str, int]:
+    """/proc/self/status's sizes, in KiB ({} where there is no /proc)."""
+    sizes = {}
     try:
         with open("/proc/self/status") as status:
             for line in status:
-                if line.startswith(key + ":"):
-                    return int(line.split()[1])
+                key, _, value = line.partition(":")
+                if value.rstrip().endswith("kB"):
+                    sizes[key] = int(value.split()[0])
     except OSError:
         pass
-    return 0
+    return sizes

@@ -10,7 +10,6 @@ gets the weight read once for both.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -22,7 +21,9 @@ from specmemo.runtime.arena import Arena, ArenaLayout
 from specmemo.runtime.artifact import Artifact
 from specmemo.runtime.config import DEFAULT_THREADS
 from specmemo.runtime.embedding import EmbeddingTable
+from specmemo.runtime.file_pages import release_file_pages
 from specmemo.runtime.kv_cache import KVCache
+from specmemo.runtime.load_clock import LoadClock
 from specmemo.runtime.manifest import Manifest, ModelFormat, embedding_for
 from specmemo.runtime.ort_sessions import (
     bind_view,
@@ -89,15 +90,8 @@ class DecoderSession:
         m = self.manifest
         self.layout = config.arena_layout(m)
         self.sizes = self.layout.sizes
-        clock = time.perf_counter()
-        self.load_s: dict[str, float] = {}  # where loading went, piece by piece (bench load)
-
-        def took(piece: str) -> None:
-            nonlocal clock
-            now = time.perf_counter()
-            self.load_s[piece] = now - clock
-            clock = now
-
+        self.load_clock = LoadClock()  # where loading went, piece by piece: seconds and the resident set (bench load)
+        took = self.load_clock.lap
         embedding = embedding_for(m, config.model_format)
         self.embedding = EmbeddingTable(self.artifact / embedding.file, embedding)
         self.lm_head = load_shared_lm_head(self.artifact)
@@ -107,6 +101,8 @@ class DecoderSession:
         took("decoder session (ORT: graph, prepacked weights)")
         self.heads_session = open_heads(self.artifact, config, heads_shared)
         took("heads session")
+        release_file_pages(artifact.files())  # what opening read of the mapped weights and no step reads again
+        took("file pages handed back")
         self._shared_values = shared  # ORT does not own these buffers: keep them alive
         self.rss_after_load = rss_bytes()
         reset_peak_rss()  # from here on, the peak RSS measures generation (the arena and the steps)
