@@ -227,7 +227,7 @@ def open_model(artifact: str | Path | Artifact, *, profile: str | None = None, b
                top_p: float | None = None, top_k: int | None = None, repetition_penalty: float | None = None,
                seed: int = 0, acceptance: str = "exact", model_format: str = "onnx",
                recall: str | Path | bool | None = None, recall_budget: str | int | None = None,
-               log: Callable[[str], None] | None = None) -> Model:
+               packed_cache: bool | None = None, log: Callable[[str], None] | None = None) -> Model:
     """Open an exported artifact (`specmemo export`): its folder, or an Artifact already opened.
 
     Memory: `profile` (a device profile's name or .toml: its app memory is the budget, its threads the thread
@@ -239,7 +239,9 @@ def open_model(artifact: str | Path | Artifact, *, profile: str | None = None, b
     written before (earlier turns and conversations; runtime/recall_store.py): a file the store is kept in (an app's
     own, one per user), or True for a store in memory only; `recall_budget` its bytes (default: the profile's
     recall_memory, else 8 MiB), set apart from the budget before the arena is sized. Off unless
-    given; `Model.forget()` empties it. `log`: progress notes (default: none)."""
+    given; `Model.forget()` empties it. `packed_cache`: keep the decoder's packed weights on disk so later opens map
+    them instead of packing again (default: the profile's packed_cache, else on; docs/runtime.md). `log`: progress
+    notes (default: none)."""
     from specmemo.runtime.engine import open_engine
 
     log = log or (lambda _: None)
@@ -261,7 +263,8 @@ def open_model(artifact: str | Path | Artifact, *, profile: str | None = None, b
         raise ConfigError("recall_budget sizes the recall store: give recall= too (a file, or True)")
     config = EngineConfig(artifact=opened, mode=Mode(mode), drafter=drafter, threads=threads, budget=budget_bytes,
                           capacity=capacity, context=context, sampling=sampling, model_format=ModelFormat(model_format),
-                          recall=store)
+                          recall=store, packed_cache=packed_cache if packed_cache is not None
+                          else loaded.packed_cache if loaded is not None else True)
     return Model(open_engine(config, log=log))
 
 

@@ -35,7 +35,9 @@ from specmemo.runtime.artifact import Artifact
 from specmemo.runtime.config import DEFAULT_THREADS
 from specmemo.runtime.rss import MIB, resident
 
-OURS = {"specmemo-greedy": "greedy", "specmemo-controller": "controller"}
+# ours: (mode, whether the packed-weights cache is removed before the round: a first open on this device)
+OURS = {"specmemo-greedy": ("greedy", False), "specmemo-controller": ("controller", False),
+        "specmemo-greedy-first-open": ("greedy", True), "specmemo-controller-first-open": ("controller", True)}
 GENAI, LLAMA_CPP = "onnxruntime-genai", "llama.cpp"
 ENGINES = (*OURS, GENAI, LLAMA_CPP)
 
@@ -43,7 +45,7 @@ ENGINES = (*OURS, GENAI, LLAMA_CPP)
 @dataclass(frozen=True)
 class LoadConfig:
     artifact: Path
-    engines: tuple[str, ...] = tuple(OURS)
+    engines: tuple[str, ...] = ("specmemo-greedy", "specmemo-controller")
     rounds: int = 5
     threads: int = DEFAULT_THREADS
     new_tokens: int = 100  # decoded after the first token before the last milestone (EOS ignored)
@@ -65,7 +67,7 @@ def run_ours(request: dict) -> dict:
     clock = Milestones(request["spawned_at"])
     imported = time.time() - request["spawned_at"]
     clock.mark("imports")
-    mode = Mode.GREEDY if OURS[request["engine"]] == "greedy" else Mode.AUTO
+    mode = Mode.GREEDY if OURS[request["engine"]][0] == "greedy" else Mode.AUTO
     engine = open_engine(EngineConfig(artifact=Artifact.open(Path(request["artifact"])), mode=mode,
                                       threads=request["threads"]), log=lambda _: None)
     started = time.perf_counter()
@@ -86,7 +88,8 @@ def run_ours(request: dict) -> dict:
     pieces = {"interpreter and imports": imported, **load.seconds, "latency curve": curve,
               "first token": result.stats.prefill_s}
     return clock.result(request["engine"], pieces, piece_rss_mib={p: r.mib()["rss"] for p, r in load.resident.items()},
-                        prompt_tokens=len(request["prompt"]), decode_tok_s=round(result.stats.decode_tokens_per_s, 2),
+                        prompt_tokens=len(request["prompt"]), packing=engine.session.packing.value,
+                        decode_tok_s=round(result.stats.decode_tokens_per_s, 2),
                         rss_added_by_every_size=rss_added_by_every_size(engine.session))
 
 
@@ -129,6 +132,7 @@ def peer_models(artifact: Path, engines: tuple[str, ...]) -> dict[str, str]:
 
 def run_load(config: LoadConfig, *, log=print) -> dict:
     from specmemo.runtime.fresh_process import run_json
+    from specmemo.runtime.packed_cache import cache_for, discard
 
     prompt = first_prompt(config.artifact)
     request = {"artifact": str(config.artifact), "threads": config.threads, "prompt": prompt,
@@ -137,6 +141,8 @@ def run_load(config: LoadConfig, *, log=print) -> dict:
     for number in range(config.rounds):  # interleaved: each round runs every engine once, in turn
         for engine in config.engines:
             module = "specmemo.bench.load_time" if engine in OURS else "specmemo.bench.load_peers"
+            if engine in OURS and OURS[engine][1]:
+                discard(cache_for(Artifact.open(config.artifact)).folder)
             runs[engine].append(run_json(module, {**request, "engine": engine},
                                          what=f"bench load {engine}, round {number + 1}",
                                          fix="run `specmemo generate --artifact ...` (or the peer alone) to see it"))
@@ -157,6 +163,7 @@ def summary(runs: list[dict]) -> dict:
            "largest_mib": runs[0]["memory"]["decoded"]["largest"]}
     if "rss_added_by_every_size" in runs[0]:
         out["rss_added_by_every_size"] = max(r["rss_added_by_every_size"] for r in runs)
+        out["packing"] = sorted({r["packing"] for r in runs})
     return out
 
 
@@ -166,8 +173,9 @@ def format_table(result: dict) -> str:
              f"median of {result['rounds']} fresh processes per engine, interleaved"]
     for engine, s in engines.items():
         total = s["median_total_s"]
+        packing = f", decoder {'/'.join(s['packing'])}" if "packing" in s else ""
         lines += ["", f"{engine}: {total:.2f} s to the first token ({s['total_s_range'][0]:.2f}–"
-                      f"{s['total_s_range'][1]:.2f})", f"  {'piece':<50} {'s':>7} {'share':>6}"]
+                      f"{s['total_s_range'][1]:.2f}{packing})", f"  {'piece':<50} {'s':>7} {'share':>6}"]
         for name, seconds in s["median_s"].items():
             lines.append(f"  {name:<50} {seconds:7.3f} {seconds / total:6.1%}")
         rest = total - sum(s["median_s"].values())

@@ -1,4 +1,5 @@
-"""The plots and the markdown report of `specmemo compare` (matplotlib, no display needed).
+"""The plots and the markdown report of `specmemo compare`, and the plot of `specmemo bench load` (matplotlib, no
+display needed).
 
     memory.png        stacked bars per engine: RSS after load, then generation memory (for our
                       engines split into the KV buffer, the rest of the arena, and the rest)
@@ -124,3 +125,40 @@ def write_report(summary: dict, out: Path, command: str) -> Path:
     path = out / "report.md"
     path.write_text("\n".join(text) + "\n")
     return path
+
+
+def plot_load(result: dict, path: Path) -> Path:
+    """`bench load`: each engine's seconds to the first token piece by piece (left), and its resident set, anonymous
+    and file pages, at each milestone (right); medians over the rounds."""
+    from specmemo.bench.load_marks import MILESTONES
+
+    plt = _pyplot()
+    engines = result["engines"]
+    names = list(engines)
+    fig, (left, right) = plt.subplots(1, 2, figsize=(13, 4.8))
+    for row, name in enumerate(names):
+        start = 0.0
+        for piece, seconds in engines[name]["median_s"].items():
+            if seconds >= 0.02:
+                left.barh(row, seconds, left=start, edgecolor="white")
+                if seconds >= 0.25:
+                    left.text(start + seconds / 2, row, piece.split(" (")[0], ha="center", va="center", fontsize=6,
+                              rotation=90 if seconds < 0.6 else 0)
+            start += seconds
+        left.text(engines[name]["median_total_s"], row, f" {engines[name]['median_total_s']:.2f} s", va="center",
+                  fontsize=8)
+    left.set_yticks(range(len(names)), names, fontsize=8)
+    left.set_xlabel("seconds from the process's start to the first token")
+    left.set_title("Opening, piece by piece", fontsize=10)
+    width = 0.8 / len(names)
+    for i, name in enumerate(names):
+        memory = engines[name]["memory_mib"]
+        xs = [m + i * width for m in range(len(MILESTONES))]
+        anon = [memory[m]["anon"] for m in MILESTONES]
+        right.bar(xs, anon, width, label=f"{name}: anonymous")
+        right.bar(xs, [memory[m]["file"] for m in MILESTONES], width, bottom=anon, alpha=0.45,
+                  label=f"{name}: file pages")
+    right.set_xticks([m + 0.4 - width / 2 for m in range(len(MILESTONES))], list(MILESTONES), fontsize=8)
+    right.set_ylabel("resident MiB")
+    right.legend(fontsize=6, ncol=2)
+    return _save(fig, right, "Resident set at each milestone", path)

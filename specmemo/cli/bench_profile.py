@@ -64,14 +64,16 @@ def add_profile_parser(bench) -> None:
     b.add_argument("--engines", type=lambda text: tuple(e.strip() for e in text.split(",") if e.strip()),
                    default=("specmemo-greedy", "specmemo-controller"),
                    help="comma-separated, of specmemo-greedy (plain decoding: no heads or drafter graphs), "
-                        "specmemo-controller (as `specmemo generate` opens it), onnxruntime-genai (its builder's "
-                        "model of the artifact's model, built once) and llama.cpp (the GGUF an int4 export carries; "
-                        "make peers-setup)")
+                        "specmemo-controller (as `specmemo generate` opens it), each also with -first-open (the "
+                        "packed-weights cache removed before each round: the first open on a device), "
+                        "onnxruntime-genai (its builder's model of the artifact's model, built once) and llama.cpp "
+                        "(the GGUF an int4 export carries; make peers-setup)")
     b.add_argument("--rounds", type=positive, default=5, help="fresh processes per engine, interleaved")
     b.add_argument("--new-tokens", type=positive, default=100,
                    help="tokens decoded after the first one before the last memory reading")
     add_threads(b)
-    b.add_argument("--json", type=Path, default=run_folder("bench-load.json"), help="where to write JSON")
+    b.add_argument("--json", type=Path, default=run_folder("bench-load.json"),
+                   help="where to write JSON (the plot beside it, .png)")
     b.set_defaults(handler=cmd_bench_load)
 
 
@@ -81,8 +83,11 @@ def cmd_bench_load(args: argparse.Namespace) -> int:
 
     result = run_load(LoadConfig(artifact=args.artifact, engines=args.engines, rounds=args.rounds,
                                  threads=args.threads, new_tokens=args.new_tokens), log=log_stderr)
+    from specmemo.bench.plots import plot_load
+
     print(format_table(result))
-    print(f"wrote {write_json(args.json, result, threads=args.threads)}")
+    print(f"wrote {write_json(args.json, result, threads=args.threads)} and "
+          f"{plot_load(result, args.json.with_suffix('.png'))}")
     return 0
 
 

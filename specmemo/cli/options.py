@@ -116,6 +116,10 @@ def add_decoding_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--capacity", type=positive,
                         help="KV positions C to allocate without --budget/--profile (default: the manifest's plan, "
                              "else the graph's max capacity)")
+    parser.add_argument("--no-packed-cache", action="store_true",
+                        help="open the decoder from the artifact alone: no packed weights kept in $SPECMEMO_CACHE "
+                             "(by default the first open writes them there and later opens map them: quicker, at "
+                             "the disk the log line states; a profile's packed_cache = false does the same)")
     sampling = parser.add_argument_group(
         "sampling", "--temperature 0 is exact greedy (token-identical with or without a drafter); typical acceptance "
         "keeps speculation on while sampling. What is not given comes from the model's own settings (its "
@@ -181,7 +185,8 @@ def open_model_from(args: argparse.Namespace, *, log=log_dim):
                       drafter=args.drafter, threads=args.threads, temperature=args.temperature, top_p=args.top_p,
                       top_k=args.top_k, repetition_penalty=args.repetition_penalty, seed=args.seed,
                       acceptance=getattr(args, "acceptance", "exact"), model_format=args.model_format,
-                      recall=args.recall, recall_budget=args.recall_budget, log=log)
+                      recall=args.recall, recall_budget=args.recall_budget,
+                      packed_cache=False if args.no_packed_cache else None, log=log)
     if args.forget:
         model.forget()
     for path in args.recall_add:

@@ -102,6 +102,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
                                                         if manifest.quantization else ())]
     if kernels:
         print(f"kernels on this CPU class ({cpu_class}, as specmemo bench arm read them): {'; '.join(kernels)}")
+    print(packed_cache_line(artifact))
     print(f"\n{title}:")
     for label, mib in memory.breakdown(shown):
         print(f"  {label:<58} {mib:>9.1f} MiB")
@@ -120,6 +121,19 @@ def cmd_plan(args: argparse.Namespace) -> int:
               f"{', with the draft model' if draft_fp else ''}; {total / memory.MIB:.1f} MiB of "
               f"{budget / memory.MIB:.1f} MiB")
     return 0
+
+
+def packed_cache_line(artifact: Artifact) -> str:
+    """What the packed-weights cache of this artifact takes on disk here, or that the first open will write it."""
+    from specmemo.runtime.packed_cache import cache_for, unusable
+
+    cache = cache_for(artifact)
+    meta = cache.meta() if unusable(cache) is None else None
+    if meta is None:
+        return (f"packed-weights cache: none yet (the first open writes it to {cache.folder.parent}; "
+                "--no-packed-cache or a profile's packed_cache = false keeps none)")
+    return (f"packed-weights cache: {sum(meta['sizes'].values()) / 2 ** 20:,.0f} MiB on disk in {cache.folder} "
+            f"(later opens map it instead of packing again)")
 
 
 def _footprint_json(fp) -> dict:

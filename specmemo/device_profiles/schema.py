@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import os
 import tomllib
-from dataclasses import dataclass, fields
+from dataclasses import MISSING, dataclass, fields
 from enum import StrEnum
 from pathlib import Path
 
@@ -101,6 +101,7 @@ class DeviceProfile:
     kv_dtype: KvDtype = KvDtype.FLOAT32  # the KV buffer's elements (export --kv-dtype), decided apart from weights
     recall_memory: int | None = None  # bytes of app_memory a recall store may take (runtime/recall_store.py; None: its
     # default), set apart before the arena is sized
+    packed_cache: bool = True  # keep the decoder's packed weights on disk for quicker later opens (packed_cache.py)
     notes: str = ""
     file: str = ""  # where it was read from (for error messages)
 
@@ -115,6 +116,8 @@ class DeviceProfile:
                 object.__setattr__(self, key, enum(value))
             except ValueError:
                 raise bad(key, f"{value!r} is not one of {', '.join(e.value for e in enum)}") from None
+        if not isinstance(self.packed_cache, bool):
+            raise bad("packed_cache", f"must be true or false, got {self.packed_cache!r}")
         for key in ("cpu_cores", "threads"):
             value = getattr(self, key)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -145,8 +148,7 @@ def parse_profile(data: dict, *, file: str) -> DeviceProfile:
     unknown = sorted(set(data) - known)
     if unknown:
         raise ProfileError(f"{file}: key {unknown[0]!r}: unknown (known keys: {', '.join(sorted(known))})")
-    required = {f.name for f in fields(DeviceProfile)
-                if f.name not in ("accelerator_memory", "notes", "file", "kv_dtype", "recall_memory")}
+    required = {f.name for f in fields(DeviceProfile) if f.default is MISSING and f.default_factory is MISSING}
     missing = sorted(required - set(data))
     if missing:
         raise ProfileError(f"{file}: key {missing[0]!r}: missing")

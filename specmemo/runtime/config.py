@@ -54,6 +54,7 @@ class EngineConfig:
     model_format: ModelFormat = ModelFormat.ONNX  # ort: the .ort graphs (`export --mobile`)
     recall: RecallConfig = field(default_factory=RecallConfig)  # the store the recall drafter reads, if it runs
     route: RowRoute | None = None  # rows every call runs; None: probed on this machine (plan.plan_for)
+    packed_cache: bool = True  # the decoder's packed weights kept on disk for later opens (runtime/packed_cache.py)
 
     def __post_init__(self) -> None:
         if self.drafter is not None:

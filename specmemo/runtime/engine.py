@@ -185,7 +185,8 @@ def open_engine(config: EngineConfig, *, log: Callable[[str], None] = print) -> 
     clock.lap("tokenizer")
     session = DecoderSession(config.artifact, SessionConfig(threads=config.threads, layout=plan.layout,
                                                             heads=uses_heads_graph(plan.drafters),
-                                                            model_format=config.model_format))
+                                                            model_format=config.model_format,
+                                                            packed_cache=config.packed_cache, log=log))
     clock.extend(session.load_clock)
     clock.restart()
     store = (open_store(config.recall, fingerprint=fingerprint(config.artifact.path(manifest.tokenizer.file)),

@@ -11,6 +11,7 @@ the latency curve times the engine's own backend (controller.measure_latency).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import platform
@@ -50,11 +51,19 @@ def lookup(artifact: Artifact, kind: str, threads: int) -> tuple[Path, dict[str,
         return path, None
 
 
-def store(path: Path, data: dict[str, Any]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
+def store(path: Path, data: dict[str, Any]) -> bool:
+    """Keep a measurement for later processes; where the cache cannot be written (read-only, full, not a folder)
+    it serves this process only and is measured again next time. Returns whether it was kept."""
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data, indent=2) + "\n")
-    tmp.replace(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(json.dumps(data, indent=2) + "\n")
+        tmp.replace(path)
+    except OSError:
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+        return False
+    return True
 
 
 def memory_calibration(artifact: Artifact, *, threads: int = DEFAULT_THREADS,

@@ -15,7 +15,8 @@ import onnxruntime as ort
 
 from specmemo.errors import ConfigError, SpecMemoError
 from specmemo.runtime.artifact import Artifact
-from specmemo.runtime.manifest import Manifest, graph_file
+from specmemo.runtime.manifest import Manifest, ModelFormat, graph_file
+from specmemo.runtime.packed_cache import PackedCache, Packing, cache_for, discard, save_options, unusable
 
 if TYPE_CHECKING:
     from specmemo.runtime.session import SessionConfig
@@ -49,7 +50,8 @@ def configure_process(threads: int) -> None:
                           f"all sessions): use --threads {_PROCESS_THREADS}, or a separate process")
 
 
-def session_options(config: SessionConfig, initializers: dict[str, ort.OrtValue] | None = None) -> ort.SessionOptions:
+def session_options(config: SessionConfig, initializers: dict[str, ort.OrtValue] | None = None, *,
+                    optimized: bool = False, save_to: Path | None = None) -> ort.SessionOptions:
     """Options chosen for a memory-lean CPU decoder; each measured (docs/runtime.md):
     - initializers straight from the device allocator, not the arena (lower peak RSS at load);
     - one thread pool and one CPU arena per process (`configure_process`); intermediates are carved
@@ -57,12 +59,17 @@ def session_options(config: SessionConfig, initializers: dict[str, ort.OrtValue]
     - memory pattern off: the attended length S changes every step, and a pattern is planned and
       cached per input shape;
     - `initializers`: weights shared between the decoder and heads sessions (the LM head), handed
-      in from one buffer instead of each session reading its own copy."""
+      in from one buffer instead of each session reading its own copy;
+    - `optimized`: the graph is one ONNX Runtime already optimized here (a packed cache's): nothing left to rewrite;
+    - `save_to`: write the optimized graph and its prepacked weights into that folder while opening (packed_cache)."""
     configure_process(config.threads)
     options = ort.SessionOptions()
     options.use_per_session_threads = False  # the process-wide pool (configure_process)
     options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options.graph_optimization_level = (ort.GraphOptimizationLevel.ORT_DISABLE_ALL if optimized
+                                        else ort.GraphOptimizationLevel.ORT_ENABLE_ALL)
+    if save_to is not None:
+        save_options(options, save_to)
     options.log_severity_level = 3
     options.enable_cpu_mem_arena = True
     options.enable_mem_pattern = False
@@ -76,24 +83,64 @@ def session_options(config: SessionConfig, initializers: dict[str, ort.OrtValue]
     return options
 
 
-def load_graph(path: Path, config: SessionConfig,
-               initializers: dict[str, ort.OrtValue] | None = None) -> ort.InferenceSession:
+def load_graph(path: Path, config: SessionConfig, initializers: dict[str, ort.OrtValue] | None = None, *,
+               optimized: bool = False, save_to: Path | None = None) -> ort.InferenceSession:
     """One of the artifact's graphs in ORT; a corrupt or unloadable file is a one-line ArtifactError."""
     try:
-        return ort.InferenceSession(str(path), session_options(config, initializers),
+        return ort.InferenceSession(str(path), session_options(config, initializers, optimized=optimized,
+                                                               save_to=save_to),
                                     providers=["CPUExecutionProvider"])
     except Exception as err:  # ORT raises several types for the same cause
         reason = str(err).strip().splitlines()[0][:200]
         raise ArtifactError(f"{path} cannot be loaded by ONNX Runtime ({reason}): re-export the artifact") from None
 
 
-def open_session(artifact: Artifact, config: SessionConfig,
-                 initializers: dict[str, ort.OrtValue] | None = None) -> ort.InferenceSession:
+def open_session(artifact: Artifact, config: SessionConfig, initializers: dict[str, ort.OrtValue] | None = None, *,
+                 save_to: Path | None = None) -> ort.InferenceSession:
+    """The decoder graph from the artifact (`save_to`: its packed form written there as it opens)."""
     manifest = artifact.manifest
     path = artifact / graph_file(manifest, manifest.decoder_file, config.model_format)
-    session = load_graph(path, config, initializers)
+    session = load_graph(path, config, initializers, save_to=save_to)
     check_graph_matches(session, manifest, path)
     return session
+
+
+def open_decoder(artifact: Artifact, config: SessionConfig, initializers: dict[str, ort.OrtValue]
+                 ) -> tuple[ort.InferenceSession, Packing, PackedCache | None]:
+    """The decoder session, from its packed cache where one can be used (SessionConfig.packed_cache; the ONNX
+    graphs only, and no weight handed in from outside), else from the artifact, writing the cache as it opens."""
+    if not config.packed_cache or config.model_format is not ModelFormat.ONNX or initializers:
+        return open_session(artifact, config, initializers), Packing.PLAIN, None
+    cache = cache_for(artifact)
+    why = unusable(cache)
+    if why is None:
+        try:
+            session = load_graph(cache.graph, config, initializers, optimized=True)
+            check_graph_matches(session, artifact.manifest, cache.graph)
+            return session, Packing.CACHED, cache
+        except ArtifactError as err:
+            why = f"ONNX Runtime cannot load it: {str(err).split('(', 1)[-1].split(')')[0][:120]}"
+    if why != "none yet":
+        config.log(f"the packed-weights cache {cache.folder} is not used ({why}): opened from the artifact, "
+                   "a fresh one written")
+    return open_writing(artifact, config, initializers, cache)
+
+
+def open_writing(artifact: Artifact, config: SessionConfig, initializers: dict[str, ort.OrtValue],
+                 cache: PackedCache) -> tuple[ort.InferenceSession, Packing, PackedCache | None]:
+    """The decoder from the artifact, ONNX Runtime writing its packed form into the cache's staging folder as it
+    opens; where that cannot be written (a read-only or full disk), the decoder alone."""
+    staging = cache.staging()
+    try:
+        discard(staging)
+        staging.mkdir(parents=True)
+        return open_session(artifact, config, initializers, save_to=staging), Packing.WRITING, cache
+    except (OSError, ArtifactError) as err:
+        discard(staging)
+        session = open_session(artifact, config, initializers)  # a broken artifact raises its own one line here
+        reason = err.strerror if isinstance(err, OSError) and err.strerror else str(err)[:160]
+        config.log(f"no packed-weights cache ({reason}): opened from the artifact, packed again on every open")
+        return session, Packing.PLAIN, None
 
 
 def check_graph_matches(session: ort.InferenceSession, manifest: Manifest, path: Path) -> None:

@@ -10,7 +10,10 @@ gets the weight read once for both.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import hashlib
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import numpy as np
 import onnxruntime as ort
@@ -29,9 +32,11 @@ from specmemo.runtime.ort_sessions import (
     bind_view,
     lm_head_initializers,
     load_shared_lm_head,
+    open_decoder,
     open_heads,
-    open_session,
+    open_writing,
 )
+from specmemo.runtime.packed_cache import Packing, commit, discard
 from specmemo.runtime.plan import layout_for
 from specmemo.runtime.rss import reset_peak_rss, rss_bytes
 from specmemo.runtime.sizes import Sizes
@@ -48,6 +53,8 @@ class SessionConfig:
     warm_up: bool = True  # run the largest step once at load, so ORT's arena reaches its peak up front
     profile: bool = False  # write an ORT profile (chrome trace) for this session
     model_format: ModelFormat = ModelFormat.ONNX  # ORT: the .ort graphs of an `export --mobile` artifact
+    packed_cache: bool = False  # open the decoder from its packed cache, written on the first open (packed_cache.py)
+    log: Callable[[str], None] = field(default=lambda line: print(line, file=sys.stderr), compare=False)  # cache lines
 
     def __post_init__(self) -> None:
         if self.threads < 1:
@@ -97,11 +104,13 @@ class DecoderSession:
         self.lm_head = load_shared_lm_head(self.artifact)
         shared, heads_shared = lm_head_initializers(m, self.lm_head)
         took("embedding and shared head")
-        self.session = open_session(self.artifact, config, shared)
-        took("decoder session (ORT: graph, prepacked weights)")
+        self.session, self.packing, self._cache = open_decoder(self.artifact, config, shared)
+        took("decoder session (ORT: graph, prepacked weights)" if self.packing is not Packing.CACHED
+             else "decoder session (ORT: from the packed cache)")
         self.heads_session = open_heads(self.artifact, config, heads_shared)
         took("heads session")
-        release_file_pages(artifact.files())  # what opening read of the mapped weights and no step reads again
+        # what opening read of the mapped weights (the artifact's, a packed cache's) and no step reads again
+        release_file_pages([*artifact.files(), *(self._cache.folder.glob("*") if self._cache else ())])
         took("file pages handed back")
         self._shared_values = shared  # ORT does not own these buffers: keep them alive
         self.rss_after_load = rss_bytes()
@@ -118,9 +127,43 @@ class DecoderSession:
                            for sliding in ((False, True) if self.kv.sliding else (False,))}
         self._bind_kv()
         took("arena")
+        if self.packing is not Packing.PLAIN:
+            self._settle_packing()
+            took("packed cache: probe (and written)")
         if config.warm_up:
             self.warm_up()
             took("warm-up (the largest step)")
+
+    def _probe(self) -> str:
+        """The digest of a one-token step's outputs (token 0 at position 0): what a packed cache must reproduce."""
+        out = self.step(np.zeros((1, 1), np.int64), np.zeros((1, 1), np.int64), np.zeros((1, 1, 1, 1), np.float32),
+                        np.zeros((1, 1), np.int64))
+        return hashlib.sha256(b"".join(a.tobytes() for a in (out.logits, out.next_token_ids, out.hidden_states))
+                              ).hexdigest()
+
+    def _settle_packing(self) -> None:
+        """A cached decoder is kept only if its probe is the one recorded when the cache was written (else the
+        artifact's is opened again and a fresh cache written); a written one is committed with its probe."""
+        cache, log = self._cache, self.config.log
+        assert cache is not None  # open_decoder names the cache whenever it used or wrote one
+        if self.packing is Packing.CACHED:
+            meta = cache.meta() or {}
+            if self._probe() == meta.get("probe"):
+                return
+            log(f"the packed-weights cache {cache.folder} computes other numbers than the artifact (corrupt?): "
+                "opened from the artifact, a fresh one written")
+            discard(cache.folder)
+            self.session, self.packing, _ = open_writing(self.artifact, self.config, self._shared_values, cache)
+            self.binding = self.session.io_binding()
+            self._bind_kv()
+            if self.packing is Packing.PLAIN:
+                return
+        staging = cache.staging()
+        try:
+            commit(cache, staging, probe=self._probe(), artifact=self.artifact)  # `specmemo plan` states its size
+        except OSError as err:
+            discard(staging)
+            log(f"no packed-weights cache ({err.strerror or err}): packed again on every open")
 
     def warm_up(self) -> None:
         """The largest step once (`full_step`) and one heads call: ORT's arena and its kernels' scratch buffers grow

@@ -1,0 +1,131 @@
+"""Packing paid once per device: the decoder as ONNX Runtime prepared it here, saved on the first open and mapped on
+later ones.
+
+Opening the decoder spends most of its time in MatMulNBits' prepacking (each 4-bit matrix rearranged for this CPU's
+kernel, on one thread) and in the graph optimizations. The first open asks ONNX Runtime to write the graph it ends
+up with, the prepacked weights inside its data file (`session.save_external_prepacked_constant_initializers`); a
+later open maps that file and packs nothing. What was written is host-specific, so a cache is keyed by
+
+    the artifact     a digest of its decoder graph and manifest, and its weights file's size and time;
+    ONNX Runtime     the version that packed it;
+    the CPU          its name, architecture and kernel-picking features (runtime/cpu.py);
+
+and trusted only when it computes what the artifact computes: the first open records the digest of a one-token
+probe step, and every later open runs the same step on the cached graph and compares the bits (a byte flipped in a
+weight changes them). A cache that is missing, truncated, unreadable, corrupt or another's is never used: the model
+opens from the artifact, a fresh cache is written, and one line says why. Writing is best effort: where the disk is
+full or read-only the model opens all the same, without a cache. The disk it takes (the prepacked weights and the
+original ones ONNX Runtime checks them against) is stated when it is written; a device profile decides whether to
+keep one (`packed_cache`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from dataclasses import dataclass
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+import onnxruntime as ort
+
+from specmemo.paths import cache_root
+from specmemo.runtime.artifact import Artifact
+from specmemo.runtime.cpu import signature
+
+FORMAT = 1  # of the cache folder; a change makes every older cache another's
+GRAPH, DATA, META = "decoder.onnx", "decoder.onnx.data", "meta.json"
+
+
+class Packing(StrEnum):
+    """How the decoder session was opened."""
+    CACHED = "cached"  # from the cache: its probe is checked before the first step
+    WRITING = "writing"  # from the artifact, ONNX Runtime writing a cache beside it: its probe is recorded
+    PLAIN = "plain"  # from the artifact, no cache
+
+
+@dataclass(frozen=True)
+class PackedCache:
+    """One artifact's cache for this ONNX Runtime and CPU: `folder` (named by the key's digest) and the key."""
+    folder: Path
+    key: dict[str, str]
+
+    @property
+    def graph(self) -> Path:
+        return self.folder / GRAPH
+
+    def staging(self) -> Path:
+        return self.folder.with_name(self.folder.name + f".partial-{os.getpid()}")
+
+    def meta(self) -> dict[str, Any] | None:
+        try:
+            data = json.loads((self.folder / META).read_text())
+        except (OSError, ValueError):
+            return None
+        return data if isinstance(data, dict) else None
+
+
+def cache_for(artifact: Artifact, *, root: Path | None = None) -> PackedCache:
+    """The cache an artifact's decoder has (or would have) here."""
+    manifest = artifact.manifest
+    digest = hashlib.sha256()
+    for name in (manifest.decoder_file, "manifest.json"):
+        digest.update(artifact.path(name).read_bytes())
+    data = artifact.path(manifest.decoder_data_file).stat()
+    key = {"format": str(FORMAT), "artifact": digest.hexdigest(), "weights": f"{data.st_size}:{data.st_mtime_ns}",
+           "onnxruntime": ort.__version__, "cpu": signature()}
+    name = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:24]
+    return PackedCache(folder=(root or cache_root() / "packed") / name, key=key)
+
+
+def unusable(cache: PackedCache) -> str | None:
+    """Why the cache cannot be opened (None: it can, pending its probe): missing, another's, or truncated."""
+    meta = cache.meta()
+    if meta is None:
+        return "none yet" if not cache.folder.exists() else "its meta.json is missing or unreadable"
+    if meta.get("key") != cache.key:
+        return "it was made for another artifact, ONNX Runtime or CPU"
+    for name, size in meta.get("sizes", {}).items():
+        path = cache.folder / name
+        if not path.is_file() or path.stat().st_size != size:
+            return f"{name} is missing or not the size it was written at"
+    return None if meta.get("probe") else "it records no probe"
+
+
+def save_options(options: ort.SessionOptions, staging: Path) -> None:
+    """Ask ONNX Runtime to write the optimized graph and its prepacked weights into `staging` as it opens."""
+    options.optimized_model_filepath = str(staging / GRAPH)
+    options.add_session_config_entry("session.optimized_model_external_initializers_file_name", DATA)
+    options.add_session_config_entry("session.optimized_model_external_initializers_min_size_in_bytes", "1024")
+    options.add_session_config_entry("session.save_external_prepacked_constant_initializers", "1")
+
+
+def commit(cache: PackedCache, staging: Path, *, probe: str, artifact: Artifact) -> int:
+    """Record the probe beside what ONNX Runtime wrote and move the staging folder into place (any older cache of
+    the same artifact folder removed); returns the bytes it takes on disk. An OSError (disk full, read-only) is the
+    caller's to report."""
+    sizes = {name: (staging / name).stat().st_size for name in (GRAPH, DATA)}
+    meta = {"key": cache.key, "sizes": sizes, "probe": probe, "artifact_folder": str(artifact.folder.resolve())}
+    (staging / META).write_text(json.dumps(meta, indent=2) + "\n")
+    discard(cache.folder)
+    staging.rename(cache.folder)
+    for other in cache.folder.parent.glob(f"*/{META}"):
+        older = other.parent
+        if older != cache.folder and _meta_folder(other) == meta["artifact_folder"]:
+            discard(older)
+    return sum(sizes.values())
+
+
+def _meta_folder(path: Path) -> str | None:
+    try:
+        folder = json.loads(path.read_text()).get("artifact_folder")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return folder if isinstance(folder, str) else None
+
+
+def discard(folder: Path) -> None:
+    shutil.rmtree(folder, ignore_errors=True)

@@ -1,0 +1,129 @@
+"""The packed-weights cache (runtime/packed_cache.py): written on the first open, used on later ones, and every
+fault (removed, truncated, a byte flipped, another ONNX Runtime's, an unwritable or full disk) opens the model all
+the same, answers identically and says one line."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import onnx
+import pytest
+
+from specmemo.runtime.artifact import Artifact
+from specmemo.runtime.config import DEFAULT_THREADS
+from specmemo.runtime.engine import EngineConfig, Mode, open_engine
+from specmemo.runtime.packed_cache import DATA, GRAPH, META, Packing, cache_for
+
+PROMPT = [3, 17, 9, 42, 5]
+
+
+def reply(artifact: Path, *, packed: bool = True) -> tuple[list[int], Packing, list[str]]:
+    lines: list[str] = []
+    engine = open_engine(EngineConfig(artifact=Artifact.open(artifact), mode=Mode.GREEDY, threads=DEFAULT_THREADS,
+                                      packed_cache=packed), log=lines.append)
+    ids = engine.generate(PROMPT, max_new_tokens=12, ignore_eos=True).token_ids
+    return ids, engine.session.packing, [line for line in lines if "packed" in line]
+
+
+@pytest.fixture()
+def cache_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECMEMO_CACHE", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+@pytest.fixture(scope="module")
+def plain(tiny_llama):
+    return reply(tiny_llama, packed=False)[0]
+
+
+def test_the_first_open_writes_it_and_later_opens_use_it(tiny_llama, cache_dir, plain):
+    ids, packing, lines = reply(tiny_llama)
+    assert (ids, packing, lines) == (plain, Packing.WRITING, [])  # written without a word: `plan` states it
+    cache = cache_for(Artifact.open(tiny_llama))
+    meta = json.loads((cache.folder / META).read_text())
+    assert meta["key"] == cache.key and meta["sizes"][DATA] == (cache.folder / DATA).stat().st_size
+    assert not list(cache.folder.parent.glob("*.partial-*"))
+    ids, packing, lines = reply(tiny_llama)
+    assert (ids, packing, lines) == (plain, Packing.CACHED, [])
+
+
+def flip_a_weight_byte(cache_folder: Path) -> None:
+    """One byte in the middle of the largest prepacked weight of the cached graph (what its steps compute with)."""
+    graph = onnx.load(str(cache_folder / GRAPH), load_external_data=False).graph
+    blobs = [e.value.split("|")[1].split(";") for t in graph.initializer for e in t.external_data
+             if e.key.startswith("prepacked")]
+    offset, length = max(((int(b[0]), int(b[1])) for b in blobs), key=lambda b: b[1])
+    at = offset + length // 2
+    with open(cache_folder / DATA, "r+b") as data:
+        data.seek(at)
+        byte = data.read(1)
+        data.seek(at)
+        data.write(bytes([byte[0] ^ 0x5A]))
+
+
+def truncate(cache_folder: Path) -> None:
+    with open(cache_folder / DATA, "r+b") as data:
+        data.truncate((cache_folder / DATA).stat().st_size // 2)
+
+
+def another_runtime(cache_folder: Path) -> None:
+    meta = json.loads((cache_folder / META).read_text())
+    meta["key"]["onnxruntime"] = "1.0.0"
+    (cache_folder / META).write_text(json.dumps(meta))
+
+
+def unreadable_meta(cache_folder: Path) -> None:
+    (cache_folder / META).write_text("{not json")
+
+
+@pytest.mark.parametrize("fault, said", [(truncate, "not the size"), (flip_a_weight_byte, "other numbers"),
+                                         (another_runtime, "another artifact, ONNX Runtime or CPU"),
+                                         (unreadable_meta, "missing or unreadable")])
+def test_a_broken_cache_is_replaced_and_answers_stay_the_same(tiny_llama, cache_dir, plain, fault, said):
+    reply(tiny_llama)
+    folder = cache_for(Artifact.open(tiny_llama)).folder
+    fault(folder)
+    ids, packing, lines = reply(tiny_llama)
+    assert ids == plain and packing is Packing.WRITING
+    assert len(lines) == 1 and said in lines[0] and "a fresh one written" in lines[0]
+    assert reply(tiny_llama)[1:] == (Packing.CACHED, [])  # the fresh one is whole
+
+
+def test_a_removed_cache_is_written_again(tiny_llama, cache_dir, plain):
+    reply(tiny_llama)
+    import shutil
+
+    shutil.rmtree(cache_for(Artifact.open(tiny_llama)).folder)
+    ids, packing, lines = reply(tiny_llama)
+    assert (ids, packing, lines) == (plain, Packing.WRITING, [])
+
+
+def test_an_unwritable_cache_place_opens_without_one(tiny_llama, tmp_path, monkeypatch, plain):
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("a file where the cache folder would go")
+    monkeypatch.setenv("SPECMEMO_CACHE", str(blocker))
+    ids, packing, lines = reply(tiny_llama)
+    assert (ids, packing) == (plain, Packing.PLAIN)
+    assert len(lines) == 1 and lines[0].startswith("no packed-weights cache")
+
+
+FULL_DISK = """
+import json, resource, signal, sys
+from pathlib import Path
+sys.path.insert(0, sys.argv[2])
+from test_packed_cache import reply
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails (EFBIG), as on a full disk
+resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))
+ids, packing, lines = reply(Path(sys.argv[1]))
+print(json.dumps([ids, packing.value, lines]))
+"""
+
+
+def test_a_full_disk_opens_without_one(tiny_llama, cache_dir, plain):
+    done = subprocess.run([sys.executable, "-c", FULL_DISK, str(tiny_llama), str(Path(__file__).parent)],
+                          capture_output=True, text=True, env={**__import__("os").environ}, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    ids, packing, lines = json.loads(done.stdout.strip().splitlines()[-1])
+    assert ids == plain and packing == "plain" and len(lines) == 1 and lines[0].startswith("no packed-weights")
+    assert not [p for p in cache_dir.glob("packed/*") if (p / META).exists()]  # nothing half-written kept
