@@ -42,6 +42,9 @@ GENAI, LLAMA_CPP = "onnxruntime-genai", "llama.cpp"
 ENGINES = (*OURS, GENAI, LLAMA_CPP)
 
 
+TREE_ROOM = 64  # KV rows a verify step may write past the reply (compare's run_capacity)
+
+
 @dataclass(frozen=True)
 class LoadConfig:
     artifact: Path
@@ -69,7 +72,7 @@ def run_ours(request: dict) -> dict:
     clock.mark("imports")
     mode = Mode.GREEDY if OURS[request["engine"]][0] == "greedy" else Mode.AUTO
     engine = open_engine(EngineConfig(artifact=Artifact.open(Path(request["artifact"])), mode=mode,
-                                      threads=request["threads"]), log=lambda _: None)
+                                      threads=request["threads"], capacity=request["capacity"]), log=lambda _: None)
     started = time.perf_counter()
     engine.policy(mode)
     curve = time.perf_counter() - started
@@ -131,11 +134,15 @@ def peer_models(artifact: Path, engines: tuple[str, ...]) -> dict[str, str]:
 
 
 def run_load(config: LoadConfig, *, log=print) -> dict:
+    from specmemo.bench.compare import run_capacity
     from specmemo.runtime.fresh_process import run_json
     from specmemo.runtime.packed_cache import cache_for, discard
 
     prompt = first_prompt(config.artifact)
-    request = {"artifact": str(config.artifact), "threads": config.threads, "prompt": prompt,
+    # the KV the work needs, as `compare` sizes it for every engine (GenAI and llama.cpp size theirs per request)
+    capacity = min(run_capacity([len(prompt)], max_new_tokens=config.new_tokens + 1, trace_tokens=0, tree=TREE_ROOM),
+                   Artifact.open(config.artifact).manifest.max_capacity)
+    request = {"artifact": str(config.artifact), "threads": config.threads, "prompt": prompt, "capacity": capacity,
                "new_tokens": config.new_tokens, "eos": [], **peer_models(config.artifact, config.engines)}
     runs: dict[str, list[dict]] = {engine: [] for engine in config.engines}
     for number in range(config.rounds):  # interleaved: each round runs every engine once, in turn
@@ -148,7 +155,8 @@ def run_load(config: LoadConfig, *, log=print) -> dict:
                                          fix="run `specmemo generate --artifact ...` (or the peer alone) to see it"))
             log(f"round {number + 1} {engine}: {runs[engine][-1]['total_s']:.2f} s to the first token")
     return {"artifact": str(config.artifact), "prompt_tokens": len(prompt), "rounds": config.rounds,
-            "new_tokens": config.new_tokens, "engines": {e: summary(r) for e, r in runs.items()}, "runs": runs}
+            "capacity": capacity, "new_tokens": config.new_tokens,
+            "engines": {e: summary(r) for e, r in runs.items()}, "runs": runs}
 
 
 def summary(runs: list[dict]) -> dict:
