@@ -37,8 +37,12 @@ def plain(tiny_llama):
     return reply(tiny_llama, packed=False)[0]
 
 
-def test_the_first_open_writes_it_and_later_opens_use_it(tiny_llama, cache_dir, plain):
+def test_the_first_open_writes_it_and_later_opens_use_it(tiny_llama, cache_dir, plain, tmp_path):
+    orphan = cache_dir / "packed" / "orphan"  # a cache of an artifact folder that is gone: removed on the next write
+    orphan.mkdir(parents=True)
+    (orphan / META).write_text(json.dumps({"artifact_folder": str(tmp_path / "deleted-artifact")}))
     ids, packing, lines = reply(tiny_llama)
+    assert not orphan.exists()
     assert (ids, packing, lines) == (plain, Packing.WRITING, [])  # written without a word: `plan` states it
     cache = cache_for(Artifact.open(tiny_llama))
     meta = json.loads((cache.folder / META).read_text())

@@ -104,18 +104,19 @@ def save_options(options: ort.SessionOptions, staging: Path) -> None:
 
 
 def commit(cache: PackedCache, staging: Path, *, probe: str, artifact: Artifact) -> int:
-    """Record the probe beside what ONNX Runtime wrote and move the staging folder into place (any older cache of
-    the same artifact folder removed); returns the bytes it takes on disk. An OSError (disk full, read-only) is the
-    caller's to report."""
+    """Record the probe beside what ONNX Runtime wrote and move the staging folder into place (older caches of the
+    same artifact folder, and those of folders that are gone, removed); returns the bytes it takes on disk. An
+    OSError (disk full, read-only) is the caller's to report."""
     sizes = {name: (staging / name).stat().st_size for name in (GRAPH, DATA)}
     meta = {"key": cache.key, "sizes": sizes, "probe": probe, "artifact_folder": str(artifact.folder.resolve())}
     (staging / META).write_text(json.dumps(meta, indent=2) + "\n")
     discard(cache.folder)
     staging.rename(cache.folder)
-    for other in cache.folder.parent.glob(f"*/{META}"):
-        older = other.parent
-        if older != cache.folder and _meta_folder(other) == meta["artifact_folder"]:
-            discard(older)
+    for other in cache.folder.parent.glob(f"*/{META}"):  # older caches of this folder, and of folders now gone
+        made_for = _meta_folder(other)
+        if other.parent != cache.folder and (made_for == meta["artifact_folder"] or not made_for
+                                             or not Path(made_for).is_dir()):
+            discard(other.parent)
     return sum(sizes.values())
 
 
