@@ -23,7 +23,7 @@ def test_read_pages_are_dropped_and_read_back_unchanged(tmp_path):
     view = mapped(path)
     checksum = int(np.frombuffer(view, dtype=np.uint8).sum(dtype=np.int64))  # every page read: resident
     before = resident().file
-    assert [m[2] for m in clean_file_mappings([path])] == [SIZE]
+    assert [m.resident for m in clean_file_mappings([path])] == [SIZE]
     assert release_file_pages([path]) == SIZE
     assert before - resident().file >= SIZE - MIB
     assert int(np.frombuffer(view, dtype=np.uint8).sum(dtype=np.int64)) == checksum == int(data.sum(dtype=np.int64))

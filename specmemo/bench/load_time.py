@@ -147,12 +147,14 @@ def run_load(config: LoadConfig, *, log=print) -> dict:
     runs: dict[str, list[dict]] = {engine: [] for engine in config.engines}
     for number in range(config.rounds):  # interleaved: each round runs every engine once, in turn
         for engine in config.engines:
-            module = "specmemo.bench.load_time" if engine in OURS else "specmemo.bench.load_peers"
             if engine in OURS and OURS[engine][1]:
                 discard(cache_for(Artifact.open(config.artifact)).folder)
-            runs[engine].append(run_json(module, {**request, "engine": engine},
-                                         what=f"bench load {engine}, round {number + 1}",
-                                         fix="run `specmemo generate --artifact ...` (or the peer alone) to see it"))
+            what = {"what": f"bench load {engine}, round {number + 1}",
+                    "fix": "run `specmemo generate --artifact ...` (or the peer alone) to see it"}
+            if engine in OURS:
+                runs[engine].append(run_json("specmemo.bench.load_time", {**request, "engine": engine}, **what))
+            else:
+                runs[engine].append(run_json("specmemo.bench.load_peers", {**request, "engine": engine}, **what))
             log(f"round {number + 1} {engine}: {runs[engine][-1]['total_s']:.2f} s to the first token")
     return {"artifact": str(config.artifact), "prompt_tokens": len(prompt), "rounds": config.rounds,
             "capacity": capacity, "new_tokens": config.new_tokens,

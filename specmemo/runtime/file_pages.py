@@ -16,33 +16,16 @@ import sys
 from collections.abc import Iterable
 from pathlib import Path
 
+from specmemo.runtime.rss import Mapping, mappings
+
 MADV_DONTNEED = 4  # Linux: drop the range's pages; a private file mapping reads them from the file on the next touch
 
 
-def clean_file_mappings(files: Iterable[Path], *, smaps: str = "/proc/self/smaps") -> list[tuple[int, int, int]]:
-    """(start, end, resident bytes) of each mapping of `files` (resolved paths) that no write has touched: its
-    smaps entry counts no anonymous (copied-on-write) page."""
+def clean_file_mappings(files: Iterable[Path], *, smaps: str = "/proc/self/smaps") -> list[Mapping]:
+    """The mappings of `files` (resolved paths) with resident pages that no write has touched: their smaps entry
+    counts no anonymous (copied-on-write) page."""
     wanted = {str(Path(f).resolve()) for f in files}
-    found: list[tuple[int, int, int]] = []
-    current: list[int] | None = None
-    try:
-        with open(smaps) as lines:
-            for line in lines:
-                head = line.split(maxsplit=5)
-                if not head:
-                    continue
-                if not head[0].endswith(":") and "-" in head[0]:
-                    start, end = (int(x, 16) for x in head[0].split("-"))
-                    current = [start, end, 0] if len(head) == 6 and head[5].strip() in wanted else None
-                elif current is not None and head[0] == "Rss:":
-                    current[2] = int(head[1]) * 1024
-                elif current is not None and head[0] == "Anonymous:":
-                    if int(head[1]) == 0 and current[2] > 0:
-                        found.append((current[0], current[1], current[2]))
-                    current = None
-    except OSError:
-        return []
-    return found
+    return [m for m in mappings(smaps) if m.name in wanted and m.resident > 0 and m.anonymous == 0]
 
 
 def release_file_pages(files: Iterable[Path]) -> int:
@@ -52,7 +35,7 @@ def release_file_pages(files: Iterable[Path]) -> int:
     libc = ctypes.CDLL(None, use_errno=True)
     libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
     released = 0
-    for start, end, resident in clean_file_mappings(files):
-        if libc.madvise(start, end - start, MADV_DONTNEED) == 0:
-            released += resident
+    for m in clean_file_mappings(files):
+        if libc.madvise(m.start, m.end - m.start, MADV_DONTNEED) == 0:
+            released += m.resident
     return released

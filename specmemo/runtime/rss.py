@@ -40,12 +40,30 @@ def resident() -> Resident:
                     file=status.get("RssFile", 0) * 1024, shmem=status.get("RssShmem", 0) * 1024)
 
 
-def largest_mappings(count: int = 8, *, smaps: str = "/proc/self/smaps") -> list[tuple[str, int]]:
-    """The `count` largest resident shares of the address space, bytes by what is mapped: a file by its path (all its
-    mappings together), `[heap]`, `[stack]`, and `[anonymous]` for every unnamed mapping (malloc's large blocks,
-    ONNX Runtime's arena, numpy's buffers), largest first."""
-    sizes: Counter[str] = Counter()
-    name = "[anonymous]"
+@dataclass(frozen=True)
+class Mapping:
+    """One mapping of the address space as /proc/self/smaps describes it: its range, what is mapped (a path,
+    `[heap]`, ... or "" for an unnamed one), its resident bytes and how many of them are anonymous (for a file
+    mapping: pages copied on write)."""
+    start: int
+    end: int
+    name: str
+    resident: int
+    anonymous: int
+
+
+def mappings(smaps: str = "/proc/self/smaps") -> list[Mapping]:
+    """Every mapping of this process ([] where there is no /proc)."""
+    found: list[Mapping] = []
+    header: list[str] | None = None
+    sizes: dict[str, int] = {}
+
+    def close() -> None:
+        if header is not None:
+            start, end = (int(x, 16) for x in header[0].split("-"))
+            found.append(Mapping(start, end, header[5].strip() if len(header) == 6 else "",
+                                 sizes.get("Rss", 0) * 1024, sizes.get("Anonymous", 0) * 1024))
+
     try:
         with open(smaps) as lines:
             for line in lines:
@@ -53,12 +71,24 @@ def largest_mappings(count: int = 8, *, smaps: str = "/proc/self/smaps") -> list
                 if not head:
                     continue
                 if head[0].endswith(":"):
-                    if head[0] == "Rss:":
-                        sizes[name] += int(head[1]) * 1024
+                    if head[0] in ("Rss:", "Anonymous:"):
+                        sizes[head[0][:-1]] = int(head[1])
                 elif "-" in head[0]:  # a mapping's header: address range, perms, offset, dev, inode[, path]
-                    name = head[5].strip() if len(head) == 6 else "[anonymous]"
+                    close()
+                    header, sizes = head, {}
     except OSError:
         return []
+    close()
+    return found
+
+
+def largest_mappings(count: int = 8, *, smaps: str = "/proc/self/smaps") -> list[tuple[str, int]]:
+    """The `count` largest resident shares of the address space, bytes by what is mapped: a file by its path (all its
+    mappings together), `[heap]`, `[stack]`, and `[anonymous]` for every unnamed mapping (malloc's large blocks,
+    ONNX Runtime's arena, numpy's buffers), largest first."""
+    sizes: Counter[str] = Counter()
+    for m in mappings(smaps):
+        sizes[m.name or "[anonymous]"] += m.resident
     return [(n, b) for n, b in sizes.most_common(count) if b > 0]
 
 
