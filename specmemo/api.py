@@ -240,7 +240,7 @@ def open_model(artifact: str | Path | Artifact, *, profile: str | None = None, b
     own, one per user), or True for a store in memory only; `recall_budget` its bytes (default: the profile's
     recall_memory, else 8 MiB), set apart from the budget before the arena is sized. Off unless
     given; `Model.forget()` empties it. `packed_cache`: keep the decoder's packed weights on disk so later opens map
-    them instead of packing again (default: the profile's packed_cache, else on; docs/runtime.md). `log`: progress
+    them instead of packing again (default: the profile's packed_cache, else on; docs/load.md). `log`: progress
     notes (default: none)."""
     from specmemo.runtime.engine import open_engine
 

@@ -41,7 +41,6 @@ OURS = {"specmemo-greedy": ("greedy", False), "specmemo-controller": ("controlle
 GENAI, LLAMA_CPP = "onnxruntime-genai", "llama.cpp"
 ENGINES = (*OURS, GENAI, LLAMA_CPP)
 
-
 TREE_ROOM = 64  # KV rows a verify step may write past the reply (compare's run_capacity)
 
 
@@ -105,21 +104,21 @@ def rss_added_by_every_size(session) -> int:
     return resident().total - before
 
 
-def first_prompt(artifact: Path) -> list[int]:
+def first_prompt(artifact: Artifact) -> list[int]:
     """The first MT-Bench question in the artifact's chat template (what `compare` times load with)."""
     from specmemo.datasets import load_questions
     from specmemo.runtime.tokenizer import ChatTokenizer, Message
 
-    tokenizer = ChatTokenizer(Artifact.open(artifact))
+    tokenizer = ChatTokenizer(artifact)
     return tokenizer.encode_chat([Message("user", load_questions()[0].turns[0])])
 
 
-def peer_models(artifact: Path, engines: tuple[str, ...]) -> dict[str, str]:
+def peer_models(artifact: Artifact, engines: tuple[str, ...]) -> dict[str, str]:
     """Where the peers' models are: GenAI's build of the artifact's model (its builder, once, cached) and the GGUF
     llama.cpp opens (the one our int4 export carries); a peer that cannot run here is a one-line error."""
     from specmemo.bench import peers
 
-    manifest = Artifact.open(artifact).manifest
+    manifest = artifact.manifest
     found = {}
     if GENAI in engines:
         found["genai_dir"] = str(peers.genai_model_dir(manifest.source_model, peers.genai_precision(
@@ -138,17 +137,19 @@ def run_load(config: LoadConfig, *, log=print) -> dict:
     from specmemo.runtime.fresh_process import run_json
     from specmemo.runtime.packed_cache import cache_for, discard
 
-    prompt = first_prompt(config.artifact)
+    artifact = Artifact.open(config.artifact)
+    cache = cache_for(artifact)  # what a -first-open row removes before its round
+    prompt = first_prompt(artifact)
     # the KV the work needs, as `compare` sizes it for every engine (GenAI and llama.cpp size theirs per request)
     capacity = min(run_capacity([len(prompt)], max_new_tokens=config.new_tokens + 1, trace_tokens=0, tree=TREE_ROOM),
-                   Artifact.open(config.artifact).manifest.max_capacity)
+                   artifact.manifest.max_capacity)
     request = {"artifact": str(config.artifact), "threads": config.threads, "prompt": prompt, "capacity": capacity,
-               "new_tokens": config.new_tokens, "eos": [], **peer_models(config.artifact, config.engines)}
+               "new_tokens": config.new_tokens, "eos": [], **peer_models(artifact, config.engines)}
     runs: dict[str, list[dict]] = {engine: [] for engine in config.engines}
     for number in range(config.rounds):  # interleaved: each round runs every engine once, in turn
         for engine in config.engines:
             if engine in OURS and OURS[engine][1]:
-                discard(cache_for(Artifact.open(config.artifact)).folder)
+                discard(cache.folder)
             what = {"what": f"bench load {engine}, round {number + 1}",
                     "fix": "run `specmemo generate --artifact ...` (or the peer alone) to see it"}
             if engine in OURS:

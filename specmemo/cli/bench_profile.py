@@ -79,12 +79,11 @@ def add_profile_parser(bench) -> None:
 
 def cmd_bench_load(args: argparse.Namespace) -> int:
     from specmemo.bench.load_time import LoadConfig, format_table, run_load
+    from specmemo.bench.plots import plot_load
     from specmemo.bench.results import write_json
 
     result = run_load(LoadConfig(artifact=args.artifact, engines=args.engines, rounds=args.rounds,
                                  threads=args.threads, new_tokens=args.new_tokens), log=log_stderr)
-    from specmemo.bench.plots import plot_load
-
     print(format_table(result))
     print(f"wrote {write_json(args.json, result, threads=args.threads)} and "
           f"{plot_load(result, args.json.with_suffix('.png'))}")

@@ -119,7 +119,7 @@ def add_decoding_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-packed-cache", action="store_true",
                         help="open the decoder from the artifact alone: no packed weights kept in $SPECMEMO_CACHE "
                              "(by default the first open writes them there and later opens map them: quicker, at "
-                             "the disk the log line states; a profile's packed_cache = false does the same)")
+                             "the disk `specmemo plan` states; a profile's packed_cache = false does the same)")
     sampling = parser.add_argument_group(
         "sampling", "--temperature 0 is exact greedy (token-identical with or without a drafter); typical acceptance "
         "keeps speculation on while sampling. What is not given comes from the model's own settings (its "
