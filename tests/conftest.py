@@ -16,6 +16,7 @@ import pytest
 
 os.environ["SPECMEMO_NO_VLLM_INSTALL"] = "1"  # make test never installs vLLM (bench/vllm_env.py)
 os.environ["SPECMEMO_NO_OPTIMUM_INSTALL"] = "1"  # nor optimum-onnx (bench/optimum.py)
+os.environ["SPECMEMO_PACK_AFTER_EXIT"] = "0"  # no packed-cache writer left running after a test (pack_writer.py)
 
 CHAT_TEMPLATE = (
     "{% for m in messages %}<|{{ m['role'] }}|> {{ m['content'] }} <|end|> {% endfor %}"

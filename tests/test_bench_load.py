@@ -12,14 +12,15 @@ def test_load_pieces_fit_inside_the_time_to_the_first_token(tiny_llama, monkeypa
     artifact = tiny_llama
     monkeypatch.setattr("specmemo.bench.load_time.first_prompt", lambda _: [1, 2, 3, 4, 5])
     monkeypatch.setenv("SPECMEMO_CACHE", str(tmp_path / "cache"))  # the fresh processes' packed cache, ours alone
+    monkeypatch.delenv("SPECMEMO_PACK_AFTER_EXIT")  # the first open's process leaves its writer behind
     result = run_load(LoadConfig(artifact=artifact, engines=("specmemo-greedy-first-open", "specmemo-greedy"),
                                  rounds=1, new_tokens=3), log=lambda _: None)
     first, ours = result["engines"]["specmemo-greedy-first-open"], result["engines"]["specmemo-greedy"]
-    assert (first["packing"], ours["packing"]) == (["writing"], ["cached"])  # the first open wrote what the next used
+    # the first open left the cache to a writer after it, which the bench waited for; the next open mapped it
+    assert (first["packing"], ours["packing"]) == (["deferred"], ["cached"]) and first["cache_written_s"] > 0
     assert "decoder session (ORT: graph, prepacked weights)" in first["median_s"]
     pieces = ours["median_s"]
-    assert {"tokenizer", "decoder session (ORT: from the packed cache)", "warm-up (the largest step)",
-            "first token"} <= set(pieces)
+    assert {"tokenizer", "decoder session (ORT: from the packed cache)", "first token"} <= set(pieces)
     assert all(s >= 0 for s in pieces.values())
     assert sum(pieces.values()) <= ours["median_total_s"]
     assert set(ours["memory_mib"]) == set(MILESTONES)
@@ -31,7 +32,8 @@ def test_load_pieces_fit_inside_the_time_to_the_first_token(tiny_llama, monkeypa
     assert any(name.endswith("decoder.onnx") or name == "[heap]" or name == "[anonymous]"
                for name, _ in run["memory"]["decoded"]["largest"])
     table = format_table(result)
-    assert "first token" in table and "decoded" in table and isinstance(ours["rss_added_by_every_size"], int)
+    assert "first token" in table and "decoded" in table and "written after the process ended" in table
+    assert isinstance(ours["rss_added_by_every_size"], int)
     from specmemo.bench.plots import plot_load
 
     assert plot_load(result, tmp_path / "load.png").stat().st_size > 10_000

@@ -1,8 +1,9 @@
-"""The packed-weights cache (runtime/packed_cache.py): written on the first open, used on later ones, and every
-fault (removed, truncated, a byte flipped, another ONNX Runtime's, an unwritable or full disk) opens the model all
-the same, answers identically and says one line."""
+"""The packed-weights cache (runtime/packed_cache.py): left by the first open to a writer started when its process
+ends (runtime/pack_writer.py), used on later opens, and every fault (removed, truncated, a byte flipped, another
+ONNX Runtime's, an unwritable or full disk) opens the model all the same, answers identically and says one line."""
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -13,7 +14,9 @@ import pytest
 from specmemo.runtime.artifact import Artifact
 from specmemo.runtime.config import DEFAULT_THREADS
 from specmemo.runtime.engine import EngineConfig, Mode, open_engine
-from specmemo.runtime.packed_cache import DATA, GRAPH, META, Packing, cache_for
+from specmemo.runtime.fresh_process import wait_for_writers
+from specmemo.runtime.pack_writer import write_now
+from specmemo.runtime.packed_cache import DATA, ENV, GRAPH, META, Packing, cache_for
 
 PROMPT = [3, 17, 9, 42, 5]
 
@@ -24,6 +27,11 @@ def reply(artifact: Path, *, packed: bool = True) -> tuple[list[int], Packing, l
                                       packed_cache=packed), log=lines.append)
     ids = engine.generate(PROMPT, max_new_tokens=12, ignore_eos=True).token_ids
     return ids, engine.session.packing, [line for line in lines if "packed" in line]
+
+
+def write(artifact: Path) -> Packing:
+    """What the writer started at a process's end does (here in the foreground, as `specmemo plan --pack`)."""
+    return write_now(Artifact.open(artifact), threads=DEFAULT_THREADS, log=lambda _: None)
 
 
 @pytest.fixture()
@@ -37,19 +45,41 @@ def plain(tiny_llama):
     return reply(tiny_llama, packed=False)[0]
 
 
-def test_the_first_open_writes_it_and_later_opens_use_it(tiny_llama, cache_dir, plain, tmp_path):
+def test_the_first_open_leaves_it_to_a_writer_and_later_opens_use_it(tiny_llama, cache_dir, plain, tmp_path):
     orphan = cache_dir / "packed" / "orphan"  # a cache of an artifact folder that is gone: removed on the next write
     orphan.mkdir(parents=True)
     (orphan / META).write_text(json.dumps({"artifact_folder": str(tmp_path / "deleted-artifact")}))
     ids, packing, lines = reply(tiny_llama)
-    assert not orphan.exists()
-    assert (ids, packing, lines) == (plain, Packing.WRITING, [])  # written without a word: `plan` states it
+    assert (ids, packing, lines) == (plain, Packing.DEFERRED, [])  # nothing written on the first token's path
     cache = cache_for(Artifact.open(tiny_llama))
+    assert not cache.folder.exists()
+    assert write(tiny_llama) is Packing.WRITING
+    assert not orphan.exists()
     meta = json.loads((cache.folder / META).read_text())
     assert meta["key"] == cache.key and meta["sizes"][DATA] == (cache.folder / DATA).stat().st_size
+    assert meta["write_s"] > 0
     assert not list(cache.folder.parent.glob("*.partial-*"))
     ids, packing, lines = reply(tiny_llama)
     assert (ids, packing, lines) == (plain, Packing.CACHED, [])
+    assert write(tiny_llama) is Packing.CACHED  # a whole cache is mapped, not written again
+
+
+AFTER_EXIT = """
+import sys
+from pathlib import Path
+sys.path.insert(0, sys.argv[2])
+from test_packed_cache import reply
+print(reply(Path(sys.argv[1]))[1].value)
+"""
+
+
+def test_a_process_that_ends_leaves_the_cache_written_behind_it(tiny_llama, cache_dir, plain):
+    env = {k: v for k, v in os.environ.items() if k != ENV}
+    done = subprocess.run([sys.executable, "-c", AFTER_EXIT, str(tiny_llama), str(Path(__file__).parent)],
+                          capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0 and done.stdout.split() == ["deferred"], done.stderr[-2000:]
+    wait_for_writers(cache_dir / "packed")
+    assert reply(tiny_llama) == (plain, Packing.CACHED, [])
 
 
 def flip_a_weight_byte(cache_folder: Path) -> None:
@@ -85,22 +115,23 @@ def unreadable_meta(cache_folder: Path) -> None:
                                          (another_runtime, "another artifact, ONNX Runtime or CPU"),
                                          (unreadable_meta, "missing or unreadable")])
 def test_a_broken_cache_is_replaced_and_answers_stay_the_same(tiny_llama, cache_dir, plain, fault, said):
-    reply(tiny_llama)
+    write(tiny_llama)
     folder = cache_for(Artifact.open(tiny_llama)).folder
     fault(folder)
     ids, packing, lines = reply(tiny_llama)
-    assert ids == plain and packing is Packing.WRITING
-    assert len(lines) == 1 and said in lines[0] and "a fresh one written" in lines[0]
+    assert ids == plain and packing is Packing.DEFERRED
+    assert len(lines) == 1 and said in lines[0] and "a fresh one written after this process ends" in lines[0]
+    assert write(tiny_llama) is Packing.WRITING
     assert reply(tiny_llama)[1:] == (Packing.CACHED, [])  # the fresh one is whole
 
 
 def test_a_removed_cache_is_written_again(tiny_llama, cache_dir, plain):
-    reply(tiny_llama)
+    write(tiny_llama)
     import shutil
 
     shutil.rmtree(cache_for(Artifact.open(tiny_llama)).folder)
     ids, packing, lines = reply(tiny_llama)
-    assert (ids, packing, lines) == (plain, Packing.WRITING, [])
+    assert (ids, packing, lines) == (plain, Packing.DEFERRED, [])
 
 
 def test_an_unwritable_cache_place_opens_without_one(tiny_llama, tmp_path, monkeypatch, plain):
@@ -110,24 +141,37 @@ def test_an_unwritable_cache_place_opens_without_one(tiny_llama, tmp_path, monke
     ids, packing, lines = reply(tiny_llama)
     assert (ids, packing) == (plain, Packing.PLAIN)
     assert len(lines) == 1 and lines[0].startswith("no packed-weights cache")
+    assert write(tiny_llama) is Packing.PLAIN
 
 
 FULL_DISK = """
 import json, resource, signal, sys
 from pathlib import Path
 sys.path.insert(0, sys.argv[2])
-from test_packed_cache import reply
+from test_packed_cache import write
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails (EFBIG), as on a full disk
 resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))
-ids, packing, lines = reply(Path(sys.argv[1]))
-print(json.dumps([ids, packing.value, lines]))
+print(write(Path(sys.argv[1])).value)
 """
 
 
 def test_a_full_disk_opens_without_one(tiny_llama, cache_dir, plain):
     done = subprocess.run([sys.executable, "-c", FULL_DISK, str(tiny_llama), str(Path(__file__).parent)],
-                          capture_output=True, text=True, env={**__import__("os").environ}, timeout=300)
+                          capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
-    ids, packing, lines = json.loads(done.stdout.strip().splitlines()[-1])
-    assert ids == plain and packing == "plain" and len(lines) == 1 and lines[0].startswith("no packed-weights")
+    assert done.stdout.split() == ["plain"]
     assert not [p for p in cache_dir.glob("packed/*") if (p / META).exists()]  # nothing half-written kept
+    ids, packing, lines = reply(tiny_llama)  # no writer started again until one succeeds
+    assert (ids, packing) == (plain, Packing.PLAIN)
+    assert len(lines) == 1 and "the last write failed" in lines[0] and "plan --pack" in lines[0]
+    assert write(tiny_llama) is Packing.WRITING  # room again: `specmemo plan --pack`
+    assert reply(tiny_llama)[1:] == (Packing.CACHED, [])
+
+
+def test_plan_pack_writes_it_in_the_foreground(tiny_llama, cache_dir, capsys):
+    from specmemo.cli import main
+
+    assert main(["plan", "--artifact", str(tiny_llama), "--pack"]) == 0
+    out, err = capsys.readouterr()
+    assert "packed-weights cache: written" in err and "MiB on disk" in out
+    assert reply(tiny_llama)[1] is Packing.CACHED

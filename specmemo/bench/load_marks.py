@@ -32,7 +32,8 @@ class Milestones:
         self.memory[milestone] = {**resident().mib(), "largest": [[name, round(size / MIB, 1)] for name, size
                                                                   in largest_mappings(LARGEST)]}
 
-    def result(self, engine: str, pieces: dict[str, float], **more) -> dict:
-        """One round's record: the pieces' seconds, process start to the first token, the milestones' memory."""
+    def result(self, engine: str, pieces: dict[str, float], *, earlier_peak: int = 0, **more) -> dict:
+        """One round's record: the pieces' seconds, process start to the first token, the milestones' memory, the
+        process's peak (`earlier_peak`: the peak before something restarted the kernel's count, if it did)."""
         return {"engine": engine, "pieces": pieces, "total_s": self.first_token_s, "memory": self.memory,
-                "peak_rss_mib": round(peak_rss_bytes() / MIB, 1), **more}
+                "peak_rss_mib": round(max(earlier_peak, peak_rss_bytes()) / MIB, 1), **more}

@@ -9,9 +9,9 @@ GenAI: its `og.Tokenizer`; llama.cpp: the vocabulary inside the GGUF). Our piece
     manifest and plan            manifest.json, the sizes (runtime/plan.py)
     tokenizer                    tokenizer.json and the chat template
     embedding and shared head    the embedding reader, a tied head's rows shared between sessions
-    decoder session              ONNX Runtime: the graph, its optimizations, MatMulNBits' prepacked weights
+    decoder session              ONNX Runtime: the graph, its optimizations, MatMulNBits' prepacked weights (or
+                                 the packed-weights cache mapped)
     heads session, arena         the Medusa heads' graph (when opened); the arena allocated and written
-    warm-up                      the largest step once (DecoderSession.warm_up)
     drafters                     the drafters' own graphs (the feature drafter)
     latency curve                the controller's step times, read from the cache (or measured)
     first token                  the first question's prefill and its first token
@@ -89,15 +89,16 @@ def run_ours(request: dict) -> dict:
     load = engine.load_clock
     pieces = {"interpreter and imports": imported, **load.seconds, "latency curve": curve,
               "first token": result.stats.prefill_s}
+    added = rss_added_by_every_size(engine.session)
     return clock.result(request["engine"], pieces, piece_rss_mib={p: r.mib()["rss"] for p, r in load.resident.items()},
                         prompt_tokens=len(request["prompt"]), packing=engine.session.packing.value,
-                        decode_tok_s=round(result.stats.decode_tokens_per_s, 2),
-                        rss_added_by_every_size=rss_added_by_every_size(engine.session))
+                        decode_tok_s=round(result.stats.decode_tokens_per_s, 2), rss_added_by_every_size=added,
+                        earlier_peak=engine.session.load_peak_rss)  # the session restarts the peak after loading
 
 
 def rss_added_by_every_size(session) -> int:
-    """Bytes of RSS that steps of every size 1, 2, 4 … R (and R) at full capacity add after the warm-up's largest
-    step: what the warm-up leaves for later (DecoderSession.warm_up)."""
+    """Bytes of RSS that steps of every size 1, 2, 4 … R (and R) at full capacity add after the reply: what a later,
+    larger step can still add (an engine opens without a warm-up step; the peak is read after these)."""
     before = resident().total
     for size in sorted({min(1 << i, session.rows) for i in range(session.rows.bit_length() + 1)}):
         session.full_step(size)
@@ -156,6 +157,8 @@ def run_load(config: LoadConfig, *, log=print) -> dict:
                 runs[engine].append(run_json("specmemo.bench.load_time", {**request, "engine": engine}, **what))
             else:
                 runs[engine].append(run_json("specmemo.bench.load_peers", {**request, "engine": engine}, **what))
+            if engine in OURS and OURS[engine][1]:  # run_json waited for the writer its process left behind
+                runs[engine][-1]["cache_written_s"] = (cache.meta() or {}).get("write_s")
             log(f"round {number + 1} {engine}: {runs[engine][-1]['total_s']:.2f} s to the first token")
     return {"artifact": str(config.artifact), "prompt_tokens": len(prompt), "rounds": config.rounds,
             "capacity": capacity, "new_tokens": config.new_tokens,
@@ -172,6 +175,9 @@ def summary(runs: list[dict]) -> dict:
            "total_s_range": [min(r["total_s"] for r in runs), max(r["total_s"] for r in runs)],
            "memory_mib": memory, "peak_rss_mib": statistics.median(r["peak_rss_mib"] for r in runs),
            "largest_mib": runs[0]["memory"]["decoded"]["largest"]}
+    written = [r["cache_written_s"] for r in runs if r.get("cache_written_s") is not None]
+    if written:  # a first open's: the writer its process left, after it ended
+        out["cache_written_s"] = statistics.median(written)
     if "rss_added_by_every_size" in runs[0]:
         out["rss_added_by_every_size"] = max(r["rss_added_by_every_size"] for r in runs)
         out["packing"] = sorted({r["packing"] for r in runs})
@@ -191,8 +197,11 @@ def format_table(result: dict) -> str:
             lines.append(f"  {name:<50} {seconds:7.3f} {seconds / total:6.1%}")
         rest = total - sum(s["median_s"].values())
         lines.append(f"  {'(rest: between the pieces)':<50} {rest:7.3f} {rest / total:6.1%}")
+        if "cache_written_s" in s:
+            lines.append(f"  packed-weights cache written after the process ended: {s['cache_written_s']:.2f} s "
+                         "(a niced writer, off the first token's path)")
         if "rss_added_by_every_size" in s:
-            lines.append(f"  RSS that steps of every size add after the warm-up's largest step: "
+            lines.append(f"  RSS that steps of every size at full capacity add after the reply: "
                          f"{s['rss_added_by_every_size'] / MIB:.1f} MiB (most over the rounds)")
     lines += ["", f"resident MiB (RSS / anonymous / file) at each milestone; decoded = after {result['new_tokens']} "
                   "more tokens", f"{'engine':<22}" + "".join(f"{m:>20}" for m in MILESTONES) + f"{'peak':>8}"]

@@ -52,11 +52,13 @@ def add_profile_parser(bench) -> None:
                                      "`specmemo compare` does for its load column, and times each piece from the "
                                      "process's start to the first token of the first MT-Bench question, every "
                                      "engine opening its own tokenizer on the way (ours: imports, manifest and plan, "
-                                     "tokenizer, the ONNX Runtime sessions, the arena, the warm-up step, the "
-                                     "drafters, the controller's latency curve, the first prefill; the peers' "
-                                     "their own). Every engine's resident set (RSS, anonymous and file pages, the "
-                                     "largest mappings) is read after the imports, when open, at the first token "
-                                     "and after --new-tokens more. Prints the tables (medians), writes JSON. "
+                                     "tokenizer, the ONNX Runtime sessions, the arena, the drafters, the "
+                                     "controller's latency curve, the first prefill; the peers' their own; a "
+                                     "-first-open row's packed-weights cache, written after its process "
+                                     "ends, is waited for and timed apart). Every engine's resident set (RSS, "
+                                     "anonymous and file pages, the largest mappings) is read after the "
+                                     "imports, when open, at the first token and after --new-tokens more. "
+                                     "Prints the tables (medians), writes JSON. "
                                      "Example: specmemo bench load --artifact artifacts/smollm2-135m-int4 "
                                      "--engines specmemo-greedy,specmemo-controller,onnxruntime-genai,llama.cpp",
                          formatter_class=DefaultsHelp)

@@ -30,6 +30,9 @@ def add_parser(sub) -> None:
                                                    "the target (its load, KV buffer and arena; "
                                                    "default: the manifest's)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+    p.add_argument("--pack", action="store_true",
+                   help="write the artifact's packed-weights cache now, then plan (what a first open otherwise "
+                        "leaves to a writer started when its process ends; an installer's step; docs/load.md)")
     p.set_defaults(handler=cmd_plan)
 
 
@@ -44,6 +47,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     profile = apply_profile(args)
     artifact = Artifact.open(args.artifact)
     manifest = artifact.manifest
+    if args.pack:
+        pack(artifact, threads=args.threads)
     priced = args.budget_bytes is not None
     config = EngineConfig(artifact=artifact, threads=args.threads, budget=args.budget_bytes,
                           context=args.context if priced else None, capacity=None if priced else args.context,
@@ -123,6 +128,17 @@ def cmd_plan(args: argparse.Namespace) -> int:
     return 0
 
 
+def pack(artifact: Artifact, *, threads: int) -> None:
+    """Write the packed-weights cache in the foreground, saying what it did on stderr."""
+    from specmemo.runtime.pack_writer import write_now
+    from specmemo.runtime.packed_cache import Packing
+
+    log_stderr("packing the decoder's weights for this CPU (written once; later opens map them) ...")
+    packing = write_now(artifact, threads=threads, log=log_stderr)
+    log_stderr({Packing.CACHED: "packed-weights cache: already written and whole",
+                Packing.WRITING: "packed-weights cache: written"}.get(packing, "packed-weights cache: not written"))
+
+
 def packed_cache_line(artifact: Artifact) -> str:
     """What the packed-weights cache of this artifact takes on disk here, or that the first open will write it."""
     from specmemo.runtime.packed_cache import cache_for, unusable
@@ -130,8 +146,8 @@ def packed_cache_line(artifact: Artifact) -> str:
     cache = cache_for(artifact)
     meta = cache.meta() if unusable(cache) is None else None
     if meta is None:
-        return (f"packed-weights cache: none yet (the first open writes it to {cache.folder.parent}; "
-                "--no-packed-cache or a profile's packed_cache = false keeps none)")
+        return (f"packed-weights cache: none yet (written to {cache.folder.parent} after the first open's process "
+                "ends, or now by --pack; --no-packed-cache or a profile's packed_cache = false keeps none)")
     return (f"packed-weights cache: {sum(meta['sizes'].values()) / 2 ** 20:,.0f} MiB on disk in {cache.folder} "
             f"(later opens map it instead of packing again)")
 

@@ -43,6 +43,7 @@ from specmemo.runtime.drafters.registry import DRAFTERS, DrafterKind, batchable,
 from specmemo.runtime.file_pages import release_file_pages
 from specmemo.runtime.load_clock import LoadClock
 from specmemo.runtime.logit_rules import LogitRules
+from specmemo.runtime.packed_cache import CacheUse
 from specmemo.runtime.plan import Plan, drafter_choices, plan_for
 from specmemo.runtime.recall_store import Recall, fingerprint, open_store
 from specmemo.runtime.session import DecoderSession, SessionConfig
@@ -183,10 +184,12 @@ def open_engine(config: EngineConfig, *, log: Callable[[str], None] = print) -> 
     clock.lap("manifest and plan")
     tokenizer = ChatTokenizer(config.artifact)
     clock.lap("tokenizer")
-    session = DecoderSession(config.artifact, SessionConfig(threads=config.threads, layout=plan.layout,
-                                                            heads=uses_heads_graph(plan.drafters),
-                                                            model_format=config.model_format,
-                                                            packed_cache=config.packed_cache, log=log))
+    # no warm-up step: the first prompt's own prefill grows ONNX Runtime's arena, and the first token waits on
+    # nothing nobody asked for (the plan prices the largest step all the same)
+    session = DecoderSession(config.artifact, SessionConfig(
+        threads=config.threads, layout=plan.layout, heads=uses_heads_graph(plan.drafters), warm_up=False,
+        model_format=config.model_format, packed_cache=CacheUse.MAP if config.packed_cache else CacheUse.OFF,
+        log=log))
     clock.extend(session.load_clock)
     clock.restart()
     store = (open_store(config.recall, fingerprint=fingerprint(config.artifact.path(manifest.tokenizer.file)),

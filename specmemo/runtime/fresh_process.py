@@ -7,14 +7,17 @@ as `python -m MODULE` through `run_json`; the module's `__main__` block calls `s
 
 from __future__ import annotations
 
+import fcntl
 import json
 import subprocess
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from specmemo.errors import SpecMemoError
+from specmemo.paths import cache_root
 
 
 class FreshProcessError(SpecMemoError, RuntimeError):
@@ -23,10 +26,12 @@ class FreshProcessError(SpecMemoError, RuntimeError):
 
 def run_json(module: str, request: dict[str, Any], *, what: str, fix: str) -> dict[str, Any]:
     """Run `python -m module` with `request` on stdin; its last stdout line, parsed. A failure is a
-    one-line error: `what` failed (the child's last stderr line): `fix`. The request carries the wall-clock time
+    one-line error: `what` failed (the child's last stderr line): `fix`. Returns once any packed-weights cache the
+child left to write is written (runtime/packed_cache.py). The request carries the wall-clock time
     the child was started at (`spawned_at`), from which the child reports its load time (`first_reply_ready`)."""
     request = {**request, "spawned_at": time.time()}
     done = subprocess.run([sys.executable, "-m", module], input=json.dumps(request), capture_output=True, text=True)
+    wait_for_writers()  # a packed-weights cache the child left to be written: never beside the next measurement
     lines = done.stdout.strip().splitlines()
     refused = _refusal(lines[-1]) if done.returncode != 0 and lines else None
     if refused is not None:  # the child's own one-line error, which names its fix
@@ -39,6 +44,17 @@ def run_json(module: str, request: dict[str, Any], *, what: str, fix: str) -> di
         return result
     except json.JSONDecodeError:
         raise FreshProcessError(f"{what} printed no JSON result (last line {lines[-1][:100]!r}): {fix}") from None
+
+
+def wait_for_writers(root: Path | None = None) -> None:
+    """Block until no packed-weights cache writer (runtime/packed_cache.py: it holds `<cache>.lock` under
+    `root`, default $SPECMEMO_CACHE/packed) is running."""
+    for path in sorted((root or cache_root() / "packed").glob("*.lock")):
+        try:
+            with open(path) as lock:
+                fcntl.flock(lock, fcntl.LOCK_SH)
+        except OSError:
+            continue
 
 
 def first_reply_ready(request: dict[str, Any], reply: Callable[..., dict[str, Any]], prompt: list[int],

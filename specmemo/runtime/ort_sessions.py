@@ -16,7 +16,16 @@ import onnxruntime as ort
 from specmemo.errors import ConfigError, SpecMemoError
 from specmemo.runtime.artifact import Artifact
 from specmemo.runtime.manifest import Manifest, ModelFormat, graph_file
-from specmemo.runtime.packed_cache import PackedCache, Packing, cache_for, discard, save_options, unusable
+from specmemo.runtime.packed_cache import (
+    CacheUse,
+    PackedCache,
+    Packing,
+    cache_for,
+    discard,
+    save_options,
+    schedule,
+    unusable,
+)
 
 if TYPE_CHECKING:
     from specmemo.runtime.session import SessionConfig
@@ -108,8 +117,8 @@ def open_session(artifact: Artifact, config: SessionConfig, initializers: dict[s
 def open_decoder(artifact: Artifact, config: SessionConfig, initializers: dict[str, ort.OrtValue]
                  ) -> tuple[ort.InferenceSession, Packing, PackedCache | None]:
     """The decoder session, from its packed cache where one can be used (SessionConfig.packed_cache; the ONNX
-    graphs only, and no weight handed in from outside), else from the artifact, writing the cache as it opens."""
-    if not config.packed_cache or config.model_format is not ModelFormat.ONNX or initializers:
+    graphs only, and no weight handed in from outside), else from the artifact (`open_uncached`)."""
+    if config.packed_cache is CacheUse.OFF or config.model_format is not ModelFormat.ONNX or initializers:
         return open_session(artifact, config, initializers), Packing.PLAIN, None
     cache = cache_for(artifact)
     why = unusable(cache)
@@ -121,9 +130,24 @@ def open_decoder(artifact: Artifact, config: SessionConfig, initializers: dict[s
         except ArtifactError as err:
             why = f"ONNX Runtime cannot load it: {str(err).split('(', 1)[-1].split(')')[0][:120]}"
     if why != "none yet":
+        later = " after this process ends" if config.packed_cache is CacheUse.MAP else ""
         config.log(f"the packed-weights cache {cache.folder} is not used ({why}): opened from the artifact, "
-                   "a fresh one written")
-    return open_writing(artifact, config, initializers, cache)
+                   f"a fresh one written{later}")
+    return open_uncached(artifact, config, initializers, cache)
+
+
+def open_uncached(artifact: Artifact, config: SessionConfig, initializers: dict[str, ort.OrtValue],
+                  cache: PackedCache) -> tuple[ort.InferenceSession, Packing, PackedCache | None]:
+    """The decoder from the artifact when its cache cannot be mapped: the cache written as it opens
+    (CacheUse.WRITE), or by a process started when this one ends (MAP: nothing of it on the first token's path)."""
+    if config.packed_cache is CacheUse.WRITE:
+        return open_writing(artifact, config, initializers, cache)
+    session = open_session(artifact, config, initializers)
+    refused = schedule(artifact, cache, threads=config.threads)
+    if refused is not None:
+        config.log(f"no packed-weights cache ({refused}): opened from the artifact, packed again on every open")
+        return session, Packing.PLAIN, None
+    return session, Packing.DEFERRED, cache
 
 
 def open_writing(artifact: Artifact, config: SessionConfig, initializers: dict[str, ort.OrtValue],

@@ -1,10 +1,13 @@
-"""Packing paid once per device: the decoder as ONNX Runtime prepared it here, saved on the first open and mapped on
-later ones.
+"""Packing paid once per device: the decoder as ONNX Runtime prepared it here, saved once and mapped on every later
+open.
 
 Opening the decoder spends most of its time in MatMulNBits' prepacking (each 4-bit matrix rearranged for this CPU's
 kernel, on one thread) and in the graph optimizations. The first open asks ONNX Runtime to write the graph it ends
 up with, the prepacked weights inside its data file (`session.save_external_prepacked_constant_initializers`); a
-later open maps that file and packs nothing. What was written is host-specific, so a cache is keyed by
+later open maps that file and packs nothing. Writing it takes longer than packing (the file is the size of the
+weights twice), so an open that finds none opens from the artifact and leaves the writing to a process started
+when it ends (runtime/pack_writer.py), off the first token's path; `specmemo plan --pack` writes it at once (an
+installer's step). What was written is host-specific, so a cache is keyed by
 
     the artifact     a digest of its decoder graph and manifest, and its weights file's size and time;
     ONNX Runtime     the version that packed it;
@@ -21,14 +24,19 @@ keep one (`packed_cache`).
 
 from __future__ import annotations
 
+import atexit
+import contextlib
+import fcntl
 import hashlib
 import json
 import os
 import shutil
+import subprocess
+import sys
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import onnxruntime as ort
 
@@ -38,12 +46,23 @@ from specmemo.runtime.cpu import signature
 
 FORMAT = 1  # of the cache folder; a change makes every older cache another's
 GRAPH, DATA, META = "decoder.onnx", "decoder.onnx.data", "meta.json"
+# "0": no writer is started when a process ends (one that must leave nothing running behind it: the test suite);
+# its opens still map a cache that exists
+ENV = "SPECMEMO_PACK_AFTER_EXIT"
+
+
+class CacheUse(StrEnum):
+    """What an open does with the packed-weights cache."""
+    OFF = "off"  # the artifact alone
+    MAP = "map"  # a usable cache mapped; else the artifact, and the cache written after this process ends
+    WRITE = "write"  # a usable cache mapped; else the artifact, the cache written as it opens (the writer)
 
 
 class Packing(StrEnum):
     """How the decoder session was opened."""
     CACHED = "cached"  # from the cache: its probe is checked before the first step
     WRITING = "writing"  # from the artifact, ONNX Runtime writing a cache beside it: its probe is recorded
+    DEFERRED = "deferred"  # from the artifact; the cache is written by a process started when this one ends
     PLAIN = "plain"  # from the artifact, no cache
 
 
@@ -56,6 +75,16 @@ class PackedCache:
     @property
     def graph(self) -> Path:
         return self.folder / GRAPH
+
+    @property
+    def lock(self) -> Path:
+        """Held by the process that writes this cache (pack_writer.py) while it writes."""
+        return self.folder.with_name(self.folder.name + ".lock")
+
+    @property
+    def failed(self) -> Path:
+        """Why the last write failed (a full disk): no later open schedules another until `plan --pack` succeeds."""
+        return self.folder.with_name(self.folder.name + ".failed")
 
     def staging(self) -> Path:
         return self.folder.with_name(self.folder.name + f".partial-{os.getpid()}")
@@ -112,6 +141,7 @@ def commit(cache: PackedCache, staging: Path, *, probe: str, artifact: Artifact)
     (staging / META).write_text(json.dumps(meta, indent=2) + "\n")
     discard(cache.folder)
     staging.rename(cache.folder)
+    cache.failed.unlink(missing_ok=True)
     for other in cache.folder.parent.glob(f"*/{META}"):  # older caches of this folder, and of folders now gone
         made_for = _meta_folder(other)
         if other.parent != cache.folder and (made_for == meta["artifact_folder"] or not made_for
@@ -130,3 +160,54 @@ def _meta_folder(path: Path) -> str | None:
 
 def discard(folder: Path) -> None:
     shutil.rmtree(folder, ignore_errors=True)
+
+
+# Writing after the process ends: an open that found no usable cache `schedule`s it; at exit `start_writer` starts
+# runtime/pack_writer.py detached, holding `<cache>.lock`; a benchmark timing fresh processes waits for the writers
+# they left (fresh_process.wait_for_writers), so none runs beside what it measures.
+_PENDING: dict[Path, tuple[Path, int]] = {}  # cache folder → (artifact folder, threads), written at exit
+_HELD: list[tuple[int, IO[str]]] = []  # each writer's pipe end and lock, open until this process ends
+
+
+def schedule(artifact: Artifact, cache: PackedCache, *, threads: int) -> str | None:
+    """Have the cache written when this process ends; why it cannot be (a place that cannot be written, a write that
+    failed before), or None."""
+    if cache.failed.exists():
+        reason = cache.failed.read_text(errors="replace").strip()[:160] or "unknown"
+        return f"the last write failed: {reason}; `specmemo plan --pack` tries again"
+    try:
+        cache.folder.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        return err.strerror or str(err)
+    if not os.access(cache.folder.parent, os.W_OK):
+        return f"{cache.folder.parent} is not writable"
+    if os.environ.get(ENV) == "0":
+        return None
+    if not _PENDING:
+        atexit.register(_start_pending)
+    _PENDING.setdefault(cache.folder, (artifact.folder, threads))
+    return None
+
+
+def _start_pending() -> None:
+    for folder, (artifact_folder, threads) in _PENDING.items():
+        with contextlib.suppress(OSError):  # best effort: the next open schedules it again
+            start_writer(folder, artifact_folder, threads=threads)
+
+
+def start_writer(folder: Path, artifact_folder: Path, *, threads: int) -> bool:
+    """Start the writer of the cache in `folder` (False: another process holds its lock, i.e. writes it now)."""
+    lock = open(folder.with_name(folder.name + ".lock"), "w")  # noqa: SIM115 - held until this process ends
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        lock.close()
+        return False
+    read, write = os.pipe()
+    subprocess.Popen([sys.executable, "-m", "specmemo.runtime.pack_writer", str(artifact_folder),
+                      "--threads", str(threads), "--after-fd", str(read)],
+                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                     pass_fds=(read, lock.fileno()), start_new_session=True)
+    os.close(read)
+    _HELD.append((write, lock))  # the writer inherited the lock; it starts when `write` closes with this process
+    return True

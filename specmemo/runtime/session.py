@@ -34,11 +34,11 @@ from specmemo.runtime.ort_sessions import (
     load_shared_lm_head,
     open_decoder,
     open_heads,
-    open_writing,
+    open_uncached,
 )
-from specmemo.runtime.packed_cache import Packing, commit, discard
+from specmemo.runtime.packed_cache import CacheUse, Packing, commit, discard
 from specmemo.runtime.plan import layout_for
-from specmemo.runtime.rss import reset_peak_rss, rss_bytes
+from specmemo.runtime.rss import peak_rss_bytes, reset_peak_rss, rss_bytes
 from specmemo.runtime.sizes import Sizes
 from specmemo.runtime.span import span_for
 
@@ -53,7 +53,7 @@ class SessionConfig:
     warm_up: bool = True  # run the largest step once at load, so ORT's arena reaches its peak up front
     profile: bool = False  # write an ORT profile (chrome trace) for this session
     model_format: ModelFormat = ModelFormat.ONNX  # ORT: the .ort graphs of an `export --mobile` artifact
-    packed_cache: bool = False  # open the decoder from its packed cache, written on the first open (packed_cache.py)
+    packed_cache: CacheUse = CacheUse.OFF  # the decoder from its packed cache where there is one (packed_cache.py)
     log: Callable[[str], None] = field(default=lambda line: print(line, file=sys.stderr), compare=False)  # cache lines
 
     def __post_init__(self) -> None:
@@ -61,6 +61,8 @@ class SessionConfig:
             raise ConfigError(f"threads must be >= 1, got {self.threads}")
         if not isinstance(self.model_format, ModelFormat):
             object.__setattr__(self, "model_format", ModelFormat(self.model_format))
+        if not isinstance(self.packed_cache, CacheUse):
+            object.__setattr__(self, "packed_cache", CacheUse(self.packed_cache))
         if self.batch < 1:
             raise ConfigError(f"batch must be >= 1, got {self.batch}")
         if self.layout is not None and (self.sizes is not None or self.layout.batch != self.batch):
@@ -114,6 +116,7 @@ class DecoderSession:
         took("file pages handed back")
         self._shared_values = shared  # ORT does not own these buffers: keep them alive
         self.rss_after_load = rss_bytes()
+        self.load_peak_rss = peak_rss_bytes()  # the process's peak so far (loading's), before the count restarts
         reset_peak_rss()  # from here on, the peak RSS measures generation (the arena and the steps)
         self.arena = Arena(self.layout)
         self.kv = KVCache(buffers=self.arena.kv, sliding=tuple(i for i in range(2 * m.dims.num_layers)
@@ -127,7 +130,7 @@ class DecoderSession:
                            for sliding in ((False, True) if self.kv.sliding else (False,))}
         self._bind_kv()
         took("arena")
-        if self.packing is not Packing.PLAIN:
+        if self.packing in (Packing.CACHED, Packing.WRITING):
             self._settle_packing()
             took("packed cache: probe (and written)")
         if config.warm_up:
@@ -150,13 +153,14 @@ class DecoderSession:
             meta = cache.meta() or {}
             if self._probe() == meta.get("probe"):
                 return
+            later = " after this process ends" if self.config.packed_cache is CacheUse.MAP else ""
             log(f"the packed-weights cache {cache.folder} computes other numbers than the artifact (corrupt?): "
-                "opened from the artifact, a fresh one written")
+                f"opened from the artifact, a fresh one written{later}")
             discard(cache.folder)
-            self.session, self.packing, _ = open_writing(self.artifact, self.config, self._shared_values, cache)
+            self.session, self.packing, _ = open_uncached(self.artifact, self.config, self._shared_values, cache)
             self.binding = self.session.io_binding()
             self._bind_kv()
-            if self.packing is Packing.PLAIN:
+            if self.packing is not Packing.WRITING:
                 return
         staging = cache.staging()
         try:
