@@ -5,7 +5,7 @@ import mmap
 
 import numpy as np
 
-from specmemo.runtime.file_pages import clean_file_mappings, release_file_pages
+from specmemo.runtime.file_pages import FilePages, clean_file_mappings, release_file_pages
 from specmemo.runtime.rss import MIB, resident
 
 SIZE = 32 * MIB
@@ -40,4 +40,30 @@ def test_a_mapping_with_written_pages_is_left_alone(tmp_path):
     assert clean_file_mappings([path]) == []
     assert release_file_pages([path]) == 0
     assert view[0] == 7
+    view.close()
+
+
+def test_only_the_named_byte_ranges_are_dropped_at_each_step(tmp_path):
+    """FilePages: the ranges of a file a Gather reads rows of, wherever this process maps them (a mapping may start
+    inside the file, as ONNX Runtime maps one weight at a time); `drop` hands back those pages and no others."""
+    data = np.random.default_rng(1).integers(0, 255, SIZE, dtype=np.uint8)
+    path = tmp_path / "weights.data"
+    data.tofile(path)
+    with open(path, "rb") as f:  # the second half only, from its 16 MiB offset
+        view = mmap.mmap(f.fileno(), SIZE // 2, access=mmap.ACCESS_COPY, offset=SIZE // 2)
+    array = np.frombuffer(view, dtype=np.uint8)
+    int(array.sum(dtype=np.int64))
+    gathered = (SIZE // 2 + 4 * MIB + 100, 4 * MIB)  # not page-aligned: its edge pages go too
+    pages = FilePages.of(path, [gathered, (0, MIB)])  # the first range lies outside every mapping
+    assert [length for _, length in pages.spans] == [4 * MIB + mmap.PAGESIZE]
+    assert [m.resident for m in clean_file_mappings([path])] == [SIZE // 2]
+    assert pages.resident() == 4 * MIB + mmap.PAGESIZE
+    pages.drop()
+    assert pages.resident() == 0
+    dropped = SIZE // 2 - sum(m.resident for m in clean_file_mappings([path]))
+    # the spans' pages (and, where the page cache maps the file in 2 MiB pages, the huge page an edge falls in)
+    assert 4 * MIB + mmap.PAGESIZE <= dropped <= 4 * MIB + mmap.PAGESIZE + 2 * MIB
+    assert (array[4 * MIB: 8 * MIB + 200] == data[SIZE // 2 + 4 * MIB: SIZE // 2 + 8 * MIB + 200]).all()
+    assert FilePages.of(tmp_path / "other.data", [gathered]).spans == ()
+    del array
     view.close()

@@ -57,7 +57,7 @@ def test_the_first_open_leaves_it_to_a_writer_and_later_opens_use_it(tiny_llama,
     assert not orphan.exists()
     meta = json.loads((cache.folder / META).read_text())
     assert meta["key"] == cache.key and meta["sizes"][DATA] == (cache.folder / DATA).stat().st_size
-    assert meta["write_s"] > 0
+    assert meta["write_s"] > 0 and isinstance(meta["gathered"], list)  # the Gathers' ranges (file_pages.FilePages)
     assert not list(cache.folder.parent.glob("*.partial-*"))
     ids, packing, lines = reply(tiny_llama)
     assert (ids, packing, lines) == (plain, Packing.CACHED, [])

@@ -133,6 +133,26 @@ def test_mobile_export_writes_ort_graphs_and_the_reduced_build_operators(int4):
     assert np.array_equal(rows[0], rows[1]) and np.abs(rows[0]).max() > 0
 
 
+def test_the_packed_cache_answers_alike_and_hands_back_the_rows_the_rerank_reads(int4, tmp_path, monkeypatch):
+    """The cached graph's LM head rows that the exact re-rank gathers (its originals, beside the packed copy) are
+    handed back after every step: none resident after a reply, the same ids as the artifact's own graph."""
+    from specmemo.runtime.pack_writer import write_now
+    from specmemo.runtime.packed_cache import Packing
+
+    artifact, _, _ = int4
+    monkeypatch.setenv("SPECMEMO_CACHE", str(tmp_path / "cache"))
+    assert write_now(Artifact.open(artifact), threads=2, log=lambda _: None) is Packing.WRITING
+    replies = []
+    for packed in (False, True):
+        engine = open_engine(EngineConfig(artifact=Artifact.open(artifact), mode=Mode.GREEDY, capacity=256,
+                                          packed_cache=packed), log=lambda *_: None)
+        ids = engine.tokenizer.encode_chat([Message("user", PROMPTS[3])])
+        replies.append(engine.generate(ids, max_new_tokens=NEW_TOKENS, ignore_eos=True).token_ids)
+    gathered = engine.session._gathered
+    assert engine.session.packing is Packing.CACHED and gathered.spans  # the LM head's rows and their scales
+    assert replies[0] == replies[1] and gathered.resident() == 0
+
+
 @pytest.mark.parametrize("mode,model_format", [(Mode.TREE, "onnx"), (Mode.AUTO, "onnx"), (Mode.TREE, "ort")])
 def test_speculative_equals_greedy_of_the_same_int4_graph(int4, mode, model_format):
     artifact, _, _ = int4

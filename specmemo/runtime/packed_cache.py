@@ -43,6 +43,7 @@ import onnxruntime as ort
 from specmemo.paths import cache_root
 from specmemo.runtime.artifact import Artifact
 from specmemo.runtime.cpu import signature
+from specmemo.runtime.graph_index import read_index
 
 FORMAT = 1  # of the cache folder; a change makes every older cache another's
 GRAPH, DATA, META = "decoder.onnx", "decoder.onnx.data", "meta.json"
@@ -137,7 +138,8 @@ def commit(cache: PackedCache, staging: Path, *, probe: str, artifact: Artifact)
     same artifact folder, and those of folders that are gone, removed); returns the bytes it takes on disk. An
     OSError (disk full, read-only) is the caller's to report."""
     sizes = {name: (staging / name).stat().st_size for name in (GRAPH, DATA)}
-    meta = {"key": cache.key, "sizes": sizes, "probe": probe, "artifact_folder": str(artifact.folder.resolve())}
+    meta = {"key": cache.key, "sizes": sizes, "probe": probe, "artifact_folder": str(artifact.folder.resolve()),
+            "gathered": gathered_ranges(staging / GRAPH)}
     (staging / META).write_text(json.dumps(meta, indent=2) + "\n")
     discard(cache.folder)
     staging.rename(cache.folder)
@@ -148,6 +150,14 @@ def commit(cache: PackedCache, staging: Path, *, probe: str, artifact: Artifact)
                                              or not Path(made_for).is_dir()):
             discard(other.parent)
     return sum(sizes.values())
+
+
+def gathered_ranges(graph: Path) -> list[tuple[int, int]]:
+    """The data file's byte ranges of the weights a Gather reads row by row (runtime/file_pages.FilePages)."""
+    try:
+        return read_index(graph.read_bytes()).gathered_ranges()
+    except ValueError:
+        return []
 
 
 def _meta_folder(path: Path) -> str | None:

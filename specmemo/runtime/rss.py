@@ -44,12 +44,13 @@ def resident() -> Resident:
 class Mapping:
     """One mapping of the address space as /proc/self/smaps describes it: its range, what is mapped (a path,
     `[heap]`, ... or "" for an unnamed one), its resident bytes and how many of them are anonymous (for a file
-    mapping: pages copied on write)."""
+    mapping: pages copied on write), and where in the file it starts."""
     start: int
     end: int
     name: str
     resident: int
     anonymous: int
+    offset: int = 0  # of a file mapping: the file byte at `start`
 
 
 def mappings(smaps: str = "/proc/self/smaps") -> list[Mapping]:
@@ -62,7 +63,7 @@ def mappings(smaps: str = "/proc/self/smaps") -> list[Mapping]:
         if header is not None:
             start, end = (int(x, 16) for x in header[0].split("-"))
             found.append(Mapping(start, end, header[5].strip() if len(header) == 6 else "",
-                                 sizes.get("Rss", 0) * 1024, sizes.get("Anonymous", 0) * 1024))
+                                 sizes.get("Rss", 0) * 1024, sizes.get("Anonymous", 0) * 1024, int(header[2], 16)))
 
     try:
         with open(smaps) as lines:

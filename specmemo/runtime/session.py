@@ -24,7 +24,7 @@ from specmemo.runtime.arena import Arena, ArenaLayout
 from specmemo.runtime.artifact import Artifact
 from specmemo.runtime.config import DEFAULT_THREADS
 from specmemo.runtime.embedding import EmbeddingTable
-from specmemo.runtime.file_pages import release_file_pages
+from specmemo.runtime.file_pages import FilePages, release_file_pages
 from specmemo.runtime.kv_cache import KVCache
 from specmemo.runtime.load_clock import LoadClock
 from specmemo.runtime.manifest import Manifest, ModelFormat, embedding_for
@@ -36,7 +36,7 @@ from specmemo.runtime.ort_sessions import (
     open_heads,
     open_uncached,
 )
-from specmemo.runtime.packed_cache import CacheUse, Packing, commit, discard
+from specmemo.runtime.packed_cache import DATA, CacheUse, Packing, commit, discard
 from specmemo.runtime.plan import layout_for
 from specmemo.runtime.rss import peak_rss_bytes, reset_peak_rss, rss_bytes
 from specmemo.runtime.sizes import Sizes
@@ -115,6 +115,7 @@ class DecoderSession:
         release_file_pages([*artifact.files(), *(self._cache.folder.glob("*") if self._cache else ())])
         took("file pages handed back")
         self._shared_values = shared  # ORT does not own these buffers: keep them alive
+        self._gathered = FilePages()
         self.rss_after_load = rss_bytes()
         self.load_peak_rss = peak_rss_bytes()  # the process's peak so far (loading's), before the count restarts
         reset_peak_rss()  # from here on, the peak RSS measures generation (the arena and the steps)
@@ -133,6 +134,9 @@ class DecoderSession:
         if self.packing in (Packing.CACHED, Packing.WRITING):
             self._settle_packing()
             took("packed cache: probe (and written)")
+        # a cached graph's weights that Gathers read a few rows of a step: handed back after each step (file_pages.py)
+        self._gathered = (FilePages.of(self._cache.folder / DATA, (self._cache.meta() or {}).get("gathered", ()))
+                          if self.packing is Packing.CACHED and self._cache is not None else FilePages())
         if config.warm_up:
             self.warm_up()
             took("warm-up (the largest step)")
@@ -251,6 +255,7 @@ class DecoderSession:
         self._bind(io.next_token_ids, a["next_token_ids"], (1, logit_rows), output=True)
         self._bind(io.hidden_states, a["hidden_states"], (1, size, d.hidden_size), output=True)
         self.session.run_with_iobinding(self.binding)
+        self._gathered.drop()
         return StepOutput(logits=a["logits"][: logit_rows * d.vocab_size].reshape(1, logit_rows, d.vocab_size),
                           next_token_ids=a["next_token_ids"][:logit_rows].reshape(1, logit_rows),
                           hidden_states=a["hidden_states"][: size * d.hidden_size].reshape(1, size, d.hidden_size))
