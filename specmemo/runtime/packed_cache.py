@@ -175,7 +175,7 @@ def discard(folder: Path) -> None:
 # Writing after the process ends: an open that found no usable cache `schedule`s it; at exit `start_writer` starts
 # runtime/pack_writer.py detached, holding `<cache>.lock`; a benchmark timing fresh processes waits for the writers
 # they left (fresh_process.wait_for_writers), so none runs beside what it measures.
-_PENDING: dict[Path, tuple[Path, int]] = {}  # cache folder → (artifact folder, threads), written at exit
+_PENDING: dict[Path, tuple[PackedCache, Path, int]] = {}  # cache folder → (cache, artifact folder, threads)
 _HELD: list[tuple[int, IO[str]]] = []  # each writer's pipe end and lock, open until this process ends
 
 
@@ -195,19 +195,19 @@ def schedule(artifact: Artifact, cache: PackedCache, *, threads: int) -> str | N
         return None
     if not _PENDING:
         atexit.register(_start_pending)
-    _PENDING.setdefault(cache.folder, (artifact.folder, threads))
+    _PENDING.setdefault(cache.folder, (cache, artifact.folder, threads))
     return None
 
 
 def _start_pending() -> None:
-    for folder, (artifact_folder, threads) in _PENDING.items():
+    for cache, artifact_folder, threads in _PENDING.values():
         with contextlib.suppress(OSError):  # best effort: the next open schedules it again
-            start_writer(folder, artifact_folder, threads=threads)
+            start_writer(cache, artifact_folder, threads=threads)
 
 
-def start_writer(folder: Path, artifact_folder: Path, *, threads: int) -> bool:
-    """Start the writer of the cache in `folder` (False: another process holds its lock, i.e. writes it now)."""
-    lock = open(folder.with_name(folder.name + ".lock"), "w")  # noqa: SIM115 - held until this process ends
+def start_writer(cache: PackedCache, artifact_folder: Path, *, threads: int) -> bool:
+    """Start the writer of `cache` (False: another process holds its lock, i.e. writes it now)."""
+    lock = open(cache.lock, "w")  # noqa: SIM115 - held until this process ends
     try:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
