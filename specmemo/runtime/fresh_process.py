@@ -27,8 +27,8 @@ class FreshProcessError(SpecMemoError, RuntimeError):
 def run_json(module: str, request: dict[str, Any], *, what: str, fix: str) -> dict[str, Any]:
     """Run `python -m module` with `request` on stdin; its last stdout line, parsed. A failure is a
     one-line error: `what` failed (the child's last stderr line): `fix`. Returns once any packed-weights cache the
-child left to write is written (runtime/packed_cache.py). The request carries the wall-clock time
-    the child was started at (`spawned_at`), from which the child reports its load time (`first_reply_ready`)."""
+    child left to write is written (runtime/packed_cache.py). The request carries the wall-clock time the child was
+    started at (`spawned_at`), from which the child reports its load time (`first_reply_ready`)."""
     request = {**request, "spawned_at": time.time()}
     done = subprocess.run([sys.executable, "-m", module], input=json.dumps(request), capture_output=True, text=True)
     wait_for_writers()  # a packed-weights cache the child left to be written: never beside the next measurement

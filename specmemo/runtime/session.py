@@ -255,7 +255,7 @@ class DecoderSession:
         self._bind(io.next_token_ids, a["next_token_ids"], (1, logit_rows), output=True)
         self._bind(io.hidden_states, a["hidden_states"], (1, size, d.hidden_size), output=True)
         self.session.run_with_iobinding(self.binding)
-        self._gathered.drop()  # two syscalls over spans mostly not mapped; their rows are read again next step
+        self._gathered.drop()  # one madvise a span, mostly over pages not mapped; the next step reads its rows again
         return StepOutput(logits=a["logits"][: logit_rows * d.vocab_size].reshape(1, logit_rows, d.vocab_size),
                           next_token_ids=a["next_token_ids"][:logit_rows].reshape(1, logit_rows),
                           hidden_states=a["hidden_states"][: size * d.hidden_size].reshape(1, size, d.hidden_size))
