@@ -153,6 +153,28 @@ def test_the_packed_cache_answers_alike_and_hands_back_the_rows_the_rerank_reads
     assert replies[0] == replies[1] and gathered.resident() == 0
 
 
+def test_the_packed_weights_are_the_arithmetic_of_what_onnx_runtime_wrote(int4, tmp_path, monkeypatch):
+    """The memory model's packed-weights term (runtime/load_cost.py: MLAS's CompInt8 layout from each MatMulNBits
+    node's N, K, bits and block) against the prepacked bytes ONNX Runtime wrote into the cache here: its data file
+    less the original weights its graph lists, within 0.5% (MLAS's own alignments between buffers)."""
+    from specmemo.runtime.graph_index import read_index
+    from specmemo.runtime.load_cost import packed_bytes
+    from specmemo.runtime.pack_writer import write_now
+    from specmemo.runtime.packed_cache import cache_for
+
+    artifact, _, _ = int4
+    monkeypatch.setenv("SPECMEMO_CACHE", str(tmp_path / "cache"))
+    opened = Artifact.open(artifact)
+    write_now(opened, threads=2, log=lambda _: None)
+    cache = cache_for(opened)
+    written = read_index(cache.graph.read_bytes())
+    prepacked = (cache.folder / "decoder.onnx.data").stat().st_size - sum(n for _, n in written.weights.values())
+    index = read_index((artifact / load_manifest(artifact).decoder_file).read_bytes())
+    assert index.quantized and {m.bits for m in index.quantized} <= {4, 8}
+    predicted = sum(packed_bytes(m) for m in index.quantized)
+    assert abs(predicted / prepacked - 1) < 0.005, (predicted, prepacked)
+
+
 @pytest.mark.parametrize("mode,model_format", [(Mode.TREE, "onnx"), (Mode.AUTO, "onnx"), (Mode.TREE, "ort")])
 def test_speculative_equals_greedy_of_the_same_int4_graph(int4, mode, model_format):
     artifact, _, _ = int4

@@ -19,7 +19,8 @@ ROOT = Path(__file__).resolve().parents[1]
 NOT_RESULTS = {"peers.py", "vllm.py", "fuzz_cli.py", "fuzz_structured.py", "optimum.py",  # job files to a worker
                "optimum_worker.py",
                "sessions.py",  # a cache of greedy transcripts, not a result
-               "arm_resume.py"}  # emulated steps filed to resume a run, not a result
+               "arm_resume.py",  # emulated steps filed to resume a run, not a result
+               "load_predict.py"}  # the memory model's constants (runtime/load_costs.json, provenance inside)
 
 
 def output_defaults(parser: argparse.ArgumentParser, prefix: str = "specmemo") -> dict[str, Path]:

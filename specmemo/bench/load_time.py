@@ -208,6 +208,13 @@ def format_table(result: dict) -> str:
     for engine, s in engines.items():
         cells = "".join(f"{_mib(s['memory_mib'].get(m)):>20}" for m in MILESTONES)
         lines.append(f"{engine:<22}{cells}{s['peak_rss_mib']:8.0f}")
+    if result.get("predicted"):
+        lines += ["", "peak RSS against the memory model's prediction without a calibration (`specmemo plan "
+                      f"--context {result['capacity']}`: load + generation)",
+                  f"{'engine':<22}{'predicted MiB':>14}{'measured MiB':>14}{'measured/predicted':>20}"]
+        for engine, p in result["predicted"].items():
+            lines.append(f"{engine:<22}{p['predicted_peak_mib']:14.0f}{p['measured_peak_mib']:14.0f}"
+                         f"{p['measured_over_predicted']:20.3f}")
     return "\n".join(lines)
 
 

@@ -74,18 +74,37 @@ def add_profile_parser(bench) -> None:
     b.add_argument("--new-tokens", type=positive, default=100,
                    help="tokens decoded after the first one before the last memory reading")
     add_threads(b)
+    b.add_argument("--write-costs", action="store_true",
+                   help="fit the memory model's measured load constants (the process's, the tokenizer's an entry, "
+                        "ONNX Runtime's own) from the specmemo-greedy rows and write them to runtime/load_costs.json "
+                        "for this ONNX Runtime version and CPU class; every row's peak is then set beside the "
+                        "prediction they make")
     b.add_argument("--json", type=Path, default=run_folder("bench-load.json"),
                    help="where to write JSON (the plot beside it, .png)")
     b.set_defaults(handler=cmd_bench_load)
 
 
 def cmd_bench_load(args: argparse.Namespace) -> int:
-    from specmemo.bench.load_time import LoadConfig, format_table, run_load
+    from specmemo.bench.load_predict import fitted_costs, predicted_peaks, write_costs
+    from specmemo.bench.load_time import OURS, LoadConfig, format_table, run_load
     from specmemo.bench.plots import plot_load
-    from specmemo.bench.results import write_json
+    from specmemo.bench.results import machine_info, write_json
+    from specmemo.errors import ConfigError
+    from specmemo.runtime.artifact import Artifact
 
+    if args.write_costs and "specmemo-greedy" not in args.engines:
+        raise ConfigError("--write-costs fits the load costs from the specmemo-greedy rows: add it to --engines")
     result = run_load(LoadConfig(artifact=args.artifact, engines=args.engines, rounds=args.rounds,
                                  threads=args.threads, new_tokens=args.new_tokens), log=log_stderr)
+    artifact, costs = Artifact.open(args.artifact), None
+    if args.write_costs:
+        fitted = fitted_costs(artifact, result, engine="specmemo-greedy", threads=args.threads,
+                              provenance=machine_info(args.threads))
+        log_stderr(f"wrote the load costs for ONNX Runtime {fitted.onnxruntime}, {fitted.cpu_class} to "
+                   f"{write_costs(fitted)}")
+        costs = (fitted, True)
+    cached = {e: OURS[e][0] for e in args.engines if e in OURS and not OURS[e][1]}
+    result["predicted"] = predicted_peaks(artifact, result, threads=args.threads, modes=cached, costs=costs)
     print(format_table(result))
     print(f"wrote {write_json(args.json, result, threads=args.threads)} and "
           f"{plot_load(result, args.json.with_suffix('.png'))}")

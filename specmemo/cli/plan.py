@@ -29,6 +29,11 @@ def add_parser(sub) -> None:
     p.add_argument("--drafter", default=None, help="price the drafters too, e.g. model:DIR for a draft model beside "
                                                    "the target (its load, KV buffer and arena; "
                                                    "default: the manifest's)")
+    p.add_argument("--calibrate", action="store_true",
+                   help="measure the load in a fresh process that opens the artifact (once per artifact and machine, "
+                        "then cached) instead of predicting it from the artifact: the packed weights by arithmetic, "
+                        "the process's, tokenizer's and ONNX Runtime's bytes as measured for this ONNX Runtime and "
+                        "CPU class (docs/load.md); a calibration already measured is always used")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     p.add_argument("--pack", action="store_true",
                    help="write the artifact's packed-weights cache now, then plan (what a first open otherwise "
@@ -42,7 +47,15 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from specmemo.runtime.config import EngineConfig
     from specmemo.runtime.measured import memory_calibration
     from specmemo.runtime.medusa_tree import exported_tree
-    from specmemo.runtime.plan import draft_price, lower_bound, plan_for, read_draft, weights_stored, what_would_fit
+    from specmemo.runtime.plan import (
+        draft_price,
+        drafter_parts,
+        lower_bound,
+        plan_for,
+        read_draft,
+        weights_stored,
+        what_would_fit,
+    )
 
     profile = apply_profile(args)
     artifact = Artifact.open(args.artifact)
@@ -53,11 +66,14 @@ def cmd_plan(args: argparse.Namespace) -> int:
     config = EngineConfig(artifact=artifact, threads=args.threads, budget=args.budget_bytes,
                           context=args.context if priced else None, capacity=None if priced else args.context,
                           drafter=args.drafter)
-    calibration = memory_calibration(artifact, threads=args.threads, log=log_stderr)  # the lower bound's, always
+    # the lower bound's, always: measured where it has been (or --calibrate), else predicted
+    calibration = memory_calibration(artifact, threads=args.threads, measure=args.calibrate,
+                                     parts=drafter_parts(config, manifest), log=log_stderr)
     context = args.context or (manifest.plan.capacity if manifest.plan and not priced else manifest.max_capacity)
     bound = lower_bound(manifest, calibration, context=context)
     try:
-        decided = plan_for(config, manifest, batch=args.batch, log=log_stderr)  # what an engine opens with
+        # what an engine opens with
+        decided = plan_for(config, manifest, batch=args.batch, measure=args.calibrate, log=log_stderr)
     except memory.BudgetError as err:
         missed = args.budget_bytes
         if missed is None:

@@ -253,11 +253,8 @@ def this_cpu(flags: frozenset[str] | None = None, machine: str | None = None) ->
     from specmemo.runtime import cpu as this
 
     machine = machine or this.machine()
-    flags = this.features() if flags is None else flags
+    cpu = CpuClass(this.kernel_class(this.features() if flags is None else flags, machine))
     if machine not in ("aarch64", "arm64"):
-        avx2 = bool(flags) and "avx512f" not in flags
-        return (CpuClass.X86_64_AVX2 if avx2 else CpuClass.X86_64), f"platform.machine() = {machine}, /proc/cpuinfo"
-    cpu = (CpuClass.ARM_DOTPROD_I8MM if {"asimddp", "i8mm"} <= flags else
-           CpuClass.ARM_DOTPROD if "asimddp" in flags else CpuClass.ARM)
+        return cpu, f"platform.machine() = {machine}, /proc/cpuinfo"
     return cpu, "the kernel's hardware capabilities (getauxval: asimddp, i8mm)"
 

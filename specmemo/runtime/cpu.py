@@ -55,6 +55,18 @@ def cpu_name() -> str:
     return platform.processor() or machine()
 
 
+def kernel_class(flags: frozenset[str] | None = None, arch: str | None = None) -> str:
+    """Which of ONNX Runtime's CPU kernel families this CPU reaches, named as device profiles name it (the values of
+    device_profiles.schema.CpuClass): x86-64 (AVX-512), x86-64-avx2, aarch64-dotprod-i8mm, aarch64-dotprod, aarch64.
+    An x86 CPU whose flags cannot be read counts as the AVX-512 class."""
+    arch = arch or machine()
+    flags = features() if flags is None else flags
+    if arch not in ("aarch64", "arm64"):
+        return "x86-64-avx2" if flags and "avx512f" not in flags else "x86-64"
+    return ("aarch64-dotprod-i8mm" if {"asimddp", "i8mm"} <= flags else
+            "aarch64-dotprod" if "asimddp" in flags else "aarch64")
+
+
 def signature() -> str:
     """What a measurement of this machine's kernels is keyed by: name, architecture and features."""
     return f"{cpu_name()} | {machine()} | {' '.join(sorted(features()))}"

@@ -1,25 +1,57 @@
 """Where an ONNX graph's external weights sit in its data file, read from the graph's bytes without the onnx package
 (the runtime ships without it).
 
-An ONNX model is a protocol buffer: ModelProto.graph (field 7) holds GraphProto.node (1: NodeProto, with input 1
-and op_type 4) and GraphProto.initializer (5: TensorProto, with name 8 and external_data 13, each entry a key 1 and
-a value 2: "location", "offset", "length"). `read_index` walks just those fields; every other field is skipped by its
+An ONNX model is a protocol buffer: ModelProto.graph (field 7) holds GraphProto.node (1: NodeProto, with input 1,
+output 2, op_type 4 and attribute 5: AttributeProto, with name 1 and the integer i 3) and GraphProto.initializer
+(5: TensorProto, with name 8 and external_data 13, each entry a key 1 and a value 2: "location", "offset",
+"length"). `read_index` walks just those fields; every other field is skipped by its
 wire type. Used on the graph ONNX Runtime writes into a packed-weights cache (packed_cache.py), whose data file
-holds each original weight beside its packed copy.
+holds each original weight beside its packed copy, and on the artifact's own graph for the sizes of its quantized
+matrices (load_cost.py prices what ONNX Runtime packs them into).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 VARINT, FIXED64, BYTES, FIXED32 = 0, 1, 2, 5
+
+
+@dataclass(frozen=True)
+class Quantized:
+    """One MatMulNBits node: its N×K weight in blocks of `block` along K, `bits` a weight, and the initializers it
+    reads (codes, scales, zero points)."""
+    n: int
+    k: int
+    bits: int
+    block: int
+    inputs: tuple[str, ...]
+
+    def __post_init__(self) -> None:
+        if min(self.n, self.k, self.bits, self.block) < 1:
+            raise ValueError(f"a MatMulNBits node needs N, K, bits and block_size >= 1, got {self}")
 
 
 @dataclass(frozen=True)
 class GraphIndex:
     weights: dict[str, tuple[int, int]]  # external initializer → (offset, length) in its data file
     gathered: frozenset[str]  # initializers some Gather node reads (row by row)
+    quantized: tuple[Quantized, ...] = ()  # the MatMulNBits nodes, in graph order
+    made_from: dict[str, tuple[str, ...]] = field(default_factory=dict)  # a node's first output → its inputs
+
+    def packed_inputs(self) -> frozenset[str]:
+        """The tensors MatMulNBits nodes read besides their activations, directly or through the constant nodes
+        that make them (float16 scales stored, cast to float32 and multiplied, which ONNX Runtime folds into one
+        weight before packing it)."""
+        seen: set[str] = set()
+        todo = [name for matrix in self.quantized for name in matrix.inputs]
+        while todo:
+            name = todo.pop()
+            if name not in seen:
+                seen.add(name)
+                todo.extend(self.made_from.get(name, ()))
+        return frozenset(seen)
 
     def gathered_ranges(self) -> list[tuple[int, int]]:
         """(offset, length) of every external weight a Gather reads, in file order."""
@@ -63,18 +95,39 @@ def _strings(message: bytes, number: int) -> list[str]:
             and isinstance(v, bytes)]
 
 
+def _quantized(node: bytes) -> Quantized:
+    attributes = {}
+    for n, w, attribute in fields(node):
+        if n == 5 and w == BYTES and isinstance(attribute, bytes):
+            name = (_strings(attribute, 1) or [""])[0]
+            values = [v for number, kind, v in fields(attribute) if number == 3 and kind == VARINT]
+            if values and isinstance(values[0], int):
+                attributes[name] = values[0]
+    return Quantized(n=attributes.get("N", 0), k=attributes.get("K", 0), bits=attributes.get("bits", 4),
+                     block=attributes.get("block_size", 0), inputs=tuple(_strings(node, 1)[1:]))
+
+
 def read_index(model: bytes) -> GraphIndex:
-    """The graph's external weights and what its Gather nodes read. A ValueError where `model` is not one."""
+    """The graph's external weights, what its Gather nodes read and its MatMulNBits nodes. A ValueError where `model`
+    is not one."""
     weights: dict[str, tuple[int, int]] = {}
     gathered: set[str] = set()
+    quantized: list[Quantized] = []
+    made_from: dict[str, tuple[str, ...]] = {}
     for number, wire, graph in fields(model):
         if number != 7 or wire != BYTES or not isinstance(graph, bytes):
             continue
         for part, kind, value in fields(graph):
             if kind != BYTES or not isinstance(value, bytes):
                 continue
-            if part == 1 and _strings(value, 4) == ["Gather"]:
-                gathered.update(_strings(value, 1)[:1])  # the data input; indices are computed
+            if part == 1:
+                op, outputs = _strings(value, 4), _strings(value, 2)
+                if outputs:
+                    made_from[outputs[0]] = tuple(_strings(value, 1))
+                if op == ["Gather"]:
+                    gathered.update(_strings(value, 1)[:1])  # the data input; indices are computed
+                elif op == ["MatMulNBits"]:
+                    quantized.append(_quantized(value))
             elif part == 5:
                 names = _strings(value, 8)
                 entries = {}
@@ -83,4 +136,5 @@ def read_index(model: bytes) -> GraphIndex:
                         entries[(_strings(entry, 1) or [""])[0]] = (_strings(entry, 2) or [""])[0]
                 if names and "offset" in entries and "length" in entries:
                     weights[names[0]] = (int(entries["offset"]), int(entries["length"]))
-    return GraphIndex(weights=weights, gathered=frozenset(gathered))
+    return GraphIndex(weights=weights, gathered=frozenset(gathered), quantized=tuple(quantized),
+                      made_from=made_from)

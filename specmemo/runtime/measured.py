@@ -25,6 +25,7 @@ from specmemo.runtime import cpu
 from specmemo.runtime.artifact import Artifact
 from specmemo.runtime.config import DEFAULT_THREADS
 from specmemo.runtime.fresh_process import run_json
+from specmemo.runtime.load_cost import price_load
 from specmemo.runtime.manifest import ModelFormat
 from specmemo.runtime.memory import Calibration
 from specmemo.runtime.row_route import RowRoute
@@ -66,10 +67,14 @@ def store(path: Path, data: dict[str, Any]) -> bool:
     return True
 
 
-def memory_calibration(artifact: Artifact, *, threads: int = DEFAULT_THREADS,
-                       log: Callable[[str], None] = print) -> Calibration:
-    """The cached memory calibration, measured in a fresh process on first use."""
+def memory_calibration(artifact: Artifact, *, threads: int = DEFAULT_THREADS, measure: bool = True,
+                       parts: tuple[str, ...] = (), log: Callable[[str], None] = print) -> Calibration:
+    """The cached memory calibration, measured in a fresh process on first use; with `measure=False` a calibration
+    not yet measured is predicted from the artifact instead (load_cost.py; `parts`: the drafters' graphs opened
+    beside the decoder), and nothing is run."""
     path, data = lookup(artifact, "memory", threads)
+    if data is None and not measure:
+        return Calibration.predicted(price_load(artifact, parts=parts))
     if data is None:
         log(f"measuring load and step memory for {artifact} once (fresh process) ...")
         data = run_json("specmemo.runtime.calibrate", {"artifact": str(artifact.folder), "threads": threads},

@@ -2,7 +2,9 @@
 
     total      = load + generation
     load       = RSS after the sessions are open (process, ORT, tokenizer, weights as ORT holds them:
-                 the files below plus ORT's packed copies); measured once per artifact and machine
+                 the files below plus ORT's packed copies); measured once per artifact and machine, or,
+                 where it has not been, predicted from the artifact (load_cost.py: the packed weights by
+                 arithmetic, the process's, the tokenizer's and ONNX Runtime's own bytes measured constants)
     generation = arena + activations + step overhead
       arena        exact: the layout in arena.py (KV 2·L·B·H_kv·C·D·bytes dominates; a sliding-window
                    layer holds C_w ≈ W + 64 + R rows instead of C), one allocation
@@ -33,6 +35,7 @@ from dataclasses import dataclass
 from specmemo.errors import SpecMemoError
 from specmemo.runtime import recall_store
 from specmemo.runtime.arena import ArenaLayout
+from specmemo.runtime.load_cost import LoadPrice
 from specmemo.runtime.manifest import AttentionOp, Manifest, ModelDims
 from specmemo.runtime.shared import SHARED
 from specmemo.runtime.sizes import Sizes
@@ -53,6 +56,12 @@ class Calibration:
     load_bytes: int  # RSS after the decoder and heads sessions are open
     step_overhead_bytes: int  # generation RSS beyond arena + activations formula, first steps
     base_bytes: int = 0  # RSS of the probe before it opened anything (Python, numpy, ONNX Runtime imported)
+    price: LoadPrice | None = None  # set where the load is predicted (load_cost.py), not measured
+
+    @classmethod
+    def predicted(cls, price: LoadPrice) -> Calibration:
+        """The prediction standing in for a measurement: its runtime term covers the first steps' own bytes."""
+        return cls(load_bytes=price.total, step_overhead_bytes=0, base_bytes=price.process, price=price)
 
     @property
     def own_load_bytes(self) -> int:
@@ -73,6 +82,7 @@ class Footprint:
     window_capacity: int = 0  # C_w of the sliding-window layers (0: none)
     batch: int = 1  # B sequences priced
     recall: int = 0  # the store of what was already written (runtime/recall_store.py), when its drafter runs
+    load_price: LoadPrice | None = None  # the load's terms where it is predicted, not measured
 
     @property
     def arena(self) -> int:
@@ -136,7 +146,7 @@ def footprint(manifest: Manifest, calibration: Calibration, sizes: Sizes, *, wei
         weights_stored=weights, load=calibration.load_bytes, kv=layout.kv_nbytes,
         io=layout.allocation_bytes - layout.kv_nbytes, activations=activations,
         step_overhead=calibration.step_overhead_bytes, sizes=sizes, bytes_per_kv_element=manifest.bytes_per_kv_element,
-        window_capacity=layout.window_capacity, batch=batch)
+        window_capacity=layout.window_capacity, batch=batch, load_price=calibration.price)
 
 
 _UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "kib": 2**10, "m": 10**6, "mb": 10**6, "mib": 2**20,
@@ -166,14 +176,22 @@ def kv_label(fp: Footprint) -> str:
 
 def breakdown(fp: Footprint) -> list[tuple[str, float]]:
     """(label, MiB) rows for a table."""
+    price = fp.load_price
+    load = ([("load: process + ORT + weights (measured once)", fp.load / MIB)] if price is None else [
+        (f"load: {price.describe()}", fp.load / MIB),
+        ("  process: Python, numpy, ONNX Runtime (measured)", price.process / MIB),
+        ("  tokenizer: V · bytes an entry (measured)", price.tokenizer / MIB),
+        ("  packed weights: MatMulNBits as MLAS packs them", price.packed_weights / MIB),
+        ("  other weights: read whole", price.other_weights / MIB),
+        ("  runtime: ONNX Runtime's own (measured)", price.runtime / MIB)])
     return [
         ("weights as stored (files)", fp.weights_stored / MIB),
-        ("load: process + ORT + weights (measured once)", fp.load / MIB),
+        *load,
         (kv_label(fp), fp.kv / MIB),
         (f"arena I/O: ids, bias, logits, hidden (R={fp.sizes.rows}, T={fp.sizes.tree})", fp.io / MIB),
         (f"activations: {f'B·R={fp.batch}·' if fp.batch > 1 else 'R='}{fp.sizes.rows} rows over C={fp.sizes.capacity}",
          fp.activations / MIB),
-        ("step overhead (measured once)", fp.step_overhead / MIB),
+        *([("step overhead (measured once)", fp.step_overhead / MIB)] if price is None else []),
         ("generation (arena + activations + overhead)", fp.generation / MIB),
         ("headroom (5% of generation: the model's error bound)", fp.headroom / MIB),
         *([(f"recall store: N·(4 + 8·K) bytes, N={recall_store.tokens_for(fp.recall)}, K={len(recall_store.ORDERS)}",

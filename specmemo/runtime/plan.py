@@ -188,13 +188,21 @@ def check_drafters(config: EngineConfig, manifest: Manifest) -> None:
                             f"--drafter lookup, or re-export with {kind.export_flag}")
 
 
-def plan_for(config: EngineConfig, manifest: Manifest, *, batch: int = 1, log: Callable[[str], None] = print) -> Plan:
+def drafter_parts(config: EngineConfig, manifest: Manifest) -> tuple[str, ...]:
+    """The manifest's parts the drafters open beside the decoder ("heads", "feature_drafter"): what they load."""
+    parts = (DRAFTERS[n].part for n in drafter_names(config, manifest))
+    return tuple(part for part in parts if part is not None and hasattr(getattr(manifest, part, None), "data_file"))
+
+
+def plan_for(config: EngineConfig, manifest: Manifest, *, batch: int = 1, measure: bool = True,
+             log: Callable[[str], None] = print) -> Plan:
     """The plan an engine opens with: the drafters checked against the artifact, the calibration read (measured
-    once per artifact and machine, in a fresh process) when a budget or the device plan prices the arena, then
-    the one sizing pass."""
+    once per artifact and machine, in a fresh process; predicted from the artifact instead with `measure=False`
+    where it has not been measured) when a budget or the device plan prices the arena, then the one sizing pass."""
     check_drafters(config, manifest)  # before any measurement
     priced = needs_calibration(config, manifest)
-    calibration = memory_calibration(config.artifact, threads=config.threads, log=log) if priced else None
+    calibration = (memory_calibration(config.artifact, threads=config.threads, measure=measure,
+                                      parts=drafter_parts(config, manifest), log=log) if priced else None)
     draft = read_draft(config, manifest, priced=priced, log=log)
     # the route probed on this machine, for one sequence and for each row of a batch (batch.py)
     route = config.route or row_route(config.artifact, threads=config.threads, model_format=config.model_format,
