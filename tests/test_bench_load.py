@@ -44,3 +44,24 @@ def test_unknown_engines_and_rounds_are_refused(tiny_llama):
         LoadConfig(artifact=tiny_llama, engines=("vllm",))
     with pytest.raises(ConfigError, match="rounds"):
         LoadConfig(artifact=tiny_llama, rounds=0)
+
+
+@pytest.mark.typescript
+def test_the_typescript_engine_is_timed_and_measured_from_outside(smollm2_artifact, tiny_llama, monkeypatch):
+    """specmemo-node's round: the first byte Node writes is its first token, its resident set read then from
+    /proc/PID, its peak the kernel's count once it has ended; a Node that fails is one line naming the command."""
+    from conftest import engine_file
+
+    engine_file("cli.js")
+    result = run_load(LoadConfig(artifact=smollm2_artifact, engines=("specmemo-node",), rounds=1, new_tokens=3),
+                      log=lambda _: None)
+    node = result["engines"]["specmemo-node"]
+    run = result["runs"]["specmemo-node"][0]
+    assert node["median_total_s"] > 0 and run["decoded_tokens"] == 3
+    first = node["memory_mib"]["first token"]
+    assert 0 < first["rss"] <= node["peak_rss_mib"] and first["anon"] > 0
+    assert "specmemo-node" in format_table(result)
+    from specmemo.bench.load_node import run_node
+
+    with pytest.raises(ConfigError, match="exited with"):
+        run_node({"artifact": str(tiny_llama / "missing"), "threads": 1, "capacity": 64, "new_tokens": 1}, text="hi")

@@ -16,7 +16,8 @@ GenAI: its `og.Tokenizer`; llama.cpp: the vocabulary inside the GGUF). Our piece
     latency curve                the controller's step times, read from the cache (or measured)
     first token                  the first question's prefill and its first token
 
-The peers' pieces are theirs (bench/load_peers.py). Every engine's resident set (RSS, its anonymous and file pages:
+The peers' pieces are theirs (bench/load_peers.py); the TypeScript engine's round (specmemo-node) is watched from
+outside, its first token and its peak (bench/load_node.py). Every engine's resident set (RSS, its anonymous and file pages:
 runtime/rss.py) is read at the same milestones: after the imports, when open, at the first token and after N
 decoded tokens, each with its largest mappings (/proc/self/smaps); every piece of ours also says the resident set
 it ended at. Prints two tables (medians over rounds) and writes JSON.
@@ -38,8 +39,8 @@ from specmemo.runtime.rss import MIB, resident
 # ours: (mode, whether the packed-weights cache is removed before the round: a first open on this device)
 OURS = {"specmemo-greedy": ("greedy", False), "specmemo-controller": ("controller", False),
         "specmemo-greedy-first-open": ("greedy", True), "specmemo-controller-first-open": ("controller", True)}
-GENAI, LLAMA_CPP = "onnxruntime-genai", "llama.cpp"
-ENGINES = (*OURS, GENAI, LLAMA_CPP)
+GENAI, LLAMA_CPP, NODE = "onnxruntime-genai", "llama.cpp", "specmemo-node"
+ENGINES = (*OURS, NODE, GENAI, LLAMA_CPP)
 
 TREE_ROOM = 64  # KV rows a verify step may write past the reply (compare's run_capacity)
 
@@ -135,6 +136,8 @@ def peer_models(artifact: Artifact, engines: tuple[str, ...]) -> dict[str, str]:
 
 def run_load(config: LoadConfig, *, log=print) -> dict:
     from specmemo.bench.compare import run_capacity
+    from specmemo.bench.load_node import run_node
+    from specmemo.datasets import load_questions
     from specmemo.runtime.fresh_process import run_json
     from specmemo.runtime.packed_cache import cache_for, discard
 
@@ -155,6 +158,8 @@ def run_load(config: LoadConfig, *, log=print) -> dict:
                     "fix": "run `specmemo generate --artifact ...` (or the peer alone) to see it"}
             if engine in OURS:
                 runs[engine].append(run_json("specmemo.bench.load_time", {**request, "engine": engine}, **what))
+            elif engine == NODE:  # watched from here: Node is not a Python process
+                runs[engine].append(run_node(request, text=load_questions()[0].turns[0]))
             else:
                 runs[engine].append(run_json("specmemo.bench.load_peers", {**request, "engine": engine}, **what))
             if engine in OURS and OURS[engine][1]:  # run_json waited for the writer its process left behind
@@ -174,7 +179,8 @@ def summary(runs: list[dict]) -> dict:
            "median_total_s": statistics.median(r["total_s"] for r in runs),
            "total_s_range": [min(r["total_s"] for r in runs), max(r["total_s"] for r in runs)],
            "memory_mib": memory, "peak_rss_mib": statistics.median(r["peak_rss_mib"] for r in runs),
-           "largest_mib": runs[0]["memory"]["decoded"]["largest"]}
+           "largest_mib": (runs[0]["memory"].get("decoded") or runs[0]["memory"].get("first token", {})).get(
+               "largest", [])}
     written = [r["cache_written_s"] for r in runs if r.get("cache_written_s") is not None]
     if written:  # a first open's: the writer its process left, after it ended
         out["cache_written_s"] = statistics.median(written)

@@ -154,9 +154,9 @@ def plot_load(result: dict, path: Path) -> Path:
     for i, name in enumerate(names):
         memory = engines[name]["memory_mib"]
         xs = [m + i * width for m in range(len(MILESTONES))]
-        anon = [memory[m]["anon"] for m in MILESTONES]
+        anon = [memory.get(m, {}).get("anon", 0) for m in MILESTONES]  # Node's is read at its first token only
         right.bar(xs, anon, width, label=f"{name}: anonymous")
-        right.bar(xs, [memory[m]["file"] for m in MILESTONES], width, bottom=anon, alpha=0.45,
+        right.bar(xs, [memory.get(m, {}).get("file", 0) for m in MILESTONES], width, bottom=anon, alpha=0.45,
                   label=f"{name}: file pages")
     right.set_xticks([m + 0.4 - width / 2 for m in range(len(MILESTONES))], list(MILESTONES), fontsize=8)
     right.set_ylabel("resident MiB")

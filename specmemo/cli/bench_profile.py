@@ -68,7 +68,9 @@ def add_profile_parser(bench) -> None:
                    help="comma-separated, of specmemo-greedy (plain decoding: no heads or drafter graphs), "
                         "specmemo-controller (as `specmemo generate` opens it), each also with -first-open (the "
                         "packed-weights cache removed before each round: the first open on a device), "
-                        "onnxruntime-genai (its builder's model of the artifact's model, built once) and llama.cpp "
+                        "specmemo-node (the TypeScript engine on onnxruntime-node, greedy: its first token and peak, "
+                        "read from outside), onnxruntime-genai (its builder's model of the artifact's model, built "
+                        "once) and llama.cpp "
                         "(the GGUF an int4 export carries; make peers-setup)")
     b.add_argument("--rounds", type=positive, default=5, help="fresh processes per engine, interleaved")
     b.add_argument("--new-tokens", type=positive, default=100,

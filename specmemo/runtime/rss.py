@@ -33,9 +33,10 @@ class Resident:
                 "file": round(self.file / MIB, 1), "shmem": round(self.shmem / MIB, 1)}
 
 
-def resident() -> Resident:
-    """This process's resident set now, by kind (/proc/self/status: VmRSS, RssAnon, RssFile, RssShmem)."""
-    status = _proc_status()
+def resident(pid: int | str = "self") -> Resident:
+    """This process's resident set now (or process `pid`'s), by kind (/proc/PID/status: VmRSS, RssAnon, RssFile,
+    RssShmem)."""
+    status = _proc_status(pid)
     return Resident(total=status.get("VmRSS", 0) * 1024, anonymous=status.get("RssAnon", 0) * 1024,
                     file=status.get("RssFile", 0) * 1024, shmem=status.get("RssShmem", 0) * 1024)
 
@@ -118,11 +119,11 @@ def reset_peak_rss() -> None:
         pass
 
 
-def _proc_status() -> dict[str, int]:
-    """/proc/self/status's sizes, in KiB ({} where there is no /proc)."""
+def _proc_status(pid: int | str = "self") -> dict[str, int]:
+    """/proc/PID/status's sizes, in KiB ({} where there is no /proc, or no such process)."""
     sizes = {}
     try:
-        with open("/proc/self/status") as status:
+        with open(f"/proc/{pid}/status") as status:
             for line in status:
                 key, _, value = line.partition(":")
                 if value.rstrip().endswith("kB"):
