@@ -17,10 +17,10 @@ GenAI: its `og.Tokenizer`; llama.cpp: the vocabulary inside the GGUF). Our piece
     first token                  the first question's prefill and its first token
 
 The peers' pieces are theirs (bench/load_peers.py); the TypeScript engine's round (specmemo-node) is watched from
-outside, its first token and its peak (bench/load_node.py). Every engine's resident set (RSS, its anonymous and file pages:
-runtime/rss.py) is read at the same milestones: after the imports, when open, at the first token and after N
-decoded tokens, each with its largest mappings (/proc/self/smaps); every piece of ours also says the resident set
-it ended at. Prints two tables (medians over rounds) and writes JSON.
+outside, its first token and its peak (bench/load_node.py). Every engine's resident set (RSS, its anonymous and file
+pages: runtime/rss.py) is read at the same milestones: after the imports, when open, at the first token and after N
+decoded tokens, each with its largest mappings (/proc/self/smaps); every piece of ours also says the resident set it
+ended at. Prints two tables (medians over rounds) and writes JSON.
 """
 
 from __future__ import annotations
