@@ -47,7 +47,7 @@ def test_unknown_engines_and_rounds_are_refused(tiny_llama):
 
 
 @pytest.mark.typescript
-def test_the_typescript_engine_is_timed_and_measured_from_outside(smollm2_artifact, tiny_llama, monkeypatch):
+def test_the_typescript_engine_is_timed_and_measured_from_outside(smollm2_artifact, tmp_path):
     """specmemo-node's round: the first byte Node writes is its first token, its resident set read then from
     /proc/PID, its peak the kernel's count once it has ended; a Node that fails is one line naming the command."""
     from conftest import engine_file
@@ -64,4 +64,4 @@ def test_the_typescript_engine_is_timed_and_measured_from_outside(smollm2_artifa
     from specmemo.bench.load_node import run_node
 
     with pytest.raises(ConfigError, match="exited with"):
-        run_node({"artifact": str(tiny_llama / "missing"), "threads": 1, "capacity": 64, "new_tokens": 1}, text="hi")
+        run_node({"artifact": str(tmp_path / "missing"), "threads": 1, "capacity": 64, "new_tokens": 1}, text="hi")
