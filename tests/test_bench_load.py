@@ -28,7 +28,9 @@ def test_load_pieces_fit_inside_the_time_to_the_first_token(tiny_llama, monkeypa
         assert kinds["rss"] > 0 and abs(kinds["anon"] + kinds["file"] - kinds["rss"]) < 1
     assert ours["memory_mib"]["open"]["rss"] > ours["memory_mib"]["imports"]["rss"]
     run = result["runs"]["specmemo-greedy"][0]
-    assert run["piece_rss_mib"]["arena"] >= run["piece_rss_mib"]["tokenizer"]
+    order = list(run["piece_rss_mib"])  # the tokenizer opens once the sessions have packed (the peak of opening)
+    assert order.index("tokenizer") > order.index("decoder session (ORT: from the packed cache)")
+    assert run["piece_rss_mib"]["tokenizer"] >= run["piece_rss_mib"]["arena"]
     assert any(name.endswith("decoder.onnx") or name == "[heap]" or name == "[anonymous]"
                for name, _ in run["memory"]["decoded"]["largest"])
     table = format_table(result)

@@ -1,11 +1,15 @@
 """Mapped weight pages handed back after opening (runtime/file_pages.py): dropped from the resident set, read back
-from the file unchanged on the next touch, and a mapping that was written to is never touched."""
+from the file unchanged on the next touch, and a mapping that was written to is never touched; the heap opening
+freed returned to the system."""
 
+import ctypes
 import mmap
+import threading
 
 import numpy as np
+import pytest
 
-from specmemo.runtime.file_pages import FilePages, clean_file_mappings, release_file_pages
+from specmemo.runtime.file_pages import FilePages, clean_file_mappings, release_file_pages, release_heap
 from specmemo.runtime.rss import MIB, resident
 
 SIZE = 32 * MIB
@@ -67,3 +71,29 @@ def test_only_the_named_byte_ranges_are_dropped_at_each_step(tmp_path):
     assert FilePages.of(tmp_path / "other.data", [gathered]).spans == ()
     del array
     view.close()
+
+
+@pytest.mark.skipif(not hasattr(ctypes.CDLL(None), "malloc_trim"), reason="glibc's malloc_trim")
+def test_the_heap_opening_freed_is_returned():
+    # what a thread's malloc arena keeps after its small blocks are freed (each below the mmap threshold: heap, not
+    # a mapping of its own), returned by release_heap
+    libc = ctypes.CDLL(None)
+    libc.malloc.restype = ctypes.c_void_p
+    libc.free.argtypes = [ctypes.c_void_p]
+
+    def allocate_and_free(box):
+        blocks = [libc.malloc(64 << 10) for _ in range(1600)]  # 100 MiB
+        for b in blocks:
+            ctypes.memset(b, 1, 64 << 10)
+        for b in blocks[:-1]:
+            libc.free(b)
+        box.append(blocks[-1])  # kept: the arena's last block pins its top, so the freed rest below stays in it
+
+    box: list[int] = []
+    worker = threading.Thread(target=allocate_and_free, args=(box,))
+    worker.start()
+    worker.join()
+    kept = resident().anonymous
+    assert release_heap()
+    assert kept - resident().anonymous > 50 << 20
+    libc.free(box[0])

@@ -12,7 +12,14 @@ from onnx import TensorProto, helper, numpy_helper
 
 from specmemo.runtime import load_cost
 from specmemo.runtime.graph_index import Quantized, read_index
-from specmemo.runtime.load_cost import RuntimeCosts, costs_for, other_weight_bytes, packed_bytes
+from specmemo.runtime.load_cost import (
+    LoadPrice,
+    RuntimeCosts,
+    costs_for,
+    other_weight_bytes,
+    packed_bytes,
+    unpacked_bytes,
+)
 
 
 def _costs(version: str, cpu_class: str, process: int = 1) -> RuntimeCosts:
@@ -56,6 +63,42 @@ def test_the_packed_layout_is_codes_scales_and_block_sums():
     assert packed_bytes(ragged) == 17 * 2 * 32 + 17 * 2 * 4 + 32 * 2 * 4 + 126
     with pytest.raises(ValueError, match="N, K, bits and block_size"):
         Quantized(n=0, k=40, bits=4, block=32, inputs=())
+
+
+def test_the_opening_maps_every_original_beside_a_pack_a_thread():
+    """What ONNX Runtime reads to pack a weight: the codes, float32 scales and zero points (two 4-bit ones a byte,
+    a row's rounded up); opening on T threads at once: process + every original + T · the largest pack + runtime."""
+    with_zero_points = Quantized(n=3, k=96, bits=4, block=32, inputs=("q", "s", "z"))
+    assert unpacked_bytes(with_zero_points) == 3 * 3 * (16 + 4) + 3 * 2
+    assert unpacked_bytes(Quantized(n=3, k=96, bits=8, block=32, inputs=("q", "s"))) == 3 * 3 * (32 + 4)
+    price = LoadPrice(process=100, tokenizer=7, packed_weights=50, other_weights=5, runtime=3, costs=_costs("1", "x"),
+                      exact=True, originals=40, largest_packed=20)
+    assert (price.opening(1), price.opening(2)) == (100 + 40 + 20 + 3, 100 + 40 + 40 + 3)
+
+
+def test_a_budget_that_holds_decoding_but_not_the_opening_packs_one_weight_at_a_time(smollm2_artifact, monkeypatch,
+                                                                                      tmp_path):
+    from dataclasses import replace
+
+    from specmemo.runtime import measured
+    from specmemo.runtime.artifact import Artifact
+    from specmemo.runtime.config import EngineConfig, Mode
+    from specmemo.runtime.plan import make_plan
+
+    monkeypatch.setenv("SPECMEMO_CACHE", str(tmp_path / "cache"))
+    artifact = Artifact.open(smollm2_artifact)
+    calibration = measured.memory_calibration(artifact, threads=2, measure=False)
+    config = EngineConfig(artifact=artifact, mode=Mode.GREEDY, threads=2, context=256)
+    roomy = make_plan(replace(config, budget=10 << 30), artifact.manifest, calibration=calibration, log=print)
+    assert roomy.parallel_prepack and roomy.footprint is not None and roomy.footprint.opening > 0
+    lines: list[str] = []
+    high = replace(calibration, opening_bytes=roomy.footprint.total + (64 << 20))  # the opening peaks above decoding
+    tight = make_plan(replace(config, budget=roomy.footprint.total + (32 << 20)), artifact.manifest,
+                      calibration=high, log=lines.append)
+    assert not tight.parallel_prepack and tight.footprint is not None and tight.footprint.opening == 0
+    assert tight.total is not None and tight.total <= roomy.footprint.total + (32 << 20)
+    assert any("one weight at a time" in line for line in lines)
+    assert make_plan(config, artifact.manifest, log=print).parallel_prepack  # no budget: every thread
 
 
 def test_the_costs_are_this_version_and_class_else_the_nearest():

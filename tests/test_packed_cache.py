@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import onnx
@@ -175,3 +176,24 @@ def test_plan_pack_writes_it_in_the_foreground(tiny_llama, cache_dir, capsys):
     out, err = capsys.readouterr()
     assert "packed-weights cache: written" in err and "MiB on disk" in out
     assert reply(tiny_llama)[1] is Packing.CACHED
+
+
+def test_a_cache_packed_on_every_thread_or_one_weight_at_a_time_answers_alike(tiny_llama, cache_dir, plain,
+                                                                               monkeypatch):
+    """The plan's parallel_prepack decides ONNX Runtime's `session.prepack.enable_parallel` for a cache's graph (the
+    artifact's own graph always packs one weight at a time); both answer as the artifact does."""
+    from specmemo.runtime import plan as plan_module
+    from specmemo.runtime.ort_sessions import session_options
+    from specmemo.runtime.session import SessionConfig
+
+    entry = "session.prepack.enable_parallel"
+    config = SessionConfig(threads=DEFAULT_THREADS)
+    assert session_options(config, optimized=True).get_session_config_entry(entry) == "1"
+    assert session_options(config).get_session_config_entry(entry) == "0"
+    serial = SessionConfig(threads=DEFAULT_THREADS, parallel_prepack=False)
+    assert session_options(serial, optimized=True).get_session_config_entry(entry) == "0"
+    write(tiny_llama)
+    assert reply(tiny_llama)[:2] == (plain, Packing.CACHED)
+    monkeypatch.setattr("specmemo.runtime.engine.plan_for", lambda *a, **k: replace(
+        plan_module.plan_for(*a, **k), parallel_prepack=False))
+    assert reply(tiny_llama)[:2] == (plain, Packing.CACHED)

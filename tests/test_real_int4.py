@@ -158,7 +158,7 @@ def test_the_packed_weights_are_the_arithmetic_of_what_onnx_runtime_wrote(int4, 
     node's N, K, bits and block) against the prepacked bytes ONNX Runtime wrote into the cache here: its data file
     less the original weights its graph lists, within 0.5% (MLAS's own alignments between buffers)."""
     from specmemo.runtime.graph_index import read_index
-    from specmemo.runtime.load_cost import packed_bytes
+    from specmemo.runtime.load_cost import packed_bytes, unpacked_bytes
     from specmemo.runtime.pack_writer import write_now
     from specmemo.runtime.packed_cache import cache_for
 
@@ -173,6 +173,10 @@ def test_the_packed_weights_are_the_arithmetic_of_what_onnx_runtime_wrote(int4, 
     assert index.quantized and {m.bits for m in index.quantized} <= {4, 8}
     predicted = sum(packed_bytes(m) for m in index.quantized)
     assert abs(predicted / prepacked - 1) < 0.005, (predicted, prepacked)
+    # the opening's originals: what the cache's graph hands each MatMulNBits to pack, its scales folded to float32
+    handed = written.packed_inputs()
+    originals = sum(n for name, (_, n) in written.weights.items() if name in handed)
+    assert abs(sum(unpacked_bytes(m) for m in index.quantized) / originals - 1) < 0.005, originals
 
 
 @pytest.mark.parametrize("mode,model_format", [(Mode.TREE, "onnx"), (Mode.AUTO, "onnx"), (Mode.TREE, "ort")])

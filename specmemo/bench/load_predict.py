@@ -2,11 +2,11 @@
 plan` predicts for its sizes without a calibration (runtime/load_cost.py), and the measured constants fitted from
 such a run (`--write-costs`).
 
-The prediction is the plan's load + generation (arena, activations) for the row's mode at the run's capacity: what
-`specmemo plan --context C` prints as load + generation before the headroom. The costs fitted from a run: the
-process's bytes (the RSS after the imports), the tokenizer's bytes an entry (what opening it added, over V) and
-ONNX Runtime's own bytes (the rest of the peak once every arithmetic term is taken out); medians over the rounds
-of the -greedy row, which opens the decoder alone from the packed-weights cache.
+The prediction is the plan's load + generation (arena, activations) for the row's mode at the run's capacity, or
+its opening where that is higher: what `specmemo plan --context C` prints before the headroom. The costs fitted
+from a run: the process's bytes (the RSS after the imports), the tokenizer's bytes an entry (what opening it
+added, over V) and ONNX Runtime's own bytes (the rest of decoding's peak once every arithmetic term is taken out);
+medians over the rounds of the -greedy row, which opens the decoder alone from the packed-weights cache.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ def prediction(artifact: Artifact, *, mode: Mode, capacity: int, threads: int,
     manifest = artifact.manifest
     plan = plan_for(config, manifest, log=lambda _: None)
     calibration = memory.Calibration.predicted(price_load(artifact, parts=drafter_parts(config, manifest),
-                                                          costs=costs))
+                                                          costs=costs), threads=threads)
     return memory.footprint(manifest, calibration, plan.sizes)
 
 
@@ -45,13 +45,21 @@ def predicted_peaks(artifact: Artifact, result: dict, *, threads: int, modes: di
     out = {}
     for engine, mode in modes.items():
         fp = prediction(artifact, mode=MODES[mode], capacity=result["capacity"], threads=threads, costs=costs)
-        predicted = (fp.load + fp.generation) / MIB
+        predicted = max(fp.load + fp.generation, fp.opening) / MIB
         measured = result["engines"][engine]["peak_rss_mib"]
         out[engine] = {"predicted_peak_mib": round(predicted, 1), "measured_peak_mib": measured,
                        "costs": fp.load_price.costs.measured if fp.load_price else {},
                        "measured_over_predicted": round(measured / predicted, 4),
-                       "load_mib": round(fp.load / MIB, 1), "generation_mib": round(fp.generation / MIB, 1)}
+                       "load_mib": round(fp.load / MIB, 1), "generation_mib": round(fp.generation / MIB, 1),
+                       "opening_mib": round(fp.opening / MIB, 1)}
     return out
+
+
+def tokenizer_added(piece_rss_mib: dict[str, float]) -> float:
+    """MiB the tokenizer added: the resident set after it less the one after the piece before it."""
+    names = list(piece_rss_mib)
+    at = names.index("tokenizer")
+    return piece_rss_mib["tokenizer"] - (piece_rss_mib[names[at - 1]] if at else 0.0)
 
 
 def fitted_costs(artifact: Artifact, result: dict, *, engine: str, threads: int, provenance: dict) -> RuntimeCosts:
@@ -66,13 +74,14 @@ def fitted_costs(artifact: Artifact, result: dict, *, engine: str, threads: int,
                           f"run {engine} (its cache written first: `specmemo plan --artifact {artifact} --pack`)")
     vocab = artifact.manifest.dims.vocab_size
     process = statistics.median(r["memory"]["imports"]["rss"] for r in runs) * MIB
-    tokenizer = statistics.median(r["piece_rss_mib"]["tokenizer"] - r["piece_rss_mib"]["manifest and plan"]
-                                  for r in runs) * MIB / vocab
+    tokenizer = statistics.median(tokenizer_added(r["piece_rss_mib"]) for r in runs) * MIB / vocab
     zero = RuntimeCosts(onnxruntime=onnxruntime.__version__, cpu_class=cpu.kernel_class(),
                         process_bytes=int(process), tokenizer_bytes_per_token=round(tokenizer), runtime_bytes=0,
                         measured={})
     fp = prediction(artifact, mode=Mode.GREEDY, capacity=result["capacity"], threads=threads, costs=(zero, True))
-    rest = statistics.median(r["peak_rss_mib"] for r in runs) * MIB - (fp.load + fp.generation)
+    # decoding's own peak (the opening's may be higher: memory.py): after the reply, plus what steps of every size add
+    rest = statistics.median(r["memory"]["decoded"]["rss"] * MIB + r["rss_added_by_every_size"]
+                             for r in runs) - (fp.load + fp.generation)
     return RuntimeCosts(onnxruntime=zero.onnxruntime, cpu_class=zero.cpu_class, process_bytes=zero.process_bytes,
                         tokenizer_bytes_per_token=zero.tokenizer_bytes_per_token, runtime_bytes=max(0, int(rest)),
                         measured={**provenance, "artifact": artifact.folder.name, "engine": engine,

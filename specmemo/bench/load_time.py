@@ -216,7 +216,7 @@ def format_table(result: dict) -> str:
         lines.append(f"{engine:<22}{cells}{s['peak_rss_mib']:8.0f}")
     if result.get("predicted"):
         lines += ["", "peak RSS against the memory model's prediction without a calibration (`specmemo plan "
-                      f"--context {result['capacity']}`: load + generation)",
+                      f"--context {result['capacity']}`: load + generation, or the opening where higher)",
                   f"{'engine':<22}{'predicted MiB':>14}{'measured MiB':>14}{'measured/predicted':>20}"]
         for engine, p in result["predicted"].items():
             lines.append(f"{engine:<22}{p['predicted_peak_mib']:14.0f}{p['measured_peak_mib']:14.0f}"

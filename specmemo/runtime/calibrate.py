@@ -1,10 +1,11 @@
 """The memory probe, run in a fresh process (fresh_process.py) by measured.memory_calibration.
 
 It sits above the engine: it opens the artifact as an engine on a small arena, reads RSS once the
-tokenizer and sessions are open (`load`), and what a short generation adds beyond the arena and the
-activation formula (`step overhead`). It imports the runtime, not the CLI (the runtime depends on
-nothing above it): the CLI's own modules add little RSS, inside the headroom every plan keeps. The
-numbers are stored and read back as data (measured.py); nothing in the runtime imports this module.
+tokenizer and sessions are open (`load`), the peak while the sessions opened from the packed cache
+(`opening`), and what a short generation adds beyond the arena and the activation formula (`step
+overhead`). It imports the runtime, not the CLI (the runtime depends on nothing above it): the CLI's own
+modules add little RSS, inside the headroom every plan keeps. The numbers are stored and read back as
+data (measured.py); nothing in the runtime imports this module.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from specmemo.runtime.drafters.registry import in_artifact
 from specmemo.runtime.engine import EngineConfig, Mode, open_engine
 from specmemo.runtime.fresh_process import serve_json
 from specmemo.runtime.memory import activation_bytes
+from specmemo.runtime.packed_cache import Packing
 from specmemo.runtime.rss import peak_rss_bytes, rss_bytes
 from specmemo.runtime.tokenizer import Message
 
@@ -46,7 +48,9 @@ def measure_memory(request: dict[str, Any]) -> dict[str, Any]:
                                itemsize=manifest.bytes_per_activation, attention=manifest.attention,
                                kv_itemsize=manifest.bytes_per_kv_element)
     generation = peak_rss_bytes() - session.rss_after_load
-    return {"load_bytes": session.rss_after_load, "base_bytes": base,
+    # the opening's own peak where the weights came from the packed cache (a first open's is a one-off)
+    opening = session.load_peak_rss if session.packing is Packing.CACHED else 0
+    return {"load_bytes": session.rss_after_load, "base_bytes": base, "opening_bytes": opening,
             "step_overhead_bytes": max(0, generation - session.arena.nbytes - formula),
             "probe": {"capacity": capacity, "rows": session.rows, "tree": session.logit_rows, "prompt": len(prompt),
                       "new_tokens": new, "mode": mode.value, "measured_generation_bytes": generation,

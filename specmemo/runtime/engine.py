@@ -182,16 +182,16 @@ def open_engine(config: EngineConfig, *, log: Callable[[str], None] = print) -> 
     plan = plan_for(config, manifest, log=log)
     config = replace(config, mode=plan.mode)
     clock.lap("manifest and plan")
-    tokenizer = ChatTokenizer(config.artifact)
-    clock.lap("tokenizer")
     # no warm-up step: the first prompt's own prefill grows ONNX Runtime's arena, and the first token waits on
     # nothing nobody asked for (the plan prices the largest step all the same)
     session = DecoderSession(config.artifact, SessionConfig(
         threads=config.threads, layout=plan.layout, heads=uses_heads_graph(plan.drafters), warm_up=False,
         model_format=config.model_format, packed_cache=CacheUse.MAP if config.packed_cache else CacheUse.OFF,
-        log=log))
+        parallel_prepack=plan.parallel_prepack, log=log))
     clock.extend(session.load_clock)
     clock.restart()
+    tokenizer = session.load_beside(lambda: ChatTokenizer(config.artifact))  # after the sessions' packing peak
+    clock.lap("tokenizer")
     store = (open_store(config.recall, fingerprint=fingerprint(config.artifact.path(manifest.tokenizer.file)),
                         log=log) if reads_store(plan.drafters) else None)
     drafter = open_drafter(session, plan.drafters, max_tree=plan.sizes.tree, draft_model=plan.draft_model,
@@ -199,7 +199,7 @@ def open_engine(config: EngineConfig, *, log: Callable[[str], None] = print) -> 
     clock.lap("drafters")
     if plan.drafters:
         release_file_pages(config.artifact.files())  # the drafters' graphs, as the session did its own
-        clock.lap("file pages handed back")
+        clock.lap("pages handed back")
     return Engine(config=config, session=session, tokenizer=tokenizer, drafter=drafter, plan=plan, recall=store,
                   log=log, load_clock=clock)
 

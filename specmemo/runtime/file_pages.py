@@ -12,6 +12,10 @@ Some weights are read a few rows a step, by a Gather (the rows of an LM head a r
 faults in its rows and the kernel maps the file pages around them too, so over a long reply such a weight becomes
 resident whole beside its packed copy. `FilePages` names those byte ranges in this process's mappings once;
 `drop()` after a step hands them back.
+
+Opening also frees much of what it allocated (ONNX Runtime packs each weight into a fresh buffer before it finds the
+cache's copy; the pool threads that pack allocate from their own malloc arenas), and glibc keeps freed memory in
+each arena until told otherwise: `release_heap` returns it (`malloc_trim`), a few milliseconds once after opening.
 """
 
 from __future__ import annotations
@@ -30,12 +34,19 @@ PAGE = mmap.PAGESIZE
 _libc = None
 
 
-def _madvise(start: int, length: int, advice: int) -> int:
+def _c() -> ctypes.CDLL:
+    """The C library, its functions' argument types declared once."""
     global _libc
     if _libc is None:
         _libc = ctypes.CDLL(None, use_errno=True)
         _libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-    result: int = _libc.madvise(start, length, advice)
+        if hasattr(_libc, "malloc_trim"):
+            _libc.malloc_trim.argtypes = [ctypes.c_size_t]
+    return _libc
+
+
+def _madvise(start: int, length: int, advice: int) -> int:
+    result: int = _c().madvise(start, length, advice)
     return result
 
 
@@ -97,3 +108,13 @@ class FilePages:
         """Hand back the pages resident in the spans (each is read from the file again when next touched)."""
         for start, length in self.spans:
             _madvise(start, length, MADV_DONTNEED)
+
+
+def release_heap() -> bool:
+    """Return the C heap's free memory, every thread's arena, to the system (glibc's `malloc_trim`; False where the C
+    library has none, e.g. Android's)."""
+    trim = getattr(_c(), "malloc_trim", None)
+    if trim is None:
+        return False
+    trim(0)
+    return True

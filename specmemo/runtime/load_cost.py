@@ -13,6 +13,17 @@
       runtime         what ONNX Runtime's sessions and the engine hold besides (graphs, kernels'  measured constant
                         state, the first steps' scratch beyond the activation formula)
 
+Opening peaks higher than that where ONNX Runtime packs the cache's weights on several threads at once
+(ort_sessions.session_options): every weight's original is mapped until the last is packed, and each thread holds
+a fresh packed copy until the cache's is found:
+
+    opening = process + originals + threads · largest packed weight + runtime
+      originals       Σ over the MatMulNBits nodes of N·⌈K/B⌉·(B·bits/8 + 4) + zero points    arithmetic
+                        (the codes, the scales as float32 once folded, N·⌈⌈K/B⌉·bits/8⌉ zero points)
+
+The tokenizer opens after it (engine.py). One weight at a time the originals go as they are packed, and opening
+stays under the load.
+
 The three constants are measured per ONNX Runtime version and CPU class (`specmemo bench load --write-costs`:
 load_costs.json, with the command, commit and host that measured them) and hold for any artifact: what varies
 between models is arithmetic. A calibration (measured.memory_calibration: one fresh process opening the artifact
@@ -69,10 +80,16 @@ class LoadPrice:
     runtime: int
     costs: RuntimeCosts
     exact: bool  # the costs were measured for this ONNX Runtime version and CPU class (else the nearest entry's)
+    originals: int = 0  # the MatMulNBits weights as ONNX Runtime reads them to pack (module doc)
+    largest_packed: int = 0  # the largest one weight's packed bytes
 
     @property
     def total(self) -> int:
         return self.process + self.tokenizer + self.packed_weights + self.other_weights + self.runtime
+
+    def opening(self, threads: int) -> int:
+        """The peak while ONNX Runtime packs `threads` weights at once from the cache (module doc)."""
+        return self.process + self.originals + threads * self.largest_packed + self.runtime
 
     def describe(self) -> str:
         c = self.costs
@@ -86,6 +103,13 @@ def packed_bytes(matrix: Quantized) -> int:
     codes = matrix.n * blocks * matrix.block * matrix.bits // 8
     sums = -(-matrix.n // SUM_COLUMNS) * SUM_COLUMNS * blocks * 4
     return codes + ALIGN + matrix.n * blocks * 4 + sums + ALIGN
+
+
+def unpacked_bytes(matrix: Quantized) -> int:
+    """One N×K weight as ONNX Runtime reads it to pack: the codes, float32 scales, the zero points if any."""
+    blocks = -(-matrix.k // matrix.block)
+    zero_points = matrix.n * -(-blocks * matrix.bits // 8) if len(matrix.inputs) > 2 and matrix.inputs[2] else 0
+    return matrix.n * blocks * (matrix.block * matrix.bits // 8 + 4) + zero_points
 
 
 def other_weight_bytes(index: GraphIndex) -> int:
@@ -133,4 +157,5 @@ def price_load(artifact: Artifact, *, parts: tuple[str, ...] = (),
                      tokenizer=manifest.dims.vocab_size * runtime.tokenizer_bytes_per_token,
                      packed_weights=sum(packed_bytes(m) for m in index.quantized),
                      other_weights=other_weight_bytes(index) + beside, runtime=runtime.runtime_bytes,
-                     costs=runtime, exact=exact)
+                     costs=runtime, exact=exact, originals=sum(unpacked_bytes(m) for m in index.quantized),
+                     largest_packed=max((packed_bytes(m) for m in index.quantized), default=0))

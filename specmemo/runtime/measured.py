@@ -74,7 +74,7 @@ def memory_calibration(artifact: Artifact, *, threads: int = DEFAULT_THREADS, me
     beside the decoder), and nothing is run."""
     path, data = lookup(artifact, "memory", threads)
     if data is None and not measure:
-        return Calibration.predicted(price_load(artifact, parts=parts))
+        return Calibration.predicted(price_load(artifact, parts=parts), threads=threads)
     if data is None:
         log(f"measuring load and step memory for {artifact} once (fresh process) ...")
         data = run_json("specmemo.runtime.calibrate", {"artifact": str(artifact.folder), "threads": threads},
@@ -82,7 +82,7 @@ def memory_calibration(artifact: Artifact, *, threads: int = DEFAULT_THREADS, me
                         fix="check the artifact with `specmemo export validate`")
         store(path, data)
     return Calibration(load_bytes=data["load_bytes"], step_overhead_bytes=data["step_overhead_bytes"],
-                       base_bytes=data.get("base_bytes", 0))
+                       base_bytes=data.get("base_bytes", 0), opening_bytes=data.get("opening_bytes", 0))
 
 
 def route_probe_report(artifact: Artifact, *, threads: int = DEFAULT_THREADS,

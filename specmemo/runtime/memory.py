@@ -17,6 +17,10 @@
 
     headroom   = 5% of generation, kept free in every plan for the model's own error against
                  measured generation memory (bench decode reports it), so a budget leaves room for that
+    opening    = the peak while the sessions open, where ONNX Runtime packs the weights on every thread at
+                 once (load_cost.py): the originals mapped beside the packed copies in flight; the process peaks
+                 at max(load + generation, opening). The plan packs one weight at a time instead where a budget
+                 holds the load and generation but not the opening (plan.py)
     recall     = the store of what was already written, when the recall drafter runs: N·(4 + 8·K) bytes
                  (runtime/recall_store.py), its budget set apart before the arena is fitted
 
@@ -57,11 +61,14 @@ class Calibration:
     step_overhead_bytes: int  # generation RSS beyond arena + activations formula, first steps
     base_bytes: int = 0  # RSS of the probe before it opened anything (Python, numpy, ONNX Runtime imported)
     price: LoadPrice | None = None  # set where the load is predicted (load_cost.py), not measured
+    opening_bytes: int = 0  # the peak while the sessions opened, packing on every thread (0: not known)
 
     @classmethod
-    def predicted(cls, price: LoadPrice) -> Calibration:
-        """The prediction standing in for a measurement: its runtime term covers the first steps' own bytes."""
-        return cls(load_bytes=price.total, step_overhead_bytes=0, base_bytes=price.process, price=price)
+    def predicted(cls, price: LoadPrice, *, threads: int = 1) -> Calibration:
+        """The prediction standing in for a measurement: its runtime term covers the first steps' own bytes;
+        `threads`: the weights ONNX Runtime packs at once while opening."""
+        return cls(load_bytes=price.total, step_overhead_bytes=0, base_bytes=price.process, price=price,
+                   opening_bytes=price.opening(threads))
 
     @property
     def own_load_bytes(self) -> int:
@@ -83,6 +90,7 @@ class Footprint:
     batch: int = 1  # B sequences priced
     recall: int = 0  # the store of what was already written (runtime/recall_store.py), when its drafter runs
     load_price: LoadPrice | None = None  # the load's terms where it is predicted, not measured
+    opening: int = 0  # the peak while opening (0: packed one weight at a time, under the load)
 
     @property
     def arena(self) -> int:
@@ -100,7 +108,19 @@ class Footprint:
 
     @property
     def total(self) -> int:
+        """What decoding holds: the sizes are fitted to it."""
         return self.load + self.generation + self.headroom + self.recall
+
+    @property
+    def peak(self) -> int:
+        """What the process holds at its most: decoding, or the opening where that is higher."""
+        return max(self.total, self.opening + self.recall)
+
+
+def packs_at_once(fp: Footprint, *, budget: int | None, beside: int = 0) -> bool:
+    """Whether opening may pack on every thread at once (faster, but every original stays mapped until the last is
+    packed): no budget, or one that holds the opening's peak beside `beside` bytes; else one weight at a time."""
+    return budget is None or fp.peak + beside <= budget
 
 
 def kv_bytes(dims: ModelDims, *, capacity: int, window_capacity: int = 0, batch: int = 1, itemsize: int) -> int:
@@ -146,7 +166,8 @@ def footprint(manifest: Manifest, calibration: Calibration, sizes: Sizes, *, wei
         weights_stored=weights, load=calibration.load_bytes, kv=layout.kv_nbytes,
         io=layout.allocation_bytes - layout.kv_nbytes, activations=activations,
         step_overhead=calibration.step_overhead_bytes, sizes=sizes, bytes_per_kv_element=manifest.bytes_per_kv_element,
-        window_capacity=layout.window_capacity, batch=batch, load_price=calibration.price)
+        window_capacity=layout.window_capacity, batch=batch, load_price=calibration.price,
+        opening=calibration.opening_bytes)
 
 
 _UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "kib": 2**10, "m": 10**6, "mb": 10**6, "mib": 2**20,
@@ -177,6 +198,7 @@ def kv_label(fp: Footprint) -> str:
 def breakdown(fp: Footprint) -> list[tuple[str, float]]:
     """(label, MiB) rows for a table."""
     price = fp.load_price
+    peak = " (the peak)" if fp.peak > fp.total else ""
     load = ([("load: process + ORT + weights (measured once)", fp.load / MIB)] if price is None else [
         (f"load: {price.describe()}", fp.load / MIB),
         ("  process: Python, numpy, ONNX Runtime (measured)", price.process / MIB),
@@ -197,6 +219,8 @@ def breakdown(fp: Footprint) -> list[tuple[str, float]]:
         *([(f"recall store: N·(4 + 8·K) bytes, N={recall_store.tokens_for(fp.recall)}, K={len(recall_store.ORDERS)}",
             fp.recall / MIB)] if fp.recall else []),
         ("total", fp.total / MIB),
+        *([(f"opening: originals + packs in flight{peak}", fp.opening / MIB)]
+          if fp.opening else []),
     ]
 
 

@@ -69,13 +69,12 @@ def session_options(config: SessionConfig, initializers: dict[str, ort.OrtValue]
       cached per input shape;
     - `initializers`: weights shared between the decoder and heads sessions (the LM head), handed
       in from one buffer instead of each session reading its own copy;
-    - `optimized`: the graph is one ONNX Runtime already optimized here (a packed cache's): nothing left to rewrite,
-      and its weights prepacked on every thread of the pool at once (`session.prepack.enable_parallel`). ONNX Runtime
-      packs every MatMulNBits weight again even from a cache (the key it finds a mapped packed weight by is a hash of
-      the weight it packs), one weight a thread; in parallel the originals stay mapped until the last is packed, file
-      pages the cache's packed weights outweigh once decoding touches them, so the peak does not grow. From the
-      artifact the packed copies are heap until the session ends and the originals' pages beside them: one weight at a
-      time there (docs/load.md);
+    - `optimized`: the graph is one ONNX Runtime already optimized here (a packed cache's): nothing left to rewrite.
+      ONNX Runtime packs every MatMulNBits weight again even from a cache (it finds the mapped packed copy by a hash
+      of the copy it packs), so such a graph's weights are packed on every thread of the pool at once
+      (`session.prepack.enable_parallel`) unless SessionConfig.parallel_prepack says not (the plan's decision: every
+      original stays mapped until the last is packed, which a budget may not hold; memory.py's `opening`). From
+      the artifact the packed copies are heap beside the originals, one weight at a time (docs/load.md);
     - `save_to`: write the optimized graph and its prepacked weights into that folder while opening (packed_cache)."""
     configure_process(config.threads)
     options = ort.SessionOptions()
@@ -90,7 +89,8 @@ def session_options(config: SessionConfig, initializers: dict[str, ort.OrtValue]
     options.enable_mem_pattern = False
     options.add_session_config_entry("session.use_device_allocator_for_initializers", "1")
     options.add_session_config_entry("session.use_env_allocators", "1")
-    options.add_session_config_entry("session.prepack.enable_parallel", "1" if optimized else "0")
+    options.add_session_config_entry("session.prepack.enable_parallel",
+                                     "1" if optimized and config.parallel_prepack else "0")
     for name, value in (initializers or {}).items():
         options.add_initializer(name, value)
     if config.profile:  # traces in the temp folder: a session nobody ends writes its own there, not into the cwd

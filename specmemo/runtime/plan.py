@@ -73,13 +73,14 @@ class Plan:
     source: Source
     draft_model: Artifact | None = None  # the draft model's artifact (drafter "model")
     draft_footprint: memory.Footprint | None = None  # its own load and generation at draft_sizes (priced plans)
+    parallel_prepack: bool = True  # ONNX Runtime packs the cache's weights on every thread at once (memory.py)
 
     @property
     def total(self) -> int | None:
-        """Bytes the priced plan holds: the target's footprint and the draft model's beside it."""
+        """Bytes the priced plan holds at its peak: the target's footprint and the draft model's beside it."""
         if self.footprint is None:
             return None
-        return self.footprint.total + (self.draft_footprint.total if self.draft_footprint else 0)
+        return self.footprint.peak + (self.draft_footprint.total if self.draft_footprint else 0)
     footprint: memory.Footprint | None = None  # priced from the calibration (budget or device plan)
 
     def __post_init__(self) -> None:
@@ -287,18 +288,17 @@ def make_plan(config: EngineConfig, manifest: Manifest, *, calibration: memory.C
                              manifest, calibration=calibration, batch=batch, route=route, log=log)
     if footprint is not None:  # the weight files, shown beside the measured load; the recall store's line
         footprint = replace(footprint, weights_stored=weights_stored(config.artifact), recall=recall_bytes)
+    beside = draft_footprint.total if draft_footprint else 0
+    folder = draft_model_folder(config, manifest, names) if draft is None else None  # a plan made without read_draft
+    if not (parallel := footprint is None or memory.packs_at_once(footprint, budget=budget, beside=beside)):
+        log(f"opening packs one weight at a time: on every thread it peaks at {footprint.opening / MIB:.0f} MiB")
+        footprint = replace(footprint, opening=0)
     if route.min_rows > sizes.rows:  # a budget cut R below the route's rows: every call is R rows at most
         route = route.capped(sizes.rows)
     return Plan(mode=mode, drafters=names, sizes=sizes, layout=layout_for(manifest, sizes, batch=batch),
                 route=route, useful_tree=useful_tree, source=source, footprint=footprint,
-                draft_model=(draft.artifact if draft is not None
-                             else _opened(draft_model_folder(config, manifest, names))),
-                draft_footprint=draft_footprint)
-
-
-def _opened(folder: Path | None) -> Artifact | None:
-    """The draft model's artifact when a plan is made without reading it first (read_draft)."""
-    return Artifact.open(folder) if folder is not None else None
+                draft_model=draft.artifact if draft is not None else Artifact.open(folder) if folder else None,
+                draft_footprint=draft_footprint, parallel_prepack=parallel)
 
 
 def lower_bound(manifest: Manifest, calibration: memory.Calibration, *, context: int,

@@ -14,6 +14,7 @@ import hashlib
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import numpy as np
 import onnxruntime as ort
@@ -24,7 +25,7 @@ from specmemo.runtime.arena import Arena, ArenaLayout
 from specmemo.runtime.artifact import Artifact
 from specmemo.runtime.config import DEFAULT_THREADS
 from specmemo.runtime.embedding import EmbeddingTable
-from specmemo.runtime.file_pages import FilePages, release_file_pages
+from specmemo.runtime.file_pages import FilePages, release_file_pages, release_heap
 from specmemo.runtime.kv_cache import KVCache
 from specmemo.runtime.load_clock import LoadClock
 from specmemo.runtime.manifest import Manifest, ModelFormat, embedding_for
@@ -42,6 +43,8 @@ from specmemo.runtime.rss import peak_rss_bytes, reset_peak_rss, rss_bytes
 from specmemo.runtime.sizes import Sizes
 from specmemo.runtime.span import span_for
 
+T = TypeVar("T")
+
 
 @dataclass(frozen=True)
 class SessionConfig:
@@ -54,6 +57,7 @@ class SessionConfig:
     profile: bool = False  # write an ORT profile (chrome trace) for this session
     model_format: ModelFormat = ModelFormat.ONNX  # ORT: the .ort graphs of an `export --mobile` artifact
     packed_cache: CacheUse = CacheUse.OFF  # the decoder from its packed cache where there is one (packed_cache.py)
+    parallel_prepack: bool = True  # a packed cache's weights packed on every thread at once (Plan.parallel_prepack)
     log: Callable[[str], None] = field(default=lambda line: print(line, file=sys.stderr), compare=False)  # cache lines
 
     def __post_init__(self) -> None:
@@ -113,7 +117,8 @@ class DecoderSession:
         took("heads session")
         # what opening read of the mapped weights (the artifact's, a packed cache's) and no step reads again
         release_file_pages([*artifact.files(), *(self._cache.folder.glob("*") if self._cache else ())])
-        took("file pages handed back")
+        release_heap()  # and the heap opening freed
+        took("pages handed back")
         self._shared_values = shared  # ORT does not own these buffers: keep them alive
         self._gathered = FilePages()
         self.rss_after_load = rss_bytes()
@@ -140,6 +145,16 @@ class DecoderSession:
         if config.warm_up:
             self.warm_up()
             took("warm-up (the largest step)")
+
+    def load_beside(self, open_it: Callable[[], T]) -> T:
+        """Open what belongs to loading but opens after the sessions (the engine's tokenizer: kept out of the
+        resident set while ONNX Runtime packs, where the process peaks), its bytes counted in `rss_after_load`, not
+        in generation."""
+        before = rss_bytes()
+        opened = open_it()
+        release_heap()  # what opening it freed (a tokenizer's parse of its JSON)
+        self.rss_after_load += max(0, rss_bytes() - before)
+        return opened
 
     def _probe(self) -> str:
         """The digest of a one-token step's outputs (token 0 at position 0): what a packed cache must reproduce."""
