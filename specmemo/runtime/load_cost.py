@@ -37,9 +37,10 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from functools import cache
-from importlib.metadata import version
 from pathlib import Path
 from typing import Any
+
+import onnxruntime as ort
 
 from specmemo.runtime import cpu
 from specmemo.runtime.artifact import Artifact
@@ -129,7 +130,7 @@ def costs_for(onnxruntime: str | None = None, cpu_class: str | None = None, *,
               entries: tuple[RuntimeCosts, ...] | None = None) -> tuple[RuntimeCosts, bool]:
     """The measured costs for this ONNX Runtime version and CPU class, and whether they are exactly those; else the
     nearest entry (the same CPU class, then the same architecture, then any), newest version first."""
-    onnxruntime = onnxruntime or version("onnxruntime")
+    onnxruntime = onnxruntime or ort.__version__
     cpu_class = cpu_class or cpu.kernel_class()
     entries = _entries() if entries is None else entries
     if not entries:

@@ -16,9 +16,10 @@ import hashlib
 import json
 import platform
 from collections.abc import Callable
-from importlib.metadata import version
 from pathlib import Path
 from typing import Any
+
+import onnxruntime as ort
 
 from specmemo.paths import cache_root
 from specmemo.runtime import cpu
@@ -42,7 +43,7 @@ def lookup(artifact: Artifact, kind: str, threads: int) -> tuple[Path, dict[str,
     if data.get("quantization"):  # measured about the artifact, not part of it
         data["quantization"].pop("kernel_routes", None)
     manifest = json.dumps(data, sort_keys=True).encode()
-    key = hashlib.sha256(b"|".join([manifest, str(VERSION).encode(), version("onnxruntime").encode(),
+    key = hashlib.sha256(b"|".join([manifest, str(VERSION).encode(), ort.__version__.encode(),
                                     cpu.signature().encode(), str(threads).encode(),
                                     platform.python_version().encode()])).hexdigest()[:16]
     path = cache_root() / "calibration" / f"{kind}-{key}.json"
