@@ -54,6 +54,41 @@ def test_the_quantized_matrices_and_what_feeds_them_are_what_onnx_reads(tmp_path
     assert other_weight_bytes(index) == k * 4  # the norm alone
 
 
+def test_a_cache_graph_lists_its_largest_packed_weights_first_and_keeps_the_rest():
+    """graph_index.largest_packed_first: the MatMulNBits nodes first, the largest N·K·bits first, every other node in
+    its order, every other field unchanged; ONNX Runtime runs it to the same numbers."""
+    import onnxruntime as ort
+
+    from specmemo.runtime.graph_index import largest_packed_first
+
+    rng = np.random.default_rng(0)
+    k, block = 64, 32
+
+    def weight(name, n):
+        return [numpy_helper.from_array(rng.integers(0, 255, (n, k // block, block // 2), dtype=np.uint8), name + ".q"),
+                numpy_helper.from_array(rng.random(n * k // block, dtype=np.float32), name + ".s")]
+
+    def matmul(x, name, n, out):
+        return helper.make_node("MatMulNBits", [x, name + ".q", name + ".s"], [out], name=name, domain="com.microsoft",
+                                K=k, N=n, bits=4, block_size=block)
+
+    nodes = [helper.make_node("Relu", ["x"], ["a"], name="relu"), matmul("a", "small", 64, "b"),
+             helper.make_node("Neg", ["b"], ["c"], name="neg"), matmul("c", "big", 256, "y")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, k])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 256])],
+                              weight("small", 64) + weight("big", 256))
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
+                                                    helper.make_opsetid("com.microsoft", 1)], ir_version=10)
+    raw = model.SerializeToString()
+    moved = onnx.load_from_string(largest_packed_first(raw))
+    assert [n.name for n in moved.graph.node] == ["big", "small", "relu", "neg"]
+    assert moved.graph.initializer == model.graph.initializer and moved.opset_import == model.opset_import
+    x = rng.random((1, k), dtype=np.float32)
+    runs = [ort.InferenceSession(m, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+            for m in (raw, largest_packed_first(raw))]
+    assert np.array_equal(*runs)
+
+
 def test_the_packed_layout_is_codes_scales_and_block_sums():
     """N·⌈K/B⌉·(B·bits/8 + 4) + ⌈N/16⌉·16·⌈K/B⌉·4 + 2·63 bytes: one 4-bit 1536x8960 matrix of 32-blocks."""
     matrix = Quantized(n=1536, k=8960, bits=4, block=32, inputs=("q", "s"))

@@ -7,7 +7,9 @@ output 2, op_type 4 and attribute 5: AttributeProto, with name 1 and the integer
 "length"). `read_index` walks just those fields; every other field is skipped by its
 wire type. Used on the graph ONNX Runtime writes into a packed-weights cache (packed_cache.py), whose data file
 holds each original weight beside its packed copy, and on the artifact's own graph for the sizes of its quantized
-matrices (load_cost.py prices what ONNX Runtime packs them into).
+matrices (load_cost.py prices what ONNX Runtime packs them into). `largest_packed_first` rewrites a cache's graph
+with its largest MatMulNBits nodes first in the node list (the order ONNX Runtime packs in), the rest of the bytes
+as they were.
 """
 
 from __future__ import annotations
@@ -138,3 +140,62 @@ def read_index(model: bytes) -> GraphIndex:
                     weights[names[0]] = (int(entries["offset"]), int(entries["length"]))
     return GraphIndex(weights=weights, gathered=frozenset(gathered), quantized=tuple(quantized),
                       made_from=made_from)
+
+
+def _spans(data: bytes) -> Iterator[tuple[int, int, int, int]]:
+    """(field number, wire type, start, end) of each field of one message, its key included."""
+    at = 0
+    for number, wire, value in fields(data):
+        start = at
+        _, at = _varint(data, at)
+        if wire == BYTES:
+            assert isinstance(value, bytes)
+            size, at = _varint(data, at)
+            at += size
+        elif wire == VARINT:
+            _, at = _varint(data, at)
+        else:
+            at += 8 if wire == FIXED64 else 4
+        yield number, wire, start, at
+
+
+def _encode_varint(value: int) -> bytes:
+    out = bytearray()
+    while value >= 0x80:
+        out.append(value & 0x7F | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def largest_packed_first(model: bytes) -> bytes:
+    """`model` with its MatMulNBits nodes moved to the front of the node list, largest weight (N·K·bits) first.
+    ONNX Runtime prepacks weights in that order and sorts the nodes itself to run them: packing on several threads
+    it keeps every original mapped until the last weight is packed, so the largest fresh copy (an LM head's) is best
+    made and dropped before that moment. Every other field keeps its bytes."""
+    out = bytearray()
+    for number, wire, start, end in _spans(model):
+        if number != 7 or wire != BYTES:
+            out += model[start:end]
+            continue
+        graph = next(v for _, _, v in fields(model[start:end]))
+        assert isinstance(graph, bytes)
+        nodes, rest = [], bytearray()
+        for part, kind, lo, hi in _spans(graph):
+            if part == 1 and kind == BYTES:
+                nodes.append(graph[lo:hi])
+            else:
+                rest += graph[lo:hi]
+
+        def weight(span: bytes) -> int:
+            node = next(v for _, _, v in fields(span))
+            assert isinstance(node, bytes)
+            if _strings(node, 4) != ["MatMulNBits"]:
+                return 0
+            q = _quantized(node)
+            return q.n * q.k * q.bits
+
+        order = sorted(range(len(nodes)), key=lambda i: (-weight(nodes[i]), i))  # stable: the rest as they were
+        body = b"".join(nodes[i] for i in order) + bytes(rest)
+        out += _encode_varint(7 << 3 | BYTES) + _encode_varint(len(body)) + body
+    return bytes(out)

@@ -43,9 +43,9 @@ import onnxruntime as ort
 from specmemo.paths import cache_root
 from specmemo.runtime.artifact import Artifact
 from specmemo.runtime.cpu import signature
-from specmemo.runtime.graph_index import read_index
+from specmemo.runtime.graph_index import largest_packed_first, read_index
 
-FORMAT = 1  # of the cache folder; a change makes every older cache another's
+FORMAT = 2  # of the cache folder; a change makes every older cache another's (2: the largest weights first)
 GRAPH, DATA, META = "decoder.onnx", "decoder.onnx.data", "meta.json"
 # "0": no writer is started when a process ends (one that must leave nothing running behind it: the test suite);
 # its opens still map a cache that exists
@@ -136,7 +136,11 @@ def save_options(options: ort.SessionOptions, staging: Path) -> None:
 def commit(cache: PackedCache, staging: Path, *, probe: str, artifact: Artifact) -> int:
     """Record the probe beside what ONNX Runtime wrote and move the staging folder into place (older caches of the
     same artifact folder, and those of folders that are gone, removed); returns the bytes it takes on disk. An
-    OSError (disk full, read-only) is the caller's to report."""
+    OSError (disk full, read-only) is the caller's to report. The graph is stored with its largest weights first
+    (graph_index.largest_packed_first: packed first when opening); the probe, recorded from the artifact's own
+    session, checks on every open that the stored graph computes the same bits."""
+    graph = staging / GRAPH
+    graph.write_bytes(largest_packed_first(graph.read_bytes()))
     sizes = {name: (staging / name).stat().st_size for name in (GRAPH, DATA)}
     meta = {"key": cache.key, "sizes": sizes, "probe": probe, "artifact_folder": str(artifact.folder.resolve()),
             "gathered": gathered_ranges(staging / GRAPH)}
