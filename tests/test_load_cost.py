@@ -60,6 +60,8 @@ def test_a_cache_graph_lists_its_largest_packed_weights_first_and_keeps_the_rest
     import onnxruntime as ort
 
     from specmemo.runtime.graph_index import largest_packed_first
+    from specmemo.runtime.ort_sessions import session_options
+    from specmemo.runtime.session import SessionConfig
 
     rng = np.random.default_rng(0)
     k, block = 64, 32
@@ -84,7 +86,8 @@ def test_a_cache_graph_lists_its_largest_packed_weights_first_and_keeps_the_rest
     assert [n.name for n in moved.graph.node] == ["big", "small", "relu", "neg"]
     assert moved.graph.initializer == model.graph.initializer and moved.opset_import == model.opset_import
     x = rng.random((1, k), dtype=np.float32)
-    runs = [ort.InferenceSession(m, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    options = session_options(SessionConfig())  # the process's one thread pool, as the runtime opens graphs
+    runs = [ort.InferenceSession(m, options, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
             for m in (raw, largest_packed_first(raw))]
     assert np.array_equal(*runs)
 

@@ -31,7 +31,7 @@ from specmemo.runtime.manifest import ModelFormat
 from specmemo.runtime.memory import Calibration
 from specmemo.runtime.row_route import RowRoute
 
-VERSION = 9  # bump when the runtime's memory or timing behaviour changes: old measurements are void
+VERSION = 10  # bump when the runtime's memory or timing behaviour changes: old measurements are void
 
 
 def lookup(artifact: Artifact, kind: str, threads: int) -> tuple[Path, dict[str, Any] | None]:

@@ -39,7 +39,7 @@ from specmemo.runtime.ort_sessions import (
 )
 from specmemo.runtime.packed_cache import DATA, CacheUse, Packing, commit, discard
 from specmemo.runtime.plan import layout_for
-from specmemo.runtime.rss import peak_rss_bytes, reset_peak_rss, rss_bytes
+from specmemo.runtime.rss import peak_rss_bytes, reset_peak_rss, resident, rss_bytes
 from specmemo.runtime.sizes import Sizes
 from specmemo.runtime.span import span_for
 
@@ -137,7 +137,10 @@ class DecoderSession:
         self._bind_kv()
         took("arena")
         if self.packing in (Packing.CACHED, Packing.WRITING):
+            before = resident().file
             self._settle_packing()
+            # the cache's packed weights the probe step read in are file pages opening would have held as heap: load
+            self.rss_after_load += max(0, resident().file - before)
             took("packed cache: probe (and written)")
         # a cached graph's weights that Gathers read a few rows of a step: handed back after each step (file_pages.py)
         self._gathered = (FilePages.of(self._cache.folder / DATA, (self._cache.meta() or {}).get("gathered", ()))
