@@ -117,12 +117,6 @@ class Footprint:
         return max(self.total, self.opening + self.recall)
 
 
-def packs_at_once(fp: Footprint, *, budget: int | None, beside: int = 0) -> bool:
-    """Whether opening may pack on every thread at once (faster, but every original stays mapped until the last is
-    packed): no budget, or one that holds the opening's peak beside `beside` bytes; else one weight at a time."""
-    return budget is None or fp.peak + beside <= budget
-
-
 def kv_bytes(dims: ModelDims, *, capacity: int, window_capacity: int = 0, batch: int = 1, itemsize: int) -> int:
     """2 (K and V) · B · H_kv · D · bytes per KV element · rows, where rows = L · C, or with sliding-window
     layers (L_w of them, C_w = arena.window_capacity rows each) (L - L_w) · C + L_w · C_w."""

@@ -290,7 +290,8 @@ def make_plan(config: EngineConfig, manifest: Manifest, *, calibration: memory.C
         footprint = replace(footprint, weights_stored=weights_stored(config.artifact), recall=recall_bytes)
     beside = draft_footprint.total if draft_footprint else 0
     folder = draft_model_folder(config, manifest, names) if draft is None else None  # a plan made without read_draft
-    if not (parallel := footprint is None or memory.packs_at_once(footprint, budget=budget, beside=beside)):
+    # packing on every thread holds every original till the last is packed (memory.py's opening): within the budget
+    if not (parallel := footprint is None or budget is None or footprint.peak + beside <= budget):
         log(f"opening packs one weight at a time: on every thread it peaks at {footprint.opening / MIB:.0f} MiB")
         footprint = replace(footprint, opening=0)
     if route.min_rows > sizes.rows:  # a budget cut R below the route's rows: every call is R rows at most
