@@ -40,8 +40,6 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-import onnxruntime as ort
-
 from specmemo.runtime import cpu
 from specmemo.runtime.artifact import Artifact
 from specmemo.runtime.graph_index import GraphIndex, Quantized, read_index
@@ -130,7 +128,9 @@ def costs_for(onnxruntime: str | None = None, cpu_class: str | None = None, *,
               entries: tuple[RuntimeCosts, ...] | None = None) -> tuple[RuntimeCosts, bool]:
     """The measured costs for this ONNX Runtime version and CPU class, and whether they are exactly those; else the
     nearest entry (the same CPU class, then the same architecture, then any), newest version first."""
-    onnxruntime = onnxruntime or ort.__version__
+    if onnxruntime is None:
+        import onnxruntime as ort  # here, not at the top: planning from the CLI's help must not load the runtime
+        onnxruntime = ort.__version__
     cpu_class = cpu_class or cpu.kernel_class()
     entries = _entries() if entries is None else entries
     if not entries:

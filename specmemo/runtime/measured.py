@@ -19,8 +19,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import onnxruntime as ort
-
 from specmemo.paths import cache_root
 from specmemo.runtime import cpu
 from specmemo.runtime.artifact import Artifact
@@ -43,6 +41,8 @@ def lookup(artifact: Artifact, kind: str, threads: int) -> tuple[Path, dict[str,
     if data.get("quantization"):  # measured about the artifact, not part of it
         data["quantization"].pop("kernel_routes", None)
     manifest = json.dumps(data, sort_keys=True).encode()
+    import onnxruntime as ort  # here, not at the top: planning from the CLI's help must not load the runtime
+
     key = hashlib.sha256(b"|".join([manifest, str(VERSION).encode(), ort.__version__.encode(),
                                     cpu.signature().encode(), str(threads).encode(),
                                     platform.python_version().encode()])).hexdigest()[:16]
