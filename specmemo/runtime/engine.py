@@ -187,11 +187,11 @@ def open_engine(config: EngineConfig, *, log: Callable[[str], None] = print) -> 
     session = DecoderSession(config.artifact, SessionConfig(
         threads=config.threads, layout=plan.layout, heads=uses_heads_graph(plan.drafters), warm_up=False,
         model_format=config.model_format, packed_cache=CacheUse.MAP if config.packed_cache else CacheUse.OFF,
-        parallel_prepack=plan.parallel_prepack, log=log))
+        parallel_prepack=plan.parallel_prepack, log=log), open_beside=lambda: ChatTokenizer(config.artifact))
+    tokenizer = session.beside
+    assert isinstance(tokenizer, ChatTokenizer)
     clock.extend(session.load_clock)
     clock.restart()
-    tokenizer = session.load_beside(lambda: ChatTokenizer(config.artifact))  # after the sessions' packing peak
-    clock.lap("tokenizer")
     store = (open_store(config.recall, fingerprint=fingerprint(config.artifact.path(manifest.tokenizer.file)),
                         log=log) if reads_store(plan.drafters) else None)
     drafter = open_drafter(session, plan.drafters, max_tree=plan.sizes.tree, draft_model=plan.draft_model,

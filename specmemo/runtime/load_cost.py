@@ -15,14 +15,15 @@
 
 Opening peaks higher than that where ONNX Runtime packs the cache's weights on several threads at once
 (ort_sessions.session_options): every weight's original is mapped until the last is packed, and each thread holds
-a fresh packed copy until the cache's is found:
+a fresh packed copy until the cache's is found; the tokenizer opens beside (session.py):
 
-    opening = process + originals + threads · largest packed weight + runtime
+    opening = process + tokenizer + originals + the `threads` largest packed weights + runtime
       originals       Σ over the MatMulNBits nodes of N·⌈K/B⌉·(B·bits/8 + 4) + zero points    arithmetic
                         (the codes, the scales as float32 once folded, N·⌈⌈K/B⌉·bits/8⌉ zero points)
+      largest packed  the cache's graph lists its largest packs first (graph_index.py), so the first `threads`
+                        are in flight together; later ones are smaller
 
-The tokenizer opens after it (engine.py). One weight at a time the originals go as they are packed, and opening
-stays under the load.
+One weight at a time the originals go as they are packed, and opening stays under the load.
 
 The three constants are measured per ONNX Runtime version and CPU class (`specmemo bench load --write-costs`:
 load_costs.json, with the command, commit and host that measured them) and hold for any artifact: what varies
@@ -47,6 +48,7 @@ from specmemo.runtime.graph_index import GraphIndex, Quantized, read_index
 COSTS_FILE = Path(__file__).with_name("load_costs.json")
 ALIGN = 63  # MLAS pads the packed codes and the block sums to 64-byte boundaries
 SUM_COLUMNS = 16  # the block sums are laid out 16 columns at a time
+IN_FLIGHT = 16  # packs priced one by one: more threads than any device here packs on
 
 
 @dataclass(frozen=True)
@@ -80,15 +82,18 @@ class LoadPrice:
     costs: RuntimeCosts
     exact: bool  # the costs were measured for this ONNX Runtime version and CPU class (else the nearest entry's)
     originals: int = 0  # the MatMulNBits weights as ONNX Runtime reads them to pack (module doc)
-    largest_packed: int = 0  # the largest one weight's packed bytes
+    largest_packed: tuple[int, ...] = ()  # the largest weights' packed bytes, largest first (IN_FLIGHT of them)
 
     @property
     def total(self) -> int:
         return self.process + self.tokenizer + self.packed_weights + self.other_weights + self.runtime
 
     def opening(self, threads: int) -> int:
-        """The peak while ONNX Runtime packs `threads` weights at once from the cache (module doc)."""
-        return self.process + self.originals + threads * self.largest_packed + self.runtime
+        """The peak while ONNX Runtime packs `threads` weights at once from the cache (module doc); past the
+        weights listed, each further thread is priced at the smallest of them."""
+        listed = self.largest_packed[:threads]
+        in_flight = sum(listed) + max(0, threads - len(listed)) * (listed[-1] if listed else 0)
+        return self.process + self.tokenizer + self.originals + in_flight + self.runtime
 
     def describe(self) -> str:
         c = self.costs
@@ -159,4 +164,5 @@ def price_load(artifact: Artifact, *, parts: tuple[str, ...] = (),
                      packed_weights=sum(packed_bytes(m) for m in index.quantized),
                      other_weights=other_weight_bytes(index) + beside, runtime=runtime.runtime_bytes,
                      costs=runtime, exact=exact, originals=sum(unpacked_bytes(m) for m in index.quantized),
-                     largest_packed=max((packed_bytes(m) for m in index.quantized), default=0))
+                     largest_packed=tuple(sorted((packed_bytes(m) for m in index.quantized),
+                                                 reverse=True)[:IN_FLIGHT]))

@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import hashlib
 import sys
+import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TypeVar
 
 import numpy as np
 import onnxruntime as ort
@@ -42,8 +43,6 @@ from specmemo.runtime.plan import layout_for
 from specmemo.runtime.rss import peak_rss_bytes, reset_peak_rss, resident, rss_bytes
 from specmemo.runtime.sizes import Sizes
 from specmemo.runtime.span import span_for
-
-T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -86,15 +85,41 @@ class StepOutput:
     hidden_states: np.ndarray  # [B, T, h]
 
 
+class Beside:
+    """`open_it()` run on a second thread from now; `result()` waits for it: what it returned (or raised) and the
+    seconds it took on its thread."""
+
+    def __init__(self, open_it: Callable[[], object]):
+        self._box: dict[str, object] = {}
+        self._thread = threading.Thread(target=self._run, args=(open_it,), name="specmemo-beside", daemon=True)
+        self._thread.start()
+
+    def _run(self, open_it: Callable[[], object]) -> None:
+        started = time.perf_counter()
+        try:
+            self._box["value"] = open_it()
+        except BaseException as err:  # re-raised on the caller's thread, as if it had run there
+            self._box["error"] = err
+        self._box["seconds"] = time.perf_counter() - started
+
+    def result(self) -> tuple[object, float]:
+        self._thread.join()
+        if "error" in self._box:
+            raise self._box["error"]  # type: ignore[misc]
+        return self._box["value"], float(self._box["seconds"])  # type: ignore[arg-type]
+
+
 class DecoderSession:
     """The decoder graph (and the heads graph, if any) over one arena.
 
-    Load order: the shared LM head, the ORT sessions, then the arena (`rss_after_load` is read in
-    between, so a measurement can tell loading from generation). The KV views are bound once as
-    both past input and present output; a step binds the other inputs/outputs as pointers into
+    Load order: the shared LM head, the ORT sessions (and beside them, on a second thread, `open_beside`: the
+    engine's tokenizer, which parses its JSON while ONNX Runtime builds and packs without the GIL), then the arena
+    (`rss_after_load` is read in between, so a measurement can tell loading from generation). The KV views are
+    bound once as both past input and present output; a step binds the other inputs/outputs as pointers into
     the arena with this step's shapes, so running a step allocates nothing."""
 
-    def __init__(self, artifact: Artifact, config: SessionConfig = SessionConfig()):
+    def __init__(self, artifact: Artifact, config: SessionConfig = SessionConfig(), *,
+                 open_beside: Callable[[], object] | None = None):
         if config.batch != 1:
             raise ConfigError("DecoderSession runs one sequence; B > 1 sequences run in runtime.batch.BatchSession")
         self.artifact = artifact
@@ -110,6 +135,7 @@ class DecoderSession:
         self.lm_head = load_shared_lm_head(self.artifact)
         shared, heads_shared = lm_head_initializers(m, self.lm_head)
         took("embedding and shared head")
+        beside = Beside(open_beside) if open_beside is not None else None
         self.session, self.packing, self._cache = open_decoder(self.artifact, config, shared)
         took("decoder session (ORT: graph, prepacked weights)" if self.packing is not Packing.CACHED
              else "decoder session (ORT: from the packed cache)")
@@ -119,6 +145,11 @@ class DecoderSession:
         release_file_pages([*artifact.files(), *(self._cache.folder.glob("*") if self._cache else ())])
         release_heap()  # and the heap opening freed
         took("pages handed back")
+        self.beside = None
+        if beside is not None:
+            self.beside, self.load_clock.beside["tokenizer"] = beside.result()
+            release_heap()  # what opening it freed (a tokenizer's parse of its JSON)
+            took("tokenizer: waited for")
         self._shared_values = shared  # ORT does not own these buffers: keep them alive
         self._gathered = FilePages()
         self.rss_after_load = rss_bytes()
@@ -148,16 +179,6 @@ class DecoderSession:
         if config.warm_up:
             self.warm_up()
             took("warm-up (the largest step)")
-
-    def load_beside(self, open_it: Callable[[], T]) -> T:
-        """Open what belongs to loading but opens after the sessions (the engine's tokenizer: kept out of the
-        resident set while ONNX Runtime packs, where the process peaks), its bytes counted in `rss_after_load`, not
-        in generation."""
-        before = rss_bytes()
-        opened = open_it()
-        release_heap()  # what opening it freed (a tokenizer's parse of its JSON)
-        self.rss_after_load += max(0, rss_bytes() - before)
-        return opened
 
     def _probe(self) -> str:
         """The digest of a one-token step's outputs (token 0 at position 0): what a packed cache must reproduce."""
