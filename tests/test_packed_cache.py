@@ -12,6 +12,7 @@ from pathlib import Path
 import onnx
 import pytest
 
+from specmemo.errors import ConfigError
 from specmemo.runtime.artifact import Artifact
 from specmemo.runtime.config import DEFAULT_THREADS
 from specmemo.runtime.engine import EngineConfig, Mode, open_engine
@@ -197,3 +198,30 @@ def test_a_cache_packed_on_every_thread_or_one_weight_at_a_time_answers_alike(ti
     monkeypatch.setattr("specmemo.runtime.engine.plan_for", lambda *a, **k: replace(
         plan_module.plan_for(*a, **k), parallel_prepack=False))
     assert reply(tiny_llama)[:2] == (plain, Packing.CACHED)
+
+
+def test_the_tokenizer_opens_beside_a_cached_decoder_and_after_one_packed_from_the_artifact(tiny_llama, cache_dir,
+                                                                                           tmp_path):
+    """Beside a mapped cache (which packs little on top of what it maps) the tokenizer opens on a second thread;
+    after a decoder packed from the artifact (the process's peak) it opens on this one. A tokenizer that cannot open
+    says so the same way on either."""
+    import shutil
+
+    def opened(folder: Path):
+        return open_engine(EngineConfig(artifact=Artifact.open(folder), mode=Mode.GREEDY, threads=DEFAULT_THREADS),
+                           log=lambda _: None).load_clock
+
+    first = opened(tiny_llama)
+    assert "tokenizer" in first.seconds and first.beside == {}
+    write(tiny_llama)
+    later = opened(tiny_llama)
+    assert "tokenizer: waited for" in later.seconds and later.beside["tokenizer"] > 0
+    broken = tmp_path / "broken"
+    shutil.copytree(tiny_llama, broken)
+    write(broken)
+    for cached in (True, False):
+        if not cached:
+            shutil.rmtree(cache_for(Artifact.open(broken)).folder)
+        (broken / "tokenizer.json").write_text("{not json")
+        with pytest.raises(ConfigError, match=r"tokenizer.json is not a tokenizer this runtime can read .*: export"):
+            opened(broken)

@@ -58,7 +58,12 @@ class ChatTokenizer:
     def __init__(self, artifact: Artifact):
         manifest = artifact.manifest
         info = manifest.tokenizer
-        self.tokenizer = Tokenizer.from_file(str(artifact / info.file))
+        try:
+            self.tokenizer = Tokenizer.from_file(str(artifact / info.file))
+        except Exception as err:  # the tokenizers library raises plain Exceptions for a file it cannot parse
+            reason = str(err).splitlines()[0][:160] if str(err) else type(err).__name__
+            raise ConfigError(f"{artifact / info.file} is not a tokenizer this runtime can read ({reason}): export "
+                              f"the artifact again (specmemo export)") from None
         self.eos_token_ids = frozenset(info.eos_token_ids)
         self._added = {t.content: i for i, t in self.tokenizer.get_added_tokens_decoder().items()}
         self.bos_token_id = info.bos_token_id
