@@ -106,15 +106,15 @@ def test_the_packed_layout_is_codes_scales_and_block_sums():
 
 def test_the_opening_maps_every_original_beside_a_pack_a_thread():
     """What ONNX Runtime reads to pack a weight: the codes, float32 scales and zero points (two 4-bit ones a byte,
-    a row's rounded up); opening on T threads at once: process + the tokenizer (it opens beside) + every original +
-    the T largest packs (past those listed, the smallest listed again) + runtime."""
+    a row's rounded up); opening on T threads at once: process + every original + the T largest packs (past those
+    listed, the smallest listed again) + runtime."""
     with_zero_points = Quantized(n=3, k=96, bits=4, block=32, inputs=("q", "s", "z"))
     assert unpacked_bytes(with_zero_points) == 3 * 3 * (16 + 4) + 3 * 2
     assert unpacked_bytes(Quantized(n=3, k=96, bits=8, block=32, inputs=("q", "s"))) == 3 * 3 * (32 + 4)
     price = LoadPrice(process=100, tokenizer=7, packed_weights=50, other_weights=5, runtime=3, costs=_costs("1", "x"),
                       exact=True, originals=40, largest_packed=(20, 10))
-    assert [price.opening(t) for t in (1, 2, 3)] == [100 + 7 + 40 + p + 3 for p in (20, 30, 40)]
-    assert replace(price, largest_packed=()).opening(2) == 100 + 7 + 40 + 3
+    assert [price.opening(t) for t in (1, 2, 3)] == [100 + 40 + p + 3 for p in (20, 30, 40)]
+    assert replace(price, largest_packed=()).opening(2) == 100 + 40 + 3
 
 
 def test_a_budget_that_holds_decoding_but_not_the_opening_packs_one_weight_at_a_time(smollm2_artifact, monkeypatch,

@@ -4,10 +4,9 @@ such a run (`--write-costs`).
 
 The prediction is the plan's load + generation (arena, activations) for the row's mode at the run's capacity, or
 its opening where that is higher: what `specmemo plan --context C` prints before the headroom. The costs fitted
-from a run: the process's bytes (the RSS after the imports), the tokenizer's bytes an entry (what opening it adds
-in fresh processes of its own, over V) and ONNX Runtime's own bytes (the rest of decoding's peak once every
-arithmetic term is taken out); medians over the rounds of the -greedy row, which opens the decoder alone from the
-packed-weights cache.
+from a run: the process's bytes (the RSS after the imports), the tokenizer's bytes an entry (what opening it
+added, over V) and ONNX Runtime's own bytes (the rest of decoding's peak once every arithmetic term is taken out);
+medians over the rounds of the -greedy row, which opens the decoder alone from the packed-weights cache.
 """
 
 from __future__ import annotations
@@ -56,28 +55,11 @@ def predicted_peaks(artifact: Artifact, result: dict, *, threads: int, modes: di
     return out
 
 
-def tokenizer_added(request: dict) -> dict:
-    """In a fresh process with the runtime imported: the bytes opening the artifact's tokenizer adds (the engine
-    opens it beside its sessions, so a round of ours cannot tell them apart)."""
-    from specmemo.runtime.engine import open_engine  # noqa: F401  (the modules an engine's process holds)
-    from specmemo.runtime.file_pages import release_heap
-    from specmemo.runtime.rss import rss_bytes
-    from specmemo.runtime.tokenizer import ChatTokenizer
-
-    artifact = Artifact.open(Path(request["artifact"]))
-    before = rss_bytes()
-    tokenizer = ChatTokenizer(artifact)
-    release_heap()
-    return {"bytes": rss_bytes() - before, "eos": sorted(tokenizer.eos_token_ids)}
-
-
-def tokenizer_bytes(artifact: Artifact, *, rounds: int) -> int:
-    """The median over `rounds` fresh processes of what opening the tokenizer adds (`tokenizer_added`)."""
-    from specmemo.runtime.fresh_process import run_json
-
-    return int(statistics.median(run_json("specmemo.bench.load_predict", {"artifact": str(artifact.folder)},
-                                          what="the tokenizer's bytes", fix="check the artifact's tokenizer.json"
-                                          )["bytes"] for _ in range(rounds)))
+def tokenizer_added(piece_rss_mib: dict[str, float]) -> float:
+    """MiB the tokenizer added: the resident set after it less the one after the piece before it."""
+    names = list(piece_rss_mib)
+    at = names.index("tokenizer")
+    return piece_rss_mib["tokenizer"] - (piece_rss_mib[names[at - 1]] if at else 0.0)
 
 
 def fitted_costs(artifact: Artifact, result: dict, *, engine: str, threads: int, provenance: dict) -> RuntimeCosts:
@@ -92,7 +74,7 @@ def fitted_costs(artifact: Artifact, result: dict, *, engine: str, threads: int,
                           f"run {engine} (its cache written first: `specmemo plan --artifact {artifact} --pack`)")
     vocab = artifact.manifest.dims.vocab_size
     process = statistics.median(r["memory"]["imports"]["rss"] for r in runs) * MIB
-    tokenizer = tokenizer_bytes(artifact, rounds=len(runs)) / vocab
+    tokenizer = statistics.median(tokenizer_added(r["piece_rss_mib"]) for r in runs) * MIB / vocab
     zero = RuntimeCosts(onnxruntime=onnxruntime.__version__, cpu_class=cpu.kernel_class(),
                         process_bytes=int(process), tokenizer_bytes_per_token=round(tokenizer), runtime_bytes=0,
                         measured={})
@@ -113,9 +95,3 @@ def write_costs(costs: RuntimeCosts, path: Path = COSTS_FILE) -> Path:
     data["costs"] = sorted([*kept, costs.to_json()], key=lambda e: (e["cpu_class"], e["onnxruntime"]))
     path.write_text(json.dumps(data, indent=2) + "\n")
     return path
-
-
-if __name__ == "__main__":
-    from specmemo.runtime.fresh_process import serve_json
-
-    serve_json(tokenizer_added)

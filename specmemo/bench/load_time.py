@@ -7,11 +7,10 @@ GenAI: its `og.Tokenizer`; llama.cpp: the vocabulary inside the GGUF). Our piece
 
     interpreter and imports      python, numpy, onnxruntime, the runtime's modules
     manifest and plan            manifest.json, the sizes (runtime/plan.py)
+    tokenizer                    tokenizer.json and the chat template
     embedding and shared head    the embedding reader, a tied head's rows shared between sessions
     decoder session              ONNX Runtime: the graph, its optimizations, MatMulNBits' prepacked weights (or
                                  the packed-weights cache mapped)
-    tokenizer: waited for        tokenizer.json and the chat template, opened on a second thread beside the
-                                 decoder session: what was left of it once the session had opened
     heads session, arena         the Medusa heads' graph (when opened); the arena allocated and written
     drafters                     the drafters' own graphs (the feature drafter)
     latency curve                the controller's step times, read from the cache (or measured)
@@ -95,8 +94,7 @@ def run_ours(request: dict) -> dict:
     return clock.result(request["engine"], pieces, piece_rss_mib={p: r.mib()["rss"] for p, r in load.resident.items()},
                         prompt_tokens=len(request["prompt"]), packing=engine.session.packing.value,
                         decode_tok_s=round(result.stats.decode_tokens_per_s, 2), rss_added_by_every_size=added,
-                        earlier_peak=engine.session.load_peak_rss,  # the session restarts the peak after loading
-                        beside_s=load.beside)
+                        earlier_peak=engine.session.load_peak_rss)  # the session restarts the peak after loading
 
 
 def rss_added_by_every_size(session) -> int:
@@ -186,8 +184,6 @@ def summary(runs: list[dict]) -> dict:
     written = [r["cache_written_s"] for r in runs if r.get("cache_written_s") is not None]
     if written:  # a first open's: the writer its process left, after it ended
         out["cache_written_s"] = statistics.median(written)
-    if runs[0].get("beside_s"):
-        out["beside_s"] = {p: statistics.median(r["beside_s"][p] for r in runs) for p in runs[0]["beside_s"]}
     if "rss_added_by_every_size" in runs[0]:
         out["rss_added_by_every_size"] = max(r["rss_added_by_every_size"] for r in runs)
         out["packing"] = sorted({r["packing"] for r in runs})
@@ -207,8 +203,6 @@ def format_table(result: dict) -> str:
             lines.append(f"  {name:<50} {seconds:7.3f} {seconds / total:6.1%}")
         rest = total - sum(s["median_s"].values())
         lines.append(f"  {'(rest: between the pieces)':<50} {rest:7.3f} {rest / total:6.1%}")
-        for name, seconds in s.get("beside_s", {}).items():
-            lines.append(f"  {name} on a second thread beside the sessions (inside their piece): {seconds:.3f} s")
         if "cache_written_s" in s:
             lines.append(f"  packed-weights cache written after the process ended: {s['cache_written_s']:.2f} s "
                          "(a niced writer, off the first token's path)")

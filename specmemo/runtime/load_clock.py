@@ -14,7 +14,6 @@ class LoadClock:
     """Laps of a load: `lap(piece)` ends the piece that started at the previous lap (or at the clock's start)."""
     seconds: dict[str, float] = field(default_factory=dict)
     resident: dict[str, Resident] = field(default_factory=dict)
-    beside: dict[str, float] = field(default_factory=dict)  # pieces run on a second thread, under the laps' time
     _last: float = field(default_factory=time.perf_counter, repr=False)
 
     def lap(self, piece: str) -> None:
@@ -32,4 +31,3 @@ class LoadClock:
         for piece, seconds in other.seconds.items():
             self.seconds[piece] = self.seconds.get(piece, 0.0) + seconds
             self.resident[piece] = other.resident[piece]
-        self.beside.update(other.beside)

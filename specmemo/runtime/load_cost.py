@@ -15,15 +15,16 @@
 
 Opening peaks higher than that where ONNX Runtime packs the cache's weights on several threads at once
 (ort_sessions.session_options): every weight's original is mapped until the last is packed, and each thread holds
-a fresh packed copy until the cache's is found; the tokenizer opens beside (session.py):
+a fresh packed copy until the cache's is found:
 
-    opening = process + tokenizer + originals + the `threads` largest packed weights + runtime
+    opening = process + originals + the `threads` largest packed weights + runtime
       originals       Σ over the MatMulNBits nodes of N·⌈K/B⌉·(B·bits/8 + 4) + zero points    arithmetic
                         (the codes, the scales as float32 once folded, N·⌈⌈K/B⌉·bits/8⌉ zero points)
       largest packed  the cache's graph lists its largest packs first (graph_index.py), so the first `threads`
                         are in flight together; later ones are smaller
 
-One weight at a time the originals go as they are packed, and opening stays under the load.
+The tokenizer opens after it (session.py). One weight at a time the originals go as they are packed, and opening
+stays under the load.
 
 The three constants are measured per ONNX Runtime version and CPU class (`specmemo bench load --write-costs`:
 load_costs.json, with the command, commit and host that measured them) and hold for any artifact: what varies
@@ -93,7 +94,7 @@ class LoadPrice:
         weights listed, each further thread is priced at the smallest of them."""
         listed = self.largest_packed[:threads]
         in_flight = sum(listed) + max(0, threads - len(listed)) * (listed[-1] if listed else 0)
-        return self.process + self.tokenizer + self.originals + in_flight + self.runtime
+        return self.process + self.originals + in_flight + self.runtime
 
     def describe(self) -> str:
         c = self.costs

@@ -121,22 +121,11 @@ def open_session(artifact: Artifact, config: SessionConfig, initializers: dict[s
     return session
 
 
-def cacheable(config: SessionConfig, initializers: dict[str, ort.OrtValue]) -> bool:
-    """Whether the decoder may open from a packed cache at all: asked for, the ONNX graphs, no weight handed in."""
-    return config.packed_cache is not CacheUse.OFF and config.model_format is ModelFormat.ONNX and not initializers
-
-
-def maps_cache(artifact: Artifact, config: SessionConfig, initializers: dict[str, ort.OrtValue]) -> bool:
-    """Whether `open_decoder` is about to map the packed cache (unless ONNX Runtime refuses its graph): an opening
-    that packs little beyond what it maps, where packing from the artifact is the process's peak."""
-    return cacheable(config, initializers) and unusable(cache_for(artifact)) is None
-
-
 def open_decoder(artifact: Artifact, config: SessionConfig, initializers: dict[str, ort.OrtValue]
                  ) -> tuple[ort.InferenceSession, Packing, PackedCache | None]:
     """The decoder session, from its packed cache where one can be used (SessionConfig.packed_cache; the ONNX
     graphs only, and no weight handed in from outside), else from the artifact (`open_uncached`)."""
-    if not cacheable(config, initializers):
+    if config.packed_cache is CacheUse.OFF or config.model_format is not ModelFormat.ONNX or initializers:
         return open_session(artifact, config, initializers), Packing.PLAIN, None
     cache = cache_for(artifact)
     why = unusable(cache)

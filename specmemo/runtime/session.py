@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import hashlib
 import sys
-import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -34,7 +32,6 @@ from specmemo.runtime.ort_sessions import (
     bind_view,
     lm_head_initializers,
     load_shared_lm_head,
-    maps_cache,
     open_decoder,
     open_heads,
     open_uncached,
@@ -86,46 +83,14 @@ class StepOutput:
     hidden_states: np.ndarray  # [B, T, h]
 
 
-class Beside:
-    """`open_it()` run on a second thread started now (`now`), else on this one once `result()` asks for it;
-    `result()` waits for it: what it returned (or raised) and the seconds it took."""
-
-    def __init__(self, open_it: Callable[[], object], *, now: bool):
-        self._open_it = open_it
-        self._box: dict[str, object] = {}
-        self._thread = threading.Thread(target=self._run, name="specmemo-beside", daemon=True) if now else None
-        if self._thread is not None:
-            self._thread.start()
-
-    def _run(self) -> None:
-        started = time.perf_counter()
-        try:
-            self._box["value"] = self._open_it()
-        except BaseException as err:  # re-raised on the caller's thread, as if it had run there
-            self._box["error"] = err
-        self._box["seconds"] = time.perf_counter() - started
-
-    @property
-    def on_thread(self) -> bool:
-        return self._thread is not None
-
-    def result(self) -> tuple[object, float]:
-        if self._thread is None:
-            self._run()
-        else:
-            self._thread.join()
-        if "error" in self._box:
-            raise self._box["error"]  # type: ignore[misc]
-        return self._box["value"], float(self._box["seconds"])  # type: ignore[arg-type]
-
-
 class DecoderSession:
     """The decoder graph (and the heads graph, if any) over one arena.
 
     Load order: the shared LM head, the ORT sessions, what opens beside them (`open_beside`: the engine's
-    tokenizer; on a second thread while ONNX Runtime maps a packed cache, which it builds and packs without the
-    GIL; after the sessions when they pack from the artifact, the process's peak), then the arena (`rss_after_load`
-    is read in between, so a measurement can tell loading from generation). The KV views are
+    tokenizer, opened where the process holds least: after the packing's peak and the pages handed back, before the
+    arena and the weights the first step reads in; ONNX Runtime holds the GIL while it opens a session, so a second
+    thread would wait), then the arena (`rss_after_load` is read in between, so a measurement can tell loading from
+    generation). The KV views are
     bound once as both past input and present output; a step binds the other inputs/outputs as pointers into
     the arena with this step's shapes, so running a step allocates nothing."""
 
@@ -146,9 +111,6 @@ class DecoderSession:
         self.lm_head = load_shared_lm_head(self.artifact)
         shared, heads_shared = lm_head_initializers(m, self.lm_head)
         took("embedding and shared head")
-        # beside a cached opening, which holds little beyond the weights it maps; after one that packs from the
-        # artifact (the process's peak), where the process holds least
-        beside = None if open_beside is None else Beside(open_beside, now=maps_cache(artifact, config, shared))
         self.session, self.packing, self._cache = open_decoder(self.artifact, config, shared)
         took("decoder session (ORT: graph, prepacked weights)" if self.packing is not Packing.CACHED
              else "decoder session (ORT: from the packed cache)")
@@ -158,13 +120,10 @@ class DecoderSession:
         release_file_pages([*artifact.files(), *(self._cache.folder.glob("*") if self._cache else ())])
         release_heap()  # and the heap opening freed
         took("pages handed back")
-        self.beside = None
-        if beside is not None:
-            self.beside, seconds = beside.result()
+        self.beside = None if open_beside is None else open_beside()
+        if open_beside is not None:
             release_heap()  # what opening it freed (a tokenizer's parse of its JSON)
-            if beside.on_thread:
-                self.load_clock.beside["tokenizer"] = seconds
-            took("tokenizer: waited for" if beside.on_thread else "tokenizer")
+            took("tokenizer")
         self._shared_values = shared  # ORT does not own these buffers: keep them alive
         self._gathered = FilePages()
         self.rss_after_load = rss_bytes()
