@@ -5,7 +5,7 @@ such a run (`--write-costs`).
 The prediction is the plan's load + generation (arena, activations) for the row's mode at the run's capacity, or
 its opening where that is higher: what `specmemo plan --context C` prints before the headroom. The costs fitted
 from a run: the process's bytes (the RSS after the imports), the tokenizer's bytes an entry (what opening it
-added, over V) and ONNX Runtime's own bytes (the rest of decoding's peak once every arithmetic term is taken out);
+added, over V) and ONNX Runtime's own bytes (the rest of the process's peak once every arithmetic term is out);
 medians over the rounds of the -greedy row, which opens the decoder alone from the packed-weights cache.
 """
 
@@ -79,9 +79,9 @@ def fitted_costs(artifact: Artifact, result: dict, *, engine: str, threads: int,
                         process_bytes=int(process), tokenizer_bytes_per_token=round(tokenizer), runtime_bytes=0,
                         measured={})
     fp = prediction(artifact, mode=Mode.GREEDY, capacity=result["capacity"], threads=threads, costs=(zero, True))
-    # decoding's own peak (the opening's may be higher: memory.py): after the reply, plus what steps of every size add
-    rest = statistics.median(r["memory"]["decoded"]["rss"] * MIB + r["rss_added_by_every_size"]
-                             for r in runs) - (fp.load + fp.generation)
+    # the process's peak, which a cached greedy open reaches while it decodes (its opening stays under it: the
+    # tokenizer opens after the packing), beyond what the arithmetic terms hold at the end: the steps' scratch
+    rest = statistics.median(r["peak_rss_mib"] for r in runs) * MIB - (fp.load + fp.generation)
     return RuntimeCosts(onnxruntime=zero.onnxruntime, cpu_class=zero.cpu_class, process_bytes=zero.process_bytes,
                         tokenizer_bytes_per_token=zero.tokenizer_bytes_per_token, runtime_bytes=max(0, int(rest)),
                         measured={**provenance, "artifact": artifact.folder.name, "engine": engine,
