@@ -141,3 +141,21 @@ def test_parse_size():
     assert parse_size("900mib") == 900 * 2**20
     with pytest.raises(BudgetError, match="512MB"):
         parse_size("lots")
+
+
+def test_rerank_pages_are_the_fault_around_of_each_candidate_row_at_most_the_heads_rows(tiny_llama):
+    """k candidates for each of T logit rows, each fault mapping 64 KiB of the file around its row; never more than
+    the head's rows; nothing without a re-rank."""
+    from specmemo.runtime.formats import QuantizationInfo
+    from specmemo.runtime.memory import FAULT_AROUND, rerank_bytes
+
+    manifest = load_manifest(tiny_llama)
+    quant = QuantizationInfo(block_size=32, accuracy_level=4, lm_head_accuracy_level=4, carried=(), quantized=(),
+                             lm_head_rerank=8)
+    reranked = replace(manifest, quantization=quant)
+    assert rerank_bytes(reranked, logit_rows=32, head_rows=10**9) == 32 * 8 * 64 * 1024 == 32 * 8 * FAULT_AROUND
+    assert rerank_bytes(reranked, logit_rows=4, head_rows=10**9, batch=2) == 2 * 4 * 8 * FAULT_AROUND
+    assert rerank_bytes(reranked, logit_rows=32, head_rows=5000) == 5000
+    assert rerank_bytes(replace(reranked, quantization=replace(quant, lm_head_rerank=0)), logit_rows=32,
+                        head_rows=10**9) == 0
+    assert rerank_bytes(replace(manifest, quantization=None), logit_rows=32, head_rows=10**9) == 0

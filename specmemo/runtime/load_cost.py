@@ -84,6 +84,7 @@ class LoadPrice:
     exact: bool  # the costs were measured for this ONNX Runtime version and CPU class (else the nearest entry's)
     originals: int = 0  # the MatMulNBits weights as ONNX Runtime reads them to pack (module doc)
     largest_packed: tuple[int, ...] = ()  # the largest weights' packed bytes, largest first (IN_FLIGHT of them)
+    head_rows: int = 0  # the LM head's codes and scales as stored: what its exact re-rank gathers rows of
 
     @property
     def total(self) -> int:
@@ -166,4 +167,5 @@ def price_load(artifact: Artifact, *, parts: tuple[str, ...] = (),
                      other_weights=other_weight_bytes(index) + beside, runtime=runtime.runtime_bytes,
                      costs=runtime, exact=exact, originals=sum(unpacked_bytes(m) for m in index.quantized),
                      largest_packed=tuple(sorted((packed_bytes(m) for m in index.quantized),
-                                                 reverse=True)[:IN_FLIGHT]))
+                                                 reverse=True)[:IN_FLIGHT]),
+                     head_rows=sum(unpacked_bytes(m) for m in index.quantized if m.n == manifest.dims.vocab_size))

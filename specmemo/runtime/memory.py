@@ -5,13 +5,18 @@
                  the files below plus ORT's packed copies); measured once per artifact and machine, or,
                  where it has not been, predicted from the artifact (load_cost.py: the packed weights by
                  arithmetic, the process's, the tokenizer's and ONNX Runtime's own bytes measured constants)
-    generation = arena + activations + step overhead
+    generation = arena + activations + re-rank pages + step overhead
       arena        exact: the layout in arena.py (KV 2·L·B·H_kv·C·D·bytes dominates; a sliding-window
                    layer holds C_w ≈ W + 64 + R rows instead of C), one allocation
       activations  ORT's intermediate tensors for a call of R rows attending to up to C rows:
                    R·(3·I + (H + 2·H_kv)·D + 2·h)·bytes (MLP gate/up/product, packed QKV, residual and
                    norm) + the attention's (attention_bytes: H·R·C·bytes of scores for GroupQueryAttention;
                    2·H·R·C + 2·H_kv·C·D for the grouped attention), the largest live set of one layer
+      re-rank pages  the LM-head rows a step's exact re-rank gathers from the mapped weights, k for each of
+                   T logit rows (formats.lm_head_rerank): each fault maps the 64 KiB of the file around its row
+                   (Linux's fault-around), resident until the step hands them back (file_pages.py):
+                   min(T·k·64 KiB, the head's rows V·(h·bits/8 + ⌈h/B⌉·4)); priced where the load is
+                   predicted (a calibration's step overhead has measured it)
       step overhead  measured once: what the first steps add beyond those (ORT run state, the heads
                    graph's [V] logits, Python objects)
 
@@ -44,6 +49,7 @@ from specmemo.runtime.manifest import AttentionOp, Manifest, ModelDims
 from specmemo.runtime.shared import SHARED
 from specmemo.runtime.sizes import Sizes
 
+FAULT_AROUND = 64 * 1024  # bytes of the page cache Linux maps around a faulted file page (fault_around_bytes)
 # of predicted generation memory: room for the model's error (bench decode measures it)
 HEADROOM: float = SHARED["memory_headroom"]
 MIB = 2**20
@@ -91,6 +97,7 @@ class Footprint:
     recall: int = 0  # the store of what was already written (runtime/recall_store.py), when its drafter runs
     load_price: LoadPrice | None = None  # the load's terms where it is predicted, not measured
     opening: int = 0  # the peak while opening (0: packed one weight at a time, under the load)
+    rerank: int = 0  # the LM-head pages a step's exact re-rank maps in (rerank_bytes)
 
     @property
     def arena(self) -> int:
@@ -99,7 +106,7 @@ class Footprint:
     @property
     def generation(self) -> int:
         """The prediction that `bench decode` checks against peak RSS − RSS after load."""
-        return self.arena + self.activations + self.step_overhead
+        return self.arena + self.activations + self.rerank + self.step_overhead
 
     @property
     def headroom(self) -> int:
@@ -149,6 +156,15 @@ def attention_bytes(dims: ModelDims, *, rows: int, capacity: int, itemsize: int,
     return 2 * scores + span * itemsize + cast
 
 
+def rerank_bytes(manifest: Manifest, *, logit_rows: int, head_rows: int, batch: int = 1) -> int:
+    """The re-rank pages (module doc) of B·T logit rows; `head_rows`: the bytes of the head's rows as stored
+    (LoadPrice.head_rows)."""
+    quant = manifest.quantization
+    if quant is None or not quant.lm_head_rerank:
+        return 0
+    return min(batch * logit_rows * quant.lm_head_rerank * FAULT_AROUND, head_rows)
+
+
 def footprint(manifest: Manifest, calibration: Calibration, sizes: Sizes, *, weights: int = 0,
               batch: int = 1) -> Footprint:
     """`batch`: B sequences per call (runtime/batch.py): B KV rows and B·R token rows in the arena."""
@@ -161,7 +177,9 @@ def footprint(manifest: Manifest, calibration: Calibration, sizes: Sizes, *, wei
         io=layout.allocation_bytes - layout.kv_nbytes, activations=activations,
         step_overhead=calibration.step_overhead_bytes, sizes=sizes, bytes_per_kv_element=manifest.bytes_per_kv_element,
         window_capacity=layout.window_capacity, batch=batch, load_price=calibration.price,
-        opening=calibration.opening_bytes)
+        opening=calibration.opening_bytes,
+        rerank=rerank_bytes(manifest, logit_rows=sizes.tree, head_rows=calibration.price.head_rows, batch=batch)
+        if calibration.price is not None else 0)
 
 
 _UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "kib": 2**10, "m": 10**6, "mb": 10**6, "mib": 2**20,
@@ -207,8 +225,10 @@ def breakdown(fp: Footprint) -> list[tuple[str, float]]:
         (f"arena I/O: ids, bias, logits, hidden (R={fp.sizes.rows}, T={fp.sizes.tree})", fp.io / MIB),
         (f"activations: {f'B·R={fp.batch}·' if fp.batch > 1 else 'R='}{fp.sizes.rows} rows over C={fp.sizes.capacity}",
          fp.activations / MIB),
+        *([(f"re-rank pages: min(T·k·64 KiB, the head's rows), T={fp.sizes.tree}", fp.rerank / MIB)]
+          if fp.rerank else []),
         *([("step overhead (measured once)", fp.step_overhead / MIB)] if price is None else []),
-        ("generation (arena + activations + overhead)", fp.generation / MIB),
+        ("generation (arena + activations + re-rank pages + overhead)", fp.generation / MIB),
         ("headroom (5% of generation: the model's error bound)", fp.headroom / MIB),
         *([(f"recall store: N·(4 + 8·K) bytes, N={recall_store.tokens_for(fp.recall)}, K={len(recall_store.ORDERS)}",
             fp.recall / MIB)] if fp.recall else []),
