@@ -120,8 +120,9 @@ class DecoderSession:
         release_file_pages([*artifact.files(), *(self._cache.folder.glob("*") if self._cache else ())])
         release_heap()  # and the heap opening freed
         took("pages handed back")
-        self.beside = None if open_beside is None else open_beside()
+        self.beside = None
         if open_beside is not None:
+            self.beside = open_beside()
             release_heap()  # what opening it freed (a tokenizer's parse of its JSON)
             took("tokenizer")
         self._shared_values = shared  # ORT does not own these buffers: keep them alive
