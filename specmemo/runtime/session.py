@@ -88,10 +88,10 @@ class DecoderSession:
 
     Load order: the shared LM head, the ORT sessions, what opens beside them (`open_beside`: the engine's
     tokenizer, opened where the process holds least: after the packing's peak and the pages handed back, before the
-    arena and the weights the first step reads in; ONNX Runtime holds the GIL while it opens a session, so a second
-    thread would wait), then the arena (`rss_after_load` is read in between, so a measurement can tell loading from
-    generation). The KV views are
-    bound once as both past input and present output; a step binds the other inputs/outputs as pointers into
+    arena and the weights the first step reads in; opened on a second thread it ran no sooner, the session's
+    construction and its parse not overlapping from Python threads), then the arena (`rss_after_load` is read in
+    between, so a measurement can tell loading from generation). The KV views are bound once as both past input
+    and present output; a step binds the other inputs/outputs as pointers into
     the arena with this step's shapes, so running a step allocates nothing."""
 
     def __init__(self, artifact: Artifact, config: SessionConfig = SessionConfig(), *,
