@@ -216,3 +216,135 @@ def test_a_tokenizer_that_cannot_be_read_is_one_line_whether_the_decoder_was_cac
         with pytest.raises(ConfigError, match=r"tokenizer.json is not a tokenizer this runtime can read .*: export"):
             open_engine(EngineConfig(artifact=Artifact.open(broken), mode=Mode.GREEDY, threads=DEFAULT_THREADS),
                         log=lambda _: None)
+
+
+# The batch pool: a batch graph's cache is its optimized graph alone, beside the decoder's, reading its weights
+BATCH_PROMPTS = [PROMPT, [7, 1, 30, 12], [9, 9, 4]]
+
+
+def pool_reply(artifact: Path, *, packed: bool = True) -> tuple[list[list[int]], Packing, list[str]]:
+    from specmemo.runtime.engine import open_pool
+    from specmemo.runtime.pool import Request
+
+    lines: list[str] = []
+    pool = open_pool(EngineConfig(artifact=Artifact.open(artifact), mode=Mode.GREEDY, threads=DEFAULT_THREADS,
+                                  packed_cache=packed), batch=2, log=lines.append)
+    ids = [g.token_ids for g in pool.run([Request(p, 12) for p in BATCH_PROMPTS])]
+    return ids, pool.backend.session.packing, [line for line in lines if "packed" in line]
+
+
+def write_batch(artifact: Path) -> Packing:
+    """The writer a pool's process leaves (`python -m specmemo.runtime.pack_writer A --batch 2`), in this process."""
+    return write_now(Artifact.open(artifact), threads=DEFAULT_THREADS, batches=(2,), log=lambda _: None)
+
+
+@pytest.fixture(scope="module")
+def pool_plain(tiny_llama):
+    return pool_reply(tiny_llama, packed=False)[0]
+
+
+def test_the_batch_pool_maps_its_graph_over_the_decoders_packed_weights(tiny_llama, cache_dir, pool_plain):
+    from specmemo.runtime.pack_writer import main
+    from specmemo.runtime.packed_cache import BATCH
+
+    ids, packing, lines = pool_reply(tiny_llama)
+    assert (ids, packing, lines) == (pool_plain, Packing.DEFERRED, [])
+    cache = cache_for(Artifact.open(tiny_llama))
+    main([str(tiny_llama), "--threads", str(DEFAULT_THREADS), "--batch", "2"])  # the decoder's, then the batch's
+    graph = Artifact.open(tiny_llama).manifest.batch_graph(2).file
+    meta = json.loads((cache.folder / META).read_text())
+    assert set(meta[BATCH]) == {graph} and meta[BATCH][graph]["size"] == (cache.folder / graph).stat().st_size
+    assert sorted(p.name for p in cache.folder.iterdir()) == sorted([GRAPH, DATA, META, graph])  # no data of its own
+    assert not list(cache.folder.parent.glob("*.partial-*"))
+    locations = {e.value for t in onnx.load(str(cache.folder / graph), load_external_data=False).graph.initializer
+                 for e in t.external_data if e.key == "location"}
+    assert locations == {DATA}
+    assert pool_reply(tiny_llama) == (pool_plain, Packing.CACHED, [])
+    assert reply(tiny_llama)[1:] == (Packing.CACHED, [])  # the decoder's cache as it was
+
+
+def test_a_pool_opened_without_its_cache_has_the_writer_told_its_batch(tiny_llama, cache_dir, monkeypatch):
+    from specmemo.runtime import packed_cache
+
+    monkeypatch.delenv(ENV, raising=False)
+    monkeypatch.setattr(packed_cache, "_PENDING", {})
+    monkeypatch.setattr(packed_cache.atexit, "register", lambda _: None)
+    started = []
+    monkeypatch.setattr(packed_cache, "start_writer",
+                        lambda cache, folder, *, threads, batches: started.append((folder, batches)))
+    pool_reply(tiny_llama)
+    packed_cache._start_pending()
+    assert started == [(Artifact.open(tiny_llama).folder, [2])]
+
+
+def truncate_graph(folder: Path, graph: str) -> None:
+    (folder / graph).write_bytes((folder / graph).read_bytes()[:1000])
+
+
+def another_probe(folder: Path, graph: str) -> None:
+    meta = json.loads((folder / META).read_text())
+    meta["batch"][graph]["probe"] = "0" * 64
+    (folder / META).write_text(json.dumps(meta))
+
+
+def another_source(folder: Path, graph: str) -> None:
+    meta = json.loads((folder / META).read_text())
+    meta["batch"][graph]["source"] = "0" * 64
+    (folder / META).write_text(json.dumps(meta))
+
+
+@pytest.mark.parametrize("fault, said", [(truncate_graph, "not the size"), (another_probe, "other numbers"),
+                                         (another_source, "made from another graph")])
+def test_a_broken_batch_graph_cache_costs_that_graph_alone(tiny_llama, cache_dir, pool_plain, fault, said):
+    write_batch(tiny_llama)
+    cache = cache_for(Artifact.open(tiny_llama))
+    fault(cache.folder, Artifact.open(tiny_llama).manifest.batch_graph(2).file)
+    ids, packing, lines = pool_reply(tiny_llama)
+    assert ids == pool_plain and packing is Packing.DEFERRED
+    assert len(lines) == 1 and said in lines[0] and "a fresh one written after this process ends" in lines[0]
+    assert reply(tiny_llama)[1:] == (Packing.CACHED, [])  # the decoder's cache kept
+    assert write_batch(tiny_llama) is Packing.CACHED
+    assert pool_reply(tiny_llama) == (pool_plain, Packing.CACHED, [])
+
+
+def test_plan_pack_with_a_batch_writes_its_graph_too(tiny_llama, cache_dir, capsys):
+    from specmemo.cli import main
+
+    assert main(["plan", "--artifact", str(tiny_llama), "--pack", "--batch", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "the batch graphs decoder.b2.onnx beside it" in out
+    assert pool_reply(tiny_llama)[1] is Packing.CACHED
+    assert main(["plan", "--artifact", str(tiny_llama), "--pack", "--batch", "3"]) == 1  # not exported: one line
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "no graph for batch 3" in err[0] and "specmemo export batch" in err[0]
+
+
+FULL_DISK_BATCH = FULL_DISK.replace("import write\n", "import write_batch as write\n")
+
+
+def test_a_full_disk_under_the_batch_graph_opens_the_pool_without_it(tiny_llama, cache_dir, pool_plain):
+    write(tiny_llama)  # the decoder's cache fits; the batch graph's staging (its own weights, for now) does not
+    done = subprocess.run([sys.executable, "-c", FULL_DISK_BATCH, str(tiny_llama), str(Path(__file__).parent)],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and done.stdout.split() == ["cached"], done.stderr[-2000:]  # the decoder's: mapped
+    ids, packing, lines = pool_reply(tiny_llama)
+    assert (ids, packing) == (pool_plain, Packing.PLAIN)
+    assert len(lines) == 1 and "the last write failed" in lines[0] and "plan --pack" in lines[0]
+    assert reply(tiny_llama)[1:] == (Packing.CACHED, [])
+    assert write_batch(tiny_llama) is Packing.CACHED  # room again
+    assert pool_reply(tiny_llama) == (pool_plain, Packing.CACHED, [])
+
+
+def test_bench_batch_memory_probes_say_how_each_opened(tiny_llama, cache_dir):
+    """`specmemo bench batch`'s fresh-process probes: the seconds to open and whether the packed cache was mapped."""
+    from specmemo.bench.batch import BatchBenchConfig, format_table, run_memory
+
+    config = BatchBenchConfig(artifact=tiny_llama, batches=(1, 2), max_new_tokens=4, capacity=32, threads=1)
+    write_batch(tiny_llama)
+    probes = run_memory(config, [BATCH_PROMPTS[0], BATCH_PROMPTS[1]], log=lambda _: None)
+    assert [(p["batch"], p["packing"]) for p in probes] == [(1, "cached"), (2, "cached")]
+    assert all(0 < p["open_s"] < 120 and p["rss_after_load"] > 0 for p in probes)
+    row = {"batch": 2, "plain_tokens_per_s": 1.0, "speculative_tokens_per_s": 1.0, "speculative_over_plain": 1.0,
+           "plain_over_b1_plain": 1.0, "mean_accepted": 1.0, "identical_plain": 1, "identical_speculative": 1,
+           "replies": 1, "step_shares": None, "memory": probes[1]}
+    assert format_table({"rows": [row]}).splitlines()[1].endswith("cached")

@@ -136,12 +136,14 @@ def test_mobile_export_writes_ort_graphs_and_the_reduced_build_operators(int4):
 def test_the_packed_cache_answers_alike_and_hands_back_the_rows_the_rerank_reads(int4, tmp_path, monkeypatch):
     """The cached graph's LM head rows that the exact re-rank gathers (its originals, beside the packed copy) are
     handed back after every step: none resident after a reply, the same ids as the artifact's own graph."""
+    from specmemo.runtime.engine import open_pool
     from specmemo.runtime.pack_writer import write_now
     from specmemo.runtime.packed_cache import Packing
+    from specmemo.runtime.pool import Request
 
     artifact, _, _ = int4
     monkeypatch.setenv("SPECMEMO_CACHE", str(tmp_path / "cache"))
-    assert write_now(Artifact.open(artifact), threads=2, log=lambda _: None) is Packing.WRITING
+    assert write_now(Artifact.open(artifact), threads=2, batches=(2,), log=lambda _: None) is Packing.WRITING
     replies = []
     for packed in (False, True):
         engine = open_engine(EngineConfig(artifact=Artifact.open(artifact), mode=Mode.GREEDY, capacity=256,
@@ -151,6 +153,14 @@ def test_the_packed_cache_answers_alike_and_hands_back_the_rows_the_rerank_reads
     gathered = engine.session._gathered
     assert engine.session.packing is Packing.CACHED and gathered.spans  # the LM head's rows and their scales
     assert replies[0] == replies[1] and gathered.resident() == 0
+    pooled = []  # the batch pool: its graph's cache reads the decoder's packed weights
+    for packed in (False, True):
+        pool = open_pool(EngineConfig(artifact=Artifact.open(artifact), mode=Mode.GREEDY, capacity=256,
+                                      packed_cache=packed), batch=2, log=lambda *_: None)
+        assert pool.backend.session.packing is (Packing.CACHED if packed else Packing.PLAIN)
+        pooled.append([g.token_ids for g in pool.run([Request(engine.tokenizer.encode_chat([Message("user", p)]), 32)
+                                                      for p in PROMPTS[2:]])])
+    assert pooled[0] == pooled[1] and pooled[0][1] == replies[0][:32]
 
 
 def test_the_packed_weights_are_the_arithmetic_of_what_onnx_runtime_wrote(int4, tmp_path, monkeypatch):

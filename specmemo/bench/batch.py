@@ -8,8 +8,9 @@ SequencePool on the batch graph (continuous batching within a chunk; the batch w
 T each step, T = 1 being plain decoding), and B = 1 greedy on two prompts of each chunk beside them (the
 ×B=1 ratio). Every reply is compared token for token with B = 1 greedy.
 
-Memory, a fresh process per B: RSS after load and peak RSS while decoding B questions at once, beside
-the arena as allocated.
+Memory, a fresh process per B: the seconds from its start to the engine or pool open (the packed-weights cache
+mapped where one is written: `specmemo plan --pack --batch B`), RSS after load and peak RSS while decoding B
+questions at once, beside the arena as allocated.
 
 Load test: the server on loopback, N streaming clients each sending R requests in turn (temperature 0),
 time to first token and per-request tokens/s, every reply checked against B = 1 greedy.
@@ -142,16 +143,19 @@ def probe_memory(request: dict) -> dict:
     session: DecoderSession | BatchSession
     if batch == 1:
         engine = open_engine(config, log=lambda _: None)
+        opened = time.time() - request["spawned_at"]
         for prompt in prompts:
             engine.generate(prompt, max_new_tokens=request["max_new_tokens"])
         session = engine.session
     else:
         pool = open_pool(config, batch=batch, log=lambda _: None)
+        opened = time.time() - request["spawned_at"]
         pool.run([Request(p, request["max_new_tokens"]) for p in prompts])
         session = pool.backend.session
     return {"batch": batch, "rss_after_load": session.rss_after_load, "peak_rss": peak_rss_bytes(),
             "generation": peak_rss_bytes() - session.rss_after_load, "arena": session.arena.nbytes,
-            "kv": sum(b.nbytes for b in session.arena.kv)}
+            "kv": sum(b.nbytes for b in session.arena.kv), "open_s": round(opened, 3),
+            "packing": session.packing.value}  # the process's start to its engine or pool open
 
 
 def run_memory(config: BatchBenchConfig, prompts: list[list[int]], *, log=print) -> list[dict]:
@@ -207,7 +211,7 @@ def summarize(config: BatchBenchConfig, speed: dict, memory: list[dict], load: d
 
 def format_table(summary: dict) -> str:
     lines = [f"{'B':>3} {'plain tok/s':>12} {'spec tok/s':>11} {'spec/plain':>10} {'×B=1':>6} {'acc/step':>8} "
-             f"{'identical':>13} {'commit %':>8} {'KV MiB':>7} {'gen MiB':>8}"]
+             f"{'identical':>13} {'commit %':>8} {'KV MiB':>7} {'gen MiB':>8} {'open s':>7} {'load MiB':>9}  packed"]
     for r in summary["rows"]:
         memory = r["memory"] or {}
         shares = r["step_shares"] or {}
@@ -216,7 +220,8 @@ def format_table(summary: dict) -> str:
                      f"{r['mean_accepted'] or 0:>8.2f} "
                      f"{r['identical_plain']:>3}+{r['identical_speculative']:>3}/{r['replies']:<3}   "
                      f"{100 * shares.get('commit', 0):>8.2f} {memory.get('kv', 0) / 2**20:>7.1f} "
-                     f"{memory.get('generation', 0) / 2**20:>8.1f}")
+                     f"{memory.get('generation', 0) / 2**20:>8.1f} {memory.get('open_s', 0):>7.2f} "
+                     f"{memory.get('rss_after_load', 0) / 2**20:>9.0f}  {memory.get('packing', '')}")
     load = summary.get("load")
     if load:
         lines.append(f"\nserver load test (B={load['batch']}, {load['clients']} streaming clients × "

@@ -61,7 +61,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     artifact = Artifact.open(args.artifact)
     manifest = artifact.manifest
     if args.pack:
-        pack(artifact, threads=args.threads)
+        pack(artifact, threads=args.threads, batch=args.batch)
     priced = args.budget_bytes is not None
     config = EngineConfig(artifact=artifact, threads=args.threads, budget=args.budget_bytes,
                           context=args.context if priced else None, capacity=None if priced else args.context,
@@ -144,13 +144,16 @@ def cmd_plan(args: argparse.Namespace) -> int:
     return 0
 
 
-def pack(artifact: Artifact, *, threads: int) -> None:
-    """Write the packed-weights cache in the foreground, saying what it did on stderr."""
+def pack(artifact: Artifact, *, threads: int, batch: int = 1) -> None:
+    """Write the packed-weights cache in the foreground (and the `batch`-sequence graph's, where B > 1), saying what
+    it did on stderr."""
     from specmemo.runtime.pack_writer import write_now
     from specmemo.runtime.packed_cache import Packing
 
+    if batch > 1:
+        artifact.manifest.batch_graph(batch)  # a one-line error naming the graphs exported
     log_stderr("packing the decoder's weights for this CPU (written once; later opens map them) ...")
-    packing = write_now(artifact, threads=threads, log=log_stderr)
+    packing = write_now(artifact, threads=threads, batches=(batch,) if batch > 1 else (), log=log_stderr)
     log_stderr({Packing.CACHED: "packed-weights cache: already written and whole",
                 Packing.WRITING: "packed-weights cache: written"}.get(packing, "packed-weights cache: not written"))
 
@@ -164,7 +167,10 @@ def packed_cache_line(artifact: Artifact) -> str:
     if meta is None:
         return (f"packed-weights cache: none yet (written to {cache.folder.parent} after the first open's process "
                 "ends, or now by --pack; --no-packed-cache or a profile's packed_cache = false keeps none)")
-    return (f"packed-weights cache: {sum(meta['sizes'].values()) / 2 ** 20:,.0f} MiB on disk in {cache.folder} "
+    batch = sorted(meta.get("batch", {}).items())
+    graphs = (f"; the batch graphs {', '.join(name for name, _ in batch)} beside it, "
+              f"{sum(entry.get('size', 0) for _, entry in batch) / 2 ** 20:,.1f} MiB" if batch else "")
+    return (f"packed-weights cache: {sum(meta['sizes'].values()) / 2 ** 20:,.0f} MiB on disk in {cache.folder}{graphs} "
             f"(later opens map it instead of packing again)")
 
 

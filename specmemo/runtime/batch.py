@@ -24,6 +24,7 @@ buffer (only when a tree accepted a side branch).
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -36,7 +37,7 @@ from specmemo.runtime.arena import Arena
 from specmemo.runtime.artifact import Artifact
 from specmemo.runtime.backend import TREE_CACHE, ContextOverflowError, Forward, TreeInputs, check_fits
 from specmemo.runtime.embedding import EmbeddingTable
-from specmemo.runtime.file_pages import release_file_pages
+from specmemo.runtime.file_pages import FilePages, release_file_pages, release_heap
 from specmemo.runtime.kv_cache import KVCache
 from specmemo.runtime.ort_sessions import (
     ArtifactError,
@@ -44,10 +45,12 @@ from specmemo.runtime.ort_sessions import (
     lm_head_initializers,
     load_graph,
     load_shared_lm_head,
+    open_batch_graph,
     open_heads,
 )
+from specmemo.runtime.packed_cache import BATCH, DATA, Packing, commit_batch, forget_batch, schedule, source_digest
 from specmemo.runtime.row_route import RowRoute, manifest_route
-from specmemo.runtime.rss import reset_peak_rss, rss_bytes
+from specmemo.runtime.rss import reset_peak_rss, resident, rss_bytes
 from specmemo.runtime.session import SessionConfig
 from specmemo.runtime.sizes import WINDOW_MARGIN
 from specmemo.runtime.span import span_for
@@ -80,15 +83,13 @@ class BatchSession:
         self.embedding = EmbeddingTable(self.artifact / m.embedding.file, m.embedding)
         self.lm_head = load_shared_lm_head(self.artifact)
         shared, heads_shared = lm_head_initializers(m, self.lm_head)
-        self.session = load_graph(self.artifact / self.graph.file, config, shared)
-        expected = {*self.graph.attention_bias, *(p for pair in self.graph.kv_pairs for p in pair)}
-        names = {i.name for i in self.session.get_inputs()} | {o.name for o in self.session.get_outputs()}
-        if not expected <= names:
-            raise ArtifactError(f"{self.artifact / self.graph.file} does not match its manifest: "
-                                "re-export the artifact")
+        self.session, self.packing, self._cache = open_batch_graph(self.artifact, config, shared, self.graph)
+        self._check_graph()
         self.heads_session = open_heads(self.artifact, config, heads_shared)
         self._shared_values = shared
-        release_file_pages(artifact.files())  # as DecoderSession does: what opening read and no step reads again
+        # as DecoderSession does: what opening read and no step reads again, and the heap opening freed
+        release_file_pages([*artifact.files(), *(self._cache.folder.glob("*") if self._cache else ())])
+        release_heap()
         self.rss_after_load = rss_bytes()
         reset_peak_rss()
         self.arena = Arena(self.layout)
@@ -100,6 +101,53 @@ class BatchSession:
                                packed_to_span=m.kv_packed_to_span, bucket=m.span_bucket) for b in range(config.batch)]
         self._kv_values: list[list[ort.OrtValue]] = [[] for _ in range(config.batch)]
         for b in range(config.batch):
+            self._bind_row_kv(b)
+        self._gathered = FilePages()
+        if self.packing in (Packing.CACHED, Packing.WRITING):
+            before = resident().file
+            self._settle_packing()
+            self.rss_after_load += max(0, resident().file - before)  # the packed weights the probe read in: load
+        if self.packing is Packing.CACHED and self._cache is not None:  # rows the re-rank Gathers: handed back
+            self._gathered = FilePages.of(self._cache.folder / DATA, (self._cache.meta() or {}).get("gathered", ()))
+
+    def _check_graph(self) -> None:
+        expected = {*self.graph.attention_bias, *(p for pair in self.graph.kv_pairs for p in pair)}
+        names = {i.name for i in self.session.get_inputs()} | {o.name for o in self.session.get_outputs()}
+        if not expected <= names:
+            raise ArtifactError(f"{self.artifact / self.graph.file} does not match its manifest: "
+                                "re-export the artifact")
+
+    def _probe(self) -> str:
+        """The digest of one call of a 1-token row at position 0 on every row: what a packed cache must reproduce."""
+        out = BatchBackend(self).forward([RowCall(row=b, tokens=[0], parents=tree.chain(1))
+                                         for b in range(self.batch)])
+        return hashlib.sha256(b"".join(a.tobytes() for f in out.values()
+                                       for a in (f.next_token_ids, f.logits, f.hidden_states))).hexdigest()
+
+    def _settle_packing(self) -> None:
+        """As DecoderSession's: a cached graph is kept only if its probe is the recorded one (else the artifact's
+        graph is opened and a fresh cache written after this process ends); a written one is stored with its probe."""
+        cache, graph, log = self._cache, self.graph.file, self.config.log
+        assert cache is not None  # open_batch_graph names the cache whenever it used or wrote one
+        if self.packing is Packing.CACHED:
+            entry = (cache.meta() or {}).get(BATCH, {}).get(graph, {})
+            if self._probe() == entry.get("probe"):
+                return
+            log(f"the packed-weights cache of {graph} computes other numbers than the artifact (corrupt?): opened "
+                "from the artifact, a fresh one written after this process ends")
+            forget_batch(cache, graph)
+            self.session = load_graph(self.artifact / graph, self.config, self._shared_values)
+            self.packing = Packing.DEFERRED if schedule(self.artifact, cache, threads=self.config.threads,
+                                                        batch=self.batch) is None else Packing.PLAIN
+        else:
+            try:
+                commit_batch(cache, cache.staging(), graph=graph, probe=self._probe(),
+                             source=source_digest(self.artifact, graph))
+            except (OSError, ValueError) as err:
+                log(f"no packed-weights cache of {graph} ({getattr(err, 'strerror', None) or err})")
+                self.packing = Packing.PLAIN
+        self.binding = self.session.io_binding()
+        for b in range(self.batch):
             self._bind_row_kv(b)
 
     def _bind_row_kv(self, b: int) -> None:
@@ -178,6 +226,7 @@ class BatchSession:
         self._bind(io.next_token_ids, a["next_token_ids"], (1, logit_rows), output=True)
         self._bind(io.hidden_states, a["hidden_states"], (1, total, d.hidden_size), output=True)
         self.session.run_with_iobinding(self.binding)
+        self._gathered.drop()  # as DecoderSession does: the re-rank rows this call read in
 
 
 class BatchBackend:

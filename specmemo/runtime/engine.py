@@ -218,8 +218,10 @@ def open_pool(config: EngineConfig, *, batch: int, log: Callable[[str], None] = 
     plan = plan_for(replace(config, mode=Mode.TREE if kept else Mode.GREEDY, drafter=kept or None), manifest,
                     batch=batch, log=log)
     names, sizes = plan.drafters, plan.sizes
-    session = BatchSession(config.artifact, SessionConfig(threads=config.threads, layout=plan.layout, batch=batch,
-                                                          heads=uses_heads_graph(names)))
+    session = BatchSession(config.artifact, SessionConfig(
+        threads=config.threads, layout=plan.layout, batch=batch, heads=uses_heads_graph(names),
+        packed_cache=CacheUse.MAP if config.packed_cache else CacheUse.OFF, parallel_prepack=plan.parallel_prepack,
+        log=log))
     rows: list[RowDrafters] = []
     for n in names:
         build_rows = BUILDERS[n][1]

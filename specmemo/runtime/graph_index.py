@@ -199,3 +199,66 @@ def largest_packed_first(model: bytes) -> bytes:
         body = b"".join(nodes[i] for i in order) + bytes(rest)
         out += _encode_varint(7 << 3 | BYTES) + _encode_varint(len(body)) + body
     return bytes(out)
+
+
+def _initializer_parts(model: bytes) -> Iterator[tuple[str, bytes, bytes]]:
+    """(name, external_data entries' bytes, the rest's bytes) of each initializer of `model`'s graph."""
+    for number, wire, graph in fields(model):
+        if number != 7 or wire != BYTES or not isinstance(graph, bytes):
+            continue
+        for part, kind, lo, hi in _spans(graph):
+            if part != 5 or kind != BYTES:
+                continue
+            tensor = next(v for _, _, v in fields(graph[lo:hi]))
+            assert isinstance(tensor, bytes)
+            external, rest = bytearray(), bytearray()
+            for n, w, a, b in _spans(tensor):
+                (external if n == 13 and w == BYTES else rest).extend(tensor[a:b])
+            yield (_strings(tensor, 8) or [""])[0], bytes(external), bytes(rest)
+
+
+def _entries(external: bytes) -> dict[str, str]:
+    """An initializer's external_data entries, key → value."""
+    out = {}
+    for _, _, entry in fields(external):
+        assert isinstance(entry, bytes)
+        out[(_strings(entry, 1) or [""])[0]] = (_strings(entry, 2) or [""])[0]
+    return out
+
+
+def _same_weight(mine: dict[str, str], theirs: dict[str, str]) -> bool:
+    """Whether two external entries hold one weight: its length, and each prepacked copy's kernel and hash (the part
+    of a `prepacked_*` value before `|`; after it are offsets into its own file)."""
+    if mine.keys() != theirs.keys() or mine.get("length") != theirs.get("length"):
+        return False
+    return all(mine[k].split("|")[0] == theirs[k].split("|")[0] for k in mine if k.startswith("prepacked"))
+
+
+def point_weights_at(model: bytes, other: bytes) -> bytes:
+    """`model` (a graph ONNX Runtime wrote with its prepacked weights) with each external weight's entries replaced
+    by those of the same weight in `other`, written by ONNX Runtime from another graph over the same weights (a
+    batch graph and the decoder's): the weights are then read from `other`'s data file, and `model`'s own can go.
+    A ValueError names the first weight `other` does not hold alike (its name, length or prepacked hash)."""
+    theirs = {name: external for name, external, _ in _initializer_parts(other) if external}
+    out = bytearray()
+    for number, wire, start, end in _spans(model):
+        if number != 7 or wire != BYTES:
+            out += model[start:end]
+            continue
+        graph = next(v for _, _, v in fields(model[start:end]))
+        assert isinstance(graph, bytes)
+        body = bytearray()
+        parts = iter(_initializer_parts(model))
+        for part, kind, lo, hi in _spans(graph):
+            if part != 5 or kind != BYTES:
+                body += graph[lo:hi]
+                continue
+            name, external, rest = next(parts)
+            if external:
+                if name not in theirs or not _same_weight(_entries(external), _entries(theirs[name])):
+                    raise ValueError(f"the weight {name!r} is not held alike in both graphs")
+                external = theirs[name]
+            tensor = rest + external
+            body += _encode_varint(5 << 3 | BYTES) + _encode_varint(len(tensor)) + tensor
+        out += _encode_varint(7 << 3 | BYTES) + _encode_varint(len(body)) + bytes(body)
+    return bytes(out)

@@ -15,15 +15,18 @@ import onnxruntime as ort
 
 from specmemo.errors import ConfigError, SpecMemoError
 from specmemo.runtime.artifact import Artifact
-from specmemo.runtime.manifest import Manifest, ModelFormat, graph_file
+from specmemo.runtime.manifest import BatchGraph, Manifest, ModelFormat, graph_file
 from specmemo.runtime.packed_cache import (
+    GRAPH,
     CacheUse,
     PackedCache,
     Packing,
+    batch_entry,
     cache_for,
     discard,
     save_options,
     schedule,
+    source_digest,
     unusable,
 )
 
@@ -60,7 +63,7 @@ def configure_process(threads: int) -> None:
 
 
 def session_options(config: SessionConfig, initializers: dict[str, ort.OrtValue] | None = None, *,
-                    optimized: bool = False, save_to: Path | None = None) -> ort.SessionOptions:
+                    optimized: bool = False) -> ort.SessionOptions:
     """Options chosen for a memory-lean CPU decoder; each measured (docs/runtime.md):
     - initializers straight from the device allocator, not the arena (lower peak RSS at load);
     - one thread pool and one CPU arena per process (`configure_process`); intermediates are carved
@@ -74,16 +77,13 @@ def session_options(config: SessionConfig, initializers: dict[str, ort.OrtValue]
       of the copy it packs), so such a graph's weights are packed on every thread of the pool at once
       (`session.prepack.enable_parallel`) unless SessionConfig.parallel_prepack says not (the plan's decision: every
       original stays mapped until the last is packed, which a budget may not hold; memory.py's `opening`). From
-      the artifact the packed copies are heap beside the originals, one weight at a time (docs/load.md);
-    - `save_to`: write the optimized graph and its prepacked weights into that folder while opening (packed_cache)."""
+      the artifact the packed copies are heap beside the originals, one weight at a time (docs/load.md)."""
     configure_process(config.threads)
     options = ort.SessionOptions()
     options.use_per_session_threads = False  # the process-wide pool (configure_process)
     options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     options.graph_optimization_level = (ort.GraphOptimizationLevel.ORT_DISABLE_ALL if optimized
                                         else ort.GraphOptimizationLevel.ORT_ENABLE_ALL)
-    if save_to is not None:
-        save_options(options, save_to)
     options.log_severity_level = 3
     options.enable_cpu_mem_arena = True
     options.enable_mem_pattern = False
@@ -101,11 +101,13 @@ def session_options(config: SessionConfig, initializers: dict[str, ort.OrtValue]
 
 def load_graph(path: Path, config: SessionConfig, initializers: dict[str, ort.OrtValue] | None = None, *,
                optimized: bool = False, save_to: Path | None = None) -> ort.InferenceSession:
-    """One of the artifact's graphs in ORT; a corrupt or unloadable file is a one-line ArtifactError."""
+    """One of the artifact's graphs in ORT; a corrupt or unloadable file is a one-line ArtifactError. `save_to`: the
+    file its packed form is written to (its weights beside it, in `save_to`.data)."""
+    options = session_options(config, initializers, optimized=optimized)
+    if save_to is not None:
+        save_options(options, save_to.parent, graph=save_to.name)
     try:
-        return ort.InferenceSession(str(path), session_options(config, initializers, optimized=optimized,
-                                                               save_to=save_to),
-                                    providers=["CPUExecutionProvider"])
+        return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
     except Exception as err:  # ORT raises several types for the same cause
         reason = str(err).strip().splitlines()[0][:200]
         raise ArtifactError(f"{path} cannot be loaded by ONNX Runtime ({reason}): re-export the artifact") from None
@@ -113,7 +115,7 @@ def load_graph(path: Path, config: SessionConfig, initializers: dict[str, ort.Or
 
 def open_session(artifact: Artifact, config: SessionConfig, initializers: dict[str, ort.OrtValue] | None = None, *,
                  save_to: Path | None = None) -> ort.InferenceSession:
-    """The decoder graph from the artifact (`save_to`: its packed form written there as it opens)."""
+    """The decoder graph from the artifact (`save_to`: its packed form written to that file as it opens)."""
     manifest = artifact.manifest
     path = artifact / graph_file(manifest, manifest.decoder_file, config.model_format)
     session = load_graph(path, config, initializers, save_to=save_to)
@@ -165,13 +167,55 @@ def open_writing(artifact: Artifact, config: SessionConfig, initializers: dict[s
     try:
         discard(staging)
         staging.mkdir(parents=True)
-        return open_session(artifact, config, initializers, save_to=staging), Packing.WRITING, cache
+        return open_session(artifact, config, initializers, save_to=staging / GRAPH), Packing.WRITING, cache
     except (OSError, ArtifactError) as err:
         discard(staging)
         session = open_session(artifact, config, initializers)  # a broken artifact raises its own one line here
         reason = err.strerror if isinstance(err, OSError) and err.strerror else str(err)[:160]
         config.log(f"no packed-weights cache ({reason}): opened from the artifact, packed again on every open")
         return session, Packing.PLAIN, None
+
+
+def open_batch_graph(artifact: Artifact, config: SessionConfig, initializers: dict[str, ort.OrtValue],
+                     batch_graph: BatchGraph) -> tuple[ort.InferenceSession, Packing, PackedCache | None]:
+    """A batch graph's session (runtime/batch.py), from the packed cache where its entry can be used (its weights
+    the decoder cache's), else from the artifact: written as it opens (CacheUse.WRITE, the decoder's cache usable),
+    or after this process ends (MAP). The caller checks its probe (CACHED) or records it (WRITING)."""
+    graph = batch_graph.file
+    path = artifact / graph
+    if config.packed_cache is CacheUse.OFF or config.model_format is not ModelFormat.ONNX or initializers:
+        return load_graph(path, config, initializers), Packing.PLAIN, None
+    cache = cache_for(artifact)
+    entry, why = batch_entry(cache, graph, source=source_digest(artifact, graph))
+    if entry is not None:
+        try:
+            return load_graph(cache.folder / graph, config, optimized=True), Packing.CACHED, cache
+        except ArtifactError as err:
+            why = f"ONNX Runtime cannot load it: {str(err).split('(', 1)[-1].split(')')[0][:120]}"
+    if why != "none yet":
+        later = " after this process ends" if config.packed_cache is CacheUse.MAP else ""
+        config.log(f"the packed-weights cache of {graph} is not used ({why}): opened from the artifact, a fresh "
+                   f"one written{later}")
+    if config.packed_cache is CacheUse.WRITE and unusable(cache) is None:
+        staging = cache.staging()
+        try:
+            discard(staging)
+            staging.mkdir(parents=True)
+            return load_graph(path, config, save_to=staging / graph), Packing.WRITING, cache
+        except (OSError, ArtifactError) as err:
+            discard(staging)
+            reason = err.strerror if isinstance(err, OSError) and err.strerror else str(err)[:160]
+            config.log(f"no packed-weights cache of {graph} ({reason}): opened from the artifact")
+            return load_graph(path, config), Packing.PLAIN, None
+    session = load_graph(path, config)
+    if config.packed_cache is CacheUse.WRITE:  # the decoder's could not be written: nothing to point at
+        return session, Packing.PLAIN, None
+    refused = schedule(artifact, cache, threads=config.threads, batch=batch_graph.batch)
+    if refused is not None:
+        config.log(f"no packed-weights cache of {graph} ({refused}): opened from the artifact, packed again on every "
+                   "open")
+        return session, Packing.PLAIN, None
+    return session, Packing.DEFERRED, cache
 
 
 def check_graph_matches(session: ort.InferenceSession, manifest: Manifest, path: Path) -> None:

@@ -1,11 +1,12 @@
 """The packed-weights cache's writer: the process packed_cache.start_writer starts when a process that opened the
 decoder without a cache ends,
 
-    python -m specmemo.runtime.pack_writer ARTIFACT --threads N --after-fd FD
+    python -m specmemo.runtime.pack_writer ARTIFACT --threads N --after-fd FD [--batch B ...]
 
 detached, at the lowest priority, holding the cache's lock. It waits until the process that started it has ended
 (its end of the pipe FD closes), so the two never hold the model at once, then opens the decoder writing the cache
-(CacheUse.WRITE) and exits. `write_now` is the same in the foreground (`specmemo plan --pack`). Where writing fails
+(CacheUse.WRITE) unless a usable one is there, then each named batch graph the same way (its cache points at the
+decoder's weights), and exits. `write_now` is the same in the foreground (`specmemo plan --pack`). Where writing fails
 (a full disk), `<cache>.failed` says why, and no later open starts another writer until a write succeeds.
 """
 
@@ -16,16 +17,45 @@ import contextlib
 import json
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from specmemo.runtime.artifact import Artifact
 from specmemo.runtime.packed_cache import META, CacheUse, Packing, cache_for, unusable
 
 
-def write_now(artifact: Artifact, *, threads: int, log: Callable[[str], None] = print) -> Packing:
-    """Write the artifact's cache in this process (mapped instead when a usable one exists): CACHED, WRITING (it
-    was written) or PLAIN (it could not be: `<cache>.failed` says why, and `log` got the line)."""
+def write_now(artifact: Artifact, *, threads: int, batches: Sequence[int] = (),
+              log: Callable[[str], None] = print) -> Packing:
+    """Write the artifact's cache in this process (mapped instead when a usable one exists), and then each of
+    `batches`' graphs: the decoder's CACHED, WRITING (it was written) or PLAIN (it could not be: `<cache>.failed`
+    says why, and `log` got the line)."""
+    packing = write_decoder(artifact, threads=threads, log=log)
+    if packing is not Packing.PLAIN:
+        for batch in batches:
+            write_batch(artifact, batch=batch, threads=threads, log=log)
+    return packing
+
+
+def write_batch(artifact: Artifact, *, batch: int, threads: int, log: Callable[[str], None] = print) -> Packing:
+    """One batch graph's cache, beside a usable decoder's (a small arena: what it allocates is not kept)."""
+    from specmemo.runtime.batch import BatchSession
+    from specmemo.runtime.session import SessionConfig
+    from specmemo.runtime.sizes import Sizes
+
+    lines: list[str] = []
+    session = BatchSession(artifact, SessionConfig(threads=threads, batch=batch, heads=False, warm_up=False,
+                                                   sizes=Sizes(capacity=16, rows=1, tree=1),
+                                                   packed_cache=CacheUse.WRITE, log=lines.append))
+    for line in lines:
+        log(line)
+    if session.packing not in (Packing.CACHED, Packing.WRITING):
+        with contextlib.suppress(OSError):
+            cache_for(artifact).failed.write_text((lines[-1] if lines else "nothing was written") + "\n")
+    return session.packing
+
+
+def write_decoder(artifact: Artifact, *, threads: int, log: Callable[[str], None] = print) -> Packing:
+    """The decoder's cache (see write_now)."""
     from specmemo.runtime.session import DecoderSession, SessionConfig
 
     lines: list[str] = []
@@ -51,13 +81,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("artifact", type=Path)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--after-fd", type=int, default=None, help="start when this pipe's other end closes")
+    parser.add_argument("--batch", type=int, action="append", default=[],
+                        help="also write the B-sequence graph's cache (repeatable)")
     args = parser.parse_args(argv)
     if args.after_fd is not None:
         while os.read(args.after_fd, 1):
             pass
     with contextlib.suppress(OSError):
         os.nice(19)
-    write_now(Artifact.open(args.artifact), threads=args.threads, log=lambda _: None)
+    write_now(Artifact.open(args.artifact), threads=args.threads, batches=args.batch, log=lambda _: None)
 
 
 if __name__ == "__main__":

@@ -20,6 +20,12 @@ opens from the artifact, a fresh cache is written, and one line says why. Writin
 full or read-only the model opens all the same, without a cache. The disk it takes (the prepacked weights and the
 original ones ONNX Runtime checks them against) is stated when it is written; a device profile decides whether to
 keep one (`packed_cache`).
+
+The batch graphs (runtime/batch.py) read the decoder's weights under the same names, and ONNX
+Runtime packs them alike: a batch graph's cache is its optimized graph alone, stored beside the decoder's and
+pointing at the decoder's data file (graph_index.point_weights_at), with its own probe in `meta.json` ("batch") and
+the digest of the artifact's graph it was made from. It is written after the decoder's, and a fault in it costs the
+batch graph alone.
 """
 
 from __future__ import annotations
@@ -43,13 +49,14 @@ import onnxruntime as ort
 from specmemo.paths import cache_root
 from specmemo.runtime.artifact import Artifact
 from specmemo.runtime.cpu import signature
-from specmemo.runtime.graph_index import largest_packed_first, read_index
+from specmemo.runtime.graph_index import largest_packed_first, point_weights_at, read_index
 
 FORMAT = 2  # of the cache folder; a change makes every older cache another's (2: the largest weights first)
 GRAPH, DATA, META = "decoder.onnx", "decoder.onnx.data", "meta.json"
 # "0": no writer is started when a process ends (one that must leave nothing running behind it: the test suite);
 # its opens still map a cache that exists
 ENV = "SPECMEMO_PACK_AFTER_EXIT"
+BATCH = "batch"  # meta.json: batch graph file → its size, probe and the digest of the artifact's graph it was made from
 
 
 class CacheUse(StrEnum):
@@ -125,10 +132,11 @@ def unusable(cache: PackedCache) -> str | None:
     return None if meta.get("probe") else "it records no probe"
 
 
-def save_options(options: ort.SessionOptions, staging: Path) -> None:
-    """Ask ONNX Runtime to write the optimized graph and its prepacked weights into `staging` as it opens."""
-    options.optimized_model_filepath = str(staging / GRAPH)
-    options.add_session_config_entry("session.optimized_model_external_initializers_file_name", DATA)
+def save_options(options: ort.SessionOptions, staging: Path, *, graph: str = GRAPH) -> None:
+    """Ask ONNX Runtime to write the optimized graph and its prepacked weights into `staging` as it opens (`graph`,
+    its weights in `graph`.data)."""
+    options.optimized_model_filepath = str(staging / graph)
+    options.add_session_config_entry("session.optimized_model_external_initializers_file_name", f"{graph}.data")
     options.add_session_config_entry("session.optimized_model_external_initializers_min_size_in_bytes", "1024")
     options.add_session_config_entry("session.save_external_prepacked_constant_initializers", "1")
 
@@ -156,6 +164,63 @@ def commit(cache: PackedCache, staging: Path, *, probe: str, artifact: Artifact)
     return sum(sizes.values())
 
 
+def source_digest(artifact: Artifact, graph: str) -> str:
+    """The digest of one of the artifact's graphs (a batch graph's cache records the one it was made from)."""
+    return hashlib.sha256(artifact.path(graph).read_bytes()).hexdigest()
+
+
+def batch_entry(cache: PackedCache, graph: str, *, source: str) -> tuple[dict[str, Any] | None, str]:
+    """A batch graph's entry in a usable cache and "", or None and why it cannot be opened ("none yet": not
+    written)."""
+    why = unusable(cache)
+    if why is not None:
+        return None, "none yet" if why == "none yet" else f"the decoder's cache is not usable ({why})"
+    entry = (cache.meta() or {}).get(BATCH, {}).get(graph)
+    if not isinstance(entry, dict):
+        return None, "none yet"
+    path = cache.folder / graph
+    if entry.get("source") != source:
+        return None, "it was made from another graph"
+    if not path.is_file() or path.stat().st_size != entry.get("size") or not entry.get("probe"):
+        return None, f"{graph} is missing or not the size it was written at"
+    return entry, ""
+
+
+def commit_batch(cache: PackedCache, staging: Path, *, graph: str, probe: str, source: str) -> int:
+    """Store the batch graph ONNX Runtime wrote into `staging` beside the decoder's cache, its weights read from the
+    decoder's data file (its own is dropped with `staging`), and record it in meta.json; returns its bytes. A
+    ValueError where its weights are not the decoder's, an OSError where the disk refuses it: the caller's to
+    report."""
+    try:
+        model = point_weights_at(largest_packed_first((staging / graph).read_bytes()), cache.graph.read_bytes())
+        written = cache.folder / f".{graph}.{os.getpid()}"
+        written.write_bytes(model)
+        written.rename(cache.folder / graph)
+        meta = cache.meta() or {}
+        meta.setdefault(BATCH, {})[graph] = {"size": len(model), "probe": probe, "source": source}
+        _write_meta(cache, meta)
+        cache.failed.unlink(missing_ok=True)
+    finally:
+        discard(staging)
+    return len(model)
+
+
+def forget_batch(cache: PackedCache, graph: str) -> None:
+    """Drop a batch graph's entry (its probe failed): the decoder's cache stays."""
+    meta = cache.meta()
+    if meta is not None and meta.get(BATCH, {}).pop(graph, None) is not None:
+        with contextlib.suppress(OSError):
+            _write_meta(cache, meta)
+            (cache.folder / graph).unlink(missing_ok=True)
+
+
+def _write_meta(cache: PackedCache, meta: dict[str, Any]) -> None:
+    """meta.json replaced whole (a reader sees the old one or the new)."""
+    fresh = cache.folder / f".{META}.{os.getpid()}"
+    fresh.write_text(json.dumps(meta, indent=2) + "\n")
+    fresh.rename(cache.folder / META)
+
+
 def gathered_ranges(graph: Path) -> list[tuple[int, int]]:
     """The data file's byte ranges of the weights a Gather reads row by row (runtime/file_pages.FilePages)."""
     try:
@@ -179,13 +244,14 @@ def discard(folder: Path) -> None:
 # Writing after the process ends: an open that found no usable cache `schedule`s it; at exit `start_writer` starts
 # runtime/pack_writer.py detached, holding `<cache>.lock`; a benchmark timing fresh processes waits for the writers
 # they left (fresh_process.wait_for_writers), so none runs beside what it measures.
-_PENDING: dict[Path, tuple[PackedCache, Path, int]] = {}  # cache folder → (cache, artifact folder, threads)
+# cache folder → (cache, artifact folder, threads, the batch graphs' B to write after the decoder's)
+_PENDING: dict[Path, tuple[PackedCache, Path, int, set[int]]] = {}
 _HELD: list[tuple[int, IO[str]]] = []  # each writer's pipe end and lock, open until this process ends
 
 
-def schedule(artifact: Artifact, cache: PackedCache, *, threads: int) -> str | None:
-    """Have the cache written when this process ends; why it cannot be (a place that cannot be written, a write that
-    failed before), or None."""
+def schedule(artifact: Artifact, cache: PackedCache, *, threads: int, batch: int | None = None) -> str | None:
+    """Have the cache written when this process ends (the decoder's where it is not usable; and `batch`'s graph);
+    why it cannot be (a place that cannot be written, a write that failed before), or None."""
     if cache.failed.exists():
         reason = cache.failed.read_text(errors="replace").strip()[:160] or "unknown"
         return f"the last write failed: {reason}; `specmemo plan --pack` tries again"
@@ -199,17 +265,19 @@ def schedule(artifact: Artifact, cache: PackedCache, *, threads: int) -> str | N
         return None
     if not _PENDING:
         atexit.register(_start_pending)
-    _PENDING.setdefault(cache.folder, (cache, artifact.folder, threads))
+    batches = _PENDING.setdefault(cache.folder, (cache, artifact.folder, threads, set()))[3]
+    if batch is not None:
+        batches.add(batch)
     return None
 
 
 def _start_pending() -> None:
-    for cache, artifact_folder, threads in _PENDING.values():
+    for cache, artifact_folder, threads, batches in _PENDING.values():
         with contextlib.suppress(OSError):  # best effort: the next open schedules it again
-            start_writer(cache, artifact_folder, threads=threads)
+            start_writer(cache, artifact_folder, threads=threads, batches=sorted(batches))
 
 
-def start_writer(cache: PackedCache, artifact_folder: Path, *, threads: int) -> bool:
+def start_writer(cache: PackedCache, artifact_folder: Path, *, threads: int, batches: list[int] | None = None) -> bool:
     """Start the writer of `cache` (False: another process holds its lock, i.e. writes it now)."""
     lock = open(cache.lock, "w")  # noqa: SIM115 - held until this process ends
     try:
@@ -219,7 +287,8 @@ def start_writer(cache: PackedCache, artifact_folder: Path, *, threads: int) -> 
         return False
     read, write = os.pipe()
     subprocess.Popen([sys.executable, "-m", "specmemo.runtime.pack_writer", str(artifact_folder),
-                      "--threads", str(threads), "--after-fd", str(read)],
+                      "--threads", str(threads), "--after-fd", str(read),
+                      *(arg for b in batches or () for arg in ("--batch", str(b)))],
                      stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                      pass_fds=(read, lock.fileno()), start_new_session=True)
     os.close(read)
