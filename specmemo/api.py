@@ -275,16 +275,18 @@ def opened_artifact(artifact: str | Path | Artifact) -> Artifact:
 
 def open_batch(artifact: str | Path | Artifact, *, batch: int, capacity: int | None = None,
                mode: str | Mode = Mode.AUTO, drafter: str | None = None, threads: int = DEFAULT_THREADS,
-               budget: int | None = None, log: Callable[[str], None] | None = None) -> SequencePool:
+               budget: int | None = None, packed_cache: bool = True,
+               log: Callable[[str], None] | None = None) -> SequencePool:
     """B sequences decoded together (the artifact's batch graph for `batch`, `capacity` KV positions per row):
     what `specmemo serve` runs behind its queue. With a `budget` (bytes for the process) the B rows are priced
     together: C per row is `capacity` if it fits (else a one-line error with the lower bound), or without one the
-    largest that fits. Drafters that keep one sequence's state are left out."""
+    largest that fits. Drafters that keep one sequence's state are left out. `packed_cache`: the batch graph's
+    packed weights mapped from disk (written after the first open; docs/load.md)."""
     from specmemo.runtime.engine import open_pool
 
     config = EngineConfig(artifact=opened_artifact(artifact), mode=Mode(mode), drafter=drafter, threads=threads,
                           budget=budget, capacity=None if budget is not None else capacity,
-                          context=capacity if budget is not None else None)
+                          context=capacity if budget is not None else None, packed_cache=packed_cache)
     return open_pool(config, batch=batch, log=log or (lambda _: None))
 
 

@@ -348,3 +348,15 @@ def test_bench_batch_memory_probes_say_how_each_opened(tiny_llama, cache_dir):
            "plain_over_b1_plain": 1.0, "mean_accepted": 1.0, "identical_plain": 1, "identical_speculative": 1,
            "replies": 1, "step_shares": None, "memory": probes[1]}
     assert format_table({"rows": [row]}).splitlines()[1].endswith("cached")
+
+
+def test_serve_maps_the_batch_graphs_cache_unless_told_not_to(tiny_llama, cache_dir):
+    from specmemo.cli import build_parser
+    from specmemo.serve.build import ServeConfig, build_app
+
+    write_batch(tiny_llama)
+    for packed, packing in ((True, Packing.CACHED), (False, Packing.PLAIN)):
+        _, served = build_app(ServeConfig(artifact=tiny_llama, batch=2, capacity=32, packed_cache=packed),
+                              log=lambda _: None)
+        assert served.worker.pool.backend.session.packing is packing
+    assert build_parser().parse_args(["serve", "--artifact", str(tiny_llama), "--no-packed-cache"]).no_packed_cache

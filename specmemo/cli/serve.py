@@ -40,6 +40,10 @@ def add_parser(sub) -> None:
                         f"--profile or --budget, the largest that fits the --batch rows)")
     add_profile_options(p, purpose="its app memory is the server's budget (the --batch rows priced together), its "
                                    "threads the thread count (capped at this machine's cores)")
+    p.add_argument("--no-packed-cache", action="store_true",
+                   help="open the batch graph from the artifact alone: no packed weights kept in $SPECMEMO_CACHE (by "
+                        "default the first server's exit writes them there and later starts map them; a profile's "
+                        "packed_cache = false does the same)")
     p.add_argument("--max-queue", type=positive, default=None, help="requests waiting for a row before 429 "
                                                                        "(default 4 x --batch)")
     p.add_argument("--host", default="127.0.0.1")
@@ -104,7 +108,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
                                           max_queue=args.max_queue,
                                           threads=args.threads, model_name=args.model_name, limits=limits, keys=keys,
                                           exposure=exposure, recall_dir=args.recall_dir,
-                                          recall_budget=parse_size(args.recall_budget)), log=log_stderr)
+                                          recall_budget=parse_size(args.recall_budget),
+                                          packed_cache=not args.no_packed_cache and (
+                                              profile.packed_cache if profile else True)), log=log_stderr)
         sized = f", sized for {profile.name}" if profile else ", sized for the budget" if args.budget_bytes else ""
         log_stderr(f"serving {chat.model} on http://{url_host(args.host)}:{sock.getsockname()[1]}/v1 ({args.batch} "
                    f"rows of {chat.capacity} positions{sized}, {args.threads} threads, queue "

@@ -30,6 +30,7 @@ class ServeConfig:
     exposure: Exposure = field(default_factory=Exposure)  # bound address, allowed Host names, CORS origins (guard.py)
     recall_dir: Path | None = None  # one recall store per API key in this folder (stores.py); None: no recall
     recall_budget: int = DEFAULT_RECALL_BUDGET  # bytes per store
+    packed_cache: bool = True  # the batch graph's packed weights mapped from disk (runtime/packed_cache.py)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "artifact", Path(self.artifact))
@@ -54,7 +55,8 @@ def build_app(config: ServeConfig, *, log=print):
     manifest = artifact.manifest
     manifest.batch_graph(config.batch)  # a one-line error naming `export batch`, before anything loads
     pool = open_batch(artifact, batch=config.batch, capacity=config.capacity, mode=config.mode,
-                      drafter=config.drafter, threads=config.threads, budget=config.budget, log=log)
+                      drafter=config.drafter, threads=config.threads, budget=config.budget,
+                      packed_cache=config.packed_cache, log=log)
     worker = PoolWorker(pool, max_queue=config.max_queue or 4 * config.batch)
     stores = None
     if config.recall_dir is not None:
