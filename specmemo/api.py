@@ -30,7 +30,15 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from specmemo.errors import ConfigError
 from specmemo.runtime.artifact import Artifact
-from specmemo.runtime.config import CHAT_MAX_NEW_TOKENS, DEFAULT_THREADS, GENERATE_MAX_NEW_TOKENS, EngineConfig, Mode
+from specmemo.runtime.config import (
+    CHAT_MAX_NEW_TOKENS,
+    DEFAULT_THREADS,
+    GENERATE_MAX_NEW_TOKENS,
+    GREEDY,
+    EngineConfig,
+    Mode,
+    decoding_mode,
+)
 from specmemo.runtime.manifest import ModelFormat
 from specmemo.runtime.memory import parse_size
 from specmemo.runtime.recall_store import DEFAULT_BUDGET as DEFAULT_RECALL_BUDGET
@@ -233,9 +241,10 @@ def open_model(artifact: str | Path | Artifact, *, profile: str | None = None, b
     Memory: `profile` (a device profile's name or .toml: its app memory is the budget, its threads the thread
     count), or `budget` ("900MiB", or bytes) with an optional `context` (KV positions; default the most that
     fit), or `capacity` (KV positions, no budget); none of them: the manifest's device plan, else the graph's
-    max. `mode`: auto (the controller prices each step's draft), tree, or greedy. `drafter`: the manifest's
-    choice unless named ("medusa+lookup", "feature", ...). Sampling (`sampling_for`): each setting given wins, the
-    artifact's generation defaults fill the rest; `temperature=0` is exact greedy. `recall`: draft from what was
+    max. `mode`, how each step drafts: auto (the controller prices each step's draft), tree, or plain (no
+    drafting); "greedy" is plain with argmax decoding. `drafter`: the manifest's choice unless named
+    ("medusa+lookup", "feature", ...). Sampling (`sampling_for`): each setting given wins, the artifact's generation
+    defaults fill the rest; `temperature=0` is exact greedy (argmax) in every mode. `recall`: draft from what was
     written before (earlier turns and conversations; runtime/recall_store.py): a file the store is kept in (an app's
     own, one per user), or True for a store in memory only; `recall_budget` its bytes (default: the profile's
     recall_memory, else 8 MiB), set apart from the budget before the arena is sized. Off unless
@@ -247,6 +256,10 @@ def open_model(artifact: str | Path | Artifact, *, profile: str | None = None, b
     log = log or (lambda _: None)
     loaded, budget_bytes, threads = device_settings(profile=profile, budget=budget, threads=threads, log=log)
     opened = opened_artifact(artifact)
+    drafting, temperature = decoding_mode(mode, temperature)
+    if str(mode) == GREEDY and any(v is not None for v in (top_p, top_k, repetition_penalty)):
+        raise ConfigError("mode greedy decodes by argmax: top_p, top_k and repetition_penalty need sampling (mode "
+                          "plain with a temperature > 0)")
     sampling = sampling_for(opened.manifest.generation, temperature=temperature, top_p=top_p, top_k=top_k,
                             repetition_penalty=repetition_penalty, seed=seed, acceptance=acceptance)
     store = RecallConfig()
@@ -261,7 +274,7 @@ def open_model(artifact: str | Path | Artifact, *, profile: str | None = None, b
         drafter = with_recall(drafter if drafter is not None else opened.manifest.drafter)
     elif recall_budget is not None:
         raise ConfigError("recall_budget sizes the recall store: give recall= too (a file, or True)")
-    config = EngineConfig(artifact=opened, mode=Mode(mode), drafter=drafter, threads=threads, budget=budget_bytes,
+    config = EngineConfig(artifact=opened, mode=drafting, drafter=drafter, threads=threads, budget=budget_bytes,
                           capacity=capacity, context=context, sampling=sampling, model_format=ModelFormat(model_format),
                           recall=store, packed_cache=packed_cache if packed_cache is not None
                           else loaded.packed_cache if loaded is not None else True)

@@ -65,6 +65,23 @@ def test_greedy_is_the_same_in_every_mode_and_messages_are_openai_shaped(model, 
     assert greedy.plan.drafters == () and model.plan.drafters
 
 
+def test_greedy_is_argmax_and_plain_is_only_no_drafting(model, smollm2_artifact):
+    """The modes name how a step drafts; "greedy" is plain drafting with argmax decoding (no temperature given),
+    plain drafting samples by the artifact's defaults unless told temperature 0."""
+    from specmemo import ConfigError, open_model
+    from specmemo.runtime.config import Mode
+
+    greedy = open_model(smollm2_artifact, capacity=512, mode="greedy")
+    assert greedy.engine.config.mode is Mode.PLAIN and greedy.engine.config.sampling is None
+    plain = open_model(smollm2_artifact, capacity=512, mode="plain")
+    assert plain.engine.config.sampling is not None  # the artifact's generation defaults (temperature 0.7)
+    reply = greedy.generate("Name a planet.", max_new_tokens=16).token_ids
+    assert reply == model.generate("Name a planet.", max_new_tokens=16).token_ids  # temperature 0, auto mode
+    for wrong in ({"temperature": 0.7}, {"top_p": 0.9}):
+        with pytest.raises(ConfigError, match="mode greedy decodes by argmax"):
+            open_model(smollm2_artifact, capacity=512, mode="greedy", **wrong)
+
+
 def test_bad_arguments_are_one_line_errors(model, smollm2_artifact):
     from specmemo import ConfigError, SpecMemoError, open_model
 

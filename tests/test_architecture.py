@@ -313,7 +313,7 @@ def test_the_sizing_pass_decides_in_one_place(smollm2_artifact, tmp_path, monkey
     calibration = measured.memory_calibration(Artifact.open(smollm2_artifact), threads=2, **quiet)
     route = measured.row_route(Artifact.open(smollm2_artifact), **quiet)  # data too: probed once, read back
     paths = [(Source.DEFAULTS, EngineConfig(artifact=Artifact.open(smollm2_artifact)), manifest),
-             (Source.DEFAULTS, EngineConfig(artifact=Artifact.open(smollm2_artifact), mode=Mode.GREEDY), manifest),
+             (Source.DEFAULTS, EngineConfig(artifact=Artifact.open(smollm2_artifact), mode=Mode.PLAIN), manifest),
              (Source.BUDGET, EngineConfig(artifact=Artifact.open(smollm2_artifact), budget=900 * 2**20), manifest),
              (Source.DEVICE_PLAN, EngineConfig(artifact=Artifact.open(smollm2_artifact)), device)]
     for source, config, m in paths:

@@ -38,7 +38,7 @@ def test_chain_decode_is_greedy_and_counts_every_draft_of_a_perfect_drafter(tiny
     greedy token for token."""
     engine = open_engine(EngineConfig(artifact=Artifact.open(tiny), mode=Mode.TREE, drafter=f"model:{tiny}", threads=2),
                          log=lambda _: None)
-    greedy = [engine.generate(p, max_new_tokens=NEW, mode=Mode.GREEDY).token_ids for p in PROMPTS]
+    greedy = [engine.generate(p, max_new_tokens=NEW, mode=Mode.PLAIN).token_ids for p in PROMPTS]
     record = bench.Chain()
     replies = [bench.chain_decode(engine, p, k, NEW, frozenset(), record) for p in PROMPTS]
     assert replies == greedy
@@ -57,7 +57,7 @@ def test_a_medusa_chain_is_every_heads_top1_as_vllm_proposes(tmp_path):
     artifact, _, _ = export_with_random_heads(tmp_path, tree_size=4)  # a tree too small to hold the K-deep path
     engine = open_engine(EngineConfig(artifact=Artifact.open(artifact), mode=Mode.TREE, drafter="medusa", threads=2),
                          log=lambda _: None)
-    greedy = [engine.generate(p, max_new_tokens=NEW, mode=Mode.GREEDY).token_ids for p in PROMPTS]
+    greedy = [engine.generate(p, max_new_tokens=NEW, mode=Mode.PLAIN).token_ids for p in PROMPTS]
     record = bench.Chain()
     assert [bench.chain_decode(engine, p, 3, NEW, frozenset(), record) for p in PROMPTS] == greedy
     assert record.drafts > 0 and record.draft_tokens == 3 * record.drafts

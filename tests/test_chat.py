@@ -39,7 +39,7 @@ def open_chat(artifact, *, mode=Mode.TREE, capacity=None, system=None, max_new_t
     return ChatSession(engine, system=system, max_new_tokens=max_new_tokens)
 
 
-@pytest.mark.parametrize("mode", [Mode.GREEDY, Mode.TREE])
+@pytest.mark.parametrize("mode", [Mode.PLAIN, Mode.TREE])
 def test_three_turns_equal_hf_generate_on_the_whole_history(chat_model, mode) -> None:
     artifact, model, tokenizer = chat_model
     chat = open_chat(artifact, mode=mode, system="w5 w6")

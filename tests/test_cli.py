@@ -49,3 +49,22 @@ def test_default_artifact_keeps_a_model_alias_whole():
     assert default_artifact("qwen2.5-coder-1.5b", "int4") == Path("artifacts/qwen2.5-coder-1.5b-int4")
     assert default_artifact("smollm2-135m") == Path("artifacts/smollm2-135m")
     assert default_artifact("/models/Foo-1.5B.Q4_K_M.gguf", "int4") == Path("artifacts/Foo-1.5B.Q4_K_M-int4")
+
+
+def test_modes_name_how_a_step_drafts_and_greedy_is_argmax(capsys):
+    """--mode is the drafting (auto, tree, plain; medusa an older name for tree); greedy is plain with argmax, kept
+    as written for the entry point; a sampling flag beside it is a one-line error, a wrong word argparse's."""
+    from specmemo.cli import main
+    from specmemo.cli.options import check_sampling_flags
+
+    parse = build_parser().parse_args
+    assert [parse(["generate", "--mode", m]).mode for m in ("plain", "medusa", "greedy")] == ["plain", "tree", "greedy"]
+    assert "plain: no drafting" in help_of("generate") and "greedy: plain with argmax" in help_of("generate")
+    with pytest.raises(SystemExit):
+        parse(["generate", "--mode", "fast"])
+    assert "not a mode: use auto, tree, plain or greedy" in capsys.readouterr().err
+    for flags in (["--temperature", "0.7"], ["--top-p", "0.9"]):
+        args = parse(["generate", "--mode", "greedy", *flags])
+        with pytest.raises(Exception, match="--mode greedy decodes by argmax"):
+            check_sampling_flags(args)
+    assert main(["generate", "--mode", "greedy", "--temperature", "0.5", "--prompt", "hi"]) == 1

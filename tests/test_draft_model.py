@@ -33,7 +33,7 @@ def test_draft_model_speculation_is_greedy_token_for_token(tiny_llama, other_dra
                                       threads=2), log=lambda _: None)
     assert engine.drafter.name == "model" and engine.max_tree == 1 + MODEL_MAX_CHAIN
     assert engine.plan.draft_model is not None and engine.plan.draft_model.folder == draft
-    greedy = replies(engine, Mode.GREEDY)
+    greedy = replies(engine, Mode.PLAIN)
     for mode in (Mode.TREE, Mode.AUTO):
         speculative = replies(engine, mode)
         assert [g.token_ids for g in speculative] == [g.token_ids for g in greedy]
@@ -111,7 +111,7 @@ def test_profiles_say_which_budgets_hold_the_pair(tiny_llama, other_draft, tmp_p
     bound = lower_bound(load_manifest(tiny_llama), measured.memory_calibration(Artifact.open(tiny_llama), threads=2),
                         context=load_manifest(tiny_llama).max_capacity).total
     tight = _plan_for(tiny_llama, dataclasses.replace(machine, app_memory=bound + mib), drafter)
-    assert tight["fits"] and tight["pair"] == {"held": False, "draft_total": None} and tight["mode"] == "greedy"
+    assert tight["fits"] and tight["pair"] == {"held": False, "draft_total": None} and tight["mode"] == "plain"
     assert "without the draft model" in _plan_text(tight)
     assert _plan_for(tiny_llama, machine)["pair"] is None  # no draft model asked for
 
@@ -132,7 +132,7 @@ def test_export_draft_model_writes_the_pair_into_one_artifact(tiny_llama, other_
     assert load_manifest(artifact / "draft").max_capacity == 64 + MODEL_MAX_CHAIN + 1
     engine = open_engine(EngineConfig(artifact=Artifact.open(artifact), mode=Mode.TREE), log=lambda _: None)
     assert engine.plan.draft_model is not None and engine.plan.draft_model.folder == artifact / "draft"
-    greedy = replies(engine, Mode.GREEDY)
+    greedy = replies(engine, Mode.PLAIN)
     assert [g.token_ids for g in replies(engine, Mode.AUTO)] == [g.token_ids for g in greedy]
     stranger = tmp_path / "stranger"
     from conftest import save_tiny_model

@@ -231,7 +231,7 @@ def test_a_float16_kv_artifact_drafts_through_a_float16_drafter_buffer(tiny, tmp
                          log=lambda *_: None)
     for seed in range(2):
         prompt = np.random.default_rng(seed).integers(5, model.config.vocab_size, 9).tolist()
-        greedy = engine.generate(prompt, max_new_tokens=30, mode=Mode.GREEDY, ignore_eos=True).token_ids
+        greedy = engine.generate(prompt, max_new_tokens=30, mode=Mode.PLAIN, ignore_eos=True).token_ids
         drafted = engine.generate(prompt, max_new_tokens=30, ignore_eos=True)
         assert drafted.token_ids == greedy and max(drafted.stats.tree_sizes) > 1
 

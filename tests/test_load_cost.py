@@ -129,7 +129,7 @@ def test_a_budget_that_holds_decoding_but_not_the_opening_packs_one_weight_at_a_
     monkeypatch.setenv("SPECMEMO_CACHE", str(tmp_path / "cache"))
     artifact = Artifact.open(smollm2_artifact)
     calibration = measured.memory_calibration(artifact, threads=2, measure=False)
-    config = EngineConfig(artifact=artifact, mode=Mode.GREEDY, threads=2, context=256)
+    config = EngineConfig(artifact=artifact, mode=Mode.PLAIN, threads=2, context=256)
     roomy = make_plan(replace(config, budget=10 << 30), artifact.manifest, calibration=calibration, log=print)
     assert roomy.parallel_prepack and roomy.footprint is not None and roomy.footprint.opening > 0
     lines: list[str] = []

@@ -25,7 +25,7 @@ PROMPT = [3, 17, 9, 42, 5]
 
 def reply(artifact: Path, *, packed: bool = True) -> tuple[list[int], Packing, list[str]]:
     lines: list[str] = []
-    engine = open_engine(EngineConfig(artifact=Artifact.open(artifact), mode=Mode.GREEDY, threads=DEFAULT_THREADS,
+    engine = open_engine(EngineConfig(artifact=Artifact.open(artifact), mode=Mode.PLAIN, threads=DEFAULT_THREADS,
                                       packed_cache=packed), log=lines.append)
     ids = engine.generate(PROMPT, max_new_tokens=12, ignore_eos=True).token_ids
     return ids, engine.session.packing, [line for line in lines if "packed" in line]
@@ -214,7 +214,7 @@ def test_a_tokenizer_that_cannot_be_read_is_one_line_whether_the_decoder_was_cac
         if not cached:
             shutil.rmtree(cache_for(Artifact.open(broken)).folder)
         with pytest.raises(ConfigError, match=r"tokenizer.json is not a tokenizer this runtime can read .*: export"):
-            open_engine(EngineConfig(artifact=Artifact.open(broken), mode=Mode.GREEDY, threads=DEFAULT_THREADS),
+            open_engine(EngineConfig(artifact=Artifact.open(broken), mode=Mode.PLAIN, threads=DEFAULT_THREADS),
                         log=lambda _: None)
 
 
@@ -227,7 +227,7 @@ def pool_reply(artifact: Path, *, packed: bool = True) -> tuple[list[list[int]],
     from specmemo.runtime.pool import Request
 
     lines: list[str] = []
-    pool = open_pool(EngineConfig(artifact=Artifact.open(artifact), mode=Mode.GREEDY, threads=DEFAULT_THREADS,
+    pool = open_pool(EngineConfig(artifact=Artifact.open(artifact), mode=Mode.PLAIN, threads=DEFAULT_THREADS,
                                   packed_cache=packed), batch=2, log=lines.append)
     ids = [g.token_ids for g in pool.run([Request(p, 12) for p in BATCH_PROMPTS])]
     return ids, pool.backend.session.packing, [line for line in lines if "packed" in line]

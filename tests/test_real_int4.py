@@ -68,7 +68,7 @@ def test_every_matrix_is_carried_and_the_bytes_are_the_arithmetic(int4):
 
 def test_embedding_rows_are_the_fp32_models(int4):
     artifact, model, _ = int4
-    engine = open_engine(EngineConfig(artifact=Artifact.open(artifact), mode=Mode.GREEDY, capacity=128),
+    engine = open_engine(EngineConfig(artifact=Artifact.open(artifact), mode=Mode.PLAIN, capacity=128),
                          log=lambda *_: None)
     ids = np.array([0, 1, 2, 504, 12345, model.config.vocab_size - 1])
     rows = np.zeros((len(ids), model.config.hidden_size), np.float32)
@@ -91,7 +91,7 @@ def hf_replies(int4):
 
 def test_teacher_forced_argmax_agrees_with_the_fp32_model(int4, hf_replies):
     artifact, _, _ = int4
-    engine = open_engine(EngineConfig(artifact=Artifact.open(artifact), mode=Mode.GREEDY, capacity=256),
+    engine = open_engine(EngineConfig(artifact=Artifact.open(artifact), mode=Mode.PLAIN, capacity=256),
                          log=lambda *_: None)
     same = total = 0
     for ids, reply in hf_replies:
@@ -146,7 +146,7 @@ def test_the_packed_cache_answers_alike_and_hands_back_the_rows_the_rerank_reads
     assert write_now(Artifact.open(artifact), threads=2, batches=(2,), log=lambda _: None) is Packing.WRITING
     replies = []
     for packed in (False, True):
-        engine = open_engine(EngineConfig(artifact=Artifact.open(artifact), mode=Mode.GREEDY, capacity=256,
+        engine = open_engine(EngineConfig(artifact=Artifact.open(artifact), mode=Mode.PLAIN, capacity=256,
                                           packed_cache=packed), log=lambda *_: None)
         ids = engine.tokenizer.encode_chat([Message("user", PROMPTS[3])])
         replies.append(engine.generate(ids, max_new_tokens=NEW_TOKENS, ignore_eos=True).token_ids)
@@ -155,7 +155,7 @@ def test_the_packed_cache_answers_alike_and_hands_back_the_rows_the_rerank_reads
     assert replies[0] == replies[1] and gathered.resident() == 0
     pooled = []  # the batch pool: its graph's cache reads the decoder's packed weights
     for packed in (False, True):
-        pool = open_pool(EngineConfig(artifact=Artifact.open(artifact), mode=Mode.GREEDY, capacity=256,
+        pool = open_pool(EngineConfig(artifact=Artifact.open(artifact), mode=Mode.PLAIN, capacity=256,
                                       packed_cache=packed), batch=2, log=lambda *_: None)
         assert pool.backend.session.packing is (Packing.CACHED if packed else Packing.PLAIN)
         pooled.append([g.token_ids for g in pool.run([Request(engine.tokenizer.encode_chat([Message("user", p)]), 32)
@@ -197,7 +197,7 @@ def test_speculative_equals_greedy_of_the_same_int4_graph(int4, mode, model_form
     widest = []
     for prompt in PROMPTS:
         ids = engine.tokenizer.encode_chat([Message("user", prompt)])
-        greedy = engine.generate(ids, max_new_tokens=NEW_TOKENS, mode=Mode.GREEDY, ignore_eos=True)
+        greedy = engine.generate(ids, max_new_tokens=NEW_TOKENS, mode=Mode.PLAIN, ignore_eos=True)
         speculative = engine.generate(ids, max_new_tokens=NEW_TOKENS, ignore_eos=True)
         assert speculative.token_ids == greedy.token_ids, prompt
         widest.append(max(speculative.stats.tree_sizes))
@@ -212,7 +212,7 @@ def test_typescript_engine_reads_the_same_int4_artifact_in_both_formats(int4):
     from test_typescript import node
 
     artifact, _, _ = int4
-    engine = open_engine(EngineConfig(artifact=Artifact.open(artifact), mode=Mode.GREEDY, capacity=256),
+    engine = open_engine(EngineConfig(artifact=Artifact.open(artifact), mode=Mode.PLAIN, capacity=256),
                          log=lambda *_: None)
     prompt = PROMPTS[0]
     expected = engine.generate(engine.tokenizer.encode_chat([Message("user", prompt)]),
@@ -250,7 +250,7 @@ def test_an_arm_export_carries_gate_and_up_as_one_matrix(int4_f16kv):
                          log=lambda *_: None)
     for prompt in PROMPTS[:2]:
         ids = engine.tokenizer.encode_chat([Message("user", prompt)])
-        greedy = engine.generate(ids, max_new_tokens=32, mode=Mode.GREEDY, ignore_eos=True)
+        greedy = engine.generate(ids, max_new_tokens=32, mode=Mode.PLAIN, ignore_eos=True)
         assert engine.generate(ids, max_new_tokens=32, ignore_eos=True).token_ids == greedy.token_ids, prompt
 
 

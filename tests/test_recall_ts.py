@@ -93,7 +93,7 @@ PROMPT = " ".join(f"w{i}" for i in range(40, 90))
 @pytest.mark.slow  # among the heaviest of the fast loop: make test runs it
 def test_a_second_run_drafts_from_the_firsts_file_and_stays_greedy(tmp_path):
     artifact = export_with_random_heads(tmp_path / "tiny", mode="subvocab", subvocab_size=128)[0]
-    engine = open_engine(EngineConfig(artifact=Artifact.open(artifact), mode=Mode.GREEDY), log=lambda _: None)
+    engine = open_engine(EngineConfig(artifact=Artifact.open(artifact), mode=Mode.PLAIN), log=lambda _: None)
     greedy = engine.generate(engine.tokenizer.encode_chat([Message("user", PROMPT)]), max_new_tokens=40).token_ids
     store = tmp_path / "chat.recall"
     first, _ = chat(artifact, store)

@@ -226,3 +226,15 @@ def test_serve_refuses_what_it_cannot_serve_in_one_line(artifact):
         build_app(ServeConfig(artifact=artifact, batch=1, capacity=CAPACITY))
     with pytest.raises(ManifestError, match="export batch --artifact DIR --batch 3"):
         build_app(ServeConfig(artifact=artifact, batch=3, capacity=CAPACITY))
+
+
+def test_serve_mode_greedy_drafts_plainly_and_decodes_argmax_unless_a_request_samples(artifact):
+    from specmemo.runtime.config import Mode
+    from specmemo.serve.build import ServeConfig, build_app
+
+    config = ServeConfig(artifact=artifact, batch=2, capacity=CAPACITY, mode="greedy")
+    assert (config.mode, config.greedy) == (Mode.PLAIN, True)
+    _, served = build_app(config, log=lambda *_: None)
+    assert served.defaults is None and served.worker.pool.drafter_factory is None
+    _, plain = build_app(ServeConfig(artifact=artifact, batch=2, capacity=CAPACITY, mode="plain"), log=lambda *_: None)
+    assert plain.defaults == Artifact.open(artifact).manifest.generation

@@ -41,10 +41,10 @@ def test_tree_rss_counts_the_children():
 
 
 def test_a_served_artifact_under_the_load_test_answers_every_request_greedily(artifact):
-    engine = open_engine(EngineConfig(artifact=Artifact.open(artifact), mode=Mode.GREEDY, capacity=128),
+    engine = open_engine(EngineConfig(artifact=Artifact.open(artifact), mode=Mode.PLAIN, capacity=128),
                          log=lambda _: None)
     reference = {q: engine.tokenizer.decode(engine.generate(engine.tokenizer.encode_chat([Message("user", q)]),
-                                                            max_new_tokens=8, mode=Mode.GREEDY).token_ids)
+                                                            max_new_tokens=8, mode=Mode.PLAIN).token_ids)
                  for q in QUESTIONS}
     server = specmemo_serve(artifact, free_port(), batch=2, capacity=128, threads=2, max_queue=8)
     try:

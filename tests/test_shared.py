@@ -67,10 +67,13 @@ def test_every_entry_of_the_file_is_used_by_both_runtimes():
         assert re.search(rf"SHARED\.{key}\b", typescript), f"the TypeScript engine does not read {key}"
 
 
-def test_drafter_names_and_thread_defaults_are_the_files():
+def test_drafter_names_modes_and_thread_defaults_are_the_files():
+    from specmemo.runtime.config import GREEDY, Mode
     from specmemo.runtime.drafters import DrafterName
 
     assert [n.value for n in DrafterName] == SHARED["drafters"]
+    assert [m.value for m in Mode] == SHARED["modes"]["drafting"] and GREEDY == SHARED["modes"]["argmax"]
+    assert all(Mode(old).value == new for old, new in SHARED["modes"]["older"].items())
     literal = re.compile(r'"--threads",[^)]*default=\d')
     for path in (ROOT / "specmemo" / "cli").glob("*.py"):
         assert not literal.search(path.read_text()), f"{path.name}: a --threads default of its own (use add_threads)"

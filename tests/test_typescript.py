@@ -54,7 +54,7 @@ def python_reply(artifact: Path, prompt: str, mode: Mode, max_new_tokens: int) -
 
 @pytest.mark.parametrize("mode", ["greedy", "tree", "auto"])
 def test_generate_equals_python_and_speculative_equals_greedy(tiny, mode):
-    prompt_ids, greedy = python_reply(tiny, LONG, Mode.GREEDY, 40)
+    prompt_ids, greedy = python_reply(tiny, LONG, Mode.PLAIN, 40)
     (out,) = node("generate", "--artifact", str(tiny), "--prompt", LONG, "--max-new-tokens", "40", "--mode", mode)
     assert out["prompt_ids"] == prompt_ids  # tokenizer and chat template
     assert out["token_ids"] == greedy  # the Python runtime's greedy ids, in every mode
@@ -73,7 +73,7 @@ def test_arena_bytes_are_pythons(tiny):
     assert plan["arenaBytes"] == layout.allocation_bytes and plan["kvBytes"] == layout.kv_nbytes
 
 
-@pytest.mark.parametrize("mode", [Mode.GREEDY, Mode.TREE])
+@pytest.mark.parametrize("mode", [Mode.PLAIN, Mode.TREE])
 def test_multi_turn_chat_equals_pythons_chat_session(tiny, mode):
     chat = ChatSession(open_engine(EngineConfig(artifact=Artifact.open(tiny), mode=mode), log=lambda _: None),
                        system="w5 w6", max_new_tokens=24)
@@ -105,12 +105,14 @@ REAL_PROMPTS = [
 
 @pytest.mark.real_model
 def test_real_default_artifact_equals_specmemo_generate(smollm2_artifact):
+    """`specmemo generate --mode greedy` with no other flag is argmax (not the artifact's sampling defaults), as
+    `specmemo-node` is in every mode: the same reply."""
     for prompt in REAL_PROMPTS:
         done = subprocess.run([sys.executable, "-m", "specmemo.cli", "generate", "--artifact", str(smollm2_artifact),
-                               "--prompt", prompt, "--max-new-tokens", "64", "--temperature", "0", "--json"],
+                               "--prompt", prompt, "--max-new-tokens", "64", "--mode", "greedy", "--json"],
                               capture_output=True, text=True, timeout=600, check=True)
         expected = json.loads(done.stdout.strip().splitlines()[-1])["token_ids"]
-        for mode in ("greedy", "tree"):
+        for mode in ("greedy", "plain", "tree"):
             (out,) = node("generate", "--artifact", str(smollm2_artifact), "--prompt", prompt, "--max-new-tokens", "64",
                           "--mode", mode, "--drafter", "medusa+lookup")
             assert out["token_ids"] == expected, (prompt, mode)

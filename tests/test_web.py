@@ -87,7 +87,7 @@ def browser(artifact: Path, messages: list[str], screenshot: Path, *extra: str, 
     return replies
 
 
-@pytest.mark.parametrize("mode", [Mode.GREEDY, Mode.TREE])
+@pytest.mark.parametrize("mode", [Mode.PLAIN, Mode.TREE])
 def test_page_replies_equal_the_python_runtime_turn_after_turn(web_artifact, tmp_path, mode):
     expected = python_replies(web_artifact, mode, MESSAGES)
     replies = browser(web_artifact, MESSAGES, screenshot_path(tmp_path, f"web-{mode.value}"), mode=mode.value)
@@ -108,7 +108,7 @@ def test_a_picked_folder_gives_the_same_replies(web_artifact, tmp_path):
 
 def test_auto_mode_replies_equal_greedy(web_artifact, tmp_path):
     """Auto picks the tree size per step from a measured latency curve; the ids stay greedy's."""
-    expected = python_replies(web_artifact, Mode.GREEDY, MESSAGES[:2])
+    expected = python_replies(web_artifact, Mode.PLAIN, MESSAGES[:2])
     replies = browser(web_artifact, MESSAGES[:2], screenshot_path(tmp_path, "web-auto"), mode="auto")
     assert [r["ids"] for r in replies] == expected
 
@@ -118,7 +118,7 @@ def test_stop_keeps_a_prefix_and_the_next_turn_is_exact(web_artifact, tmp_path):
     with a prefix of the full reply; the next turn, on that shortened history, is Python's."""
     first, second = MESSAGES[0], MESSAGES[1]
     max_new = 150
-    full = python_replies(web_artifact, Mode.GREEDY, [first], max_new)[0]
+    full = python_replies(web_artifact, Mode.PLAIN, [first], max_new)[0]
     for _ in range(STOP_ATTEMPTS):  # the tiny model can finish its 150 tokens before the click lands: a lost race
         replies = browser(web_artifact, [first, second], screenshot_path(tmp_path, "web-stop"), "--stop-after-tokens",
                           "2", mode="greedy", max_new_tokens=max_new)
@@ -129,7 +129,7 @@ def test_stop_keeps_a_prefix_and_the_next_turn_is_exact(web_artifact, tmp_path):
         f"the reply ran to its end before Stop landed, {STOP_ATTEMPTS} times"
     assert 2 <= len(stopped["ids"]) < len(full) and stopped["ids"] == full[: len(stopped["ids"])]
     assert stopped["frames"] >= 1  # a partial reply was painted before the click
-    chat = python_chat(web_artifact, Mode.GREEDY, max_new)
+    chat = python_chat(web_artifact, Mode.PLAIN, max_new)
     chat.turns = [Turn(first, stopped["text"])]
     assert nxt["ids"] == chat.send(second).token_ids and not nxt["interrupted"]
 
@@ -143,7 +143,7 @@ def test_recall_in_the_page_is_kept_across_visits_and_stays_exact(web_artifact, 
     visit, reply = browser(web_artifact, MESSAGES[:1], screenshot_path(tmp_path, "web-recall"), "--visits", "2",
                            "--recall", mode="tree")
     assert visit["visit"] == 1 and reply["recallAtOpen"]["held"] > len(plain.token_ids)  # the first visit's turn
-    assert reply["ids"] == python_replies(web_artifact, Mode.GREEDY, MESSAGES[:1])[0] == plain.token_ids
+    assert reply["ids"] == python_replies(web_artifact, Mode.PLAIN, MESSAGES[:1])[0] == plain.token_ids
     accepted = float(re.search(r"([\d.]+) accepted/step", reply["stats"]).group(1))
     assert accepted > plain.stats.mean_accepted + 0.5, (accepted, plain.stats.mean_accepted)
     assert reply["recall"]["written"] > reply["recallAtOpen"]["written"]  # this visit's turn joined it
@@ -152,7 +152,7 @@ def test_recall_in_the_page_is_kept_across_visits_and_stays_exact(web_artifact, 
 
 @pytest.mark.real_model
 @pytest.mark.parametrize("mode, messages, max_new_tokens", [
-    (Mode.GREEDY, ["Give me three short tips for staying focused while studying.",
+    (Mode.PLAIN, ["Give me three short tips for staying focused while studying.",
                    "Now say that in one sentence."], 32),
     (Mode.TREE, ["What is the capital of France?"], 24),  # tree steps of T_max rows are slow in WASM: few tokens
 ])
@@ -164,7 +164,7 @@ def test_real_default_artifact_in_the_browser_equals_python(smollm2_artifact, tm
     replies = browser(smollm2_artifact, messages, shot, mode=mode.value, max_new_tokens=max_new_tokens)
     assert [r["ids"] for r in replies] == expected
     # the screenshot is of the page after the whole chat: each reply's text on it is the Python runtime's
-    engine = open_engine(EngineConfig(artifact=Artifact.open(smollm2_artifact), mode=Mode.GREEDY), log=lambda _: None)
+    engine = open_engine(EngineConfig(artifact=Artifact.open(smollm2_artifact), mode=Mode.PLAIN), log=lambda _: None)
     texts = [engine.tokenizer.decode([t for t in ids if t not in engine.tokenizer.eos_token_ids]) for ids in expected]
     assert [r["text"] for r in replies] == texts and all(texts)
     assert shot.stat().st_size > 10_000  # a rendered page (docs/on-device.md shows one), not a blank frame
@@ -183,11 +183,11 @@ def web_int4(tmp_path_factory) -> Path:
                        quant=QuantOptions(dtype=WeightDtype.INT4, accuracy_level=4))
 
 
-@pytest.mark.parametrize("mode", [Mode.GREEDY, Mode.AUTO])
+@pytest.mark.parametrize("mode", [Mode.PLAIN, Mode.AUTO])
 def test_an_int4_artifact_in_the_page_equals_the_python_runtime(web_int4, tmp_path, mode):
     """MatMulNBits in onnxruntime-web: every turn's ids are the Python runtime's (auto: greedy's), speculating
     with prompt lookup in chains."""
-    expected = python_replies(web_int4, Mode.GREEDY, MESSAGES)
+    expected = python_replies(web_int4, Mode.PLAIN, MESSAGES)
     replies = browser(web_int4, MESSAGES, screenshot_path(tmp_path, f"web-int4-{mode.value}"), mode=mode.value)
     assert [r["ids"] for r in replies] == expected
     timing = replies[0]["timing"]
@@ -202,7 +202,7 @@ def test_a_second_visit_reads_the_model_from_the_browser_cache(web_int4, tmp_pat
                            mode="auto")
     assert visit["visit"] == 1 and visit["networkBytes"] > 0 and visit["cacheBytes"] == 0
     assert reply["networkBytes"] == 0 and reply["cacheBytes"] >= visit["networkBytes"] * 0.9 and reply["curveKept"]
-    assert reply["ids"] == python_replies(web_int4, Mode.GREEDY, MESSAGES[:1])[0]
+    assert reply["ids"] == python_replies(web_int4, Mode.PLAIN, MESSAGES[:1])[0]
 
 
 def test_a_budget_below_the_lower_bound_is_refused_with_the_plan(web_int4, tmp_path):

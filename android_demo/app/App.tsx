@@ -22,6 +22,7 @@ import { SafeAreaProvider, SafeAreaView } from 'react-native-safe-area-context';
 import * as ort from 'onnxruntime-react-native';
 
 import { ChatSession, openEngine } from '@specmemo/engine';
+import { MODES } from '@specmemo/engine'; // the drafting modes, as the engine names them
 import type { Engine, Mode, Reply } from '@specmemo/engine';
 
 import { RecallFileOnPhone, digest } from './src/recallFile';
@@ -29,7 +30,6 @@ import { ARTIFACTS_DIR, DeviceSource, listArtifacts } from './src/source';
 import type { ArtifactEntry } from './src/source';
 
 type FormatChoice = 'auto' | 'onnx' | 'ort';
-const MODES: Mode[] = ['auto', 'tree', 'greedy'];
 const FORMATS: FormatChoice[] = ['auto', 'ort', 'onnx'];
 const REMEMBER: boolean[] = [false, true]; // the recall store: off unless chosen (it keeps what was typed, on the phone)
 const MAX_NEW_TOKENS = 256;

@@ -79,7 +79,7 @@ def run_speed(config: BatchBenchConfig, prompts: list[list[int]], eos: frozenset
             for j, prompt in chunk:
                 started = time.perf_counter()
                 out = engine.generate(prompt, max_new_tokens=config.max_new_tokens,
-                                      mode=Mode.GREEDY if name == "plain" else Mode.AUTO)
+                                      mode=Mode.PLAIN if name == "plain" else Mode.AUTO)
                 arm = one[name]
                 arm.seconds += time.perf_counter() - started
                 arm.tokens += len(out.token_ids)
@@ -101,7 +101,7 @@ def run_speed(config: BatchBenchConfig, prompts: list[list[int]], eos: frozenset
             for _, prompt in chunk[:2]:  # B = 1 greedy beside this chunk: the ×B=1 ratio, measured side by side
                 started = time.perf_counter()
                 arms["b1_plain"].tokens += len(engine.generate(prompt, max_new_tokens=config.max_new_tokens,
-                                                               mode=Mode.GREEDY).token_ids)
+                                                               mode=Mode.PLAIN).token_ids)
                 arms["b1_plain"].seconds += time.perf_counter() - started
             for name in (["plain", "speculative"] if i % 2 == 0 else ["speculative", "plain"]):
                 pool.width = FixedWidth(1) if name == "plain" else width
@@ -137,7 +137,7 @@ def probe_memory(request: dict) -> dict:
     from specmemo.runtime.session import DecoderSession
 
     artifact, batch = Path(request["artifact"]), request["batch"]
-    config = EngineConfig(artifact=Artifact.open(artifact), mode=Mode.GREEDY, threads=request["threads"],
+    config = EngineConfig(artifact=Artifact.open(artifact), mode=Mode.PLAIN, threads=request["threads"],
                           capacity=request["capacity"])
     prompts = request["prompts"]
     session: DecoderSession | BatchSession

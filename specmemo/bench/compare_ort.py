@@ -36,7 +36,7 @@ from specmemo.runtime.memory import footprint
 from specmemo.runtime.row_route import RouteSource, RowRoute
 from specmemo.runtime.rss import peak_rss_bytes, reset_peak_rss, rss_bytes
 
-MODES = {"specmemo-greedy": Mode.GREEDY, "specmemo-greedy-padded": Mode.GREEDY, "specmemo-full-tree": Mode.TREE,
+MODES = {"specmemo-greedy": Mode.PLAIN, "specmemo-greedy-padded": Mode.PLAIN, "specmemo-full-tree": Mode.TREE,
          "specmemo-controller": Mode.AUTO,
          "specmemo-default": Mode.AUTO, "specmemo-recall": Mode.AUTO, "specmemo-recall-turns": Mode.AUTO}
 RECALL = ("specmemo-recall", "specmemo-recall-turns")
@@ -48,7 +48,7 @@ def run_specmemo(request: dict) -> dict:
     mode = MODES[request["engine"]]
     default = request["engine"] == "specmemo-default"  # what a user gets with no sizing flags
     artifact = Artifact.open(Path(request["artifact"]))
-    drafter = None if default or mode is Mode.GREEDY else request.get("drafter")
+    drafter = None if default or mode is Mode.PLAIN else request.get("drafter")
     if request["engine"] in RECALL:
         drafter = with_recall(drafter or artifact.manifest.drafter)
     engine = open_engine(EngineConfig(artifact=artifact, mode=mode, threads=request["threads"],

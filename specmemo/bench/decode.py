@@ -27,14 +27,14 @@ from specmemo.bench.results import machine_info, run_folder, write_json
 from specmemo.bench.spec_bench import spec_bench_record
 from specmemo.errors import ConfigError
 from specmemo.runtime.artifact import Artifact
-from specmemo.runtime.config import DEFAULT_THREADS
+from specmemo.runtime.config import DEFAULT_THREADS, GREEDY
 from specmemo.runtime.engine import EngineConfig, Mode, open_engine
 from specmemo.runtime.fresh_process import run_json, serve_json
 from specmemo.runtime.measured import memory_calibration
 from specmemo.runtime.memory import MIB, footprint
 from specmemo.runtime.rss import peak_rss_bytes
 
-MODES = (Mode.GREEDY.value, Mode.TREE.value, Mode.AUTO.value)
+MODES = (GREEDY, Mode.TREE.value, Mode.AUTO.value)  # greedy: plain drafting, argmax (as every row here decodes)
 
 
 @dataclass(frozen=True)

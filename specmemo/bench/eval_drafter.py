@@ -261,7 +261,7 @@ def run(config: EvalDrafterConfig, *, log=print) -> dict:
     timed, by_turn = arms(), {turn: arms() for turn in sorted(set(turn_of))}
     for prompt, turn in tqdm(list(zip(prompts, turn_of, strict=True)), desc="timed, interleaved", unit="prompt",
                              dynamic_ncols=True, leave=False):
-        greedy = engine.generate(prompt, max_new_tokens=config.max_new_tokens, mode=Mode.GREEDY, ignore_eos=True)
+        greedy = engine.generate(prompt, max_new_tokens=config.max_new_tokens, mode=Mode.PLAIN, ignore_eos=True)
         for slot in (timed, by_turn[turn]):
             _add(slot["greedy"], greedy, greedy.token_ids)
         for spec, eng in engines.items():

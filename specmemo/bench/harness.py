@@ -104,7 +104,7 @@ def direct_greedy(config: HarnessConfig, items: list[dict]) -> list[str]:
     """The same prompts on our engine, greedy, cut at the stop string."""
     from specmemo.runtime.engine import EngineConfig, Mode, open_engine
 
-    engine = open_engine(EngineConfig(artifact=Artifact.open(config.artifact), mode=Mode.GREEDY, threads=config.threads,
+    engine = open_engine(EngineConfig(artifact=Artifact.open(config.artifact), mode=Mode.PLAIN, threads=config.threads,
                                       capacity=512), log=lambda _: None)
     replies = []
     for item in items:

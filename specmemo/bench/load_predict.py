@@ -23,7 +23,7 @@ from specmemo.runtime.config import EngineConfig, Mode
 from specmemo.runtime.load_cost import COSTS_FILE, RuntimeCosts, price_load
 from specmemo.runtime.rss import MIB
 
-MODES = {"greedy": Mode.GREEDY, "controller": Mode.AUTO}
+MODES = {"greedy": Mode.PLAIN, "controller": Mode.AUTO}
 
 
 def prediction(artifact: Artifact, *, mode: Mode, capacity: int, threads: int,
@@ -78,7 +78,7 @@ def fitted_costs(artifact: Artifact, result: dict, *, engine: str, threads: int,
     zero = RuntimeCosts(onnxruntime=onnxruntime.__version__, cpu_class=cpu.kernel_class(),
                         process_bytes=int(process), tokenizer_bytes_per_token=round(tokenizer), runtime_bytes=0,
                         measured={})
-    fp = prediction(artifact, mode=Mode.GREEDY, capacity=result["capacity"], threads=threads, costs=(zero, True))
+    fp = prediction(artifact, mode=Mode.PLAIN, capacity=result["capacity"], threads=threads, costs=(zero, True))
     # the process's peak, which a cached greedy open reaches while it decodes (its opening stays under it: the
     # tokenizer opens after the packing), beyond what the arithmetic terms hold at the end: the steps' scratch
     rest = statistics.median(r["peak_rss_mib"] for r in runs) * MIB - (fp.load + fp.generation)

@@ -70,7 +70,7 @@ def run_ours(request: dict) -> dict:
     clock = Milestones(request["spawned_at"])
     imported = time.time() - request["spawned_at"]
     clock.mark("imports")
-    mode = Mode.GREEDY if OURS[request["engine"]][0] == "greedy" else Mode.AUTO
+    mode = Mode.PLAIN if OURS[request["engine"]][0] == "greedy" else Mode.AUTO
     engine = open_engine(EngineConfig(artifact=Artifact.open(Path(request["artifact"])), mode=mode,
                                       threads=request["threads"], capacity=request["capacity"]), log=lambda _: None)
     started = time.perf_counter()

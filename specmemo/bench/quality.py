@@ -52,7 +52,7 @@ def folder_mb(folder: Path) -> float:
 
 
 def open_greedy(artifact: Path, threads: int):
-    return open_engine(EngineConfig(artifact=Artifact.open(artifact), mode=Mode.GREEDY, threads=threads, capacity=1024),
+    return open_engine(EngineConfig(artifact=Artifact.open(artifact), mode=Mode.PLAIN, threads=threads, capacity=1024),
                        log=lambda *_: None)
 
 

@@ -14,7 +14,7 @@ from specmemo.api import DEFAULT_THREADS
 from specmemo.console import log_dim
 from specmemo.errors import ConfigError
 from specmemo.export.model_source import DEFAULT_MODEL, default_artifact  # a light module: torch loads only to convert
-from specmemo.runtime.config import Mode
+from specmemo.runtime.config import GREEDY, Mode
 from specmemo.runtime.sampling import DEFAULTS as SAMPLING_DEFAULTS
 from specmemo.runtime.sampling import described
 
@@ -57,11 +57,13 @@ def add_model_format(parser: argparse.ArgumentParser) -> None:
 
 
 def add_mode(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--mode", type=Mode, choices=list(Mode), default=Mode.AUTO, metavar="{greedy,tree,auto}",
-                        help="greedy: plain decoding; tree: verify the drafter's whole tree each step ('medusa' "
-                             "is an old name for it); auto (default): the controller prices each step's draft "
-                             "from KV space, measured latency and acceptance, and decodes plainly when drafting "
-                             "does not pay")
+    parser.add_argument("--mode", type=mode_word, default=Mode.AUTO, metavar="{auto,tree,plain,greedy}",
+                        help="how each step drafts: auto (default): the controller prices each step's draft from KV "
+                             "space, measured latency and acceptance, and decodes plainly when drafting does not "
+                             "pay; tree: verify the drafter's whole tree each step ('medusa' is an old name for "
+                             "it); plain: no drafting. greedy: plain with argmax decoding (--mode plain "
+                             "--temperature 0; for serve: of requests that send no temperature). How tokens are "
+                             "chosen is the sampling's (temperature 0: argmax, token-identical in every mode)")
     parser.add_argument("--drafter", default=None,
                         help="who proposes the tree: medusa (the heads graph), feature (the feature drafter), "
                              "lookup (prompt lookup: continues an earlier match of the last tokens in the "
@@ -69,6 +71,16 @@ def add_mode(parser: argparse.ArgumentParser) -> None:
                              "tokenizer drafts a chain, e.g. model:artifacts/qwen2.5-coder-0.5b-int4), several "
                              "merged, e.g. medusa+lookup, or a choice the controller prices each step, e.g. "
                              "feature+lookup,model:DIR (default: the manifest's choice)")
+
+
+def mode_word(value: str) -> str:
+    """--mode: a drafting mode's name, or "greedy" (kept as written: plain drafting and argmax decoding)."""
+    if value == GREEDY:
+        return value
+    try:
+        return Mode(value).value
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a mode: use auto, tree, plain or greedy") from None
 
 
 def add_profile_options(parser: argparse.ArgumentParser, *, budget: bool = True,
@@ -158,6 +170,9 @@ def check_sampling_flags(args: argparse.Namespace) -> None:
     given = [f"--{name.replace('_', '-')}" for name, value in knobs.items() if value is not None]
     if args.temperature is not None and args.temperature <= 0 and given:
         raise ConfigError(f"{', '.join(given)} needs sampling: give --temperature > 0 (temperature 0 is exact greedy)")
+    if getattr(args, "mode", None) == GREEDY and (given or (args.temperature or 0) > 0):
+        raise ConfigError(f"--mode greedy decodes by argmax: {', '.join(given) or '--temperature'} needs sampling "
+                          "(--mode plain --temperature T samples without drafting)")
 
 
 def apply_profile(args: argparse.Namespace, *, log=log_dim):

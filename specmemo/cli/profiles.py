@@ -103,7 +103,7 @@ def kernels_on(manifest, cpu_class: str) -> dict[str, int]:
 
 def _plan_text(plan: dict) -> str:
     if plan["fits"]:
-        width = "plain decoding" if plan.get("mode") == "greedy" else f"T_max={plan['tree']}"
+        width = "plain decoding" if plan.get("mode") == "plain" else f"T_max={plan['tree']}"
         text = f"C={plan['capacity']}, {width}, {plan['total'] / 2**20:.0f} MiB"
         if plan.get("kernels"):
             text += "; kernels " + ", ".join(f"{kernel} x{n}" for kernel, n in plan["kernels"].items())

@@ -37,7 +37,7 @@ def measure_memory(request: dict[str, Any]) -> dict[str, Any]:
     capacity = min(PROBE_CAPACITY, manifest.max_capacity)
     # the artifact alone: a draft model is measured in its own probe and priced beside it (plan.draft_price)
     alone = in_artifact(manifest.drafter)
-    mode = Mode.TREE if alone else Mode.GREEDY
+    mode = Mode.TREE if alone else Mode.PLAIN
     engine = open_engine(EngineConfig(artifact=artifact, mode=mode, threads=threads, capacity=capacity,
                                       drafter=alone or None), log=lambda _: None)
     session = engine.session

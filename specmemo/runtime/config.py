@@ -24,13 +24,33 @@ if TYPE_CHECKING:
 
 
 class Mode(StrEnum):
-    GREEDY = "greedy"  # plain decoding, one token per step, no heads
+    """How a step drafts. How a token is chosen from the logits (argmax, or sampled) is the Sampling's, apart."""
+    PLAIN = "plain"  # no drafting: one token per step, no heads
     TREE = "tree"  # the drafter's whole tree every step (up to T_max)
     AUTO = "auto"  # the controller picks each step's draft and width
 
     @classmethod
     def _missing_(cls, value: object) -> Mode | None:
-        return cls.TREE if value == "medusa" else None  # the name before drafters were pluggable
+        # older names: "medusa" before drafters were pluggable; "greedy" for plain drafting, which at the API's and
+        # the CLI's edges (GREEDY) also means argmax decoding
+        older = SHARED["modes"]["older"].get(str(value))
+        return cls(older) if older is not None else None
+
+
+# Not a drafting mode: the word for plain drafting with argmax decoding (temperature 0) where a caller names a mode
+# (`--mode greedy`, open_model(mode="greedy")), so that greedy means argmax in every engine
+GREEDY: str = SHARED["modes"]["argmax"]
+
+
+def decoding_mode(mode: str | Mode, temperature: float | None) -> tuple[Mode, float | None]:
+    """(the drafting mode, the temperature) a caller's mode word asks for: "greedy" is plain drafting at temperature
+    0 (a temperature above 0 beside it is a one-line error); any other mode leaves the temperature as given."""
+    if str(mode) != GREEDY:
+        return Mode(mode), temperature
+    if temperature is not None and temperature > 0:
+        raise ConfigError(f"mode greedy decodes by argmax (temperature 0), not at temperature {temperature:g}: use "
+                          f"mode plain to sample without drafting")
+    return Mode.PLAIN, 0.0
 
 
 # ORT intra-op threads unless a profile or the caller says: pinned so timings compare

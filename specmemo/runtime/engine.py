@@ -109,14 +109,14 @@ class Engine:
         (runtime/constraint.py; its grammar is compiled before the cache is touched). `rules`: penalties, logit
         bias and log-probabilities (runtime/logit_rules.py: one token a step)."""
         mode = mode or self.config.mode
-        if mode is not Mode.GREEDY and self.drafter is None:
+        if mode is not Mode.PLAIN and self.drafter is None:
             raise ConfigError(f"mode {mode.value} needs a drafter: open the engine in a speculative mode")
         if not 0 <= cached < len(prompt_ids) or cached > self._backend.length:
             raise ValueError(f"cached={cached} must be committed ({self._backend.length} rows are) and leave at least "
                              f"one of the {len(prompt_ids)} prompt tokens to prefill")
         # before any latency measurement
         check_fits(cached, len(prompt_ids) - cached, self._backend.capacity, self._backend.padding)
-        speculative = mode is not Mode.GREEDY
+        speculative = mode is not Mode.PLAIN
         if rules is not None:
             rules.check_vocab(self.session.manifest.dims.vocab_size)
         matcher = GrammarTokenizer.of(self.config.artifact).matcher(constraint) if constraint is not None else None
@@ -214,8 +214,8 @@ def open_pool(config: EngineConfig, *, batch: int, log: Callable[[str], None] = 
 
     manifest = config.artifact.manifest
     spec = config.drafter if config.drafter is not None else manifest.drafter
-    kept = "+".join(n.value for n in batchable(parse_drafter(spec))) if spec and config.mode is not Mode.GREEDY else ""
-    plan = plan_for(replace(config, mode=Mode.TREE if kept else Mode.GREEDY, drafter=kept or None), manifest,
+    kept = "+".join(n.value for n in batchable(parse_drafter(spec))) if spec and config.mode is not Mode.PLAIN else ""
+    plan = plan_for(replace(config, mode=Mode.TREE if kept else Mode.PLAIN, drafter=kept or None), manifest,
                     batch=batch, log=log)
     names, sizes = plan.drafters, plan.sizes
     session = BatchSession(config.artifact, SessionConfig(
@@ -233,7 +233,7 @@ def open_pool(config: EngineConfig, *, batch: int, log: Callable[[str], None] = 
         parts = [r.for_row(row) for r in rows]
         return parts[0] if len(parts) == 1 else Merged(parts)
 
-    speculative = bool(names) and config.mode is not Mode.GREEDY
+    speculative = bool(names) and config.mode is not Mode.PLAIN
     width = ((FixedWidth(sizes.tree) if config.mode is Mode.TREE else BatchWidth(sizes.tree)) if speculative
              else FixedWidth(1))
     return SequencePool(BatchBackend(session, route=plan.route), drafter_factory=drafter if speculative else None,

@@ -90,7 +90,7 @@ class Plan:
                               f"C={s.capacity}, R={s.rows}, T_max={s.tree}")
         if not 1 <= self.route.min_rows <= s.rows:
             raise ConfigError(f"the numeric route needs 1 <= min_rows <= R, got {self.route.min_rows} (R={s.rows})")
-        if self.mode is Mode.GREEDY and self.drafters:
+        if self.mode is Mode.PLAIN and self.drafters:
             raise ConfigError("a greedy plan runs no drafters")
 
     @property
@@ -100,7 +100,7 @@ class Plan:
 
 def drafter_spec(config: EngineConfig, manifest: Manifest) -> str:
     """What drafts: "" in greedy mode, else --drafter or the manifest's choice."""
-    if config.mode is Mode.GREEDY:
+    if config.mode is Mode.PLAIN:
         return ""
     return (manifest.drafter if config.drafter is None else config.drafter) or ""
 
@@ -240,7 +240,7 @@ def make_plan(config: EngineConfig, manifest: Manifest, *, calibration: memory.C
     call (runtime/batch.py), C per row. `route`: the numeric route probed on this machine (measured.row_route;
     default the manifest's)."""
     names = drafter_names(config, manifest)
-    mode = config.mode if names else Mode.GREEDY  # nothing to speculate with: plain decoding
+    mode = config.mode if names else Mode.PLAIN  # nothing to speculate with: plain decoding
     exported, useful_tree = tree_sizes(manifest)
     # logit rows for at least a one-token call's rows on the route: greedy's LM head runs as many rows as a verify's
     route = route or manifest_route(manifest)
@@ -284,7 +284,7 @@ def make_plan(config: EngineConfig, manifest: Manifest, *, calibration: memory.C
                 f"{footprint.total / MIB:.0f} MiB: over the budget of {budget / MIB:.0f} MiB, so it is left out "
                 f"({'drafting with ' + '+'.join(n.value for n in rest) if rest else 'plain decoding'})")
             spec = "+".join(n.value for n in rest)
-            return make_plan(replace(config, drafter=spec or None, mode=config.mode if rest else Mode.GREEDY),
+            return make_plan(replace(config, drafter=spec or None, mode=config.mode if rest else Mode.PLAIN),
                              manifest, calibration=calibration, batch=batch, route=route, log=log)
     if footprint is not None:  # the weight files, shown beside the measured load; the recall store's line
         footprint = replace(footprint, weights_stored=weights_stored(config.artifact), recall=recall_bytes)

@@ -60,13 +60,16 @@ LOG = logging.getLogger("specmemo.serve")
 
 class ServeApp:
     def __init__(self, *, artifact: Artifact, worker: PoolWorker, tokenizer: ChatTokenizer, model: str, capacity: int,
-                 limits: Limits = Limits(), keys: tuple[str, ...] = (), stores: RecallStores | None = None):
+                 limits: Limits = Limits(), keys: tuple[str, ...] = (), stores: RecallStores | None = None,
+                 greedy: bool = False):
         """`artifact`: the one the pool runs (its generation defaults fill what a request leaves out; its vocabulary
         bounds logit_bias; its tokenizer is the grammar engine's). `stores`: a recall store per API key (stores.py),
-        given to each request of that key."""
+        given to each request of that key. `greedy` (`serve --mode greedy`): a request that sends no temperature
+        decodes by argmax instead of the artifact's defaults."""
         self.artifact, self.worker, self.tokenizer, self.model = artifact, worker, tokenizer, model
         self.stores = stores
-        self.defaults, self.capacity, self.limits, self.keys = artifact.manifest.generation, capacity, limits, keys
+        self.defaults = None if greedy else artifact.manifest.generation
+        self.capacity, self.limits, self.keys = capacity, limits, keys
         self.vocab = artifact.manifest.dims.vocab_size
         self.metrics = Metrics(worker, capacity=capacity)
         self.created = int(time.time())

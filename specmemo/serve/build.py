@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from specmemo.errors import ConfigError
-from specmemo.runtime.config import DEFAULT_THREADS, Mode
+from specmemo.runtime.config import DEFAULT_THREADS, GREEDY, Mode
 from specmemo.runtime.recall_store import DEFAULT_BUDGET as DEFAULT_RECALL_BUDGET
 from specmemo.serve.guard import Exposure
 from specmemo.serve.limits import DEFAULT_BATCH, DEFAULT_CONTEXT, Limits
@@ -31,9 +31,12 @@ class ServeConfig:
     recall_dir: Path | None = None  # one recall store per API key in this folder (stores.py); None: no recall
     recall_budget: int = DEFAULT_RECALL_BUDGET  # bytes per store
     packed_cache: bool = True  # the batch graph's packed weights mapped from disk (runtime/packed_cache.py)
+    greedy: bool = False  # requests that send no temperature decode by argmax (mode "greedy"), not by the defaults
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "artifact", Path(self.artifact))
+        if str(self.mode) == GREEDY:  # plain drafting, and argmax for requests that send no temperature
+            object.__setattr__(self, "greedy", True)
         object.__setattr__(self, "mode", Mode(self.mode))
         if self.batch < 2:
             raise ConfigError("serve runs a batch graph: --batch 2 or more (rows left free cost a 1-token stub each)")
@@ -69,5 +72,6 @@ def build_app(config: ServeConfig, *, log=print):
                                   tokenizer_file=artifact.path(manifest.tokenizer.file), keys=config.keys, log=log)
     served = ServeApp(artifact=artifact, worker=worker, tokenizer=ChatTokenizer(artifact),
                       model=config.model_name or manifest.source_model,
-                      capacity=pool.backend.capacity, limits=config.limits, keys=config.keys, stores=stores)
+                      capacity=pool.backend.capacity, limits=config.limits, keys=config.keys, stores=stores,
+                      greedy=config.greedy)
     return make_app(served, config.exposure), served

@@ -12,7 +12,7 @@ import * as ort from 'onnxruntime-node';
 import { parseRoute } from './backend';
 import { ChatSession } from './chat';
 import { ConstraintSpec } from './constraint';
-import { Mode, openEngine } from './engine';
+import { openEngine } from './engine';
 import { ModelFormat } from './manifest';
 import { FolderSource, RecallFileOnDisk, loadXGrammar } from './node';
 import { SHARED } from './shared';
@@ -39,8 +39,9 @@ options:
   --message TEXT        a user turn (chat; repeat for several turns)
   --system TEXT         optional system message
   --max-new-tokens N    default ${SHARED.max_new_tokens.generate} (generate), ${SHARED.max_new_tokens.chat} (chat)
-  --mode M              greedy | tree | auto (default auto): greedy output is the same token for
-                        token in every mode; tree and auto only change how many tokens a step verifies
+  --mode M              how each step drafts: auto (default) | tree | plain (no drafting); greedy is an
+                        older name for plain. Every mode decodes by argmax, the same tokens in each;
+                        tree and auto only change how many tokens a step verifies
   --drafter D           medusa, lookup, recall, or several joined by '+' (default: the manifest's)
   --capacity C          KV positions to allocate (default: the manifest's plan, else its max)
   --threads N           ONNX Runtime intra-op threads (default ${SHARED.threads})
@@ -98,7 +99,7 @@ async function main(): Promise<number> {
     : values['json-object'] ? { kind: 'json_object' } : values.choice?.length ? { kind: 'choice', choices: values.choice } : undefined;
   const source = new FolderSource(values.artifact);
   const engine = await openEngine({
-    ort, source, mode: values.mode as Mode, drafter: values.drafter, threads: Number(values.threads),
+    ort, source, mode: values.mode, drafter: values.drafter, threads: Number(values.threads),
     route: values.route === undefined ? undefined : parseRoute(values.route),
     capacity: values.capacity === undefined ? undefined : Number(values.capacity),
     modelFormat: values['model-format'] as ModelFormat, log: (line) => process.stderr.write(`${line}\n`), recall,

@@ -5,9 +5,9 @@
  *   sizes    – C, R and T_max, decided once (sizes.resolveSizes: the manifest's device plan, or
  *              `capacity` and the drafters' tree);
  *   open     – DecoderSession (decoder + heads graphs, one arena), tokenizer;
- *   drafter  – `drafter` or the manifest's choice, none in greedy mode; with `recall`, the recall
+ *   drafter  – `drafter` or the manifest's choice, none in plain mode; with `recall`, the recall
  *              drafter merged in over a store (recall.ts) that every finished turn joins, saved after it;
- *   policy   – greedy: none; tree: the drafter's whole tree; auto: the controller, over a verify
+ *   policy   – plain: none; tree: the drafter's whole tree; auto: the controller, over a verify
  *              latency curve measured once per engine.
  */
 
@@ -32,14 +32,26 @@ import { ChatTokenizer } from './tokenizer';
 import { Digest, Recall, RecallFile, fingerprint, openRecall, sha256 } from './recallStore';
 import { SHARED } from './shared';
 
-export type Mode = 'greedy' | 'tree' | 'auto';
-const MODES: readonly Mode[] = ['greedy', 'tree', 'auto'];
+/** How each step drafts (runtime/config.py Mode): this engine chooses every token by argmax in every mode. */
+export type Mode = 'plain' | 'tree' | 'auto';
+export const MODES = SHARED.modes.drafting as readonly Mode[];
+
+/** A caller's mode word as a drafting mode: the older names too ('greedy': plain drafting with argmax decoding, which
+ * is how this engine decodes in every mode; 'medusa': tree). */
+export function modeOf(word: string): Mode {
+  const older: Record<string, string> = SHARED.modes.older;
+  const mode = (older[word] ?? word) as Mode;
+  if (!MODES.includes(mode)) {
+    throw new ConfigError(`unknown mode ${JSON.stringify(word)}: use one of ${MODES.join(', ')} (or ${SHARED.modes.argmax})`);
+  }
+  return mode;
+}
 
 export interface EngineOptions {
   ort: OrtModule; // onnxruntime-node, onnxruntime-web or onnxruntime-react-native
   source: ArtifactSource;
-  mode?: Mode; // default auto
-  drafter?: string; // e.g. 'medusa+lookup'; default the manifest's; ignored in greedy mode
+  mode?: string; // a Mode (default auto), or an older name ('greedy', 'medusa': modeOf)
+  drafter?: string; // e.g. 'medusa+lookup'; default the manifest's; ignored in plain mode
   capacity?: number; // C; default the manifest's plan, else the graph's max capacity
   threads?: number; // intra-op threads, default 2
   modelFormat?: ModelFormat; // 'ort': the .ort graphs of an `export --mobile` artifact
@@ -97,9 +109,9 @@ function memoryPlan(m: Manifest, sizes: Sizes, session: DecoderSession, recall: 
   };
 }
 
-/** The drafters an engine runs: none in greedy mode, else `drafter` or the manifest's choice. */
+/** The drafters an engine runs: none in plain mode, else `drafter` or the manifest's choice. */
 export function drafterNames(mode: Mode, spec: string | undefined, m: Manifest): DrafterName[] {
-  if (mode === 'greedy') return [];
+  if (mode === 'plain') return [];
   const chosen = spec ?? m.drafter;
   return chosen ? parseDrafter(chosen) : [];
 }
@@ -129,7 +141,7 @@ export class Engine {
     return this.curve;
   }
 
-  /** The width policy for `mode`: none for greedy, the whole tree for tree, a fresh controller for auto. */
+  /** The width policy for `mode`: none for plain, the whole tree for tree, a fresh controller for auto. */
   async policy(mode: Mode = this.mode): Promise<WidthPolicy | null> {
     if (mode === 'tree') return new FullWidth(this.maxTree);
     if (mode !== 'auto') return null;
@@ -143,7 +155,7 @@ export class Engine {
   /** One reply; `cached` leading prompt tokens are already committed (the rest is rewound and prefilled). */
   async generate(promptIds: readonly number[], request: GenerateRequest): Promise<Generation> {
     const mode = request.mode ?? this.mode;
-    if (mode !== 'greedy' && this.drafter === null) throw new ConfigError(`mode ${mode} needs a drafter: open the engine in a speculative mode`);
+    if (mode !== 'plain' && this.drafter === null) throw new ConfigError(`mode ${mode} needs a drafter: open the engine in a speculative mode`);
     const cached = request.cached ?? 0;
     if (!(cached >= 0 && cached < promptIds.length) || cached > this.backend.length) {
       throw new RangeError(`cached=${cached} must be committed (${this.backend.length} rows are) and leave at least one of the ${promptIds.length} prompt tokens to prefill`);
@@ -151,7 +163,7 @@ export class Engine {
     checkFits(cached, promptIds.length - cached, this.backend.capacity, this.backend.padding);
     // compiled before the cache is touched: a schema that does not compile is one line and loses nothing
     const constraint = request.constraint === undefined ? null : await (await this.grammar()).matcher(request.constraint);
-    const speculative = mode !== 'greedy';
+    const speculative = mode !== 'plain';
     if (cached === 0) this.backend.reset();
     else this.backend.rewind(cached);
     return generate(this.backend, promptIds.slice(cached), {
@@ -217,17 +229,16 @@ export async function openEngine(options: EngineOptions): Promise<Engine> {
   const m = parseManifest(await source.readText('manifest.json').catch((err: Error) => {
     throw new ManifestError(`no manifest.json in ${source.where} (${err.message.split('\n')[0]}): run \`specmemo export --out <folder>\` first`);
   }), `${source.where}/manifest.json`);
-  let mode = options.mode ?? 'auto';
-  if (!MODES.includes(mode)) throw new ConfigError(`unknown mode ${JSON.stringify(mode)}: use one of ${MODES.join(', ')}`);
+  let mode = modeOf(options.mode ?? 'auto');
   const asked = drafterNames(mode, options.drafter, m);
-  const names = options.recall && mode !== 'greedy' ? withRecall(asked) : asked;
+  const names = options.recall && mode !== 'plain' ? withRecall(asked) : asked;
   if (names.includes('medusa') && m.heads === null) {
     throw new ManifestError(`${source.where} has no Medusa heads: use drafter 'lookup', or re-export with --heads`);
   }
   if (names.includes('feature')) {
     throw new ConfigError("the feature drafter runs in the Python runtime only: use drafter 'medusa+lookup' or 'lookup'");
   }
-  if (names.length === 0 && mode !== 'greedy') mode = 'greedy'; // nothing to speculate with
+  if (names.length === 0 && mode !== 'plain') mode = 'plain'; // nothing to speculate with
   const route = options.route ?? manifestRoute(m);
   const sizes = resolveSizes(m, names, options.capacity, undefined, route);
   const tokenizerText = await source.readText(m.tokenizer.file);

@@ -16,7 +16,7 @@ export { MedusaDrafter } from './drafters/medusa';
 export { parseDrafter, withRecall } from './drafters/names';
 export { RecallDrafter } from './drafters/recall';
 export type { DrafterName } from './drafters/names';
-export { Engine, drafterNames, openEngine } from './engine';
+export { Engine, MODES, drafterNames, modeOf, openEngine } from './engine';
 export type { EngineOptions, GenerateRequest, MemoryPlan, Mode, RecallOptions } from './engine';
 export { ArtifactError, ConfigError, ContextOverflowError } from './errors';
 export { ManifestError, manifestRoute, parseManifest } from './manifest';

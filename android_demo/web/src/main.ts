@@ -12,7 +12,7 @@
  * store after opening and after each reply ("null" with recall off).
  */
 import * as ort from 'onnxruntime-web/wasm';
-import { ChatSession, openEngine, type Engine, type Mode } from '@specmemo/engine';
+import { ChatSession, modeOf, openEngine, type Engine, type Mode } from '@specmemo/engine';
 
 import { allocationMessage, budgetBytes, planSource, type PagePlan } from './memory';
 import { forThePage } from './ortSessions';
@@ -25,7 +25,6 @@ import { CurveStore } from './curves';
 import { RecallFileInIndexedDB } from './recallFile';
 
 type State = 'idle' | 'loading' | 'ready' | 'generating' | 'error';
-const MODES: readonly Mode[] = ['greedy', 'tree', 'auto'];
 
 function $<T extends HTMLElement>(id: string): T {
   const el = document.getElementById(id);
@@ -61,8 +60,7 @@ function applyParams(): void {
   ui.format.value = replyFormat();
   const mode = params.get('mode');
   if (mode !== null) {
-    if (!MODES.includes(mode as Mode)) throw new Error(`?mode=${mode}: use one of ${MODES.join(', ')}`);
-    ui.mode.value = mode;
+    ui.mode.value = modeOf(mode); // an older name ('greedy') picks the mode it names now
   }
   const maxNewTokens = intParam('max-new-tokens');
   if (maxNewTokens !== undefined) ui.maxNewTokens.value = String(maxNewTokens);

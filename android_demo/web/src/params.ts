@@ -1,5 +1,5 @@
 /**
- * The page's URL parameters: artifact=<url of the artifact folder>, mode=greedy|tree|auto, max-new-tokens=N,
+ * The page's URL parameters: artifact=<url of the artifact folder>, mode=auto|tree|plain (greedy: plain), max-new-tokens=N,
  * drafter=<e.g. medusa+lookup>, capacity=N (KV positions), threads=N, system=<system prompt>,
  * model-format=onnx|ort (the .ort graphs of an `export --mobile` artifact), budget=<MiB> (the memory the
  * page may plan into; default a share of navigator.deviceMemory: memory.ts), recall=on (draft from what was

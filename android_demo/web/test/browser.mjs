@@ -4,7 +4,7 @@
  * open /?artifact=/artifact/, wait for the engine, send each message, wait for the reply.
  *
  *   node test/browser.mjs --artifact DIR --message TEXT [--message TEXT ...] --screenshot PNG
- *        [--mode greedy|tree|auto] [--max-new-tokens N] [--threads N] [--no-isolation]
+ *        [--mode auto|tree|plain] [--max-new-tokens N] [--threads N] [--no-isolation]
  *        [--stop-after-tokens N] [--pick] [--model-format onnx|ort] [--chromium /usr/bin/chromium] [--timeout SECONDS]
  *        [--new-chat-each] [--visits N] [--budget MIB] [--expect-error] [--recall] [--format text|json]
  *   node test/browser.mjs --gguf FILE --message TEXT ... --screenshot PNG   # the peer's page (wllama.html)
@@ -71,7 +71,7 @@ try {
   process.exit(2);
 }
 if (!(args.artifact || args.gguf) || !args.message?.length || !args.screenshot) {
-  process.stderr.write('usage: node test/browser.mjs --artifact DIR (or --gguf FILE) --message TEXT --screenshot PNG [--mode greedy|tree|auto] [--max-new-tokens N]\n');
+  process.stderr.write('usage: node test/browser.mjs --artifact DIR (or --gguf FILE) --message TEXT --screenshot PNG [--mode auto|tree|plain] [--max-new-tokens N]\n');
   process.exit(2);
 }
 
