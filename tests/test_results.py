@@ -62,3 +62,12 @@ def test_benchmarks_write_their_results_json_through_write_json():
     writers = [path.name for folder in ("specmemo/bench", "specmemo/cli") for path in (ROOT / folder).glob("*.py")
                if "write_text(json.dumps(" in path.read_text() and path.name not in NOT_RESULTS | {"results.py"}]
     assert writers == []
+
+
+CODE = {".py", ".sh", ".js", ".mjs", ".ts", ".ipynb"}
+
+
+def test_results_hold_data_not_code():
+    """An experiment worth keeping is a `specmemo bench` command (linted, typed, tested); results/ holds its data."""
+    code = [str(p.relative_to(ROOT)) for p in (ROOT / "results").rglob("*") if p.suffix in CODE]
+    assert code == [], f"code under results/ (make it a specmemo bench command, or keep it in git history): {code}"

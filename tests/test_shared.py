@@ -72,7 +72,7 @@ def test_drafter_names_modes_and_thread_defaults_are_the_files():
     from specmemo.runtime.drafters import DrafterName
 
     assert [n.value for n in DrafterName] == SHARED["drafters"]
-    assert [m.value for m in Mode] == SHARED["modes"]["drafting"] and GREEDY == SHARED["modes"]["argmax"]
+    assert [m.value for m in Mode] == SHARED["modes"]["drafting"] and SHARED["modes"]["argmax"] == GREEDY
     assert all(Mode(old).value == new for old, new in SHARED["modes"]["older"].items())
     literal = re.compile(r'"--threads",[^)]*default=\d')
     for path in (ROOT / "specmemo" / "cli").glob("*.py"):

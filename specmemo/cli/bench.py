@@ -7,6 +7,7 @@ import argparse
 from pathlib import Path
 
 from specmemo.bench.results import run_folder, write_json
+from specmemo.cli.bench_ab import add_ab_parser
 from specmemo.cli.bench_arm import add_arm_parser
 from specmemo.cli.bench_front import add_front_parser
 from specmemo.cli.bench_fuzz import add_fuzz_parser
@@ -195,6 +196,7 @@ def add_parser(sub) -> None:
     add_web_parser(bench)
     add_arm_parser(bench)
     add_invariance_parser(bench)
+    add_ab_parser(bench)
     add_profile_parser(bench)
     add_fuzz_parser(bench)
     add_structured_parser(bench)
