@@ -7,7 +7,7 @@ MODEL ?= smollm2-135m
 ARTIFACT ?= artifacts/$(MODEL)
 PROMPT ?= Give me three short tips for staying focused while studying.
 
-.PHONY: setup js-setup engine chromium lint-js arm-check peers-setup harness-setup drafter-cpu demo test test-fast lint docs-layout bench bench-decode bench-batch bench-soak bench-node compare-docs chat serve lock clean
+.PHONY: setup js-setup engine chromium lint-js arm-check peers-setup harness-setup drafter-cpu demo test test-fast lint docs-layout figures bench bench-decode bench-batch bench-soak bench-node compare-docs chat serve lock clean
 
 setup: $(VENV)/.installed
 
@@ -121,6 +121,11 @@ TEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 2); [ $$n -gt 4 ] && echo
 test-fast: setup $(if $(HAS_NODE),engine)
 	@$(if $(HAS_NODE),:,echo "test-fast: no node on PATH, so the TypeScript engine's tests are left out (Node 20: make test runs them)")
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile -m "not real_model and not slow$(if $(HAS_NODE),, and not typescript)" $(if $(SEED),--seed $(SEED))
+
+# Every published figure rendered from the results JSON it cites (specmemo/bench/figures.py; tests/test_figures.py
+# fails where a page differs from its file)
+figures: setup
+	$(BIN)/python -m specmemo.bench.figures --write
 
 lint: setup lint-js
 	$(BIN)/ruff check .

@@ -53,7 +53,7 @@ def test_the_runs_folder_is_ignored_by_git():
 def test_a_results_json_carries_the_machine_it_came_from(tmp_path):
     path = results.write_json(tmp_path / "deep" / "summary.json", {"x": 1, "machine": {"note": "kept"}}, threads=3)
     machine = json.loads(path.read_text())["machine"]
-    assert {"commit", "cpu", "isa", "threads", "onnxruntime", "python", "command"} <= set(machine)
+    assert {"commit", "date", "cpu", "isa", "threads", "onnxruntime", "python", "command"} <= set(machine)
     assert machine["threads"] == 3 and machine["note"] == "kept" and machine["cpu"] and machine["onnxruntime"]
     assert re.fullmatch(r"[0-9a-f]{12}(\+dirty)?|unknown", machine["commit"])
 

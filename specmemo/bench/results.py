@@ -15,6 +15,7 @@ import platform
 import shlex
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from specmemo.runtime.cpu import cpu_name, features
@@ -38,13 +39,13 @@ def write_json(path: Path, data: dict, *, threads: int, indent: int = 2) -> Path
 
 
 def machine_info(threads: int) -> dict:
-    """Where a result came from: the commit, the CPU and its ISA, the threads, ONNX Runtime's version, Python,
-    the command line."""
+    """Where a result came from: the commit, the date, the CPU and its ISA, the threads, ONNX Runtime's version,
+    Python, the command line."""
     import onnxruntime
 
-    return {"commit": source_commit(), "platform": platform.platform(), "cpu": cpu_name(), "isa": isa(),
-            "threads": threads, "onnxruntime": onnxruntime.__version__, "python": platform.python_version(),
-            "command": command_line()}
+    return {"commit": source_commit(), "date": time.strftime("%Y-%m-%d"), "platform": platform.platform(),
+            "cpu": cpu_name(), "isa": isa(), "threads": threads, "onnxruntime": onnxruntime.__version__,
+            "python": platform.python_version(), "command": command_line()}
 
 
 def command_line() -> str:
