@@ -52,7 +52,7 @@ def test_move_positions_equals_fancy_indexing(tiny_llama):
     for buffer in session.kv.buffers:
         buffer[...] = rng.standard_normal(buffer.shape)
     expected = [buffer[:, :, [10, 12, 15, 16]].copy() for buffer in session.kv.buffers]
-    session.move_positions([10, 12, 15, 16], 10)
+    session.kv.move_positions([10, 12, 15, 16], 10)
     for buffer, want in zip(session.kv.buffers, expected, strict=True):
         np.testing.assert_array_equal(buffer[:, :, 10:14], want)
 

@@ -96,11 +96,11 @@ def probed(artifact, prompts):
 
 
 def open_pool(artifact, batch, *, route=None, **options):
-    from specmemo.runtime.batch import BatchBackend, BatchSession
+    from specmemo.runtime.batch import BatchBackend
     from specmemo.runtime.pool import SequencePool
-    from specmemo.runtime.session import SessionConfig
+    from specmemo.runtime.session import DecoderSession, SessionConfig
 
-    session = BatchSession(Artifact.open(artifact), SessionConfig(sizes=SIZES, heads=False, batch=batch))
+    session = DecoderSession(Artifact.open(artifact), SessionConfig(sizes=SIZES, heads=False, batch=batch))
     return SequencePool(BatchBackend(session, route=route), **options)
 
 
@@ -265,13 +265,12 @@ def test_cancel_frees_the_row_for_the_next_request(artifact, prompts, references
 
 
 def test_batch_memory_is_priced_exactly(artifact):
-    from specmemo.runtime.batch import BatchSession
     from specmemo.runtime.manifest import load_manifest
     from specmemo.runtime.memory import Calibration, footprint, kv_bytes
-    from specmemo.runtime.session import SessionConfig
+    from specmemo.runtime.session import DecoderSession, SessionConfig
 
     m = load_manifest(artifact)
-    session = BatchSession(Artifact.open(artifact), SessionConfig(sizes=SIZES, heads=False, batch=8))
+    session = DecoderSession(Artifact.open(artifact), SessionConfig(sizes=SIZES, heads=False, batch=8))
     d, itemsize = m.dims, {"float32": 4, "float16": 2}[m.kv_dtype]
     assert sum(b.nbytes for b in session.arena.kv) == (8 * 2 * d.num_layers * d.num_kv_heads * SIZES.capacity
                                                       * d.head_dim * itemsize)
@@ -291,11 +290,12 @@ def test_missing_batch_graph_and_bad_sizes_are_one_line_errors(artifact, tmp_pat
     cli = [sys.executable, "-m", "specmemo.cli", "export", "batch", "--artifact", str(artifact), "--batch", "1"]
     run = subprocess.run(cli, capture_output=True, text=True)
     assert run.returncode == 2 and "batch sizes start at 2" in run.stderr
-    with pytest.raises(ConfigError, match="`batch` 2 or more"):
-        from specmemo.runtime.batch import BatchSession
-        from specmemo.runtime.session import SessionConfig
+    from specmemo.runtime.session import DecoderSession, SessionConfig
 
-        BatchSession(Artifact.open(artifact), SessionConfig(sizes=SIZES, heads=False, batch=1))
+    with pytest.raises(ManifestError, match="no graph for batch 3"):  # one session type: its B names the graph
+        DecoderSession(Artifact.open(artifact), SessionConfig(sizes=SIZES, heads=False, batch=3))
+    with pytest.raises(ConfigError, match="batch must be >= 1"):
+        SessionConfig(batch=0)
 
 
 @pytest.mark.full_install  # the exporter writes the graph
@@ -368,7 +368,7 @@ def test_sliding_rows_slide_on_their_own_and_stay_each_rows_greedy(tmp_path_fact
     window buffers when its next call would not fit, at its own time, under ragged oracle acceptance;
     each reply equals its one-sequence greedy reply (which slides on its own schedule)."""
     from specmemo.runtime.backend import OrtBackend
-    from specmemo.runtime.batch import BatchBackend, BatchSession
+    from specmemo.runtime.batch import BatchBackend
     from specmemo.runtime.decode import generate
     from specmemo.runtime.pool import Request, SequencePool
     from specmemo.runtime.session import DecoderSession, SessionConfig
@@ -380,12 +380,12 @@ def test_sliding_rows_slide_on_their_own_and_stay_each_rows_greedy(tmp_path_fact
     for prompt in prompts:
         single.reset()
         references.append(generate(single, prompt, max_new_tokens=reply, eos_token_ids=set()).token_ids)
-    session = BatchSession(Artifact.open(artifact), SessionConfig(sizes=sizes, heads=False, batch=4))
+    session = DecoderSession(Artifact.open(artifact), SessionConfig(sizes=sizes, heads=False, batch=4))
     assert session.layout.window_capacity == 96 < max(len(p) for p in prompts) + reply
     backend = BatchBackend(session)
     slid = set()
-    slide = backend._slide
-    backend._slide = lambda row, first, end: (slid.add(row), slide(row, first, end))[1]
+    for row, kv in enumerate(session.row_kv):  # each row's KV slides its own window buffers
+        kv.slide = lambda first, end, row=row, slide=kv.slide: (slid.add(row), slide(first, end))[1]
     pool = SequencePool(backend, drafter_factory=lambda row: Oracle(prompts, references, 256), max_tree=8)
     results = pool.run([Request(p, reply) for p in prompts])
     assert [r.token_ids for r in results] == references

@@ -219,15 +219,16 @@ def test_smollm2_answers_in_json_and_speculation_keeps_constrained_greedys_token
 def test_a_batch_of_constrained_requests_decodes_each_as_it_would_alone(artifact):
     """The sequence pool (serve's): rows under different constraints (and one under none), with and without
     drafts, each row's tokens those of constrained greedy alone."""
-    from specmemo.runtime.batch import BatchBackend, BatchSession
+    from specmemo.runtime.batch import BatchBackend
     from specmemo.runtime.pool import FixedWidth, Request, SequencePool
+    from specmemo.runtime.session import DecoderSession
 
     names = ["schema", "regex", "lark", None]
     prompts = [prompt_of(artifact, text) for text in ("a person", "a code", "a sum", "anything")]
     grammar = GrammarTokenizer.of(artifact)
     alone = [decode(artifact, SPECS[n], prompt=p).token_ids if n else None for n, p in zip(names, prompts, strict=True)]
     for width, drafter in ((1, None), (8, PromptLookup)):
-        session = BatchSession(artifact, SessionConfig(sizes=Sizes(256, 16, 16), heads=False, batch=4))
+        session = DecoderSession(artifact, SessionConfig(sizes=Sizes(256, 16, 16), heads=False, batch=4))
         factory = (lambda row, make=drafter: make()) if drafter else None
         pool = SequencePool(BatchBackend(session), drafter_factory=factory, max_tree=width, width=FixedWidth(width))
         requests = [Request(p, 80, frozenset({EOS}), constraint=grammar.matcher(SPECS[n]) if n else None)
@@ -321,8 +322,9 @@ def test_a_parse_outgrowing_the_grammar_limits_ends_the_reply_not_the_request(ar
     """Mid-reply, the grammar engine's limit ends that reply with finish reason `constraint` and the tokens so far,
     greedy and speculative alike (where: within a step of each other, as llguidance's work per step depends on
     what its lexer has cached); in the pool, a row beside it decodes as it would alone."""
-    from specmemo.runtime.batch import BatchBackend, BatchSession
+    from specmemo.runtime.batch import BatchBackend
     from specmemo.runtime.pool import Request, SequencePool
+    from specmemo.runtime.session import DecoderSession
 
     spec = Constraint.json_schema(NEVER_CLOSES)
     greedy = decode(artifact, spec)
@@ -336,7 +338,7 @@ def test_a_parse_outgrowing_the_grammar_limits_ends_the_reply_not_the_request(ar
     assert longer[: len(shorter)] == shorter
     grammar = GrammarTokenizer.of(artifact)
     alone = decode(artifact, SPECS["regex"], prompt=prompt_of(artifact, "a code")).token_ids
-    session = BatchSession(artifact, SessionConfig(sizes=Sizes(256, 16, 16), heads=False, batch=2))
+    session = DecoderSession(artifact, SessionConfig(sizes=Sizes(256, 16, 16), heads=False, batch=2))
     pool = SequencePool(BatchBackend(session), max_tree=1)
     stuck, beside = pool.run([Request(prompt_of(artifact), 80, frozenset({EOS}), constraint=grammar.matcher(spec)),
                               Request(prompt_of(artifact, "a code"), 80, frozenset({EOS}),
@@ -349,13 +351,14 @@ def test_logit_rules_compose_with_a_constraint_and_logprobs_are_the_constrained_
     """Log-probabilities beside a schema: the same tokens as the schema alone (forced ones each a step of their own,
     log-probability 0), every one of them with its log-probability under the mask; a bias the grammar forbids
     changes nothing, one it allows moves the reply and keeps it valid."""
-    from specmemo.runtime.batch import BatchBackend, BatchSession
+    from specmemo.runtime.batch import BatchBackend
     from specmemo.runtime.logit_rules import LogitRules
     from specmemo.runtime.pool import Request, SequencePool
+    from specmemo.runtime.session import DecoderSession
 
     grammar = GrammarTokenizer.of(artifact)
     alone = decode(artifact, SPECS["schema"])
-    session = BatchSession(artifact, SessionConfig(sizes=Sizes(256, 16, 16), heads=False, batch=2))
+    session = DecoderSession(artifact, SessionConfig(sizes=Sizes(256, 16, 16), heads=False, batch=2))
     pool = SequencePool(BatchBackend(session), drafter_factory=lambda row: PromptLookup(), max_tree=8)
     logprobs = []
     pool_step = pool.step

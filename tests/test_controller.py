@@ -133,7 +133,7 @@ def test_sampling_is_reproducible_for_a_seed(exported):
     medusa = MedusaTree.from_choices(session.manifest.heads.tree)
 
     def run(seed):
-        session.reset()
+        session.kv.reset()
         return generate(OrtBackend(session), list(range(5, 15)), max_new_tokens=30, eos_token_ids=set(),
                         drafter=MedusaDrafter(OrtMedusaHeads(session), medusa), max_tree=medusa.size,
                         sampling=Sampling(temperature=1.0, seed=seed)).token_ids

@@ -148,7 +148,7 @@ def test_lookup_accepts_what_the_context_repeats(exported):
     prompt = repeating_prompt(Artifact.open(artifact).manifest.dims.vocab_size, 0)
     session = DecoderSession(Artifact.open(artifact))
     first = generate(OrtBackend(session), prompt, max_new_tokens=30, eos_token_ids=set()).token_ids
-    session.reset()
+    session.kv.reset()
     again = generate(OrtBackend(session), prompt, max_new_tokens=30, eos_token_ids=set(), drafter=PromptLookup(),
                      max_tree=8, history=prompt + first)  # as if the same question came a second time
     assert again.token_ids == first

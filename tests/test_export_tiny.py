@@ -61,9 +61,10 @@ def test_random_config_nobody_chose(tmp_path, random_seed, architecture):
     print(config, report.table())
     assert report.passed and report.max_logits_diff <= TOLERANCE
     if load_manifest(artifact).batch_graphs:  # the batch graph rewritten from this random decoder: each row = B = 1
-        from specmemo.runtime.batch import BatchBackend, BatchSession
+        from specmemo.runtime.batch import BatchBackend
         from specmemo.runtime.decode import generate
         from specmemo.runtime.pool import Request, SequencePool
+        from specmemo.runtime.session import DecoderSession
 
         sizes = Sizes(capacity=64, rows=16, tree=1)
         prompts = [prompt(config.vocab_size, 5, seed=1), prompt(config.vocab_size, 11, seed=2)]
@@ -72,7 +73,7 @@ def test_random_config_nobody_chose(tmp_path, random_seed, architecture):
         for ids in prompts:
             one.reset()
             want.append(generate(one, ids, max_new_tokens=12, eos_token_ids=set()).token_ids)
-        pool = SequencePool(BatchBackend(BatchSession(Artifact.open(artifact),
+        pool = SequencePool(BatchBackend(DecoderSession(Artifact.open(artifact),
                                                       SessionConfig(sizes=sizes, heads=False, batch=2))))
         assert [g.token_ids for g in pool.run([Request(ids, 12) for ids in prompts])] == want
 

@@ -163,7 +163,7 @@ def test_feature_drafts_decode_exactly_greedy(with_drafter, seed):
     graph = OrtFeatureGraph(session)
     feature = RuntimeFeatureDrafter(graph, session.embedding)
     for drafter in (feature, Merged([feature, PromptLookup()])):
-        session.reset()
+        session.kv.reset()
         result = generate(OrtBackend(session), prompt, max_new_tokens=40, eos_token_ids=set(), drafter=drafter,
                           max_tree=12)
         assert result.token_ids == greedy

@@ -28,7 +28,7 @@ def steps(artifact, model_format: str) -> list[np.ndarray]:
         ids = np.arange(3, 3 + size, dtype=np.int64)[None]
         out = session.step(ids, np.arange(length, length + size)[None],
                            np.zeros((1, 1, size, length + size), np.float32), np.arange(size)[None])
-        session.commit(size)
+        session.kv.commit(size)
         outputs += [out.logits, out.hidden_states]
     return outputs
 

@@ -80,7 +80,7 @@ def test_gemma3_past_the_window_equals_hf_sliding_window_generate(gemma):
     assert greedy == hf
     names = parse_drafter(load_manifest(artifact).drafter)
     drafter = open_drafter(session, names, max_tree=session.sizes.tree)
-    session.reset()
+    session.kv.reset()
     spec = generate(OrtBackend(session), prompt, max_new_tokens=new, eos_token_ids=set(), drafter=drafter,
                     max_tree=session.sizes.tree)
     assert spec.token_ids == hf

@@ -130,7 +130,6 @@ def run_speed(config: BatchBenchConfig, prompts: list[list[int]], eos: frozenset
 
 def probe_memory(request: dict) -> dict:
     """In a fresh process: a pool of B rows (or the one-sequence engine at B = 1) decoding B prompts at once."""
-    from specmemo.runtime.batch import BatchSession
     from specmemo.runtime.engine import open_engine, open_pool
     from specmemo.runtime.pool import Request
     from specmemo.runtime.rss import peak_rss_bytes
@@ -140,7 +139,7 @@ def probe_memory(request: dict) -> dict:
     config = EngineConfig(artifact=Artifact.open(artifact), mode=Mode.PLAIN, threads=request["threads"],
                           capacity=request["capacity"])
     prompts = request["prompts"]
-    session: DecoderSession | BatchSession
+    session: DecoderSession
     if batch == 1:
         engine = open_engine(config, log=lambda _: None)
         opened = time.time() - request["spawned_at"]

@@ -183,7 +183,7 @@ class OrtBackend:
         the tree/causal block over their own rows, with the window applied. Returns S_w."""
         s, window = self.session, self.session.manifest.dims.sliding_window
         if past - s.kv.offset + size > s.kv.window_capacity:  # arena.window_capacity: this always makes room
-            s.slide(max(s.kv.offset, past - (window - 1) - WINDOW_MARGIN), past)
+            s.kv.slide(max(s.kv.offset, past - (window - 1) - WINDOW_MARGIN), past)
         attended_w = past - s.kv.offset + size
         bias = tree.masked_span(s.arena["attention_bias_local"], size, attended_w, s.span_w(attended_w))
         tree.window_bias(bias, block, first=s.kv.offset, past=past, queries=s.arena["position_ids"][:size],
@@ -195,16 +195,16 @@ class OrtBackend:
         start = self.length
         sources = [start + node for node in nodes]
         if sources != list(range(start, start + len(sources))):
-            self.session.move_positions(sources, start)
-        self.session.commit(len(sources))
+            self.session.kv.move_positions(sources, start)
+        self.session.kv.commit(len(sources))
 
     def keepable(self, length: int) -> int:
         """How much of a committed prefix of `length` positions can be kept (sliding layers may have
         dropped what a rewind further back would need: then 0, a fresh prefill)."""
-        return self.session.keepable(length)
+        return self.session.kv.keepable(length)
 
     def rewind(self, length: int) -> None:
-        self.session.rewind(length)
+        self.session.kv.rewind(length)
 
     def reset(self) -> None:
-        self.session.reset()
+        self.session.kv.reset()

@@ -209,8 +209,9 @@ def open_pool(config: EngineConfig, *, batch: int, log: Callable[[str], None] = 
     `batch`, sizes decided as for one engine (C per row; with a budget, the B rows priced together), drafters per
     row (Medusa heads shared, prompt lookup each its own; the feature drafter keeps one sequence's KV and is left
     out), the batch width policy choosing T each step (1: plain decoding). Greedy mode: plain decoding only."""
-    from specmemo.runtime.batch import BatchBackend, BatchSession
+    from specmemo.runtime.batch import BatchBackend
     from specmemo.runtime.pool import BatchWidth, FixedWidth, SequencePool
+    from specmemo.runtime.session import DecoderSession
 
     manifest = config.artifact.manifest
     spec = config.drafter if config.drafter is not None else manifest.drafter
@@ -218,7 +219,7 @@ def open_pool(config: EngineConfig, *, batch: int, log: Callable[[str], None] = 
     plan = plan_for(replace(config, mode=Mode.TREE if kept else Mode.PLAIN, drafter=kept or None), manifest,
                     batch=batch, log=log)
     names, sizes = plan.drafters, plan.sizes
-    session = BatchSession(config.artifact, SessionConfig(
+    session = DecoderSession(config.artifact, SessionConfig(
         threads=config.threads, layout=plan.layout, batch=batch, heads=uses_heads_graph(names),
         packed_cache=CacheUse.MAP if config.packed_cache else CacheUse.OFF, parallel_prepack=plan.parallel_prepack,
         log=log))

@@ -46,6 +46,7 @@ class KVCache:
     offset: int = 0  # o: the position a sliding layer's row 0 holds
     packed_to_span: bool = False
     bucket: int = 1  # a packed span is a multiple of this, or the capacity
+    window: int = 0  # W: the sliding layers' window (0: none)
     span: int = field(init=False)
     span_w: int = field(init=False)
     _views: list[np.ndarray] = field(init=False, repr=False)
@@ -105,3 +106,54 @@ class KVCache:
         of a sliding one."""
         return sum(buffer[:, :, :1].nbytes * (self.length - (self.offset if i in self.sliding else 0))
                    for i, buffer in enumerate(self.buffers))
+
+    # The committed positions: one sequence's, the same for every row of a batch
+
+    def commit(self, count: int) -> None:
+        """Keep the first `count` positions the last step wrote (already contiguous after the committed ones)."""
+        if self.length + count > self.capacity:
+            raise OverflowError(f"committing {count} positions overflows the KV capacity {self.capacity}")
+        self.length += count
+
+    def move_positions(self, sources: list[int], start: int) -> None:
+        """Copy KV positions `sources` (absolute, ascending, each >= its target) to positions start,
+        start+1, ... in every layer: the tree commit. One position at a time, so no temporary is allocated."""
+        views = self.views()
+        for target, source in enumerate(sources, start):
+            if source != target:
+                for i, buffer in enumerate(views):
+                    shift = self.offset if i in self.sliding else 0
+                    buffer[:, :, target - shift] = buffer[:, :, source - shift]
+
+    def slide(self, first: int, end: int) -> None:
+        """Sliding layers: move the rows of positions [first, end) to the front, so row 0 holds position
+        `first` (positions before it are dropped: no query from `end` on can see them)."""
+        shift = first - self.offset
+        if shift <= 0:
+            return
+        for i in self.sliding:
+            buffer = self.view(i)
+            buffer[:, :, : end - first] = buffer[:, :, shift : shift + end - first]  # numpy copies overlaps safely
+        self.offset = first
+
+    def keepable(self, length: int) -> int:
+        """The longest committed prefix of at most `length` positions a later step can build on: all of it,
+        unless a sliding layer has already dropped positions that a query at `length` would see (then 0)."""
+        length = min(length, self.length)
+        if self.offset and length - (self.window - 1) < self.offset:
+            return 0
+        return length
+
+    def rewind(self, length: int) -> None:
+        """Forget the committed positions from `length` on (they are rewritten before they are read again);
+        `length` must be keepable."""
+        length = min(length, self.length)
+        if length != self.keepable(length):
+            raise ValueError(f"cannot rewind to {length}: the sliding layers kept positions from {self.offset} "
+                             f"on only; rewind to keepable({length}) = 0")
+        self.length = length
+        if length == 0:
+            self.offset = 0
+
+    def reset(self) -> None:
+        self.rewind(0)

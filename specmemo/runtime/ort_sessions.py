@@ -17,13 +17,17 @@ from specmemo.errors import ConfigError, SpecMemoError
 from specmemo.runtime.artifact import Artifact
 from specmemo.runtime.manifest import BatchGraph, Manifest, ModelFormat, graph_file
 from specmemo.runtime.packed_cache import (
+    BATCH,
     GRAPH,
     CacheUse,
     PackedCache,
     Packing,
     batch_entry,
     cache_for,
+    commit,
+    commit_batch,
     discard,
+    forget_batch,
     save_options,
     schedule,
     source_digest,
@@ -216,6 +220,54 @@ def open_batch_graph(artifact: Artifact, config: SessionConfig, initializers: di
                    "open")
         return session, Packing.PLAIN, None
     return session, Packing.DEFERRED, cache
+
+
+def recorded_probe(cache: PackedCache, batch_graph: BatchGraph | None) -> str | None:
+    """The probe digest a cached graph must reproduce: the decoder's (None) or a batch graph's."""
+    meta = cache.meta() or {}
+    if batch_graph is None:
+        return meta.get("probe")
+    entry = meta.get(BATCH, {}).get(batch_graph.file, {})
+    return entry.get("probe") if isinstance(entry, dict) else None
+
+
+def reopen_uncached(artifact: Artifact, config: SessionConfig, initializers: dict[str, ort.OrtValue],
+                    cache: PackedCache, batch_graph: BatchGraph | None) -> tuple[ort.InferenceSession, Packing]:
+    """After a cached graph computed other numbers than its probe: that graph opened from the artifact and its cache
+    written afresh (the decoder's whole folder goes; a batch graph's entry alone), with one line."""
+    later = " after this process ends" if config.packed_cache is CacheUse.MAP else ""
+    if batch_graph is None:
+        config.log(f"the packed-weights cache {cache.folder} computes other numbers than the artifact (corrupt?): "
+                   f"opened from the artifact, a fresh one written{later}")
+        discard(cache.folder)
+        session, packing, _ = open_uncached(artifact, config, initializers, cache)
+        return session, packing
+    config.log(f"the packed-weights cache of {batch_graph.file} computes other numbers than the artifact (corrupt?): "
+               f"opened from the artifact, a fresh one written{later}")
+    forget_batch(cache, batch_graph.file)
+    session = load_graph(artifact / batch_graph.file, config, initializers)
+    refused = schedule(artifact, cache, threads=config.threads, batch=batch_graph.batch)
+    return session, Packing.DEFERRED if refused is None else Packing.PLAIN
+
+
+def record_written(artifact: Artifact, config: SessionConfig, cache: PackedCache, batch_graph: BatchGraph | None,
+                   probe: str) -> bool:
+    """Store what ONNX Runtime wrote into the cache's staging folder as it opened, with its probe; False (and one
+    line) where the disk refused it or a batch graph's weights are not the decoder's."""
+    staging = cache.staging()
+    try:
+        if batch_graph is None:
+            commit(cache, staging, probe=probe, artifact=artifact)  # `specmemo plan` states its size
+        else:
+            commit_batch(cache, staging, graph=batch_graph.file, probe=probe,
+                         source=source_digest(artifact, batch_graph.file))
+        return True
+    except (OSError, ValueError) as err:
+        discard(staging)
+        what = "" if batch_graph is None else f" of {batch_graph.file}"
+        config.log(f"no packed-weights cache{what} ({getattr(err, 'strerror', None) or err}): packed again on every "
+                   "open")
+        return False
 
 
 def check_graph_matches(session: ort.InferenceSession, manifest: Manifest, path: Path) -> None:

@@ -38,12 +38,11 @@ def write_now(artifact: Artifact, *, threads: int, batches: Sequence[int] = (),
 
 def write_batch(artifact: Artifact, *, batch: int, threads: int, log: Callable[[str], None] = print) -> Packing:
     """One batch graph's cache, beside a usable decoder's (a small arena: what it allocates is not kept)."""
-    from specmemo.runtime.batch import BatchSession
-    from specmemo.runtime.session import SessionConfig
+    from specmemo.runtime.session import DecoderSession, SessionConfig
     from specmemo.runtime.sizes import Sizes
 
     lines: list[str] = []
-    session = BatchSession(artifact, SessionConfig(threads=threads, batch=batch, heads=False, warm_up=False,
+    session = DecoderSession(artifact, SessionConfig(threads=threads, batch=batch, heads=False, warm_up=False,
                                                    sizes=Sizes(capacity=16, rows=1, tree=1),
                                                    packed_cache=CacheUse.WRITE, log=lines.append))
     for line in lines:

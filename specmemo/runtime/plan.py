@@ -64,8 +64,8 @@ class DraftModel:
 
 @dataclass(frozen=True)
 class Plan:
-    mode: Mode  # greedy when there is nothing to speculate with
-    drafters: tuple[DrafterName, ...]  # () in greedy mode
+    mode: Mode  # plain when there is nothing to speculate with
+    drafters: tuple[DrafterName, ...]  # () in plain mode
     sizes: Sizes  # C, R, T_max
     layout: ArenaLayout  # what the session allocates (B, C_w, KV dtype included)
     route: RowRoute  # the numeric route: rows every decoder call runs (padding rows when fewer are real)

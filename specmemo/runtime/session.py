@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -29,14 +29,18 @@ from specmemo.runtime.kv_cache import KVCache
 from specmemo.runtime.load_clock import LoadClock
 from specmemo.runtime.manifest import Manifest, ModelFormat, embedding_for
 from specmemo.runtime.ort_sessions import (
+    ArtifactError,
     bind_view,
     lm_head_initializers,
     load_shared_lm_head,
+    open_batch_graph,
     open_decoder,
     open_heads,
-    open_uncached,
+    record_written,
+    recorded_probe,
+    reopen_uncached,
 )
-from specmemo.runtime.packed_cache import DATA, CacheUse, Packing, commit, discard
+from specmemo.runtime.packed_cache import DATA, CacheUse, Packing
 from specmemo.runtime.plan import layout_for
 from specmemo.runtime.rss import peak_rss_bytes, reset_peak_rss, resident, rss_bytes
 from specmemo.runtime.sizes import Sizes
@@ -84,7 +88,9 @@ class StepOutput:
 
 
 class DecoderSession:
-    """The decoder graph (and the heads graph, if any) over one arena.
+    """A member of the decoder graph family over one arena: B = `config.batch` sequences a call, the one-sequence
+    graph at B = 1 and the artifact's batch graph (export/batch_graph.py) for B > 1, the Medusa heads graph beside
+    it if any. Row b's KV buffers are `row_kv[b]` (`kv` at B = 1).
 
     Load order: the shared LM head, the ORT sessions, what opens beside them (`open_beside`: the engine's
     tokenizer, opened where the process holds least: after the packing's peak and the pages handed back, before the
@@ -96,12 +102,11 @@ class DecoderSession:
 
     def __init__(self, artifact: Artifact, config: SessionConfig = SessionConfig(), *,
                  open_beside: Callable[[], object] | None = None):
-        if config.batch != 1:
-            raise ConfigError("DecoderSession runs one sequence; B > 1 sequences run in runtime.batch.BatchSession")
         self.artifact = artifact
         self.manifest = artifact.manifest
         self.config = config
         m = self.manifest
+        self.graph = m.batch_graph(config.batch) if config.batch > 1 else None  # None: the one-sequence graph
         self.layout = config.arena_layout(m)
         self.sizes = self.layout.sizes
         self.load_clock = LoadClock()  # where loading went, piece by piece: seconds and the resident set (bench load)
@@ -111,7 +116,9 @@ class DecoderSession:
         self.lm_head = load_shared_lm_head(self.artifact)
         shared, heads_shared = lm_head_initializers(m, self.lm_head)
         took("embedding and shared head")
-        self.session, self.packing, self._cache = open_decoder(self.artifact, config, shared)
+        self.session, self.packing, self._cache = (open_decoder(self.artifact, config, shared) if self.graph is None
+                                                   else open_batch_graph(self.artifact, config, shared, self.graph))
+        self._check_graph()
         took("decoder session (ORT: graph, prepacked weights)" if self.packing is not Packing.CACHED
              else "decoder session (ORT: from the packed cache)")
         self.heads_session = open_heads(self.artifact, config, heads_shared)
@@ -131,16 +138,15 @@ class DecoderSession:
         self.load_peak_rss = peak_rss_bytes()  # the process's peak so far (loading's), before the count restarts
         reset_peak_rss()  # from here on, the peak RSS measures generation (the arena and the steps)
         self.arena = Arena(self.layout)
-        self.kv = KVCache(buffers=self.arena.kv, sliding=tuple(i for i in range(2 * m.dims.num_layers)
-                                                              if i // 2 in m.dims.sliding_layers),
-                          packed_to_span=m.kv_packed_to_span, bucket=m.span_bucket)
-        self.binding = self.session.io_binding()
-        self._write = np.zeros(2, dtype=np.int64)  # a grouped graph's write positions (full, sliding layers)
-        # per kind of buffer (full, sliding) and span: its layers' K/V wrapped for ORT, made once at load
-        self._kv_values = {sliding: {span: [(i, ort.OrtValue.ortvalue_from_numpy(self.kv.view_at(i, span)))
-                                            for i in self.kv.indices(sliding)] for span in self.kv.spans(sliding)}
-                           for sliding in ((False, True) if self.kv.sliding else (False,))}
-        self._bind_kv()
+        sliding = tuple(i for i in range(2 * m.dims.num_layers) if i // 2 in m.dims.sliding_layers)
+        # row b's buffers and their layout (kv_cache.py: packed to the row's own span); B = 1: the arena's own
+        kv = self.arena.kv
+        rows = [kv] if self.batch == 1 else [[buffer[b:b + 1] for buffer in kv] for b in range(self.batch)]
+        self.row_kv = [KVCache(buffers=buffers, sliding=sliding, packed_to_span=m.kv_packed_to_span,
+                               bucket=m.span_bucket, window=m.dims.sliding_window) for buffers in rows]
+        self.kv = self.row_kv[0]
+        self._write = np.zeros((2, self.batch), dtype=np.int64)  # a grouped graph's write positions per row
+        self._bind_all_kv()
         took("arena")
         if self.packing in (Packing.CACHED, Packing.WRITING):
             before = resident().file
@@ -151,41 +157,77 @@ class DecoderSession:
         # a cached graph's weights that Gathers read a few rows of a step: handed back after each step (file_pages.py)
         self._gathered = (FilePages.of(self._cache.folder / DATA, (self._cache.meta() or {}).get("gathered", ()))
                           if self.packing is Packing.CACHED and self._cache is not None else FilePages())
-        if config.warm_up:
+        if config.warm_up and self.graph is None:
             self.warm_up()
             took("warm-up (the largest step)")
 
+    @property
+    def batch(self) -> int:  # B
+        return self.config.batch
+
+    def _check_graph(self) -> None:
+        """A batch graph's per-row inputs are the manifest's (the one-sequence graph is checked as it opens)."""
+        if self.graph is None:
+            return
+        expected = {*self.graph.attention_bias, *(p for pair in self.graph.kv_pairs for p in pair)}
+        names = {i.name for i in self.session.get_inputs()} | {o.name for o in self.session.get_outputs()}
+        if not expected <= names:
+            raise ArtifactError(f"{self.artifact / self.graph.file} does not match its manifest: "
+                                "re-export the artifact")
+
+    def _bind_all_kv(self) -> None:
+        """A fresh binding with every row's K and V bound (B = 1: one OrtValue per layer and span, made here once)."""
+        self.binding = self.session.io_binding()
+        if self.graph is None:
+            self._kv_values = {sliding: {span: [(i, ort.OrtValue.ortvalue_from_numpy(self.kv.view_at(i, span)))
+                                                for i in self.kv.indices(sliding)] for span in self.kv.spans(sliding)}
+                               for sliding in ((False, True) if self.kv.sliding else (False,))}
+            self._bind_kv()
+        else:
+            self._row_values: list[list[ort.OrtValue]] = [[] for _ in range(self.batch)]
+            for b in range(self.batch):
+                self._bind_row_kv(b)
+
+    def _bind_row_kv(self, b: int) -> None:
+        """Batch graph: row b's K and V as laid out now, bound as its past and present (one buffer, in place)."""
+        assert self.graph is not None
+        pairs = len(self.manifest.io.kv_pairs)
+        self._row_values[b] = [ort.OrtValue.ortvalue_from_numpy(view) for view in self.row_kv[b].views()]  # no copy
+        for (past, present), value in zip(self.graph.kv_pairs[b * pairs:(b + 1) * pairs], self._row_values[b],
+                                          strict=True):
+            self.binding.bind_ortvalue_input(past, value)
+            self.binding.bind_ortvalue_output(present, value)
+
     def _probe(self) -> str:
-        """The digest of a one-token step's outputs (token 0 at position 0): what a packed cache must reproduce."""
-        out = self.step(np.zeros((1, 1), np.int64), np.zeros((1, 1), np.int64), np.zeros((1, 1, 1, 1), np.float32),
-                        np.zeros((1, 1), np.int64))
-        return hashlib.sha256(b"".join(a.tobytes() for a in (out.logits, out.next_token_ids, out.hidden_states))
-                              ).hexdigest()
+        """The digest of a one-token call's outputs (token 0 at position 0, on every row): what a packed cache must
+        reproduce."""
+        if self.graph is None:
+            out = self.step(np.zeros((1, 1), np.int64), np.zeros((1, 1), np.int64),
+                            np.zeros((1, 1, 1, 1), np.float32), np.zeros((1, 1), np.int64))
+            arrays = [out.logits, out.next_token_ids, out.hidden_states]
+        else:
+            from specmemo.runtime.batch import BatchBackend, RowCall
+
+            calls = [RowCall(row=b, tokens=[0], parents=tree.chain(1)) for b in range(self.batch)]
+            arrays = [a for f in BatchBackend(self).forward(calls).values()
+                      for a in (f.next_token_ids, f.logits, f.hidden_states)]
+        return hashlib.sha256(b"".join(a.tobytes() for a in arrays)).hexdigest()
 
     def _settle_packing(self) -> None:
-        """A cached decoder is kept only if its probe is the one recorded when the cache was written (else the
-        artifact's is opened again and a fresh cache written); a written one is committed with its probe."""
-        cache, log = self._cache, self.config.log
-        assert cache is not None  # open_decoder names the cache whenever it used or wrote one
+        """A cached graph is kept only if its probe is the one recorded when its cache was written (else the
+        artifact's is opened again and a fresh cache written); a written one is stored with its probe."""
+        cache = self._cache
+        assert cache is not None  # the opening names the cache whenever it used or wrote one
         if self.packing is Packing.CACHED:
-            meta = cache.meta() or {}
-            if self._probe() == meta.get("probe"):
+            if self._probe() == recorded_probe(cache, self.graph):
                 return
-            later = " after this process ends" if self.config.packed_cache is CacheUse.MAP else ""
-            log(f"the packed-weights cache {cache.folder} computes other numbers than the artifact (corrupt?): "
-                f"opened from the artifact, a fresh one written{later}")
-            discard(cache.folder)
-            self.session, self.packing, _ = open_uncached(self.artifact, self.config, self._shared_values, cache)
-            self.binding = self.session.io_binding()
-            self._bind_kv()
+            self.session, self.packing = reopen_uncached(self.artifact, self.config, self._shared_values, cache,
+                                                         self.graph)
+            self._bind_all_kv()
             if self.packing is not Packing.WRITING:
                 return
-        staging = cache.staging()
-        try:
-            commit(cache, staging, probe=self._probe(), artifact=self.artifact)  # `specmemo plan` states its size
-        except OSError as err:
-            discard(staging)
-            log(f"no packed-weights cache ({err.strerror or err}): packed again on every open")
+        if not record_written(self.artifact, self.config, cache, self.graph, self._probe()):
+            self.packing = Packing.PLAIN
 
     def warm_up(self) -> None:
         """The largest step once (`full_step`) and one heads call: ORT's arena and its kernels' scratch buffers grow
@@ -255,10 +297,10 @@ class DecoderSession:
         if self.kv.sliding:
             self._bind(io.attention_bias_local, a["attention_bias_local"], (1, 1, size, self.span_w(attended_w)))
         if io.write_position:  # grouped attention: the rows go at S - T (S_w - T), the span is the bias's
-            self._write[:] = attended - size, attended_w - size
+            self._write[:, 0] = attended - size, attended_w - size
             self._bind(io.write_position, self._write, (1,))
             if io.write_position_local:
-                self._bind(io.write_position_local, self._write[1:], (1,))
+                self._bind(io.write_position_local, self._write[1], (1,))
         embeds = a["inputs_embeds"][: size * d.hidden_size].reshape(size, d.hidden_size)
         self.embedding.lookup(a["input_ids"][:size], embeds)
         self._bind(io.inputs_embeds, embeds, (1, size, d.hidden_size))
@@ -273,6 +315,54 @@ class DecoderSession:
         return StepOutput(logits=a["logits"][: logit_rows * d.vocab_size].reshape(1, logit_rows, d.vocab_size),
                           next_token_ids=a["next_token_ids"][:logit_rows].reshape(1, logit_rows),
                           hidden_states=a["hidden_states"][: size * d.hidden_size].reshape(1, size, d.hidden_size))
+
+    @property
+    def bias_stride(self) -> int:  # elements between two rows' biases: (R + 1) * C
+        return (self.rows + 1) * self.sizes.capacity
+
+    @property
+    def local_stride(self) -> int:  # between two rows' sliding-layer biases: (R + 1) * C_w
+        return (self.rows + 1) * self.layout.window_capacity
+
+    def run_rows(self, sizes: list[int], attended: list[int], logit_rows: int, attended_w: Sequence[int] = (),
+                 lanes: int | None = None, padding: int = 1) -> None:
+        """Run the call whose inputs the caller wrote into the arena: row b's n_b = sizes[b] tokens at
+        [sum(sizes[:b]), ...) of input_ids, its n_b + p attention rows in attention_rows/position_ids (p =
+        `padding`), its [n_b + p, S_b] bias at b * (R + 1) * C (and its sliding layers' [n_b + p, S_w_b] at
+        b * (R + 1) * C_w), token_rows, and `logit_rows` entries of logits_indices. `lanes`: entries of the token
+        axis when a padding lane follows the tokens (BatchBackend.forward)."""
+        io, a, d, g = self.manifest.io, self.arena, self.manifest.dims, self.graph
+        assert g is not None  # a batch graph's call
+        rows = sum(sizes) + padding * len(sizes)  # A: each row's tokens and its padding row, if any
+        total = lanes or sum(sizes)
+        for b, (size, span) in enumerate(zip(sizes, attended, strict=True)):
+            span_w = attended_w[b] if attended_w else 0
+            if self.row_kv[b].fit(self.span(span), self.span_w(span_w) if span_w else 0,
+                                  keep=span - size - padding, keep_w=max(span_w - size - padding, 0)):
+                self._bind_row_kv(b)
+            self._bind(g.attention_bias[b], a["attention_bias"][b * self.bias_stride:],
+                       (1, 1, size + padding, self.span(span)))
+            if g.write_position:  # grouped attention: row b's rows go at S_b - T_b
+                self._write[0, b] = span - size - padding
+                self._bind(g.write_position[b], self._write[0, b:], (1,))
+        for b, (size, span) in enumerate(zip(sizes, attended_w, strict=False)):
+            self._bind(g.attention_bias_local[b], a["attention_bias_local"][b * self.local_stride:],
+                       (1, 1, size + padding, self.span_w(span)))
+            if g.write_position_local:
+                self._write[1, b] = span - size - padding
+                self._bind(g.write_position_local[b], self._write[1, b:], (1,))
+        embeds = a["inputs_embeds"][: total * d.hidden_size].reshape(total, d.hidden_size)
+        self.embedding.lookup(a["input_ids"][:total], embeds)
+        self._bind(io.inputs_embeds, embeds, (1, total, d.hidden_size))
+        self._bind(g.attention_rows, a["attention_rows"], (rows,))
+        self._bind(g.attention_position_ids, a["position_ids"], (1, rows))
+        self._bind(g.token_rows, a["token_rows"], (total,))
+        self._bind(io.logits_indices, a["logits_indices"], (1, logit_rows))
+        self._bind(io.logits, a["logits"], (1, logit_rows, d.vocab_size), output=True)
+        self._bind(io.next_token_ids, a["next_token_ids"], (1, logit_rows), output=True)
+        self._bind(io.hidden_states, a["hidden_states"], (1, total, d.hidden_size), output=True)
+        self.session.run_with_iobinding(self.binding)
+        self._gathered.drop()  # as DecoderSession does: the re-rank rows this call read in
 
     def step(self, input_ids: np.ndarray, position_ids: np.ndarray, attention_bias: np.ndarray,
              logits_indices: np.ndarray) -> StepOutput:
@@ -299,52 +389,3 @@ class DecoderSession:
             tree.apply_window(local, position_ids[0], keys, self.manifest.dims.sliding_window)
         out = self.run(size, attended, n, attended if self.kv.sliding else 0)
         return StepOutput(out.logits.copy(), out.next_token_ids.copy(), out.hidden_states.copy())
-
-    def commit(self, count: int) -> None:
-        """Keep the first `count` positions the last step wrote (already contiguous after the committed ones)."""
-        if self.kv.length + count > self.kv.capacity:
-            raise OverflowError(f"committing {count} positions overflows the KV capacity {self.kv.capacity}")
-        self.kv.length += count
-
-    def move_positions(self, sources: list[int], start: int) -> None:
-        """Copy KV positions `sources` (absolute, ascending, each >= its target) to positions start,
-        start+1, ... in every layer: the tree commit. One position at a time, so no temporary is allocated."""
-        views = self.kv.views()
-        for target, source in enumerate(sources, start):
-            if source != target:
-                for i, buffer in enumerate(views):
-                    shift = self.kv.offset if i in self.kv.sliding else 0
-                    buffer[:, :, target - shift] = buffer[:, :, source - shift]
-
-    def slide(self, first: int, end: int) -> None:
-        """Sliding layers: move the rows of positions [first, end) to the front, so row 0 holds position
-        `first` (positions before it are dropped: no query from `end` on can see them)."""
-        shift = first - self.kv.offset
-        if shift <= 0:
-            return
-        for i in self.kv.sliding:
-            buffer = self.kv.view(i)
-            buffer[:, :, : end - first] = buffer[:, :, shift : shift + end - first]  # numpy copies overlaps safely
-        self.kv.offset = first
-
-    def keepable(self, length: int) -> int:
-        """The longest committed prefix of at most `length` positions a later step can build on: all of it,
-        unless a sliding layer has already dropped positions that a query at `length` would see (then 0)."""
-        length = min(length, self.kv.length)
-        if self.kv.offset and length - (self.manifest.dims.sliding_window - 1) < self.kv.offset:
-            return 0
-        return length
-
-    def rewind(self, length: int) -> None:
-        """Forget the committed positions from `length` on (they are rewritten before they are read again);
-        `length` must be keepable."""
-        length = min(length, self.kv.length)
-        if length != self.keepable(length):
-            raise ValueError(f"cannot rewind to {length}: the sliding layers kept positions from {self.kv.offset} "
-                             f"on only; rewind to keepable({length}) = 0")
-        self.kv.length = length
-        if length == 0:
-            self.kv.offset = 0
-
-    def reset(self) -> None:
-        self.rewind(0)

@@ -25,7 +25,6 @@ from specmemo.runtime.shared import SHARED
 
 if TYPE_CHECKING:
     from specmemo.runtime.artifact import Artifact
-    from specmemo.runtime.batch import BatchSession
     from specmemo.runtime.session import DecoderSession
 
 MIN_NGRAM: int = SHARED["lookup"]["min_ngram"]
@@ -126,6 +125,6 @@ def build(session: DecoderSession, *, max_tree: int, draft_model: Artifact | Non
     return PromptLookup(conversation)
 
 
-def build_rows(session: BatchSession, *, max_tree: int) -> RowDrafters:
+def build_rows(session: DecoderSession, *, max_tree: int) -> RowDrafters:
     """Each row its own index of its own conversation."""
     return RowDrafters(for_row=lambda row: PromptLookup())

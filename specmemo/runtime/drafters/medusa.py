@@ -23,7 +23,6 @@ from specmemo.runtime.medusa_tree import MedusaTree, exported_tree
 
 if TYPE_CHECKING:
     from specmemo.runtime.artifact import Artifact
-    from specmemo.runtime.batch import BatchSession
     from specmemo.runtime.session import DecoderSession
 
 
@@ -57,7 +56,7 @@ class MedusaDrafter:
 class OrtMedusaHeads:
     """heads.onnx in ONNX Runtime, bound to the arena (see module doc)."""
 
-    def __init__(self, session: DecoderSession | BatchSession):  # a DecoderSession opened with heads
+    def __init__(self, session: DecoderSession):  # a DecoderSession opened with heads
         import onnxruntime as ort
 
         from specmemo.runtime.ort_sessions import ArtifactError
@@ -137,7 +136,7 @@ def build(session: DecoderSession, *, max_tree: int, draft_model: Artifact | Non
     return MedusaDrafter(OrtMedusaHeads(session), exported_tree(session.manifest).prefix(max_tree))
 
 
-def build_rows(session: BatchSession, *, max_tree: int) -> RowDrafters:
+def build_rows(session: DecoderSession, *, max_tree: int) -> RowDrafters:
     """Each row reads its slice of one heads call per step (BatchedHeads)."""
     heads = BatchedHeads(OrtMedusaHeads(session))
     return RowDrafters(for_row=lambda row: MedusaDrafter(heads.for_row(row),
