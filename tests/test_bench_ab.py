@@ -24,12 +24,13 @@ def test_another_commits_package_imports_itself_under_its_own_name(tmp_path):
 def test_bench_ab_against_head_decodes_the_same_replies(tiny_llama, tmp_path):
     out = tmp_path / "ab.json"
     done = subprocess.run(["specmemo", "bench", "ab", "--artifact", str(tiny_llama), "--against", "HEAD",
-                           "--questions", "2", "--max-new-tokens", "4", "--threads", "1", "--out", str(out)],
+                           "--questions", "2", "--max-new-tokens", "4", "--threads", "1", "--batch", "2", "--capacity", "64", "--out", str(out)],
                           capture_output=True, text=True, timeout=600, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-2000:]
     result = json.loads(out.read_text())
-    assert set(result["summary"]) == {"greedy", "auto"} and result["machine"]["commit"]
-    assert all(s["same_replies"] == s["questions"] == 2 for s in result["summary"].values())
+    assert set(result["summary"]) == {"greedy", "auto", "pool"} and result["machine"]["commit"]
+    assert all(s["same_replies"] == s["questions"] for s in result["summary"].values())
+    assert [result["summary"][m]["questions"] for m in ("greedy", "auto", "pool")] == [2, 2, 1]  # one chunk of B
     assert "new/old" in done.stdout
 
 

@@ -28,7 +28,7 @@ from typing import Any
 from specmemo.errors import ConfigError
 
 OTHER = "specmemo_ab"  # the package name the other commit's code is imported under
-MODES = ("greedy", "auto")  # plain drafting with argmax, and the controller (at temperature 0 too)
+MODES = ("greedy", "auto", "pool")  # plain drafting with argmax, the controller (temperature 0 too), a batch pool
 VERSIONS = ("new", "old")  # this tree's, the other commit's
 _SELF_IMPORT = re.compile(r"^(\s*)(from|import)\s+specmemo\b", re.MULTILINE)
 
@@ -41,10 +41,14 @@ class AbConfig:
     max_new_tokens: int = 64
     threads: int = 2
     opened_first: str = "new"  # which version opens its models first
+    batch: int = 0  # B of a batch pool run beside (plain decoding, the questions B at a time); 0: none
+    capacity: int = 512  # the pool's KV positions per row
 
     def __post_init__(self) -> None:
         if self.questions < 1 or self.max_new_tokens < 1 or self.threads < 1:
             raise ConfigError("bench ab needs --questions, --max-new-tokens and --threads >= 1")
+        if self.batch == 1 or self.batch < 0:
+            raise ConfigError("--batch B needs B >= 2 (0: no pool)")
         if self.opened_first not in VERSIONS:
             raise ConfigError(f"--opened-first {self.opened_first}: use new or old")
 
@@ -70,8 +74,8 @@ def extract(rev: str, into: Path, *, repo: Path) -> Path:
     return package
 
 
-def import_other(folder: Path, threads: int) -> Callable[..., Any]:
-    """The other version's `open_model`; its process-wide ONNX Runtime set-up marked done (this one's made it)."""
+def import_other(folder: Path, threads: int) -> Any:
+    """The other version's `api` module; its process-wide ONNX Runtime set-up marked done (this one's made it)."""
     sys.path.insert(0, str(folder))
     api = importlib.import_module(f"{OTHER}.api")
     for name in ("runtime.ort_sessions", "runtime.session"):
@@ -81,8 +85,7 @@ def import_other(folder: Path, threads: int) -> Callable[..., Any]:
             continue
         if hasattr(module, "_PROCESS_THREADS"):
             setattr(module, "_PROCESS_THREADS", threads)  # noqa: B010 - a module found at run time
-    opener: Callable[..., Any] = api.open_model
-    return opener
+    return api
 
 
 def run_ab(config: AbConfig, *, repo: Path, log: Callable[[str], None] = print) -> dict:
@@ -94,14 +97,15 @@ def run_ab(config: AbConfig, *, repo: Path, log: Callable[[str], None] = print) 
     folder = Path(tempfile.mkdtemp(prefix="specmemo-ab-"))
     try:
         extract(config.against, folder, repo=repo)
-        openers = {"new": this.open_model, "old": import_other(folder, config.threads)}
+        apis = {"new": this, "old": import_other(folder, config.threads)}
         order = (config.opened_first, *(v for v in VERSIONS if v != config.opened_first))
-        models = {(v, mode): openers[v](str(config.artifact), mode=mode, threads=config.threads, temperature=0)
-                  for v in order for mode in MODES}
+        models = {(v, mode): apis[v].open_model(str(config.artifact), mode=mode, threads=config.threads,
+                                                temperature=0)
+                  for v in order for mode in MODES[:2]}
         prompts = [q.turns[0] for q in first_turns(load_questions())[: config.questions + 1]]
         rows = []
         for i, prompt in enumerate(prompts):
-            for mode in MODES:
+            for mode in MODES[:2]:
                 turn = VERSIONS if (i + MODES.index(mode)) % 2 else VERSIONS[::-1]
                 got = {}
                 for version in turn:
@@ -119,11 +123,40 @@ def run_ab(config: AbConfig, *, repo: Path, log: Callable[[str], None] = print) 
                 log(f"q{i} {mode:6} {'/'.join(turn)}: " + ", ".join(
                     f"{v} {got[v][1] / max(got[v][2], 1e-9):6.1f} tok/s" for v in VERSIONS)
                     + f", same ids {got['old'][0] == got['new'][0]}")
+        if config.batch:
+            rows += pool_rows(config, apis, order, models[("new", "greedy")], prompts[1:], log=log)
     finally:
         sys.path[:] = [p for p in sys.path if p != str(folder)]
         shutil.rmtree(folder, ignore_errors=True)
     return {"config": {**config.__dict__, "artifact": str(config.artifact)}, "summary": summarize(rows),
             "rows": rows}
+
+
+def pool_rows(config: AbConfig, apis: dict[str, Any], order: tuple[str, ...], model: Any, prompts: list[str], *,
+              log: Callable[[str], None]) -> list[dict]:
+    """Each version's batch pool (plain decoding) over the questions B at a time, the versions in turn chunk by
+    chunk (the order swapped); per chunk its new tokens over its wall time."""
+    from specmemo.runtime.tokenizer import Message
+
+    pools = {v: apis[v].open_batch(str(config.artifact), batch=config.batch, capacity=config.capacity, mode="greedy",
+                                   threads=config.threads) for v in order}
+    request = {"new": importlib.import_module("specmemo.runtime.pool").Request,
+               "old": importlib.import_module(f"{OTHER}.runtime.pool").Request}
+    ids = [model.engine.tokenizer.encode_chat([Message("user", p)]) for p in prompts]
+    rows = []
+    for i in range(0, len(ids), config.batch):
+        chunk, turn = ids[i:i + config.batch], VERSIONS if (i // config.batch) % 2 else VERSIONS[::-1]
+        got = {}
+        for version in turn:
+            started = time.perf_counter()
+            done = pools[version].run([request[version](p, config.max_new_tokens) for p in chunk])
+            got[version] = ([list(g.token_ids) for g in done], sum(len(g.token_ids) for g in done),
+                            time.perf_counter() - started)
+        rows.append({"question": i, "mode": "pool", "order": list(turn), "same": got["old"][0] == got["new"][0],
+                     **{f"{v}_tokens": got[v][1] for v in VERSIONS}, **{f"{v}_decode_s": got[v][2] for v in VERSIONS}})
+        rates = ", ".join(f"{v} {got[v][1] / got[v][2]:6.1f} tok/s" for v in VERSIONS)
+        log(f"pool chunk {i // config.batch} {'/'.join(turn)}: {rates}, same ids {got['old'][0] == got['new'][0]}")
+    return rows
 
 
 def summarize(rows: list[dict]) -> dict:
