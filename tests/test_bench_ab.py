@@ -3,6 +3,7 @@ decoding the same questions in turn; against this tree's own commit every reply 
 
 import json
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -23,7 +24,7 @@ def test_another_commits_package_imports_itself_under_its_own_name(tmp_path):
 
 def test_bench_ab_against_head_decodes_the_same_replies(tiny_llama, tmp_path):
     out = tmp_path / "ab.json"
-    done = subprocess.run(["specmemo", "bench", "ab", "--artifact", str(tiny_llama), "--against", "HEAD",
+    done = subprocess.run([sys.executable, "-m", "specmemo.cli", "bench", "ab", "--artifact", str(tiny_llama), "--against", "HEAD",
                            "--questions", "2", "--max-new-tokens", "4", "--threads", "1", "--batch", "2", "--capacity", "64", "--out", str(out)],
                           capture_output=True, text=True, timeout=600, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-2000:]
