@@ -365,5 +365,21 @@ def test_no_caller_below_the_plan_makes_sizes_or_a_layout():
         assert "def default_sizes" not in path.read_text(), f"{rel}: default sizes are the plan's own (_default_sizes)"
     for rel, callers in made.items():
         assert callers <= LAYOUT_MAKERS.get(rel, set()), f"{rel} makes a layout or sizes in {sorted(callers)}"
-    for session in ("session.py", "batch.py"):
+    for session in ("session.py", "runner.py"):
         assert not callers_of({"Sizes"}, PACKAGE / "runtime" / session), f"{session} constructs Sizes"
+
+
+def test_one_class_runs_the_decoder_steps_of_one_sequence_and_of_many():
+    """runner.StepRunner lays out and runs every decoder step, for the one-sequence graph and the batch graph
+    (runner.OrtBackend is one sequence on its row 0; the pool holds one); the session opens either member; the pair
+    of backends and of sessions it replaced is gone."""
+    import re
+
+    sources = {str(p.relative_to(ROOT)): p.read_text() for p in (ROOT / "specmemo").rglob("*.py")}
+    calls = re.compile(r"\b(?!self\b)\w+\.run\(size, attended|\.run_rows\(")  # the session's own step tools aside
+    assert sorted(path for path, text in sources.items() if calls.search(text)) == ["specmemo/runtime/runner.py"]
+    gone = re.compile(r"^class (BatchBackend|BatchSession)\b", re.MULTILINE)
+    assert [path for path, text in sources.items() if gone.search(text)] == []
+    engine = sources["specmemo/runtime/engine.py"]
+    assert "StepRunner(session" in engine and "OrtBackend(" in engine  # the pool's rows and the conversation's
+    assert "self.runner = StepRunner(session" in sources["specmemo/runtime/runner.py"]

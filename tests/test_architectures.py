@@ -15,12 +15,12 @@ from specmemo.export.reference import TorchBackend
 from specmemo.export.validate import validate
 from specmemo.runtime.arena import ArenaLayout, window_capacity
 from specmemo.runtime.artifact import Artifact
-from specmemo.runtime.backend import OrtBackend
 from specmemo.runtime.decode import generate
 from specmemo.runtime.drafters.medusa import MedusaDrafter, OrtMedusaHeads
 from specmemo.runtime.manifest import load_manifest
 from specmemo.runtime.medusa_tree import MedusaTree, grow_tree
 from specmemo.runtime.memory import kv_bytes
+from specmemo.runtime.runner import OrtBackend
 from specmemo.runtime.session import DecoderSession, SessionConfig
 from specmemo.runtime.sizes import WINDOW_MARGIN, Sizes
 

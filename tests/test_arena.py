@@ -6,10 +6,10 @@ import pytest
 
 from specmemo.runtime import tree
 from specmemo.runtime.artifact import Artifact
-from specmemo.runtime.backend import OrtBackend
 from specmemo.runtime.decode import generate
 from specmemo.runtime.memory import Calibration, footprint
 from specmemo.runtime.plan import fit, lower_bound
+from specmemo.runtime.runner import OrtBackend
 from specmemo.runtime.session import DecoderSession, SessionConfig
 from specmemo.runtime.sizes import Sizes
 

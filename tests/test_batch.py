@@ -64,8 +64,8 @@ def prompts():
 @pytest.fixture(scope="module")
 def references(artifact, prompts):
     """Each prompt's greedy reply, decoded alone on the one-sequence route."""
-    from specmemo.runtime.backend import OrtBackend
     from specmemo.runtime.decode import generate
+    from specmemo.runtime.runner import OrtBackend
     from specmemo.runtime.session import DecoderSession, SessionConfig
 
     backend = OrtBackend(DecoderSession(Artifact.open(artifact), SessionConfig(sizes=SIZES, heads=False)))
@@ -80,9 +80,9 @@ def references(artifact, prompts):
 def probed(artifact, prompts):
     """The numeric route probed for the one-sequence decoder on this machine (route_probe.py), and each prompt's
     greedy reply decoded alone on it."""
-    from specmemo.runtime.backend import OrtBackend
     from specmemo.runtime.decode import generate
     from specmemo.runtime.route_probe import probe
+    from specmemo.runtime.runner import OrtBackend
     from specmemo.runtime.session import DecoderSession, SessionConfig
 
     session = DecoderSession(Artifact.open(artifact), SessionConfig(sizes=SIZES, heads=False))
@@ -96,12 +96,12 @@ def probed(artifact, prompts):
 
 
 def open_pool(artifact, batch, *, route=None, **options):
-    from specmemo.runtime.batch import BatchBackend
     from specmemo.runtime.pool import SequencePool
+    from specmemo.runtime.runner import StepRunner
     from specmemo.runtime.session import DecoderSession, SessionConfig
 
     session = DecoderSession(Artifact.open(artifact), SessionConfig(sizes=SIZES, heads=False, batch=batch))
-    return SequencePool(BatchBackend(session, route=route), **options)
+    return SequencePool(StepRunner(session, route=route), **options)
 
 
 class Oracle:
@@ -314,7 +314,7 @@ def test_export_batch_adds_a_graph(artifact, tmp_path):
 def rules_reference(artifact, prompt, rules, new):
     """Plain decoding on the one-sequence route with the rules applied to each step's logits (the same
     arithmetic as logit_rules.apply, written out here), greedy."""
-    from specmemo.runtime.backend import OrtBackend
+    from specmemo.runtime.runner import OrtBackend
     from specmemo.runtime.session import DecoderSession, SessionConfig
 
     backend = OrtBackend(DecoderSession(Artifact.open(artifact), SessionConfig(sizes=SIZES, heads=False)))
@@ -367,10 +367,9 @@ def test_sliding_rows_slide_on_their_own_and_stay_each_rows_greedy(tmp_path_fact
     """Gemma 3 (W = 8) past its sliding layers' buffers (C_w = 96 of C = 200): every row slides its own
     window buffers when its next call would not fit, at its own time, under ragged oracle acceptance;
     each reply equals its one-sequence greedy reply (which slides on its own schedule)."""
-    from specmemo.runtime.backend import OrtBackend
-    from specmemo.runtime.batch import BatchBackend
     from specmemo.runtime.decode import generate
     from specmemo.runtime.pool import Request, SequencePool
+    from specmemo.runtime.runner import OrtBackend, StepRunner
     from specmemo.runtime.session import DecoderSession, SessionConfig
 
     sizes, reply = Sizes(capacity=200, rows=8, tree=8), 150
@@ -382,7 +381,7 @@ def test_sliding_rows_slide_on_their_own_and_stay_each_rows_greedy(tmp_path_fact
         references.append(generate(single, prompt, max_new_tokens=reply, eos_token_ids=set()).token_ids)
     session = DecoderSession(Artifact.open(artifact), SessionConfig(sizes=sizes, heads=False, batch=4))
     assert session.layout.window_capacity == 96 < max(len(p) for p in prompts) + reply
-    backend = BatchBackend(session)
+    backend = StepRunner(session)
     slid = set()
     for row, kv in enumerate(session.row_kv):  # each row's KV slides its own window buffers
         kv.slide = lambda first, end, row=row, slide=kv.slide: (slid.add(row), slide(first, end))[1]
@@ -400,8 +399,8 @@ def test_one_decode_implementation_serves_the_single_conversation_and_the_pool(a
     from pathlib import Path
 
     from specmemo.runtime import decode, pool
-    from specmemo.runtime.backend import OrtBackend
     from specmemo.runtime.pool import Request
+    from specmemo.runtime.runner import OrtBackend
     from specmemo.runtime.session import DecoderSession, SessionConfig
 
     seen: list[decode.Reply] = []  # the replies themselves: alive, so their ids stay apart

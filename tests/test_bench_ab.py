@@ -24,9 +24,10 @@ def test_another_commits_package_imports_itself_under_its_own_name(tmp_path):
 
 def test_bench_ab_against_head_decodes_the_same_replies(tiny_llama, tmp_path):
     out = tmp_path / "ab.json"
-    done = subprocess.run([sys.executable, "-m", "specmemo.cli", "bench", "ab", "--artifact", str(tiny_llama), "--against", "HEAD",
-                           "--questions", "2", "--max-new-tokens", "4", "--threads", "1", "--batch", "2", "--capacity", "64", "--out", str(out)],
-                          capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    command = [sys.executable, "-m", "specmemo.cli", "bench", "ab", "--artifact", str(tiny_llama), "--against", "HEAD",
+               "--questions", "2", "--max-new-tokens", "4", "--threads", "1", "--batch", "2", "--capacity", "64",
+               "--out", str(out)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-2000:]
     result = json.loads(out.read_text())
     assert set(result["summary"]) == {"greedy", "auto", "pool"} and result["machine"]["commit"]

@@ -13,11 +13,11 @@ import pytest
 from conftest import BYTE_VOCAB, export_tiny, make_byte_tokenizer, save_tiny_model, tiny_config
 
 from specmemo.runtime.artifact import Artifact
-from specmemo.runtime.backend import OrtBackend
 from specmemo.runtime.constraint import Constraint, ConstraintError, ConstraintKind, GrammarTokenizer, constrain_draft
 from specmemo.runtime.decode import generate
 from specmemo.runtime.drafters.draft import DraftContext, DraftTree, ordered
 from specmemo.runtime.drafters.lookup import PromptLookup
+from specmemo.runtime.runner import OrtBackend
 from specmemo.runtime.sampling import Sampling
 from specmemo.runtime.session import DecoderSession, SessionConfig
 from specmemo.runtime.sizes import Sizes
@@ -219,8 +219,8 @@ def test_smollm2_answers_in_json_and_speculation_keeps_constrained_greedys_token
 def test_a_batch_of_constrained_requests_decodes_each_as_it_would_alone(artifact):
     """The sequence pool (serve's): rows under different constraints (and one under none), with and without
     drafts, each row's tokens those of constrained greedy alone."""
-    from specmemo.runtime.batch import BatchBackend
     from specmemo.runtime.pool import FixedWidth, Request, SequencePool
+    from specmemo.runtime.runner import StepRunner
     from specmemo.runtime.session import DecoderSession
 
     names = ["schema", "regex", "lark", None]
@@ -230,7 +230,7 @@ def test_a_batch_of_constrained_requests_decodes_each_as_it_would_alone(artifact
     for width, drafter in ((1, None), (8, PromptLookup)):
         session = DecoderSession(artifact, SessionConfig(sizes=Sizes(256, 16, 16), heads=False, batch=4))
         factory = (lambda row, make=drafter: make()) if drafter else None
-        pool = SequencePool(BatchBackend(session), drafter_factory=factory, max_tree=width, width=FixedWidth(width))
+        pool = SequencePool(StepRunner(session), drafter_factory=factory, max_tree=width, width=FixedWidth(width))
         requests = [Request(p, 80, frozenset({EOS}), constraint=grammar.matcher(SPECS[n]) if n else None)
                     for n, p in zip(names, prompts, strict=True)]
         done = pool.run(requests)
@@ -322,8 +322,8 @@ def test_a_parse_outgrowing_the_grammar_limits_ends_the_reply_not_the_request(ar
     """Mid-reply, the grammar engine's limit ends that reply with finish reason `constraint` and the tokens so far,
     greedy and speculative alike (where: within a step of each other, as llguidance's work per step depends on
     what its lexer has cached); in the pool, a row beside it decodes as it would alone."""
-    from specmemo.runtime.batch import BatchBackend
     from specmemo.runtime.pool import Request, SequencePool
+    from specmemo.runtime.runner import StepRunner
     from specmemo.runtime.session import DecoderSession
 
     spec = Constraint.json_schema(NEVER_CLOSES)
@@ -339,7 +339,7 @@ def test_a_parse_outgrowing_the_grammar_limits_ends_the_reply_not_the_request(ar
     grammar = GrammarTokenizer.of(artifact)
     alone = decode(artifact, SPECS["regex"], prompt=prompt_of(artifact, "a code")).token_ids
     session = DecoderSession(artifact, SessionConfig(sizes=Sizes(256, 16, 16), heads=False, batch=2))
-    pool = SequencePool(BatchBackend(session), max_tree=1)
+    pool = SequencePool(StepRunner(session), max_tree=1)
     stuck, beside = pool.run([Request(prompt_of(artifact), 80, frozenset({EOS}), constraint=grammar.matcher(spec)),
                               Request(prompt_of(artifact, "a code"), 80, frozenset({EOS}),
                                       constraint=grammar.matcher(SPECS["regex"]))])
@@ -351,15 +351,15 @@ def test_logit_rules_compose_with_a_constraint_and_logprobs_are_the_constrained_
     """Log-probabilities beside a schema: the same tokens as the schema alone (forced ones each a step of their own,
     log-probability 0), every one of them with its log-probability under the mask; a bias the grammar forbids
     changes nothing, one it allows moves the reply and keeps it valid."""
-    from specmemo.runtime.batch import BatchBackend
     from specmemo.runtime.logit_rules import LogitRules
     from specmemo.runtime.pool import Request, SequencePool
+    from specmemo.runtime.runner import StepRunner
     from specmemo.runtime.session import DecoderSession
 
     grammar = GrammarTokenizer.of(artifact)
     alone = decode(artifact, SPECS["schema"])
     session = DecoderSession(artifact, SessionConfig(sizes=Sizes(256, 16, 16), heads=False, batch=2))
-    pool = SequencePool(BatchBackend(session), drafter_factory=lambda row: PromptLookup(), max_tree=8)
+    pool = SequencePool(StepRunner(session), drafter_factory=lambda row: PromptLookup(), max_tree=8)
     logprobs = []
     pool_step = pool.step
 

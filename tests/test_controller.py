@@ -86,8 +86,8 @@ def test_controller_respects_space_and_t_max_and_backs_off():
 def test_decoding_under_the_controller_is_token_identical(exported):
     from heads_common import OracleDrafter
 
-    from specmemo.runtime.backend import OrtBackend
     from specmemo.runtime.drafters.medusa import MedusaDrafter
+    from specmemo.runtime.runner import OrtBackend
     from specmemo.runtime.session import DecoderSession
 
     artifact, *_ = exported
@@ -124,8 +124,8 @@ def test_typical_acceptance_by_hand():
 
 
 def test_sampling_is_reproducible_for_a_seed(exported):
-    from specmemo.runtime.backend import OrtBackend
     from specmemo.runtime.drafters.medusa import MedusaDrafter, OrtMedusaHeads
+    from specmemo.runtime.runner import OrtBackend
     from specmemo.runtime.session import DecoderSession
 
     artifact, _, _ = exported

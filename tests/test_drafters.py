@@ -12,7 +12,6 @@ from heads_common import OracleDrafter
 
 from specmemo.errors import ConfigError
 from specmemo.runtime.artifact import Artifact
-from specmemo.runtime.backend import OrtBackend
 from specmemo.runtime.config import EngineConfig
 from specmemo.runtime.decode import generate
 from specmemo.runtime.drafters import DrafterName, Merged, Priced, parse_choices, parse_drafter
@@ -22,6 +21,7 @@ from specmemo.runtime.drafters.lookup import hit as lookup_hit
 from specmemo.runtime.drafters.medusa import MedusaDrafter
 from specmemo.runtime.manifest import ManifestError, load_manifest
 from specmemo.runtime.medusa_tree import MedusaTree
+from specmemo.runtime.runner import OrtBackend
 from specmemo.runtime.session import DecoderSession
 
 

@@ -14,9 +14,9 @@ from transformers import AutoModelForCausalLM
 from specmemo.export.validate import HFReference, validate
 from specmemo.runtime import tree
 from specmemo.runtime.artifact import Artifact
-from specmemo.runtime.backend import OrtBackend
 from specmemo.runtime.embedding import EmbeddingTable
 from specmemo.runtime.manifest import ManifestError, load_manifest
+from specmemo.runtime.runner import OrtBackend
 from specmemo.runtime.session import DecoderSession, SessionConfig
 from specmemo.runtime.sizes import Sizes
 
@@ -61,9 +61,9 @@ def test_random_config_nobody_chose(tmp_path, random_seed, architecture):
     print(config, report.table())
     assert report.passed and report.max_logits_diff <= TOLERANCE
     if load_manifest(artifact).batch_graphs:  # the batch graph rewritten from this random decoder: each row = B = 1
-        from specmemo.runtime.batch import BatchBackend
         from specmemo.runtime.decode import generate
         from specmemo.runtime.pool import Request, SequencePool
+        from specmemo.runtime.runner import StepRunner
         from specmemo.runtime.session import DecoderSession
 
         sizes = Sizes(capacity=64, rows=16, tree=1)
@@ -73,7 +73,7 @@ def test_random_config_nobody_chose(tmp_path, random_seed, architecture):
         for ids in prompts:
             one.reset()
             want.append(generate(one, ids, max_new_tokens=12, eos_token_ids=set()).token_ids)
-        pool = SequencePool(BatchBackend(DecoderSession(Artifact.open(artifact),
+        pool = SequencePool(StepRunner(DecoderSession(Artifact.open(artifact),
                                                       SessionConfig(sizes=sizes, heads=False, batch=2))))
         assert [g.token_ids for g in pool.run([Request(ids, 12) for ids in prompts])] == want
 

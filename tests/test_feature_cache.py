@@ -38,7 +38,7 @@ def run(base, out, config=CONFIG):
 
 def test_shards_hold_the_decoders_features_and_resume_to_the_same_bytes(base, tmp_path):
     from specmemo.runtime import tree
-    from specmemo.runtime.backend import OrtBackend
+    from specmemo.runtime.runner import OrtBackend
     from specmemo.runtime.session import DecoderSession, SessionConfig
     from specmemo.runtime.sizes import Sizes
 

@@ -16,12 +16,12 @@ from specmemo.export.feature_drafter import FeatureDrafter, FeatureDrafterSpec, 
 from specmemo.export.model_source import lm_head_t
 from specmemo.export.train_drafter import DrafterTrainConfig, train_drafter
 from specmemo.runtime.artifact import Artifact
-from specmemo.runtime.backend import OrtBackend
 from specmemo.runtime.decode import generate
 from specmemo.runtime.drafters import Merged
 from specmemo.runtime.drafters.feature import FeatureDrafter as RuntimeFeatureDrafter
 from specmemo.runtime.drafters.feature import OrtFeatureGraph
 from specmemo.runtime.drafters.lookup import PromptLookup
+from specmemo.runtime.runner import OrtBackend
 from specmemo.runtime.session import DecoderSession, SessionConfig
 from specmemo.runtime.sizes import Sizes
 

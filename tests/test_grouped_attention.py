@@ -13,10 +13,10 @@ from transformers import AutoModelForCausalLM
 from specmemo.export.validate import validate
 from specmemo.runtime import tree
 from specmemo.runtime.artifact import Artifact
-from specmemo.runtime.backend import OrtBackend
 from specmemo.runtime.manifest import load_manifest
 from specmemo.runtime.route_probe import probe
 from specmemo.runtime.row_route import RouteSource, RowRoute
+from specmemo.runtime.runner import OrtBackend
 from specmemo.runtime.session import DecoderSession, SessionConfig
 from specmemo.runtime.sizes import Sizes
 from specmemo.runtime.span import SPAN_BUCKET, AttentionOp, span_for

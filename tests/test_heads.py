@@ -26,10 +26,10 @@ from specmemo.export.heads import (
 from specmemo.export.reference import TorchBackend, TorchDrafter
 from specmemo.export.train_heads import TrainConfig, head_rows, train_heads
 from specmemo.runtime.artifact import Artifact
-from specmemo.runtime.backend import OrtBackend
 from specmemo.runtime.decode import generate
 from specmemo.runtime.drafters.medusa import MedusaDrafter, OrtMedusaHeads
 from specmemo.runtime.medusa_tree import MedusaTree
+from specmemo.runtime.runner import OrtBackend
 from specmemo.runtime.session import DecoderSession
 
 

@@ -113,8 +113,8 @@ def on_the_route(artifact: Path, steps: int) -> tuple[list[int], np.ndarray]:
     """Under the manifest's numeric route, on the same KV: the call sizes up to `steps` whose rows differ, bit for
     bit, from one-token calls (route_probe.py's own measurement), and the logits of one call of `steps` tokens."""
     from specmemo.runtime import tree
-    from specmemo.runtime.backend import OrtBackend
     from specmemo.runtime.route_probe import differing_sizes
+    from specmemo.runtime.runner import OrtBackend
     from specmemo.runtime.session import DecoderSession, SessionConfig
     from specmemo.runtime.sizes import Sizes
 

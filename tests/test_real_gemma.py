@@ -18,11 +18,11 @@ from specmemo.export.model_source import load_hf, resolve_model
 from specmemo.export.reference import hf_greedy_reply
 from specmemo.export.validate import VALIDATION_PROMPT, chat_prompt_ids, validate
 from specmemo.runtime.artifact import Artifact
-from specmemo.runtime.backend import OrtBackend
 from specmemo.runtime.decode import generate
 from specmemo.runtime.drafters import parse_drafter
 from specmemo.runtime.engine import open_drafter
 from specmemo.runtime.manifest import load_manifest
+from specmemo.runtime.runner import OrtBackend
 from specmemo.runtime.session import DecoderSession, SessionConfig
 
 pytestmark = pytest.mark.real_model

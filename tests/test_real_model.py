@@ -17,13 +17,13 @@ from specmemo.export.model_source import DEFAULT_MODEL, load_hf, resolve_model
 from specmemo.export.reference import TorchBackend, TorchDrafter
 from specmemo.export.validate import VALIDATION_PROMPT, chat_prompt_ids, validate
 from specmemo.runtime.artifact import Artifact
-from specmemo.runtime.backend import OrtBackend
 from specmemo.runtime.decode import generate
 from specmemo.runtime.drafters import parse_drafter
 from specmemo.runtime.drafters.medusa import MedusaDrafter, OrtMedusaHeads
 from specmemo.runtime.engine import open_drafter
 from specmemo.runtime.medusa_tree import MedusaTree
 from specmemo.runtime.rss import anonymous_rss_bytes
+from specmemo.runtime.runner import OrtBackend
 from specmemo.runtime.session import DecoderSession, SessionConfig
 from specmemo.runtime.sizes import Sizes
 from specmemo.runtime.tokenizer import ChatTokenizer, Message

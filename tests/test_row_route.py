@@ -12,13 +12,13 @@ from test_drafters import repeating_prompt
 from specmemo.errors import ConfigError
 from specmemo.runtime import measured
 from specmemo.runtime.artifact import Artifact
-from specmemo.runtime.backend import OrtBackend
 from specmemo.runtime.config import EngineConfig, Mode
 from specmemo.runtime.decode import generate
 from specmemo.runtime.drafters.lookup import PromptLookup
 from specmemo.runtime.plan import make_plan, plan_for
 from specmemo.runtime.route_probe import probe
 from specmemo.runtime.row_route import CANDIDATES, RouteSource, RowRoute
+from specmemo.runtime.runner import OrtBackend
 from specmemo.runtime.session import DecoderSession, SessionConfig
 from specmemo.runtime.sizes import Sizes
 

@@ -69,8 +69,8 @@ def server(artifact):
 
 
 def greedy_reply(artifact, prompt_ids: list[int], max_tokens: int) -> list[int]:
-    from specmemo.runtime.backend import OrtBackend
     from specmemo.runtime.decode import generate
+    from specmemo.runtime.runner import OrtBackend
     from specmemo.runtime.session import DecoderSession, SessionConfig
     from specmemo.runtime.sizes import Sizes
 

@@ -17,10 +17,10 @@ import numpy as np
 from specmemo.bench.arm_routes import kernel_routes
 from specmemo.runtime import measured, tree
 from specmemo.runtime.artifact import Artifact
-from specmemo.runtime.backend import OrtBackend
 from specmemo.runtime.config import EngineConfig, Mode
 from specmemo.runtime.engine import open_engine
 from specmemo.runtime.fresh_process import serve_json
+from specmemo.runtime.runner import OrtBackend
 from specmemo.runtime.session import DecoderSession, SessionConfig
 from specmemo.runtime.sizes import Sizes
 

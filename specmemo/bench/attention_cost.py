@@ -22,8 +22,8 @@ def attention_caller(artifact: Path, *, rows: int, context: int, threads: int, p
     rewound after it: no padding row, no commit) and returns its seconds inside session.run. Returns (step,
     session)."""
     from specmemo.runtime import tree
-    from specmemo.runtime.backend import OrtBackend
     from specmemo.runtime.row_route import RouteSource, RowRoute
+    from specmemo.runtime.runner import OrtBackend
     from specmemo.runtime.session import DecoderSession, SessionConfig
     from specmemo.runtime.sizes import DEFAULT_PREFILL_CHUNK, Sizes
 

@@ -75,7 +75,7 @@ def audit_route(backend, prompt: list[int], chain: list[int], sizes: tuple[int, 
 
 def run(config: InvarianceConfig, *, log=print) -> dict[str, Any]:
     from specmemo.runtime.artifact import Artifact
-    from specmemo.runtime.backend import OrtBackend
+    from specmemo.runtime.runner import OrtBackend
     from specmemo.runtime.session import DecoderSession, SessionConfig
     from specmemo.runtime.sizes import Sizes
 

@@ -277,8 +277,8 @@ def per_op(config, *, log=print) -> dict[str, Any]:
     that differed from one-row calls and rows whose difference that op introduced (same span / across a bucket)."""
     from specmemo.bench.invariance import audit_route, capacity_for
     from specmemo.runtime.artifact import Artifact
-    from specmemo.runtime.backend import OrtBackend
     from specmemo.runtime.row_route import RouteSource, RowRoute
+    from specmemo.runtime.runner import OrtBackend
     from specmemo.runtime.session import DecoderSession, SessionConfig
     from specmemo.runtime.sizes import Sizes
 

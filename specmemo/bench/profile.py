@@ -103,10 +103,10 @@ def greedy_steps(artifact: Path, *, context: int, steps: int, threads: int, prof
     row where that is exact, else a padding row), after a fixed `context`-token prompt, with room for `steps` of
     them. Returns (step, session, backend); each step() decodes one token and returns (wall seconds, seconds inside
     session.run)."""
-    from specmemo.runtime.backend import OrtBackend
     from specmemo.runtime.decode import prefill, verify_and_commit
     from specmemo.runtime.manifest import load_manifest
     from specmemo.runtime.measured import row_route
+    from specmemo.runtime.runner import OrtBackend
     from specmemo.runtime.session import DecoderSession, SessionConfig
     from specmemo.runtime.sizes import DEFAULT_PREFILL_CHUNK, Sizes
 

@@ -25,8 +25,8 @@ from tqdm.auto import tqdm
 from specmemo.errors import ConfigError
 from specmemo.runtime import tree
 from specmemo.runtime.artifact import Artifact
-from specmemo.runtime.backend import OrtBackend
 from specmemo.runtime.engine import EngineConfig, Mode, open_engine
+from specmemo.runtime.runner import OrtBackend
 from specmemo.runtime.session import DecoderSession, SessionConfig
 from specmemo.runtime.sizes import Sizes
 from specmemo.runtime.tokenizer import Message

@@ -22,10 +22,10 @@ import numpy as np
 
 from specmemo.runtime import tree
 from specmemo.runtime.artifact import Artifact
-from specmemo.runtime.backend import OrtBackend
 from specmemo.runtime.config import DEFAULT_THREADS
 from specmemo.runtime.drafters.medusa import OrtMedusaHeads
 from specmemo.runtime.manifest import load_manifest
+from specmemo.runtime.runner import OrtBackend
 from specmemo.runtime.session import DecoderSession, SessionConfig
 from specmemo.runtime.sizes import DEFAULT_PREFILL_CHUNK, Sizes
 

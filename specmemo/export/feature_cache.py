@@ -129,9 +129,9 @@ def features(backend, ids: list[int]) -> tuple[np.ndarray, np.ndarray, np.ndarra
 def cache_features(*, artifact: Path, conversations: Iterator[list[dict]], hf_tokenizer, data: str,
                    config: FeatureCacheConfig, out: Path, log=print) -> dict:
     """Write (or finish) the shards in `out`; returns the settings with the shards' summary."""
-    from specmemo.runtime.backend import OrtBackend
     from specmemo.runtime.engine import EngineConfig, Mode, open_engine
     from specmemo.runtime.manifest import load_manifest
+    from specmemo.runtime.runner import OrtBackend
     from specmemo.runtime.session import DecoderSession, SessionConfig
     from specmemo.runtime.sizes import Sizes
 

@@ -21,10 +21,10 @@ from specmemo.export.model_source import chat_prompt_ids, lm_head_t
 from specmemo.export.reference import final_logits
 from specmemo.runtime import tree
 from specmemo.runtime.artifact import Artifact
-from specmemo.runtime.backend import OrtBackend
 from specmemo.runtime.config import DEFAULT_THREADS
 from specmemo.runtime.drafters.medusa import OrtMedusaHeads
 from specmemo.runtime.manifest import ModelFormat, load_manifest
+from specmemo.runtime.runner import OrtBackend
 from specmemo.runtime.session import DecoderSession, SessionConfig
 from specmemo.runtime.sizes import Sizes
 

@@ -12,7 +12,7 @@ The buffers (R rows per decoder call: the largest tree or prefill chunk; N logit
   inputs_embeds     [R * h]           the decoder's input
   position_ids      [R]   int64
   attention_bias    [R * C]           a [B, 1, T, S] step uses its first T * S elements
-                    (B > 1, runtime/batch.py: [B * (R + 1)] positions and [B * (R + 1) * C] bias, each
+                    (B > 1, runtime/runner.py: [B * (R + 1)] positions and [B * (R + 1) * C] bias, each
                     row's attention taking a padding row; attention_rows [B * (R + 1)], token_rows [B * R])
   attention_bias_local [R * C_w]    the sliding layers' bias, when the model has them
   logits_indices    [R]   int64
@@ -92,7 +92,7 @@ class ArenaLayout:
     def views(self) -> list[tuple[str, str, tuple[int, ...]]]:
         """(name, dtype, shape) of every buffer, in allocation order."""
         b, r, f = self.batch, self.rows, self.dtype
-        a = r + 1 if b > 1 else r  # attention rows per sequence: a batch adds each row's padding row (batch.py)
+        a = r + 1 if b > 1 else r  # attention rows per sequence: a batch adds each row's padding row (runner.py)
         out: list[tuple[str, str, tuple[int, ...]]] = [
             (f"kv.{i}", self.kv_dtype, (b, self.num_kv_heads, self.layer_capacity(i // 2), self.head_dim))
             for i in range(2 * self.num_layers)]

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from specmemo.errors import ConfigError
-from specmemo.runtime.backend import OrtBackend, check_fits
+from specmemo.runtime.backend import check_fits
 from specmemo.runtime.config import EngineConfig, Mode
 from specmemo.runtime.constraint import Constraint, GrammarTokenizer
 from specmemo.runtime.controller import Controller, DrafterChoice, LatencyCurve, latency_curve
@@ -46,6 +46,7 @@ from specmemo.runtime.logit_rules import LogitRules
 from specmemo.runtime.packed_cache import CacheUse
 from specmemo.runtime.plan import Plan, drafter_choices, plan_for
 from specmemo.runtime.recall_store import Recall, fingerprint, open_store
+from specmemo.runtime.runner import OrtBackend
 from specmemo.runtime.session import DecoderSession, SessionConfig
 from specmemo.runtime.tokenizer import ChatTokenizer
 
@@ -205,12 +206,12 @@ def open_engine(config: EngineConfig, *, log: Callable[[str], None] = print) -> 
 
 
 def open_pool(config: EngineConfig, *, batch: int, log: Callable[[str], None] = print) -> SequencePool:
-    """B sequences per call (runtime/batch.py) behind a SequencePool: the artifact's batch graph for
+    """B sequences per call (runtime/runner.py) behind a SequencePool: the artifact's batch graph for
     `batch`, sizes decided as for one engine (C per row; with a budget, the B rows priced together), drafters per
     row (Medusa heads shared, prompt lookup each its own; the feature drafter keeps one sequence's KV and is left
     out), the batch width policy choosing T each step (1: plain decoding). Greedy mode: plain decoding only."""
-    from specmemo.runtime.batch import BatchBackend
     from specmemo.runtime.pool import BatchWidth, FixedWidth, SequencePool
+    from specmemo.runtime.runner import StepRunner
     from specmemo.runtime.session import DecoderSession
 
     manifest = config.artifact.manifest
@@ -237,6 +238,6 @@ def open_pool(config: EngineConfig, *, batch: int, log: Callable[[str], None] = 
     speculative = bool(names) and config.mode is not Mode.PLAIN
     width = ((FixedWidth(sizes.tree) if config.mode is Mode.TREE else BatchWidth(sizes.tree)) if speculative
              else FixedWidth(1))
-    return SequencePool(BatchBackend(session, route=plan.route), drafter_factory=drafter if speculative else None,
+    return SequencePool(StepRunner(session, route=plan.route), drafter_factory=drafter if speculative else None,
                         max_tree=sizes.tree if speculative else 1, width=width,
                         prefetch=prefetches[0] if prefetches and speculative else None)

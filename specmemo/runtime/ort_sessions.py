@@ -1,7 +1,7 @@
 """ONNX Runtime for an artifact's graphs: one thread pool and one CPU arena per process, the session options chosen
 for a memory-lean CPU decoder, loading a graph (a one-line error when it cannot be), the LM head read once and shared
 between the decoder and heads graphs, and binding an arena view to a graph's input or output without a copy. The
-single-sequence and batch sessions (session.py, batch.py) and the benchmarks' graphs open through here."""
+session (session.py: the one-sequence graph or a batch graph) and the benchmarks' graphs open through here."""
 
 from __future__ import annotations
 
@@ -182,9 +182,10 @@ def open_writing(artifact: Artifact, config: SessionConfig, initializers: dict[s
 
 def open_batch_graph(artifact: Artifact, config: SessionConfig, initializers: dict[str, ort.OrtValue],
                      batch_graph: BatchGraph) -> tuple[ort.InferenceSession, Packing, PackedCache | None]:
-    """A batch graph's session (runtime/batch.py), from the packed cache where its entry can be used (its weights
-    the decoder cache's), else from the artifact: written as it opens (CacheUse.WRITE, the decoder's cache usable),
-    or after this process ends (MAP). The caller checks its probe (CACHED) or records it (WRITING)."""
+    """A batch graph's session (session.py; its steps: runner.py), from the packed cache where its entry can be
+    used (its weights the decoder cache's), else from the artifact: written as it opens (CacheUse.WRITE, the
+    decoder's cache usable), or after this process ends (MAP). The caller checks its probe (CACHED) or records it
+    (WRITING)."""
     graph = batch_graph.file
     path = artifact / graph
     if config.packed_cache is CacheUse.OFF or config.model_format is not ModelFormat.ONNX or initializers:

@@ -21,7 +21,7 @@ full or read-only the model opens all the same, without a cache. The disk it tak
 original ones ONNX Runtime checks them against) is stated when it is written; a device profile decides whether to
 keep one (`packed_cache`).
 
-The batch graphs (runtime/batch.py) read the decoder's weights under the same names, and ONNX
+The batch graphs (their steps: runtime/runner.py) read the decoder's weights under the same names, and ONNX
 Runtime packs them alike: a batch graph's cache is its optimized graph alone, stored beside the decoder's and
 pointing at the decoder's data file (graph_index.point_weights_at), with its own probe in `meta.json` ("batch") and
 the digest of the artifact's graph it was made from. It is written after the decoder's, and a fault in it costs the

@@ -1,7 +1,7 @@
 """A pool of sequences decoded together, one batch call per step, with continuous batching.
 
 Requests join a free row between steps and leave when they finish or are cancelled; each step runs
-every active row in one decoder call (runtime/batch.py). A row is a `decode.Reply`, and a step runs
+every active row in one decoder call (runtime/runner.py). A row is a `decode.Reply`, and a step runs
 decode.py's steps on each row around the one call:
 
   prefill – a joining row feeds its prompt in chunks of R tokens (beside the other rows' trees);
@@ -29,7 +29,6 @@ import numpy as np
 from specmemo.errors import SpecMemoError
 from specmemo.runtime import tree
 from specmemo.runtime.backend import check_fits
-from specmemo.runtime.batch import BatchBackend, RowCall
 from specmemo.runtime.constraint import Matcher
 from specmemo.runtime.decode import Generation, Reply, Verify
 from specmemo.runtime.drafters import Merged
@@ -38,6 +37,7 @@ from specmemo.runtime.drafters.lookup import conversation_of
 from specmemo.runtime.drafters.recall import RecallDrafter
 from specmemo.runtime.logit_rules import LogitRules, TokenLogprob
 from specmemo.runtime.recall_store import Recall
+from specmemo.runtime.runner import RowCall, StepRunner
 from specmemo.runtime.sampling import Sampling
 
 
@@ -157,9 +157,9 @@ class FixedWidth:
 
 
 class SequencePool:
-    """Rows of a BatchBackend, each decoding one request (module doc)."""
+    """Rows of a StepRunner, each decoding one request (module doc)."""
 
-    def __init__(self, backend: BatchBackend, *, drafter_factory: Callable[[int], Drafter] | None = None,
+    def __init__(self, backend: StepRunner, *, drafter_factory: Callable[[int], Drafter] | None = None,
                  max_tree: int = 1, width: BatchWidth | FixedWidth | None = None,
                  prefetch: Callable[[dict[int, np.ndarray]], None] | None = None):
         """`drafter_factory(row)`: a fresh drafter for a request joining `row`; `prefetch(hidden by row)`: runs

@@ -16,10 +16,10 @@ import numpy as np
 
 from specmemo.runtime import cpu, tree
 from specmemo.runtime.artifact import Artifact
-from specmemo.runtime.backend import OrtBackend
 from specmemo.runtime.fresh_process import serve_json
 from specmemo.runtime.manifest import ModelFormat
 from specmemo.runtime.row_route import CANDIDATES, RouteSource, RowRoute, manifest_route
+from specmemo.runtime.runner import OrtBackend
 from specmemo.runtime.session import DecoderSession, SessionConfig
 from specmemo.runtime.shared import SHARED
 from specmemo.runtime.sizes import Sizes

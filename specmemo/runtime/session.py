@@ -206,10 +206,10 @@ class DecoderSession:
                             np.zeros((1, 1, 1, 1), np.float32), np.zeros((1, 1), np.int64))
             arrays = [out.logits, out.next_token_ids, out.hidden_states]
         else:
-            from specmemo.runtime.batch import BatchBackend, RowCall
+            from specmemo.runtime.runner import RowCall, StepRunner
 
             calls = [RowCall(row=b, tokens=[0], parents=tree.chain(1)) for b in range(self.batch)]
-            arrays = [a for f in BatchBackend(self).forward(calls).values()
+            arrays = [a for f in StepRunner(self).forward(calls).values()
                       for a in (f.next_token_ids, f.logits, f.hidden_states)]
         return hashlib.sha256(b"".join(a.tobytes() for a in arrays)).hexdigest()
 
@@ -330,7 +330,7 @@ class DecoderSession:
         [sum(sizes[:b]), ...) of input_ids, its n_b + p attention rows in attention_rows/position_ids (p =
         `padding`), its [n_b + p, S_b] bias at b * (R + 1) * C (and its sliding layers' [n_b + p, S_w_b] at
         b * (R + 1) * C_w), token_rows, and `logit_rows` entries of logits_indices. `lanes`: entries of the token
-        axis when a padding lane follows the tokens (BatchBackend.forward)."""
+        axis when a padding lane follows the tokens (StepRunner.forward)."""
         io, a, d, g = self.manifest.io, self.arena, self.manifest.dims, self.graph
         assert g is not None  # a batch graph's call
         rows = sum(sizes) + padding * len(sizes)  # A: each row's tokens and its padding row, if any

@@ -23,11 +23,12 @@ import numpy as np
 
 from specmemo.errors import ConfigError
 from specmemo.runtime import tree
-from specmemo.runtime.backend import Backend, Forward, OrtBackend
+from specmemo.runtime.backend import Backend, Forward
 from specmemo.runtime.drafters.draft import DraftContext, DraftCost, DraftTree
 from specmemo.runtime.drafters.registry import MODEL_MAX_CHAIN
 from specmemo.runtime.manifest import ManifestError
 from specmemo.runtime.plan import draft_sizes
+from specmemo.runtime.runner import OrtBackend
 from specmemo.runtime.session import DecoderSession, SessionConfig
 
 if TYPE_CHECKING:
