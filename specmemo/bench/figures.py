@@ -27,8 +27,8 @@ MIB = 2**20
 class Figure:
     page: str  # relative to the repository
     name: str  # its marker on the page
-    source: str  # the results JSON it is read from
-    render: Callable[[dict], list[str]]  # the table's lines, from the JSON
+    source: str | tuple[str, ...]  # the results JSON it is read from (several: a table over runs)
+    render: Callable[..., list[str]]  # the table's lines, from the JSON (a list of them for several)
 
 
 def provenance(data: dict) -> str:
@@ -168,17 +168,41 @@ def bench_load(data: dict) -> list[str]:
     return [provenance(data), "", *lines]
 
 
+def bench_ab(runs: list[dict]) -> list[str]:
+    """`specmemo bench ab` run in pairs (the same artifact, each version opened first once): new/old tokens/s per
+    mode in each run and their geometric mean, and the replies that were the same."""
+    lines = ["| artifact | mode | new/old, new opened first | new/old, old opened first | geometric mean | "
+             "same replies |", "|---" * 6 + "|"]
+    pairs: dict[str, dict[str, dict]] = {}
+    for run in runs:
+        pairs.setdefault(Path(run["config"]["artifact"]).name, {})[run["config"]["opened_first"]] = run
+    for artifact, pair in pairs.items():
+        for mode in pair["new"]["summary"]:
+            new, old = pair["new"]["summary"][mode], pair["old"]["summary"][mode]
+            mean = (new["new_over_old"] * old["new_over_old"]) ** 0.5
+            same = new["same_replies"] + old["same_replies"]
+            lines.append(f"| {artifact} | {mode} | {new['new_over_old']:.3f} | {old['new_over_old']:.3f} | "
+                         f"**{mean:.3f}** | {same}/{new['questions'] + old['questions']} |")
+    first = runs[0]
+    return [provenance(first), "", *lines]
+
+
 FIGURES = (
     Figure("README.md", "headline", "results/compare-grouped/qwen15-int4/results.json", compare_headline),
     Figure("docs/load.md", "load-qwen15", "results/bench-load/qwen15-int4.json", bench_load),
     Figure("docs/load.md", "load-smollm2", "results/bench-load/smollm2-int4.json", bench_load),
+    Figure("docs/runtime.md", "one-execution-layer",
+           tuple(f"results/bench-ab/one-execution-layer/{a}-{first}.json"
+                 for a in ("smollm2-135m-int4", "qwen2.5-coder-1.5b-int4") for first in ("new", "old")), bench_ab),
 )
 
 MARKER = re.compile(r"(<!-- figure: (?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- /figure -->)", re.DOTALL)
 
 
 def rendered(figure: Figure, root: Path = ROOT) -> str:
-    return "\n".join(figure.render(json.loads((root / figure.source).read_text()))) + "\n"
+    if isinstance(figure.source, str):
+        return "\n".join(figure.render(json.loads((root / figure.source).read_text()))) + "\n"
+    return "\n".join(figure.render([json.loads((root / s).read_text()) for s in figure.source])) + "\n"
 
 
 def write_page(page: str, root: Path = ROOT, *, write: bool) -> list[str]:
