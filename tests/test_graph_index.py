@@ -33,3 +33,33 @@ def test_the_index_is_what_onnx_reads(tmp_path):
 def test_what_is_not_a_protocol_buffer_is_refused():
     with pytest.raises(ValueError, match="not a protocol buffer"):
         read_index(b"\x0f\x01\x02")
+
+
+def _saved(tmp_path, name: str, weight: np.ndarray, *, first: str = "Relu") -> bytes:
+    """A graph over one external weight, its data file `name`.data; `first` the op before the MatMul."""
+    w = numpy_helper.from_array(weight, "weight")
+    graph = helper.make_graph(
+        [helper.make_node(first, ["x"], ["h"]), helper.make_node("MatMul", ["h", "weight"], ["y"])], name,
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8])], [w])
+    path = tmp_path / name
+    onnx.save(helper.make_model(graph), str(path), save_as_external_data=True, location=f"{name}.data",
+              size_threshold=64)
+    return path.read_bytes()
+
+
+def test_a_graph_points_its_weights_at_another_graphs_file_and_only_where_they_are_alike(tmp_path):
+    """A batch graph's cache reads the decoder cache's weights (packed_cache.commit_batch): each external entry
+    replaced by the same weight's in the other graph, the rest of the bytes as they were; a weight the other graph
+    does not hold alike is a ValueError naming it."""
+    from specmemo.runtime.graph_index import point_weights_at
+
+    weight = np.arange(64, dtype=np.float32).reshape(8, 8)
+    decoder, batch = _saved(tmp_path, "decoder", weight), _saved(tmp_path, "batch", weight, first="Sigmoid")
+    pointed = onnx.load_from_string(point_weights_at(batch, decoder))
+    (tensor,) = pointed.graph.initializer
+    assert {e.key: e.value for e in tensor.external_data}["location"] == "decoder.data"
+    assert [n.op_type for n in pointed.graph.node] == ["Sigmoid", "MatMul"]  # the batch graph's own nodes
+    other = _saved(tmp_path, "other", np.ones((4, 8), np.float32))  # another length under the same name
+    with pytest.raises(ValueError, match="'weight' is not held alike"):
+        point_weights_at(batch, other)

@@ -14,7 +14,7 @@ as they were.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 VARINT, FIXED64, BYTES, FIXED32 = 0, 1, 2, 5
@@ -168,11 +168,8 @@ def _encode_varint(value: int) -> bytes:
     return bytes(out)
 
 
-def largest_packed_first(model: bytes) -> bytes:
-    """`model` with its MatMulNBits nodes moved to the front of the node list, largest weight (N·K·bits) first.
-    ONNX Runtime prepacks weights in that order and sorts the nodes itself to run them: packing on several threads
-    it keeps every original mapped until the last weight is packed, so the largest fresh copy (an LM head's) is best
-    made and dropped before that moment. Every other field keeps its bytes."""
+def _with_graph(model: bytes, rebuild: Callable[[bytes], bytes]) -> bytes:
+    """`model` with its graph (ModelProto field 7) replaced by `rebuild` of its bytes; every other field as it was."""
     out = bytearray()
     for number, wire, start, end in _spans(model):
         if number != 7 or wire != BYTES:
@@ -180,41 +177,53 @@ def largest_packed_first(model: bytes) -> bytes:
             continue
         graph = next(v for _, _, v in fields(model[start:end]))
         assert isinstance(graph, bytes)
+        body = rebuild(graph)
+        out += _encode_varint(7 << 3 | BYTES) + _encode_varint(len(body)) + body
+    return bytes(out)
+
+
+def largest_packed_first(model: bytes) -> bytes:
+    """`model` with its MatMulNBits nodes moved to the front of the node list, largest weight (N·K·bits) first.
+    ONNX Runtime prepacks weights in that order and sorts the nodes itself to run them: packing on several threads
+    it keeps every original mapped until the last weight is packed, so the largest fresh copy (an LM head's) is best
+    made and dropped before that moment. Every other field keeps its bytes."""
+
+    def weight(span: bytes) -> int:
+        node = next(v for _, _, v in fields(span))
+        assert isinstance(node, bytes)
+        if _strings(node, 4) != ["MatMulNBits"]:
+            return 0
+        q = _quantized(node)
+        return q.n * q.k * q.bits
+
+    def reorder(graph: bytes) -> bytes:
         nodes, rest = [], bytearray()
         for part, kind, lo, hi in _spans(graph):
             if part == 1 and kind == BYTES:
                 nodes.append(graph[lo:hi])
             else:
                 rest += graph[lo:hi]
-
-        def weight(span: bytes) -> int:
-            node = next(v for _, _, v in fields(span))
-            assert isinstance(node, bytes)
-            if _strings(node, 4) != ["MatMulNBits"]:
-                return 0
-            q = _quantized(node)
-            return q.n * q.k * q.bits
-
         order = sorted(range(len(nodes)), key=lambda i: (-weight(nodes[i]), i))  # stable: the rest as they were
-        body = b"".join(nodes[i] for i in order) + bytes(rest)
-        out += _encode_varint(7 << 3 | BYTES) + _encode_varint(len(body)) + body
-    return bytes(out)
+        return b"".join(nodes[i] for i in order) + bytes(rest)
+
+    return _with_graph(model, reorder)
 
 
-def _initializer_parts(model: bytes) -> Iterator[tuple[str, bytes, bytes]]:
-    """(name, external_data entries' bytes, the rest's bytes) of each initializer of `model`'s graph."""
-    for number, wire, graph in fields(model):
-        if number != 7 or wire != BYTES or not isinstance(graph, bytes):
+def _initializer_parts(graph: bytes) -> Iterator[tuple[str, bytes, bytes]]:
+    """(name, external_data entries' bytes, the rest's bytes) of each initializer of a GraphProto."""
+    for part, kind, lo, hi in _spans(graph):
+        if part != 5 or kind != BYTES:
             continue
-        for part, kind, lo, hi in _spans(graph):
-            if part != 5 or kind != BYTES:
-                continue
-            tensor = next(v for _, _, v in fields(graph[lo:hi]))
-            assert isinstance(tensor, bytes)
-            external, rest = bytearray(), bytearray()
-            for n, w, a, b in _spans(tensor):
-                (external if n == 13 and w == BYTES else rest).extend(tensor[a:b])
-            yield (_strings(tensor, 8) or [""])[0], bytes(external), bytes(rest)
+        tensor = next(v for _, _, v in fields(graph[lo:hi]))
+        assert isinstance(tensor, bytes)
+        external, rest = bytearray(), bytearray()
+        for n, w, a, b in _spans(tensor):
+            (external if n == 13 and w == BYTES else rest).extend(tensor[a:b])
+        yield (_strings(tensor, 8) or [""])[0], bytes(external), bytes(rest)
+
+
+def _graph_of(model: bytes) -> bytes:
+    return next((v for n, w, v in fields(model) if n == 7 and w == BYTES and isinstance(v, bytes)), b"")
 
 
 def _entries(external: bytes) -> dict[str, str]:
@@ -239,16 +248,11 @@ def point_weights_at(model: bytes, other: bytes) -> bytes:
     by those of the same weight in `other`, written by ONNX Runtime from another graph over the same weights (a
     batch graph and the decoder's): the weights are then read from `other`'s data file, and `model`'s own can go.
     A ValueError names the first weight `other` does not hold alike (its name, length or prepacked hash)."""
-    theirs = {name: external for name, external, _ in _initializer_parts(other) if external}
-    out = bytearray()
-    for number, wire, start, end in _spans(model):
-        if number != 7 or wire != BYTES:
-            out += model[start:end]
-            continue
-        graph = next(v for _, _, v in fields(model[start:end]))
-        assert isinstance(graph, bytes)
+    theirs = {name: external for name, external, _ in _initializer_parts(_graph_of(other)) if external}
+
+    def repoint(graph: bytes) -> bytes:
         body = bytearray()
-        parts = iter(_initializer_parts(model))
+        parts = _initializer_parts(graph)
         for part, kind, lo, hi in _spans(graph):
             if part != 5 or kind != BYTES:
                 body += graph[lo:hi]
@@ -260,5 +264,6 @@ def point_weights_at(model: bytes, other: bytes) -> bytes:
                 external = theirs[name]
             tensor = rest + external
             body += _encode_varint(5 << 3 | BYTES) + _encode_varint(len(tensor)) + tensor
-        out += _encode_varint(7 << 3 | BYTES) + _encode_varint(len(body)) + bytes(body)
-    return bytes(out)
+        return bytes(body)
+
+    return _with_graph(model, repoint)

@@ -141,12 +141,20 @@ def open_decoder(artifact: Artifact, config: SessionConfig, initializers: dict[s
             check_graph_matches(session, artifact.manifest, cache.graph)
             return session, Packing.CACHED, cache
         except ArtifactError as err:
-            why = f"ONNX Runtime cannot load it: {str(err).split('(', 1)[-1].split(')')[0][:120]}"
+            why = cannot_load(err)
+    say_not_used(config, f"the packed-weights cache {cache.folder}", why)
+    return open_uncached(artifact, config, initializers, cache)
+
+
+def cannot_load(err: ArtifactError) -> str:
+    return f"ONNX Runtime cannot load it: {str(err).split('(', 1)[-1].split(')')[0][:120]}"
+
+
+def say_not_used(config: SessionConfig, what: str, why: str) -> None:
+    """One line where a cache that exists cannot be used (none written yet is no news)."""
     if why != "none yet":
         later = " after this process ends" if config.packed_cache is CacheUse.MAP else ""
-        config.log(f"the packed-weights cache {cache.folder} is not used ({why}): opened from the artifact, "
-                   f"a fresh one written{later}")
-    return open_uncached(artifact, config, initializers, cache)
+        config.log(f"{what} is not used ({why}): opened from the artifact, a fresh one written{later}")
 
 
 def open_uncached(artifact: Artifact, config: SessionConfig, initializers: dict[str, ort.OrtValue],
@@ -196,11 +204,8 @@ def open_batch_graph(artifact: Artifact, config: SessionConfig, initializers: di
         try:
             return load_graph(cache.folder / graph, config, optimized=True), Packing.CACHED, cache
         except ArtifactError as err:
-            why = f"ONNX Runtime cannot load it: {str(err).split('(', 1)[-1].split(')')[0][:120]}"
-    if why != "none yet":
-        later = " after this process ends" if config.packed_cache is CacheUse.MAP else ""
-        config.log(f"the packed-weights cache of {graph} is not used ({why}): opened from the artifact, a fresh "
-                   f"one written{later}")
+            why = cannot_load(err)
+    say_not_used(config, f"the packed-weights cache of {graph}", why)
     if config.packed_cache is CacheUse.WRITE and unusable(cache) is None:
         staging = cache.staging()
         try:
