@@ -1,6 +1,6 @@
 /**
- * The backend the decode loop runs on (runtime/backend.py OrtBackend): a KV buffer of `capacity`
- * positions, `length` committed. `forward` runs T new tokens laid out as a tree on top of the
+ * The backend the decode loop runs on (runtime/runner.py: StepRunner runs the steps, OrtBackend is its row 0): a KV
+ * buffer of `capacity` positions, `length` committed. `forward` runs T new tokens laid out as a tree on top of the
  * committed positions; `commit` keeps a root-to-node path of them; `rewind` forgets positions.
  *
  * One numeric route (runtime/row_route.py): every call runs at least `route.minRows` rows, a multiple of
@@ -50,11 +50,24 @@ export function parseRoute(text: string): RowRoute {
   return { minRows: Number(match[1]), multiple: Number(match[2]) };
 }
 
-export class OrtBackend {
+/** One row's part of a call (runtime/runner.py RowCall): its tokens as a tree on top of its committed positions and
+ * `after` uncommitted ones its earlier calls wrote (a prompt run in chunks). */
+export interface RowCall {
+  row: number;
+  tokens: readonly number[];
+  parents: readonly number[];
+  lastOnly?: boolean;
+  after?: number;
+}
+
+/** Decoder steps of one session (runtime/runner.py StepRunner): `forward` lays out a step's row calls for the graph and
+ * runs one call, `commit` keeps a row's accepted nodes. The device engine opens the one-sequence graph: row 0. The
+ * route's padding rows follow a call's last node, and the LM head's rows the same rule. */
+export class StepRunner {
   readonly minRows: number;
   readonly rowMultiple: number;
   readonly padding: number; // the most padding rows a call adds
-  withLogits = false; // fetch the logits too (a copy of N·V floats a call: the route probe only)
+  withLogits = false; // fetch the logits too (a copy of N·V floats a call: the route probe and grammars only)
   private readonly treeInputs = new Map<string, [number[], Float32Array]>();
 
   constructor(readonly session: DecoderSession, route: RowRoute = manifestRoute(session.manifest)) {
@@ -63,43 +76,17 @@ export class OrtBackend {
     this.padding = Math.max(this.minRows, this.rowMultiple) - 1;
   }
 
-  get capacity(): number {
+  get capacity(): number { // per row, less the padding rows' positions
     return this.session.kv.capacity - this.padding;
   }
 
-  get length(): number {
-    return this.session.kv.length;
-  }
-
-  get hiddenSize(): number {
-    return this.session.layout.hiddenSize;
-  }
-
-  /** Next tokens for every node, or with `lastOnly` for the last one (prefill, chunked by R rows). */
-  async forward(tokens: readonly number[], parents: readonly number[], lastOnly = false): Promise<Forward> {
-    checkFits(this.length, tokens.length, this.capacity, this.padding);
-    const s = this.session;
-    const size = tokens.length;
-    if (size <= s.rows && (lastOnly || size <= s.logitRows)) return this.runOnce(tokens, parents, 0, lastOnly);
-    if (parents.some((p, i) => p !== i - 1)) {
-      throw new RangeError(`a tree of ${size} nodes exceeds the arena's T_max of ${s.logitRows}: open the engine with larger sizes`);
+  /** One decoder call: here one call, on row 0. Returns its outputs by row. */
+  async forward(calls: readonly RowCall[]): Promise<Map<number, Forward>> {
+    if (calls.length !== 1 || calls[0].row !== 0) {
+      throw new RangeError(`a one-sequence session runs one call, on row 0: got rows ${calls.map((c) => c.row).join(', ')}`);
     }
-    const chunk = lastOnly ? s.rows : s.logitRows;
-    const ids: number[] = [];
-    const hidden: Float32Array[] = [];
-    const logits: Float32Array[] = [];
-    let out: Forward | null = null;
-    for (let start = 0; start < size; start += chunk) {
-      const part = tokens.slice(start, start + chunk);
-      out = await this.runOnce(part, chain(part.length), start, lastOnly);
-      if (!lastOnly) {
-        ids.push(...out.nextTokenIds);
-        hidden.push(out.hiddenStates.slice());
-        if (out.logits !== undefined) logits.push(out.logits);
-      }
-    }
-    if (lastOnly) return out!;
-    return { nextTokenIds: ids, hiddenStates: concat(hidden), ...(this.withLogits ? { logits: concat(logits) } : {}) };
+    const call = calls[0];
+    return new Map([[0, await this.one(call.tokens, call.parents, call.after ?? 0, call.lastOnly ?? false)]]);
   }
 
   private tree(parents: readonly number[]): [number[], Float32Array] {
@@ -113,8 +100,8 @@ export class OrtBackend {
     return cached;
   }
 
-  /** One decoder call for `tokens` on top of the committed positions and `offset` uncommitted ones. */
-  private async runOnce(tokens: readonly number[], parents: readonly number[], offset: number, lastOnly: boolean): Promise<Forward> {
+  /** The one-sequence graph's call for `tokens` on top of the committed positions and `offset` uncommitted ones. */
+  private async one(tokens: readonly number[], parents: readonly number[], offset: number, lastOnly: boolean): Promise<Forward> {
     const real = tokens.length;
     const rows = routeRowsFor(real, this.minRows, this.rowMultiple, this.session.rows);
     if (real < rows) { // padding rows: a chain under the last node, never read
@@ -123,7 +110,7 @@ export class OrtBackend {
     }
     const a = this.session.arena;
     const size = tokens.length;
-    const past = this.length + offset;
+    const past = this.session.kv.length + offset;
     const attended = past + size;
     const [depth, block] = this.tree(parents);
     const ids = a.i64('input_ids');
@@ -148,7 +135,7 @@ export class OrtBackend {
     for (let i = 0; i < gathered; i++) indices[i] = BigInt(start + i);
     const out = await this.session.run(size, attended, gathered, this.withLogits);
     const at = first - start;
-    const h = this.hiddenSize;
+    const h = this.session.layout.hiddenSize;
     const v = this.session.layout.vocabSize;
     return {
       nextTokenIds: Array.from(out.nextTokenIds.subarray(at, at + wanted), Number),
@@ -157,12 +144,89 @@ export class OrtBackend {
     };
   }
 
-  /** Keep `nodes` (indices into the last forward, root first) as the next committed positions. */
-  commit(nodes: readonly number[]): void {
-    const start = this.length;
+  /** Keep `nodes` (indices into the row's last call, root first) as its next committed positions. */
+  commit(row: number, nodes: readonly number[]): void {
+    if (row !== 0) throw new RangeError(`a one-sequence session has row 0 only, not ${row}`);
+    const start = this.session.kv.length;
     const sources = nodes.map((node) => start + node);
     if (sources.some((source, i) => source !== start + i)) this.session.movePositions(sources, start);
     this.session.commit(sources.length);
+  }
+}
+
+/** One sequence, row 0 of a StepRunner (runtime/runner.py OrtBackend), behind the interface the decode loop, the
+ * controller and the drafters run on: a prompt longer than the arena's rows runs in chunks of R rows. */
+export class OrtBackend {
+  readonly runner: StepRunner;
+
+  constructor(readonly session: DecoderSession, route: RowRoute = manifestRoute(session.manifest)) {
+    this.runner = new StepRunner(session, route);
+  }
+
+  get minRows(): number {
+    return this.runner.minRows;
+  }
+
+  get rowMultiple(): number {
+    return this.runner.rowMultiple;
+  }
+
+  get padding(): number {
+    return this.runner.padding;
+  }
+
+  get withLogits(): boolean {
+    return this.runner.withLogits;
+  }
+
+  set withLogits(fetch: boolean) {
+    this.runner.withLogits = fetch;
+  }
+
+  get capacity(): number {
+    return this.runner.capacity;
+  }
+
+  get length(): number {
+    return this.session.kv.length;
+  }
+
+  get hiddenSize(): number {
+    return this.session.layout.hiddenSize;
+  }
+
+  /** Next tokens for every node, or with `lastOnly` for the last one (prefill, chunked by R rows). */
+  async forward(tokens: readonly number[], parents: readonly number[], lastOnly = false): Promise<Forward> {
+    checkFits(this.length, tokens.length, this.capacity, this.padding);
+    const s = this.session;
+    const size = tokens.length;
+    const run = async (part: readonly number[], tree: readonly number[], after: number): Promise<Forward> =>
+      (await this.runner.forward([{ row: 0, tokens: part, parents: tree, lastOnly, after }])).get(0)!;
+    if (size <= s.rows && (lastOnly || size <= s.logitRows)) return run(tokens, parents, 0);
+    if (parents.some((p, i) => p !== i - 1)) {
+      throw new RangeError(`a tree of ${size} nodes exceeds the arena's T_max of ${s.logitRows}: open the engine with larger sizes`);
+    }
+    const chunk = lastOnly ? s.rows : s.logitRows;
+    const ids: number[] = [];
+    const hidden: Float32Array[] = [];
+    const logits: Float32Array[] = [];
+    let out: Forward | null = null;
+    for (let start = 0; start < size; start += chunk) {
+      const part = tokens.slice(start, start + chunk);
+      out = await run(part, chain(part.length), start);
+      if (!lastOnly) {
+        ids.push(...out.nextTokenIds);
+        hidden.push(out.hiddenStates.slice());
+        if (out.logits !== undefined) logits.push(out.logits);
+      }
+    }
+    if (lastOnly) return out!;
+    return { nextTokenIds: ids, hiddenStates: concat(hidden), ...(this.withLogits ? { logits: concat(logits) } : {}) };
+  }
+
+  /** Keep `nodes` (indices into the last forward, root first) as the next committed positions. */
+  commit(nodes: readonly number[]): void {
+    this.runner.commit(0, nodes);
   }
 
   rewind(length: number): void {

@@ -1,6 +1,7 @@
 /** SpecMemo's runtime in TypeScript: the Python runtime's steps over onnxruntime-common. */
 
-export { parseRoute } from './backend';
+export { OrtBackend, StepRunner, parseRoute } from './backend';
+export type { RowCall } from './backend';
 export { ChatSession } from './chat';
 export { ConstraintError, GrammarEngine, Matcher } from './constraint';
 export type { ConstraintSpec, XGrammar } from './constraint';
