@@ -158,34 +158,39 @@ def say_not_used(config: SessionConfig, what: str, why: str) -> None:
 
 
 def open_uncached(artifact: Artifact, config: SessionConfig, initializers: dict[str, ort.OrtValue],
-                  cache: PackedCache) -> tuple[ort.InferenceSession, Packing, PackedCache | None]:
-    """The decoder from the artifact when its cache cannot be mapped: the cache written as it opens
-    (CacheUse.WRITE), or by a process started when this one ends (MAP: nothing of it on the first token's path)."""
+                  cache: PackedCache, batch_graph: BatchGraph | None = None
+                  ) -> tuple[ort.InferenceSession, Packing, PackedCache | None]:
+    """The decoder (or `batch_graph`) from the artifact when its cache cannot be mapped: the cache written as it
+    opens (CacheUse.WRITE; a batch graph's only beside a usable decoder's, whose weights it points at), or by a
+    process started when this one ends (MAP: nothing of it on the first token's path)."""
+    def opened(save_to: Path | None = None) -> ort.InferenceSession:
+        if batch_graph is None:
+            return open_session(artifact, config, initializers, save_to=save_to)
+        return load_graph(artifact / batch_graph.file, config, initializers, save_to=save_to)
+
+    what = "" if batch_graph is None else f" of {batch_graph.file}"
     if config.packed_cache is CacheUse.WRITE:
-        return open_writing(artifact, config, initializers, cache)
-    session = open_session(artifact, config, initializers)
-    refused = schedule(artifact, cache, threads=config.threads)
+        if batch_graph is not None and unusable(cache) is not None:  # no decoder's cache to point at
+            return opened(), Packing.PLAIN, None
+        staging = cache.staging()
+        try:
+            discard(staging)
+            staging.mkdir(parents=True)
+            return opened(staging / (GRAPH if batch_graph is None else batch_graph.file)), Packing.WRITING, cache
+        except (OSError, ArtifactError) as err:  # a read-only or full disk
+            discard(staging)
+            session = opened()  # a broken artifact raises its own one line here
+            reason = err.strerror if isinstance(err, OSError) and err.strerror else str(err)[:160]
+            config.log(f"no packed-weights cache{what} ({reason}): opened from the artifact, packed again on every "
+                       "open")
+            return session, Packing.PLAIN, None
+    session = opened()
+    refused = schedule(artifact, cache, threads=config.threads,
+                       batch=None if batch_graph is None else batch_graph.batch)
     if refused is not None:
-        config.log(f"no packed-weights cache ({refused}): opened from the artifact, packed again on every open")
+        config.log(f"no packed-weights cache{what} ({refused}): opened from the artifact, packed again on every open")
         return session, Packing.PLAIN, None
     return session, Packing.DEFERRED, cache
-
-
-def open_writing(artifact: Artifact, config: SessionConfig, initializers: dict[str, ort.OrtValue],
-                 cache: PackedCache) -> tuple[ort.InferenceSession, Packing, PackedCache | None]:
-    """The decoder from the artifact, ONNX Runtime writing its packed form into the cache's staging folder as it
-    opens; where that cannot be written (a read-only or full disk), the decoder alone."""
-    staging = cache.staging()
-    try:
-        discard(staging)
-        staging.mkdir(parents=True)
-        return open_session(artifact, config, initializers, save_to=staging / GRAPH), Packing.WRITING, cache
-    except (OSError, ArtifactError) as err:
-        discard(staging)
-        session = open_session(artifact, config, initializers)  # a broken artifact raises its own one line here
-        reason = err.strerror if isinstance(err, OSError) and err.strerror else str(err)[:160]
-        config.log(f"no packed-weights cache ({reason}): opened from the artifact, packed again on every open")
-        return session, Packing.PLAIN, None
 
 
 def open_batch_graph(artifact: Artifact, config: SessionConfig, initializers: dict[str, ort.OrtValue],
@@ -206,26 +211,7 @@ def open_batch_graph(artifact: Artifact, config: SessionConfig, initializers: di
         except ArtifactError as err:
             why = cannot_load(err)
     say_not_used(config, f"the packed-weights cache of {graph}", why)
-    if config.packed_cache is CacheUse.WRITE and unusable(cache) is None:
-        staging = cache.staging()
-        try:
-            discard(staging)
-            staging.mkdir(parents=True)
-            return load_graph(path, config, save_to=staging / graph), Packing.WRITING, cache
-        except (OSError, ArtifactError) as err:
-            discard(staging)
-            reason = err.strerror if isinstance(err, OSError) and err.strerror else str(err)[:160]
-            config.log(f"no packed-weights cache of {graph} ({reason}): opened from the artifact")
-            return load_graph(path, config), Packing.PLAIN, None
-    session = load_graph(path, config)
-    if config.packed_cache is CacheUse.WRITE:  # the decoder's could not be written: nothing to point at
-        return session, Packing.PLAIN, None
-    refused = schedule(artifact, cache, threads=config.threads, batch=batch_graph.batch)
-    if refused is not None:
-        config.log(f"no packed-weights cache of {graph} ({refused}): opened from the artifact, packed again on every "
-                   "open")
-        return session, Packing.PLAIN, None
-    return session, Packing.DEFERRED, cache
+    return open_uncached(artifact, config, initializers, cache, batch_graph)
 
 
 def recorded_probe(cache: PackedCache, batch_graph: BatchGraph | None) -> str | None:

@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from specmemo.runtime.artifact import Artifact
-from specmemo.runtime.packed_cache import META, CacheUse, Packing, cache_for, unusable
+from specmemo.runtime.packed_cache import META, CacheUse, PackedCache, Packing, cache_for, unusable
 
 
 def write_now(artifact: Artifact, *, threads: int, batches: Sequence[int] = (),
@@ -48,8 +48,7 @@ def write_batch(artifact: Artifact, *, batch: int, threads: int, log: Callable[[
     for line in lines:
         log(line)
     if session.packing not in (Packing.CACHED, Packing.WRITING):
-        with contextlib.suppress(OSError):
-            cache_for(artifact).failed.write_text((lines[-1] if lines else "nothing was written") + "\n")
+        record_failure(cache_for(artifact), lines)
     return session.packing
 
 
@@ -69,9 +68,14 @@ def write_decoder(artifact: Artifact, *, threads: int, log: Callable[[str], None
             meta = {**(cache.meta() or {}), "write_s": round(time.perf_counter() - started, 3)}
             (cache.folder / META).write_text(json.dumps(meta, indent=2) + "\n")
         return session.packing
+    record_failure(cache, lines)
+    return Packing.PLAIN
+
+
+def record_failure(cache: PackedCache, lines: list[str]) -> None:
+    """`<cache>.failed`: why the write failed (the open's last line), so no later open starts another writer."""
     with contextlib.suppress(OSError):  # the disk that refused the cache may refuse this too
         cache.failed.write_text((lines[-1] if lines else "nothing was written") + "\n")
-    return Packing.PLAIN
 
 
 def main(argv: list[str] | None = None) -> None:
