@@ -119,7 +119,8 @@ def test_stop_keeps_a_prefix_and_the_next_turn_is_exact(web_artifact, tmp_path):
     first, second = MESSAGES[0], MESSAGES[1]
     max_new = 150
     full = python_replies(web_artifact, Mode.PLAIN, [first], max_new)[0]
-    for _ in range(STOP_ATTEMPTS):  # the tiny model can finish its 150 tokens before the click lands: a lost race
+    # The page clicks Stop in the first frame that paints 2 tokens: only a whole reply inside one frame can beat it.
+    for _ in range(STOP_ATTEMPTS):
         replies = browser(web_artifact, [first, second], screenshot_path(tmp_path, "web-stop"), "--stop-after-tokens",
                           "2", mode="greedy", max_new_tokens=max_new)
         stopped, nxt = replies

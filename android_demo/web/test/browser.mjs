@@ -12,8 +12,8 @@
  * Prints one JSON line per message: {"ids": [...], "text": "...", "state": "...", "interrupted":
  * bool, "stats": "...", "ms": N, "frames": N}; "frames" counts animation frames that painted a
  * partial reply (the page stays live while generating). The first line also carries "loadMs",
- * "crossOriginIsolated" and "threads". --stop-after-tokens N clicks Stop once the first reply has
- * streamed N tokens. Each line also has "timing" (tokens, ttftMs, decodeMs: the page's own clock) and
+ * "crossOriginIsolated" and "threads". --stop-after-tokens N: the page clicks Stop in the first frame that shows
+ * the first reply's N-th token. Each line also has "timing" (tokens, ttftMs, decodeMs: the page's own clock) and
  * "peakRssBytes" (the renderer process's VmHWM so far). --new-chat-each starts every message in a new
  * chat (first turns). --visits N opens the page N times in one browser profile and prints one
  * {"visit": i, "loadMs", "networkBytes", "cacheBytes"} line each, after one reply to the first message (model
@@ -201,29 +201,29 @@ async function main() {
     const t0 = Date.now();
     if (args['new-chat-each'] && i > 0) await page.click('#new-chat');
     await page.fill('#message', message);
-    await page.evaluate(() => {
+    // Stop (--stop-after-tokens) is clicked by the page itself, in the first frame that paints the
+    // reply's N-th token: a click sent from here can arrive after a small model's whole reply.
+    const stopAt = i === 0 && args['stop-after-tokens'] ? Number(args['stop-after-tokens']) : 0;
+    await page.evaluate((stopAt) => {
       delete document.body.dataset.replyIds;
       // Count the frames that show a reply still streaming (the page is not blocked while generating).
-      const sampler = { frames: 0, done: false };
+      const sampler = { frames: 0, stopped: false };
       window.__frames = sampler;
       const frame = () => {
         const last = [...document.querySelectorAll('.msg.assistant')].at(-1);
-        if (document.body.dataset.state === 'generating' && Number(last?.dataset.tokens ?? 0) > 0) sampler.frames++;
+        const tokens = Number(last?.dataset.tokens ?? 0);
+        if (document.body.dataset.state === 'generating' && tokens > 0) {
+          sampler.frames++;
+          if (stopAt && tokens >= stopAt && !sampler.stopped) {
+            sampler.stopped = true;
+            document.getElementById('stop').click();
+          }
+        }
         if (document.body.dataset.replyIds === undefined && document.body.dataset.state !== 'error') requestAnimationFrame(frame);
       };
       requestAnimationFrame(frame);
-    });
+    }, stopAt);
     await page.click('#send');
-    if (i === 0 && args['stop-after-tokens']) {
-      const n = Number(args['stop-after-tokens']);
-      await page.waitForFunction((n) => Number([...document.querySelectorAll('.msg.assistant')].at(-1)?.dataset.tokens ?? 0) >= n
-        || document.body.dataset.replyIds !== undefined || document.body.dataset.state === 'error', n, { timeout: left(), polling: 'raf' });
-      // force: no wait for a stable layout (the reply grows under it). The reply may end before the
-      // click lands (Stop is then disabled): that is no error.
-      await page.click('#stop', { force: true, timeout: Math.min(10_000, left()) }).catch(async (error) => {
-        if (await page.evaluate(() => document.body.dataset.state === 'generating')) throw error;
-      });
-    }
     await page.waitForFunction(
       () => document.body.dataset.state === 'error' || (document.body.dataset.state === 'ready' && document.body.dataset.replyIds !== undefined),
       undefined, { timeout: left(), polling: 50 });
