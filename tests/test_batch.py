@@ -191,10 +191,11 @@ def test_batch_graph_rows_are_bitwise_the_one_sequence_graph(artifact):
 @pytest.mark.parametrize("batch", [2, 4])
 def test_oracle_drafter_ragged_acceptance_equals_each_rows_greedy(artifact, prompts, references, batch) -> None:
     from specmemo.runtime.manifest import load_manifest
-    from specmemo.runtime.pool import FixedWidth, Request
+    from specmemo.runtime.pool import Request
+    from specmemo.runtime.width import FullWidth
 
     oracle = Oracle(prompts, references, load_manifest(artifact).dims.vocab_size)
-    pool = open_pool(artifact, batch, drafter_factory=lambda row: oracle, max_tree=8, width=FixedWidth(8))
+    pool = open_pool(artifact, batch, drafter_factory=lambda row: oracle, max_tree=8, policy=FullWidth(8))
     per_step: list[list[int]] = []
     steps_seen = pool.stats.steps
 
@@ -219,7 +220,8 @@ def test_rows_take_the_probed_route_one_row_where_it_is_exact(artifact, prompts,
     route, under ragged acceptance; a float graph (prepacked SGEMM, the grouped attention) needs no padding row on
     any CPU, so there the rows run without one."""
     from specmemo.runtime.manifest import load_manifest
-    from specmemo.runtime.pool import FixedWidth, Request
+    from specmemo.runtime.pool import Request
+    from specmemo.runtime.width import FullWidth
 
     route, replies = probed
     m = load_manifest(artifact)
@@ -227,7 +229,7 @@ def test_rows_take_the_probed_route_one_row_where_it_is_exact(artifact, prompts,
         assert route.min_rows == 1, f"a float grouped graph should probe one row, got {route}"
     oracle = Oracle(prompts, replies, m.dims.vocab_size)
     for drafter, width in ((lambda row: oracle, 8), (None, 1)):
-        pool = open_pool(artifact, 4, route=route, drafter_factory=drafter, max_tree=width, width=FixedWidth(width))
+        pool = open_pool(artifact, 4, route=route, drafter_factory=drafter, max_tree=width, policy=FullWidth(width))
         assert pool.backend.padding == (0 if route.min_rows == 1 else 1)
         got = [g.token_ids for g in pool.run([Request(p, REPLY) for p in prompts])]
         for i, (reply, want) in enumerate(zip(got, replies, strict=True)):
@@ -235,13 +237,32 @@ def test_rows_take_the_probed_route_one_row_where_it_is_exact(artifact, prompts,
 
 
 def test_lookup_and_plain_batches_equal_greedy_and_free_rows_run_stubs(artifact, prompts, references):
-    from specmemo.runtime.pool import FixedWidth, Request
+    from specmemo.runtime.pool import Request
+    from specmemo.runtime.width import FullWidth
 
     for width in (1, 4):
-        pool = open_pool(artifact, 4, drafter_factory=lambda row: PromptLookup(), max_tree=8, width=FixedWidth(width))
+        pool = open_pool(artifact, 4, drafter_factory=lambda row: PromptLookup(), max_tree=8, policy=FullWidth(width))
         assert [g.token_ids for g in pool.run([Request(p, REPLY) for p in prompts])] == references
     pool = open_pool(artifact, 4)  # one request in four rows: three stubs
     assert pool.run([Request(prompts[1], REPLY)])[0].token_ids == references[1]
+
+
+def test_the_controller_prices_the_rows_of_a_pool_on_its_own_curve_and_replies_stay_greedy(artifact, prompts,
+                                                                                         references):
+    """The pool's width policy is the single conversation's controller with B rows: its curve is timed on the
+    batch graph (B·T lanes), each step's rows get their own T, and every reply is its prompt's greedy reply."""
+    from specmemo.runtime.controller import Controller
+    from specmemo.runtime.latency import measure_rows_latency
+    from specmemo.runtime.pool import Request
+
+    pool = open_pool(artifact, 2, drafter_factory=lambda row: PromptLookup(), max_tree=8)
+    curve = measure_rows_latency(pool.backend, 8, rounds=1)
+    assert curve.sizes == (2, 4, 8, 16) and all(ms > 0 for ms in curve.step_ms)
+    assert pool.backend.lengths == [0, 0]  # every row free again
+    pool.policy = controller = Controller(curve=curve, max_size=8, rows=2, lanes=2 * pool.backend.session.rows)
+    assert [g.token_ids for g in pool.run([Request(p, REPLY) for p in prompts])] == references
+    assert controller.steps > 0 and controller.calibration is not None
+    assert all(d.size >= 1 for d in controller.decisions)
 
 
 def test_cancel_frees_the_row_for_the_next_request(artifact, prompts, references):

@@ -219,9 +219,10 @@ def test_smollm2_answers_in_json_and_speculation_keeps_constrained_greedys_token
 def test_a_batch_of_constrained_requests_decodes_each_as_it_would_alone(artifact):
     """The sequence pool (serve's): rows under different constraints (and one under none), with and without
     drafts, each row's tokens those of constrained greedy alone."""
-    from specmemo.runtime.pool import FixedWidth, Request, SequencePool
+    from specmemo.runtime.pool import Request, SequencePool
     from specmemo.runtime.runner import StepRunner
     from specmemo.runtime.session import DecoderSession
+    from specmemo.runtime.width import FullWidth
 
     names = ["schema", "regex", "lark", None]
     prompts = [prompt_of(artifact, text) for text in ("a person", "a code", "a sum", "anything")]
@@ -230,7 +231,7 @@ def test_a_batch_of_constrained_requests_decodes_each_as_it_would_alone(artifact
     for width, drafter in ((1, None), (8, PromptLookup)):
         session = DecoderSession(artifact, SessionConfig(sizes=Sizes(256, 16, 16), heads=False, batch=4))
         factory = (lambda row, make=drafter: make()) if drafter else None
-        pool = SequencePool(StepRunner(session), drafter_factory=factory, max_tree=width, width=FixedWidth(width))
+        pool = SequencePool(StepRunner(session), drafter_factory=factory, max_tree=width, policy=FullWidth(width))
         requests = [Request(p, 80, frozenset({EOS}), constraint=grammar.matcher(SPECS[n]) if n else None)
                     for n, p in zip(names, prompts, strict=True)]
         done = pool.run(requests)

@@ -6,10 +6,11 @@ import numpy as np
 import pytest
 
 from specmemo.runtime.artifact import Artifact
-from specmemo.runtime.controller import DECISION_LOG, Controller, LatencyCurve
+from specmemo.runtime.controller import DECISION_LOG, Controller
 from specmemo.runtime.decode import generate
 from specmemo.runtime.drafters.draft import DraftTree
 from specmemo.runtime.drafters.score_calibration import ScoreCalibration
+from specmemo.runtime.latency import LatencyCurve
 from specmemo.runtime.medusa_tree import MedusaTree
 from specmemo.runtime.sampling import Sampling, accept_typical
 
@@ -58,6 +59,37 @@ def test_controller_maximises_tokens_per_ms():
     pricey = Controller(curve=LatencyCurve(sizes=(1, 2), step_ms=(10.0, 16.0)), max_size=2)
     assert pricey.choose(draft(0.5), 0.0) == 1  # 1.525 tokens / 16 ms < 1 / 10 ms
     assert pricey.choose(draft(0.5), 20.0) == 2  # a 20 ms draft already paid for: 1.525 / 36 > 1 / 30
+
+
+def test_a_batchs_rows_are_priced_together_and_one_row_is_the_single_choice():
+    """choose_rows at one row is choose; B rows share one call, so the nodes worth their lanes are taken across
+    rows (a row with likely drafts gets more of them) and a plain step of the batch is its B lanes."""
+    scores = (0.95, 0.8, 0.05, 0.01)
+    for sizes, step_ms, ms in [((1, 8), (10.0, 10.0), 0.0), ((1, 2, 8), (10.0, 20.0, 85.0), 0.0),
+                               ((1, 2, 3, 4), (10.0, 11.0, 12.0, 15.0), 0.0), ((1, 2), (10.0, 16.0), 20.0)]:
+        curve = LatencyCurve(sizes=sizes, step_ms=step_ms)
+        one, rows = Controller(curve=curve, max_size=8), Controller(curve=curve, max_size=8)
+        assert rows.choose_rows([draft(*scores)], ms) == [one.choose(draft(*scores), ms)]
+        assert (rows.drafted_rate, rows._expected) == (one.drafted_rate, one._expected)
+    # two rows: lanes 2 (a plain step) 10 ms, then 1 ms a lane up to 4, then 4 ms a lane
+    curve = LatencyCurve(sizes=(2, 4, 16), step_ms=(10.0, 12.0, 60.0))
+    batch = Controller(curve=curve, max_size=8, rows=2)
+    assert batch.plain_rate == pytest.approx(1 / 10.0)
+    likely, unlikely = draft(0.95, 0.9, 0.8), draft(0.05, 0.02, 0.01)
+    assert batch.choose_rows([unlikely, likely], 0.0) == [1, 3]  # ~3.9 tokens / 12 ms: the likely row's 2 nodes
+    assert batch._expected == pytest.approx(2 + batch.calibration(np.array([0.95, 0.9])).sum())
+    flat = Controller(curve=LatencyCurve(sizes=(2, 16), step_ms=(10.0, 10.0)), max_size=8, rows=2)
+    assert flat.choose_rows([unlikely, likely], 0.0) == [4, 4]  # free lanes: every node
+    # one decoding row beside a free row's stub (1 lane): its tree is priced from lane 2 on
+    assert batch.choose_rows([likely], 0.0, lanes=1) == [3]
+    # a prefill chunk beside (8 lanes): priced at its lanes, and no statistics move
+    before = (batch.drafted_rate, batch.steps)
+    batch.choose_rows([likely], 0.0, lanes=9)
+    batch.observe_rows([likely], [2], [[0, 1]], 30.0, lanes=9)
+    assert (batch.drafted_rate, batch.steps) == before
+    batch.observe_rows([unlikely, likely], [1, 3], [[0], [0, 1, 2]], 40.0)
+    assert batch.steps == before[1] + 1 and batch.decisions[-1].accepted == 4
+    assert batch._verify_ms[3] > 12.0  # the call's 4 lanes took 40 ms: that point moved toward it
 
 
 def test_controller_respects_space_and_t_max_and_backs_off():

@@ -226,7 +226,8 @@ def test_best_path_follows_the_best_child_down_a_hand_drawn_tree():
 def test_a_choice_among_drafters_decodes_exactly_greedy_and_prices_each(exported):
     """medusa (an oracle: always right) or lookup (nothing to find), priced each step: both are tried, the one
     that pays drafts nearly every step after, the other is re-priced now and then; greedy output either way."""
-    from specmemo.runtime.controller import PROBE_EVERY, DrafterChoice, LatencyCurve
+    from specmemo.runtime.controller import PROBE_EVERY, DrafterChoice
+    from specmemo.runtime.latency import LatencyCurve
 
     artifact, *_ = exported
     vocab = Artifact.open(artifact).manifest.dims.vocab_size
@@ -251,7 +252,8 @@ def test_a_choice_among_drafters_decodes_exactly_greedy_and_prices_each(exported
 def test_a_candidate_that_keeps_losing_its_probes_is_probed_ever_less_often():
     """A choice between a drafter whose every node is accepted and one whose drafts never are: the loser is
     probed after PROBE_EVERY steps, then after twice that each time it loses again, up to PROBE_MAX."""
-    from specmemo.runtime.controller import PROBE_EVERY, PROBE_MAX, DrafterChoice, LatencyCurve
+    from specmemo.runtime.controller import PROBE_EVERY, PROBE_MAX, DrafterChoice
+    from specmemo.runtime.latency import LatencyCurve
 
     class Fixed:
         def __init__(self, name):

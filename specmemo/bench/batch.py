@@ -4,8 +4,8 @@ memory per batch size, and a load test of `specmemo serve`.
 Speed, one process, threads pinned: for each B, the questions in chunks; each chunk decoded plainly
 and speculatively back to back (the order alternating chunk by chunk), so the two modes share the
 machine's state. B = 1 is the one-sequence engine (greedy; the controller for speculative); B > 1 a
-SequencePool on the batch graph (continuous batching within a chunk; the batch width policy decides
-T each step, T = 1 being plain decoding), and B = 1 greedy on two prompts of each chunk beside them (the
+SequencePool on the batch graph (continuous batching within a chunk; the controller decides
+each row's T each step, T = 1 being plain decoding), and B = 1 greedy on two prompts of each chunk beside them (the
 ×B=1 ratio). Every reply is compared token for token with B = 1 greedy.
 
 Memory, a fresh process per B: the seconds from its start to the engine or pool open (the packed-weights cache
@@ -64,7 +64,8 @@ def chunks(items: list, size: int) -> list[list]:
 def run_speed(config: BatchBenchConfig, prompts: list[list[int]], eos: frozenset[int], *,
               log=print) -> tuple[dict, list]:
     from specmemo.runtime.engine import open_engine, open_pool
-    from specmemo.runtime.pool import BatchWidth, FixedWidth, Request
+    from specmemo.runtime.pool import Request
+    from specmemo.runtime.width import FullWidth
 
     quiet = lambda _: None  # noqa: E731
     engine = open_engine(EngineConfig(artifact=Artifact.open(config.artifact), mode=Mode.AUTO, threads=config.threads,
@@ -95,8 +96,9 @@ def run_speed(config: BatchBenchConfig, prompts: list[list[int]], eos: frozenset
     for batch in (b for b in config.batches if b > 1):
         pool = open_pool(EngineConfig(artifact=Artifact.open(config.artifact), mode=Mode.AUTO, threads=config.threads,
                                       capacity=config.capacity), batch=batch, log=quiet)
-        width = BatchWidth(pool.max_tree)  # one policy across the chunks: it keeps learning
+        policy = pool.policy  # the pool's own (auto: the controller), one across the chunks: it keeps learning
         arms = {"plain": Arm(), "speculative": Arm(), "b1_plain": Arm()}
+        verified: list[int] = []  # every speculative row-step's T
         for i, chunk in enumerate(chunks(indexed, max(2 * batch, 8))):
             for _, prompt in chunk[:2]:  # B = 1 greedy beside this chunk: the ×B=1 ratio, measured side by side
                 started = time.perf_counter()
@@ -104,7 +106,7 @@ def run_speed(config: BatchBenchConfig, prompts: list[list[int]], eos: frozenset
                                                                mode=Mode.PLAIN).token_ids)
                 arms["b1_plain"].seconds += time.perf_counter() - started
             for name in (["plain", "speculative"] if i % 2 == 0 else ["speculative", "plain"]):
-                pool.width = FixedWidth(1) if name == "plain" else width
+                pool.policy = FullWidth(1) if name == "plain" else policy
                 before = (pool.stats.row_steps, pool.stats.accepted)
                 started = time.perf_counter()
                 outs = pool.run([Request(p, config.max_new_tokens, eos) for _, p in chunk])
@@ -116,6 +118,7 @@ def run_speed(config: BatchBenchConfig, prompts: list[list[int]], eos: frozenset
                 steps, gained = pool.stats.row_steps - before[0], pool.stats.accepted - before[1]
                 if name == "speculative" and steps:
                     arm.accepted.append(gained / steps)
+                    verified.extend(t for o in outs for t in o.stats.tree_sizes)
         stats = pool.stats
         log(f"B={batch}: plain {arms['plain'].tokens_per_s:.1f} tok/s, speculative "
             f"{arms['speculative'].tokens_per_s:.1f} tok/s; commit {100 * stats.commit_s / stats.total_s:.2f}% "
@@ -123,7 +126,7 @@ def run_speed(config: BatchBenchConfig, prompts: list[list[int]], eos: frozenset
         results[batch] = {
             **arms, "shares": {"forward": stats.forward_s / stats.total_s, "draft": stats.draft_s / stats.total_s,
                                "commit": stats.commit_s / stats.total_s, "other": stats.other_s / stats.total_s},
-            "width": {t: {"steps": width.count[t], "tokens_per_s_per_row": width.speed[t]} for t in width.arms}}
+            "width": {str(t): int(n) for t, n in zip(*np.unique(verified, return_counts=True), strict=True)}}
         del pool
     return results, reference
 

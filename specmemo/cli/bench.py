@@ -75,7 +75,7 @@ def add_parser(sub) -> None:
                          description="Decode MT-Bench first turns at each B in --batch: B = 1 on the one-sequence "
                                      "engine, B > 1 as a sequence pool on the batch graph (continuous batching). At "
                                      "each B, plain and speculative decoding run interleaved chunk by chunk in one "
-                                     "process (the batch width policy decides T per step), and every reply is compared "
+                                     "process (the controller picks each row's T per step); every reply is compared "
                                      "token for token with B = 1 greedy. Then each B in a fresh process for memory, "
                                      "and a load test of `specmemo serve` (streaming clients on loopback: TTFT, tok/s, "
                                      "nothing lost). Prints a table, writes summary.json.",

@@ -6,8 +6,8 @@ nodes 1..T-1 tokens, where p_i is node i's score corrected by running statistics
 costs draft_ms (already spent) + verify_ms(T). The controller verifies the prefix with the most
 tokens per ms, from
   (a) the KV positions left in the arena (T never exceeds them; at 1 left it is plain decoding),
-  (b) a T → verify ms curve measured once for this artifact and machine, briefly (a few sizes,
-      a short past; cached, measured.py), each verified size then refined by the loop's own timings,
+  (b) a T → verify ms curve measured once for this artifact and machine, briefly (latency.py), each
+      verified size then refined by the loop's own timings,
   (c) the drafting time, measured every step (a running mean),
   (d) a score calibration (drafters/score_calibration.py): per score band, how often a verified node of that band
       was accepted, starting from the raw scores as a prior.
@@ -23,6 +23,11 @@ step (prompt lookup) always runs: a miss costs nothing worth saving. The last DE
 kept for inspection (a chat keeps one controller for all its turns: the log must not grow with them, and it is
 kept short, as every decision held is memory a long chat carries).
 
+A batch pool prices its rows the same way, together: one call verifies every decoding row's tree, so the rows'
+nodes are merged best calibrated score first and the prefix with the most tokens per ms is verified, priced on
+the batch's curve (by the call's lanes: every row's nodes, a stub per free row). Each row gets its own T; at one
+row this is the choice above, and the running statistics are kept per row.
+
 A choice among drafters (`--drafter feature,lookup,model`, drafters.Priced) is priced by DrafterChoice: one
 Controller per candidate (its own calibration, drafting ms, per-depth reach), one latency curve that every
 verify refines; each step the candidate whose drafted steps promised the most tokens per ms drafts, each
@@ -34,24 +39,20 @@ costing probes.
 
 from __future__ import annotations
 
-import statistics
-import time
 from collections import deque
-from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, replace
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, cast
 
 import numpy as np
 
 from specmemo.errors import ConfigError
-from specmemo.runtime import decode, measured, tree
 from specmemo.runtime.drafters.draft import DraftCost, DraftTree, draft_cost
 from specmemo.runtime.drafters.score_calibration import ScoreCalibration
+from specmemo.runtime.latency import LatencyCurve
 from specmemo.runtime.shared import SHARED
 
 if TYPE_CHECKING:
-    from specmemo.runtime.artifact import Artifact
-    from specmemo.runtime.backend import Backend
     from specmemo.runtime.drafters import Priced
 
 _SHARED = SHARED["controller"]  # the TypeScript engine's controller takes the same
@@ -67,70 +68,6 @@ PROBE_MAX = 384  # steps: the longest wait, after probes it kept losing
 DECISION_LOG: int = _SHARED["decision_log"]  # decisions kept for inspection (the newest)
 
 
-@dataclass(frozen=True)
-class LatencyCurve:
-    sizes: tuple[int, ...]  # T values measured, ascending, starting at 1
-    step_ms: tuple[float, ...]  # ms per verify step at each T: decoder call, accept, commit (no drafting)
-
-    def __post_init__(self) -> None:
-        if not self.sizes or self.sizes[0] != 1 or list(self.sizes) != sorted(self.sizes):
-            raise ConfigError("a latency curve needs ascending tree sizes starting at 1")
-        if len(self.sizes) != len(self.step_ms):
-            raise ConfigError("a latency curve needs one time per tree size")
-
-    def step(self, size: int) -> float:
-        """ms for a verify step of T nodes: linear between measured sizes, and beyond the last along the
-        last two (never below the last: a wider verify does not get cheaper)."""
-        if size <= self.sizes[-1] or len(self.sizes) < 2:
-            return float(np.interp(size, self.sizes, self.step_ms))
-        slope = (self.step_ms[-1] - self.step_ms[-2]) / (self.sizes[-1] - self.sizes[-2])
-        return float(self.step_ms[-1] + max(slope, 0.0) * (size - self.sizes[-1]))
-
-
-# measured at first use; wider trees extrapolate, and the loop refines what it verifies
-CURVE_SIZES: tuple[int, ...] = tuple(_SHARED["curve_sizes"])
-# past positions under the measured steps: a short prompt keeps the first use short
-CURVE_CONTEXT: int = _SHARED["curve_context"]
-
-
-def measure_latency(backend: Backend, max_size: int, *, context: int = CURVE_CONTEXT, rounds: int = 2,
-                    steps: int = 3) -> LatencyCurve:
-    """ms per verify step for each T in CURVE_SIZES up to `max_size`, timed the way the loop runs
-    it (verify → accept → commit, so Python costs count), on a `context`-token past that each step
-    rewinds to; interleaved in rounds, median of round medians (each round's first step dropped).
-    Drafting is timed in the loop, and the controller refines the curve with every verify it times."""
-    sizes = [s for s in CURVE_SIZES if s <= min(max_size, backend.capacity - 2)] or [1]
-    backend.reset()
-    prompt = [1] * max(1, min(context, backend.capacity - sizes[-1] - 1))
-    first = decode.prefill(backend, prompt)
-    base = backend.length
-    per_size: dict[int, list[float]] = {s: [] for s in sizes}
-    for _ in range(rounds):
-        for size in sizes:
-            parents, tokens, times = tree.chain(size), [first.root] * size, []
-            for _ in range(steps):
-                started = time.perf_counter()
-                decode.verify_and_commit(backend, tokens, parents)
-                times.append(time.perf_counter() - started)
-                backend.rewind(base)
-            per_size[size].append(statistics.median(times[1:]))
-    backend.reset()
-    return LatencyCurve(sizes=tuple(sizes), step_ms=tuple(1e3 * statistics.median(per_size[s]) for s in sizes))
-
-
-def latency_curve(artifact: Artifact, backend: Backend, max_size: int, *, threads: int,
-                  log: Callable[[str], None] = print) -> LatencyCurve:
-    """The cached curve for this artifact and machine, measured on first use (briefly)."""
-    path, data = measured.lookup(artifact, "verify-latency", threads)
-    wanted = max(s for s in CURVE_SIZES if s <= max(max_size, 1))  # the widest size measure_latency would time
-    if data is None or max(data["sizes"]) < min(wanted, backend.capacity - 2):
-        log(f"measuring ms per verify step for tree sizes up to {max_size} once (cached) ...")
-        curve = measure_latency(backend, max_size)
-        measured.store(path, {k: list(v) for k, v in asdict(curve).items()})
-        return curve
-    return LatencyCurve(sizes=tuple(data["sizes"]), step_ms=tuple(data["step_ms"]))
-
-
 @dataclass(frozen=True, slots=True)
 class Decision:
     drafted: int  # nodes the drafter proposed (1: no draft)
@@ -144,16 +81,21 @@ class Decision:
 @dataclass
 class Controller:
     """Decides each step's draft budget and verified width (see module doc); the decode loop
-    calls `budget`, then `choose` on the draft, then `observe`."""
+    calls `budget`, then `choose` on the draft, then `observe`. A batch pool (`rows` = B) calls `budget` once,
+    then `choose_rows` on every decoding row's draft, then `observe_rows`: one call verifies every row's tree, so
+    each row's T is priced together (the rows' nodes best calibrated score first, across rows, against the
+    call's lanes); at one row that is `choose`."""
 
-    curve: LatencyCurve
+    curve: LatencyCurve  # by lanes: tokens a call runs (latency.py)
     max_size: int  # T_max from the plan
     draft_cost: DraftCost = DraftCost.FIXED
+    rows: int = 1  # B: the lanes of a plain step (a pool's free rows run a 1-token stub)
+    lanes: int = 0  # the most lanes a call runs (prefill chunks beside trees); default B · T_max
     calibration: ScoreCalibration = field(default_factory=ScoreCalibration)
     decisions: deque[Decision] = field(default_factory=lambda: deque(maxlen=DECISION_LOG))  # the newest
     steps: int = 0  # decisions made
     draft_ms: float | None = None  # running mean of the drafting time
-    drafted_rate: float | None = None  # running mean of drafted steps' expected tokens per ms
+    drafted_rate: float | None = None  # running mean of drafted steps' expected tokens per ms per row
     _space: int = 0
     _expected: float = 1.0
     _explore_gap: int = EXPLORE_EVERY
@@ -161,16 +103,16 @@ class Controller:
     node_ms: float | None = None  # running mean of drafting ms per drafted node (PER_NODE drafters)
 
     def __post_init__(self) -> None:
-        if self.max_size < 1:
-            raise ConfigError(f"the controller needs T_max >= 1, got {self.max_size}")
-        self._verify_ms = np.array([self.curve.step(t) for t in range(1, self.max_size + 1)])  # [T_max] ms
+        if self.max_size < 1 or self.rows < 1:
+            raise ConfigError(f"the controller needs T_max >= 1 and B >= 1, got {self.max_size} and {self.rows}")
+        lanes = max(self.lanes, self.rows * self.max_size)
+        self._verify_ms = np.array([self.curve.step(n) for n in range(1, lanes + 1)])  # [lanes] ms
         self._reached = np.full(self.max_size, PRIOR_REACH ** np.arange(self.max_size) * PRIOR_DEPTH_TRIALS)  # [T_max]
         self._drafted = np.full(self.max_size, float(PRIOR_DEPTH_TRIALS))  # depth d: steps that drafted it
 
     @property
-    def plain_rate(self) -> float:
-        return float(1.0 / self._verify_ms[0])
-
+    def plain_rate(self) -> float:  # tokens per ms per row of a plain step
+        return float(1.0 / self._verify_ms[self.rows - 1])
     def affordable(self, limit: int) -> int:
         """PER_NODE drafters: the T ≤ limit with the most expected tokens per ms, each drafted node costing
         node_ms, depth d reached as often as it was (so far); `limit` for other drafters or before a measurement."""
@@ -194,7 +136,7 @@ class Controller:
                 return limit
         elif limit == 1 or self.drafted_rate is None or self.drafted_rate > self.plain_rate:
             return limit
-        if self.draft_ms is not None and self.draft_ms < FREE_DRAFT * self._verify_ms[0]:
+        if self.draft_ms is not None and self.draft_ms < FREE_DRAFT * self._verify_ms[self.rows - 1]:
             return limit
         if self.steps + 1 >= self._next_explore:  # probe: keep the statistics alive
             self._explore_gap = min(2 * self._explore_gap, EXPLORE_MAX)
@@ -203,44 +145,62 @@ class Controller:
         return 1
 
     def choose(self, draft: DraftTree, draft_ms: float, *, decided: int = 1) -> int:
-        if decided > 1:
-            return self._choose_after(draft, draft_ms, decided)
-        if draft_ms > 0:
+        return self.choose_rows([draft], draft_ms, decided=[decided])[0]
+
+    def choose_rows(self, drafts: Sequence[DraftTree], draft_ms: float, *, decided: Sequence[int] | None = None,
+                    lanes: int = 0) -> list[int]:
+        """T for each row's draft (at least its `decided` nodes: the root and the tokens a constraint forced): the
+        rows' further nodes merged best calibrated score first, the prefix with the most tokens per ms, where
+        the call runs `lanes` tokens besides these rows' (free rows' stubs, prefill chunks) and the drafting
+        took `draft_ms`. Only ordinary steps (no forced chain, no prefill beside) move the running statistics:
+        they price ordinary steps."""
+        decided = list(decided) if decided is not None else [1] * len(drafts)
+        ordinary = all(d == 1 for d in decided) and lanes == self.rows - len(drafts)
+        sizes = [max(d, min(t.size, self.max_size)) for t, d in zip(drafts, decided, strict=True)]
+        if ordinary and draft_ms > 0:
             self.draft_ms = (draft_ms if self.draft_ms is None
                              else self.draft_ms + (draft_ms - self.draft_ms) / RATE_MEMORY)
-            if draft.size > 1:
-                per = draft_ms / (draft.size - 1)
+            nodes = sum(t.size for t in drafts) - len(drafts)
+            if nodes > 0:
+                per = draft_ms / nodes
                 self.node_ms = per if self.node_ms is None else self.node_ms + (per - self.node_ms) / RATE_MEMORY
-        size = min(draft.size, self.max_size)
-        if size == 1 and draft_ms == 0:
-            self._expected = 1.0
-            return 1
-        gains = np.cumsum(np.concatenate(([1.0], self.calibration(np.asarray(draft.scores[1:size])))))  # [T]
-        rates = gains / (draft_ms + self._verify_ms[:size])
-        best = int(np.argmax(rates))
-        rate = float(rates[best])
-        self.drafted_rate = (rate if self.drafted_rate is None
-                             else self.drafted_rate + (rate - self.drafted_rate) / RATE_MEMORY)
-        if self.drafted_rate > self.plain_rate:
-            self._explore_gap = EXPLORE_EVERY  # drafting pays again: probe often if it stops
-        self._expected = float(gains[best])
-        return best + 1
-
-    def _choose_after(self, draft: DraftTree, draft_ms: float, decided: int) -> int:
-        """T for a chain of `decided` tokens (a constraint forced them; all are verified) with a draft under it:
-        the prefix, from the chain alone up, with the most tokens per ms. The running rates are left as they are:
-        they price ordinary steps."""
-        size = min(draft.size, self.max_size)
-        if size <= decided:
+        if sizes == decided and (draft_ms == 0 or not ordinary):
+            if ordinary:
+                self._expected = 1.0
             return decided
-        gains = decided + np.cumsum(np.concatenate(([0.0], self.calibration(np.asarray(draft.scores[decided:size])))))
-        rates = gains / (draft_ms + self._verify_ms[decided - 1:size])  # [size - decided + 1]: T = decided .. size
-        return decided + int(np.argmax(rates))
+        owner, scores = self._merged(drafts, decided, sizes)
+        base = sum(decided)
+        gains = np.cumsum(np.concatenate(([float(base)], scores)))  # [nodes + 1]: expected tokens of each prefix
+        rates = gains / (draft_ms + self._verify_ms[lanes + base - 1:lanes + base + len(scores)])
+        best = int(np.argmax(rates))
+        if ordinary:
+            rate = float(rates[best]) / len(drafts)
+            self.drafted_rate = (rate if self.drafted_rate is None
+                                 else self.drafted_rate + (rate - self.drafted_rate) / RATE_MEMORY)
+            if self.drafted_rate > self.plain_rate:
+                self._explore_gap = EXPLORE_EVERY  # drafting pays again: probe often if it stops
+            self._expected = float(gains[best])
+        taken = np.bincount(owner[:best], minlength=len(drafts))
+        return [d + int(n) for d, n in zip(decided, taken, strict=True)]
 
-    def refine(self, size: int, verify_ms: float | None) -> None:
-        """The curve's point at T = `size` moves toward a verify the loop timed (a running mean)."""
-        if verify_ms is not None and 0 < verify_ms < 1e5 and size <= self.max_size:
-            self._verify_ms[size - 1] += (verify_ms - self._verify_ms[size - 1]) / RATE_MEMORY
+    def _merged(self, drafts: Sequence[DraftTree], decided: list[int],
+                sizes: list[int]) -> tuple[np.ndarray, np.ndarray]:
+        """Every row's nodes past its decided ones, in the order they are worth verifying: the row each belongs to
+        and its calibrated score. One row: its own order. Several: by score, each row's nodes kept in their order
+        (a row's tree is verified as a prefix), a node ranked by the lowest score above it in its row."""
+        scores = [self.calibration(np.asarray(t.scores[d:s])) for t, d, s in zip(drafts, decided, sizes, strict=True)]
+        owner = np.repeat(np.arange(len(drafts)), [len(p) for p in scores])
+        merged = np.concatenate(scores) if scores else np.zeros(0)
+        if len(drafts) == 1:
+            return owner, merged
+        rank = np.concatenate([np.minimum.accumulate(p) if len(p) else p for p in scores])
+        order = np.argsort(-rank, kind="stable")
+        return owner[order], merged[order]
+
+    def refine(self, lanes: int, verify_ms: float | None) -> None:
+        """The curve's point at `lanes` (a tree of T nodes: T) moves toward a verify the loop timed (a running mean)."""
+        if verify_ms is not None and 0 < verify_ms < 1e5 and 1 <= lanes <= len(self._verify_ms):
+            self._verify_ms[lanes - 1] += (verify_ms - self._verify_ms[lanes - 1]) / RATE_MEMORY
 
     def observe(self, draft: DraftTree, size: int, path: list[int], verify_ms: float | None = None, *,
                 decided: int = 1) -> None:
@@ -248,22 +208,27 @@ class Controller:
         point at this T moves toward it (a running mean), so a curve measured briefly, elsewhere or for another
         load of the machine converges on what the steps cost now. A step that ran a forced chain (`decided` > 1)
         refines the curve and the calibration by the nodes drafted under the chain; it is no decision."""
-        self.refine(size, verify_ms)
-        if decided > 1:
-            if size > decided:
-                accepted = np.zeros(size - decided, dtype=bool)
-                accepted[[i - decided for i in path if i >= decided]] = True
-                self.calibration.observe(np.asarray(draft.scores[decided:size]), accepted)
-            return
-        self.decisions.append(Decision(drafted=draft.size, size=size, accepted=len(path), space_left=self._space,
-                                       expected=self._expected))
-        self.steps += 1
-        if size > 1:
-            self._drafted[1:size] += 1  # depths 1 .. size - 1 were verified; those down to the path's end reached
-            self._reached[1:len(path)] += 1
-            accepted = np.zeros(size - 1, dtype=bool)
-            accepted[[i - 1 for i in path[1:]]] = True
-            self.calibration.observe(np.asarray(draft.scores[1:size]), accepted)
+        self.observe_rows([draft], [size], [path], verify_ms, decided=[decided])
+
+    def observe_rows(self, drafts: Sequence[DraftTree], sizes: Sequence[int], paths: Sequence[list[int]],
+                     verify_ms: float | None = None, *, decided: Sequence[int] | None = None, lanes: int = 0) -> None:
+        """`observe` for the rows of one call (`lanes` as for choose_rows): the curve at the call's lanes, each
+        row's calibration and depth statistics, and one decision for an ordinary step."""
+        decided = list(decided) if decided is not None else [1] * len(drafts)
+        self.refine(lanes + sum(sizes), verify_ms)
+        for draft, size, path, first in zip(drafts, sizes, paths, decided, strict=True):
+            if size > first:
+                accepted = np.zeros(size - first, dtype=bool)
+                accepted[[i - first for i in path if i >= first]] = True
+                self.calibration.observe(np.asarray(draft.scores[first:size]), accepted)
+            if first == 1 and size > 1:
+                self._drafted[1:size] += 1  # depths 1 .. size - 1 were verified; those down to the path's end reached
+                self._reached[1:len(path)] += 1
+        if all(d == 1 for d in decided) and lanes == self.rows - len(drafts):
+            self.decisions.append(Decision(drafted=sum(t.size for t in drafts), size=sum(sizes),
+                                           accepted=sum(len(p) for p in paths), space_left=self._space,
+                                           expected=self._expected))
+            self.steps += 1
 
 
 class DrafterChoice:

@@ -36,7 +36,6 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Protocol
 
 import numpy as np
 
@@ -46,17 +45,7 @@ from specmemo.runtime.constraint import NO_TOKEN, Matcher, accept_constrained, c
 from specmemo.runtime.drafters.draft import DraftContext, Drafter, DraftTree
 from specmemo.runtime.logit_rules import LogitRules, TokenLogprob, apply, token_logprob
 from specmemo.runtime.sampling import Sampling, accept_sampled, sample_next
-
-
-class WidthPolicy(Protocol):
-    def budget(self, space_left: int) -> int: ...  # nodes to draft this step; 1: a plain step, no draft
-
-    def choose(self, draft: DraftTree, draft_ms: float, *, decided: int = 1) -> int: ...
-    # T to verify, decided <= T <= draft.size (the first `decided` nodes: the root and tokens a constraint forced)
-
-    def observe(self, draft: DraftTree, size: int, path: list[int], verify_ms: float | None = None, *,
-                decided: int = 1) -> None: ...
-    # T verified, nodes accepted, and the verify's wall ms (decoder call, accept, commit)
+from specmemo.runtime.width import FullWidth, WidthPolicy
 
 
 @dataclass
@@ -147,23 +136,6 @@ def verify_and_commit(backend: Backend, tokens: list[int], parents: list[int], s
     step = Step(root, out.hidden_states[last], out.hidden_states, path)  # arena views: read by the next draft
     backend.commit(path)
     return path, step
-
-
-class FullWidth:
-    """The default width policy: draft up to T_max nodes (cut to the KV positions left), verify them all."""
-
-    def __init__(self, max_size: int):
-        self.max_size = max_size
-
-    def budget(self, space_left: int) -> int:
-        return max(1, min(self.max_size, space_left))
-
-    def choose(self, draft: DraftTree, draft_ms: float, *, decided: int = 1) -> int:
-        return draft.size
-
-    def observe(self, draft: DraftTree, size: int, path: list[int], verify_ms: float | None = None, *,
-                decided: int = 1) -> None:
-        pass
 
 
 @dataclass(frozen=True)

@@ -23,8 +23,8 @@ from specmemo.errors import ConfigError
 from specmemo.runtime.backend import check_fits
 from specmemo.runtime.config import EngineConfig, Mode
 from specmemo.runtime.constraint import Constraint, GrammarTokenizer
-from specmemo.runtime.controller import Controller, DrafterChoice, LatencyCurve, latency_curve
-from specmemo.runtime.decode import FullWidth, Generation, WidthPolicy, generate
+from specmemo.runtime.controller import Controller, DrafterChoice
+from specmemo.runtime.decode import Generation, generate
 from specmemo.runtime.drafters import (
     Drafter,
     DrafterName,
@@ -41,6 +41,7 @@ from specmemo.runtime.drafters.draft import RowDrafters, draft_cost
 from specmemo.runtime.drafters.lookup import ConversationIndex
 from specmemo.runtime.drafters.registry import DRAFTERS, DrafterKind, batchable, reads_store, uses_heads_graph
 from specmemo.runtime.file_pages import release_file_pages
+from specmemo.runtime.latency import LatencyCurve, latency_curve
 from specmemo.runtime.load_clock import LoadClock
 from specmemo.runtime.logit_rules import LogitRules
 from specmemo.runtime.packed_cache import CacheUse
@@ -49,6 +50,7 @@ from specmemo.runtime.recall_store import Recall, fingerprint, open_store
 from specmemo.runtime.runner import OrtBackend
 from specmemo.runtime.session import DecoderSession, SessionConfig
 from specmemo.runtime.tokenizer import ChatTokenizer
+from specmemo.runtime.width import FullWidth, WidthPolicy
 
 if TYPE_CHECKING:
     from specmemo.runtime.artifact import Artifact
@@ -209,8 +211,9 @@ def open_pool(config: EngineConfig, *, batch: int, log: Callable[[str], None] = 
     """B sequences per call (runtime/runner.py) behind a SequencePool: the artifact's batch graph for
     `batch`, sizes decided as for one engine (C per row; with a budget, the B rows priced together), drafters per
     row (Medusa heads shared, prompt lookup each its own; the feature drafter keeps one sequence's KV and is left
-    out), the batch width policy choosing T each step (1: plain decoding). Greedy mode: plain decoding only."""
-    from specmemo.runtime.pool import BatchWidth, FixedWidth, SequencePool
+    out); in auto mode the controller prices each step's rows on this batch's latency curve (measured once, cached), in
+    tree mode every drafted node is verified. Greedy mode: plain decoding only."""
+    from specmemo.runtime.pool import SequencePool
     from specmemo.runtime.runner import StepRunner
     from specmemo.runtime.session import DecoderSession
 
@@ -236,8 +239,11 @@ def open_pool(config: EngineConfig, *, batch: int, log: Callable[[str], None] = 
         return parts[0] if len(parts) == 1 else Merged(parts)
 
     speculative = bool(names) and config.mode is not Mode.PLAIN
-    width = ((FixedWidth(sizes.tree) if config.mode is Mode.TREE else BatchWidth(sizes.tree)) if speculative
-             else FixedWidth(1))
-    return SequencePool(StepRunner(session, route=plan.route), drafter_factory=drafter if speculative else None,
-                        max_tree=sizes.tree if speculative else 1, width=width,
+    runner = StepRunner(session, route=plan.route)
+    policy: Controller | FullWidth = FullWidth(sizes.tree if speculative else 1)
+    if speculative and config.mode is Mode.AUTO:  # the controller, priced on this batch's own curve
+        curve = latency_curve(config.artifact, runner, sizes.tree, threads=config.threads, log=log)
+        policy = Controller(curve=curve, max_size=sizes.tree, rows=batch, lanes=batch * session.rows)
+    return SequencePool(runner, drafter_factory=drafter if speculative else None,
+                        max_tree=sizes.tree if speculative else 1, policy=policy,
                         prefetch=prefetches[0] if prefetches and speculative else None)

@@ -6,7 +6,7 @@ Runtime's version, the CPU (name, architecture and the features that pick kernel
 thread count and Python's version: a new artifact or machine measures again, nothing else does. The
 measurements themselves sit above the engine: the memory probe (calibrate.py) and the numeric-route
 probe (route_probe.py) each run in a fresh process, started here by module name, never imported;
-the latency curve times the engine's own backend (controller.measure_latency).
+the latency curve times the engine's own backend (latency.py).
 """
 
 from __future__ import annotations

@@ -6,8 +6,9 @@ decode.py's steps on each row around the one call:
 
   prefill – a joining row feeds its prompt in chunks of R tokens (beside the other rows' trees);
             after the last chunk, `Reply.first`;
-  propose – every decoding row's tree of at most T nodes, T chosen per step for the whole batch by
-            the width policy (T = 1: plain decoding);
+  propose – every decoding row's draft, within the step's budget (the width policy's, once for the batch);
+  choose  – each row's T: the width policy prices the rows' trees together, as one call runs them
+            (controller.py: at one row, the single conversation's choice; T = 1: a plain step);
   verify  – the one call;
   accept  – per row (`Reply.accept`), then its commit: its accepted nodes' K/V positions, inside its
             own buffer; `Reply.advance` and `Reply.emit` as for a single conversation.
@@ -39,6 +40,7 @@ from specmemo.runtime.logit_rules import LogitRules, TokenLogprob
 from specmemo.runtime.recall_store import Recall
 from specmemo.runtime.runner import RowCall, StepRunner
 from specmemo.runtime.sampling import Sampling
+from specmemo.runtime.width import FullWidth, RowsWidthPolicy
 
 
 class PoolFull(SpecMemoError, RuntimeError):
@@ -98,77 +100,20 @@ class _Row:
     pending: list[int]  # prompt tokens not prefilled yet
 
 
-class BatchWidth:
-    """The tree size T for the whole batch, chosen from what was measured: tokens gained per second per
-    active row (so a row leaving does not make the other arms look better), at each candidate T
-    (1 = plain decoding, then powers of two up to T_max), a moving average that favours recent steps.
-
-    First a climb: T = 1, 2, 4, ... each tried `explore` times, upward while the last one reaches 80% of
-    the best so far (wide trees that lose are never tried at length). Then the best, with one step at a
-    neighbour of it every `every` steps (speeds drift as contexts grow and rows come and go)."""
-
-    def __init__(self, max_tree: int, *, explore: int = 2, every: int = 32):
-        arms = {1, max_tree, *(1 << i for i in range(1, max_tree.bit_length()))}
-        self.arms = sorted(t for t in arms if 1 <= t <= max_tree)
-        self.explore, self.every = explore, every
-        self.count = {t: 0 for t in self.arms}
-        self.speed = {t: 0.0 for t in self.arms}  # tokens / s / active row, moving average
-        self._step = 0
-        self._probe = 0
-
-    def best(self) -> int:
-        return max((t for t in self.arms if self.count[t]), key=lambda t: self.speed[t], default=self.arms[0])
-
-    def choose(self, active: int) -> int:
-        self._step += 1
-        best = self.best()
-        for previous, arm in zip([None, *self.arms], self.arms, strict=False):
-            if self.count[arm] < self.explore:
-                climbing = previous is None or self.speed[previous] >= 0.8 * self.speed[best]
-                if climbing:
-                    return arm
-                break
-        if self._step % self.every == 0:
-            at = self.arms.index(best)
-            neighbours = [self.arms[i] for i in (at - 1, at + 1) if 0 <= i < len(self.arms)]
-            self._probe += 1
-            return neighbours[self._probe % len(neighbours)] if neighbours else best
-        return best
-
-    def observe(self, active: int, size: int, seconds: float, tokens: int) -> None:
-        if seconds <= 0 or active <= 0:
-            return
-        speed = tokens / seconds / active
-        self.count[size] += 1
-        self.speed[size] = speed if self.count[size] == 1 else 0.8 * self.speed[size] + 0.2 * speed
-
-
-class FixedWidth:
-    """T fixed for every step (benchmarks and tests)."""
-
-    def __init__(self, size: int):
-        self.size = size
-
-    def choose(self, active: int) -> int:
-        return self.size
-
-    def observe(self, active: int, size: int, seconds: float, tokens: int) -> None:
-        pass
-
-
 class SequencePool:
     """Rows of a StepRunner, each decoding one request (module doc)."""
 
     def __init__(self, backend: StepRunner, *, drafter_factory: Callable[[int], Drafter] | None = None,
-                 max_tree: int = 1, width: BatchWidth | FixedWidth | None = None,
+                 max_tree: int = 1, policy: RowsWidthPolicy | None = None,
                  prefetch: Callable[[dict[int, np.ndarray]], None] | None = None):
-        """`drafter_factory(row)`: a fresh drafter for a request joining `row`; `prefetch(hidden by row)`: runs
+        """`drafter_factory(row)`: a fresh drafter for a request joining `row`; `policy`: the width policy (default:
+        every drafted node verified; a Controller with `rows` = B prices them); `prefetch(hidden by row)`: runs
         once per step before the rows draft (the Medusa heads of every row in one call)."""
         self.backend = backend
         self.drafter_factory = drafter_factory
         self.prefetch = prefetch
         self.max_tree = max(1, min(max_tree, backend.session.logit_rows)) if drafter_factory else 1
-        self.width = width or (BatchWidth(self.max_tree) if self.max_tree > 1 else FixedWidth(1))
+        self.policy: RowsWidthPolicy = policy or FullWidth(self.max_tree)
         self.sequences: dict[int, _Row] = {}
         self.completed: dict[int, Generation] = {}  # row → the generation that finished there at the last step
         self.stats = PoolStats()
@@ -209,57 +154,64 @@ class SequencePool:
         if not self.sequences:
             return []
         started = time.perf_counter()
-        size = self.width.choose(self.active)
-        calls, verifies, draft_s = [], dict[int, Verify](), 0.0
-        rows_per_call = self.backend.session.rows
-        prefilling = any(seq.pending for seq in self.sequences.values())
-        if self.prefetch is not None and size > 1:
+        verifies, draft_s = dict[int, Verify](), 0.0
+        rows_per_call, capacity = self.backend.session.rows, self.backend.capacity
+        decoding = [row for row, seq in self.sequences.items() if not seq.pending]
+        budget = self.policy.budget(max(capacity - self.backend.lengths[r] for r in decoding)) if decoding else 1
+        if self.prefetch is not None and budget > 1:
             drafted = time.perf_counter()
             hidden = {row: seq.reply.step.hidden for row, seq in self.sequences.items()
                       if seq.reply.step is not None and seq.reply.drafter is not None}
             if hidden:
                 self.prefetch(hidden)
             draft_s += time.perf_counter() - drafted
+        chunks = {}
         for row, seq in self.sequences.items():
             if seq.pending:
                 chunk = seq.pending[:rows_per_call]
-                calls.append(RowCall(row, chunk, tree.chain(len(chunk)), last_only=True))
-                continue
-            verifies[row] = verify = seq.reply.propose(min(size, self.backend.capacity - self.backend.lengths[row]))
-            draft_s += verify.draft_s
-            calls.append(RowCall(row, list(verify.tree.tokens), list(verify.tree.parents)))
+                chunks[row] = RowCall(row, chunk, tree.chain(len(chunk)), last_only=True)
+            else:
+                verifies[row] = verify = seq.reply.propose(min(budget, capacity - self.backend.lengths[row]))
+                draft_s += verify.draft_s
+        lanes = self.backend.batch - len(verifies) - len(chunks) + sum(len(c.tokens) for c in chunks.values())
+        drafts, decided = [v.tree for v in verifies.values()], [v.decided for v in verifies.values()]
+        sizes = self.policy.choose_rows(drafts, 1e3 * draft_s, decided=decided, lanes=lanes) if verifies else []
+        verified = {row: v.prefix(size) for (row, v), size in zip(verifies.items(), sizes, strict=True)}
+        calls = [*chunks.values(), *(RowCall(row, list(v.tree.tokens), list(v.tree.parents))
+                                     for row, v in verified.items())]
         forwarded = time.perf_counter()
         outs = self.backend.forward(calls)
         forward_s = time.perf_counter() - forwarded
-        updates, commit_s, gained = [], 0.0, 0
-        for call in calls:
-            seq, out = self.sequences[call.row], outs[call.row]
-            reply = seq.reply
+        updates, commit_s, verify_s, paths = [], 0.0, 0.0, []
+        for row, seq in self.sequences.items():
+            reply, out = seq.reply, outs[row]
             committing = time.perf_counter()
-            if call.row not in verifies:  # a prefill chunk
-                self.backend.commit(call.row, list(range(len(call.tokens))))
+            if row in chunks:  # a prefill chunk
+                count = len(chunks[row].tokens)
+                self.backend.commit(row, list(range(count)))
                 commit_s += time.perf_counter() - committing
-                del seq.pending[: len(call.tokens)]
+                del seq.pending[:count]
                 if seq.pending:
                     continue
-                decided = reply.first(out, room=self._room(call.row))
+                tokens = reply.first(out, room=self._room(row))
             else:
-                verify = verifies[call.row]
+                verify = verified[row]
                 path, root = reply.accept(verify, out)
-                self.backend.commit(call.row, path)
-                commit_s += time.perf_counter() - committing
-                decided = reply.advance(verify, out, path, root, drafted=verify.tree.size, room=self._room(call.row),
-                                        length=self.backend.lengths[call.row])
-                row_gained = len(path) - verify.decided + 1  # the accepted drafts and the next root
-                gained += row_gained
+                self.backend.commit(row, path)
+                spent = time.perf_counter() - committing
+                commit_s, verify_s = commit_s + spent, verify_s + spent
+                paths.append(path)
+                tokens = reply.advance(verify, out, path, root, drafted=verifies[row].tree.size, room=self._room(row),
+                                       length=self.backend.lengths[row])
                 self.stats.row_steps += 1
-                self.stats.accepted += row_gained
+                self.stats.accepted += len(path) - verify.decided + 1  # the accepted drafts and the next root
             emitted, scored = len(reply.generation.token_ids), len(reply.generation.logprobs)
-            reason = reply.emit(decided, full=self.backend.lengths[call.row] >= self.backend.capacity)
-            updates.append(Update(call.row, tuple(reply.generation.token_ids[emitted:]), finished=bool(reason),
+            reason = reply.emit(tokens, full=self.backend.lengths[row] >= capacity)
+            updates.append(Update(row, tuple(reply.generation.token_ids[emitted:]), finished=bool(reason),
                                   finish_reason=reason, logprobs=tuple(reply.generation.logprobs[scored:])))
-        if not prefilling:  # a prefill chunk's time says nothing about the width
-            self.width.observe(self.active, size, time.perf_counter() - started, gained)
+        if verified:  # a prefill chunk's rows cost less than a tree's: a call with one refines no curve point
+            timed = None if chunks else 1e3 * (forward_s + verify_s)
+            self.policy.observe_rows(drafts, sizes, paths, timed, decided=decided, lanes=lanes)
         self.completed = {}
         for update in updates:
             if update.finished:
