@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from specmemo.bench.ab import OTHER, AbConfig, extract, summarize
+from specmemo.bench.ab import MODES, OTHER, AbConfig, extract, summarize
 from specmemo.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -30,9 +30,9 @@ def test_bench_ab_against_head_decodes_the_same_replies(tiny_llama, tmp_path):
     done = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-2000:]
     result = json.loads(out.read_text())
-    assert set(result["summary"]) == {"greedy", "auto", "pool"} and result["machine"]["commit"]
+    assert set(result["summary"]) == {"greedy", "auto", "pool", "pool-auto"} and result["machine"]["commit"]
     assert all(s["same_replies"] == s["questions"] for s in result["summary"].values())
-    assert [result["summary"][m]["questions"] for m in ("greedy", "auto", "pool")] == [2, 2, 1]  # one chunk of B
+    assert [result["summary"][m]["questions"] for m in MODES] == [2, 2, 1, 1]  # B a chunk
     assert "new/old" in done.stdout
 
 

@@ -28,7 +28,8 @@ from typing import Any
 from specmemo.errors import ConfigError
 
 OTHER = "specmemo_ab"  # the package name the other commit's code is imported under
-MODES = ("greedy", "auto", "pool")  # plain drafting with argmax, the controller (temperature 0 too), a batch pool
+# plain drafting with argmax, the controller (temperature 0 too), a batch pool plain and under its controller
+MODES = ("greedy", "auto", "pool", "pool-auto")
 VERSIONS = ("new", "old")  # this tree's, the other commit's
 _SELF_IMPORT = re.compile(r"^(\s*)(from|import)\s+specmemo\b", re.MULTILINE)
 
@@ -41,7 +42,7 @@ class AbConfig:
     max_new_tokens: int = 64
     threads: int = 2
     opened_first: str = "new"  # which version opens its models first
-    batch: int = 0  # B of a batch pool run beside (plain decoding, the questions B at a time); 0: none
+    batch: int = 0  # B of a batch pool run beside (plain and auto, the questions B at a time); 0: none
     capacity: int = 512  # the pool's KV positions per row
 
     def __post_init__(self) -> None:
@@ -124,7 +125,8 @@ def run_ab(config: AbConfig, *, repo: Path, log: Callable[[str], None] = print) 
                     f"{v} {got[v][1] / max(got[v][2], 1e-9):6.1f} tok/s" for v in VERSIONS)
                     + f", same ids {got['old'][0] == got['new'][0]}")
         if config.batch:
-            rows += pool_rows(config, apis, order, models[("new", "greedy")], prompts[1:], log=log)
+            for mode in ("greedy", "auto"):
+                rows += pool_rows(config, apis, order, models[("new", "greedy")], prompts[1:], mode=mode, log=log)
     finally:
         sys.path[:] = [p for p in sys.path if p != str(folder)]
         shutil.rmtree(folder, ignore_errors=True)
@@ -133,13 +135,15 @@ def run_ab(config: AbConfig, *, repo: Path, log: Callable[[str], None] = print) 
 
 
 def pool_rows(config: AbConfig, apis: dict[str, Any], order: tuple[str, ...], model: Any, prompts: list[str], *,
-              log: Callable[[str], None]) -> list[dict]:
-    """Each version's batch pool (plain decoding) over the questions B at a time, the versions in turn chunk by
-    chunk (the order swapped); per chunk its new tokens over its wall time."""
+              mode: str, log: Callable[[str], None]) -> list[dict]:
+    """Each version's batch pool (`mode` greedy: plain decoding; auto: under its width policy) over the questions B
+    at a time, the versions in turn chunk by chunk (the order swapped); per chunk its new tokens over its wall
+    time. A pool opened in auto mode times its latency curve once (cached) before the first chunk."""
     from specmemo.runtime.tokenizer import Message
 
-    pools = {v: apis[v].open_batch(str(config.artifact), batch=config.batch, capacity=config.capacity, mode="greedy",
+    pools = {v: apis[v].open_batch(str(config.artifact), batch=config.batch, capacity=config.capacity, mode=mode,
                                    threads=config.threads) for v in order}
+    label = "pool" if mode == "greedy" else "pool-auto"
     request = {"new": importlib.import_module("specmemo.runtime.pool").Request,
                "old": importlib.import_module(f"{OTHER}.runtime.pool").Request}
     ids = [model.engine.tokenizer.encode_chat([Message("user", p)]) for p in prompts]
@@ -152,10 +156,10 @@ def pool_rows(config: AbConfig, apis: dict[str, Any], order: tuple[str, ...], mo
             done = pools[version].run([request[version](p, config.max_new_tokens) for p in chunk])
             got[version] = ([list(g.token_ids) for g in done], sum(len(g.token_ids) for g in done),
                             time.perf_counter() - started)
-        rows.append({"question": i, "mode": "pool", "order": list(turn), "same": got["old"][0] == got["new"][0],
+        rows.append({"question": i, "mode": label, "order": list(turn), "same": got["old"][0] == got["new"][0],
                      **{f"{v}_tokens": got[v][1] for v in VERSIONS}, **{f"{v}_decode_s": got[v][2] for v in VERSIONS}})
         rates = ", ".join(f"{v} {got[v][1] / got[v][2]:6.1f} tok/s" for v in VERSIONS)
-        log(f"pool chunk {i // config.batch} {'/'.join(turn)}: {rates}, same ids {got['old'][0] == got['new'][0]}")
+        log(f"{label} chunk {i // config.batch} {'/'.join(turn)}: {rates}, same ids {got['old'][0] == got['new'][0]}")
     return rows
 
 
@@ -176,8 +180,8 @@ def summarize(rows: list[dict]) -> dict:
 
 
 def table(result: dict) -> str:
-    lines = [f"{'mode':<8}{'old tok/s':>10}{'new tok/s':>10}{'new/old':>9}{'median q':>10}{'same':>8}"]
+    lines = [f"{'mode':<10}{'old tok/s':>10}{'new tok/s':>10}{'new/old':>9}{'median q':>10}{'same':>8}"]
     for mode, s in result["summary"].items():
-        lines.append(f"{mode:<8}{s['old_tok_s']:>10.2f}{s['new_tok_s']:>10.2f}{s['new_over_old']:>9.3f}"
+        lines.append(f"{mode:<10}{s['old_tok_s']:>10.2f}{s['new_tok_s']:>10.2f}{s['new_over_old']:>9.3f}"
                      f"{s['median_question_ratio']:>10.3f}{s['same_replies']:>5}/{s['questions']}")
     return "\n".join(lines)

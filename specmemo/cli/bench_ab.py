@@ -27,7 +27,7 @@ def add_ab_parser(bench) -> None:
     b.add_argument("--max-new-tokens", type=positive, default=64)
     b.add_argument("--opened-first", choices=("new", "old"), default="new", help="which version opens first")
     b.add_argument("--batch", type=int, default=0,
-                   help="also a batch pool of B rows (plain decoding, the questions B at a time; 0: none)")
+                   help="also a batch pool of B rows, plain and in auto mode (the questions B at a time; 0: none)")
     b.add_argument("--capacity", type=positive, default=512, help="the pool's KV positions per row")
     add_threads(b)
     b.add_argument("--out", type=Path, default=run_folder("bench-ab.json"))
