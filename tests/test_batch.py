@@ -265,6 +265,31 @@ def test_the_controller_prices_the_rows_of_a_pool_on_its_own_curve_and_replies_s
     assert all(d.size >= 1 for d in controller.decisions)
 
 
+def test_where_only_a_chain_verifies_exactly_each_rows_tree_is_cut_to_its_best_path(artifact, prompts, references,
+                                                                                      tmp_path, monkeypatch):
+    """The manifest's draft_shape "chain" holds in the pool as in a single conversation: every verified tree is a
+    chain (the oracle's trees branch at the root), and the replies stay greedy's."""
+    import shutil
+
+    from specmemo.runtime.manifest import load_manifest
+    from specmemo.runtime.pool import Request
+    from specmemo.runtime.runner import StepRunner
+
+    chained = shutil.copytree(artifact, tmp_path / "chained")
+    manifest = json.loads((chained / "manifest.json").read_text())
+    (chained / "manifest.json").write_text(json.dumps({**manifest, "draft_shape": "chain"}))
+    calls: list = []
+    forward = StepRunner.forward
+    monkeypatch.setattr(StepRunner, "forward", lambda runner, row_calls: calls.extend(row_calls) or forward(runner,
+                                                                                                         row_calls))
+    oracle = Oracle(prompts, references, load_manifest(artifact).dims.vocab_size)
+    pool = open_pool(chained, 2, drafter_factory=lambda row: oracle, max_tree=8)
+    assert [g.token_ids for g in pool.run([Request(p, REPLY) for p in prompts])] == references
+    trees = [c for c in calls if not c.last_only]
+    assert trees and all(list(c.parents) == tree.chain(len(c.parents)) for c in trees)
+    assert max(len(c.tokens) for c in trees) > 1  # the chains carried drafts
+
+
 def test_cancel_frees_the_row_for_the_next_request(artifact, prompts, references):
     from specmemo.runtime.pool import PoolFull, Request
 

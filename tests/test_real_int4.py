@@ -8,6 +8,8 @@ embedding rows read from the LM head's blocks equal to the fp32 model's (and the
 teacher-forced agreement with Hugging Face's fp32 model, and speculative output token-identical to
 greedy output of the same int4 graph, in ONNX and in ORT format."""
 
+from dataclasses import replace
+
 import numpy as np
 import onnx
 import pytest
@@ -161,6 +163,26 @@ def test_the_packed_cache_answers_alike_and_hands_back_the_rows_the_rerank_reads
         pooled.append([g.token_ids for g in pool.run([Request(engine.tokenizer.encode_chat([Message("user", p)]), 32)
                                                       for p in PROMPTS[2:]])])
     assert pooled[0] == pooled[1] and pooled[0][1] == replies[0][:32]
+
+
+def test_a_speculative_pool_replies_as_greedy_on_the_int4_graph(int4):
+    """Medusa trees in a batch pool of the real int4 model: where only a chain verifies exactly (the manifest's
+    draft_shape), every row's tree is cut to its best path, as the single conversation's is; the rows' replies are
+    greedy's token for token."""
+    from specmemo.runtime.engine import open_pool
+    from specmemo.runtime.pool import Request
+
+    artifact, _, _ = int4
+    config = EngineConfig(artifact=Artifact.open(artifact), mode=Mode.PLAIN, capacity=256)
+    engine = open_engine(config, log=lambda *_: None)
+    prompts = [engine.tokenizer.encode_chat([Message("user", p)]) for p in PROMPTS]
+    greedy = [engine.generate(p, max_new_tokens=NEW_TOKENS).token_ids for p in prompts]
+    pool = open_pool(replace(config, mode=Mode.TREE, drafter="medusa"), batch=2, log=lambda *_: None)
+    assert pool.max_tree > 1
+    replies = pool.run([Request(p, NEW_TOKENS, engine.tokenizer.eos_token_ids) for p in prompts])
+    assert [g.token_ids for g in replies] == greedy
+    trees = [t for g in replies for t in g.stats.tree_sizes]
+    assert max(trees) > 1  # it drafted
 
 
 def test_the_packed_weights_are_the_arithmetic_of_what_onnx_runtime_wrote(int4, tmp_path, monkeypatch):

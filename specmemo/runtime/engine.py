@@ -132,7 +132,7 @@ class Engine:
                        drafter=self.drafter if speculative else None, max_tree=self.max_tree if speculative else 1,
                        history=prompt_ids[:cached], on_token=on_token,
                        policy=policy if policy is not None else self.policy(mode), sampling=self.config.sampling,
-                       chains_only=self.session.manifest.draft_shape == "chain", constraint=matcher, rules=rules)
+                       chains_only=self.session.manifest.chains_only, constraint=matcher, rules=rules)
         if self.recall is not None:  # the turn's new tokens, for the turns and conversations after it
             self.recall.add([*prompt_ids[cached:], *out.token_ids])
             self.recall.keep()

@@ -189,6 +189,11 @@ class Manifest:
                             f"`specmemo export batch --artifact DIR --batch {batch}`")
 
     @property
+    def chains_only(self) -> bool:
+        """Only a chain verifies exactly on this graph: every drafted tree is cut to its best path (decode.Reply)."""
+        return self.draft_shape == "chain"
+
+    @property
     def kv_packed_to_span(self) -> bool:
         """The decoder reads its K/V buffers whole, at the call's span (a grouped graph: runtime/kv_cache.py)."""
         return self.attention is AttentionOp.GROUPED

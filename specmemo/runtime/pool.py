@@ -139,7 +139,8 @@ class SequencePool:
         if drafter is not None and request.recall is not None:  # one index of the conversation, where lookup has it
             drafter = Merged([drafter, RecallDrafter(request.recall, conversation_of(drafter))])
         reply = Reply(list(request.prompt), request.max_new_tokens, request.eos_token_ids, drafter=drafter,
-                      sampling=request.sampling, rules=request.rules, constraint=request.constraint)
+                      sampling=request.sampling, rules=request.rules, constraint=request.constraint,
+                      chains_only=self.backend.session.manifest.chains_only)
         self.sequences[row] = _Row(request, reply, list(request.prompt))
         return row
 
