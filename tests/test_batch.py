@@ -107,13 +107,14 @@ def open_pool(artifact, batch, *, route=None, **options):
 class Oracle:
     """Knows every prompt's reference reply; proposes root → [a wrong child, then the next k right tokens,
     then a wrong one], k different for every row and step, so rows accept 1 to 6 tokens and most commits
-    move K/V positions (the right branch is the root's second child)."""
+    move K/V positions (the right branch is the root's second child; with `chains`, for a graph where only a chain
+    verifies exactly, the first, so the best path the pool cuts it to is the right one)."""
 
     name = "oracle"
 
-    def __init__(self, prompts, references, vocab):
+    def __init__(self, prompts, references, vocab, *, chains=False):
         self.replies = {tuple(p): r for p, r in zip(prompts, references, strict=True)}
-        self.vocab, self.calls = vocab, 0
+        self.vocab, self.calls, self.chains = vocab, 0, chains
 
     def propose(self, context: DraftContext, *, budget: int) -> DraftTree:
         prompt = next(p for p in self.replies if tuple(context.tokens[: len(p)]) == p)
@@ -124,6 +125,9 @@ class Oracle:
         wrong = lambda t: (t + 1) % self.vocab  # noqa: E731
         tokens = [context.root, wrong(reply[at] if at < len(reply) else 0), *right, wrong(right[-1] if right else 0)]
         parents = [-1, 0, *([0] if right else []), *range(2, 2 + len(right) - 1), 1 + len(right) if right else 0]
+        if self.chains and right:  # the right branch first: root, right..., wrong; then the root's wrong child
+            tokens = [context.root, *right, wrong(right[-1]), wrong(reply[at])]
+            parents = [-1, *range(len(right)), len(right), 0]
         tokens, parents = tokens[:budget], parents[:budget]
         return DraftTree(tuple(tokens), tuple(parents), tuple([1.0] * len(tokens)))
 
@@ -194,7 +198,8 @@ def test_oracle_drafter_ragged_acceptance_equals_each_rows_greedy(artifact, prom
     from specmemo.runtime.pool import Request
     from specmemo.runtime.width import FullWidth
 
-    oracle = Oracle(prompts, references, load_manifest(artifact).dims.vocab_size)
+    manifest = load_manifest(artifact)
+    oracle = Oracle(prompts, references, manifest.dims.vocab_size, chains=manifest.chains_only)
     pool = open_pool(artifact, batch, drafter_factory=lambda row: oracle, max_tree=8, policy=FullWidth(8))
     per_step: list[list[int]] = []
     steps_seen = pool.stats.steps

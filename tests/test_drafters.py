@@ -227,7 +227,7 @@ def test_a_choice_among_drafters_decodes_exactly_greedy_and_prices_each(exported
     """medusa (an oracle: always right) or lookup (nothing to find), priced each step: both are tried, the one
     that pays drafts nearly every step after, the other is re-priced now and then; greedy output either way."""
     from specmemo.runtime.controller import PROBE_EVERY, DrafterChoice
-    from specmemo.runtime.latency import LatencyCurve
+    from specmemo.runtime.latency import measure_latency
 
     artifact, *_ = exported
     vocab = Artifact.open(artifact).manifest.dims.vocab_size
@@ -239,8 +239,8 @@ def test_a_choice_among_drafters_decodes_exactly_greedy_and_prices_each(exported
     oracle = MedusaDrafter(OracleDrafter(backend, len(prompt), greedy, vocab), medusa)
     priced = Priced([PromptLookup(), oracle])
     assert priced.name == "lookup,medusa"
-    choice = DrafterChoice(curve=LatencyCurve(sizes=(1, 8), step_ms=(10.0, 11.0)), max_size=medusa.size,
-                           drafter=priced)
+    curve = measure_latency(backend, medusa.size)  # the rates are measured: the curve is this backend's too
+    choice = DrafterChoice(curve=curve, max_size=medusa.size, drafter=priced)
     out = generate(backend, prompt, max_new_tokens=80, eos_token_ids=set(), drafter=priced, max_tree=medusa.size,
                    policy=choice)
     assert out.token_ids == greedy

@@ -4,6 +4,7 @@ runs/ (git-ignored), and every results JSON is written through results.write_jso
 from __future__ import annotations
 
 import argparse
+import fnmatch
 import json
 import re
 import shutil
@@ -71,3 +72,35 @@ def test_results_hold_data_not_code():
     """An experiment worth keeping is a `specmemo bench` command (linted, typed, tested); results/ holds its data."""
     code = [str(p.relative_to(ROOT)) for p in (ROOT / "results").rglob("*") if p.suffix in CODE]
     assert code == [], f"code under results/ (make it a specmemo bench command, or keep it in git history): {code}"
+
+
+PROVENANCE = ("commit", "cpu", "isa", "threads", "onnxruntime", "command")
+
+
+def test_every_results_json_says_where_it_came_from():
+    """Each results JSON names the commit, host CPU and ISA, threads, ONNX Runtime and the command that wrote it
+    (write_json records them; older files say which were reconstructed, under "backfilled")."""
+    lacking = {}
+    for path in sorted(p for p in (ROOT / "results").rglob("*.json") if p.is_file()):
+        data = json.loads(path.read_text())
+        machine = data.get("machine") if isinstance(data, dict) else None
+        missing = [k for k in PROVENANCE if not isinstance(machine, dict) or machine.get(k) in (None, "")]
+        if missing:
+            lacking[str(path.relative_to(ROOT))] = missing
+    assert lacking == {}
+
+
+def test_every_results_file_is_cited_by_a_page():
+    """Data no page cites goes: each file under results/ is named by some docs page, or lies in a folder one names
+    or beside a file one names (a report names its folder's data)."""
+    pages = "\n".join(p.read_text() for p in [ROOT / "README.md", *(ROOT / "docs").rglob("*.md")])
+    cited = set(re.findall(r"results/[\w./*-]*[\w*-]", pages))
+
+    def named(path: Path) -> bool:
+        parts = path.relative_to(ROOT).parts
+        around = ["/".join(parts[:i]) for i in range(2, len(parts) + 1)]
+        siblings = ["/".join(parts[:-1]) + "/" + p.name for p in path.parent.iterdir()]
+        return any(fnmatch.fnmatch(name, pattern) for name in around + siblings for pattern in cited)
+
+    uncited = [str(p.relative_to(ROOT)) for p in (ROOT / "results").rglob("*") if p.is_file() and not named(p)]
+    assert uncited == [], f"results no page cites (cite them from the page they support, or delete them): {uncited}"

@@ -187,6 +187,33 @@ def bench_ab(runs: list[dict]) -> list[str]:
     return [provenance(first), "", *lines]
 
 
+def bench_batch(data: dict) -> list[str]:
+    """`specmemo bench batch`'s rows: plain and speculative tokens/s per B, the ratios, accepted tokens per
+    row-step, the replies equal to B = 1 greedy, the commit's share of a step, KV and generation memory, the
+    widths the controller verified; then the server load test."""
+    replies = data["rows"][0]["replies"]
+    lines = ["| B | plain tok/s | speculative tok/s | spec / plain | plain × B=1 (beside) | accepted / row-step | "
+             "identical to B=1 greedy (plain + spec) | commit % of step | KV MiB (arena) | generation MiB "
+             "(peak − load) | row-steps by T verified |", "|---" * 11 + "|"]
+    for r in data["rows"]:
+        memory, shares = r["memory"] or {}, r["step_shares"] or {}
+        widths = ", ".join(f"{t}: {n}" for t, n in sorted((r["width"] or {}).items(), key=lambda kv: int(kv[0])))
+        lines.append(f"| {r['batch']} | {r['plain_tokens_per_s']:.1f} | {r['speculative_tokens_per_s']:.1f} | "
+                     f"**{r['speculative_over_plain']:.2f}** | **{r['plain_over_b1_plain']:.2f}** | "
+                     f"{r['mean_accepted'] or 0:.2f} | {r['identical_plain']} + {r['identical_speculative']} of "
+                     f"{replies} + {replies} | {100 * shares.get('commit', 0):.2f} | {memory.get('kv', 0) / MIB:.1f} | "
+                     f"{memory.get('generation', 0) / MIB:.1f} | {widths or '–'} |")
+    load = data.get("load")
+    if load:
+        lines += ["", f"Server load test in the same run (`serve` at B = {load['batch']} on loopback, "
+                      f"{load['clients']} streaming clients × {load['requests_each']} requests): "
+                      f"**{load['completed']}/{load['sent']} completed**, {load['identical_to_greedy']} identical to "
+                      f"B = 1 greedy, {len(load['errors'])} errors; time to first token p50 "
+                      f"{load['ttft_p50_s']:.2f} s, p95 {load['ttft_p95_s']:.2f} s; per request "
+                      f"{load['request_tokens_per_s_p50']:.1f} tok/s (p50)."]
+    return [provenance(data), "", *lines]
+
+
 FIGURES = (
     Figure("README.md", "headline", "results/compare-grouped/qwen15-int4/results.json", compare_headline),
     Figure("docs/load.md", "load-qwen15", "results/bench-load/qwen15-int4.json", bench_load),
@@ -194,6 +221,10 @@ FIGURES = (
     Figure("docs/runtime.md", "one-execution-layer",
            tuple(f"results/bench-ab/one-execution-layer/{a}-{first}.json"
                  for a in ("smollm2-135m-int4", "qwen2.5-coder-1.5b-int4") for first in ("new", "old")), bench_ab),
+    Figure("docs/serving.md", "one-width-policy",
+           tuple(f"results/bench-ab/one-width-policy/{a}-{first}.json"
+                 for a in ("smollm2-135m-int4", "qwen2.5-coder-1.5b-int4") for first in ("new", "old")), bench_ab),
+    Figure("docs/serving.md", "bench-batch", "results/bench-batch/summary.json", bench_batch),
 )
 
 MARKER = re.compile(r"(<!-- figure: (?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- /figure -->)", re.DOTALL)

@@ -16,7 +16,8 @@ PER_NODE) is also given a budget before it drafts: the T with the most expected 
 node costs the measured ms per node and is reached as often as that depth was accepted so far (running
 counts per depth, from a prior of PRIOR_REACH).
 Before drafting it asks whether drafting pays at all: while the running mean of the drafted
-steps' expected rate falls below a plain step's rate, it decodes plainly, probing a draft now and
+steps' measured rate (tokens gained per ms of drafting and verifying at the curve's price, from the first
+draft's expected rate as a prior) falls below a plain step's rate, it decodes plainly, probing a draft now and
 then (after EXPLORE_EVERY steps, then twice as long each time, up to EXPLORE_MAX) so the
 statistics can recover when the text gets easier. A drafter costing under FREE_DRAFT of a plain
 step (prompt lookup) always runs: a miss costs nothing worth saving. The last DECISION_LOG decisions are
@@ -26,11 +27,11 @@ kept short, as every decision held is memory a long chat carries).
 A batch pool prices its rows the same way, together: one call verifies every decoding row's tree, so the rows'
 nodes are merged best calibrated score first and the prefix with the most tokens per ms is verified, priced on
 the batch's curve (by the call's lanes: every row's nodes, a stub per free row). Each row gets its own T; at one
-row this is the choice above, and the running statistics are kept per row.
+row this is the choice above; the rates are per row (a plain step's: one token a row).
 
 A choice among drafters (`--drafter feature,lookup,model`, drafters.Priced) is priced by DrafterChoice: one
 Controller per candidate (its own calibration, drafting ms, per-depth reach), one latency curve that every
-verify refines; each step the candidate whose drafted steps promised the most tokens per ms drafts, each
+verify refines; each step the candidate whose drafted steps gained the most tokens per ms drafts, each
 untried candidate first, and a candidate left aside is probed again after PROBE_EVERY steps, so a price that
 changed is seen; each probe it loses (its price still not the best) doubles its wait, up to PROBE_MAX, and a
 probe it wins brings the wait back to PROBE_EVERY (as the explore gap above), so a candidate that never pays stops
@@ -95,9 +96,10 @@ class Controller:
     decisions: deque[Decision] = field(default_factory=lambda: deque(maxlen=DECISION_LOG))  # the newest
     steps: int = 0  # decisions made
     draft_ms: float | None = None  # running mean of the drafting time
-    drafted_rate: float | None = None  # running mean of drafted steps' expected tokens per ms per row
+    drafted_rate: float | None = None  # running mean of drafted steps' measured tokens per ms per row
     _space: int = 0
     _expected: float = 1.0
+    _drafted_ms: float | None = None  # the drafting ms of the step being verified, if it drafted (ordinary)
     _explore_gap: int = EXPLORE_EVERY
     _next_explore: int = EXPLORE_EVERY
     node_ms: float | None = None  # running mean of drafting ms per drafted node (PER_NODE drafters)
@@ -166,20 +168,17 @@ class Controller:
                 self.node_ms = per if self.node_ms is None else self.node_ms + (per - self.node_ms) / RATE_MEMORY
         if sizes == decided and (draft_ms == 0 or not ordinary):
             if ordinary:
-                self._expected = 1.0
+                self._expected = float(len(decided))  # a plain step: a token a row
             return decided
         owner, scores = self._merged(drafts, decided, sizes)
         base = sum(decided)
         gains = np.cumsum(np.concatenate(([float(base)], scores)))  # [nodes + 1]: expected tokens of each prefix
         rates = gains / (draft_ms + self._verify_ms[lanes + base - 1:lanes + base + len(scores)])
         best = int(np.argmax(rates))
-        if ordinary:
-            rate = float(rates[best]) / len(drafts)
-            self.drafted_rate = (rate if self.drafted_rate is None
-                                 else self.drafted_rate + (rate - self.drafted_rate) / RATE_MEMORY)
-            if self.drafted_rate > self.plain_rate:
-                self._explore_gap = EXPLORE_EVERY  # drafting pays again: probe often if it stops
-            self._expected = float(gains[best])
+        if ordinary:  # a drafted step: its rate is measured once it is verified (observe_rows)
+            self._drafted_ms, self._expected = draft_ms, float(gains[best])
+            if self.drafted_rate is None:  # the first draft's expected rate is the prior the measured ones move
+                self.drafted_rate = float(rates[best]) / len(drafts)
         taken = np.bincount(owner[:best], minlength=len(drafts))
         return [d + int(n) for d, n in zip(decided, taken, strict=True)]
 
@@ -225,10 +224,17 @@ class Controller:
                 self._drafted[1:size] += 1  # depths 1 .. size - 1 were verified; those down to the path's end reached
                 self._reached[1:len(path)] += 1
         if all(d == 1 for d in decided) and lanes == self.rows - len(drafts):
-            self.decisions.append(Decision(drafted=sum(t.size for t in drafts), size=sum(sizes),
-                                           accepted=sum(len(p) for p in paths), space_left=self._space,
-                                           expected=self._expected))
+            gained = sum(len(p) for p in paths)  # each row: its accepted drafts and the next root
+            if self._drafted_ms is not None:  # the tokens per ms per row it got, at the curve's (refined) price
+                rate = gained / (self._drafted_ms + float(self._verify_ms[lanes + sum(sizes) - 1])) / len(drafts)
+                self.drafted_rate = (rate if self.drafted_rate is None
+                                     else self.drafted_rate + (rate - self.drafted_rate) / RATE_MEMORY)
+                if self.drafted_rate > self.plain_rate:
+                    self._explore_gap = EXPLORE_EVERY  # drafting pays again: probe often if it stops
+            self.decisions.append(Decision(drafted=sum(t.size for t in drafts), size=sum(sizes), accepted=gained,
+                                           space_left=self._space, expected=self._expected))
             self.steps += 1
+        self._drafted_ms = None
 
 
 class DrafterChoice:
@@ -253,7 +259,7 @@ class DrafterChoice:
 
     def pick(self) -> int:
         """The candidate to draft next: an untried one, else one left aside for its wait (the longest left first),
-        else the one whose drafted steps promised the most tokens per ms."""
+        else the one whose drafted steps gained the most tokens per ms."""
         step = self.steps
         rates = [c.drafted_rate for c in self.controllers]
         self._probing = None

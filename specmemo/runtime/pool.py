@@ -176,14 +176,17 @@ class SequencePool:
                 draft_s += verify.draft_s
         lanes = self.backend.batch - len(verifies) - len(chunks) + sum(len(c.tokens) for c in chunks.values())
         drafts, decided = [v.tree for v in verifies.values()], [v.decided for v in verifies.values()]
-        sizes = self.policy.choose_rows(drafts, 1e3 * draft_s, decided=decided, lanes=lanes) if verifies else []
+        # what drafting cost this step: everything before the call (the rows' proposals, the heads, their
+        # bookkeeping), as a plain step spends next to none of it
+        drafting_ms = 1e3 * (time.perf_counter() - started) if budget > 1 else 0.0
+        sizes = self.policy.choose_rows(drafts, drafting_ms, decided=decided, lanes=lanes) if verifies else []
         verified = {row: v.prefix(size) for (row, v), size in zip(verifies.items(), sizes, strict=True)}
         calls = [*chunks.values(), *(RowCall(row, list(v.tree.tokens), list(v.tree.parents))
                                      for row, v in verified.items())]
         forwarded = time.perf_counter()
         outs = self.backend.forward(calls)
         forward_s = time.perf_counter() - forwarded
-        updates, commit_s, verify_s, paths = [], 0.0, 0.0, []
+        updates, commit_s, paths = [], 0.0, []
         for row, seq in self.sequences.items():
             reply, out = seq.reply, outs[row]
             committing = time.perf_counter()
@@ -199,8 +202,7 @@ class SequencePool:
                 verify = verified[row]
                 path, root = reply.accept(verify, out)
                 self.backend.commit(row, path)
-                spent = time.perf_counter() - committing
-                commit_s, verify_s = commit_s + spent, verify_s + spent
+                commit_s += time.perf_counter() - committing
                 paths.append(path)
                 tokens = reply.advance(verify, out, path, root, drafted=verifies[row].tree.size, room=self._room(row),
                                        length=self.backend.lengths[row])
@@ -211,7 +213,7 @@ class SequencePool:
             updates.append(Update(row, tuple(reply.generation.token_ids[emitted:]), finished=bool(reason),
                                   finish_reason=reason, logprobs=tuple(reply.generation.logprobs[scored:])))
         if verified:  # a prefill chunk's rows cost less than a tree's: a call with one refines no curve point
-            timed = None if chunks else 1e3 * (forward_s + verify_s)
+            timed = None if chunks else 1e3 * (time.perf_counter() - forwarded)  # the call, then every row's steps
             self.policy.observe_rows(drafts, sizes, paths, timed, decided=decided, lanes=lanes)
         self.completed = {}
         for update in updates:
