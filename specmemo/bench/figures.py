@@ -17,6 +17,7 @@ import re
 import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -63,9 +64,11 @@ DRAFTERS = {"feature+lookup": "shipped feature drafter + prompt lookup",
             "medusa+lookup": "Medusa heads + prompt lookup"}
 
 
-def compare_headline(data: dict) -> list[str]:
+def compare_headline(data: dict, labels: dict[str, str] | None = None) -> list[str]:
     """`specmemo compare`'s rows by decode speed: tok/s, accepted per step, load, peak RSS, replies equal to
-    their own greedy; the best of each column in bold (the most, or the least for load and memory)."""
+    their own greedy; the best of each column in bold (the most, or the least for load and memory). `labels`:
+    engine names for this run where COMPARE_LABELS' would say what it was not."""
+    labels = {**COMPARE_LABELS, **(labels or {})}
     engines = data["engines"]
     rows = sorted(engines.items(), key=lambda kv: -kv[1]["decode_tokens_per_s"])
     columns = {  # name → (value of an engine, its text, the best is the highest)
@@ -80,7 +83,7 @@ def compare_headline(data: dict) -> list[str]:
     lines = ["| engine | " + " | ".join(columns) + " | replies = its own greedy |",
              "|---" * (len(columns) + 2) + "|"]
     for (name, e), same in zip(rows, identical, strict=True):
-        label = COMPARE_LABELS.get(name, name).format(drafter=DRAFTERS.get(e.get("drafter") or "", e.get("drafter")))
+        label = labels.get(name, name).format(drafter=DRAFTERS.get(e.get("drafter") or "", e.get("drafter")))
         cells = []
         for column, (get, text, _) in columns.items():
             value = text(get(e))
@@ -106,7 +109,8 @@ def compare_ratios(data: dict) -> str:
         parts.append(f"One-row greedy is {rate['specmemo-greedy'] / rate['specmemo-greedy-padded']:.2f}x our greedy "
                      "on the padding row")
     if "specmemo-greedy" in rate and "onnxruntime-genai" in rate:
-        parts.append(f"{rate['specmemo-greedy'] / rate['onnxruntime-genai']:.2f}x GenAI's greedy")
+        parts.append(f"{'' if parts else 'Our greedy is '}{rate['specmemo-greedy'] / rate['onnxruntime-genai']:.2f}x "
+                     "GenAI's greedy")
     line = " and ".join(parts)
     if "specmemo-controller" in rate:
         line += (f"; the controller is {rate['specmemo-controller'] / rate[fastest]:.2f}x the fastest peer row "
@@ -216,6 +220,11 @@ def bench_batch(data: dict) -> list[str]:
 
 FIGURES = (
     Figure("README.md", "headline", "results/compare-grouped/qwen15-int4/results.json", compare_headline),
+    Figure("docs/attention.md", "grouped-smollm2", "results/compare-grouped/smollm2-int4/results.json",
+           compare_headline),
+    Figure("docs/attention.md", "gqa-smollm2", "results/compare-grouped/smollm2-int4-gqa/results.json",
+           partial(compare_headline, labels={"specmemo-greedy": "SpecMemo greedy (GroupQueryAttention, the padding "
+                                                                "row)"})),
     Figure("docs/load.md", "load-qwen15", "results/bench-load/qwen15-int4.json", bench_load),
     Figure("docs/load.md", "load-smollm2", "results/bench-load/smollm2-int4.json", bench_load),
     Figure("docs/runtime.md", "one-execution-layer",
