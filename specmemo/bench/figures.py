@@ -71,12 +71,14 @@ def compare_headline(data: dict, labels: dict[str, str] | None = None) -> list[s
     labels = {**COMPARE_LABELS, **(labels or {})}
     engines = data["engines"]
     rows = sorted(engines.items(), key=lambda kv: -kv[1]["decode_tokens_per_s"])
-    columns = {  # name → (value of an engine, its text, the best is the highest)
-        "decode tok/s": (lambda e: e["decode_tokens_per_s"], lambda v: f"{v:.1f}", True),
-        "accepted / step": (lambda e: e["mean_accepted"], lambda v: f"{v:.2f}", True),
-        "load s": (lambda e: e["load_s"], lambda v: f"{v:.1f}", False),
-        "peak RSS MiB": (lambda e: e["peak_rss"] / MIB, lambda v: f"{v:,.0f}", False),
-    }
+    columns = {  # name → (value of an engine, its text, the best is the highest); a run that lacks one leaves it out
+        name: (lambda e, key=key, scale=scale: e[key] / scale, text, high)
+        for name, key, scale, text, high in (
+            ("decode tok/s", "decode_tokens_per_s", 1, lambda v: f"{v:.1f}", True),
+            ("accepted / step", "mean_accepted", 1, lambda v: f"{v:.2f}", True),
+            ("load s", "load_s", 1, lambda v: f"{v:.1f}", False),
+            ("peak RSS MiB", "peak_rss", MIB, lambda v: f"{v:,.0f}", False))
+        if all(key in e for _, e in rows)}
     best = {name: (max if high else min)(get(e) for _, e in rows) for name, (get, _, high) in columns.items()}
     identical = [e.get("identical_to_greedy") for _, e in rows]
     replies = data["config"]["prompts"] * data["config"]["rounds"]
@@ -225,6 +227,11 @@ FIGURES = (
     Figure("docs/attention.md", "gqa-smollm2", "results/compare-grouped/smollm2-int4-gqa/results.json",
            partial(compare_headline, labels={"specmemo-greedy": "SpecMemo greedy (GroupQueryAttention, the padding "
                                                                 "row)"})),
+    Figure("docs/models.md", "qwen15-pair", "results/compare-qwen15-pair/results.json",
+           partial(compare_headline, labels={"specmemo-greedy": "SpecMemo greedy (before the one-row step)",
+                                             "specmemo-full-tree": "SpecMemo, the draft model's whole chain",
+                                             "specmemo-controller": "SpecMemo controller (the 0.5B draft model)",
+                                             "llama.cpp-draft-model": "llama.cpp draft model (the same 0.5B)"})),
     Figure("docs/load.md", "load-qwen15", "results/bench-load/qwen15-int4.json", bench_load),
     Figure("docs/load.md", "load-smollm2", "results/bench-load/smollm2-int4.json", bench_load),
     Figure("docs/runtime.md", "one-execution-layer",
