@@ -156,9 +156,9 @@ class SequencePool:
             return []
         started = time.perf_counter()
         verifies, draft_s = dict[int, Verify](), 0.0
-        rows_per_call, capacity = self.backend.session.rows, self.backend.capacity
+        rows_per_call, capacity, lengths = self.backend.session.rows, self.backend.capacity, self.backend.lengths
         decoding = [row for row, seq in self.sequences.items() if not seq.pending]
-        budget = self.policy.budget(max(capacity - self.backend.lengths[r] for r in decoding)) if decoding else 1
+        budget = self.policy.budget(max(capacity - lengths[r] for r in decoding)) if decoding else 1
         if self.prefetch is not None and budget > 1:
             drafted = time.perf_counter()
             hidden = {row: seq.reply.step.hidden for row, seq in self.sequences.items()
@@ -172,7 +172,7 @@ class SequencePool:
                 chunk = seq.pending[:rows_per_call]
                 chunks[row] = RowCall(row, chunk, tree.chain(len(chunk)), last_only=True)
             else:
-                verifies[row] = verify = seq.reply.propose(min(budget, capacity - self.backend.lengths[row]))
+                verifies[row] = verify = seq.reply.propose(min(budget, capacity - lengths[row]))
                 draft_s += verify.draft_s
         lanes = self.backend.batch - len(verifies) - len(chunks) + sum(len(c.tokens) for c in chunks.values())
         drafts, decided = [v.tree for v in verifies.values()], [v.decided for v in verifies.values()]
