@@ -157,7 +157,7 @@ class Controller:
         took `draft_ms`. Only ordinary steps (no forced chain, no prefill beside) move the running statistics:
         they price ordinary steps."""
         decided = list(decided) if decided is not None else [1] * len(drafts)
-        ordinary = all(d == 1 for d in decided) and lanes == self.rows - len(drafts)
+        ordinary = self._ordinary(decided, lanes, len(drafts))
         sizes = [max(d, min(t.size, self.max_size)) for t, d in zip(drafts, decided, strict=True)]
         if ordinary and draft_ms > 0:
             self.draft_ms = (draft_ms if self.draft_ms is None
@@ -181,6 +181,10 @@ class Controller:
                 self.drafted_rate = float(rates[best]) / len(drafts)
         taken = np.bincount(owner[:best], minlength=len(drafts))
         return [d + int(n) for d, n in zip(decided, taken, strict=True)]
+
+    def _ordinary(self, decided: list[int], lanes: int, rows: int) -> bool:
+        """A step that prices ordinary steps: no forced chain, and beside its rows only free rows' stubs."""
+        return all(d == 1 for d in decided) and lanes == self.rows - rows
 
     def _merged(self, drafts: Sequence[DraftTree], decided: list[int],
                 sizes: list[int]) -> tuple[np.ndarray, np.ndarray]:
@@ -223,7 +227,7 @@ class Controller:
             if first == 1 and size > 1:
                 self._drafted[1:size] += 1  # depths 1 .. size - 1 were verified; those down to the path's end reached
                 self._reached[1:len(path)] += 1
-        if all(d == 1 for d in decided) and lanes == self.rows - len(drafts):
+        if self._ordinary(decided, lanes, len(drafts)):
             gained = sum(len(p) for p in paths)  # each row: its accepted drafts and the next root
             if self._drafted_ms is not None:  # the tokens per ms per row it got, at the curve's (refined) price
                 rate = gained / (self._drafted_ms + float(self._verify_ms[lanes + sum(sizes) - 1])) / len(drafts)
