@@ -145,21 +145,20 @@ def test_a_draft_past_forced_tokens_hangs_under_their_chain_pruned_by_the_gramma
 
 @pytest.mark.slow  # among the heaviest of the fast loop: make test runs it
 def test_sampled_replies_are_valid_and_drafts_keep_the_distribution(artifact):
-    """Constrained sampling with and without drafts: every reply valid; the choice among three answers drawn with
-    the same frequencies (exact acceptance: the drafts change the draws, not their distribution)."""
+    """Constrained sampling with and without drafts: every reply valid, and with each seed the same reply (the
+    draws are the positions', so drafts change the speed, not a token); the temperature spreads the answers."""
     spec, prompt = SPECS["choice"], prompt_of(artifact, "yes or no?")
     sampling = Sampling(temperature=1.5, seed=0)
-    plain, drafted = Counter(), Counter()
-    for seed in range(150):
+    plain: Counter[str] = Counter()
+    for seed in range(60):
         at = Sampling(temperature=sampling.temperature, seed=seed)
         a = text_of(artifact, decode(artifact, spec, sampling=at, prompt=prompt).token_ids)
         replay = Replay(len(prompt), ChatTokenizer(artifact).encode("maybe not"), seed)
         b = text_of(artifact, decode(artifact, spec, sampling=at, drafter=replay, prompt=prompt).token_ids)
         assert valid("choice", a) and valid("choice", b), (a, b)
+        assert a == b, seed
         plain[a] += 1
-        drafted[b] += 1
     assert len(plain) >= 2  # the temperature spreads the draws
-    assert sum(abs(plain[k] - drafted[k]) for k in set(plain) | set(drafted)) / 150 < 0.25, (plain, drafted)
     schema = SPECS["schema"]
     for seed in range(4):
         out = decode(artifact, schema, sampling=Sampling(temperature=1.0, seed=seed), drafter=PromptLookup())

@@ -148,10 +148,10 @@ def test_typical_acceptance_by_hand():
     logits[1, 1] = 0.0
     logits[1, 4] = 0.0  # after node 1, tokens 1 and 4 split: entropy ln 2, threshold min(0.09, 0.3 / 2)
     logits[3, 0] = 5.0
-    path, root = accept_typical(tokens, parents, logits, Sampling(temperature=1.0), np.random.default_rng(0))
+    path, root = accept_typical(tokens, parents, logits, Sampling(temperature=1.0), 0)
     assert path == [0, 1, 3] and root == 0  # p(token 1 | node 1) ≈ 0.5 > 0.09
     logits[1, 1] = -10.0  # now token 1 is unlikely after node 1: stop at node 1, sample after it
-    path, root = accept_typical(tokens, parents, logits, Sampling(temperature=1.0), np.random.default_rng(0))
+    path, root = accept_typical(tokens, parents, logits, Sampling(temperature=1.0), 0)
     assert path == [0, 1] and root == 4
 
 
@@ -164,15 +164,18 @@ def test_sampling_is_reproducible_for_a_seed(exported):
     session = DecoderSession(Artifact.open(artifact))
     medusa = MedusaTree.from_choices(session.manifest.heads.tree)
 
-    def run(seed):
+    def run(seed, speculative=True):
         session.kv.reset()
         return generate(OrtBackend(session), list(range(5, 15)), max_new_tokens=30, eos_token_ids=set(),
-                        drafter=MedusaDrafter(OrtMedusaHeads(session), medusa), max_tree=medusa.size,
+                        drafter=MedusaDrafter(OrtMedusaHeads(session), medusa),
+                        max_tree=medusa.size if speculative else 1,
                         sampling=Sampling(temperature=1.0, seed=seed)).token_ids
 
     first = run(1)
     assert run(1) == first
     assert any(run(seed) != first for seed in (2, 3, 4))
+    for seed in (1, 2, 3):  # the draws are the positions': drafting changes the speed, never a sampled token
+        assert run(seed, speculative=False) == run(seed)
 
 
 def test_a_per_node_drafter_gets_the_budget_that_pays_before_it_drafts():

@@ -140,3 +140,48 @@ def test_the_pages_largest_capacity_is_the_plans(artifact, request):
     assert done.returncode == 0, done.stderr[-2000:]
     assert json.loads(done.stdout) == expected
     assert len(set(expected)) > 2  # budgets that fit different capacities, the graph's max among them
+
+
+FIT_SCRIPT = """
+const engine = require(process.argv[1]);
+const input = JSON.parse(require('node:fs').readFileSync(0, 'utf-8'));
+const m = engine.parseManifest(input.manifest, 'manifest.json');
+console.log(JSON.stringify(input.cases.map(([calibration, budget, context, tree]) => {
+  try {
+    const f = engine.fit(m, calibration, { budget, context: context ?? undefined, tree: tree ?? undefined });
+    return [f.sizes.capacity, f.sizes.rows, f.sizes.tree, f.total];
+  } catch (err) { return String(err.message); }
+})));
+"""
+
+
+@pytest.mark.parametrize("artifact", ["tiny_llama", "with_heads"])
+def test_the_pages_fit_is_the_plans(artifact, request):
+    """The TypeScript engine's fit (memory.ts: what the web page sizes itself with) is plan.fit: the same C, R,
+    T_max and bytes for each budget, context and tree tried, and the same refusal (its first words) below the lower
+    bound."""
+    from specmemo.runtime.memory import BudgetError
+    from specmemo.runtime.plan import fit
+
+    manifest = json.loads((request.getfixturevalue(artifact) / "manifest.json").read_text())
+    m = manifest_from_dict(manifest)
+    cases, expected = [], []
+    for calibration in CALIBRATIONS:
+        bound = lower_bound(m, calibration, context=m.max_capacity).total
+        for context in (None, 100):
+            for tree in (None, 1, 12):
+                for budget in (bound // 2, bound, bound + 200_000, 4 * bound):
+                    cases.append([{"loadBytes": calibration.load_bytes, "baseBytes": calibration.base_bytes,
+                                   "stepOverheadBytes": calibration.step_overhead_bytes}, budget, context, tree])
+                    try:
+                        f = fit(m, calibration, budget=budget, context=context, tree=tree)
+                        expected.append([f.sizes.capacity, f.sizes.rows, f.sizes.tree, f.total])
+                    except BudgetError as err:
+                        expected.append(str(err).split(" (")[0])
+    stdin = json.dumps({"manifest": json.dumps(manifest), "cases": cases})
+    done = subprocess.run(["node", "-e", FIT_SCRIPT, str(engine_file("index.js"))], input=stdin,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    got = [g.split(" (")[0] if isinstance(g, str) else g for g in json.loads(done.stdout)]
+    assert got == expected
+    assert any(isinstance(e, str) for e in expected) and any(isinstance(e, list) for e in expected)

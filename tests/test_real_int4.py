@@ -241,7 +241,7 @@ def test_typescript_engine_reads_the_same_int4_artifact_in_both_formats(int4):
                                max_new_tokens=NEW_TOKENS).token_ids
     for model_format in ("ort", "onnx"):
         (out,) = node("generate", "--artifact", str(artifact), "--prompt", prompt, "--max-new-tokens", str(NEW_TOKENS),
-                      "--mode", "tree", "--capacity", "256", "--model-format", model_format)
+                      "--mode", "tree", "--temperature", "0", "--capacity", "256", "--model-format", model_format)
         assert out["token_ids"] == expected, model_format
 
 

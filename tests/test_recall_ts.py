@@ -79,7 +79,8 @@ def test_both_runtimes_keep_the_same_slots_and_read_each_others_files(tmp_path):
 
 def chat(artifact: Path, store: Path, *extra: str) -> tuple[dict, str]:
     done = subprocess.run(["node", str(engine_file("cli.js")), "chat", "--artifact", str(artifact), "--message", PROMPT,
-                           "--max-new-tokens", "40", "--mode", "tree", "--drafter", "lookup", "--recall", str(store),
+                           "--max-new-tokens", "40", "--mode", "tree", "--temperature", "0", "--drafter", "lookup",
+                           "--recall", str(store),
                            *extra, "--json"],
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]

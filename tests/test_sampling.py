@@ -49,9 +49,9 @@ def test_repetition_penalty_is_hf_rule_and_each_tree_node_sees_its_own_path():
 def test_typical_acceptance_rejects_a_token_top_k_cuts():
     parents, tokens = [-1, 0], [0, 2]
     logits = np.log(np.array([[0.45, 0.3, 0.25], [1 / 3, 1 / 3, 1 / 3]]))
-    path, _ = accept_typical(tokens, parents, logits, Sampling(temperature=1.0), np.random.default_rng(0))
+    path, _ = accept_typical(tokens, parents, logits, Sampling(temperature=1.0), 0)
     assert path == [0, 1]  # p(2) = 0.25 > min(0.09, ...)
-    path, _ = accept_typical(tokens, parents, logits, Sampling(temperature=1.0, top_k=2), np.random.default_rng(0))
+    path, _ = accept_typical(tokens, parents, logits, Sampling(temperature=1.0, top_k=2), 0)
     assert path == [0]  # top-2 keeps tokens 0 and 1: token 2 has probability 0
 
 
@@ -82,19 +82,55 @@ def test_one_rule_fills_what_a_request_leaves_out_from_the_artifact():
 
 
 def test_exact_acceptance_emits_draws_from_the_base_distribution():
-    """Whatever the draft, the token after the root (a kept child, or the resampled root) is distributed
-    as p: 40,000 seeded steps over a tree whose children are a likely token, an unlikely one and a
-    repeat of the first."""
+    """Whatever the draft, the token after the root (a kept child, or the next root) is distributed as p: 40,000
+    seeds over a tree whose children are a likely token, an unlikely one and a repeat of the first; and with any
+    seed each emitted token is the one plain sampling draws there, drafts or none."""
     from specmemo.runtime.sampling import accept_exact
 
     p = np.array([0.1, 0.2, 0.6, 0.1])
     tokens, parents = [0, 2, 3, 2, 1], [-1, 0, 0, 0, 1]  # children of the root: 2, 3, 2; a grandchild under 2
     logits = np.log(np.tile(p, (5, 1)))
-    rng, sampling, counts = np.random.default_rng(7), Sampling(temperature=1.0), np.zeros(4)
-    for _ in range(40_000):
-        path, root = accept_exact(tokens, parents, logits, sampling, rng)
-        counts[tokens[path[1]] if len(path) > 1 else root] += 1
+    counts = np.zeros(4)
+    for seed in range(40_000):
+        sampling = Sampling(temperature=1.0, seed=seed)
+        path, root = accept_exact(tokens, parents, logits, sampling, 7)
+        first = tokens[path[1]] if len(path) > 1 else root
+        counts[first] += 1
+        assert first == accept_exact([0], [-1], logits[:1], sampling, 7)[1]  # the root alone: the same draw
     np.testing.assert_allclose(counts / counts.sum(), p, atol=0.008)  # 4 sigma at n = 40,000
+
+
+def test_the_draws_are_splitmix64_as_the_jdk_computes_them():
+    """runtime/draws.py: SplitMix64's published first output for seed 0, and Java's SplittableRandom where a JDK
+    is installed (the third implementation the TypeScript engine's test compares with too)."""
+    import shutil
+    import subprocess
+
+    from specmemo.runtime.draws import splitmix64, uniform
+
+    assert splitmix64(0, 0) == 0xE220A8397B1DCDAF
+    assert all(0 <= uniform(seed, n) < 1 for seed in (0, 1, 2**63) for n in range(100))
+    if shutil.which("java") is None:
+        pytest.skip("no JDK: java")
+    source = ("public class Draws { public static void main(String[] a) { var r = new java.util.SplittableRandom("
+              "Long.parseLong(a[0])); for (int i = 0; i < 5; i++) System.out.println(r.nextDouble()); } }")
+    import tempfile
+    from pathlib import Path
+
+    with tempfile.TemporaryDirectory() as folder:
+        (Path(folder) / "Draws.java").write_text(source)
+        for seed in (0, 42, -7):
+            out = subprocess.run(["java", "Draws.java", str(seed)], cwd=folder, capture_output=True, text=True,
+                                 check=True).stdout.split()
+            assert [float(x) for x in out] == [uniform(seed & (2**64 - 1), n) for n in range(5)], seed
+
+
+def test_pick_is_the_inverse_cdf_in_id_order():
+    from specmemo.runtime.draws import pick
+
+    probs = np.array([0.0, 0.25, 0.0, 0.5, 0.25])
+    assert [pick(probs, u) for u in (0.0, 0.2499, 0.25, 0.7499, 0.75, 0.9999999)] == [1, 1, 3, 3, 4, 4]
+    assert pick(np.array([0.5, 0.5, 0.0]), 1.0 - 2**-53) == 1  # never a token without mass
 
 
 def test_sampling_defaults_are_written_once():

@@ -15,7 +15,8 @@ SHARED = json.loads((RUNTIME / "shared.json").read_text())
 
 # constant -> the module that defines it, on each side
 PYTHON = {
-    "DEFAULT_PREFILL_CHUNK": "sizes.py", "ALIGN": "arena.py", "TREE_CACHE": "backend.py", "HEADROOM": "memory.py",
+    "DEFAULT_PREFILL_CHUNK": "sizes.py", "ALIGN": "arena.py", "SPAN_STEP": "arena.py", "TREE_CACHE": "backend.py",
+    "HEADROOM": "memory.py",
     "USEFUL_GAIN": "medusa_tree.py", "FORMAT_VERSION": "manifest.py", "DEFAULT_THREADS": "config.py",
     "GENERATE_MAX_NEW_TOKENS": "config.py", "CHAT_MAX_NEW_TOKENS": "config.py",
     "EXPLORE_EVERY": "controller.py", "EXPLORE_MAX": "controller.py", "FREE_DRAFT": "controller.py",
@@ -26,9 +27,12 @@ PYTHON = {
     "MIN_NGRAM": "drafters/lookup.py", "MAX_NGRAM": "drafters/lookup.py", "HIT": "drafters/lookup.py",
     "LOOKUP_MAX_BRANCH": "drafters/registry.py", "RECALL_MAX_BRANCH": "drafters/registry.py",
     "PRIOR_TRIALS": "drafters/score_calibration.py", "SCORE_BANDS": "drafters/score_calibration.py",
+    "DEFAULTS": "sampling.py", "OFF": "sampling.py", "TYPICAL": "sampling.py",
+    **dict.fromkeys(("GAMMA", "MULTIPLIERS", "SHIFTS", "BITS"), "draws.py"),
 }
 TYPESCRIPT = {
-    "DEFAULT_PREFILL_CHUNK": "sizes.ts", "ALIGN": "arena.ts", "TREE_CACHE": "backend.ts", "HEADROOM": "memory.ts",
+    "DEFAULT_PREFILL_CHUNK": "sizes.ts", "ALIGN": "arena.ts", "SPAN_STEP": "session.ts", "TREE_CACHE": "backend.ts",
+    "HEADROOM": "memory.ts",
     "USEFUL_GAIN": "medusaTree.ts", "FORMAT_VERSION": "manifest.ts",
     "EXPLORE_EVERY": "controller.ts", "EXPLORE_MAX": "controller.ts", "FREE_DRAFT": "controller.ts",
     "RATE_MEMORY": "controller.ts", "DECISION_LOG": "controller.ts", "CURVE_SIZES": "controller.ts",
@@ -39,6 +43,8 @@ TYPESCRIPT = {
     "MIN_NGRAM": "drafters/lookup.ts", "MAX_NGRAM": "drafters/lookup.ts", "LOOKUP_MAX_BRANCH": "drafters/lookup.ts",
     "RECALL_MAX_BRANCH": "drafters/recall.ts", "PRIOR_TRIALS": "drafters/scoreCalibration.ts",
     "SCORE_BANDS": "drafters/scoreCalibration.ts", "NAMES": "drafters/names.ts",
+    "DEFAULTS": "sampling.ts", "OFF": "sampling.ts", "TYPICAL": "sampling.ts",
+    **dict.fromkeys(("GAMMA", "MULTIPLIERS", "SHIFTS", "BITS"), "draws.ts"),
 }
 FROM_FILE = re.compile(r"\b(SHARED|_SHARED|_STORE|STORE)\b")
 
@@ -80,3 +86,32 @@ def test_drafter_names_modes_and_thread_defaults_are_the_files():
     for path in ENGINE.rglob("*.ts"):
         text = path.read_text()
         assert not re.search(r"threads \?\? \d|threads: \{[^}]*default: '\d", text), f"{path.name}: its own threads"
+
+
+def device_sources() -> list[Path]:
+    """Every TypeScript, TSX and HTML file of the engine, the page and the app (not dependencies or builds)."""
+    found = []
+    for suffix in ("*.ts", "*.tsx", "*.html", "*.mjs"):
+        for path in (ROOT / "android_demo").rglob(suffix):
+            parts = set(path.relative_to(ROOT).parts)
+            if not parts & {"node_modules", "dist", "build", "android"}:
+                found.append(path)
+    return found
+
+
+def test_no_device_file_writes_a_shared_default_itself():
+    """The chat's and generate's token limits, the thread default and the sampling defaults are shared.json's: no
+    TypeScript, TSX or HTML file of the engine, page or app writes one as a literal beside its name."""
+    sources = device_sources()
+    assert any(p.suffix == ".tsx" for p in sources) and any(p.suffix == ".html" for p in sources)
+    limits = "|".join(str(v) for v in SHARED["max_new_tokens"].values())
+    patterns = [re.compile(rf"(?i)max[-_ ]?new[-_ ]?tokens\W{{1,12}}(?:value=)?\W?({limits})\b"),
+                re.compile(r"(?<![A-Za-z])threads'?\s*(?:,|:|\?\?|=)\s*(?:\{\s*type:[^}]*default:\s*)?'?\d+'?\s*[,;)}]")]
+    for key, value in SHARED["sampling"]["defaults"].items():
+        name = re.sub(r"_(\w)", lambda m: m.group(1).upper(), key)  # top_p → topP
+        patterns.append(re.compile(rf"\b({key}|{name})\s*[:=]\s*{re.escape(repr(value))}(?![\d.])"))
+    for path in sources:
+        text = path.read_text()
+        for pattern in patterns:
+            found = pattern.search(text)
+            assert found is None, f"{path.relative_to(ROOT)}: {found.group(0)!r} is shared.json's (read SHARED)"

@@ -55,7 +55,9 @@ def python_reply(artifact: Path, prompt: str, mode: Mode, max_new_tokens: int) -
 @pytest.mark.parametrize("mode", ["greedy", "tree", "auto"])
 def test_generate_equals_python_and_speculative_equals_greedy(tiny, mode):
     prompt_ids, greedy = python_reply(tiny, LONG, Mode.PLAIN, 40)
-    (out,) = node("generate", "--artifact", str(tiny), "--prompt", LONG, "--max-new-tokens", "40", "--mode", mode)
+    greedy_flags = () if mode == "greedy" else ("--temperature", "0")  # greedy is argmax; the others sample unless told
+    (out,) = node("generate", "--artifact", str(tiny), "--prompt", LONG, "--max-new-tokens", "40", "--mode", mode,
+                  *greedy_flags)
     assert out["prompt_ids"] == prompt_ids  # tokenizer and chat template
     assert out["token_ids"] == greedy  # the Python runtime's greedy ids, in every mode
     if mode == "tree":
@@ -63,9 +65,69 @@ def test_generate_equals_python_and_speculative_equals_greedy(tiny, mode):
         assert python_reply(tiny, LONG, Mode.TREE, 40)[1] == greedy
 
 
+SAMPLED = {"temperature": 0.9, "top_p": 0.9, "top_k": 20, "repetition_penalty": 1.1}
+
+
+def sampled_flags(seed: int, **settings: float) -> list[str]:
+    return [arg for key, value in {**SAMPLED, **settings, "seed": seed}.items()
+            for arg in (f"--{key.replace('_', '-')}", str(value))]
+
+
+@pytest.mark.parametrize("mode", [Mode.PLAIN, Mode.TREE])
+def test_sampled_replies_equal_pythons_for_a_seed_drafted_or_not(tiny, mode):
+    """The same seed and settings: the same tokens in both engines, with speculation and without (the draws are the
+    positions', runtime/draws.py), and a different seed another reply; typical acceptance too."""
+    from specmemo.runtime.sampling import Sampling
+
+    replies = {}
+    for seed, acceptance in ((0, "exact"), (1, "exact"), (2, "typical")):
+        sampling = Sampling(**SAMPLED, seed=seed, acceptance=acceptance)
+        engine = open_engine(EngineConfig(artifact=Artifact.open(tiny), mode=mode, sampling=sampling),
+                             log=lambda _: None)
+        ids = engine.tokenizer.encode_chat([Message("user", LONG)])
+        result = engine.generate(ids, max_new_tokens=40)
+        expected = result.token_ids
+        (out,) = node("generate", "--artifact", str(tiny), "--prompt", LONG, "--max-new-tokens", "40", "--mode",
+                      mode.value, *sampled_flags(seed), "--acceptance", acceptance)
+        assert out["token_ids"] == expected, (seed, acceptance)
+        # the same trees accepted alike, step for step (typical acceptance's tokens depend on them)
+        assert out["stats"]["acceptLengths"] == result.stats.accept_lengths, (seed, acceptance)
+        replies[seed] = expected
+        if mode is Mode.TREE:
+            assert max(out["stats"]["treeSizes"]) > 2
+    assert replies[0] != replies[1]
+    plain = open_engine(EngineConfig(artifact=Artifact.open(tiny), mode=Mode.PLAIN,
+                                     sampling=Sampling(**SAMPLED, seed=0)), log=lambda _: None)
+    assert plain.generate(plain.tokenizer.encode_chat([Message("user", LONG)]), max_new_tokens=40).token_ids \
+        == replies[0]
+
+
+def test_the_draws_are_pythons_and_the_manifest_defaults_sample(tiny):
+    """uniform(seed, n) in TypeScript equals runtime/draws.py's (BigInt against Python's integers), and
+    specmemo-node with no sampling flag samples by the manifest's generation defaults, as `specmemo generate` does."""
+    from specmemo.runtime.draws import uniform
+    from specmemo.runtime.sampling import sampling_for
+
+    seeds, positions = [0, 1, 42, -7, 2**53 - 1], [0, 1, 2, 1000, 2**31]
+    script = (f"const d = require({json.dumps(str(engine_file('draws.js')))});"
+              f"console.log(JSON.stringify({json.dumps(seeds)}.map((s) => {json.dumps(positions)}"
+              ".map((n) => d.uniform(s, n)))))")
+    done = subprocess.run(["node", "-e", script], capture_output=True, text=True, timeout=60, check=True)
+    assert json.loads(done.stdout) == [[uniform(s, n) for n in positions] for s in seeds]
+    manifest = load_manifest(tiny)
+    defaults = sampling_for(manifest.generation, seed=3)
+    assert defaults is not None  # the tiny model's manifest samples by SpecMemo's defaults
+    engine = open_engine(EngineConfig(artifact=Artifact.open(tiny), mode=Mode.PLAIN, sampling=defaults),
+                         log=lambda _: None)
+    ids = engine.tokenizer.encode_chat([Message("user", LONG)])
+    (out,) = node("generate", "--artifact", str(tiny), "--prompt", LONG, "--max-new-tokens", "30", "--mode", "plain",
+                  "--seed", "3")
+    assert out["token_ids"] == engine.generate(ids, max_new_tokens=30).token_ids
+
+
 def test_arena_bytes_are_pythons(tiny):
     (out,) = node("generate", "--artifact", str(tiny), "--prompt", "w5", "--max-new-tokens", "2", "--mode", "tree",
-                  "--capacity", "100")
+                  "--capacity", "100", "--temperature", "0")
     plan = out["plan"]
     manifest = load_manifest(tiny)
     layout = ArenaLayout.for_manifest(manifest, Sizes(capacity=plan["capacity"], rows=plan["rows"], tree=plan["tree"]))
@@ -79,7 +141,7 @@ def test_multi_turn_chat_equals_pythons_chat_session(tiny, mode):
                        system="w5 w6", max_new_tokens=24)
     expected = [chat.send(user) for user in USERS]
     turns = node("chat", "--artifact", str(tiny), "--system", "w5 w6", "--max-new-tokens", "24", "--mode", mode.value,
-                 *[arg for user in USERS for arg in ("--message", user)])
+                 "--temperature", "0", *[arg for user in USERS for arg in ("--message", user)])
     assert [t["token_ids"] for t in turns] == [r.token_ids for r in expected]
     assert [(t["reused"], t["prefilled"]) for t in turns] == [(r.reused, r.prefilled) for r in expected]
     assert turns[1]["reused"] > 0  # the KV cache was reused across turns
@@ -106,16 +168,18 @@ REAL_PROMPTS = [
 @pytest.mark.real_model
 def test_real_default_artifact_equals_specmemo_generate(smollm2_artifact):
     """`specmemo generate --mode greedy` with no other flag is argmax (not the artifact's sampling defaults), as
-    `specmemo-node` is in every mode: the same reply."""
+    `specmemo-node --mode greedy` is, and every mode at temperature 0: the same reply."""
     for prompt in REAL_PROMPTS:
         done = subprocess.run([sys.executable, "-m", "specmemo.cli", "generate", "--artifact", str(smollm2_artifact),
                                "--prompt", prompt, "--max-new-tokens", "64", "--mode", "greedy", "--json"],
                               capture_output=True, text=True, timeout=600, check=True)
         expected = json.loads(done.stdout.strip().splitlines()[-1])["token_ids"]
-        for mode in ("greedy", "plain", "tree"):
+        for mode, drafter in (("greedy", "medusa+lookup"), ("plain", "medusa+lookup"), ("tree", "medusa+lookup"),
+                              ("tree", "feature+lookup")):
+            argmax = () if mode == "greedy" else ("--temperature", "0")
             (out,) = node("generate", "--artifact", str(smollm2_artifact), "--prompt", prompt, "--max-new-tokens", "64",
-                          "--mode", mode, "--drafter", "medusa+lookup")
-            assert out["token_ids"] == expected, (prompt, mode)
+                          "--mode", mode, "--drafter", drafter, *argmax)
+            assert out["token_ids"] == expected, (prompt, mode, drafter)
 
 
 @pytest.fixture(scope="module")
@@ -155,7 +219,7 @@ def test_structured_output_equals_pythons_and_speculation_keeps_it(byte_level, t
     expected = json.loads(python.stdout.strip().splitlines()[-1])
     for mode in ("greedy", "tree"):
         (out,) = node("generate", "--artifact", str(byte_level), "--prompt", prompt, "--max-new-tokens", "60",
-                      "--mode", mode, *flags)
+                      "--mode", mode, "--temperature", "0", *flags)
         assert out["token_ids"] == expected["token_ids"], (mode, out["text"], expected["text"])
         assert out["stats"]["finishReason"] == expected["stats"]["finish_reason"]
     if name != "choice" and expected["stats"]["finish_reason"] == "eos":  # whole: it parses
@@ -198,3 +262,55 @@ def test_smollm2_structured_replies_equal_pythons_on_the_bench_schemas(smollm2_a
             assert re.search(r"\d\.\d{6}$", before), (task.id, at, before)  # the fraction-digit limit, nothing else
             differ.append(task.id)
     assert len(differ) <= 2, differ
+
+
+def test_bench_node_runs_each_run_in_both_runtimes_with_the_same_ids(tiny):
+    """`specmemo bench node` on the tiny artifact: argmax and sampled tree runs, every Node reply Python's."""
+    from specmemo.bench.node import NodeBenchConfig, format_table, run_node_bench
+    from specmemo.errors import ConfigError
+
+    result = run_node_bench(NodeBenchConfig(artifact=tiny, questions=1, max_new_tokens=8,
+                                            modes=("greedy", "sample-tree")), log=lambda _: None)
+    assert result["replies_with_different_ids"] == 0 and set(result["modes"]) == {"greedy", "sample-tree"}
+    assert "sample-tree" in format_table(result)
+    with pytest.raises(ConfigError, match="--modes 'medusa': use some of greedy, tree"):
+        NodeBenchConfig(artifact=tiny, modes=("medusa",))
+
+
+@pytest.fixture(scope="module")
+def featured(tmp_path_factory) -> Path:
+    """A tiny Llama exported with a random feature drafter (tests/test_feature_drafter.py's), max capacity 64."""
+    from conftest import export_tiny, save_tiny_model, tiny_config
+    from test_feature_drafter import random_drafter
+    from transformers import AutoModelForCausalLM
+
+    from specmemo.export.feature_drafter import save_drafter
+
+    root = tmp_path_factory.mktemp("ts-feature")
+    folder = save_tiny_model(tiny_config("LlamaForCausalLM"), root / "hf")
+    save_drafter(random_drafter(AutoModelForCausalLM.from_pretrained(folder, dtype="float32").eval()),
+                 root / "drafter")
+    return export_tiny(None, root, max_capacity=64, feature_drafter=root / "drafter")
+
+
+SHORT = " ".join(f"w{i}" for i in range(20, 40))
+
+
+@pytest.mark.parametrize(("drafter", "sampled"), [("feature", False), ("feature+lookup", False),
+                                                  ("feature+lookup", True)])
+def test_the_feature_drafter_drafts_as_pythons(featured, drafter, sampled):
+    """The feature drafter in the TypeScript engine: its graph on onnxruntime-node, the same trees as the Python
+    runtime's step for step (accepted lengths and draft sizes), greedy's ids, and a sampled reply Python's."""
+    from specmemo.runtime.sampling import Sampling
+
+    sampling = Sampling(**SAMPLED, seed=4) if sampled else None
+    engine = open_engine(EngineConfig(artifact=Artifact.open(featured), mode=Mode.TREE, drafter=drafter,
+                                      sampling=sampling), log=lambda _: None)
+    ids = engine.tokenizer.encode_chat([Message("user", SHORT)])
+    expected = engine.generate(ids, max_new_tokens=24)
+    flags = sampled_flags(4) if sampled else ["--temperature", "0"]
+    (out,) = node("generate", "--artifact", str(featured), "--prompt", SHORT, "--max-new-tokens", "24", "--mode",
+                  "tree", "--drafter", drafter, *flags)
+    assert out["token_ids"] == expected.token_ids
+    assert out["stats"]["draftSizes"] == expected.stats.draft_sizes and max(expected.stats.draft_sizes) > 1
+    assert out["stats"]["acceptLengths"] == expected.stats.accept_lengths

@@ -71,10 +71,12 @@ def screenshot_path(tmp_path: Path, name: str) -> Path:
 
 
 def browser(artifact: Path, messages: list[str], screenshot: Path, *extra: str, mode: str,
-            max_new_tokens: int = MAX_NEW_TOKENS) -> list[dict]:
-    """node android_demo/web/test/browser.mjs: one JSON object per message."""
+            max_new_tokens: int = MAX_NEW_TOKENS, sampling: tuple[str, ...] = ("temperature=0",)) -> list[dict]:
+    """node android_demo/web/test/browser.mjs: one JSON object per message. `sampling`: the page's sampling URL
+    parameters (greedy unless told: the page samples by the artifact's defaults, as `specmemo chat` does)."""
     command = ["node", str(WEB / "test" / "browser.mjs"), "--artifact", str(artifact), "--screenshot", str(screenshot),
-               "--mode", mode, "--max-new-tokens", str(max_new_tokens), "--chromium", str(CHROMIUM), "--timeout", "240"]
+               "--mode", mode, "--max-new-tokens", str(max_new_tokens), "--chromium", str(CHROMIUM), "--timeout", "240",
+               *(arg for pair in sampling for arg in ("--param", pair))]
     for message in messages:
         command += ["--message", message]
     env = {**os.environ, "PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD": "1"}
@@ -85,6 +87,53 @@ def browser(artifact: Path, messages: list[str], screenshot: Path, *extra: str, 
     assert len([r for r in replies if "ids" in r]) == len(messages), done.stdout  # (and a line per --visits)
     assert screenshot.is_file() and screenshot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     return replies
+
+
+@pytest.fixture(scope="module")
+def web_featured(tmp_path_factory) -> Path:
+    """A tiny Llama exported with a random feature drafter (tests/test_feature_drafter.py's), max capacity 64."""
+    from conftest import export_tiny, save_tiny_model, tiny_config
+    from test_feature_drafter import random_drafter
+    from transformers import AutoModelForCausalLM
+
+    from specmemo.export.feature_drafter import save_drafter
+
+    require_web()
+    root = tmp_path_factory.mktemp("web-feature")
+    folder = save_tiny_model(tiny_config("LlamaForCausalLM"), root / "hf")
+    save_drafter(random_drafter(AutoModelForCausalLM.from_pretrained(folder, dtype="float32").eval()),
+                 root / "drafter")
+    return export_tiny(None, root, max_capacity=64, feature_drafter=root / "drafter")
+
+
+def test_the_page_drafts_with_the_feature_drafter_as_python(web_featured, tmp_path):
+    """?drafter=feature+lookup in Chromium: the feature drafter's graph on onnxruntime-web drafts (its trees are
+    Python's step for step under Node: tests/test_typescript.py), and the replies are greedy's ids, two turns."""
+    messages = [" ".join(f"w{i}" for i in range(20, 34)), "w40 w41 w42"]
+    engine = open_engine(EngineConfig(artifact=Artifact.open(web_featured), mode=Mode.TREE, drafter="feature+lookup"),
+                         log=lambda _: None)
+    chat = ChatSession(engine, max_new_tokens=16)
+    expected = [chat.send(message) for message in messages]
+    replies = browser(web_featured, messages, screenshot_path(tmp_path, "web-feature"), "--param",
+                      "drafter=feature+lookup", mode="tree", max_new_tokens=16)
+    assert [r["ids"] for r in replies] == [e.token_ids for e in expected]
+    assert max(expected[0].stats.draft_sizes) > 1
+
+
+def test_the_page_samples_by_the_python_runtimes_draws(web_artifact, tmp_path):
+    """With a seed and settings in the URL the page's sampled replies are the Python runtime's token for token, turn
+    after turn, with tree drafting (the draws are the positions': runtime/draws.py)."""
+    from specmemo.runtime.sampling import Sampling
+
+    settings = {"temperature": 0.9, "top_p": 0.9, "top_k": 20, "repetition_penalty": 1.1, "seed": 5}
+    engine = open_engine(EngineConfig(artifact=Artifact.open(web_artifact), mode=Mode.TREE,
+                                      sampling=Sampling(**settings)), log=lambda _: None)
+    chat = ChatSession(engine, max_new_tokens=MAX_NEW_TOKENS)
+    expected = [chat.send(message).token_ids for message in MESSAGES[:2]]
+    pairs = tuple(f"{key.replace('_', '-')}={value}" for key, value in settings.items())
+    replies = browser(web_artifact, MESSAGES[:2], screenshot_path(tmp_path, "web-sampled"), mode="tree", sampling=pairs)
+    assert [r["ids"] for r in replies] == expected
+    assert expected != python_replies(web_artifact, Mode.PLAIN, MESSAGES[:2])  # sampled, not greedy
 
 
 @pytest.mark.parametrize("mode", [Mode.PLAIN, Mode.TREE])
@@ -210,8 +259,8 @@ def test_a_budget_below_the_lower_bound_is_refused_with_the_plan(web_int4, tmp_p
     """The memory model in the browser: under its lower bound the page refuses in one line, naming what the
     model needs and what the device gives it, before loading a graph."""
     plan = browser_refusal(web_int4, tmp_path, budget_mib=0.05)
-    assert "needs at least" in plan["error"] and "gives the page" in plan["error"]
-    assert plan["plan"]["lowerBound"] > plan["plan"]["budget"] and not plan["plan"]["fits"]
+    assert "is below the lower bound of" in plan["error"] and "gives the page" in plan["error"]
+    assert not plan["plan"]["fits"] and plan["plan"]["budget"] == 0.05 * 2**20
 
 
 def browser_refusal(artifact: Path, tmp_path: Path, *, budget_mib: float) -> dict:

@@ -32,7 +32,9 @@ import type { ArtifactEntry } from './src/source';
 type FormatChoice = 'auto' | 'onnx' | 'ort';
 const FORMATS: FormatChoice[] = ['auto', 'ort', 'onnx'];
 const REMEMBER: boolean[] = [false, true]; // the recall store: off unless chosen (it keeps what was typed, on the phone)
-const MAX_NEW_TOKENS = 256;
+// how tokens are chosen: by the artifact's own sampling settings (as `specmemo chat`), or argmax on request
+const DECODING = ['sample', 'greedy'] as const;
+type Decoding = (typeof DECODING)[number];
 
 interface Message {
   id: number;
@@ -99,12 +101,13 @@ function recallLine(engine: Engine): string {
   return store === null ? '' : ` · recall ${store.held}/${store.capacity} tokens, ${(store.nbytes / 2 ** 20).toFixed(1)} MiB`;
 }
 
-function Picker(props: { onOpen: (artifact: ArtifactEntry, mode: Mode, format: FormatChoice, remember: boolean) => void }) {
+function Picker(props: { onOpen: (artifact: ArtifactEntry, mode: Mode, format: FormatChoice, remember: boolean, decoding: Decoding) => void }) {
   const [artifacts, setArtifacts] = useState<ArtifactEntry[] | null>(null);
   const [error, setError] = useState<string | null>(null);
   const [mode, setMode] = useState<Mode>('auto');
   const [format, setFormat] = useState<FormatChoice>('auto');
   const [remember, setRemember] = useState(false);
+  const [decoding, setDecoding] = useState<Decoding>('sample');
 
   // state set in the listing's callbacks only (an effect that sets state at once renders twice)
   const listFolder = useCallback(() => listArtifacts().then(setArtifacts, (err: unknown) => setError(errorText(err))), []);
@@ -123,6 +126,10 @@ function Picker(props: { onOpen: (artifact: ArtifactEntry, mode: Mode, format: F
       <View style={styles.row}>
         <Text style={styles.label}>mode</Text>
         {MODES.map((m) => <Chip key={m} label={m} active={mode === m} onPress={() => setMode(m)} />)}
+      </View>
+      <View style={styles.row}>
+        <Text style={styles.label}>tokens</Text>
+        {DECODING.map((d) => <Chip key={d} label={d} active={decoding === d} onPress={() => setDecoding(d)} />)}
       </View>
       <View style={styles.row}>
         <Text style={styles.label}>graphs</Text>
@@ -148,7 +155,7 @@ function Picker(props: { onOpen: (artifact: ArtifactEntry, mode: Mode, format: F
         renderItem={({ item }) => (
           <Pressable
             disabled={item.problem !== null}
-            onPress={() => props.onOpen(item, mode, format, remember)}
+            onPress={() => props.onOpen(item, mode, format, remember, decoding)}
             style={[styles.artifact, item.problem !== null && styles.buttonDisabled]}>
             <Text style={styles.artifactName}>{item.name}</Text>
             <Text style={styles.muted}>
@@ -271,7 +278,7 @@ export default function App() {
   const [log, setLog] = useState<string[]>([]); // the engine's log lines: the load's, then later ones
   const [error, setError] = useState<string | null>(null);
 
-  const open = useCallback(async (artifact: ArtifactEntry, mode: Mode, choice: FormatChoice, remember: boolean) => {
+  const open = useCallback(async (artifact: ArtifactEntry, mode: Mode, choice: FormatChoice, remember: boolean, decoding: Decoding) => {
     const format = resolveFormat(choice, artifact);
     const started = Date.now();
     // the engine keeps this for later lines too (auto mode measures its verify latency at the first reply)
@@ -280,13 +287,14 @@ export default function App() {
     setError(null);
     setLog([]);
     setOpening(true);
-    write(`opening ${artifact.name} (${format} graphs, mode ${mode}${remember ? ', recall on' : ''}) ...`);
+    write(`opening ${artifact.name} (${format} graphs, mode ${mode}, ${decoding}${remember ? ', recall on' : ''}) ...`);
     try {
       const engine = await openEngine({
         // onnxruntime-react-native implements onnxruntime-common's API, the one copy in this app (tsconfig.json paths)
         ort,
         source: new DeviceSource(artifact.path),
         mode,
+        sampling: decoding === 'greedy' ? { temperature: 0 } : undefined, // else the manifest's settings
         modelFormat: format,
         recall: remember ? { file: new RecallFileOnPhone(artifact.name), digest } : undefined,
         // no `grammar`: structured output (JSON replies) needs xgrammar's WebAssembly build, and Hermes has no
@@ -294,7 +302,7 @@ export default function App() {
         log: write,
       });
       write('ready');
-      setLoaded({ artifact, engine, format, session: new ChatSession(engine, { maxNewTokens: MAX_NEW_TOKENS }) });
+      setLoaded({ artifact, engine, format, session: new ChatSession(engine) });
     } catch (err) {
       setError(errorText(err));
     } finally {
@@ -321,7 +329,7 @@ export default function App() {
         ) : loaded !== null ? (
           <Chat loaded={loaded} lastLog={log[log.length - 1] ?? ''} onClose={close} />
         ) : (
-          <Picker onOpen={(artifact, mode, format, remember) => void open(artifact, mode, format, remember)} />
+          <Picker onOpen={(artifact, mode, format, remember, decoding) => void open(artifact, mode, format, remember, decoding)} />
         )}
       </SafeAreaView>
     </SafeAreaProvider>

@@ -2,7 +2,8 @@
 onnxruntime-node) decoding the same MT-Bench first turns, side by side.
 
 Each run is a fresh process of one runtime's `generate --json` (Python: `specmemo generate`, Node:
-`specmemo-node generate`) with the same artifact, mode, threads, capacity and token count
+`specmemo-node generate`) with the same artifact, run (RUNS: how it drafts and how it chooses tokens; the sampled
+runs draw with the artifact's own settings and the question's number as the seed), threads, capacity and token count
 (--ignore-eos, so both decode exactly N tokens); runs are interleaved question by question, Python
 then Node, then Node then Python for the next, so drift on a noisy machine hits both alike. The rate is each
 run's own decode tok/s (after the first token: loading and prefill excluded). Every Node reply is
@@ -25,26 +26,40 @@ from specmemo.runtime.config import DEFAULT_THREADS
 
 ENGINE_CLI = Path(__file__).resolve().parents[2] / "android_demo" / "engine" / "dist" / "src" / "cli.js"
 
+# a run's name → the flags both runtimes take for it: argmax, each drafting mode at temperature 0, and sampling
+RUNS: dict[str, tuple[str, ...]] = {
+    "greedy": ("--mode", "greedy"),
+    "tree": ("--mode", "tree", "--temperature", "0"),
+    "auto": ("--mode", "auto", "--temperature", "0"),
+    "sample": ("--mode", "plain"),
+    "sample-tree": ("--mode", "tree"),
+}
+
 
 @dataclass(frozen=True)
 class NodeBenchConfig:
     artifact: Path
     questions: int = 5
     max_new_tokens: int = 128
-    modes: tuple[str, ...] = ("greedy", "tree")
+    modes: tuple[str, ...] = ("greedy", "tree", "sample", "sample-tree")  # names of RUNS
     threads: int = DEFAULT_THREADS
     capacity: int | None = None
     drafter: str = "medusa+lookup"
 
     def __post_init__(self) -> None:
+        unknown = [m for m in self.modes if m not in RUNS]
+        if unknown:
+            raise ConfigError(f"--modes {unknown[0]!r}: use some of {', '.join(RUNS)}")
         if not ENGINE_CLI.is_file():
             raise ConfigError(f"{ENGINE_CLI} is missing: run `make js-setup` (npm ci + the TypeScript build)")
 
 
-def _command(runtime: str, config: NodeBenchConfig, prompt: str, mode: str) -> list[str]:
+def _command(runtime: str, config: NodeBenchConfig, prompt: str, mode: str, seed: int) -> list[str]:
     common = ["generate", "--artifact", str(config.artifact), "--prompt", prompt, "--max-new-tokens",
-              str(config.max_new_tokens), "--mode", mode, "--threads", str(config.threads), "--ignore-eos", "--json"]
-    if mode != "greedy":
+              str(config.max_new_tokens), *RUNS[mode], "--threads", str(config.threads), "--ignore-eos", "--json"]
+    if "--temperature" not in RUNS[mode] and mode != "greedy":
+        common += ["--seed", str(seed)]
+    if "plain" not in RUNS[mode] and mode != "greedy":
         common += ["--drafter", config.drafter]
     if config.capacity is not None:
         common += ["--capacity", str(config.capacity)]
@@ -79,7 +94,7 @@ def run_node_bench(config: NodeBenchConfig, *, log: Callable[[str], None] = prin
             order = ("python", "node") if i % 2 else ("node", "python")  # alternating question by question
             ids: dict[str, list[int]] = {}
             for runtime in order:
-                ids[runtime], rate, accepted = _run(_command(runtime, config, prompt, mode))
+                ids[runtime], rate, accepted = _run(_command(runtime, config, prompt, mode, seed=i))
                 runs[mode][runtime].append(rate)
                 runs[mode][f"{runtime}_accepted"].append(accepted)
             mismatches += ids["python"] != ids["node"]
@@ -96,10 +111,10 @@ def run_node_bench(config: NodeBenchConfig, *, log: Callable[[str], None] = prin
 
 
 def format_table(result: dict) -> str:
-    lines = ["mode     python tok/s  node tok/s  node/python  accepted/step (py, node)",
-             "-------  ------------  ----------  -----------  ------------------------"]
+    lines = ["run          python tok/s  node tok/s  node/python  accepted/step (py, node)",
+             "-----------  ------------  ----------  -----------  ------------------------"]
     for mode, s in result["modes"].items():
-        lines.append(f"{mode:<7}  {s['python_tok_s']:>12.1f}  {s['node_tok_s']:>10.1f}  "
+        lines.append(f"{mode:<11}  {s['python_tok_s']:>12.1f}  {s['node_tok_s']:>10.1f}  "
                      f"{s['node_over_python']:>11.2f}  {s['python_accepted']:.2f}, {s['node_accepted']:.2f}")
     lines.append(f"replies whose ids differ between the runtimes: {result['replies_with_different_ids']}")
     return "\n".join(lines)

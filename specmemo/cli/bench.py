@@ -127,7 +127,12 @@ def add_parser(sub) -> None:
     add_artifact(b)
     b.add_argument("--questions", type=positive, default=5, help="first N MT-Bench questions (first turns)")
     b.add_argument("--max-new-tokens", type=positive, default=128)
-    b.add_argument("--modes", default="greedy,tree", help="comma-separated: greedy, tree, auto")
+    b.add_argument("--modes", default="greedy,tree,sample,sample-tree",
+                   help="comma-separated runs: greedy (argmax), tree and auto (drafting at temperature 0), sample and "
+                        "sample-tree (the artifact's sampling settings, the question's number as the seed; plain and "
+                        "tree drafting)")
+    b.add_argument("--drafter", default="medusa+lookup",
+                   help="the drafters of the drafting runs, as both CLIs name them (feature+lookup for the 1.5B coder)")
     add_threads(b)
     b.add_argument("--capacity", type=positive, help="KV positions C (default: the manifest's plan, else its max)")
     b.add_argument("--json", type=Path, default=run_folder("bench-node.json"), help="where to write JSON")
@@ -380,7 +385,7 @@ def cmd_bench_node(args: argparse.Namespace) -> int:
 
     config = NodeBenchConfig(artifact=args.artifact, questions=args.questions, max_new_tokens=args.max_new_tokens,
                              modes=tuple(m.strip() for m in args.modes.split(",")), threads=args.threads,
-                             capacity=args.capacity)
+                             capacity=args.capacity, drafter=args.drafter)
     result = run_node_bench(config, log=log_stderr)
     print(format_table(result))
     print(f"wrote {write_json(args.json, result, threads=args.threads)}")

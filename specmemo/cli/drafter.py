@@ -242,9 +242,9 @@ def _train_from_features(args: argparse.Namespace) -> int:
                                 init=str(args.init or ""), features=json.dumps(settings, sort_keys=True),
                                 validate_every=args.validate_every)
     from specmemo.errors import ConfigError
-    from specmemo.export.model_source import resolve_model
+    from specmemo.export.model_source import model_sha256
 
-    if settings["artifact"].split("|")[0] != resolve_model(args.model).sha256:  # before the model loads
+    if settings["artifact"].split("|")[0] != model_sha256(args.model):  # before the model loads (or converts)
         raise ConfigError(f"{args.features} holds features of another model than --model {args.model}: pass the "
                           f"--model its artifact was exported from")
     resolved, hf_model, tokenizer, command = base_model(args)

@@ -146,8 +146,9 @@ def add_decoding_options(parser: argparse.ArgumentParser) -> None:
                           help="> 1 discourages tokens already in the conversation (HF's rule; 1: off); applied at "
                                "every tree node over the tokens before it, so speculation honours it exactly")
     sampling.add_argument("--acceptance", choices=("exact", "typical"), default="exact",
-                          help="how a sampled tree is verified: exact (rejection sampling: the distribution of plain "
-                               "sampling) or typical (Medusa's typical acceptance: more tokens per step, not exact)")
+                          help="how a sampled tree is verified: exact (a draft is kept where it is the token plain "
+                               "sampling draws there: with a seed, the same reply drafted or not) or typical (Medusa's "
+                               "typical acceptance: more tokens per step, not exact)")
     sampling.add_argument("--seed", type=int, default=0, help="sampling seed")
     recall = parser.add_argument_group(
         "recall", "draft from what was written before: earlier turns and conversations, kept in a bounded store "

@@ -142,6 +142,12 @@ def resolve_model(spec: str) -> ResolvedModel:
     )
 
 
+def model_sha256(spec: str) -> str:
+    """resolve_model(spec).sha256 without converting anything: a check that comes before the model loads."""
+    source = gguf_source(spec)
+    return sha256_of(source[0]) if source is not None else resolve_model(spec).sha256
+
+
 def _from_gguf(spec: str, parts: list[Path], packaged: PackagedGguf | None = None) -> ResolvedModel:
     sha = sha256_of(parts)
     folder = cache_root() / "hf" / f"{_slug(spec)}-{sha[:12]}"

@@ -41,6 +41,7 @@ from specmemo.runtime.shared import SHARED
 from specmemo.runtime.sizes import WINDOW_MARGIN, Sizes
 
 ALIGN: int = SHARED["arena_align"]  # bytes; every view starts on a cache line
+SPAN_STEP: int = SHARED["span_step"]  # positions a KV buffer's length is rounded up to (a sliding window's here)
 
 
 @dataclass(frozen=True)
@@ -151,14 +152,14 @@ def window_capacity(manifest: Manifest, sizes: Sizes) -> int:
     A query at position p of a sliding layer reads keys at positions > p - W only. Its buffer holds
     a run of consecutive positions [o, o + rows); before a call of up to R rows would overflow it, the
     runtime slides (backend.py): it keeps the last W - 1 + WINDOW_MARGIN positions at the front. So
-    C_w = W - 1 + WINDOW_MARGIN + R (rounded up to 32) always fits the next call, one slide makes room
+    C_w = W - 1 + WINDOW_MARGIN + R (rounded up to SPAN_STEP) always fits the next call, one slide makes room
     for at least WINDOW_MARGIN tokens (a copy of ~W rows every R or more tokens), and the committed
     length can be rewound by up to WINDOW_MARGIN tokens (chat re-renders its template's tail) without
     losing a key a later query needs."""
     window = manifest.dims.sliding_window
     if not window:
         return 0
-    return min(sizes.capacity, -(-(window - 1 + WINDOW_MARGIN + sizes.rows) // 32) * 32)
+    return min(sizes.capacity, -(-(window - 1 + WINDOW_MARGIN + sizes.rows) // SPAN_STEP) * SPAN_STEP)
 
 
 def _aligned(size: int) -> int:

@@ -309,37 +309,38 @@ def masked(logits: np.ndarray, allowed: np.ndarray) -> np.ndarray:
 NO_TOKEN = -1  # a constraint allowed nothing
 
 
-def choose(logits: np.ndarray, allowed: np.ndarray, sampling: Sampling | None, rng: np.random.Generator | None,
+def choose(logits: np.ndarray, allowed: np.ndarray, sampling: Sampling | None, position: int,
            context: Sequence[int]) -> int:
-    """A row's token among the allowed ones: the argmax, or a draw (NO_TOKEN when none is allowed)."""
+    """A row's token among the allowed ones: the argmax, or the draw at reply position `position` (NO_TOKEN when
+    none is allowed)."""
     if not allowed.any():
         return NO_TOKEN
     row = masked(logits, allowed)
     if sampling is None:
         return int(np.argmax(row))
-    assert rng is not None
-    return sample_next(row, sampling, rng, list(context))
+    return sample_next(row, sampling, position, list(context))
 
 
 def accept_constrained(draft: DraftTree, decided: int, masks: dict[int, np.ndarray], out: Forward,
-                       sampling: Sampling | None, rng: np.random.Generator | None, context: Sequence[int]
+                       sampling: Sampling | None, position: int, context: Sequence[int]
                        ) -> tuple[list[int], int]:
     """The accepted nodes and the next root of a verified tree under a constraint. Nodes [0, decided) are a chain of
     decided tokens (the root and what the grammar forced after it), kept whatever the model says; the drafted nodes
     under the last of them were pruned to what the grammar allows (constrain_draft), and `masks` holds the allowed
     tokens after each (and after the last decided one). Acceptance is decode's, on the masked rows: the argmax walk,
-    or exact rejection sampling. The root is NO_TOKEN where the grammar allows nothing."""
+    or sampling's (`position`: the reply position after node 0). The root is NO_TOKEN where the grammar allows
+    nothing."""
     if sampling is None or draft.size == decided:
         path = list(range(decided))
         while True:
             node = path[-1]
-            want = choose(out.logits[node], masks[node], sampling, rng, [*context, *draft.tokens[decided:node + 1]])
+            want = choose(out.logits[node], masks[node], sampling, position + node,
+                          [*context, *draft.tokens[decided:node + 1]])
             child = next((i for i in range(node + 1, draft.size)
                           if draft.parents[i] == node and draft.tokens[i] == want), None)
             if child is None or sampling is not None:
                 return path, want
             path.append(child)
-    assert rng is not None
     last = decided - 1  # the drafted subtree hangs under the decided chain's last node: accepted from there
     if not masks[last].any():
         return list(range(decided)), NO_TOKEN
@@ -347,7 +348,7 @@ def accept_constrained(draft: DraftTree, decided: int, masks: dict[int, np.ndarr
     rows = np.stack([masked(out.logits[i], masks[i]) if masks[i].any() else out.logits[i]
                      for i in range(last, draft.size)])
     parents = [-1, *(p - last for p in draft.parents[decided:])]
-    path, root = accept_sampled(list(draft.tokens[last:]), parents, rows, sampling, rng, context)
+    path, root = accept_sampled(list(draft.tokens[last:]), parents, rows, sampling, position + last, context)
     path = [*range(last), *(last + i for i in path)]
     return path, root if masks[path[-1]].any() else NO_TOKEN
 

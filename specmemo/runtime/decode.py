@@ -11,9 +11,10 @@
   verify  – one decoder call over the T tree nodes (root = the token already chosen);
   accept  – greedy: walk down from the root while some child carries the base model's argmax
             after its parent; the argmax after the last accepted node is the next root (bonus).
-            With `Sampling` (runtime/sampling.py): rejection sampling down the tree against the base
-            model's distribution after each node (repetition penalty, temperature, top-k, top-p
-            applied), so every token is an exact draw (Medusa's typical acceptance where asked). With
+            With `Sampling` (runtime/sampling.py): down the tree while a child is the token its
+            position's seeded draw picks from the base model's distribution after its parent
+            (repetition penalty, temperature, top-k, top-p applied): every token an exact draw, the
+            same as plain sampling's with the seed (Medusa's typical acceptance where asked). With
             `LogitRules` (penalties, logit bias, log-probabilities: runtime/logit_rules.py) a
             reply runs root-only steps and the rules choose each token;
   commit  – keep the accepted nodes' K/V positions, contiguous after the committed ones.
@@ -116,22 +117,21 @@ def accept(tokens: list[int], parents: list[int], next_ids: np.ndarray) -> list[
 
 
 def accept_tree(tokens: list[int], parents: list[int], out: Forward, sampling: Sampling | None = None,
-                rng: np.random.Generator | None = None, context: Sequence[int] = ()) -> tuple[list[int], int]:
+                position: int = 0, context: Sequence[int] = ()) -> tuple[list[int], int]:
     """The accepted nodes (root first) of a verified tree and the next root: greedy (`accept`, then the
-    argmax after the last accepted node), or exact rejection sampling."""
+    argmax after the last accepted node), or sampling's (`position`: the reply position after node 0)."""
     if sampling is None:
         path = accept(tokens, parents, out.next_token_ids)
         return path, int(out.next_token_ids[path[-1]])
-    assert rng is not None  # a sampled run draws from its seeded generator (generate makes one with the Sampling)
-    return accept_sampled(tokens, parents, out.logits, sampling, rng, context)
+    return accept_sampled(tokens, parents, out.logits, sampling, position, context)
 
 
 def verify_and_commit(backend: Backend, tokens: list[int], parents: list[int], sampling: Sampling | None = None,
-                      rng: np.random.Generator | None = None, context: Sequence[int] = ()) -> tuple[list[int], Step]:
+                      position: int = 0, context: Sequence[int] = ()) -> tuple[list[int], Step]:
     """verify → accept → commit; returns the accepted node indices (root first) and the next step.
     `context`: every decided token up to the tree's root (sampling's repetition penalty reads it)."""
     out = backend.forward(tokens, parents)
-    path, root = accept_tree(tokens, parents, out, sampling, rng, context)
+    path, root = accept_tree(tokens, parents, out, sampling, position, context)
     last = path[-1]
     step = Step(root, out.hidden_states[last], out.hidden_states, path)  # arena views: read by the next draft
     backend.commit(path)
@@ -167,7 +167,7 @@ class Reply:
         first   – after the prompt's last chunk: the first token, and what a grammar forces after it;
         propose – the step's tree: a draft (or the root alone), pruned and grafted under a constraint;
         (the caller's decoder call over the tree)
-        accept  – the accepted nodes and the next root: greedy, rejection sampling, the grammar's masks or the
+        accept  – the accepted nodes and the next root: greedy, the sampled draws, the grammar's masks or the
                   logit rules (a rules reply runs root-only calls);
         (the caller's commit of the accepted K/V positions)
         advance – the step's decided tokens, and what a grammar forces after them;
@@ -188,15 +188,18 @@ class Reply:
     forced: list[int] = field(default_factory=list)  # tokens a grammar forced after the root, not yet run
     logprob: TokenLogprob | None = None  # the root's, where the rules ask for log-probabilities
     context: list[int] = field(init=False)  # every decided token: the drafters and the penalties read it
-    rng: np.random.Generator | None = field(init=False)
     started: float = field(init=False, default_factory=time.perf_counter)
 
     def __post_init__(self) -> None:
         if not self.prompt or self.max_new_tokens < 1:
             raise ValueError("a reply needs a non-empty prompt and max_new_tokens >= 1")
         self.context = [*self.history, *self.prompt]
-        self.rng = np.random.default_rng(self.sampling.seed) if self.sampling is not None else None
         self.generation.stats.prompt_tokens = len(self.prompt)
+
+    @property
+    def position(self) -> int:
+        """The reply position of the next token to decide (sampling's draws are numbered by it)."""
+        return len(self.context) - len(self.history) - len(self.prompt)
 
     @property
     def root(self) -> int:
@@ -208,7 +211,7 @@ class Reply:
         rules' (its log-probability kept), a draw, or the graph's argmax."""
         logits = out.logits[node]
         if self.constraint is not None and self.rules is None:
-            return choose(logits, self.constraint.mask(), self.sampling, self.rng, self.context)
+            return choose(logits, self.constraint.mask(), self.sampling, self.position, self.context)
         if self.rules is not None:
             z = apply(logits, self.rules, self.context[len(self.history) + len(self.prompt):])
             if self.constraint is not None:  # the rules, then the grammar: the constrained distribution
@@ -218,16 +221,14 @@ class Reply:
                     return NO_TOKEN
                 z = np.where(allowed[: z.shape[-1]], z, -np.inf)
             if self.sampling is not None:
-                assert self.rng is not None
-                token = sample_next(z, self.sampling, self.rng, self.context)
+                token = sample_next(z, self.sampling, self.position, self.context)
             else:
                 changed = self.rules.changes_logits or self.constraint is not None
                 token = int(np.argmax(z)) if changed else int(out.next_token_ids[node])
             self.logprob = token_logprob(z, token, self.rules.logprobs) if self.rules.logprobs is not None else None
             return token
         if self.sampling is not None:
-            assert self.rng is not None
-            return sample_next(logits, self.sampling, self.rng, self.context)
+            return sample_next(logits, self.sampling, self.position, self.context)
         return int(out.next_token_ids[node])
 
     def first(self, out: Forward, *, room: int) -> list[int]:
@@ -266,9 +267,10 @@ class Reply:
         tree = verify.tree
         if self.rules is not None:
             return [0], self.pick(out, 0)
+        after = self.position - verify.decided + 1  # the reply position that follows the tree's node 0
         if self.constraint is not None:
-            return accept_constrained(tree, verify.decided, verify.masks, out, self.sampling, self.rng, self.context)
-        return accept_tree(list(tree.tokens), list(tree.parents), out, self.sampling, self.rng, self.context)
+            return accept_constrained(tree, verify.decided, verify.masks, out, self.sampling, after, self.context)
+        return accept_tree(list(tree.tokens), list(tree.parents), out, self.sampling, after, self.context)
 
     def advance(self, verify: Verify, out: Forward, path: list[int], root: int, *, drafted: int, room: int,
                 length: int) -> list[int]:
@@ -344,10 +346,10 @@ def generate(
     drafter is given, with trees of at most `max_tree` nodes (T_max, the arena's rows for a tree); plain (one-node
     trees) otherwise. `history`: the tokens already committed before `prompt` (earlier turns), for drafters that
     read the conversation. `policy` decides each step's draft budget and verified width (default: all of it that
-    fits); `sampling` samples, seeded (exact rejection sampling by default, or Medusa's typical acceptance when
-    asked). `chains_only`: verify only the draft's best path (a graph whose tree verify rounds apart from a chain,
-    manifest.draft_shape). `constraint`: a fresh matcher (runtime/constraint.py) the reply must satisfy; `rules`:
-    penalties, logit bias and log-probabilities (one token a step)."""
+    fits); `sampling` samples, seeded (exact acceptance by default: plain sampling's reply; Medusa's typical
+    acceptance when asked). `chains_only`: verify only the draft's best path (a graph whose tree verify rounds
+    apart from a chain, manifest.draft_shape). `constraint`: a fresh matcher (runtime/constraint.py) the reply
+    must satisfy; `rules`: penalties, logit bias and log-probabilities (one token a step)."""
     speculative = drafter is not None and max_tree > 1
     policy = policy if policy is not None and speculative else FullWidth(max_tree if speculative else 1)
     reply = Reply(prompt, max_new_tokens, eos_token_ids, history, drafter if speculative else None, sampling, rules,

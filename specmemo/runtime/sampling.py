@@ -4,13 +4,14 @@ The distribution after a node is what plain sampling would draw from at that pos
 Face's order: the repetition penalty over every token before it (the context and the node's own
 root-to-node path, so each branch of a tree is penalised for what it itself repeats), then the
 temperature, then top-k, then top-p (the smallest set of most likely tokens whose mass reaches p).
-Two acceptance rules verify a drafted tree against those distributions:
-  exact (default) – speculative sampling for drafts that are single tokens (SpecInfer's multi-draft
-      rejection sampling): at a node with distribution p, its children are tried in draft order; child
-      x is kept with probability p(x), else p(x) is set to 0 and p renormalised, and when no child is
-      kept the next root is drawn from what is left of p. Every emitted token is then an exact draw
-      from the distribution plain sampling would use there, so speculation changes speed, never
-      the output distribution, and the repetition penalty (part of p) is honoured exactly.
+Every draw comes from runtime/draws.py: one uniform per position of the reply, u(seed, n), and the token at
+position n is the inverse CDF of its distribution at u(seed, n). Two acceptance rules verify a drafted tree:
+  exact (default) – a drafted child is kept when it is the token plain sampling draws after its parent (its
+      position's draw picks it); the first node whose draw picks no child ends the path, and that draw is the next
+      root. A single drafted x is kept with probability p(x), several children with the sum of theirs: multi-draft
+      rejection sampling's rates (SpecInfer), and more: since the draw at a position depends on the seed and the
+      position alone, a sampled reply is token for token the one plain sampling gives with the same seed, whatever
+      was drafted, as greedy speculation is greedy's. The repetition penalty (part of p) is honoured exactly.
   typical – Medusa's typical acceptance: a drafted token is kept when p gives it more than
       min(ε, α·exp(-entropy)); the next root is drawn after the last kept node. More tokens per step,
       but not draws from p: measured with `bench chat`, it kept prompt lookup's copied (repeating)
@@ -29,21 +30,24 @@ import numpy as np
 
 from specmemo.errors import ConfigError
 from specmemo.runtime import tree
+from specmemo.runtime.draws import pick, uniform
+from specmemo.runtime.shared import SHARED
 
 if TYPE_CHECKING:
     from specmemo.runtime.manifest import GenerationDefaults
 
 
 class Acceptance(StrEnum):
-    EXACT = "exact"  # rejection sampling: the output distribution of plain sampling
+    EXACT = "exact"  # a draft kept where it is plain sampling's draw: plain sampling's reply
     TYPICAL = "typical"  # Medusa's typical acceptance
 
 
 # SpecMemo's sampling defaults, for an artifact whose model sets none (export/generation.py writes them into the
 # manifest): those of llama.cpp and Ollama for small chat models, with a mild repetition penalty (a 135M model's
 # greedy replies loop; `bench chat-quality` measures that these do not)
-DEFAULTS = {"temperature": 0.7, "top_p": 0.9, "top_k": 40, "repetition_penalty": 1.1}
-OFF = {"top_p": 1.0, "top_k": 0, "repetition_penalty": 1.0}  # each filter's value that leaves the distribution be
+DEFAULTS: dict[str, float] = SHARED["sampling"]["defaults"]
+OFF: dict[str, float] = SHARED["sampling"]["off"]  # each filter's value that leaves the distribution be
+TYPICAL: dict[str, float] = SHARED["sampling"]["typical"]  # typical acceptance's ε and α
 
 
 def described(values: dict[str, float]) -> str:
@@ -60,8 +64,8 @@ class Sampling:
     top_p: float = OFF["top_p"]
     top_k: int = int(OFF["top_k"])
     repetition_penalty: float = OFF["repetition_penalty"]  # > 1 discourages tokens already in the context (HF's rule)
-    posterior_threshold: float = 0.09  # ε
-    posterior_alpha: float = 0.3  # α
+    posterior_threshold: float = TYPICAL["threshold"]  # ε
+    posterior_alpha: float = TYPICAL["alpha"]  # α
     seed: int = 0
     acceptance: Acceptance = Acceptance.EXACT
 
@@ -94,14 +98,19 @@ def distribution(logits: np.ndarray, sampling: Sampling, seen: np.ndarray | None
         kth = np.partition(z, -sampling.top_k)[-sampling.top_k]
         z[z < kth] = -np.inf
     z = np.exp(z - z.max())
-    probs: np.ndarray = z / z.sum()
+    probs: np.ndarray = z / _total(z)
     if sampling.top_p < 1.0:
         order = np.argsort(-probs, kind="stable")
         mass = np.cumsum(probs[order])
         cut = int(np.searchsorted(mass, sampling.top_p)) + 1  # the smallest head whose mass reaches p
         probs[order[cut:]] = 0.0
-        probs /= probs.sum()
+        probs /= _total(probs)
     return probs
+
+
+def _total(values: np.ndarray) -> float:
+    """A sum in id order, one term after another (the TypeScript engine's loop; np.sum adds pairwise)."""
+    return float(np.cumsum(values)[-1])
 
 
 def node_distributions(tokens: list[int], parents: list[int], logits: np.ndarray, sampling: Sampling,
@@ -118,39 +127,34 @@ def node_distributions(tokens: list[int], parents: list[int], logits: np.ndarray
     return out
 
 
-def accept_sampled(tokens: list[int], parents: list[int], logits: np.ndarray, sampling: Sampling,
-                   rng: np.random.Generator, context: Sequence[int] = ()) -> tuple[list[int], int]:
-    """The step's accepted path and next root by `sampling.acceptance` (see the module doc)."""
+def accept_sampled(tokens: list[int], parents: list[int], logits: np.ndarray, sampling: Sampling, position: int,
+                   context: Sequence[int] = ()) -> tuple[list[int], int]:
+    """The step's accepted path and next root by `sampling.acceptance` (see the module doc). `position`: the reply
+    position of the token after node 0 (a node at depth d is followed by position + d); `context`: every token
+    before the tree's root, the root included (for the repetition penalty)."""
     if sampling.acceptance is Acceptance.TYPICAL:
-        return accept_typical(tokens, parents, logits, sampling, rng, context)
-    return accept_exact(tokens, parents, logits, sampling, rng, context)
+        return accept_typical(tokens, parents, logits, sampling, position, context)
+    return accept_exact(tokens, parents, logits, sampling, position, context)
 
 
-def accept_exact(tokens: list[int], parents: list[int], logits: np.ndarray, sampling: Sampling,
-                 rng: np.random.Generator, context: Sequence[int] = ()) -> tuple[list[int], int]:
-    """Multi-draft rejection sampling down the tree: (accepted path, next root), each token an exact draw."""
+def accept_exact(tokens: list[int], parents: list[int], logits: np.ndarray, sampling: Sampling, position: int,
+                 context: Sequence[int] = ()) -> tuple[list[int], int]:
+    """Down the tree while a child is the token its position's draw picks: (accepted path, next root), each token
+    the one plain sampling draws there."""
     path = [0]
     while True:
         node = path[-1]
         p = node_distributions(tokens, parents, logits, sampling, list(context), [node])[node]
-        kept = None
-        for child in (i for i, parent in enumerate(parents) if parent == node):
-            x = tokens[child]
-            if p[x] > 0 and rng.random() < p[x]:
-                kept = child
-                break
-            if p[x] > 0:  # rejected: the residual distribution is p without x
-                p[x] = 0.0
-                p /= p.sum()
-        if kept is None:
-            return path, int(rng.choice(p.size, p=p))
-        path.append(kept)
+        want = pick(p, uniform(sampling.seed, position + len(path) - 1))
+        child = next((i for i, parent in enumerate(parents) if parent == node and tokens[i] == want), None)
+        if child is None:
+            return path, want
+        path.append(child)
 
 
-def accept_typical(tokens: list[int], parents: list[int], logits: np.ndarray, sampling: Sampling,
-                   rng: np.random.Generator, context: Sequence[int] = ()) -> tuple[list[int], int]:
-    """Typical acceptance over a verified tree: (accepted path, next root sampled after its last node).
-    `context`: every token before the tree's root, the root included (for the repetition penalty)."""
+def accept_typical(tokens: list[int], parents: list[int], logits: np.ndarray, sampling: Sampling, position: int,
+                   context: Sequence[int] = ()) -> tuple[list[int], int]:
+    """Typical acceptance over a verified tree: (accepted path, next root drawn after its last node)."""
     depth = tree.depths(parents)
     probs: dict[int, np.ndarray] = {}
     ok = [True] * len(tokens)
@@ -167,15 +171,14 @@ def accept_typical(tokens: list[int], parents: list[int], logits: np.ndarray, sa
     last = max((i for i in range(len(tokens)) if ok[i]), key=lambda i: (depth[i], -i))
     if last not in probs:
         probs.update(node_distributions(tokens, parents, logits, sampling, list(context), [last]))
-    root = int(rng.choice(probs[last].size, p=probs[last]))
-    return tree.path_to(parents, last), root
+    return tree.path_to(parents, last), pick(probs[last], uniform(sampling.seed, position + int(depth[last])))
 
 
-def sample_next(logits: np.ndarray, sampling: Sampling, rng: np.random.Generator, context: list[int]) -> int:
-    """The first token after a prompt: one draw from the distribution after the context's last token."""
+def sample_next(logits: np.ndarray, sampling: Sampling, position: int, context: list[int]) -> int:
+    """The token at reply position `position` after `context`: its draw from the distribution after the
+    context's last token."""
     seen = np.unique(np.asarray(context, dtype=np.int64)) if sampling.repetition_penalty != 1.0 else None
-    probs = distribution(logits, sampling, seen)
-    return int(rng.choice(probs.size, p=probs))
+    return pick(distribution(logits, sampling, seen), uniform(sampling.seed, position))
 
 
 def describe(sampling: Sampling | None) -> str:

@@ -16,8 +16,7 @@
  *   heads_hidden      [B, h]           the Medusa heads' input
  *   heads_token_ids   [B, K, k] int64
  *   heads_probs       [B, K, k]
- *   drafter_kv.{0,1}  [1, H_kv, C_d, D]  the feature drafter's KV, priced only (memory.ts): this engine
- *                                      does not run the feature drafter, so its own arena has none
+ *   drafter_kv.{0,1}  [1, H_kv, C_d, D]  the feature drafter's KV, C_d = C + its scratch rows, when it runs
  */
 
 import { ConfigError } from './errors';
@@ -142,6 +141,12 @@ export class Arena {
 
   i64(name: string): BigInt64Array {
     return this.named.get(name) as BigInt64Array;
+  }
+
+  view(name: string): View {
+    const view = this.named.get(name);
+    if (view === undefined) throw new RangeError(`the arena has no view ${JSON.stringify(name)}`);
+    return view;
   }
 
   /** 2L views [B, H_kv, C, D], in the manifest's kv_pairs order. */

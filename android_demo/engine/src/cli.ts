@@ -15,6 +15,7 @@ import { ConstraintSpec } from './constraint';
 import { openEngine } from './engine';
 import { ModelFormat } from './manifest';
 import { FolderSource, RecallFileOnDisk, loadXGrammar } from './node';
+import { DEFAULTS, SamplingRequest } from './sampling';
 import { SHARED } from './shared';
 
 const UNITS: Record<string, number> = { '': 1, b: 1, kib: 2 ** 10, mib: 2 ** 20, gib: 2 ** 30, kb: 1e3, mb: 1e6, gb: 1e9 };
@@ -39,10 +40,11 @@ options:
   --message TEXT        a user turn (chat; repeat for several turns)
   --system TEXT         optional system message
   --max-new-tokens N    default ${SHARED.max_new_tokens.generate} (generate), ${SHARED.max_new_tokens.chat} (chat)
-  --mode M              how each step drafts: auto (default) | tree | plain (no drafting); greedy is an
-                        older name for plain. Every mode decodes by argmax, the same tokens in each;
-                        tree and auto only change how many tokens a step verifies
-  --drafter D           medusa, lookup, recall, or several joined by '+' (default: the manifest's)
+  --mode M              how each step drafts: auto (default) | tree | plain (no drafting); greedy: plain
+                        with argmax decoding (--mode plain --temperature 0). Tree and auto only change how
+                        many tokens a step verifies: the tokens are the sampling's, the same in every mode
+  --drafter D           medusa, feature, lookup, recall, or several joined by '+', e.g. feature+lookup
+                        (default: the manifest's)
   --capacity C          KV positions to allocate (default: the manifest's plan, else its max)
   --threads N           ONNX Runtime intra-op threads (default ${SHARED.threads})
   --model-format F      onnx (default) or ort (the .ort graphs of an \`export --mobile\` artifact)
@@ -59,8 +61,50 @@ options:
   --json-object         the reply is a JSON object (generate)
   --choice TEXT         the reply is one of these strings (generate; repeat it)
   --ignore-eos          keep generating past end-of-turn (for measurements)
+
+sampling (as \`specmemo generate\`: what is not given comes from the artifact's manifest, its model's
+generation config, else ${describedDefaults()}; the same seed gives the Python runtime's tokens):
+  --temperature T       0: greedy (argmax); > 0: sample
+  --top-p P             keep the most likely tokens up to this mass (1: off)
+  --top-k K             keep this many most likely tokens (0: off)
+  --repetition-penalty R  > 1 discourages tokens already in the conversation (1: off)
+  --seed N              the draws' seed (default 0)
+  --acceptance A        exact (default: a draft is kept where it is plain sampling's draw) or typical
   --json                print JSON: text, token_ids, stats (as \`specmemo generate --json\`)
   -h, --help            this text`;
+
+function describedDefaults(): string {
+  const d = DEFAULTS;
+  return `temperature ${d.temperature}, top-p ${d.top_p}, top-k ${d.top_k}, repetition penalty ${d.repetition_penalty}`;
+}
+
+/** --temperature … --acceptance as the engine's sampling request; a flag beside temperature 0 is refused (Python's
+ * check_sampling_flags). */
+function samplingFlags(values: Record<string, unknown>): SamplingRequest {
+  const number = (flag: string, integer = false): number | undefined => {
+    const text = values[flag] as string | undefined;
+    if (text === undefined) return undefined;
+    const value = Number(text);
+    if (text.trim() === '' || !Number.isFinite(value) || (integer && !Number.isInteger(value))) {
+      throw new Error(`--${flag} ${JSON.stringify(text)}: give ${integer ? 'an integer' : 'a number'}`);
+    }
+    return value;
+  };
+  const request: SamplingRequest = {
+    temperature: number('temperature'), topP: number('top-p'), topK: number('top-k', true),
+    repetitionPenalty: number('repetition-penalty'), seed: number('seed', true) ?? 0,
+  };
+  const acceptance = values.acceptance as string | undefined;
+  if (acceptance !== undefined) {
+    if (acceptance !== 'exact' && acceptance !== 'typical') throw new Error(`--acceptance ${JSON.stringify(acceptance)}: use exact or typical`);
+    request.acceptance = acceptance;
+  }
+  const given = ['top-p', 'top-k', 'repetition-penalty'].filter((flag) => values[flag] !== undefined).map((flag) => `--${flag}`);
+  if (request.temperature !== undefined && request.temperature <= 0 && given.length) {
+    throw new Error(`${given.join(', ')} needs sampling: give --temperature > 0 (temperature 0 is exact greedy)`);
+  }
+  return request;
+}
 
 async function main(): Promise<number> {
   const { values, positionals } = parseArgs({
@@ -74,6 +118,8 @@ async function main(): Promise<number> {
       'recall-add': { type: 'string', multiple: true }, 'json-schema': { type: 'string' },
       'json-object': { type: 'boolean', default: false }, choice: { type: 'string', multiple: true },
       json: { type: 'boolean', default: false }, help: { type: 'boolean', short: 'h', default: false },
+      temperature: { type: 'string' }, 'top-p': { type: 'string' }, 'top-k': { type: 'string' },
+      'repetition-penalty': { type: 'string' }, seed: { type: 'string' }, acceptance: { type: 'string' },
     },
   });
   const command = positionals[0];
@@ -97,13 +143,14 @@ async function main(): Promise<number> {
       throw new Error(`--json-schema ${values['json-schema']}: ${err.code === 'ENOENT' ? 'no such file' : err.message}`);
     }) }
     : values['json-object'] ? { kind: 'json_object' } : values.choice?.length ? { kind: 'choice', choices: values.choice } : undefined;
+  const sampling = samplingFlags(values);
   const source = new FolderSource(values.artifact);
   const engine = await openEngine({
     ort, source, mode: values.mode, drafter: values.drafter, threads: Number(values.threads),
     route: values.route === undefined ? undefined : parseRoute(values.route),
     capacity: values.capacity === undefined ? undefined : Number(values.capacity),
     modelFormat: values['model-format'] as ModelFormat, log: (line) => process.stderr.write(`${line}\n`), recall,
-    grammar: constraint === undefined ? undefined : loadXGrammar(),
+    grammar: constraint === undefined ? undefined : loadXGrammar(), sampling,
   });
   try {
     if (values.forget) await engine.forget();

@@ -17,12 +17,15 @@
  * accept → commit → advance → emit]), as runtime/decode.py's does. Under a constraint (constraint.ts) every
  * row's choice is the argmax among the tokens the grammar allows, drafted nodes it forbids are pruned before the
  * call, and tokens it forces are decided without a step of their own (the next call runs them as a chain), so
- * constrained output is constrained greedy's either way. Sampling and logit rules are Python's alone for now.
+ * constrained output is constrained greedy's either way. With a `Sampling` (sampling.ts) every choice is instead
+ * the position's seeded draw from the base model's distribution (a drafted child kept where it is that draw), so a
+ * sampled reply is plain sampling's with the same seed, and the Python runtime's. Logit rules are Python's alone.
  */
 
 import { Forward, OrtBackend } from './backend';
 import { Matcher, NO_TOKEN, chooseMasked } from './constraint';
 import { DraftTree, Drafter } from './drafters/draft';
+import { Sampling, acceptSampled, sampleNext } from './sampling';
 import { chain } from './tree';
 
 export interface WidthPolicy {
@@ -69,6 +72,8 @@ export interface Generation {
 export interface Step {
   root: number; // the next token, already decided by the base model
   hidden: Float32Array; // [h] hidden state of the last committed position
+  rows?: Float32Array; // [T·h] the call's hidden states (arena views, valid until the next call)
+  path?: readonly number[]; // the nodes committed from them (absent: every row)
 }
 
 /** The prompt as one causal chain, committed; the call's output (its last position's row last). */
@@ -80,12 +85,19 @@ export async function runPrompt(backend: OrtBackend, prompt: readonly number[]):
 
 /** Greedy: run the prompt; the first token and the last hidden state. */
 export async function prefill(backend: OrtBackend, prompt: readonly number[]): Promise<Step> {
-  const out = await runPrompt(backend, prompt);
-  return stepAt(out, out.nextTokenIds.length - 1, backend.hiddenSize);
+  return lastStep(await runPrompt(backend, prompt), backend.hiddenSize);
 }
 
-function stepAt(out: Forward, node: number, hiddenSize: number): Step {
-  return { root: out.nextTokenIds[node], hidden: out.hiddenStates.subarray(node * hiddenSize, (node + 1) * hiddenSize) };
+/** The prompt's last position: its next token and hidden state (a last-only call has one token row and every
+ * position's hidden state). */
+function lastStep(out: Forward, hiddenSize: number): Step {
+  const rows = out.hiddenStates.length / hiddenSize;
+  return { root: out.nextTokenIds[out.nextTokenIds.length - 1], hidden: out.hiddenStates.subarray((rows - 1) * hiddenSize, rows * hiddenSize),
+    rows: out.hiddenStates };
+}
+
+function stepAt(out: Forward, node: number, hiddenSize: number, path?: readonly number[]): Step {
+  return { root: out.nextTokenIds[node], hidden: out.hiddenStates.subarray(node * hiddenSize, (node + 1) * hiddenSize), rows: out.hiddenStates, path };
 }
 
 /** The longest root-to-node path whose every node is the base model's argmax after its parent. */
@@ -103,7 +115,7 @@ export function accept(tokens: readonly number[], parents: readonly number[], ne
 export async function verifyAndCommit(backend: OrtBackend, tokens: readonly number[], parents: readonly number[]): Promise<[number[], Step]> {
   const out = await backend.forward(tokens, parents);
   const path = accept(tokens, parents, out.nextTokenIds);
-  const step = stepAt(out, path[path.length - 1], backend.hiddenSize);
+  const step = stepAt(out, path[path.length - 1], backend.hiddenSize, path);
   backend.commit(path);
   return [path, step];
 }
@@ -119,6 +131,7 @@ export interface GenerateOptions {
   chainsOnly?: boolean; // verify only the draft's best path (manifest.draft_shape "chain")
   signal?: AbortSignal; // stop between steps; what was emitted stays
   constraint?: Matcher | null; // a fresh matcher the reply must satisfy (constraint.ts); the backend fetches logits
+  sampling?: Sampling | null; // null: greedy; else seeded draws (sampling.ts); the backend fetches logits
 }
 
 function newStats(promptTokens: number): GenerationStats {
@@ -150,18 +163,36 @@ export class Reply {
   forced: number[] = []; // tokens a grammar forced after the root, not yet run
   private readonly started = performance.now();
   private readonly constraint: Matcher | null;
+  private readonly sampling: Sampling | null;
+  private readonly start: number; // context tokens before the reply's first
 
   constructor(prompt: readonly number[], private readonly options: GenerateOptions, private readonly drafter: Drafter | null) {
     this.generation = { tokenIds: [], stats: newStats(prompt.length) };
     this.context = [...(options.history ?? []), ...prompt];
+    this.start = this.context.length;
     this.constraint = options.constraint ?? null;
+    this.sampling = options.sampling ?? null;
+  }
+
+  /** The reply position of the next token to decide (sampling's draws are numbered by it). */
+  get position(): number {
+    return this.context.length - this.start;
+  }
+
+  /** The token after row `row` of a call: the grammar's (argmax or draw among what it allows), a draw, or the
+   * graph's argmax. */
+  private pick(out: Forward, row: number, allowed: Uint8Array | null, position: number, context: readonly number[]): number {
+    if (this.sampling === null) return allowed === null ? out.nextTokenIds[row] : chooseMasked(logitsOf(out), row, allowed);
+    const logits = rowOf(out, row);
+    return allowed === null ? sampleNext(logits, this.sampling, position, context) : sampleMasked(logits, allowed, this.sampling, position, context);
   }
 
   /** After the prompt's last chunk: the first token, and the tokens a grammar forces after it (up to `room`). */
   async first(out: Forward, hiddenSize: number, room = Infinity): Promise<number[]> {
     const last = out.nextTokenIds.length - 1;
-    this.step = stepAt(out, last, hiddenSize);
-    if (this.constraint !== null) this.step = { ...this.step, root: chooseMasked(logitsOf(out), last, await this.constraint.mask()) };
+    this.step = lastStep(out, hiddenSize);
+    const allowed = this.constraint === null ? null : await this.constraint.mask();
+    if (allowed !== null || this.sampling !== null) this.step = { ...this.step, root: this.pick(out, last, allowed, 0, this.context) };
     this.generation.stats.prefillMs = performance.now() - this.started;
     this.generation.stats.steps = 1;
     return this.decide([this.step.root], room);
@@ -178,7 +209,8 @@ export class Reply {
     let draftMs = 0;
     if (budget > 1 && this.drafter !== null && this.step !== null) {
       const drafting = performance.now();
-      draft = await this.drafter.propose({ tokens: this.context, hidden: this.step.hidden, ahead: this.forced.length }, budget);
+      const { hidden, rows, path } = this.step;
+      draft = await this.drafter.propose({ tokens: this.context, hidden, rows, path, ahead: this.forced.length }, budget);
       if (this.options.chainsOnly) draft = draft.bestPath();
       draftMs = performance.now() - drafting;
     }
@@ -194,20 +226,47 @@ export class Reply {
 
   /** The accepted nodes (root first) of the verified tree and the step it leads to. */
   accept(verify: Verify, out: Forward, hiddenSize: number): [number[], Step] {
-    if (this.constraint === null || verify.masks === undefined) {
-      const path = accept(verify.tree.tokens, verify.tree.parents, out.nextTokenIds);
-      return [path, stepAt(out, path[path.length - 1], hiddenSize)];
-    }
     const tree = verify.tree;
-    const logits = logitsOf(out);
-    const path = Array.from({ length: verify.decided ?? 1 }, (_, i) => i); // the decided chain, whatever the model says
+    const decided = verify.decided ?? 1;
+    const after = this.position - decided + 1; // the reply position that follows the tree's node 0
+    const ending = (path: number[], root: number): [number[], Step] => [path, { ...stepAt(out, path[path.length - 1], hiddenSize, path), root }];
+    if (this.constraint === null || verify.masks === undefined) {
+      if (this.sampling === null) {
+        const path = accept(tree.tokens, tree.parents, out.nextTokenIds);
+        return [path, stepAt(out, path[path.length - 1], hiddenSize, path)];
+      }
+      return ending(...acceptSampled(tree.tokens, tree.parents, logitsOf(out), vocabOf(out), this.sampling, after, this.context));
+    }
+    const masks = verify.masks;
+    if (this.sampling !== null && tree.size > decided) return ending(...this.acceptMaskedDraws(verify, out, after));
+    const path = Array.from({ length: decided }, (_, i) => i); // the decided chain, whatever the model says
     for (;;) {
       const node = path[path.length - 1];
-      const want = chooseMasked(logits, node, verify.masks.get(node)!);
+      const want = this.pick(out, node, masks.get(node)!, after + node, this.context);
       const child = tree.parents.findIndex((p, i) => i > node && p === node && tree.tokens[i] === want);
-      if (child < 0) return [path, { ...stepAt(out, node, hiddenSize), root: want }];
+      if (child < 0 || this.sampling !== null) return ending(path, want);
       path.push(child);
     }
+  }
+
+  /** Sampled acceptance under a constraint (runtime/constraint.py accept_constrained): the drafted subtree under the
+   * decided chain's last node, accepted on the masked rows (a node where the grammar is complete keeps its row). */
+  private acceptMaskedDraws(verify: Verify, out: Forward, after: number): [number[], number] {
+    const tree = verify.tree;
+    const masks = verify.masks!;
+    const last = (verify.decided ?? 1) - 1;
+    const chain = Array.from({ length: last }, (_, i) => i);
+    if (!masks.get(last)!.includes(1)) return [[...chain, last], NO_TOKEN];
+    const vocab = vocabOf(out);
+    const rows = new Float32Array((tree.size - last) * vocab);
+    for (let i = last; i < tree.size; i++) {
+      const allowed = masks.get(i)!;
+      rows.set(allowed.includes(1) ? masked(rowOf(out, i), allowed) : rowOf(out, i), (i - last) * vocab);
+    }
+    const parents = [-1, ...tree.parents.slice(last + 1).map((p) => p - last)];
+    const [sub, root] = acceptSampled(tree.tokens.slice(last), parents, rows, vocab, this.sampling!, after + last, this.context);
+    const path = [...chain, ...sub.map((i) => last + i)];
+    return [path, masks.get(path[path.length - 1])!.includes(1) ? root : NO_TOKEN];
   }
 
   /** After the commit: the step's decided tokens (the accepted drafts, the next root, what a grammar forces after
@@ -273,7 +332,8 @@ export async function generate(backend: OrtBackend, prompt: readonly number[], o
   const reply = new Reply(prompt, options, speculative ? options.drafter ?? null : null);
   const h = backend.hiddenSize;
   const fetched = backend.withLogits;
-  backend.withLogits = fetched || (options.constraint ?? null) !== null; // a grammar chooses from the logits
+  // a grammar and a sampler choose from the logits
+  backend.withLogits = fetched || (options.constraint ?? null) !== null || (options.sampling ?? null) !== null;
   try {
     let decided = await reply.first(await runPrompt(backend, prompt), h, room(backend));
     while (!reply.emit(decided, backend.length >= backend.capacity)) {
@@ -298,6 +358,27 @@ function room(backend: OrtBackend): number {
 }
 
 function logitsOf(out: Forward): Float32Array {
-  if (out.logits === undefined) throw new Error('a constrained reply needs the logits: the backend fetches them (withLogits)');
+  if (out.logits === undefined) throw new Error('a constrained or sampled reply needs the logits: the backend fetches them (withLogits)');
   return out.logits;
+}
+
+function vocabOf(out: Forward): number {
+  return logitsOf(out).length / out.nextTokenIds.length;
+}
+
+function rowOf(out: Forward, row: number): Float32Array {
+  const vocab = vocabOf(out);
+  return logitsOf(out).subarray(row * vocab, (row + 1) * vocab);
+}
+
+/** A row's logits with the tokens a grammar forbids at -Infinity (a copy). */
+function masked(row: Float32Array, allowed: Uint8Array): Float32Array {
+  const out = Float32Array.from(row);
+  for (let t = 0; t < out.length; t++) if (!allowed[t]) out[t] = -Infinity;
+  return out;
+}
+
+/** A draw among the tokens a grammar allows (NO_TOKEN where it allows none). */
+function sampleMasked(row: Float32Array, allowed: Uint8Array, sampling: Sampling, position: number, context: readonly number[]): number {
+  return allowed.includes(1) ? sampleNext(masked(row, allowed), sampling, position, context) : NO_TOKEN;
 }

@@ -5,10 +5,13 @@
  *   sizes    – C, R and T_max, decided once (sizes.resolveSizes: the manifest's device plan, or
  *              `capacity` and the drafters' tree);
  *   open     – DecoderSession (decoder + heads graphs, one arena), tokenizer;
- *   drafter  – `drafter` or the manifest's choice, none in plain mode; with `recall`, the recall
+ *   drafter  – `drafter` or the manifest's choice (Medusa heads, the feature drafter, prompt lookup, merged), none in
+ *              plain mode; with `recall`, the recall
  *              drafter merged in over a store (recall.ts) that every finished turn joins, saved after it;
  *   policy   – plain: none; tree: the drafter's whole tree; auto: the controller, over a verify
- *              latency curve measured once per engine.
+ *              latency curve measured once per engine;
+ *   sampling – the request's settings, then the manifest's generation defaults (sampling.samplingFor, Python's
+ *              rule): temperature 0 (or mode 'greedy') is argmax, token-identical in every mode.
  */
 
 import { OrtBackend, checkFits } from './backend';
@@ -19,6 +22,7 @@ import { Drafter } from './drafters/draft';
 import { Merged } from './drafters/merged';
 import { ConversationIndex, PromptLookup } from './drafters/lookup';
 import { MedusaDrafter } from './drafters/medusa';
+import { FeatureDrafter } from './drafters/feature';
 import { DrafterName, parseDrafter, withRecall } from './drafters/names';
 import { RecallDrafter } from './drafters/recall';
 import { ConfigError } from './errors';
@@ -30,14 +34,15 @@ import { Sizes, exportedTree, resolveSizes } from './sizes';
 import { ArtifactSource } from './source';
 import { ChatTokenizer } from './tokenizer';
 import { Digest, Recall, RecallFile, fingerprint, openRecall, sha256 } from './recallStore';
+import { Sampling, SamplingRequest, samplingFor } from './sampling';
 import { SHARED } from './shared';
 
-/** How each step drafts (runtime/config.py Mode): this engine chooses every token by argmax in every mode. */
+/** How each step drafts (runtime/config.py Mode); how tokens are chosen is the sampling's. */
 export type Mode = 'plain' | 'tree' | 'auto';
 export const MODES = SHARED.modes.drafting as readonly Mode[];
 
-/** A caller's mode word as a drafting mode: the older names too ('greedy': plain drafting with argmax decoding, which
- * is how this engine decodes in every mode; 'medusa': tree). */
+/** A caller's mode word as a drafting mode: the older names too ('greedy': plain drafting, and argmax decoding as
+ * openEngine reads it; 'medusa': tree). */
 export function modeOf(word: string): Mode {
   const older: Record<string, string> = SHARED.modes.older;
   const mode = (older[word] ?? word) as Mode;
@@ -53,6 +58,7 @@ export interface EngineOptions {
   mode?: string; // a Mode (default auto), or an older name ('greedy', 'medusa': modeOf)
   drafter?: string; // e.g. 'medusa+lookup'; default the manifest's; ignored in plain mode
   capacity?: number; // C; default the manifest's plan, else the graph's max capacity
+  sizes?: Sizes; // C, R and T_max as a plan fitted them (memory.ts fit: the page's budget); overrides `capacity`
   threads?: number; // intra-op threads, default 2
   modelFormat?: ModelFormat; // 'ort': the .ort graphs of an `export --mobile` artifact
   executionProviders?: string[];
@@ -62,6 +68,8 @@ export interface EngineOptions {
   // xgrammar's WebAssembly module (@mlc-ai/web-xgrammar; node.ts loadXGrammar): structured output; absent where
   // there is no WebAssembly (React Native's Hermes), and a constrained request then says so
   grammar?: XGrammar | (() => Promise<XGrammar>); // the module, or how to load it on the first constrained reply
+  // how replies sample: what is not given comes from the manifest's generation defaults; temperature 0: greedy
+  sampling?: SamplingRequest;
   log?: (line: string) => void;
 }
 
@@ -91,6 +99,7 @@ export interface GenerateRequest {
   ignoreEos?: boolean;
   signal?: AbortSignal;
   constraint?: ConstraintSpec; // the reply is JSON valid against a schema, any JSON object, or one of some strings
+  sampling?: Sampling | null; // this reply's (null: greedy); default the engine's
 }
 
 const MIB = 2 ** 20;
@@ -131,6 +140,7 @@ export class Engine {
     readonly mode: Mode,
     readonly plan: MemoryPlan,
     readonly recall: Recall | null = null, // the store the recall drafter reads
+    readonly sampling: Sampling | null = null, // how replies sample unless a request says (null: greedy)
   ) {
     this.backend = new OrtBackend(session, options.route);
     this.curve = options.latencyCurve ?? null;
@@ -177,6 +187,7 @@ export class Engine {
       chainsOnly: this.manifest.draft_shape === 'chain',
       signal: request.signal,
       constraint,
+      sampling: request.sampling !== undefined ? request.sampling : this.sampling,
     }).then(async (out) => {
       if (this.recall !== null) { // the turn's new tokens, for the turns and conversations after it
         this.recall.add([...promptIds.slice(cached), ...out.tokenIds]);
@@ -229,18 +240,24 @@ export async function openEngine(options: EngineOptions): Promise<Engine> {
   const m = parseManifest(await source.readText('manifest.json').catch((err: Error) => {
     throw new ManifestError(`no manifest.json in ${source.where} (${err.message.split('\n')[0]}): run \`specmemo export --out <folder>\` first`);
   }), `${source.where}/manifest.json`);
+  const argmax = options.mode === SHARED.modes.argmax;
+  const asking = options.sampling ?? {};
+  if (argmax && ((asking.temperature ?? 0) > 0 || asking.topP !== undefined || asking.topK !== undefined || asking.repetitionPenalty !== undefined)) {
+    throw new ConfigError(`mode ${SHARED.modes.argmax} decodes by argmax: temperature, top-p, top-k and the repetition penalty need sampling (mode plain with a temperature > 0)`);
+  }
+  const sampling = samplingFor(m.generation, argmax ? { ...asking, temperature: 0 } : asking);
   let mode = modeOf(options.mode ?? 'auto');
   const asked = drafterNames(mode, options.drafter, m);
   const names = options.recall && mode !== 'plain' ? withRecall(asked) : asked;
   if (names.includes('medusa') && m.heads === null) {
     throw new ManifestError(`${source.where} has no Medusa heads: use drafter 'lookup', or re-export with --heads`);
   }
-  if (names.includes('feature')) {
-    throw new ConfigError("the feature drafter runs in the Python runtime only: use drafter 'medusa+lookup' or 'lookup'");
+  if (names.includes('feature') && m.feature_drafter === null) {
+    throw new ManifestError(`${source.where} has no feature drafter: use drafter 'lookup' (or 'medusa+lookup' where it has heads), or re-export with --feature-drafter`);
   }
   if (names.length === 0 && mode !== 'plain') mode = 'plain'; // nothing to speculate with
   const route = options.route ?? manifestRoute(m);
-  const sizes = resolveSizes(m, names, options.capacity, undefined, route);
+  const sizes = options.sizes ?? resolveSizes(m, names, options.capacity, undefined, route);
   const tokenizerText = await source.readText(m.tokenizer.file);
   const tokenizer = new ChatTokenizer(tokenizerText, m.tokenizer);
   const recall = names.includes('recall')
@@ -248,7 +265,8 @@ export async function openEngine(options: EngineOptions): Promise<Engine> {
       fingerprint: await fingerprint(tokenizerText, options.recall?.digest) })
     : null;
   const session = await DecoderSession.open(options.ort, source, m, {
-    threads: options.threads ?? SHARED.threads, sizes, heads: names.includes('medusa'), modelFormat: options.modelFormat ?? 'onnx',
+    threads: options.threads ?? SHARED.threads, sizes, heads: names.includes('medusa'), feature: names.includes('feature'),
+    modelFormat: options.modelFormat ?? 'onnx',
     executionProviders: options.executionProviders,
   });
   const parts: Drafter[] = [];
@@ -266,6 +284,12 @@ export async function openEngine(options: EngineOptions): Promise<Engine> {
       parts.push(new PromptLookup(conversation));
     } else if (name === 'recall') {
       parts.push(new RecallDrafter(recall!, conversation));
+    } else if (name === 'feature') {
+      const info = m.feature_drafter!;
+      parts.push(new FeatureDrafter({
+        capacity: session.featureCapacity, hiddenSize: m.dims.hidden_size, topK: info.top_k,
+        run: (features, tokens, positions, bias, attended) => session.runFeature(features, tokens, positions, bias, attended),
+      }, info.depth ?? 2, info.width ?? 4));
     }
   }
   const drafter = parts.length === 0 ? null : parts.length === 1 ? parts[0] : new Merged(parts);
@@ -273,5 +297,5 @@ export async function openEngine(options: EngineOptions): Promise<Engine> {
   options.log?.(`plan: ${plan.summary}`);
   const probed = options.route ?? await probeRoute(session, m); // one row a call where this device computes it alike
   options.log?.(`route: ${probed.minRows}x${probed.multiple} (rows a call at least x a multiple of)`);
-  return new Engine({ ...options, route: probed }, m, session, tokenizer, drafter, sizes.tree, mode, plan, recall);
+  return new Engine({ ...options, route: probed }, m, session, tokenizer, drafter, sizes.tree, mode, plan, recall, sampling);
 }

@@ -8,6 +8,7 @@
  */
 
 import { SHARED } from './shared';
+import type { GenerationDefaults } from './sampling';
 
 export const FORMAT_VERSION = SHARED.manifest_format;
 export const BYTES_PER_ELEMENT: Record<string, number> = { float32: 4, float16: 2 };
@@ -101,11 +102,12 @@ export interface HeadsInfo {
   shared_lm_head: SharedInitializer | null;
 }
 
-/** The feature drafter's graph (runtime/graphs.py FeatureDrafterInfo): this runtime does not run it, but the
- * memory model prices its KV rows as the Python runtime allocates them. */
+/** The feature drafter's graph (runtime/graphs.py FeatureDrafterInfo). */
 export interface FeatureDrafterInfo {
   file: string;
   data_file: string;
+  inputs: string[]; // features, embeds, position_ids, attention_bias, past_key, past_value
+  outputs: string[]; // features_out, top_ids, top_probs, present_key, present_value
   top_k: number;
   capacity: number; // C_d rows of its KV buffer
   depth?: number; // depths drafted at most (2 when absent, as in manifests written before the key)
@@ -151,6 +153,7 @@ export interface Manifest {
   ort_format: OrtFormatInfo | null;
   attention?: 'gqa' | 'grouped'; // the decoder's attention (runtime/span.py; 'gqa' when absent)
   span_bucket?: number; // a call attends to S rounded up to this many positions (1 when absent)
+  generation: GenerationDefaults | null; // the sampling settings replies start from (temperature 0: greedy)
 }
 
 /** L: the bias's columns for a call attending to `attended` of `capacity` positions (runtime/span.py span). */
@@ -191,7 +194,7 @@ export function parseManifest(text: string, where: string): Manifest {
   }
   const m = {
     drafter: '', heads: null, feature_drafter: null, plan: null, min_step_rows: 2, draft_shape: 'tree', ort_format: null,
-    ...data,
+    generation: null, ...data,
   } as unknown as Manifest;
   const d = m.dims;
   for (const key of ['vocab_size', 'hidden_size', 'intermediate_size', 'num_layers', 'num_heads', 'num_kv_heads', 'head_dim'] as const) {
@@ -216,6 +219,11 @@ export function parseManifest(text: string, where: string): Manifest {
       need(choice.length <= m.heads.num_heads && Math.max(...choice) < m.heads.top_k,
         `heads.tree: choice [${choice.join(', ')}] needs more than ${m.heads.num_heads} heads or rank >= top_k ${m.heads.top_k}: re-export the artifact`);
     }
+  }
+  const g = m.generation;
+  if (g !== null) {
+    need(g.temperature >= 0 && g.top_p > 0 && g.top_p <= 1 && g.top_k >= 0 && g.repetition_penalty > 0,
+      `generation: temperature ${g.temperature}, top_p ${g.top_p}, top_k ${g.top_k}, repetition_penalty ${g.repetition_penalty} are out of range: re-export the artifact`);
   }
   if (m.plan !== null) {
     need(m.plan.capacity <= m.max_capacity, `plan.capacity ${m.plan.capacity} exceeds the graph's max capacity ${m.max_capacity}: re-export with --profile`);
@@ -242,6 +250,8 @@ export function graphDataFiles(m: Manifest, onnxFile: string, format: ModelForma
   if (heads !== null && onnxFile === heads.file) {
     return heads.shared_lm_head === null ? [heads.data_file] : [heads.data_file, heads.shared_lm_head.file];
   }
+  const drafter = m.feature_drafter;
+  if (drafter !== null && onnxFile === drafter.file) return [drafter.data_file];
   return [];
 }
 

@@ -22,7 +22,7 @@
 import { ArenaLayout, allocationBytes, kvBytes, layoutFor } from './arena';
 import { ConfigError } from './errors';
 import { Manifest, ModelDims, bytesPerActivation, bytesPerKvElement, scratchSlots } from './manifest';
-import { Sizes, makeSizes, usefulTreeSize } from './sizes';
+import { DEFAULT_PREFILL_CHUNK, Sizes, exportedTree, makeSizes, usefulTreeSize } from './sizes';
 import { SHARED } from './shared';
 
 export const HEADROOM = SHARED.memory_headroom; // of predicted generation memory: room for the model's error
@@ -115,4 +115,33 @@ export function largestCapacity(m: Manifest, calibration: Calibration, budget: n
   let capacity = Math.min(m.max_capacity, 2 + Math.floor((budget - atTwo) / Math.max(perPosition, 1)));
   while (capacity > 2 && total(capacity) > budget) capacity -= 1;
   return capacity;
+}
+
+/** The plan for a budget (runtime/plan.py fit, step for step): the drafters' tree (`tree`, default the exported Medusa
+ * tree) and the prefill chunk if they fit, cut down otherwise; then C = `context` (or, with none given, the largest C
+ * up to the graph's max capacity). A budget below the lower bound for that context is refused in one line naming
+ * the bound. */
+export function fit(m: Manifest, calibration: Calibration, { budget, context, prefillChunk = DEFAULT_PREFILL_CHUNK, tree }: {
+  budget: number; context?: number; prefillChunk?: number; tree?: number;
+}): Footprint {
+  const need = context ?? m.max_capacity;
+  const bound = lowerBound(m, calibration, { context: need });
+  const mib = (bytes: number): string => (bytes / 2 ** 20).toFixed(2);
+  if (budget < bound.total) {
+    throw new ConfigError(`budget ${mib(budget)} MiB is below the lower bound of ${mib(bound.total)} MiB for a ${need}-token ` +
+      `context (load ${(bound.load / 2 ** 20).toFixed(1)} MiB + generation ${(bound.generation / 2 ** 20).toFixed(1)} MiB + ` +
+      `headroom ${(bound.headroom / 2 ** 20).toFixed(1)} MiB): raise the budget, or lower the context`);
+  }
+  const fullTree = tree ?? exportedTree(m).size;
+  const low = Math.min(fullTree, bound.sizes.tree);
+  for (let t = fullTree; t >= low; t--) {
+    const chunkRows = Math.max(t, Math.min(prefillChunk, m.max_capacity));
+    for (const rows of [chunkRows, t]) {
+      if (footprint(m, calibration, makeSizes(need, rows, t)).total <= budget) {
+        const capacity = context ?? largestCapacity(m, calibration, budget, { rows, tree: t });
+        return footprint(m, calibration, makeSizes(capacity, rows, t));
+      }
+    }
+  }
+  return bound;
 }

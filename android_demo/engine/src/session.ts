@@ -1,6 +1,6 @@
 /**
- * The decoder graph (and the Medusa heads graph) in ONNX Runtime over one arena, the KV buffer
- * updated in place (runtime/session.py).
+ * The decoder graph (and the Medusa heads graph, and the feature drafter's graph) in ONNX Runtime over one arena, the
+ * KV buffers updated in place (runtime/session.py).
  *
  * Each layer's K and V are arena views [B, H_kv, C, D] wrapped once as tensors and handed to a step
  * as both the past input and the present output: GroupQueryAttention writes the T new positions
@@ -27,9 +27,10 @@ import type * as ortTypes from 'onnxruntime-common';
 import { Arena, ArenaLayout, View, layoutFor } from './arena';
 import { EmbeddingTable } from './embedding';
 import { ArtifactError } from './errors';
-import { Manifest, ModelFormat, embeddingFor, graphDataFiles, graphFile, span } from './manifest';
+import { Manifest, ManifestError, ModelFormat, embeddingFor, graphDataFiles, graphFile, scratchSlots, span } from './manifest';
 import { Sizes } from './sizes';
 import { ArtifactSource } from './source';
+import { SHARED } from './shared';
 
 export type OrtModule = Pick<typeof ortTypes, 'InferenceSession' | 'Tensor'>;
 type Session = ortTypes.InferenceSession;
@@ -39,6 +40,7 @@ export interface SessionConfig {
   threads: number; // intra-op threads
   sizes: Sizes; // C, R, T_max as decided (sizes.resolveSizes)
   heads: boolean; // load the Medusa heads graph too
+  feature?: boolean; // load the feature drafter's graph too, its KV in the arena
   modelFormat: ModelFormat;
   executionProviders?: string[]; // default: the runtime's CPU provider
   warmUp?: boolean; // default true: run the largest step once at load
@@ -122,7 +124,7 @@ export class OutputRoute {
   }
 }
 
-export const SPAN_STEP = 32; // positions: the granularity of the span C' passed to the graph
+export const SPAN_STEP = SHARED.span_step; // positions: the granularity of the span C' passed to the graph
 const WARM_UP_SPANS = 4; // the warm-up attends to this many spans (or R rows, if more)
 
 /** 2L regions of [H_kv, C, D] elements; each holds its heads at stride span·D (see module doc). */
@@ -176,6 +178,7 @@ export class DecoderSession {
   readonly embedding: EmbeddingTable;
   private readonly route = new OutputRoute(); // how this binding returns the decoder's outputs
   private readonly headsRoute = new OutputRoute();
+  private readonly featureRoute = new OutputRoute();
   private readonly write = new BigInt64Array(1); // a grouped graph's write position
 
   private constructor(
@@ -185,9 +188,12 @@ export class DecoderSession {
     readonly session: Session,
     readonly headsSession: Session | null,
     source: ArtifactSource,
+    readonly featureSession: Session | null = null,
   ) {
     this.embedding = new EmbeddingTable(source, embeddingFor(manifest, config.modelFormat));
-    this.layout = layoutFor(manifest, config.sizes, headsSession !== null);
+    const drafter = featureSession !== null ? manifest.feature_drafter : null;
+    this.layout = { ...layoutFor(manifest, config.sizes, headsSession !== null),
+      drafterCapacity: drafter ? config.sizes.capacity + scratchSlots(drafter) : 0 }; // as runtime/arena.py sizes it
     this.arena = new Arena(this.layout);
     const l = this.layout;
     this.kv = new KVCache(ort, manifest.kv_dtype, this.arena.kv(), l.numKvHeads, l.headDim, l.capacity,
@@ -210,7 +216,15 @@ export class DecoderSession {
         sessionOptions(config, 1));
       checkNames(heads, [m.heads.hidden], [m.heads.token_ids, m.heads.probs], `${source.where}/${headsFile}`);
     }
-    const opened = new DecoderSession(ort, m, config, session, heads, source);
+    let feature: Session | null = null;
+    if (config.feature) {
+      const info = m.feature_drafter;
+      if (info === null) throw new ManifestError(`${source.where} was exported without the feature drafter: re-export with --feature-drafter, or use drafter 'medusa+lookup' or 'lookup'`);
+      const file = graphFile(m, info.file, config.modelFormat);
+      feature = await loadGraph(ort, source, file, graphDataFiles(m, info.file, config.modelFormat), sessionOptions(config, 1)); // one thread, as the heads
+      checkNames(feature, info.inputs, info.outputs, `${source.where}/${file}`);
+    }
+    const opened = new DecoderSession(ort, m, config, session, heads, source, feature);
     if (config.warmUp ?? true) await opened.warmUp();
     return opened;
   }
@@ -317,6 +331,48 @@ export class DecoderSession {
     return [ids, probs];
   }
 
+  /** KV slots the feature drafter may use: its arena rows, within what its graph's rotary covers. */
+  get featureCapacity(): number {
+    return Math.min(this.layout.drafterCapacity ?? 0, this.manifest.feature_drafter?.capacity ?? 0);
+  }
+
+  /**
+   * The feature drafter's graph on W rows (runtime/drafters/feature.py OrtFeatureGraph.run): features [W·h] and the
+   * rows' tokens (embedded here), positions [W], bias [W·S] → (features out [W·h], top-k ids and probabilities [W·k]);
+   * the rows' K/V are written into slots [S - W, S) of its arena KV, handed as both past and present.
+   */
+  async runFeature(features: Float32Array, tokens: readonly number[], positions: readonly number[], bias: Float32Array,
+    attended: number): Promise<[Float32Array, number[], Float32Array]> {
+    const info = this.manifest.feature_drafter!;
+    const h = this.layout.hiddenSize;
+    const w = tokens.length;
+    const k = info.top_k;
+    const embeds = new Float32Array(w * h);
+    await this.embedding.lookup(BigInt64Array.from(tokens, BigInt), embeds);
+    const out = new Float32Array(w * h);
+    const ids = new BigInt64Array(w * k);
+    const probs = new Float32Array(w * k);
+    const kvDims = [1, this.layout.numKvHeads, this.layout.drafterCapacity!, this.layout.headDim];
+    const kv = ['drafter_kv.0', 'drafter_kv.1'].map((name) => this.arena.view(name))
+      .map((view) => new this.ort.Tensor(this.manifest.kv_dtype as 'float16', view as Uint16Array, kvDims));
+    const [fIn, eIn, pIn, bIn, kIn, vIn] = info.inputs;
+    const [fOut, idsOut, probsOut, kOut, vOut] = info.outputs;
+    await this.featureRoute.run(this.featureSession!, {
+      [fIn]: new this.ort.Tensor('float32', features.subarray(0, w * h), [1, w, h]),
+      [eIn]: new this.ort.Tensor('float32', embeds, [1, w, h]),
+      [pIn]: new this.ort.Tensor('int64', BigInt64Array.from(positions, BigInt), [1, w]),
+      [bIn]: new this.ort.Tensor('float32', bias, [1, 1, w, attended]),
+      [kIn]: kv[0], [vIn]: kv[1],
+    }, [
+      { name: fOut, tensor: new this.ort.Tensor('float32', out, [1, w, h]), view: out, poison: NaN },
+      { name: idsOut, tensor: new this.ort.Tensor('int64', ids, [1, w, k]), view: ids, poison: -1n },
+      { name: probsOut, tensor: new this.ort.Tensor('float32', probs, [1, w, k]), view: probs, poison: NaN },
+      { name: kOut, tensor: kv[0], view: kv[0].data }, // the same buffers: present lands where past was
+      { name: vOut, tensor: kv[1], view: kv[1].data },
+    ]);
+    return [out, Array.from(ids, Number), probs];
+  }
+
   commit(count: number): void {
     if (this.kv.length + count > this.kv.capacity) throw new RangeError(`committing ${count} positions overflows the KV capacity ${this.kv.capacity}`);
     this.kv.length += count;
@@ -346,5 +402,6 @@ export class DecoderSession {
   async close(): Promise<void> {
     await this.session.release();
     if (this.headsSession !== null) await this.headsSession.release();
+    if (this.featureSession !== null) await this.featureSession.release();
   }
 }

@@ -10,6 +10,7 @@ import { ConfigError } from './errors';
 import { DrafterName } from './drafters/names';
 import { LOOKUP_MAX_BRANCH } from './drafters/lookup';
 import { RECALL_MAX_BRANCH } from './drafters/recall';
+import { FEATURE_MAX_TREE } from './drafters/feature';
 import { Manifest, ManifestError, RowRoute, manifestRoute } from './manifest';
 import { MedusaTree, USEFUL_GAIN, expectedAccepted, rankAccuracyFromCumulative } from './medusaTree';
 import { SHARED } from './shared';
@@ -59,12 +60,14 @@ export function checkCapacity(m: Manifest, capacity: number): number {
   return capacity;
 }
 
-/** T_max the drafters can use: the exported Medusa tree, prompt lookup's or recall's branch + the root; 1 without drafters. */
+/** T_max the drafters can use: the exported Medusa tree, prompt lookup's or recall's branch + the root, the feature
+ * drafter's tree; 1 without drafters. */
 export function draftTreeSize(m: Manifest, drafters: readonly DrafterName[]): number {
   const sizes = [1];
   if (drafters.includes('medusa')) sizes.push(exportedTree(m).size);
   if (drafters.includes('lookup')) sizes.push(1 + LOOKUP_MAX_BRANCH);
   if (drafters.includes('recall')) sizes.push(1 + RECALL_MAX_BRANCH);
+  if (drafters.includes('feature')) sizes.push(FEATURE_MAX_TREE);
   return Math.max(...sizes);
 }
 

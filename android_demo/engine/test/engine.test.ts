@@ -19,6 +19,8 @@ import { ORDERS, Recall, RecallError, bytesFor, tokensFor } from '../src/recallS
 import { EmbeddingTable, halfToFloat } from '../src/embedding';
 import { MedusaTree, expectedAccepted, rankAccuracyFromCumulative } from '../src/medusaTree';
 import { chain, depths, pathTo, treeBias } from '../src/tree';
+import { DEFAULTS, OFF, Sampling, acceptExact, distribution, samplingFor } from '../src/sampling';
+import { pick, splitmix64 } from '../src/draws';
 
 const X = -Infinity;
 
@@ -319,4 +321,38 @@ test('under a grammar, a drafter of tokens alone drafts past the forced chain, h
   assert.equal(verify.decided, 3);
   assert.deepEqual([...verify.masks!.keys()], [2, 3, 4]);
   assert.throws(() => DraftTree.chain([3, 7]).graft(DraftTree.rootOnly(9)), /grafted/);
+});
+
+test('sampling: the filters in Hugging Face\'s order, and exact acceptance emits the base distribution (chi-square)', () => {
+  const base: Sampling = { temperature: 1, topP: 1, topK: 0, repetitionPenalty: 1, seed: 0, acceptance: 'exact' };
+  const logits = [0.5, 0.2, 0.15, 0.1, 0.05].map(Math.log);
+  const close = (a: Float64Array, b: number[]): void => b.forEach((x, i) => assert.ok(Math.abs(a[i] - x) < 1e-12, `${a[i]} != ${x}`));
+  close(distribution(logits, { ...base, topK: 2 }, null), [5 / 7, 2 / 7, 0, 0, 0]);
+  close(distribution(logits, { ...base, topP: 0.8 }, null), [0.5, 0.2, 0.15, 0, 0].map((x) => x / 0.85)); // 0.7 < 0.8 <= 0.85
+  const penalised = distribution([2, -1, 0.5], { ...base, repetitionPenalty: 2 }, [0, 1]);
+  const z = [1, -2, 0.5].map(Math.exp);
+  close(penalised, z.map((x) => x / (z[0] + z[1] + z[2]))); // a positive logit halved, a negative one doubled
+  assert.equal(pick(Float64Array.from([0, 0.25, 0, 0.5, 0.25]), 0.2499), 1);
+  assert.equal(pick(Float64Array.from([0, 0.25, 0, 0.5, 0.25]), 0.25), 3);
+  assert.equal(pick(Float64Array.from([0.5, 0.5, 0]), 1 - 2 ** -53), 1);
+  assert.equal(splitmix64(0, 0), 0xe220a8397b1dcdafn); // SplitMix64's published first output
+  // a tree whose root children are a likely token, an unlikely one and a repeat: the token after the root is p-distributed
+  const p = [0.1, 0.2, 0.6, 0.1];
+  const rows = Float32Array.from(Array.from({ length: 5 }, () => p.map(Math.log)).flat());
+  const tokens = [0, 2, 3, 2, 1];
+  const parents = [-1, 0, 0, 0, 1];
+  const counts = [0, 0, 0, 0];
+  const n = 20000;
+  for (let seed = 0; seed < n; seed++) {
+    const s = { ...base, seed };
+    const [path, root] = acceptExact(tokens, parents, rows, 4, s, 7, []);
+    const first = path.length > 1 ? tokens[path[1]] : root;
+    counts[first] += 1;
+    assert.equal(first, acceptExact([0], [-1], rows.subarray(0, 4), 4, s, 7, [])[1]); // the root alone: the same draw
+  }
+  const chi2 = counts.reduce((sum, c, i) => sum + (c - n * p[i]) ** 2 / (n * p[i]), 0);
+  assert.ok(chi2 < 16.27, `chi-square ${chi2.toFixed(2)} over 3 degrees of freedom (p = 0.001: 16.27)`);
+  assert.equal(samplingFor(DEFAULTS, { temperature: 0 }), null);
+  assert.deepEqual(samplingFor(null, { temperature: 0.5 }), { ...base, temperature: 0.5, topP: OFF.top_p, topK: OFF.top_k, repetitionPenalty: OFF.repetition_penalty });
+  assert.throws(() => samplingFor(null, { temperature: 1, topP: 1.5 }), /top-p must be in \(0, 1\]/);
 });

@@ -12,12 +12,12 @@
  * store after opening and after each reply ("null" with recall off).
  */
 import * as ort from 'onnxruntime-web/wasm';
-import { ChatSession, modeOf, openEngine, type Engine, type Mode } from '@specmemo/engine';
+import { ChatSession, SHARED, describe, modeOf, openEngine, type Engine, type Mode } from '@specmemo/engine';
 
 import { allocationMessage, budgetBytes, planSource, type PagePlan } from './memory';
 import { forThePage } from './ortSessions';
 import { loadGrammar } from './grammar';
-import { intParam, modelFormat, params, recallBudget, replyFormat } from './params';
+import { intParam, modelFormat, params, recallBudget, replyFormat, samplingParams } from './params';
 import { statsLine } from './replyStats';
 import { PickedFolderSource, UrlSource, type Progress } from './sources';
 
@@ -57,6 +57,7 @@ const ui = {
 
 /** The controls' values from the URL (bad values are reported like any other error). */
 function applyParams(): void {
+  ui.maxNewTokens.value = String(SHARED.max_new_tokens.chat); // the chat's default, as `specmemo chat`'s
   ui.format.value = replyFormat();
   const mode = params.get('mode');
   if (mode !== null) {
@@ -207,7 +208,7 @@ const engineOrt = forThePage(ort); // the page kept responsive between steps: se
 function newChat(): void {
   if (!engine) return;
   const maxNewTokens = Number(ui.maxNewTokens.value);
-  chat = new ChatSession(engine, { system: params.get('system') ?? undefined, maxNewTokens: maxNewTokens >= 1 ? maxNewTokens : 256 });
+  chat = new ChatSession(engine, { system: params.get('system') ?? undefined, maxNewTokens: maxNewTokens >= 1 ? maxNewTokens : undefined });
   ui.log.replaceChildren();
   delete document.body.dataset.replyIds;
 }
@@ -245,11 +246,13 @@ async function open(makeSource: () => PickedFolderSource | UrlSource): Promise<v
       source: opened,
       mode,
       drafter: params.get('drafter') ?? undefined,
-      capacity: plan.lowered ? plan.capacity : intParam('capacity'),
+      sizes: plan.budget !== null ? plan.sizes : undefined, // fitted to the budget (memory.ts), else the engine's own
+      capacity: intParam('capacity'),
       modelFormat: modelFormat(),
       threads,
       latencyCurve,
       grammar: loadGrammar,
+      sampling: samplingParams(),
       recall: recall === null ? undefined : { file: new RecallFileInIndexedDB(opened.where), budget: recall },
       log: (line) => {
         logLine(line);
@@ -260,7 +263,7 @@ async function open(makeSource: () => PickedFolderSource | UrlSource): Promise<v
     showRecall();
     const seconds = ((performance.now() - started) / 1000).toFixed(1);
     ui.plan.textContent = `Memory plan: ${engine.plan.summary} · ${plan.text}`;
-    readyStatus = `Ready: ${opened.where}, mode ${engine.mode}, ${threads} thread${threads > 1 ? 's' : ''} (opened in ${seconds} s).`;
+    readyStatus = `Ready: ${opened.where}, mode ${engine.mode}, ${describe(engine.sampling)}, ${threads} thread${threads > 1 ? 's' : ''} (opened in ${seconds} s).`;
     setStatus(readyStatus);
     logLine(`ready in ${seconds} s`);
     setState('ready');

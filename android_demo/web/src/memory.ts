@@ -1,39 +1,33 @@
 /**
- * The memory model in the browser: what a plan costs the tab, checked before anything large is fetched. The
- * prices are the engine's memory model (engine/src/memory.ts: the Python runtime's formulas, term for term):
+ * The memory model in the browser: what a plan costs the tab, checked before anything large is fetched. The plan is
+ * `specmemo plan --budget`'s (the engine's fit, runtime/plan.py fit step for step) over the engine's memory model
+ * (engine/src/memory.ts: the Python runtime's formulas, term for term):
  *
- *   need(C)      = footprint(C, the engine's R and T_max).total: load + generation (arena + activations
- *                  + step overhead) + headroom;
- *   lower bound  = lowerBound(context = MIN_CAPACITY).total: the smallest footprint that decodes speculatively
- *                  with a useful tree over MIN_CAPACITY tokens, what `specmemo plan` calls the lower bound;
- *   budget       = ?budget=<MiB>, else DEVICE_SHARE of what navigator.deviceMemory reports (a tab shares
- *                  the device with everything else); unknown without either, and then nothing is refused.
- *
- * Under the lower bound the page refuses in one line with both figures; between need(MIN_CAPACITY) and
- * need(the default C) it opens with the largest C that fits (the engine's largestCapacity: the Python plan's rule,
- * plan.largest_capacity) and says so. The page varies C only (R and T_max
- * are the engine's), so a budget over the lower bound but under need(MIN_CAPACITY) is refused as well, naming
- * both figures.
+ *   budget   = ?budget=<MiB>, else DEVICE_SHARE of what navigator.deviceMemory reports (a tab shares the device
+ *              with everything else); unknown without either, and then the engine's default sizes open unpriced;
+ *   plan     = fit(budget, context = ?capacity= or the graph's max): the drafters' tree and the prefill chunk if
+ *              they fit, cut down otherwise, then the context (or the largest C that fits);
+ *   refusal  = a budget below the lower bound for that context, in one line naming both figures, before a graph
+ *              loads (a smaller ?capacity= lowers the bound).
  */
 import {
-  drafterNames, footprint, largestCapacity, lowerBound, makeSizes, parseManifest, resolveSizes, type Calibration, type DrafterName,
-  type Footprint, type Manifest, type Mode,
+  drafterNames, fit, footprint, parseManifest, resolveSizes, type Calibration, type DrafterName, type Footprint,
+  type Manifest, type Mode, type Sizes,
 } from '@specmemo/engine';
 
 import type { PickedFolderSource, UrlSource } from './sources';
 
-export const DEVICE_SHARE = 0.5;
-export const MIN_CAPACITY = 256;
+export const DEVICE_SHARE = 0.5; // of the device's reported memory, the page's budget when none is given
 const MIB = 2 ** 20;
 
 export interface PagePlan {
   budget: number | null; // bytes
   files: number; // bytes of the artifact's files the engine loads
   capacity: number; // C the page opens with
-  need: number; // the footprint's total at `capacity` with the engine's R and T_max
-  lowerBound: number; // the lower bound's total over MIN_CAPACITY tokens (engine lowerBound)
+  sizes: Sizes; // C, R and T_max the engine opens with
+  need: number; // the footprint's total at `sizes`
   fits: boolean;
-  lowered: boolean; // C below the artifact's default, to fit the budget
+  lowered: boolean; // sizes below the engine's defaults, to fit the budget
   text: string;
 }
 
@@ -47,12 +41,14 @@ export function budgetBytes(param: string | null, deviceMemoryGiB: number | unde
   return deviceMemoryGiB ? deviceMemoryGiB * 2 ** 30 * DEVICE_SHARE : null;
 }
 
-/** The files the engine loads whole: the decoder and its data, the heads graph when drafting with them. */
+/** The files the engine loads whole: the decoder and its data, the heads' or the feature drafter's graph when drafting
+ * with them. */
 export function loadedFiles(m: Manifest, drafters: readonly DrafterName[]): string[] {
   const files = [m.decoder_file, m.decoder_data_file];
   if (drafters.includes('medusa') && m.heads !== null) {
     files.push(m.heads.file, m.heads.data_file, ...(m.heads.shared_lm_head ? [m.heads.shared_lm_head.file] : []));
   }
+  if (drafters.includes('feature') && m.feature_drafter !== null) files.push(m.feature_drafter.file, m.feature_drafter.data_file);
   if (m.embedding.file !== m.decoder_data_file) files.push(m.embedding.file); // its own file: float32 rows, or GGUF blocks
   return [...new Set(files)];
 }
@@ -73,40 +69,31 @@ const mib = (bytes: number): string => `${(bytes / MIB).toFixed(0)} MiB`;
 const parts = (f: Footprint): string =>
   `files ${mib(f.load)} + generation ${mib(f.generation)} + headroom ${mib(f.headroom)}`;
 
-/** Why a budget under `least` is refused: the lower bound itself, or the plan the page opens at MIN_CAPACITY. */
-function refusal(bound: Footprint, atLowest: Footprint, budget: number, smaller: string): string {
-  const why = bound.total >= atLowest.total
-    ? `its lower bound over ${bound.sizes.capacity} tokens with a ${bound.sizes.tree}-node tree: ${parts(bound)}`
-    : `at C=${atLowest.sizes.capacity} with R=${atLowest.sizes.rows}, T_max=${atLowest.sizes.tree}: ${parts(atLowest)}; ` +
-      `its lower bound is ${mib(bound.total)}`;
-  return `this model needs at least ${mib(Math.max(bound.total, atLowest.total))} (${why}) and this device gives ` +
-    `the page ${mib(budget)}: open ${smaller}, or raise ?budget= if the device has more`;
-}
-
 /** `drafters`: what the engine will run (engine.drafterNames), which sets R and T_max. */
 export function pagePlan(m: Manifest, { files, budget, drafters, capacity }: {
   files: number; budget: number | null; drafters: readonly DrafterName[]; capacity?: number;
 }): PagePlan {
   const calibration = pageCalibration(files);
-  const sizes = resolveSizes(m, drafters, capacity);
-  const at = (c: number): Footprint => footprint(m, calibration, makeSizes(c, sizes.rows, sizes.tree));
-  const lowest = Math.min(MIN_CAPACITY, sizes.capacity);
-  const bound = lowerBound(m, calibration, { context: lowest });
-  const atLowest = at(lowest);
-  let chosen = sizes.capacity;
-  if (budget !== null && at(chosen).total > budget) {
-    chosen = Math.max(lowest, Math.min(sizes.capacity, largestCapacity(m, calibration, budget, sizes)));
+  const defaults = resolveSizes(m, drafters, capacity);
+  if (budget === null) {
+    const need = footprint(m, calibration, defaults);
+    return { budget, files, capacity: defaults.capacity, sizes: defaults, need: need.total, fits: true, lowered: false,
+      text: `C=${defaults.capacity}: ${mib(need.total)} (${parts(need)}); no budget known` };
   }
-  const need = at(chosen);
-  const plan = { budget, files, capacity: chosen, need: need.total, lowerBound: bound.total, lowered: chosen < sizes.capacity };
-  const smaller = m.weight_dtype === 'int4' ? 'a smaller model' : 'a smaller artifact (export --dtype int4)';
-  if (budget !== null && Math.max(bound.total, atLowest.total) > budget) {
-    return { ...plan, fits: false, text: refusal(bound, atLowest, budget, smaller) };
+  let planned: Footprint;
+  try {
+    planned = fit(m, calibration, { budget, context: capacity, tree: defaults.tree });
+  } catch (error) {
+    const smaller = m.weight_dtype === 'int4' ? 'a smaller model' : 'a smaller artifact (export --dtype int4)';
+    return { budget, files, capacity: defaults.capacity, sizes: defaults, need: 0, fits: false, lowered: false,
+      text: `${(error as Error).message.replace(/: raise the budget.*$/, '')}, and this device gives the page ${mib(budget)}: ` +
+        `open ${smaller}, a smaller ?capacity=, or raise ?budget= if the device has more` };
   }
-  const budgetText = budget === null ? 'no budget known' : `budget ${mib(budget)}`;
-  const text = `C=${chosen}: ${mib(need.total)} (${parts(need)}); lower bound ${mib(bound.total)}; ${budgetText}` +
-    (plan.lowered ? `; C lowered from ${sizes.capacity} to fit` : '');
-  return { ...plan, fits: true, text };
+  const s = planned.sizes;
+  const lowered = s.capacity < defaults.capacity || s.rows < defaults.rows || s.tree < defaults.tree;
+  const text = `C=${s.capacity} R=${s.rows} T_max=${s.tree}: ${mib(planned.total)} (${parts(planned)}); budget ${mib(budget)}` +
+    (lowered ? `; lowered from C=${defaults.capacity} R=${defaults.rows} T_max=${defaults.tree} to fit` : '');
+  return { budget, files, capacity: s.capacity, sizes: s, need: planned.total, fits: true, lowered, text };
 }
 
 /** The plan for an artifact before its graphs load: its manifest, the drafters the engine will run

@@ -5,10 +5,12 @@
  * page may plan into; default a share of navigator.deviceMemory: memory.ts), recall=on (draft from what was
  * written before, in earlier turns and visits: a store in IndexedDB per artifact, recallFile.ts; off by default)
  * and recall-budget=<MiB> (its size, set apart from the budget before the KV cache is fitted; default 8),
- * format=text|json (json: every reply is a JSON object, by constrained decoding with xgrammar's WebAssembly build).
+ * format=text|json (json: every reply is a JSON object, by constrained decoding with xgrammar's WebAssembly build),
+ * and sampling as `specmemo chat` takes it: temperature=T (0: greedy; mode=greedy is the same), top-p=P, top-k=K,
+ * repetition-penalty=R, seed=N; what is not given comes from the artifact's manifest (its model's defaults).
  * A bad value is an Error naming the parameter and what it takes.
  */
-import { DEFAULT_BUDGET } from '@specmemo/engine';
+import { DEFAULT_BUDGET, SHARED, type SamplingRequest } from '@specmemo/engine';
 
 export const params = new URLSearchParams(location.search);
 
@@ -43,4 +45,20 @@ export function replyFormat(): 'text' | 'json' {
   const format = params.get('format') ?? 'text';
   if (format !== 'text' && format !== 'json') throw new Error(`?format=${format}: use text or json`);
   return format;
+}
+
+/** ?temperature= ... ?seed=: the page's sampling request (what is absent, the manifest's; mode=greedy: argmax). */
+export function samplingParams(): SamplingRequest {
+  const number = (name: string, integer = false): number | undefined => {
+    const raw = params.get(name);
+    if (raw === null || raw === '') return undefined;
+    const n = Number(raw);
+    if (!Number.isFinite(n) || (integer && !Number.isInteger(n))) throw new Error(`?${name}=${raw}: expected ${integer ? 'a whole number' : 'a number'}`);
+    return n;
+  };
+  const greedy = params.get('mode') === SHARED.modes.argmax;
+  return {
+    temperature: greedy ? 0 : number('temperature'), topP: number('top-p'), topK: number('top-k', true),
+    repetitionPenalty: number('repetition-penalty'), seed: number('seed', true),
+  };
 }

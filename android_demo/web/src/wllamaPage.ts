@@ -8,6 +8,7 @@
  * Its wasm is served by the page (vite.config.ts), nothing from a CDN. The model is fetched whole and
  * handed over as a Blob (wllama's own OPFS cache is left off: the benchmark times loading from the server).
  */
+import { SHARED } from '@specmemo/engine';
 import { Wllama } from '@wllama/wllama';
 import wasmUrl from '@wllama/wllama/esm/wasm/wllama.wasm?url';
 
@@ -18,8 +19,8 @@ const ui = {
   message: el<HTMLTextAreaElement>('message'), send: el<HTMLButtonElement>('send'), newChat: el<HTMLButtonElement>('new-chat'),
 };
 const number = (name: string, fallback: number) => Number(params.get(name) ?? fallback);
-const threads = self.crossOriginIsolated ? number('threads', 2) : 1;
-const maxNewTokens = number('max-new-tokens', 128);
+const threads = self.crossOriginIsolated ? number('threads', SHARED.threads) : 1;
+const maxNewTokens = number('max-new-tokens', SHARED.max_new_tokens.chat);
 
 function setState(state: 'loading' | 'ready' | 'generating' | 'error'): void {
   document.body.dataset.state = state;

@@ -7,6 +7,7 @@
  *        [--mode auto|tree|plain] [--max-new-tokens N] [--threads N] [--no-isolation]
  *        [--stop-after-tokens N] [--pick] [--model-format onnx|ort] [--chromium /usr/bin/chromium] [--timeout SECONDS]
  *        [--new-chat-each] [--visits N] [--budget MIB] [--expect-error] [--recall] [--format text|json]
+ *        [--param NAME=VALUE ...]   (another URL parameter: temperature=0, seed=3, ...)
  *   node test/browser.mjs --gguf FILE --message TEXT ... --screenshot PNG   # the peer's page (wllama.html)
  *
  * Prints one JSON line per message: {"ids": [...], "text": "...", "state": "...", "interrupted":
@@ -64,6 +65,7 @@ try {
       'expect-error': { type: 'boolean', default: false },
       recall: { type: 'boolean', default: false },
       format: { type: 'string' },
+      param: { type: 'string', multiple: true }, // NAME=VALUE: another URL parameter (temperature=0, seed=3, ...)
     },
   }));
 } catch (error) {
@@ -131,6 +133,11 @@ async function main() {
   if (args.budget) query.set('budget', args.budget);
   if (args.recall) query.set('recall', 'on');
   if (args.format) query.set('format', args.format);
+  for (const pair of args.param ?? []) {
+    const at = pair.indexOf('=');
+    if (at < 1) fail(`--param ${pair}: give NAME=VALUE`);
+    query.set(pair.slice(0, at), pair.slice(at + 1));
+  }
   for (let visit = 1; visit < Number(args.visits); visit++) { // earlier visits: how each loads
     const earlier = await context.newPage();
     const bytes = countModelBytes(earlier);

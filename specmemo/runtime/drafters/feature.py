@@ -32,13 +32,14 @@ import numpy as np
 
 from specmemo.runtime.drafters.draft import DraftContext, DraftTree, ordered
 from specmemo.runtime.manifest import FeatureDrafterInfo, ManifestError
+from specmemo.runtime.shared import SHARED
 
 if TYPE_CHECKING:
     from specmemo.runtime.artifact import Artifact
     from specmemo.runtime.embedding import EmbeddingTable
     from specmemo.runtime.session import DecoderSession
 
-MIN_EXPAND = 0.05  # a depth is drafted only while its best node's path score is at least this
+MIN_EXPAND: float = SHARED["feature"]["min_expand"]  # a depth is drafted while its best path score is at least this
 MASKED = np.float32(-np.inf)
 
 

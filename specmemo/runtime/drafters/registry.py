@@ -39,7 +39,7 @@ __all__ = [
 
 LOOKUP_MAX_BRANCH: int = SHARED["lookup"]["max_branch"]  # prompt lookup's longest branch (nodes after the root)
 RECALL_MAX_BRANCH: int = SHARED["recall"]["max_branch"]  # recall's longest branch
-FEATURE_MAX_TREE = 16  # T_max the engine sizes for the feature drafter (the controller verifies a prefix)
+FEATURE_MAX_TREE: int = SHARED["feature"]["max_tree"]  # T_max for the feature drafter (the controller cuts it)
 MODEL_MAX_CHAIN = 8  # the draft model's longest chain (nodes after the root): T_max = 1 + it
 
 

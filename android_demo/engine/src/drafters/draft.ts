@@ -77,6 +77,8 @@ export class DraftTree {
 export interface DraftContext {
   tokens: number[]; // every decided token of the conversation, ending with the root
   hidden: Float32Array; // [h] final hidden state of the last committed position
+  rows?: Float32Array; // [T·h] the last decoder call's hidden states (arena views: read by the feature drafter)
+  path?: readonly number[]; // the nodes it committed (absent: every row, as after the prompt)
   ahead?: number; // decided tokens before the root not yet run by the model (a grammar's forced chain): no hidden state
 }
 
