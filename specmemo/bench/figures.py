@@ -220,6 +220,25 @@ def bench_batch(data: dict) -> list[str]:
     return [provenance(data), "", *lines]
 
 
+def bench_node(runs: list[dict]) -> list[str]:
+    """`specmemo bench node`'s runs (one table over artifacts): per run, each runtime's median decode tok/s, their
+    ratio and accepted tokens per step; then, per artifact, the replies whose ids differ between the runtimes."""
+    lines = ["| artifact | run | drafter | Python tok/s | Node tok/s | Node / Python | accepted / step (Python, "
+             "Node) |", "|---" * 7 + "|"]
+    differ = []
+    for data in runs:
+        config = data["config"]
+        artifact = Path(config["artifact"]).name
+        for run, s in data["modes"].items():
+            drafter = "–" if run in ("greedy", "sample") else config["drafter"]
+            lines.append(f"| {artifact} | {run} | {drafter} | {s['python_tok_s']:.1f} | {s['node_tok_s']:.1f} | "
+                         f"**{s['node_over_python']:.2f}** | {s['python_accepted']:.2f}, {s['node_accepted']:.2f} |")
+        replies = sum(len(s["runs"]["node"]) for s in data["modes"].values())
+        differ.append(f"{artifact} {data['replies_with_different_ids']} of {replies}")
+    return [provenance(runs[0]), "", *lines, "",
+            f"Replies whose ids differ between the runtimes: {'; '.join(differ)}."]
+
+
 FIGURES = (
     Figure("README.md", "headline", "results/compare-grouped/qwen15-int4/results.json", compare_headline),
     Figure("docs/attention.md", "grouped-smollm2", "results/compare-grouped/smollm2-int4/results.json",
@@ -241,6 +260,8 @@ FIGURES = (
            tuple(f"results/bench-ab/one-width-policy/{a}-{first}.json"
                  for a in ("smollm2-135m-int4", "qwen2.5-coder-1.5b-int4") for first in ("new", "old")), bench_ab),
     Figure("docs/serving.md", "bench-batch", "results/bench-batch/summary.json", bench_batch),
+    Figure("docs/on-device.md", "bench-node", ("results/bench-node/smollm2-135m-int4.json",
+                                               "results/bench-node/qwen2.5-coder-1.5b-int4.json"), bench_node),
 )
 
 MARKER = re.compile(r"(<!-- figure: (?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- /figure -->)", re.DOTALL)

@@ -99,8 +99,9 @@ def distribution(logits: np.ndarray, sampling: Sampling, seen: np.ndarray | None
         z[z < kth] = -np.inf
     z = np.exp(z - z.max())
     probs: np.ndarray = z / _total(z)
-    if sampling.top_p < 1.0:
-        order = np.argsort(-probs, kind="stable")
+    if sampling.top_p < 1.0:  # most likely first, ties by id: the tokens with any mass (after top-k, few) sorted
+        kept = np.flatnonzero(probs)
+        order = kept[np.argsort(-probs[kept], kind="stable")]
         mass = np.cumsum(probs[order])
         cut = int(np.searchsorted(mass, sampling.top_p)) + 1  # the smallest head whose mass reaches p
         probs[order[cut:]] = 0.0

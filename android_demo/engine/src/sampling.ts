@@ -86,6 +86,31 @@ export function describe(s: Sampling | null): string {
   return `sampling: temperature ${s.temperature}, top-p ${s.topP}, top-k ${s.topK}, repetition penalty ${s.repetitionPenalty}, ${s.acceptance} acceptance, seed ${s.seed}`;
 }
 
+/** The k-th largest value (quickselect on a copy: linear, where a sort of the vocabulary is not). */
+export function largest(values: Float64Array, k: number): number {
+  const a = Float64Array.from(values);
+  const target = a.length - k; // its index in ascending order
+  let lo = 0;
+  let hi = a.length - 1;
+  while (lo < hi) {
+    const pivot = a[(lo + hi) >> 1];
+    let i = lo;
+    let j = hi;
+    while (i <= j) {
+      while (a[i] < pivot) i++;
+      while (a[j] > pivot) j--;
+      if (i <= j) {
+        const t = a[i]; a[i] = a[j]; a[j] = t;
+        i++; j--;
+      }
+    }
+    if (target <= j) hi = j;
+    else if (target >= i) lo = i;
+    else return a[target];
+  }
+  return a[target];
+}
+
 function sum(values: Float64Array): number {
   let total = 0;
   for (let i = 0; i < values.length; i++) total += values[i];
@@ -100,7 +125,7 @@ export function distribution(logits: ArrayLike<number>, s: Sampling, seen: Itera
   }
   for (let i = 0; i < z.length; i++) z[i] /= s.temperature;
   if (s.topK > 0 && s.topK < z.length) {
-    const kth = Float64Array.from(z).sort()[z.length - s.topK];
+    const kth = largest(z, s.topK);
     for (let i = 0; i < z.length; i++) if (z[i] < kth) z[i] = -Infinity;
   }
   let max = -Infinity;

@@ -19,7 +19,7 @@ import { ORDERS, Recall, RecallError, bytesFor, tokensFor } from '../src/recallS
 import { EmbeddingTable, halfToFloat } from '../src/embedding';
 import { MedusaTree, expectedAccepted, rankAccuracyFromCumulative } from '../src/medusaTree';
 import { chain, depths, pathTo, treeBias } from '../src/tree';
-import { DEFAULTS, OFF, Sampling, acceptExact, distribution, samplingFor } from '../src/sampling';
+import { DEFAULTS, OFF, Sampling, acceptExact, distribution, largest, samplingFor } from '../src/sampling';
 import { pick, splitmix64 } from '../src/draws';
 
 const X = -Infinity;
@@ -355,4 +355,15 @@ test('sampling: the filters in Hugging Face\'s order, and exact acceptance emits
   assert.equal(samplingFor(DEFAULTS, { temperature: 0 }), null);
   assert.deepEqual(samplingFor(null, { temperature: 0.5 }), { ...base, temperature: 0.5, topP: OFF.top_p, topK: OFF.top_k, repetitionPenalty: OFF.repetition_penalty });
   assert.throws(() => samplingFor(null, { temperature: 1, topP: 1.5 }), /top-p must be in \(0, 1\]/);
+});
+
+test('largest is the k-th largest value, as a sort would give it (ties and all)', () => {
+  let seed = 7;
+  const next = (): number => (seed = (seed * 1103515245 + 12345) % 2 ** 31) / 2 ** 31;
+  for (let trial = 0; trial < 300; trial++) {
+    const n = 1 + Math.floor(next() * 300);
+    const values = Float64Array.from({ length: n }, () => Math.floor(next() * 20) - 10 + (trial % 2 ? next() : 0));
+    const k = 1 + Math.floor(next() * n);
+    assert.equal(largest(values, k), Float64Array.from(values).sort()[n - k], `n ${n}, k ${k}`);
+  }
 });
