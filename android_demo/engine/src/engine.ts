@@ -22,7 +22,7 @@ import { Drafter } from './drafters/draft';
 import { Merged } from './drafters/merged';
 import { ConversationIndex, PromptLookup } from './drafters/lookup';
 import { MedusaDrafter } from './drafters/medusa';
-import { FeatureDrafter } from './drafters/feature';
+import { featureDrafter } from './drafters/feature';
 import { DrafterName, parseDrafter, withRecall } from './drafters/names';
 import { RecallDrafter } from './drafters/recall';
 import { ConfigError } from './errors';
@@ -285,11 +285,7 @@ export async function openEngine(options: EngineOptions): Promise<Engine> {
     } else if (name === 'recall') {
       parts.push(new RecallDrafter(recall!, conversation));
     } else if (name === 'feature') {
-      const info = m.feature_drafter!;
-      parts.push(new FeatureDrafter({
-        capacity: session.featureCapacity, hiddenSize: m.dims.hidden_size, topK: info.top_k,
-        run: (features, tokens, positions, bias, attended) => session.runFeature(features, tokens, positions, bias, attended),
-      }, info.depth ?? 2, info.width ?? 4));
+      parts.push(featureDrafter(session));
     }
   }
   const drafter = parts.length === 0 ? null : parts.length === 1 ? parts[0] : new Merged(parts);

@@ -269,8 +269,15 @@ export function bytesPerActivation(m: Manifest): number {
   return BYTES_PER_ELEMENT[m.activation_dtype];
 }
 
+/** The depths the feature drafter drafts and the nodes it expands per depth (graphs.py FeatureDrafterInfo: 2 and 4
+ * in manifests written before the keys). */
+export function featureShape(f: FeatureDrafterInfo): { depth: number; width: number } {
+  return { depth: f.depth ?? 2, width: f.width ?? 4 };
+}
+
 /** KV rows the feature drafter keeps beyond the decoder's C for its draft tree: `width` per depth (graphs.py
  * scratch_slots). */
 export function scratchSlots(f: FeatureDrafterInfo): number {
-  return (f.depth ?? 2) * (f.width ?? 4);
+  const { depth, width } = featureShape(f);
+  return depth * width;
 }

@@ -178,7 +178,6 @@ export class DecoderSession {
   readonly embedding: EmbeddingTable;
   private readonly route = new OutputRoute(); // how this binding returns the decoder's outputs
   private readonly headsRoute = new OutputRoute();
-  private readonly featureRoute = new OutputRoute();
   private readonly write = new BigInt64Array(1); // a grouped graph's write position
 
   private constructor(
@@ -334,43 +333,6 @@ export class DecoderSession {
   /** KV slots the feature drafter may use: its arena rows, within what its graph's rotary covers. */
   get featureCapacity(): number {
     return Math.min(this.layout.drafterCapacity ?? 0, this.manifest.feature_drafter?.capacity ?? 0);
-  }
-
-  /**
-   * The feature drafter's graph on W rows (runtime/drafters/feature.py OrtFeatureGraph.run): features [W·h] and the
-   * rows' tokens (embedded here), positions [W], bias [W·S] → (features out [W·h], top-k ids and probabilities [W·k]);
-   * the rows' K/V are written into slots [S - W, S) of its arena KV, handed as both past and present.
-   */
-  async runFeature(features: Float32Array, tokens: readonly number[], positions: readonly number[], bias: Float32Array,
-    attended: number): Promise<[Float32Array, number[], Float32Array]> {
-    const info = this.manifest.feature_drafter!;
-    const h = this.layout.hiddenSize;
-    const w = tokens.length;
-    const k = info.top_k;
-    const embeds = new Float32Array(w * h);
-    await this.embedding.lookup(BigInt64Array.from(tokens, BigInt), embeds);
-    const out = new Float32Array(w * h);
-    const ids = new BigInt64Array(w * k);
-    const probs = new Float32Array(w * k);
-    const kvDims = [1, this.layout.numKvHeads, this.layout.drafterCapacity!, this.layout.headDim];
-    const kv = ['drafter_kv.0', 'drafter_kv.1'].map((name) => this.arena.view(name))
-      .map((view) => new this.ort.Tensor(this.manifest.kv_dtype as 'float16', view as Uint16Array, kvDims));
-    const [fIn, eIn, pIn, bIn, kIn, vIn] = info.inputs;
-    const [fOut, idsOut, probsOut, kOut, vOut] = info.outputs;
-    await this.featureRoute.run(this.featureSession!, {
-      [fIn]: new this.ort.Tensor('float32', features.subarray(0, w * h), [1, w, h]),
-      [eIn]: new this.ort.Tensor('float32', embeds, [1, w, h]),
-      [pIn]: new this.ort.Tensor('int64', BigInt64Array.from(positions, BigInt), [1, w]),
-      [bIn]: new this.ort.Tensor('float32', bias, [1, 1, w, attended]),
-      [kIn]: kv[0], [vIn]: kv[1],
-    }, [
-      { name: fOut, tensor: new this.ort.Tensor('float32', out, [1, w, h]), view: out, poison: NaN },
-      { name: idsOut, tensor: new this.ort.Tensor('int64', ids, [1, w, k]), view: ids, poison: -1n },
-      { name: probsOut, tensor: new this.ort.Tensor('float32', probs, [1, w, k]), view: probs, poison: NaN },
-      { name: kOut, tensor: kv[0], view: kv[0].data }, // the same buffers: present lands where past was
-      { name: vOut, tensor: kv[1], view: kv[1].data },
-    ]);
-    return [out, Array.from(ids, Number), probs];
   }
 
   commit(count: number): void {

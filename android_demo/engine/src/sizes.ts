@@ -10,7 +10,6 @@ import { ConfigError } from './errors';
 import { DrafterName } from './drafters/names';
 import { LOOKUP_MAX_BRANCH } from './drafters/lookup';
 import { RECALL_MAX_BRANCH } from './drafters/recall';
-import { FEATURE_MAX_TREE } from './drafters/feature';
 import { Manifest, ManifestError, RowRoute, manifestRoute } from './manifest';
 import { MedusaTree, USEFUL_GAIN, expectedAccepted, rankAccuracyFromCumulative } from './medusaTree';
 import { SHARED } from './shared';
@@ -67,7 +66,7 @@ export function draftTreeSize(m: Manifest, drafters: readonly DrafterName[]): nu
   if (drafters.includes('medusa')) sizes.push(exportedTree(m).size);
   if (drafters.includes('lookup')) sizes.push(1 + LOOKUP_MAX_BRANCH);
   if (drafters.includes('recall')) sizes.push(1 + RECALL_MAX_BRANCH);
-  if (drafters.includes('feature')) sizes.push(FEATURE_MAX_TREE);
+  if (drafters.includes('feature')) sizes.push(SHARED.feature.max_tree); // its T_max (the controller cuts it)
   return Math.max(...sizes);
 }
 

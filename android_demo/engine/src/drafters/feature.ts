@@ -15,11 +15,14 @@
  * A new reply (a new context list) starts afresh.
  */
 
+import type * as ortTypes from 'onnxruntime-common';
+
 import { DraftContext, DraftTree, Drafter, ordered } from './draft';
+import { featureShape } from '../manifest';
+import { DecoderSession, OutputRoute } from '../session';
 import { SHARED } from '../shared';
 
 export const MIN_EXPAND: number = SHARED.feature.min_expand; // a depth is drafted while its best path score is at least this
-export const FEATURE_MAX_TREE: number = SHARED.feature.max_tree; // T_max for the feature drafter (the controller cuts it)
 
 /** One call of the drafter's graph: W rows (features and embeddings [W·h], positions [W], bias [W·S]) → next features
  * [W·h], top-k ids and probabilities [W·k]; the rows' K/V land in slots [S - W, S). */
@@ -132,4 +135,63 @@ export function recentStates(context: DraftContext, hiddenSize: number): Float32
   const out = new Float32Array(context.path.length * hiddenSize);
   context.path.forEach((node, i) => out.set(rows.subarray(node * hiddenSize, (node + 1) * hiddenSize), i * hiddenSize));
   return out;
+}
+
+/**
+ * drafter.onnx in ONNX Runtime (runtime/drafters/feature.py OrtFeatureGraph): W rows' features and tokens (embedded
+ * here), positions and bias → next features and top-k guesses; its K/V views in the session's arena handed as both
+ * past and present, so the rows land in slots [S - W, S) in place.
+ */
+export class OrtFeatureGraph implements FeatureGraph {
+  readonly capacity: number;
+  readonly hiddenSize: number;
+  readonly topK: number;
+  private readonly route = new OutputRoute();
+
+  constructor(readonly session: DecoderSession) {
+    if (session.featureSession === null) throw new Error('the session was opened without the feature drafter (feature: true)');
+    this.capacity = session.featureCapacity;
+    this.hiddenSize = session.layout.hiddenSize;
+    this.topK = session.manifest.feature_drafter!.top_k;
+  }
+
+  async run(features: Float32Array, tokens: readonly number[], positions: readonly number[], bias: Float32Array,
+    attended: number): Promise<[Float32Array, number[], Float32Array]> {
+    const s = this.session;
+    const info = s.manifest.feature_drafter!;
+    const { ort, layout } = s;
+    const h = this.hiddenSize;
+    const w = tokens.length;
+    const k = this.topK;
+    const embeds = new Float32Array(w * h);
+    await s.embedding.lookup(BigInt64Array.from(tokens, BigInt), embeds);
+    const out = new Float32Array(w * h);
+    const ids = new BigInt64Array(w * k);
+    const probs = new Float32Array(w * k);
+    const kvDims = [1, layout.numKvHeads, layout.drafterCapacity!, layout.headDim];
+    const views = [s.arena.view('drafter_kv.0'), s.arena.view('drafter_kv.1')];
+    const kv: ortTypes.Tensor[] = views.map((view) => new ort.Tensor(s.manifest.kv_dtype as 'float16', view as Uint16Array, kvDims));
+    const [fIn, eIn, pIn, bIn, kIn, vIn] = info.inputs;
+    const [fOut, idsOut, probsOut, kOut, vOut] = info.outputs;
+    await this.route.run(s.featureSession!, {
+      [fIn]: new ort.Tensor('float32', features.subarray(0, w * h), [1, w, h]),
+      [eIn]: new ort.Tensor('float32', embeds, [1, w, h]),
+      [pIn]: new ort.Tensor('int64', BigInt64Array.from(positions, BigInt), [1, w]),
+      [bIn]: new ort.Tensor('float32', bias, [1, 1, w, attended]),
+      [kIn]: kv[0], [vIn]: kv[1],
+    }, [
+      { name: fOut, tensor: new ort.Tensor('float32', out, [1, w, h]), view: out, poison: NaN },
+      { name: idsOut, tensor: new ort.Tensor('int64', ids, [1, w, k]), view: ids, poison: -1n },
+      { name: probsOut, tensor: new ort.Tensor('float32', probs, [1, w, k]), view: probs, poison: NaN },
+      { name: kOut, tensor: kv[0], view: views[0] }, // the same buffers: present lands where past was
+      { name: vOut, tensor: kv[1], view: views[1] },
+    ]);
+    return [out, Array.from(ids, Number), probs];
+  }
+}
+
+/** The feature drafter of an opened session, drafting as its manifest says (depth, width). */
+export function featureDrafter(session: DecoderSession): FeatureDrafter {
+  const { depth, width } = featureShape(session.manifest.feature_drafter!);
+  return new FeatureDrafter(new OrtFeatureGraph(session), depth, width);
 }
