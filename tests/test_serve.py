@@ -111,6 +111,7 @@ def sixteen_clients_get_single_request_greedy(artifact, questions: list[str], ma
         server.stop()
 
 
+@pytest.mark.slow  # a load test, the fast loop's longest by far: make test runs it
 def test_sixteen_streaming_clients_get_single_request_greedy(server, artifact):
     from specmemo.runtime.tokenizer import Message
 
