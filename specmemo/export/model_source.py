@@ -108,16 +108,21 @@ def alias_parts(spec: str) -> list[Path]:
     return parts
 
 
+def _gguf_parts(spec: str) -> list[Path] | None:
+    """The GGUF file (or an alias's parts, in order) `spec` names; None when it names none (an HF folder, or
+    nothing that exists: resolve_model says which)."""
+    path = Path(spec).expanduser()
+    if spec in ALIASES:
+        return alias_parts(spec)
+    return [path] if path.is_file() and path.suffix == ".gguf" else None
+
+
 def gguf_source(spec: str) -> tuple[list[Path], str | None] | None:
     """(the model's GGUF parts, the cache folder's name to join several in: resolve_model's; None for one file),
     found without converting them, the first checked from its header; None for a Hugging Face folder (a path
     that is neither is refused as resolve_model refuses it)."""
-    path = Path(spec).expanduser()
-    if spec in ALIASES:
-        parts = alias_parts(spec)
-    elif path.is_file() and path.suffix == ".gguf":
-        parts = [path]
-    else:
+    parts = _gguf_parts(spec)
+    if parts is None:
         resolve_model(spec)  # an HF folder, or the one-line error of a model that is not there
         return None
     check_gguf_supported(parts[0])
@@ -126,8 +131,9 @@ def gguf_source(spec: str) -> tuple[list[Path], str | None] | None:
 
 def resolve_model(spec: str) -> ResolvedModel:
     """--model → local HF folder, converting a GGUF once (cached)."""
-    if spec in ALIASES:
-        return _from_gguf(spec, alias_parts(spec), ALIASES[spec])
+    parts = _gguf_parts(spec)
+    if parts is not None:
+        return _from_gguf(spec, parts, ALIASES.get(spec))
     path = Path(spec).expanduser()
     if path.is_dir():
         if not (path / "config.json").is_file():
@@ -135,17 +141,16 @@ def resolve_model(spec: str) -> ResolvedModel:
                                      f"{', '.join(ALIASES)}")
         weights = sorted(path.glob("*.safetensors")) or sorted(path.glob("*.bin"))
         return ResolvedModel(spec=spec, hf_folder=path, sha256=sha256_of(weights) if weights else "")
-    if path.is_file() and path.suffix == ".gguf":
-        return _from_gguf(spec, [path])
     raise ModelNotFoundError(
         f"--model {spec!r} is not an alias ({', '.join(ALIASES)}), an HF folder or a .gguf file"
     )
 
 
 def model_sha256(spec: str) -> str:
-    """resolve_model(spec).sha256 without converting anything: a check that comes before the model loads."""
-    source = gguf_source(spec)
-    return sha256_of(source[0]) if source is not None else resolve_model(spec).sha256
+    """resolve_model(spec).sha256 without converting anything (the GGUF's bytes hashed once): a check that comes
+    before the model loads."""
+    parts = _gguf_parts(spec)
+    return sha256_of(parts) if parts is not None else resolve_model(spec).sha256
 
 
 def _from_gguf(spec: str, parts: list[Path], packaged: PackagedGguf | None = None) -> ResolvedModel:
