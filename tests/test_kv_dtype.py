@@ -57,6 +57,13 @@ def test_float16_kv_keeps_one_route_and_stays_near_float32(tiny_pair):
     assert 0 < np.abs(chain - reference).max() <= 1e-2 * np.abs(reference).max()
 
 
+@pytest.mark.slow  # the float16 export is the fast loop's heaviest fixture: make test runs it
+def test_the_float16_rows_graph_computes_the_decoders_outputs_bit_for_bit(tiny_kv16):
+    from test_rows_graph import assert_rows_graph_matches_decoder
+
+    assert_rows_graph_matches_decoder(tiny_kv16)
+
+
 def test_an_unknown_kv_dtype_is_refused(tmp_path):
     with pytest.raises(ConfigError, match="--kv-dtype must be one of"):
         ExportOptions(model="x", out=tmp_path, kv_dtype="int8")

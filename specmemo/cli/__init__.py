@@ -24,7 +24,7 @@ from specmemo.version import __version__
 
 # (where a module's command lands: group, name in it); a command not listed stays at the top level
 GROUPS = {
-    "validate": ("export", "validate"), "export-batch": ("export", "batch"),
+    "validate": ("export", "validate"), "export-batch": ("export", "batch"), "export-rows": ("export", "rows"),
     "export-heads": ("export", "heads"), "export-drafter": ("export", "drafter"),
     "train-heads": ("train", "heads"), "train-drafter": ("train", "drafter"),
     "cache-features": ("train", "features"), "subvocab-heads": ("train", "subvocab"),

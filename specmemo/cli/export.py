@@ -158,6 +158,16 @@ def add_parser(sub) -> None:
     p.add_argument("--batch", type=batch_sizes, required=True, metavar="B[,B...]", help="e.g. 16 or 2,4,8")
     p.set_defaults(handler=cmd_export_batch)
 
+    p = sub.add_parser("export-rows", help="add the rows graph (the TypeScript engine's decoder) to an artifact",
+                       description="Write decoder.rows.onnx into the artifact and name it in the manifest: the decoder "
+                                   "with its K/V buffers as inputs only and each call's new K/V rows as one output, "
+                                   "which the TypeScript engine (Node, the page) writes into its buffers itself. The "
+                                   "JavaScript bindings copy every output back, so with the presents as outputs each "
+                                   "step copies the whole attended cache. Reads the artifact's own weights file "
+                                   "(nothing is retraced; seconds). `export` writes it already.")
+    p.add_argument("--artifact", type=Path, required=True)
+    p.set_defaults(handler=cmd_export_rows)
+
 
 def batch_sizes(text: str) -> tuple[int, ...]:
     """'2,4,8' → (2, 4, 8); 'none' → ()."""
@@ -173,11 +183,24 @@ def batch_sizes(text: str) -> tuple[int, ...]:
 
 
 def cmd_export_batch(args: argparse.Namespace) -> int:
-    from specmemo.export.exporter import add_batch_graphs
+    from specmemo.export.batch_graph import add_batch_graphs
     from specmemo.runtime.manifest import load_manifest, save_manifest
 
     manifest = load_manifest(args.artifact)
     save_manifest(add_batch_graphs(args.artifact, manifest, args.batch, log_stderr), args.artifact)
+    return 0
+
+
+def cmd_export_rows(args: argparse.Namespace) -> int:
+    from dataclasses import replace
+
+    from specmemo.export.rows_graph import write_rows_graph
+    from specmemo.runtime.manifest import load_manifest, save_manifest
+
+    manifest = load_manifest(args.artifact)
+    rows = write_rows_graph(args.artifact, manifest)
+    save_manifest(replace(manifest, rows_graph=rows), args.artifact)
+    log_stderr(f"wrote {args.artifact / rows.file}")
     return 0
 
 

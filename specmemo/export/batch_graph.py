@@ -29,6 +29,7 @@ logits bit for bit and every reply token for token.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 from specmemo.errors import ConfigError
@@ -59,6 +60,17 @@ def write_batch_graph(artifact: Path, manifest: Manifest, batch: int) -> BatchGr
     path = artifact / names.file
     onnx.save(model, str(path))  # the initializers keep pointing into the decoder's data file
     return names
+
+
+def add_batch_graphs(folder: Path, manifest: Manifest, batches: tuple[int, ...], log) -> Manifest:
+    """Write the batch graphs for `batches` (those the manifest lacks) and name them in the manifest."""
+    have = {g.batch: g for g in manifest.batch_graphs}
+    for batch in batches:
+        if batch not in have:
+            have[batch] = write_batch_graph(folder, manifest, batch)
+    if batches:
+        log(f"batch graphs for B = {', '.join(str(b) for b in sorted(have))} (one attention node per row and layer)")
+    return replace(manifest, batch_graphs=tuple(have[b] for b in sorted(have)))
 
 
 def rewrite(graph, manifest: Manifest, names: BatchGraph) -> None:

@@ -10,7 +10,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from specmemo.errors import ConfigError
-from specmemo.export.batch_graph import DEFAULT_BATCHES, write_batch_graph
+from specmemo.export.batch_graph import DEFAULT_BATCHES, add_batch_graphs
 from specmemo.export.checkpoint import Checkpoint
 from specmemo.export.drafter_graph import export_feature_drafter
 from specmemo.export.embedding_rows import gguf_rows, tied_rows
@@ -24,6 +24,7 @@ from specmemo.export.hf_config import check_max_capacity, dims_from_config
 from specmemo.export.kv_dtype import check_kv_dtype, kv_as_float16
 from specmemo.export.mobile import TARGET_PLATFORMS, write_ort_format
 from specmemo.export.model_source import load_hf, load_tokenizer, resolve_model, stop_token_ids
+from specmemo.export.rows_graph import add_rows_graph
 from specmemo.export.streamed import export_streamed
 from specmemo.export.trace import OPSET
 from specmemo.export.weights_dtype import (
@@ -250,6 +251,7 @@ def export_artifact(options: ExportOptions, *, log=print, finalize=None) -> Mani
             span_bucket=options.span_bucket if grouped else 1,
         )
         manifest = add_batch_graphs(staging, manifest, options.batch, log)
+        manifest = add_rows_graph(staging, manifest, log)
         if options.draft_model is not None:
             from specmemo.export.draft_model import add_draft_model
 
@@ -287,17 +289,6 @@ def calibration(quant: QuantOptions, resolved, tokenizer, log) -> tuple[dict | N
         del whole
     gc.collect()
     return activations, body
-
-
-def add_batch_graphs(folder: Path, manifest: Manifest, batches: tuple[int, ...], log) -> Manifest:
-    """Write the batch graphs for `batches` (those the manifest lacks) and name them in the manifest."""
-    have = {g.batch: g for g in manifest.batch_graphs}
-    for batch in batches:
-        if batch not in have:
-            have[batch] = write_batch_graph(folder, manifest, batch)
-    if batches:
-        log(f"batch graphs for B = {', '.join(str(b) for b in sorted(have))} (one attention node per row and layer)")
-    return replace(manifest, batch_graphs=tuple(have[b] for b in sorted(have)))
 
 
 def rewrite_graph(path: Path, rewrite) -> None:

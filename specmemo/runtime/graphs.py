@@ -1,5 +1,5 @@
 """The manifest's graphs: the decoder's I/O names, and the graphs beside it (Medusa heads, the
-feature drafter, the batch decoders), each with the names a runtime binds."""
+feature drafter, the batch decoders, the rows graph), each with the names a runtime binds."""
 
 from __future__ import annotations
 
@@ -135,3 +135,17 @@ class BatchGraph:
                 or len(self.attention_bias_local) not in (0, self.batch)):
             raise ManifestError(f"batch_graphs: a graph for {self.batch} rows names {len(self.attention_bias)} biases "
                                 f"and {len(self.kv_pairs)} KV pairs: re-export the artifact")
+
+
+@dataclass(frozen=True)
+class RowsGraph:
+    """The decoder with its K/V buffers as inputs only (export/rows_graph.py), for runtimes whose binding copies every
+    output back (the TypeScript engine): the call's new K/V rows come out as one output, [2·layers·B, H_kv, T, D] in
+    kv_pairs order, and the runtime writes them into its buffers at [S - T, S). Other names are the decoder's."""
+
+    file: str  # its graph; the weights are the decoder's own data file
+    kv_rows: str  # the output
+
+    def __post_init__(self) -> None:
+        if not self.file or not self.kv_rows:
+            raise ManifestError("rows_graph: file and kv_rows must be named: re-export the artifact")

@@ -25,15 +25,23 @@ from specmemo.runtime.formats import (
     embedding_for,
     graph_file,
 )
-from specmemo.runtime.graphs import BatchGraph, DecoderIO, FeatureDrafterInfo, HeadsInfo, SharedInitializer, TensorSpec
+from specmemo.runtime.graphs import (
+    BatchGraph,
+    DecoderIO,
+    FeatureDrafterInfo,
+    HeadsInfo,
+    RowsGraph,
+    SharedInitializer,
+    TensorSpec,
+)
 from specmemo.runtime.shared import SHARED
 from specmemo.runtime.span import AttentionOp
 
 __all__ = [  # the contract's parts, defined by concept (dims, graphs, formats) and read here as one manifest
     "AttentionKind", "AttentionOp", "BatchGraph", "DecoderIO", "DevicePlan", "EmbeddingInfo", "FeatureDrafterInfo",
     "GenerationDefaults", "HeadsInfo", "Manifest", "ManifestError", "ModelDims", "ModelFormat", "OrtFormatInfo",
-    "QuantizationInfo", "QuantizedRows", "SharedInitializer", "TensorSpec", "TokenizerInfo", "embedding_for",
-    "graph_file", "load_manifest", "manifest_from_dict", "save_manifest"]
+    "QuantizationInfo", "QuantizedRows", "RowsGraph", "SharedInitializer", "TensorSpec", "TokenizerInfo",
+    "embedding_for", "graph_file", "load_manifest", "manifest_from_dict", "save_manifest"]
 
 MANIFEST_FILE = "manifest.json"
 # 2: inputs_embeds, the embedding table in its own file; 3: max_capacity,
@@ -119,6 +127,7 @@ class Manifest:
     ort_format: OrtFormatInfo | None = None  # set by `export --mobile`
     generation: GenerationDefaults | None = None  # chat's sampling defaults (None: greedy)
     batch_graphs: tuple[BatchGraph, ...] = ()  # decoders for B > 1 sequences per call (export --batch)
+    rows_graph: RowsGraph | None = None  # the decoder, K/V as inputs only: copying bindings' (export/rows_graph.py)
     draft_model: str = ""  # the draft model's artifact folder, relative to this one ("": none; drafter "model")
     attention: AttentionOp = AttentionOp.GQA  # the decoder's attention (runtime/span.py)
     span_bucket: int = 1  # a call attends to S rounded up to this many positions (1: exactly S)
@@ -241,7 +250,7 @@ _NESTED = {"SharedInitializer": SharedInitializer, "ModelDims": ModelDims, "Deco
            "QuantizedRows": QuantizedRows, "QuantizationInfo": QuantizationInfo,
            "EmbeddingInfo": EmbeddingInfo, "TokenizerInfo": TokenizerInfo, "HeadsInfo": HeadsInfo,
            "DevicePlan": DevicePlan, "GenerationDefaults": GenerationDefaults, "FeatureDrafterInfo": FeatureDrafterInfo,
-           "OrtFormatInfo": OrtFormatInfo}
+           "OrtFormatInfo": OrtFormatInfo, "RowsGraph": RowsGraph}
 
 
 def _convert(type_name: Any, value: Any, where: str) -> Any:
@@ -320,6 +329,8 @@ def load_manifest(artifact: str | Path) -> Manifest:
     if manifest.ort_format is not None:
         files += [*manifest.ort_format.files, manifest.ort_format.required_operators]
     files += [graph.file for graph in manifest.batch_graphs]
+    if manifest.rows_graph is not None:
+        files.append(manifest.rows_graph.file)
     if manifest.draft_model:
         files.append(f"{manifest.draft_model}/{MANIFEST_FILE}")
     root = folder.resolve()

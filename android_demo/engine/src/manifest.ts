@@ -130,6 +130,13 @@ export interface OrtFormatInfo {
   embedding: EmbeddingInfo | null;
 }
 
+/** The decoder with its K/V buffers as inputs only (runtime/graphs.py RowsGraph): a call's new K/V rows come out as
+ * one output [2·layers, H_kv, T, D] in kv_pairs order, which the runtime writes into its buffers itself. */
+export interface RowsGraph {
+  file: string; // reads the decoder's data file
+  kv_rows: string;
+}
+
 export interface Manifest {
   format_version: number;
   source_model: string;
@@ -154,6 +161,7 @@ export interface Manifest {
   attention?: 'gqa' | 'grouped'; // the decoder's attention (runtime/span.py; 'gqa' when absent)
   span_bucket?: number; // a call attends to S rounded up to this many positions (1 when absent)
   generation: GenerationDefaults | null; // the sampling settings replies start from (temperature 0: greedy)
+  rows_graph: RowsGraph | null; // absent in artifacts exported before it (the decoder's presents are bound then)
 }
 
 /** L: the bias's columns for a call attending to `attended` of `capacity` positions (runtime/span.py span). */
@@ -194,7 +202,7 @@ export function parseManifest(text: string, where: string): Manifest {
   }
   const m = {
     drafter: '', heads: null, feature_drafter: null, plan: null, min_step_rows: 2, draft_shape: 'tree', ort_format: null,
-    generation: null, ...data,
+    generation: null, rows_graph: null, ...data,
   } as unknown as Manifest;
   const d = m.dims;
   for (const key of ['vocab_size', 'hidden_size', 'intermediate_size', 'num_layers', 'num_heads', 'num_kv_heads', 'head_dim'] as const) {
@@ -220,6 +228,8 @@ export function parseManifest(text: string, where: string): Manifest {
         `heads.tree: choice [${choice.join(', ')}] needs more than ${m.heads.num_heads} heads or rank >= top_k ${m.heads.top_k}: re-export the artifact`);
     }
   }
+  need(m.rows_graph === null || (typeof m.rows_graph.file === 'string' && typeof m.rows_graph.kv_rows === 'string'),
+    `rows_graph must name its file and kv_rows output: re-export the artifact`);
   const g = m.generation;
   if (g !== null) {
     need(g.temperature >= 0 && g.top_p > 0 && g.top_p <= 1 && g.top_k >= 0 && g.repetition_penalty > 0,
@@ -242,10 +252,16 @@ export function graphFile(m: Manifest, onnxFile: string, format: ModelFormat): s
   return ortFile;
 }
 
+/** The decoder graph the engine runs, as an .onnx name (graphFile maps it for `format`): the rows graph where the
+ * artifact has one and the format is ONNX (an .ort set has the decoder only), else the decoder. */
+export function decoderGraph(m: Manifest, format: ModelFormat): string {
+  return format === 'onnx' && m.rows_graph !== null ? m.rows_graph.file : m.decoder_file;
+}
+
 /** The graph's external data files for `format` (an .ort graph carries its weights inside). */
 export function graphDataFiles(m: Manifest, onnxFile: string, format: ModelFormat): string[] {
   if (format === 'ort') return [];
-  if (onnxFile === m.decoder_file) return [m.decoder_data_file];
+  if (onnxFile === m.decoder_file || onnxFile === m.rows_graph?.file) return [m.decoder_data_file];
   const heads = m.heads;
   if (heads !== null && onnxFile === heads.file) {
     return heads.shared_lm_head === null ? [heads.data_file] : [heads.data_file, heads.shared_lm_head.file];

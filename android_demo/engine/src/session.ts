@@ -1,25 +1,27 @@
 /**
- * The decoder graph (and the Medusa heads graph, and the feature drafter's graph) in ONNX Runtime over one arena, the
- * KV buffers updated in place (runtime/session.py).
+ * The decoder graph (and the Medusa heads graph, and the feature drafter's graph) in ONNX Runtime over one arena
+ * (runtime/session.py).
  *
- * Each layer's K and V are arena views [B, H_kv, C, D] wrapped once as tensors and handed to a step
- * as both the past input and the present output: GroupQueryAttention writes the T new positions
- * into them. A step's other inputs and outputs are tensors over arena views with this step's
- * shapes: T tokens' embeddings, positions and the [1, 1, T, S] attention bias over S = past + T
- * positions in; logits, argmax ids and hidden states out.
+ * Each layer's K and V are arena views [B, H_kv, C, D] wrapped once as tensors and handed to a step as its past
+ * input. A step's other inputs and outputs are tensors over arena views with this step's shapes: T tokens'
+ * embeddings, positions and the [1, 1, T, S] attention bias over S = past + T positions in; argmax ids and hidden
+ * states out (logits when asked).
  *
- * How outputs come back depends on the binding (OutputRoute): onnxruntime-node and onnxruntime-
- * react-native write them into the tensors handed to them, so GroupQueryAttention finds past and
- * present in one buffer and updates it in place as under Python's IOBinding, but onnxruntime-node
- * also returns a fresh copy of every output each run; onnxruntime-web copies through the WASM heap
- * and the arena gets its results copied in. Either way a step costs copies proportional to the
- * buffer's length. So each layer's cache is passed as [1, H_kv, C', D] with C' (the span) the
- * attended length rounded up to SPAN_STEP, laid out inside the layer's fixed [H_kv, C, D] region
- * of the one arena (heads at stride C'·D); when the span changes, the committed rows move to the
- * new stride. GroupQueryAttention attends to the first S positions whatever the buffer's length, so
- * the outputs are those of the full-capacity buffer. A grouped graph reads its K/V whole, as the span
- * L it attends to (runtime/kv_cache.py): there C' is exactly L, relaid whenever L moves by a bucket,
- * as the Python runtime does (tests compare ids with it).
+ * How a step's new K/V rows reach the buffers depends on the graph. The rows graph (the manifest's `rows_graph`,
+ * export/rows_graph.py) takes the buffers as inputs only and hands the call's new rows out as one small output,
+ * which `KVCache.writeRows` puts at [S - T, S): the JavaScript bindings copy every output back (onnxruntime-node
+ * returns a fresh copy of each even when it wrote into the tensor handed to it; onnxruntime-web copies through the
+ * WASM heap), so a graph whose presents are outputs costs a copy of the whole attended cache every step. An artifact
+ * exported before the rows graph (and an .ort set) runs the decoder itself, each present bound to its past's tensor:
+ * onnxruntime-node and onnxruntime-react-native write outputs into the tensors handed to them, so the present lands
+ * in the past's buffer as under Python's IOBinding; onnxruntime-web's results are copied into the arena (OutputRoute).
+ *
+ * Either way the inputs are passed as [1, H_kv, C', D] with C' (the span) the attended length rounded up to
+ * SPAN_STEP, laid out inside the layer's fixed [H_kv, C, D] region of the one arena (heads at stride C'·D); when the
+ * span changes, the committed rows move to the new stride. GroupQueryAttention attends to the first S positions
+ * whatever the buffer's length, so the outputs are those of the full-capacity buffer. A grouped graph reads its K/V
+ * whole, as the span L it attends to (runtime/kv_cache.py): there C' is exactly L, relaid whenever L moves by a
+ * bucket, as the Python runtime does (tests compare ids with it).
  */
 
 import type * as ortTypes from 'onnxruntime-common';
@@ -27,7 +29,7 @@ import type * as ortTypes from 'onnxruntime-common';
 import { Arena, ArenaLayout, View, layoutFor } from './arena';
 import { EmbeddingTable } from './embedding';
 import { ArtifactError } from './errors';
-import { Manifest, ManifestError, ModelFormat, embeddingFor, graphDataFiles, graphFile, scratchSlots, span } from './manifest';
+import { Manifest, ManifestError, ModelFormat, decoderGraph, embeddingFor, graphDataFiles, graphFile, scratchSlots, span } from './manifest';
 import { Sizes } from './sizes';
 import { ArtifactSource } from './source';
 import { SHARED } from './shared';
@@ -104,23 +106,26 @@ const RUN_OPTIONS: ortTypes.InferenceSession.RunOptions = { logSeverityLevel: 3 
  * ignored here); onnxruntime-web copies them through the WASM heap and hands back the caller's
  * tensors unwritten. Where outputs are not written in place, the first run is repeated with the
  * outputs asked for by name (its inputs were not touched) and every run's results are copied into
- * the arena, so callers see one behaviour.
+ * the arena, so callers see one behaviour. `fetched`: outputs asked for by name on every binding
+ * (the binding allocates them); `run` returns them.
  */
 export class OutputRoute {
   inPlace: boolean | null = null;
 
-  async run(session: Session, feeds: Record<string, Tensor>, outputs: Output[]): Promise<void> {
+  async run(session: Session, feeds: Record<string, Tensor>, outputs: Output[], fetched: readonly string[] = []): Promise<Record<string, Tensor>> {
     if (this.inPlace !== false) {
       const probing = this.inPlace === null;
       if (probing) for (const o of outputs) if (o.poison !== undefined) (o.view as Float32Array).fill(o.poison as number);
-      await session.run(feeds, Object.fromEntries(outputs.map((o) => [o.name, o.tensor])), RUN_OPTIONS);
+      const fetches = { ...Object.fromEntries(outputs.map((o) => [o.name, o.tensor])), ...Object.fromEntries(fetched.map((name) => [name, null])) };
+      const results = await session.run(feeds, fetches, RUN_OPTIONS);
       if (probing) {
         this.inPlace = outputs.every((o) => o.poison === undefined || !o.view.some((x: number | bigint) => Object.is(x, o.poison)));
       }
-      if (this.inPlace) return;
+      if (this.inPlace) return results;
     }
-    const results = await session.run(feeds, outputs.map((o) => o.name), RUN_OPTIONS);
+    const results = await session.run(feeds, [...outputs.map((o) => o.name), ...fetched], RUN_OPTIONS);
     for (const o of outputs) (o.view as Float32Array).set(results[o.name].data as Float32Array);
+    return results;
   }
 }
 
@@ -156,6 +161,19 @@ export class KVCache {
     return this.tensors;
   }
 
+  /** Write a call's `count` new rows, [2·layers, H_kv, count, D] in kv_pairs order (the rows graph's output), at
+   * positions [start, start + count) of every buffer. */
+  writeRows(rows: View, start: number, count: number): void {
+    const d = this.headDim;
+    const block = count * d;
+    this.views.forEach((view, j) => {
+      for (let h = 0; h < this.numKvHeads; h++) {
+        const from = (j * this.numKvHeads + h) * block;
+        view.set(rows.subarray(from, from + block) as Float32Array & Uint16Array, (h * this.span + start) * d);
+      }
+    });
+  }
+
   /** Move each head's first `keep` rows from stride span·D to stride `span`·D (memmove order). */
   private relayout(span: number, keep: number): void {
     const old = this.span * this.headDim;
@@ -188,6 +206,7 @@ export class DecoderSession {
     readonly headsSession: Session | null,
     source: ArtifactSource,
     readonly featureSession: Session | null = null,
+    readonly kvRows: string | null = null, // the rows graph's output (null: the decoder, its presents bound to the pasts)
   ) {
     this.embedding = new EmbeddingTable(source, embeddingFor(manifest, config.modelFormat));
     const drafter = featureSession !== null ? manifest.feature_drafter : null;
@@ -201,10 +220,15 @@ export class DecoderSession {
 
   static async open(ort: OrtModule, source: ArtifactSource, manifest: Manifest, config: SessionConfig): Promise<DecoderSession> {
     const m = manifest;
-    const decoderFile = graphFile(m, m.decoder_file, config.modelFormat);
-    const session = await loadGraph(ort, source, decoderFile, graphDataFiles(m, m.decoder_file, config.modelFormat),
+    const onnxFile = decoderGraph(m, config.modelFormat);
+    const rows = onnxFile === m.decoder_file ? null : m.rows_graph;
+    const decoderFile = graphFile(m, onnxFile, config.modelFormat);
+    const session = await loadGraph(ort, source, decoderFile, graphDataFiles(m, onnxFile, config.modelFormat),
       sessionOptions(config, config.threads));
-    checkNames(session, m.io.inputs.map((s) => s.name), m.io.outputs.map((s) => s.name), `${source.where}/${decoderFile}`);
+    const presents = new Set(m.io.kv_pairs.map(([, present]) => present));
+    const outputs = rows === null ? m.io.outputs.map((s) => s.name)
+      : [...m.io.outputs.map((s) => s.name).filter((name) => !presents.has(name)), rows.kv_rows];
+    checkNames(session, m.io.inputs.map((s) => s.name), outputs, `${source.where}/${decoderFile}`);
     let heads: Session | null = null;
     if (config.heads && m.heads !== null) {
       const headsFile = graphFile(m, m.heads.file, config.modelFormat);
@@ -223,7 +247,7 @@ export class DecoderSession {
       feature = await loadGraph(ort, source, file, graphDataFiles(m, info.file, config.modelFormat), sessionOptions(config, 1)); // one thread, as the heads
       checkNames(feature, info.inputs, info.outputs, `${source.where}/${file}`);
     }
-    const opened = new DecoderSession(ort, m, config, session, heads, source, feature);
+    const opened = new DecoderSession(ort, m, config, session, heads, source, feature, rows?.kv_rows ?? null);
     if (config.warmUp ?? true) await opened.warmUp();
     return opened;
   }
@@ -306,9 +330,11 @@ export class DecoderSession {
     const kv = this.kv.tensorsFor(this.span(attended), attended - size);
     io.kv_pairs.forEach(([past, present], i) => {
       feeds[past] = kv[i];
-      outputs.push({ name: present, tensor: kv[i], view: kv[i].data as View }); // the same buffer: present lands where past was
+      if (this.kvRows === null) outputs.push({ name: present, tensor: kv[i], view: kv[i].data as View }); // present lands where past was
     });
-    await this.route.run(this.session, feeds, outputs);
+    const fetched = this.kvRows === null ? [] : [this.kvRows];
+    const results = await this.route.run(this.session, feeds, outputs, fetched);
+    if (this.kvRows !== null) this.kv.writeRows(results[this.kvRows].data as View, attended - size, size);
     return {
       nextTokenIds: a.i64('next_token_ids').subarray(0, logitRows),
       hiddenStates: a.f32('hidden_states').subarray(0, size * h),

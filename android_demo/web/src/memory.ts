@@ -11,7 +11,7 @@
  *              loads (a smaller ?capacity= lowers the bound).
  */
 import {
-  drafterNames, fit, footprint, parseManifest, resolveSizes, type Calibration, type DrafterName, type Footprint,
+  decoderGraph, drafterNames, fit, footprint, parseManifest, resolveSizes, type Calibration, type DrafterName, type Footprint,
   type Manifest, type Mode, type Sizes,
 } from '@specmemo/engine';
 
@@ -44,7 +44,7 @@ export function budgetBytes(param: string | null, deviceMemoryGiB: number | unde
 /** The files the engine loads whole: the decoder and its data, the heads' or the feature drafter's graph when drafting
  * with them. */
 export function loadedFiles(m: Manifest, drafters: readonly DrafterName[]): string[] {
-  const files = [m.decoder_file, m.decoder_data_file];
+  const files = [decoderGraph(m, 'onnx'), m.decoder_data_file];
   if (drafters.includes('medusa') && m.heads !== null) {
     files.push(m.heads.file, m.heads.data_file, ...(m.heads.shared_lm_head ? [m.heads.shared_lm_head.file] : []));
   }
