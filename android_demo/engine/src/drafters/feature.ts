@@ -15,11 +15,10 @@
  * A new reply (a new context list) starts afresh.
  */
 
-import type * as ortTypes from 'onnxruntime-common';
-
 import { DraftContext, DraftTree, Drafter, ordered } from './draft';
 import { featureShape } from '../manifest';
-import { DecoderSession, OutputRoute } from '../session';
+import type { View } from '../arena';
+import { DecoderSession, KVCache, OutputRoute } from '../session';
 import { SHARED } from '../shared';
 
 export const MIN_EXPAND: number = SHARED.feature.min_expand; // a depth is drafted while its best path score is at least this
@@ -140,16 +139,22 @@ export function recentStates(context: DraftContext, hiddenSize: number): Float32
 /**
  * drafter.onnx in ONNX Runtime (runtime/drafters/feature.py OrtFeatureGraph): W rows' features and tokens (embedded
  * here), positions and bias → next features and top-k guesses; its K/V views in the session's arena handed as both
- * past and present, so the rows land in slots [S - W, S) in place.
+ * past and present, so the rows land in slots [S - W, S) in place. The buffers are passed at the span the call
+ * attends to (KVCache, as the decoder's: GroupQueryAttention reads the first S positions whatever the buffer's
+ * length), since the bindings copy every output back, these included.
  */
 export class OrtFeatureGraph implements FeatureGraph {
   readonly capacity: number;
   readonly hiddenSize: number;
   readonly topK: number;
   private readonly route = new OutputRoute();
+  private readonly kv: KVCache;
 
   constructor(readonly session: DecoderSession) {
     if (session.featureSession === null) throw new Error('the session was opened without the feature drafter (feature: true)');
+    const { layout } = session;
+    this.kv = new KVCache(session.ort, session.manifest.kv_dtype, [session.arena.view('drafter_kv.0'), session.arena.view('drafter_kv.1')],
+      layout.numKvHeads, layout.headDim, layout.drafterCapacity!);
     this.capacity = session.featureCapacity;
     this.hiddenSize = session.layout.hiddenSize;
     this.topK = session.manifest.feature_drafter!.top_k;
@@ -159,7 +164,7 @@ export class OrtFeatureGraph implements FeatureGraph {
     attended: number): Promise<[Float32Array, number[], Float32Array]> {
     const s = this.session;
     const info = s.manifest.feature_drafter!;
-    const { ort, layout } = s;
+    const { ort } = s;
     const h = this.hiddenSize;
     const w = tokens.length;
     const k = this.topK;
@@ -168,9 +173,7 @@ export class OrtFeatureGraph implements FeatureGraph {
     const out = new Float32Array(w * h);
     const ids = new BigInt64Array(w * k);
     const probs = new Float32Array(w * k);
-    const kvDims = [1, layout.numKvHeads, layout.drafterCapacity!, layout.headDim];
-    const views = [s.arena.view('drafter_kv.0'), s.arena.view('drafter_kv.1')];
-    const kv: ortTypes.Tensor[] = views.map((view) => new ort.Tensor(s.manifest.kv_dtype as 'float16', view as Uint16Array, kvDims));
+    const kv = this.kv.tensorsFor(attended, attended - w); // the rows before this call's move if the span changes
     const [fIn, eIn, pIn, bIn, kIn, vIn] = info.inputs;
     const [fOut, idsOut, probsOut, kOut, vOut] = info.outputs;
     await this.route.run(s.featureSession!, {
@@ -183,8 +186,8 @@ export class OrtFeatureGraph implements FeatureGraph {
       { name: fOut, tensor: new ort.Tensor('float32', out, [1, w, h]), view: out, poison: NaN },
       { name: idsOut, tensor: new ort.Tensor('int64', ids, [1, w, k]), view: ids, poison: -1n },
       { name: probsOut, tensor: new ort.Tensor('float32', probs, [1, w, k]), view: probs, poison: NaN },
-      { name: kOut, tensor: kv[0], view: views[0] }, // the same buffers: present lands where past was
-      { name: vOut, tensor: kv[1], view: views[1] },
+      { name: kOut, tensor: kv[0], view: kv[0].data as View }, // the same buffers: present lands where past was
+      { name: vOut, tensor: kv[1], view: kv[1].data as View },
     ]);
     return [out, Array.from(ids, Number), probs];
   }
