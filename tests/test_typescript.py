@@ -23,6 +23,9 @@ from specmemo.runtime.artifact import Artifact
 from specmemo.runtime.chat import ChatSession
 from specmemo.runtime.engine import EngineConfig, Mode, open_engine
 from specmemo.runtime.manifest import load_manifest
+from specmemo.runtime.route_probe import probe
+from specmemo.runtime.session import DecoderSession, SessionConfig
+from specmemo.runtime.shared import SHARED
 from specmemo.runtime.sizes import Sizes
 from specmemo.runtime.tokenizer import Message
 
@@ -123,6 +126,26 @@ def test_the_draws_are_pythons_and_the_manifest_defaults_sample(tiny):
     (out,) = node("generate", "--artifact", str(tiny), "--prompt", LONG, "--max-new-tokens", "30", "--mode", "plain",
                   "--seed", "3")
     assert out["token_ids"] == engine.generate(ids, max_new_tokens=30).token_ids
+
+
+def test_the_route_probe_tries_pythons_candidates_on_pythons_tokens(tiny):
+    """routeProbe.ts asks route_probe.py's question: the same prompt and chain ids (SplitMix64 mod V, from shared.json's
+    seeds), the same candidates in the same order (shared.json), and on this machine the same answer."""
+    from specmemo.runtime.route_probe import PROMPT, SEEDS, probe_tokens
+    from specmemo.runtime.row_route import CANDIDATES
+
+    vocab = load_manifest(tiny).dims.vocab_size
+    script = (f"const p = require({json.dumps(str(engine_file('routeProbe.js')))});"
+              f"console.log(JSON.stringify([p.probeTokens({SEEDS[0]}, {PROMPT}, {vocab}), p.probeTokens({SEEDS[1]}, 16, {vocab})]))")
+    done = subprocess.run(["node", "-e", script], capture_output=True, text=True, timeout=60, check=True)
+    assert json.loads(done.stdout) == [probe_tokens(SEEDS[0], PROMPT, vocab), probe_tokens(SEEDS[1], 16, vocab)]
+    assert [(c.min_rows, c.multiple) for c in CANDIDATES] == [tuple(c) for c in SHARED["route_probe"]["candidates"]]
+    session = DecoderSession(Artifact.open(tiny), SessionConfig(heads=False, warm_up=False,
+                                                                sizes=Sizes(capacity=64, rows=16, tree=16)))
+    python_route, _ = probe(session)
+    done = subprocess.run(["node", str(engine_file("cli.js")), "generate", "--artifact", str(tiny), "--prompt", "w5",
+                           "--max-new-tokens", "1", "--capacity", "64"], capture_output=True, text=True, timeout=120)
+    assert f"route: {python_route.min_rows}x{python_route.multiple} " in done.stderr, done.stderr[-400:]
 
 
 def test_arena_bytes_are_pythons(tiny):

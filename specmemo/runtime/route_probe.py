@@ -16,6 +16,7 @@ import numpy as np
 
 from specmemo.runtime import cpu, tree
 from specmemo.runtime.artifact import Artifact
+from specmemo.runtime.draws import splitmix64
 from specmemo.runtime.fresh_process import serve_json
 from specmemo.runtime.manifest import ModelFormat
 from specmemo.runtime.row_route import CANDIDATES, RouteSource, RowRoute, manifest_route
@@ -29,6 +30,12 @@ from specmemo.runtime.sizes import Sizes
 # a row's scores in lanes by key index with the last keys apart, which a length that is always aligned would hide)
 PROMPT: int = SHARED["route_probe"]["prompt"]
 SIZES: tuple[int, ...] = tuple(SHARED["route_probe"]["sizes"])
+SEEDS: tuple[int, int] = (SHARED["route_probe"]["prompt_seed"], SHARED["route_probe"]["chain_seed"])
+
+
+def probe_tokens(seed: int, count: int, vocab: int) -> list[int]:
+    """Pseudo-random token ids, the same in both engines (engine/src/routeProbe.ts): SplitMix64's outputs mod V."""
+    return [splitmix64(seed, n) % vocab for n in range(count)]
 
 
 def one_token_calls(backend: OrtBackend, tokens: list[int]) -> np.ndarray:
@@ -59,10 +66,9 @@ def differing_sizes(backend: OrtBackend, prompt: list[int], chain: list[int], si
 def probe(session: DecoderSession, candidates: tuple[RowRoute, ...] = CANDIDATES) -> tuple[RowRoute, dict[str, Any]]:
     """This machine's route for the session's graph, and per candidate the call sizes that differed."""
     m = session.manifest
-    rng = np.random.default_rng(0)
-    prompt = [int(t) for t in rng.integers(0, m.dims.vocab_size, PROMPT)]
+    prompt = probe_tokens(SEEDS[0], PROMPT, m.dims.vocab_size)
     sizes = tuple(s for s in SIZES if s <= min(session.rows, session.logit_rows))
-    chain = [int(t) for t in rng.integers(0, m.dims.vocab_size, max(sizes))]
+    chain = probe_tokens(SEEDS[1], max(sizes), m.dims.vocab_size)
     tried: dict[str, Any] = {}
     for route in candidates:
         differ = differing_sizes(OrtBackend(session, route=route), prompt, chain, sizes)

@@ -22,6 +22,7 @@ from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
 from specmemo.errors import ConfigError
+from specmemo.runtime.shared import SHARED
 
 if TYPE_CHECKING:  # the manifest is read by the callers; this module stays a primitive
     from specmemo.runtime.manifest import Manifest
@@ -88,8 +89,8 @@ class RowRoute:
 
 
 # cheapest first: one row; a padding row; a padding row and even counts; tiles of four
-CANDIDATES = (RowRoute(1, 1, RouteSource.PROBED), RowRoute(2, 1, RouteSource.PROBED),
-              RowRoute(2, 2, RouteSource.PROBED), RowRoute(4, 4, RouteSource.PROBED))
+# cheapest first: one row, a padding row, pairs, tiles of four (shared.json: the TypeScript engine's probe tries the same)
+CANDIDATES = tuple(RowRoute(rows, multiple, RouteSource.PROBED) for rows, multiple in SHARED["route_probe"]["candidates"])
 
 
 def manifest_route(manifest: Manifest) -> RowRoute:

@@ -63,7 +63,7 @@ export interface EngineOptions {
   modelFormat?: ModelFormat; // 'ort': the .ort graphs of an `export --mobile` artifact
   executionProviders?: string[];
   latencyCurve?: LatencyCurve; // skip measuring (auto mode)
-  route?: RowRoute; // rows a call runs (the device's, as the Python runtime probes it); default the manifest's
+  route?: RowRoute; // rows a call runs: one an earlier start probed here (Engine.route); default: probed at open
   recall?: RecallOptions; // draft from what was written before (earlier turns and conversations); off unless given
   // xgrammar's WebAssembly module (@mlc-ai/web-xgrammar; node.ts loadXGrammar): structured output; absent where
   // there is no WebAssembly (React Native's Hermes), and a constrained request then says so
@@ -144,6 +144,11 @@ export class Engine {
   ) {
     this.backend = new OrtBackend(session, options.route);
     this.curve = options.latencyCurve ?? null;
+  }
+
+  /** The numeric route the engine runs (probed at open, or given): a page keeps it for its next visit. */
+  get route(): RowRoute {
+    return this.options.route ?? manifestRoute(this.manifest);
   }
 
   /** The verify latency curve once measured (or given): a page keeps it for its next visit. */

@@ -241,6 +241,7 @@ async function open(makeSource: () => PickedFolderSource | UrlSource): Promise<v
     curves = await CurveStore.open(opened, threads);
     const latencyCurve = curves?.curve;
     if (latencyCurve) logLine('verify latency curve: kept from an earlier visit');
+    if (curves?.route) logLine('numeric route: kept from an earlier visit');
     engine = await openEngine({
       ort: engineOrt,
       source: opened,
@@ -251,6 +252,7 @@ async function open(makeSource: () => PickedFolderSource | UrlSource): Promise<v
       modelFormat: modelFormat(),
       threads,
       latencyCurve,
+      route: curves?.route,
       grammar: loadGrammar,
       sampling: samplingParams(),
       recall: recall === null ? undefined : { file: new RecallFileInIndexedDB(opened.where), budget: recall },
@@ -259,6 +261,7 @@ async function open(makeSource: () => PickedFolderSource | UrlSource): Promise<v
         if (document.body.dataset.state === 'loading') setStatus(line);
       },
     });
+    curves?.keepRoute(engine.route);
     newChat();
     showRecall();
     const seconds = ((performance.now() - started) / 1000).toFixed(1);
