@@ -42,7 +42,7 @@ TYPESCRIPT = {
     "DEFAULT_BUDGET": "recallStore.ts", "MAX_MATCH": "recallStore.ts",
     "MIN_NGRAM": "drafters/lookup.ts", "MAX_NGRAM": "drafters/lookup.ts", "LOOKUP_MAX_BRANCH": "drafters/lookup.ts",
     "RECALL_MAX_BRANCH": "drafters/recall.ts", "PRIOR_TRIALS": "drafters/scoreCalibration.ts",
-    "SCORE_BANDS": "drafters/scoreCalibration.ts", "NAMES": "drafters/names.ts",
+    "SCORE_BANDS": "drafters/scoreCalibration.ts", "ROWS": "drafters/names.ts",
     "DEFAULTS": "sampling.ts", "OFF": "sampling.ts", "TYPICAL": "sampling.ts",
     **dict.fromkeys(("GAMMA", "MULTIPLIERS", "SHIFTS", "BITS"), "draws.ts"),
 }
@@ -68,8 +68,7 @@ def test_every_entry_of_the_file_is_used_by_both_runtimes():
     python = "\n".join(p.read_text() for p in RUNTIME.rglob("*.py"))
     typescript = "\n".join(p.read_text() for p in ENGINE.rglob("*.ts"))
     for key in (k for k in SHARED if not k.startswith("_")):
-        # the drafter names are Python's DrafterName enum, compared with the file below
-        assert key == "drafters" or re.search(rf'SHARED\["{key}"\]', python), f"Python does not read {key}"
+        assert re.search(rf'SHARED\["{key}"\]', python), f"Python does not read {key}"
         assert re.search(rf"SHARED\.{key}\b", typescript), f"the TypeScript engine does not read {key}"
 
 
@@ -77,7 +76,7 @@ def test_drafter_names_modes_and_thread_defaults_are_the_files():
     from specmemo.runtime.config import GREEDY, Mode
     from specmemo.runtime.drafters import DrafterName
 
-    assert [n.value for n in DrafterName] == SHARED["drafters"]
+    assert [n.value for n in DrafterName] == [row["name"] for row in SHARED["drafters"]]  # one row per name
     assert [m.value for m in Mode] == SHARED["modes"]["drafting"] and SHARED["modes"]["argmax"] == GREEDY
     assert all(Mode(old).value == new for old, new in SHARED["modes"]["older"].items())
     literal = re.compile(r'"--threads",[^)]*default=\d')

@@ -136,7 +136,8 @@ def test_the_route_probe_tries_pythons_candidates_on_pythons_tokens(tiny):
 
     vocab = load_manifest(tiny).dims.vocab_size
     script = (f"const p = require({json.dumps(str(engine_file('routeProbe.js')))});"
-              f"console.log(JSON.stringify([p.probeTokens({SEEDS[0]}, {PROMPT}, {vocab}), p.probeTokens({SEEDS[1]}, 16, {vocab})]))")
+              f"console.log(JSON.stringify([p.probeTokens({SEEDS[0]}, {PROMPT}, {vocab}), "
+              f"p.probeTokens({SEEDS[1]}, 16, {vocab})]))")
     done = subprocess.run(["node", "-e", script], capture_output=True, text=True, timeout=60, check=True)
     assert json.loads(done.stdout) == [probe_tokens(SEEDS[0], PROMPT, vocab), probe_tokens(SEEDS[1], 16, vocab)]
     assert [(c.min_rows, c.multiple) for c in CANDIDATES] == [tuple(c) for c in SHARED["route_probe"]["candidates"]]
@@ -146,6 +147,20 @@ def test_the_route_probe_tries_pythons_candidates_on_pythons_tokens(tiny):
     done = subprocess.run(["node", str(engine_file("cli.js")), "generate", "--artifact", str(tiny), "--prompt", "w5",
                            "--max-new-tokens", "1", "--capacity", "64"], capture_output=True, text=True, timeout=120)
     assert f"route: {python_route.min_rows}x{python_route.multiple} " in done.stderr, done.stderr[-400:]
+
+
+def test_the_drafters_table_is_pythons():
+    """The TypeScript engine's drafters (names.ts DRAFTERS) are registry.py's rows it runs, field for field: both read
+    shared.json's table."""
+    from specmemo.runtime.drafters.registry import DRAFTERS
+
+    script = (f"const n = require({json.dumps(str(engine_file('drafters/names.js')))});"
+              "console.log(JSON.stringify([...n.DRAFTERS.values()]))")
+    done = subprocess.run(["node", "-e", script], capture_output=True, text=True, timeout=60, check=True)
+    python = [{"name": k.name.value, "part": k.part, "needs": k.needs, "exportFlag": k.export_flag,
+               "maxTree": k.max_tree} for k in DRAFTERS.values() if k.device]
+    assert json.loads(done.stdout) == python
+    assert {k["name"] for k in python} == {"medusa", "lookup", "feature", "recall"}
 
 
 def test_arena_bytes_are_pythons(tiny):

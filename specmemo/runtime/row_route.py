@@ -88,9 +88,10 @@ class RowRoute:
         return cls(int(data["min_rows"]), int(data["multiple"]), RouteSource(data["source"]), bool(data["exact"]))
 
 
-# cheapest first: one row; a padding row; a padding row and even counts; tiles of four
-# cheapest first: one row, a padding row, pairs, tiles of four (shared.json: the TypeScript engine's probe tries the same)
-CANDIDATES = tuple(RowRoute(rows, multiple, RouteSource.PROBED) for rows, multiple in SHARED["route_probe"]["candidates"])
+# cheapest first: one row; a padding row; a padding row and even counts; tiles of four (shared.json: the TypeScript
+# engine's probe tries the same)
+CANDIDATES = tuple(RowRoute(rows, multiple, RouteSource.PROBED)
+                   for rows, multiple in SHARED["route_probe"]["candidates"])
 
 
 def manifest_route(manifest: Manifest) -> RowRoute:

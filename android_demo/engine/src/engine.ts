@@ -23,7 +23,7 @@ import { Merged } from './drafters/merged';
 import { ConversationIndex, PromptLookup } from './drafters/lookup';
 import { MedusaDrafter } from './drafters/medusa';
 import { featureDrafter } from './drafters/feature';
-import { DrafterName, parseDrafter, withRecall } from './drafters/names';
+import { DRAFTERS, DrafterName, parseDrafter, withRecall } from './drafters/names';
 import { RecallDrafter } from './drafters/recall';
 import { ConfigError } from './errors';
 import { allocationBytes, kvBytes } from './arena';
@@ -254,11 +254,11 @@ export async function openEngine(options: EngineOptions): Promise<Engine> {
   let mode = modeOf(options.mode ?? 'auto');
   const asked = drafterNames(mode, options.drafter, m);
   const names = options.recall && mode !== 'plain' ? withRecall(asked) : asked;
-  if (names.includes('medusa') && m.heads === null) {
-    throw new ManifestError(`${source.where} has no Medusa heads: use drafter 'lookup', or re-export with --heads`);
-  }
-  if (names.includes('feature') && m.feature_drafter === null) {
-    throw new ManifestError(`${source.where} has no feature drafter: use drafter 'lookup' (or 'medusa+lookup' where it has heads), or re-export with --feature-drafter`);
+  for (const name of names) { // what each drafter needs from the artifact (the drafters' table, shared.json)
+    const kind = DRAFTERS.get(name)!;
+    if (kind.part !== null && m[kind.part] === null) {
+      throw new ManifestError(`${source.where} has no ${kind.needs} for drafter '${name}': use drafter 'lookup', or re-export with ${kind.exportFlag}`);
+    }
   }
   if (names.length === 0 && mode !== 'plain') mode = 'plain'; // nothing to speculate with
   const route = options.route ?? manifestRoute(m);

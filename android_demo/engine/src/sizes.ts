@@ -7,9 +7,7 @@
  */
 
 import { ConfigError } from './errors';
-import { DrafterName } from './drafters/names';
-import { LOOKUP_MAX_BRANCH } from './drafters/lookup';
-import { RECALL_MAX_BRANCH } from './drafters/recall';
+import { DRAFTERS, DrafterName } from './drafters/names';
 import { Manifest, ManifestError, RowRoute, manifestRoute } from './manifest';
 import { MedusaTree, USEFUL_GAIN, expectedAccepted, rankAccuracyFromCumulative } from './medusaTree';
 import { SHARED } from './shared';
@@ -62,12 +60,7 @@ export function checkCapacity(m: Manifest, capacity: number): number {
 /** T_max the drafters can use: the exported Medusa tree, prompt lookup's or recall's branch + the root, the feature
  * drafter's tree; 1 without drafters. */
 export function draftTreeSize(m: Manifest, drafters: readonly DrafterName[]): number {
-  const sizes = [1];
-  if (drafters.includes('medusa')) sizes.push(exportedTree(m).size);
-  if (drafters.includes('lookup')) sizes.push(1 + LOOKUP_MAX_BRANCH);
-  if (drafters.includes('recall')) sizes.push(1 + RECALL_MAX_BRANCH);
-  if (drafters.includes('feature')) sizes.push(SHARED.feature.max_tree); // its T_max (the controller cuts it)
-  return Math.max(...sizes);
+  return Math.max(1, ...drafters.map((name) => DRAFTERS.get(name)!.maxTree ?? exportedTree(m).size));
 }
 
 /**

@@ -1,7 +1,8 @@
 """One row per drafter: what it needs from the artifact, the tree it can fill, whether it drafts for the rows
-of a batch. Every check (manifest, export options, plan) and both builders (one sequence, a batch pool) read this
-table; its builders are each drafter module's `build` (and `build_rows`), named in runtime/engine.py (BUILDERS),
-above the sessions they are built over. Adding a drafter is its module, one row here and its builders there.
+of a batch. The rows are data, shared.json's `drafters`, which the TypeScript engine reads too
+(engine/src/drafters/names.ts). Every check (manifest, export options, plan) and both builders (one sequence, a batch
+pool) read this table; its builders are each drafter module's `build` (and `build_rows`), named in runtime/engine.py
+(BUILDERS), above the sessions they are built over. Adding a drafter is its module, one row here and its builders there.
 
     part        – the field of the manifest (and of export.artifact.ExportOptions) holding what it drafts
                   with; None: it needs nothing exported (prompt lookup).
@@ -13,11 +14,13 @@ above the sessions they are built over. Adding a drafter is its module, one row 
                   store, the plan prices its bytes, and `build` is given it as `recall=`.
     conversation – it reads the n-grams of the conversation being decoded (lookup.ConversationIndex): the drafters
                   that do are given one index, shared, as `conversation=`.
+    device      – the TypeScript engine runs it too (Node, the page, the app).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from specmemo.runtime.drafters import DrafterName, draft_model_dir, parse_drafter
 from specmemo.runtime.shared import SHARED
@@ -40,7 +43,8 @@ __all__ = [
 LOOKUP_MAX_BRANCH: int = SHARED["lookup"]["max_branch"]  # prompt lookup's longest branch (nodes after the root)
 RECALL_MAX_BRANCH: int = SHARED["recall"]["max_branch"]  # recall's longest branch
 FEATURE_MAX_TREE: int = SHARED["feature"]["max_tree"]  # T_max for the feature drafter (the controller cuts it)
-MODEL_MAX_CHAIN = 8  # the draft model's longest chain (nodes after the root): T_max = 1 + it
+# the draft model's longest chain (nodes after the root): its row's own number
+MODEL_MAX_CHAIN: int = next(row for row in SHARED["drafters"] if row["name"] == "model")["max_tree"]["nodes"]
 
 
 
@@ -56,6 +60,7 @@ class DrafterKind:
     own_model: bool
     store: bool = False
     conversation: bool = False
+    device: bool = False
 
     def __post_init__(self) -> None:
         if (self.part is None) != (self.export_flag is None):
@@ -64,18 +69,21 @@ class DrafterKind:
             raise ValueError(f"{self.name.value}: a drafter's tree holds the root and at least one node")
 
 
-DRAFTERS: dict[DrafterName, DrafterKind] = {k.name: k for k in (
-    DrafterKind(DrafterName.MEDUSA, part="heads", needs="Medusa heads", export_flag="--heads", max_tree=None,
-                batchable=True, own_model=False),
-    DrafterKind(DrafterName.LOOKUP, part=None, needs="nothing", export_flag=None, max_tree=1 + LOOKUP_MAX_BRANCH,
-                batchable=True, own_model=False, conversation=True),
-    DrafterKind(DrafterName.FEATURE, part="feature_drafter", needs="the feature drafter graph",
-                export_flag="--feature-drafter", max_tree=FEATURE_MAX_TREE, batchable=False, own_model=False),
-    DrafterKind(DrafterName.MODEL, part="draft_model", needs="a draft model", export_flag="--draft-model",
-                max_tree=1 + MODEL_MAX_CHAIN, batchable=False, own_model=True),
-    DrafterKind(DrafterName.RECALL, part=None, needs="nothing", export_flag=None, max_tree=1 + RECALL_MAX_BRANCH,
-                batchable=False, own_model=False, store=True, conversation=True),
-)}
+def _max_tree(spec: dict[str, Any] | None) -> int | None:
+    """A row's T_max: None (the exported Medusa tree), or its number of nodes (its own, or the shared number it names),
+    plus the root where it counts nodes after the root."""
+    if spec is None:
+        return None
+    if "nodes" in spec:
+        return int(spec["nodes"]) + (1 if spec["root"] else 0)
+    section, key = spec["from"].split(".")
+    return int(SHARED[section][key]) + (1 if spec["root"] else 0)
+
+
+DRAFTERS: dict[DrafterName, DrafterKind] = {DrafterName(row["name"]): DrafterKind(
+    name=DrafterName(row["name"]), part=row["part"], needs=row["needs"], export_flag=row["export_flag"],
+    max_tree=_max_tree(row["max_tree"]), batchable=row["batchable"], own_model=row["own_model"], store=row["store"],
+    conversation=row["conversation"], device=row["device"]) for row in SHARED["drafters"]}
 
 
 def uses_heads_graph(names: tuple[DrafterName, ...]) -> bool:
