@@ -31,13 +31,17 @@ from specmemo.runtime.manifest import AttentionOp, Manifest
 
 ROWS_FILE = "decoder.rows.onnx"
 KV_ROWS = "kv_rows"
-ROW_OUTPUTS = ("key_rows", "value_rows")  # the function's extra outputs: the call's new K and V rows
+
+
+def has_rows(manifest: Manifest) -> bool:
+    """Whether the decoder has rows to hand out: grouped attention (its TensorScatter writes), no sliding layers."""
+    return manifest.attention is AttentionOp.GROUPED and not manifest.io.attention_bias_local
 
 
 def add_rows_graph(folder: Path, manifest: Manifest, log) -> Manifest:
-    """The manifest with the rows graph written and named, where the decoder has one (grouped attention, no sliding
-    layers); else the manifest as it is."""
-    if manifest.attention is not AttentionOp.GROUPED or manifest.io.attention_bias_local:
+    """The manifest with the rows graph written and named, where the decoder has one (`has_rows`); else the manifest
+    as it is."""
+    if not has_rows(manifest):
         return manifest
     rows = write_rows_graph(folder, manifest)
     log(f"{rows.file}: the decoder with its K/V buffers as inputs only (the TypeScript engine's)")
@@ -49,7 +53,7 @@ def write_rows_graph(artifact: Path, manifest: Manifest) -> RowsGraph:
     for the manifest."""
     import onnx
 
-    if manifest.attention is not AttentionOp.GROUPED or manifest.io.attention_bias_local:
+    if not has_rows(manifest):
         raise ConfigError("the rows graph is made from a grouped-attention decoder without sliding layers: "
                           "re-export with --attention grouped")
     model = onnx.load(str(artifact / manifest.decoder_file), load_external_data=False)

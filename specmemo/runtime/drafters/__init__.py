@@ -14,7 +14,8 @@
             controller.DrafterChoice), e.g. feature+lookup,model.
 
 Adding a drafter is one module here with a class that has `name` and `propose` and a `build` function, its
-name in DrafterName, and its row in registry.DRAFTERS (what it needs, the tree it fills, whether it batches).
+name in DrafterName, and its row in shared.json's `drafters` (registry.DRAFTERS: what it needs, the tree it fills,
+whether it batches).
 """
 
 from __future__ import annotations

@@ -2,7 +2,8 @@
 of a batch. The rows are data, shared.json's `drafters`, which the TypeScript engine reads too
 (engine/src/drafters/names.ts). Every check (manifest, export options, plan) and both builders (one sequence, a batch
 pool) read this table; its builders are each drafter module's `build` (and `build_rows`), named in runtime/engine.py
-(BUILDERS), above the sessions they are built over. Adding a drafter is its module, one row here and its builders there.
+(BUILDERS), above the sessions they are built over. Adding a drafter is its module, one row in shared.json's
+`drafters` and its builders there.
 
     part        – the field of the manifest (and of export.artifact.ExportOptions) holding what it drafts
                   with; None: it needs nothing exported (prompt lookup).
